@@ -1,0 +1,1 @@
+"""Usage records, the async queue that overlaps the next turn, ledgers."""

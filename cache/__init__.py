@@ -1,0 +1,1 @@
+"""Response state: append-only shared sequences, the per-connection cache and the response store."""

@@ -1,0 +1,49 @@
+"""A response's state as an immutable snapshot ("state is a value", DESIGN.md).
+
+A continuation derives a new snapshot from its parent plus the delta; nothing is mutated, so the
+connection cache, the store and a running turn can all hold the same object safely. Items and
+token ids are append-only views (``cache.seq``), so deriving a child costs O(new input).
+
+The cache layer stores token ids but knows nothing of renderers: ``prelude_key`` is an opaque
+digest the renderer produced, compared for equality only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cache.items import ItemLog
+from cache.seq import TokenSeq
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    id: str
+    #: the final Response object as sent to the client (JSON-ready dict)
+    response: dict[str, Any]
+    #: this response's own input items (canonical dicts, with ids), for input_items listing
+    input_items: tuple[dict[str, Any], ...]
+    #: the whole conversation after this response: inherited context + input + output
+    context: ItemLog
+    #: rendered token ids of ``context`` (prompt tokens + the model's sampled tokens, verbatim)
+    history_ids: TokenSeq
+    model: str
+    prelude_key: bytes
+    store: bool
+    parent_id: str | None = None
+    #: tool calls of the context that have no output yet
+    pending_calls: frozenset[str] = frozenset()
+    #: classifier verdicts inherited from the parent plus those of the new items
+    verdicts: tuple[Any, ...] = ()
+    tenant: str | None = None
+    #: approximate bytes of the whole context this snapshot keeps alive (parent's + its own)
+    nbytes: int = 0
+    #: approximate bytes this snapshot adds on top of its parent (its own items and tokens)
+    delta_bytes: int = 0
+    created: float = field(default_factory=time.time)
+
+    @property
+    def status(self) -> str:
+        return self.response.get("status", "completed")

@@ -1,0 +1,1 @@
+"""respgate's service layer: transports (HTTP/SSE, WebSocket), wire types, the turn pipeline."""

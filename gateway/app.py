@@ -1,0 +1,110 @@
+"""App factory and lifespan wiring: engines, stores, queues, routes, error rendering."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from billing.usage import MemorySink, UsageQueue, UsageSink
+from cache.store import MemoryStore, ResponseStore
+from gateway.auth import KeyAuth
+from gateway.errors import ApiError
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from inference.registry import ModelRegistry, ModelRoute
+from security.classify import AllowAll, Classifier
+
+log = logging.getLogger("respgate")
+
+
+def build_registry(settings: Settings) -> ModelRegistry:
+    """The engines named by the settings (only the simulated engine until real models land)."""
+    from inference.harmony import HarmonyRenderer
+    from inference.simulated import SimulatedEngine
+
+    renderer = HarmonyRenderer()
+    engine = SimulatedEngine(ttft_s=settings.sim_ttft_s, prefill_tps=settings.sim_prefill_tps,
+                             decode_tps=settings.sim_decode_tps)
+    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context)
+                          for m in settings.models])
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: ModelRegistry | None = None,
+    store: ResponseStore | None = None,
+    classifier: Classifier | None = None,
+    usage_sink: UsageSink | None = None,
+) -> FastAPI:
+    settings = settings or Settings.from_env()
+    registry = registry or build_registry(settings)
+    store = store or MemoryStore(settings.store_max_bytes, settings.store_ttl_s)
+    metrics = Metrics()
+    usage = UsageQueue(usage_sink or MemorySink())
+    pipeline = Pipeline(settings, registry, store, classifier or AllowAll(), usage, metrics)
+    gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
+                      pipeline=pipeline, auth=KeyAuth(settings.api_keys))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for engine in registry.engines():
+            await engine.start()
+        usage.start()
+        gw.accepting = True
+        try:
+            yield
+        finally:
+            gw.accepting = False
+            await pipeline.flush()
+            await usage.drain()
+            for engine in registry.engines():
+                await engine.shutdown()
+            await store.close()
+
+    app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gw
+
+    from gateway.http_api import router as http_router
+    from gateway.ws import router as ws_router
+
+    app.include_router(http_router)
+    app.include_router(ws_router)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        headers = dict(exc.headers)
+        return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
+                        headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
+                          "code": None}}
+        return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def _metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def uvicorn_config_kwargs(settings: Settings) -> dict:
+    """Server options the wire specs need: big frames, deflate, pings answered by the protocol."""
+    return {
+        "ws_max_size": 2 * settings.max_request_bytes,   # hard cap; frames over max_request_bytes get an error frame
+        "ws_per_message_deflate": True,
+        "ws_ping_interval": 20.0,
+        "ws_ping_timeout": 60.0,
+        "h11_max_incomplete_event_size": 1024 * 1024,
+    }

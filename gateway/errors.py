@@ -1,0 +1,84 @@
+"""OpenAI-shaped errors: one exception type, rendered per transport.
+
+HTTP bodies are ``{"error": {message, type, param, code}}`` with all four keys; WebSocket frames
+nest the same object under ``error`` with the HTTP status at the top level; SSE's ``error`` event
+is flat. Keeping one exception with status/type/code/param lets the pipeline raise without knowing
+which transport will render it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def ws_frame(self, stream_id: str | None = None) -> dict[str, Any]:
+        err: dict[str, Any] = {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
+        if self.headers:
+            err["headers"] = dict(self.headers)
+        frame: dict[str, Any] = {"type": "error", "status": self.status, "error": err}
+        if stream_id is not None:
+            frame["stream_id"] = stream_id
+        return frame
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def bad_request(message: str, *, code: str | None = None, param: str | None = None) -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+def unknown_parameter(name: str) -> ApiError:
+    return bad_request(f"Unknown parameter: '{name}'.", code="unknown_parameter", param=name)
+
+
+def missing_parameter(name: str) -> ApiError:
+    return bad_request(f"Missing required parameter: '{name}'.", code="missing_required_parameter", param=name)
+
+
+def previous_response_not_found(response_id: str) -> ApiError:
+    return bad_request(
+        f"Previous response with id '{response_id}' not found.",
+        code="previous_response_not_found",
+        param="previous_response_id",
+    )
+
+
+def response_not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"Response with id '{response_id}' not found.")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found"
+    )
+
+
+def invalid_api_key() -> ApiError:
+    return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+def server_error(message: str = "The server had an error while processing your request.") -> ApiError:
+    return ApiError(500, message, type="server_error", code="server_error")

@@ -1,0 +1,233 @@
+"""Builds one response's streaming events in OpenAI's exact order.
+
+The builder owns the response's status machine (read it as a table)::
+
+    in_progress --complete()--> completed
+    in_progress --incomplete()--> incomplete
+    in_progress --fail()------> failed
+    in_progress --cancel()----> cancelled
+    any terminal --*----------> IllegalTransition
+
+and the numbering every client relies on: ``sequence_number`` dense from 0 with
+``response.created`` first, ``output_index`` dense in ``output_item.added`` order, one open item at a
+time. Parser events (``inference.parse``) go in; Responses event dicts come out, identical for SSE
+and WebSocket (transports only add framing and, on lanes, ``stream_id``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from gateway.wire.items import new_id
+from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
+
+Event = dict[str, Any]
+
+TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
+            "failed": "response.failed", "cancelled": "response.failed"}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class ResponseEvents:
+    def __init__(
+        self,
+        response: dict[str, Any],
+        *,
+        reasoning_mode: str = "raw",
+        seal: Callable[[str], str] | None = None,
+    ) -> None:
+        """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
+        part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
+        for ``reasoning.encrypted_content``) turns reasoning text into an opaque blob."""
+        self.response = response
+        self.output: list[dict[str, Any]] = response["output"]
+        self._seq = 0
+        self._open: dict[str, Any] | None = None
+        self._text: list[str] = []
+        self._reasoning_mode = reasoning_mode
+        self._seal = seal
+
+    # -- envelope -------------------------------------------------------------------------------
+
+    def _ev(self, type_: str, **fields: Any) -> Event:
+        ev = {"type": type_, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return ev
+
+    def _snapshot(self) -> dict[str, Any]:
+        snap = dict(self.response)
+        snap["output"] = list(self.output)
+        return snap
+
+    @property
+    def status(self) -> str:
+        return self.response["status"]
+
+    def created(self) -> list[Event]:
+        return [self._ev("response.created", response=self._snapshot()),
+                self._ev("response.in_progress", response=self._snapshot())]
+
+    # -- items ----------------------------------------------------------------------------------
+
+    def feed(self, events: list[ParseEvent]) -> list[Event]:
+        out: list[Event] = []
+        for pe in events:
+            if isinstance(pe, ItemStart):
+                if self._open is not None:
+                    out += self._close_item(complete=True)
+                out += self._open_item(pe)
+            elif isinstance(pe, ItemDelta):
+                if self._open is None:
+                    out += self._open_item(ItemStart("message", phase="final"))
+                out += self._delta(pe.text)
+            elif isinstance(pe, ItemEnd):
+                if self._open is not None:
+                    out += self._close_item(pe.complete)
+        return out
+
+    def _open_item(self, start: ItemStart) -> list[Event]:
+        idx = len(self.output)
+        self._text = []
+        if start.kind == "message":
+            item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress",
+                                    "role": "assistant", "content": []}
+            if start.phase == "commentary":
+                item["phase"] = "commentary"
+        elif start.kind == "reasoning":
+            item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+        elif start.kind == "function_call":
+            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
+                    "call_id": new_id("call")[:29], "name": start.name or "", "arguments": ""}
+            if start.namespace:
+                item["namespace"] = start.namespace
+        else:
+            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                    "call_id": new_id("call")[:29], "name": start.name or "", "input": ""}
+            if start.namespace:
+                item["namespace"] = start.namespace
+        self._open = item
+        self.output.append(item)
+        events = [self._ev("response.output_item.added", output_index=idx, item=dict(item, content=list(item["content"]))
+                           if "content" in item else dict(item))]
+        if start.kind == "message":
+            events.append(self._ev("response.content_part.added", item_id=item["id"], output_index=idx,
+                                   content_index=0, part=_text_part("")))
+        elif start.kind == "reasoning" and self._reasoning_mode == "raw":
+            events.append(self._ev("response.content_part.added", item_id=item["id"], output_index=idx,
+                                   content_index=0, part={"type": "reasoning_text", "text": ""}))
+        elif start.kind == "reasoning" and self._reasoning_mode == "summary":
+            events.append(self._ev("response.reasoning_summary_part.added", item_id=item["id"], output_index=idx,
+                                   summary_index=0, part={"type": "summary_text", "text": ""}))
+        return events
+
+    def _delta(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        item = self._open
+        assert item is not None
+        self._text.append(text)
+        idx = len(self.output) - 1
+        t = item["type"]
+        if t == "message":
+            return [self._ev("response.output_text.delta", item_id=item["id"], output_index=idx, content_index=0,
+                             delta=text, logprobs=[])]
+        if t == "function_call":
+            return [self._ev("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
+                             delta=text)]
+        if t == "custom_tool_call":
+            return [self._ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx,
+                             delta=text)]
+        if self._reasoning_mode == "raw":
+            return [self._ev("response.reasoning_text.delta", item_id=item["id"], output_index=idx,
+                             content_index=0, delta=text)]
+        if self._reasoning_mode == "summary":
+            return [self._ev("response.reasoning_summary_text.delta", item_id=item["id"], output_index=idx,
+                             summary_index=0, delta=text)]
+        return []
+
+    def _close_item(self, complete: bool) -> list[Event]:
+        item = self._open
+        assert item is not None
+        self._open = None
+        idx = len(self.output) - 1
+        text = "".join(self._text)
+        status = "completed" if complete else "incomplete"
+        events: list[Event] = []
+        t = item["type"]
+        if t == "message":
+            part = _text_part(text)
+            events.append(self._ev("response.output_text.done", item_id=item["id"], output_index=idx,
+                                   content_index=0, text=text, logprobs=[]))
+            events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
+                                   content_index=0, part=part))
+            item["content"] = [part]
+        elif t == "function_call":
+            item["arguments"] = text
+            events.append(self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                                   arguments=text, name=item["name"]))
+        elif t == "custom_tool_call":
+            item["input"] = text
+            events.append(self._ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=idx,
+                                   input=text))
+        else:
+            if self._reasoning_mode == "raw":
+                part = {"type": "reasoning_text", "text": text}
+                events.append(self._ev("response.reasoning_text.done", item_id=item["id"], output_index=idx,
+                                       content_index=0, text=text))
+                events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
+                                       content_index=0, part=part))
+                item["content"] = [part]
+            elif self._reasoning_mode == "summary":
+                part = {"type": "summary_text", "text": text}
+                events.append(self._ev("response.reasoning_summary_text.done", item_id=item["id"], output_index=idx,
+                                       summary_index=0, text=text))
+                events.append(self._ev("response.reasoning_summary_part.done", item_id=item["id"], output_index=idx,
+                                       summary_index=0, part=part))
+                item["summary"] = [part]
+                item["content"] = [{"type": "reasoning_text", "text": text}]
+            else:
+                item["content"] = [{"type": "reasoning_text", "text": text}]
+            if self._seal is not None:
+                item["encrypted_content"] = self._seal(text)
+        item["status"] = status
+        events.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        return events
+
+    # -- terminal -------------------------------------------------------------------------------
+
+    def _terminate(self, status: str, usage: dict[str, Any] | None, **fields: Any) -> list[Event]:
+        if self.response["status"] != "in_progress":
+            raise IllegalTransition(f"response already {self.response['status']}, cannot become {status}")
+        events: list[Event] = []
+        if self._open is not None:
+            events += self._close_item(complete=False)
+        self.response["status"] = status
+        self.response["usage"] = usage
+        self.response.update(fields)
+        if status == "completed":
+            self.response["completed_at"] = int(time.time())
+        events.append(self._ev(TERMINAL[status], response=self._snapshot()))
+        return events
+
+    def complete(self, usage: dict[str, Any]) -> list[Event]:
+        return self._terminate("completed", usage)
+
+    def incomplete(self, usage: dict[str, Any], reason: str) -> list[Event]:
+        return self._terminate("incomplete", usage, incomplete_details={"reason": reason})
+
+    def fail(self, usage: dict[str, Any] | None, code: str, message: str) -> list[Event]:
+        return self._terminate("failed", usage, error={"code": code, "message": message})
+
+    def cancel(self, usage: dict[str, Any] | None) -> None:
+        """Client went away: the snapshot becomes ``cancelled``; no event is sent (nobody listens)."""
+        if self._open is not None:
+            self._close_item(complete=False)
+        self._terminate("cancelled", usage)
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -1,0 +1,229 @@
+"""HTTP routes: create (JSON or SSE), retrieve, delete, cancel, input_items, input_tokens, models, health.
+
+Thin adapters around the pipeline: parse and authenticate, then either collect the events into the
+final Response (JSON) or frame each one as SSE. A client that disconnects stops its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.errors import ApiError, bad_request, response_not_found, server_error
+from gateway.pipeline import Pipeline, TurnContext
+from gateway.sse import sse_frame
+from gateway.state import GatewayState
+
+router = APIRouter()
+
+
+def _gw(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+async def _json_body(request: Request, gw: GatewayState) -> Any:
+    limit = gw.settings.max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise bad_request("We could not parse the JSON body of your request.", code="invalid_json") from None
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+@router.post("/v1/responses")
+@router.post("/responses", include_in_schema=False)
+async def create_response(request: Request) -> Response:
+    gw = _gw(request)
+    tenant = gw.auth.tenant(request.headers)
+    body = await _json_body(request, gw)
+    ctx = TurnContext(transport="http", tenant=tenant)
+    try:
+        turn = await gw.pipeline.prepare(body, ctx)
+    except ApiError as err:
+        gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
+        raise
+    if turn.req.stream:
+        return StreamingResponse(_sse(gw.pipeline, turn), media_type="text/event-stream; charset=utf-8",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+    return await _collect(request, gw.pipeline, turn)
+
+
+async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
+    # Starlette cancels this generator when the client disconnects; the pipeline then aborts
+    # the engine request and records a cancelled snapshot.
+    async for ev in pipeline.run(turn):
+        yield sse_frame(ev)
+
+
+async def _collect(request: Request, pipeline: Pipeline, turn: Any) -> Response:
+    """Non-streaming create: run to the terminal event, but abort if the client goes away."""
+    final: dict[str, Any] | None = None
+
+    async def consume() -> None:
+        nonlocal final
+        async for ev in pipeline.run(turn):
+            if ev["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                final = ev["response"]
+
+    task = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return Response(status_code=499)
+    watcher.cancel()
+    task.result()
+    assert final is not None
+    if final["status"] == "failed":
+        err = final.get("error") or {}
+        raise server_error(err.get("message") or "The model backend failed.")
+    return _json(final)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _stored(request: Request, response_id: str):
+    gw = _gw(request)
+    tenant = gw.auth.tenant(request.headers)
+    await gw.pipeline.flush()
+    state = await gw.store.get(response_id, tenant)
+    if state is None:
+        raise response_not_found(response_id)
+    return gw, tenant, state
+
+
+@router.get("/v1/responses/{response_id}")
+@router.get("/responses/{response_id}", include_in_schema=False)
+async def get_response(request: Request, response_id: str) -> Response:
+    if request.query_params.get("stream") in ("true", "1"):
+        raise bad_request("Streaming retrieval is only available for background responses.",
+                          code="unsupported_parameter", param="stream")
+    _, _, state = await _stored(request, response_id)
+    return _json(state.response)
+
+
+@router.delete("/v1/responses/{response_id}")
+@router.delete("/responses/{response_id}", include_in_schema=False)
+async def delete_response(request: Request, response_id: str) -> Response:
+    gw, tenant, _ = await _stored(request, response_id)
+    await gw.store.delete(response_id, tenant)
+    return _json({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+@router.post("/responses/{response_id}/cancel", include_in_schema=False)
+async def cancel_response(request: Request, response_id: str) -> Response:
+    await _stored(request, response_id)
+    raise bad_request("Only responses created with background=true can be cancelled.", code="invalid_request",
+                      param="response_id")
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+@router.get("/responses/{response_id}/input_items", include_in_schema=False)
+async def list_input_items(request: Request, response_id: str) -> Response:
+    q = request.query_params
+    allowed = {"limit", "order", "after", "include", "include[]", "before"}
+    for key in q:
+        if key not in allowed:
+            raise ApiError(400, f"Unknown parameter: '{key}'.", code="unknown_parameter", param=key)
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        raise bad_request("Invalid type for 'limit': expected an integer.", code="invalid_type", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise bad_request(f"Invalid 'limit': expected a value between 1 and 100, but got {limit} instead.",
+                          code="invalid_value", param="limit")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", code="invalid_value",
+                          param="order")
+    _, _, state = await _stored(request, response_id)
+    items = list(state.input_items)
+    if order == "desc":
+        items.reverse()
+    after = q.get("after")
+    if after is not None:
+        ids = [i.get("id") for i in items]
+        if after not in ids:
+            raise bad_request(f"Item with id '{after}' not found.", code="invalid_value", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return _json({
+        "object": "list",
+        "data": page,
+        "first_id": page[0].get("id") if page else None,
+        "last_id": page[-1].get("id") if page else None,
+        "has_more": len(items) > limit,
+    })
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens", include_in_schema=False)
+async def count_input_tokens(request: Request) -> Response:
+    gw = _gw(request)
+    tenant = gw.auth.tenant(request.headers)
+    body = await _json_body(request, gw)
+    n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=tenant))
+    return _json({"object": "response.input_tokens", "input_tokens": n})
+
+
+@router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
+async def list_models(request: Request) -> Response:
+    gw = _gw(request)
+    gw.auth.tenant(request.headers)
+    data = [{"id": name, "object": "model", "created": gw.started_at, "owned_by": "respgate"}
+            for name in gw.registry.names()]
+    return _json({"object": "list", "data": data})
+
+
+@router.get("/v1/models/{model_id}")
+async def get_model(request: Request, model_id: str) -> Response:
+    gw = _gw(request)
+    gw.auth.tenant(request.headers)
+    if gw.registry.get(model_id) is None:
+        raise ApiError(404, f"The model `{model_id}` does not exist or you do not have access to it.",
+                       code="model_not_found")
+    return _json({"id": model_id, "object": "model", "created": gw.started_at, "owned_by": "respgate"})
+
+
+@router.get("/healthz", include_in_schema=False)
+async def liveness() -> Response:
+    return _json({"status": "ok"})
+
+
+@router.get("/readyz", include_in_schema=False)
+async def readiness(request: Request) -> Response:
+    gw = _gw(request)
+    engines = {e.name: e.ready() for e in gw.registry.engines()}
+    ready = all(engines.values()) and gw.accepting
+    return _json({"status": "ready" if ready else "not_ready", "engines": engines,
+                  "uptime_s": round(time.time() - gw.started_at, 3)}, 200 if ready else 503)

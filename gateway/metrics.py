@@ -1,0 +1,41 @@
+"""Prometheus metrics: what operators watch, and how much of each stage's work was new.
+
+Each app gets its own registry so several gateways (tests) can live in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.turns = Counter("respgate_turns", "Turns by transport and final status", ["transport", "status"],
+                             registry=r)
+        self.render_tokens = Counter("respgate_render_tokens", "Tokens encoded by the renderer per render mode",
+                                     ["mode"], registry=r)
+        self.render_fallbacks = Counter("respgate_render_full_fallbacks",
+                                        "Continuations rendered in full because an append was not provably exact",
+                                        ["reason"], registry=r)
+        self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
+        self.items_classified = Counter("respgate_items_classified", "Input items classified", registry=r)
+        self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", registry=r)
+        self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",
+                                     registry=r)
+        self.output_tokens = Counter("respgate_output_tokens", "Tokens generated", registry=r)
+        self.aborts = Counter("respgate_generation_aborts", "Generations aborted because nobody listened",
+                              ["transport"], registry=r)
+        self.errors = Counter("respgate_request_errors", "Requests rejected before a response existed",
+                              ["transport", "code"], registry=r)
+        self.ws_connections = Gauge("respgate_ws_connections", "Open WebSocket connections", registry=r)
+        self.ws_inflight = Gauge("respgate_ws_inflight", "WebSocket responses in flight", registry=r)
+        self.parent_resolution = Counter("respgate_parent_resolution", "Where previous_response_id resolved",
+                                         ["source"], registry=r)
+        self.turn_overhead = Histogram("respgate_turn_prepare_seconds",
+                                       "Gateway work before the engine is called (validate..render)",
+                                       buckets=(.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1),
+                                       registry=r)
+        self.cancel_latency = Histogram("respgate_abort_seconds",
+                                        "From client disconnect to engine abort",
+                                        buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)

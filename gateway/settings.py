@@ -1,0 +1,59 @@
+"""Gateway settings: one plain object, filled from ``RESPGATE_*`` environment variables or CLI flags.
+
+Defaults work on one machine with nothing installed besides the package: the simulated engine
+(until a real model is prepared), in-memory state, no API keys required.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class Settings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: Literal["simulated"] = "simulated"
+    #: served model names (the simulated engine answers to each)
+    models: list[str] = Field(default_factory=lambda: ["gpt-oss-sim"])
+    max_context: int = 131_072
+    #: static API keys; empty = any bearer accepted (the security issue completes the model)
+    api_keys: list[str] = Field(default_factory=list)
+    #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
+    max_request_bytes: int = 32 * 1024 * 1024
+    ws_max_age_s: float = 3600.0
+    #: close an idle socket (error frame + 1000) as soon as it reaches the age limit
+    ws_close_idle_at_limit: bool = True
+    ws_max_inflight: int = 16
+    ws_max_lanes: int = 32
+    ws_cache_bytes: int = 512 * 1024 * 1024
+    store_max_bytes: int = 1024 * 1024 * 1024
+    store_ttl_s: float = 24 * 3600.0
+    #: what to do with hosted tool types we do not run (web_search, tool_search ...)
+    hosted_tools: Literal["strip", "reject"] = "strip"
+    #: how reasoning reaches clients: raw reasoning_text, or only as the item (no text events)
+    reasoning_text: Literal["raw", "hidden"] = "raw"
+    #: secret for sealing reasoning encrypted_content (random per process when unset)
+    seal_secret: str | None = None
+    # simulated engine speed (0 = as fast as possible)
+    sim_ttft_s: float = 0.0
+    sim_prefill_tps: float = 0.0
+    sim_decode_tps: float = 0.0
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        values: dict[str, object] = {}
+        for name, field in cls.model_fields.items():
+            raw = os.environ.get(f"RESPGATE_{name.upper()}")
+            if raw is None:
+                continue
+            if field.annotation in (list[str],):
+                values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
+            else:
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

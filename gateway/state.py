@@ -1,0 +1,29 @@
+"""What the app holds for its lifetime: settings, engines, stores, the pipeline, metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from billing.usage import UsageQueue
+from cache.store import ResponseStore
+from gateway.auth import KeyAuth
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
+from gateway.settings import Settings
+from inference.registry import ModelRegistry
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    registry: ModelRegistry
+    store: ResponseStore
+    usage: UsageQueue
+    metrics: Metrics
+    pipeline: Pipeline
+    auth: KeyAuth
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    accepting: bool = False
+    connections: set[Any] = field(default_factory=set)

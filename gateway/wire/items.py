@@ -1,0 +1,271 @@
+"""Input items as clients send them, validated and canonicalized into plain dicts.
+
+Real clients send many shapes (spec/real-clients.md): messages with or without ``type``, string or
+part-list content, client-made ids (``msg_<uuid>``, ``fco_<uuid>``), ``phase`` on assistant
+messages, replayed server items with ``status``. Models here accept all of them (extra keys are
+kept) and ``canonical_item`` turns each into the one dict shape renderers and stores rely on:
+messages always carry a ``content`` list, and every item carries an ``id``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class InputText(_Lenient):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImage(_Lenient):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str = "auto"
+
+
+class InputFile(_Lenient):
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_url: str | None = None
+    file_data: str | None = None
+    filename: str | None = None
+
+
+class OutputText(_Lenient):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+
+
+class Refusal(_Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class ReasoningText(_Lenient):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Lenient):
+    type: Literal["summary_text"]
+    text: str
+
+
+def _part_tag(v: Any) -> str | None:
+    return v.get("type") if isinstance(v, dict) else None
+
+
+ContentPart = Annotated[
+    Union[
+        Annotated[InputText, Tag("input_text")],
+        Annotated[InputImage, Tag("input_image")],
+        Annotated[InputFile, Tag("input_file")],
+        Annotated[OutputText, Tag("output_text")],
+        Annotated[Refusal, Tag("refusal")],
+    ],
+    Discriminator(_part_tag),
+]
+
+ToolOutputPart = Annotated[
+    Union[
+        Annotated[InputText, Tag("input_text")],
+        Annotated[InputImage, Tag("input_image")],
+        Annotated[InputFile, Tag("input_file")],
+    ],
+    Discriminator(_part_tag),
+]
+
+
+def _str_or_list(v: Any) -> str:
+    return "<text>" if isinstance(v, str) else "<parts>"
+
+
+MessageContent = Annotated[
+    Union[Annotated[str, Tag("<text>")], Annotated[list[ContentPart], Tag("<parts>")]],
+    Discriminator(_str_or_list),
+]
+ToolOutput = Annotated[
+    Union[Annotated[str, Tag("<text>")], Annotated[list[ToolOutputPart], Tag("<parts>")]],
+    Discriminator(_str_or_list),
+]
+
+
+class Message(_Lenient):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: MessageContent
+    status: str | None = None
+    phase: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _parts_match_role(cls, content: Any, info: Any) -> Any:
+        role = info.data.get("role")
+        if isinstance(content, list) and role is not None:
+            for part in content:
+                if role == "assistant" and part.type not in ("output_text", "refusal"):
+                    raise ValueError(
+                        f"Invalid value: '{part.type}'. Supported values are: 'output_text' and 'refusal'."
+                    )
+                if role != "assistant" and part.type in ("output_text", "refusal"):
+                    raise ValueError(
+                        f"Invalid value: '{part.type}'. Supported values are: 'input_text', 'input_image', and 'input_file'."
+                    )
+        return content
+
+
+class FunctionCall(_Lenient):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+    status: str | None = None
+    namespace: str | None = None
+
+
+class FunctionCallOutput(_Lenient):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str
+    output: ToolOutput
+    status: str | None = None
+
+
+class CustomToolCall(_Lenient):
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+
+
+class CustomToolCallOutput(_Lenient):
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    call_id: str
+    output: ToolOutput
+
+
+class Reasoning(_Lenient):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+class ItemReference(_Lenient):
+    type: Literal["item_reference"] = "item_reference"
+    id: str
+
+
+class HostedItem(_Lenient):
+    """Items of hosted tools we do not run (e.g. a ``web_search_call`` Codex replays from history).
+
+    Accepted so that replayed histories do not fail; they are kept in the context but not rendered.
+    """
+
+    type: str
+    id: str | None = None
+
+
+HOSTED_ITEM_TYPES = frozenset(
+    {
+        "web_search_call", "file_search_call", "computer_call", "computer_call_output",
+        "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
+        "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+        "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+        "tool_search_call", "tool_search_output", "additional_tools",
+    }
+)
+KNOWN_ITEM_TYPES = frozenset(
+    {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+     "reasoning", "item_reference"}
+)
+
+
+def _item_tag(v: Any) -> str:
+    if not isinstance(v, dict):
+        return "<invalid>"
+    t = v.get("type")
+    if t is None and "role" in v:
+        return "message"
+    if t is None and "id" in v:
+        return "item_reference"
+    if t in KNOWN_ITEM_TYPES:
+        return t
+    if t in HOSTED_ITEM_TYPES:
+        return "<hosted>"
+    return "<invalid>"
+
+
+class _Invalid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["message", "function_call", "function_call_output", "custom_tool_call",
+                  "custom_tool_call_output", "reasoning", "item_reference"]
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[Message, Tag("message")],
+        Annotated[FunctionCall, Tag("function_call")],
+        Annotated[FunctionCallOutput, Tag("function_call_output")],
+        Annotated[CustomToolCall, Tag("custom_tool_call")],
+        Annotated[CustomToolCallOutput, Tag("custom_tool_call_output")],
+        Annotated[Reasoning, Tag("reasoning")],
+        Annotated[ItemReference, Tag("item_reference")],
+        Annotated[HostedItem, Tag("<hosted>")],
+        Annotated[_Invalid, Tag("<invalid>")],
+    ],
+    Discriminator(_item_tag),
+]
+
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def canonical_item(item: BaseModel) -> dict[str, Any]:
+    """One dict shape per item type; assigns an id when the client sent none."""
+    d = item.model_dump(exclude_none=True)
+    t = d.get("type")
+    if isinstance(item, Message):
+        content = d["content"]
+        if isinstance(content, str):
+            part_type = "output_text" if item.role == "assistant" else "input_text"
+            part: dict[str, Any] = {"type": part_type, "text": content}
+            if part_type == "output_text":
+                part["annotations"] = []
+            d["content"] = [part]
+        d["type"] = "message"
+        d.setdefault("status", "completed")
+    elif t in ("function_call_output", "custom_tool_call_output") and isinstance(d.get("output"), list):
+        d["output_parts"] = d["output"]
+        d["output"] = "\n".join(p.get("text", "") for p in d["output"] if p.get("type") == "input_text")
+    if "id" not in d and t in _PREFIX:
+        d["id"] = new_id(_PREFIX[t])
+    if t in ("function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output"):
+        d.setdefault("status", "completed")
+    return d

@@ -1,0 +1,167 @@
+"""The create request (``POST /v1/responses`` body == WebSocket ``response.create`` minus ``type``).
+
+Top-level fields are strict (an unknown one is ``400 unknown_parameter``, as OpenAI does); items
+and tools are lenient (clients add keys). WebSocket-only fields (``stream_id``, ``generate``) are
+rejected on HTTP. ``parse_create`` is the single entry point both transports use.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
+
+from gateway.errors import ApiError, bad_request
+from gateway.wire.items import InputItem
+from gateway.wire.tools import Tool
+from gateway.wire.validation import to_api_error
+
+IncludeValue = Literal[
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+    "reasoning.encrypted_content", "message.output_text.logprobs",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FormatText(_Strict):
+    type: Literal["text"]
+
+
+class FormatJsonObject(_Strict):
+    type: Literal["json_object"]
+
+
+class FormatJsonSchema(_Strict):
+    type: Literal["json_schema"]
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+def _fmt_tag(v: Any) -> str | None:
+    return v.get("type") if isinstance(v, dict) else None
+
+
+TextFormat = Annotated[
+    Union[
+        Annotated[FormatText, Tag("text")],
+        Annotated[FormatJsonObject, Tag("json_object")],
+        Annotated[FormatJsonSchema, Tag("json_schema")],
+    ],
+    Discriminator(_fmt_tag),
+]
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: Literal["standard", "pro"] | None = None
+
+
+class CompactionConfig(_Strict):
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(default=None, ge=1000)
+
+
+class CreateRequest(_Strict):
+    # --- WebSocket envelope (rejected on HTTP) ---
+    type: Literal["response.create"] | None = None
+    stream_id: str | None = None
+    generate: bool | None = None
+    # --- the create body ---
+    model: str
+    input: Any = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    store: bool | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    background: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, ge=16)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[IncludeValue] | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    user: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    context_management: list[CompactionConfig] | None = None
+    prompt: Any = None
+    moderation: Any = None
+    client_metadata: dict[str, Any] | None = None
+    access_programs: Any = None
+    seed: int | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        if len(v) > 16:
+            raise ValueError("Invalid 'metadata': too many properties. Expected at most 16.")
+        for k, val in v.items():
+            if len(k) > 64 or len(val) > 512:
+                raise ValueError("Invalid 'metadata': keys must be <= 64 characters and values <= 512 characters.")
+        return v
+
+
+_items = TypeAdapter(list[InputItem])
+
+
+def parse_create(body: Any, *, transport: Literal["http", "ws"]) -> tuple[CreateRequest, list[Any]]:
+    """Validate a create body; returns the request and its validated input items (models)."""
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.", code="invalid_type")
+    if transport == "http":
+        for ws_only in ("type", "stream_id", "generate"):
+            if ws_only in body:
+                raise ApiError(400, f"Unknown parameter: '{ws_only}'.", code="unknown_parameter", param=ws_only)
+    try:
+        req = CreateRequest.model_validate(body)
+    except ValidationError as exc:
+        raise to_api_error(exc) from None
+    raw = req.input
+    if raw is None:
+        items: list[Any] = []
+    elif isinstance(raw, str):
+        if len(raw) > 10_485_760:
+            raise bad_request("Invalid 'input': string too long.", code="string_above_max_length", param="input")
+        items = [raw]
+    elif isinstance(raw, list):
+        try:
+            items = _items.validate_python(raw)
+        except ValidationError as exc:
+            err = to_api_error(exc)
+            err.param = f"input{err.param}" if err.param and err.param.startswith("[") else (err.param or "input")
+            err.message = err.message.replace("'[", "'input[")
+            raise err from None
+    else:
+        raise ApiError(
+            400, "Invalid type for 'input': expected a string or an array of input items.", code="invalid_type",
+            param="input",
+        )
+    return req, items

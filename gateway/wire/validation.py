@@ -1,0 +1,116 @@
+"""Pydantic validation errors -> OpenAI's error codes and wording.
+
+OpenAI answers a bad field with a specific code (``invalid_type``, ``integer_below_min_value``,
+``unknown_parameter`` ...) and a ``param`` path like ``input[0].content``. Clients (Codex above
+all) branch on those, so the mapping is explicit here instead of leaking pydantic's messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway.errors import ApiError
+
+_TYPE_NAMES = {
+    "int": "an integer", "float": "a number with a decimal point", "str": "a string", "bool": "a boolean",
+    "dict": "an object", "list": "an array", "model": "an object", "NoneType": "null",
+}
+
+
+def param_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and (part.startswith("<") or part in _UNION_TAGS):
+            continue  # discriminated-union tags are not part of the client's path
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_UNION_TAGS = frozenset(
+    {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+     "reasoning", "item_reference", "function", "custom", "namespace", "input_text", "input_image",
+     "input_file", "output_text", "refusal", "json_schema", "json_object", "text"}
+)
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _expected(err_type: str) -> str:
+    base = err_type.split("_")[0]
+    return _TYPE_NAMES.get(base, f"a valid {base}")
+
+
+def to_api_error(exc: ValidationError) -> ApiError:
+    """The first error decides (OpenAI also reports one problem at a time)."""
+    errors = exc.errors(include_url=False)
+    # Prefer the most specific error: unknown params and missing params first, then deepest path.
+    errors.sort(key=lambda e: (e["type"] not in ("extra_forbidden", "missing"), -len(e["loc"])))
+    e = errors[0]
+    param = param_path(tuple(e["loc"]))
+    t = e["type"]
+    value = e.get("input")
+    ctx = e.get("ctx") or {}
+    if t == "extra_forbidden":
+        return ApiError(400, f"Unknown parameter: '{param}'.", code="unknown_parameter", param=param)
+    if t == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param)
+    if t.endswith("_type") or t.endswith("_parsing") or t in ("model_type", "model_attributes_type", "list_type",
+                                                                "dict_type", "union_tag_not_found"):
+        return ApiError(
+            400,
+            f"Invalid type for '{param}': expected {_expected(t)}, but got {_got(value)} instead.",
+            code="invalid_type",
+            param=param,
+        )
+    if t in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        kind = "integer" if isinstance(value, int) else "decimal"
+        return ApiError(
+            400,
+            f"Invalid '{param}': {kind} below minimum value. Expected a value >= {bound}, but got {value} instead.",
+            code=f"{kind}_below_min_value",
+            param=param,
+        )
+    if t in ("less_than_equal", "less_than"):
+        bound = ctx.get("le", ctx.get("lt"))
+        kind = "integer" if isinstance(value, int) else "decimal"
+        return ApiError(
+            400,
+            f"Invalid '{param}': {kind} above maximum value. Expected a value <= {bound}, but got {value} instead.",
+            code=f"{kind}_above_max_value",
+            param=param,
+        )
+    if t in ("literal_error", "enum", "union_tag_invalid"):
+        expected = ctx.get("expected") or ctx.get("expected_tags") or ""
+        shown = value.get("type") if isinstance(value, dict) else value
+        return ApiError(
+            400, f"Invalid value: '{shown}'. Supported values are: {expected}.", code="invalid_value", param=param
+        )
+    if t in ("string_too_long", "too_long"):
+        return ApiError(400, f"Invalid '{param}': {e['msg']}.", code="string_above_max_length"
+                        if t == "string_too_long" else "array_above_max_length", param=param)
+    if t == "value_error":
+        msg = str(ctx.get("error") or e["msg"])
+        return ApiError(400, msg, code="invalid_value", param=param)
+    return ApiError(400, f"Invalid '{param}': {e['msg']}.", code="invalid_value", param=param)

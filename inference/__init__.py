@@ -1,0 +1,1 @@
+"""Everything between Responses items and token ids: engines, renderers, parsers, the model registry."""

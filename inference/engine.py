@@ -1,0 +1,78 @@
+"""The engine boundary: token ids in, token deltas out, abort by cancellation.
+
+Why token ids: the gateway renders conversations incrementally and hands the engine
+``parent_ids + new_ids``; the engine's prefix cache then reuses the history's KV. No engine
+re-tokenizes text, and no HTTP hop sits between the gateway and an in-process engine.
+
+Cancellation contract: ``generate`` is an async generator. When the consumer stops iterating
+(``aclose()``, task cancellation, or garbage collection of the generator) the engine must abort
+the request and free its slot. Engines count aborts so tests and metrics can observe them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Engine-level sampling settings, already resolved from the request."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    #: Optional JSON schema / grammar constraint (engines that cannot honour it ignore it).
+    structured: dict | None = None
+
+
+@dataclass(slots=True)
+class TokenDelta:
+    """New tokens of one request since the previous delta.
+
+    ``finish_reason`` is set on the last delta only. ``num_cached_tokens`` is the number of
+    prompt tokens served from the engine's prefix cache; engines report it on the first delta.
+    """
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int | None = None
+    #: which stop token ended the request (it is included in ``token_ids`` when the engine emits it)
+    stop_token_id: int | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    requests: int = 0
+    aborts: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    running: int = 0
+    last_prompt_len: int = 0
+    prompts: list = field(default_factory=list)  # only filled when an engine is asked to record
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request (crash, bad state). The pipeline ends the turn with response.failed."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Token-level generation backend."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta]: ...

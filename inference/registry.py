@@ -1,0 +1,39 @@
+"""Model registry: a served model name -> its engine, renderer and context length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.engine import Engine
+from inference.render import Renderer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    name: str
+    engine: Engine
+    renderer: Renderer
+    max_context: int = 131_072
+    owned_by: str = "respgate"
+
+
+class ModelRegistry:
+    def __init__(self, routes: list[ModelRoute] | None = None) -> None:
+        self._routes: dict[str, ModelRoute] = {}
+        for r in routes or []:
+            self.add(r)
+
+    def add(self, route: ModelRoute) -> None:
+        self._routes[route.name] = route
+
+    def get(self, name: str) -> ModelRoute | None:
+        return self._routes.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._routes)
+
+    def engines(self) -> list[Engine]:
+        seen: dict[int, Engine] = {}
+        for r in self._routes.values():
+            seen.setdefault(id(r.engine), r.engine)
+        return list(seen.values())

@@ -1,0 +1,65 @@
+"""Renderer protocol: Responses items -> token ids, with the incremental contract.
+
+A conversation renders as ``prelude(settings) + items(it_1) + items(it_2) + ...`` and a prompt for
+generation adds ``generation_prompt()``. The **incremental contract** every renderer states and
+tests (property tests over random conversations) is:
+
+    render_prelude(p) + render_items(a) + render_items(b) == render_prelude(p) + render_items(a + b)
+
+and, for the model's own output, ``history_tokens(sampled)`` is what the model's turn looks like in
+the history (token-exact with ``render_items(parsed output items)`` when the model sampled canonical
+tokens; real models may not, which is why the pipeline keeps sampled tokens verbatim).
+
+Anything that is rendered *before* the conversation (instructions, tools, reasoning effort...) is
+the prelude. When a continuation turn has a different prelude than its parent
+(``prelude_key`` differs) an append is not exact and the pipeline falls back to a full render,
+counted in a metric.
+
+Items are plain dicts in canonical Responses shape (validated by the gateway's wire types):
+``message`` (role system|developer|user|assistant, content = list of parts with ``text``),
+``function_call`` (call_id, name, arguments, namespace?), ``function_call_output`` (call_id, output
+as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_call_output``
+(call_id, output), ``reasoning`` (content=[{type: reasoning_text, text}], summary=[...]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from inference.parse import StreamParser
+
+
+@dataclass(frozen=True, slots=True)
+class Prelude:
+    """Request-level settings a renderer may place before the conversation."""
+
+    instructions: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: Any = "auto"
+    reasoning_effort: str | None = None
+
+
+class Renderer(Protocol):
+    family: str
+    #: tokens that end a generation (e.g. harmony <|return|>, <|call|>)
+    stop_token_ids: tuple[int, ...]
+
+    def prelude_key(self, prelude: Prelude) -> bytes:
+        """Equal keys imply identical prelude tokens (cheap: hashes settings, not the history)."""
+
+    def render_prelude(self, prelude: Prelude) -> list[int]: ...
+
+    def render_items(self, items: Sequence[dict[str, Any]]) -> list[int]:
+        """Tokens of ``items`` as they appear in the conversation (no generation prompt)."""
+
+    def generation_prompt(self) -> list[int]:
+        """Tokens that ask the model to produce the assistant turn (e.g. ``<|start|>assistant``)."""
+
+    def history_tokens(self, sampled: Sequence[int]) -> list[int]:
+        """The model's sampled tokens as they stay in the history (e.g. terminal stop normalized)."""
+
+    def count_text_tokens(self, text: str) -> int: ...
+
+    def parser(self, prelude: Prelude) -> StreamParser:
+        """A fresh streaming parser for one generation under ``prelude`` (knows the tool names)."""

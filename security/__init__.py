@@ -1,0 +1,1 @@
+"""API keys and tenants, limits, classifiers over new items only, flag reporting."""
