@@ -390,8 +390,13 @@ class Pipeline:
                         yield ev
                     if delta.finish_reason is not None:
                         finish, stop_token = delta.finish_reason, delta.stop_token_id
+                        if finish == "abort":
+                            finish = "error"
             except EngineError as exc:
                 log.warning("engine failed response %s: %s", turn.id, exc)
+                finish = "error"
+            except ValueError as exc:  # the model's output did not parse (malformed format)
+                log.warning("unparseable model output in response %s: %s", turn.id, exc)
                 finish = "error"
             except asyncio.CancelledError:
                 raise

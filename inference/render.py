@@ -25,7 +25,7 @@ as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from inference.parse import StreamParser
 
@@ -50,8 +50,14 @@ class Renderer(Protocol):
 
     def render_prelude(self, prelude: Prelude) -> list[int]: ...
 
-    def render_items(self, items: Sequence[dict[str, Any]]) -> list[int]:
-        """Tokens of ``items`` as they appear in the conversation (no generation prompt)."""
+    def render_items(
+        self, items: Sequence[dict[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Tokens of ``items`` as they appear in the conversation (no generation prompt).
+
+        ``calls`` maps call ids to the call items of the whole chain, so that a tool output in a
+        continuation can be rendered with the tool name of a call made in an earlier turn.
+        """
 
     def generation_prompt(self) -> list[int]:
         """Tokens that ask the model to produce the assistant turn (e.g. ``<|start|>assistant``)."""

@@ -1,0 +1,315 @@
+"""Harmony renderer (gpt-oss): Responses items -> ``o200k_harmony`` token ids, incrementally.
+
+Why per message: every harmony message is delimited by special tokens (``<|start|>`` …
+``<|end|>``/``<|call|>``), and BPE never merges across a special token, so the tokens of a
+conversation are exactly the concatenation of its messages' tokens. We therefore render **one
+message at a time** with ``enc.render(message)``: a continuation turn costs O(new items), never a
+re-render of the history.
+
+The incremental contract (checked by property tests in ``tests/inference/test_harmony_render.py``)
+---------------------------------------------------------------------------------------------
+Let ``R = HarmonyRenderer()``, ``p`` a :class:`~inference.render.Prelude`, and ``a``, ``b`` lists of
+canonical items in which every ``*_call_output`` can find its call (see *calls* below).
+
+(a) **Append is exact.** ``R.render_prelude(p) + R.render_items(a) + R.render_items(b, calls=C)
+    == R.render_prelude(p) + R.render_items(a + b)`` for every split, where ``C`` indexes the
+    calls made in ``a`` (the gateway passes the chain's call index). ``render_prelude`` depends
+    only on ``p``, ``render_items`` only on the items (and ``calls`` for names).
+
+(b) **It is harmony's rendering.** ``R.render_prelude(p) + R.render_items(a)`` equals
+    ``enc.render_conversation(Conversation(R.prelude_messages(p) + R.item_messages(a)),
+    RenderConversationConfig(auto_drop_analysis=False))``.
+
+(c) **The model's turn round-trips.** If the engine sampled the *canonical* completion ``S`` of
+    output items ``O`` — :func:`render_completion` of their messages: the rendered messages
+    without the leading ``<|start|>assistant`` (that is the generation prompt) and with a final
+    answer's trailing ``<|end|>`` sampled as ``<|return|>`` — then
+    ``R.generation_prompt() + R.history_tokens(S) == R.render_items(O)`` where ``O`` are the
+    items :class:`~inference.harmony_parse.HarmonyStreamParser` parses from ``S``.
+
+Where it does **not** hold (by design or by nature):
+
+* harmony's *default* conversation renderer (``auto_drop_analysis=True``) drops the analysis
+  messages of earlier turns. We never drop anything: the history is what the engine's KV cache
+  holds, and dropping would rewrite earlier tokens and forfeit the prefix cache. A full render by
+  this renderer (the pipeline's fallback) keeps analysis too, so both paths agree with each other
+  — just not with harmony's default.
+* A real model may sample non-canonical tokens: the recipient in the role header
+  (``<|start|>assistant to=functions.f<|channel|>commentary``), ``json`` without
+  ``<|constrain|>``, a different BPE split of the same text. Then (c) fails; this is why the
+  pipeline keeps sampled tokens verbatim (``history_tokens``) instead of re-rendering parsed items.
+* A generation cut off mid-message (``finish_reason="length"``) has no terminator; no rendering
+  of its (incomplete) items equals it, so the pipeline re-renders after such a turn.
+* A changed prelude (different ``prelude_key``): appending is not exact; the pipeline re-renders.
+* Messages with several text parts render harmony's way (parts back to back, each tokenized on
+  its own); parsing returns one part, so such items do not round-trip item-for-item.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+from inference.harmony_core import (
+    ToolCatalog,
+    harmony_encoding,
+    harmony_tokens,
+    recipient_for,
+)
+from inference.harmony_parse import HarmonyStreamParser
+from inference.render import Prelude
+
+__all__ = [
+    "TOOL_CHOICE_NAMED",
+    "TOOL_CHOICE_NONE",
+    "TOOL_CHOICE_REQUIRED",
+    "HarmonyRenderer",
+    "UnknownCallError",
+    "render_completion",
+]
+
+_KEY_VERSION = b"harmony-v1"
+_EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
+_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
+#: tool_choice lines in the developer message (the simulated engine recognises them)
+TOOL_CHOICE_REQUIRED = "You must call at least one tool before giving a final answer."
+TOOL_CHOICE_NONE = "Do not call any tools; answer directly."
+TOOL_CHOICE_NAMED = "You must call the tool `{name}`."
+
+
+class UnknownCallError(ValueError):
+    """A tool output refers to a ``call_id`` whose call is in neither the items nor ``calls``."""
+
+    def __init__(self, call_id: str) -> None:
+        super().__init__(f"no tool call found for call output with call_id {call_id!r}")
+        self.call_id = call_id
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    kind = part.get("type")
+    if kind == "refusal":
+        return str(part.get("refusal") or "")
+    if "text" in part and part["text"] is not None:
+        return str(part["text"])
+    return _PLACEHOLDERS.get(kind, f"[{kind}]")
+
+
+def _texts(content: Any) -> list[str]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    return [_part_text(p) for p in content]
+
+
+def _tool_choice_line(choice: Any) -> str | None:
+    if choice == "required":
+        return TOOL_CHOICE_REQUIRED
+    if choice == "none":
+        return TOOL_CHOICE_NONE
+    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom") and choice.get("name"):
+        return TOOL_CHOICE_NAMED.format(name=choice["name"])
+    return None
+
+
+def render_completion(messages: Sequence[Any]) -> list[int]:
+    """The canonical tokens a model samples for these assistant messages (contract (c)).
+
+    That is each message rendered by harmony, minus the generation prompt
+    ``<|start|>assistant`` of the first, with a final answer ending in ``<|return|>`` (harmony
+    renders it as ``<|end|>`` in history). The simulated engine emits exactly this.
+    """
+    enc, tok = harmony_encoding(), harmony_tokens()
+    out: list[int] = []
+    for msg in messages:
+        out += enc.render(msg)
+    if out[:2] != [tok.start, tok.assistant]:
+        raise ValueError("a completion starts with an assistant message")
+    del out[:2]
+    if out and out[-1] == tok.end and messages[-1].channel == "final":
+        out[-1] = tok.return_
+    return out
+
+
+class HarmonyRenderer:
+    """:class:`inference.render.Renderer` for gpt-oss models (harmony over ``o200k_harmony``)."""
+
+    family = "harmony"
+
+    def __init__(self) -> None:
+        self._enc = harmony_encoding()
+        self._tok = harmony_tokens()
+        self.stop_token_ids: tuple[int, ...] = tuple(self._enc.stop_tokens_for_assistant_actions())
+        self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- prelude -------------------------------------------------------------------------------
+
+    def prelude_key(self, prelude: Prelude) -> bytes:
+        """blake2b of every prelude field (tools verbatim, so equal keys imply equal tokens)."""
+        payload = orjson.dumps(
+            [prelude.instructions, list(prelude.tools), prelude.tool_choice, prelude.reasoning_effort],
+            option=orjson.OPT_SORT_KEYS,
+            default=str,
+        )
+        return hashlib.blake2b(_KEY_VERSION + payload, digest_size=16).digest()
+
+    def prelude_messages(self, prelude: Prelude) -> list[Any]:
+        """System message (no date: rendering must be deterministic) + developer message.
+
+        The developer message carries ``instructions``, a ``tool_choice`` line and the tools, and
+        is omitted when there is nothing to put in it.
+        """
+        from openai_harmony import DeveloperContent, Message, ReasoningEffort, Role, SystemContent
+
+        effort = _EFFORTS.get(str(prelude.reasoning_effort or "medium").lower(), "Medium")
+        system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort))
+        messages = [Message.from_role_and_content(Role.SYSTEM, system)]
+        catalog = ToolCatalog(prelude.tools)
+        lines = [prelude.instructions] if prelude.instructions else []
+        choice = _tool_choice_line(prelude.tool_choice) if catalog else None
+        if choice:
+            lines.append(choice)
+        if lines or catalog:
+            dev = DeveloperContent.new()
+            if lines:
+                dev = dev.with_instructions("\n\n".join(lines))
+            for ns in catalog.namespace_configs():
+                dev = dev.with_tools(ns)
+            messages.append(Message.from_role_and_content(Role.DEVELOPER, dev))
+        return messages
+
+    def render_prelude(self, prelude: Prelude) -> list[int]:
+        key = self.prelude_key(prelude)
+        with self._lock:
+            hit = self._prelude_cache.get(key)
+            if hit is not None:
+                self._prelude_cache.move_to_end(key)
+                return list(hit)
+        from openai_harmony import RenderOptions
+
+        messages = self.prelude_messages(prelude)
+        # harmony's conversation renderer tells the system message that function tools exist
+        # ("Calls to these tools must go to the commentary channel: 'functions'.")
+        opts = RenderOptions(conversation_has_function_tools=ToolCatalog(prelude.tools).has_functions)
+        tokens = self._enc.render(messages[0], opts)
+        for msg in messages[1:]:
+            tokens += self._enc.render(msg)
+        with self._lock:
+            self._prelude_cache[key] = tokens
+            if len(self._prelude_cache) > 64:
+                self._prelude_cache.popitem(last=False)
+        return list(tokens)
+
+    # -- items ---------------------------------------------------------------------------------
+
+    def item_messages(
+        self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[Any]:
+        """The harmony messages of ``items`` (unknown item types contribute none)."""
+        local: dict[str, Mapping[str, Any]] = {}
+        out: list[Any] = []
+        for item in items:
+            kind = item.get("type", "message")
+            if kind in ("function_call", "custom_tool_call"):
+                local[str(item.get("call_id"))] = item
+            msg = self._item_message(item, kind, local, calls)
+            if msg is not None:
+                out.append(msg)
+        return out
+
+    def _item_message(
+        self,
+        item: Mapping[str, Any],
+        kind: str,
+        local: Mapping[str, Mapping[str, Any]],
+        calls: Mapping[str, Mapping[str, Any]] | None,
+    ) -> Any:
+        from openai_harmony import Author, Message, Role, TextContent
+
+        if kind == "message":
+            role = Role(item.get("role", "user"))
+            contents = [TextContent(text=t) for t in _texts(item.get("content"))]
+            msg = Message.from_role_and_contents(role, contents)
+            if role == Role.ASSISTANT:
+                msg = msg.with_channel("commentary" if item.get("phase") == "commentary" else "final")
+            return msg
+        if kind == "reasoning":
+            texts = _texts(item.get("content")) or _texts(item.get("summary"))
+            if not texts:
+                return None  # e.g. encrypted reasoning only: nothing the model can read
+            contents = [TextContent(text=t) for t in texts]
+            return Message.from_role_and_contents(Role.ASSISTANT, contents).with_channel("analysis")
+        if kind in ("function_call", "custom_tool_call"):
+            body = item.get("arguments") if kind == "function_call" else item.get("input")
+            msg = (
+                Message.from_role_and_content(Role.ASSISTANT, str(body or ""))
+                .with_channel("commentary")
+                .with_recipient(recipient_for(str(item["name"]), item.get("namespace")))
+            )
+            return msg.with_content_type("<|constrain|>json") if kind == "function_call" else msg
+        if kind in ("function_call_output", "custom_tool_call_output"):
+            name, namespace = self._call_name(item, local, calls)
+            output = item.get("output")
+            text = output if isinstance(output, str) else "".join(_texts(output))
+            author = Author.new(Role.TOOL, recipient_for(name, namespace))
+            return (
+                Message.from_author_and_content(author, text)
+                .with_channel("commentary")
+                .with_recipient("assistant")
+            )
+        return None
+
+    @staticmethod
+    def _call_name(
+        item: Mapping[str, Any],
+        local: Mapping[str, Mapping[str, Any]],
+        calls: Mapping[str, Mapping[str, Any]] | None,
+    ) -> tuple[str, str | None]:
+        if item.get("name"):
+            return str(item["name"]), item.get("namespace")
+        call_id = str(item.get("call_id"))
+        call = local.get(call_id) or (calls.get(call_id) if calls is not None else None)
+        if call is None:
+            raise UnknownCallError(call_id)
+        return str(call["name"]), call.get("namespace")
+
+    def render_items(
+        self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Tokens of ``items`` only (no generation prompt), one message at a time.
+
+        ``calls`` maps ``call_id`` -> the ``function_call``/``custom_tool_call`` item, for tool
+        outputs whose call was made in an earlier turn (the gateway passes the chain's index).
+        Raises :class:`UnknownCallError` when an output's call cannot be found.
+        """
+        out: list[int] = []
+        for msg in self.item_messages(items, calls):
+            out += self._enc.render(msg)
+        return out
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generation_prompt(self) -> list[int]:
+        return [self._tok.start, self._tok.assistant]
+
+    def history_tokens(self, sampled: Sequence[int]) -> list[int]:
+        """Sampled tokens as they stay in history: a trailing ``<|return|>`` becomes ``<|end|>``
+        (harmony's convention for past answers); ``<|call|>`` and everything else stay verbatim,
+        because they are what the engine's KV cache holds."""
+        out = list(sampled)
+        if out and out[-1] == self._tok.return_:
+            out[-1] = self._tok.end
+        return out
+
+    def count_text_tokens(self, text: str) -> int:
+        return len(self._enc.encode(text, disallowed_special=()))
+
+    def parser(self, prelude: Prelude) -> HarmonyStreamParser:
+        return HarmonyStreamParser(ToolCatalog(prelude.tools))

@@ -1,0 +1,283 @@
+"""A simulated gpt-oss engine: the real :class:`~inference.engine.Engine` protocol, scripted outputs.
+
+Why it exists: tests exercise the whole pipeline quickly and deterministically, and benchmarks
+isolate gateway overhead from GPU time. So it must behave like the real thing at the boundary —
+token ids in, canonical harmony token deltas out, prefix-cache reporting, stop tokens,
+``max_tokens``, aborts on cancellation — while costing almost nothing itself. In particular a
+turn's cost must not grow with the history (benchmarks send 128k-token prompts): the prompt is
+read through :class:`~inference.simulated_prompt.PromptView` (tail + prelude only) and the prefix
+cache compares list slices in C.
+
+Timing model (all optional): ``ttft_s`` + uncached prompt tokens / ``prefill_tps`` before the
+first delta, then ``len(delta) / decode_tps`` before each delta. Between deltas the engine always
+yields to the event loop (``asyncio.sleep(0)``) so a fast simulated model never starves the
+gateway's other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta
+from inference.harmony_core import harmony_encoding, harmony_tokens
+from inference.simulated_prompt import PromptView
+from inference.simulated_script import Script, Turn, default_script, turn_tokens
+
+__all__ = ["CacheMatch", "PrefixCache", "SimulatedEngine", "common_prefix_len"]
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], first_chunk: int = 2048) -> int:
+    """Length of the common prefix of two lists, with every comparison a C-level slice compare.
+
+    The common case — ``a`` continues ``b``, a turn extending a served sequence — is checked
+    first: a 64-token probe at the end of the shorter list, then one whole-prefix compare.
+    Otherwise chunks grow geometrically (galloping), so a mismatch costs O(common prefix + one
+    chunk): sequences of other conversations, which share only the prelude, are rejected after a
+    few thousand tokens. The mismatching chunk is then bisected.
+    """
+    n = min(len(a), len(b))
+    k = max(0, n - 64)
+    if a[k:n] == b[k:n]:
+        short, other = (a, b) if len(a) == n else (b, a)
+        if other[:n] == short:
+            return n
+    lo, step = 0, first_chunk
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]: bisect for the first difference
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMatch:
+    """Result of :meth:`PrefixCache.lookup`."""
+
+    #: prompt tokens served from cache (what the engine reports as ``num_cached_tokens``)
+    cached: int
+    #: entries that are whole prefixes of the prompt: the request's sequence supersedes them
+    covered: tuple[list[int], ...] = ()
+
+
+class PrefixCache:
+    """A small LRU of served sequences (prompt + output but its last token), like the KV blocks
+    a real engine keeps.
+
+    ``lookup`` reports how many prompt tokens a paged-attention engine would serve from cache:
+    the longest common prefix with any entry, rounded down to whole blocks, and never the whole
+    prompt (the last prompt token is always recomputed to produce logits, as in vLLM). ``add``
+    drops the entries the new sequence extends, so an agent loop holds one entry per
+    conversation and a turn costs about one pass over its prompt, in C.
+    """
+
+    def __init__(self, entries: int = 8, block_size: int = 16) -> None:
+        self._entries: list[list[int]] = []
+        self._max = max(1, entries)
+        self._block = max(1, block_size)
+
+    def lookup(self, prompt: list[int]) -> CacheMatch:
+        best = 0
+        covered = []
+        for seq in self._entries:
+            n = common_prefix_len(prompt, seq)
+            best = max(best, n)
+            if n == len(seq):
+                covered.append(seq)
+        best = min(best, len(prompt) - 1)
+        return CacheMatch(max(0, best - best % self._block), tuple(covered))
+
+    def add(self, seq: list[int], supersedes: Sequence[list[int]] = ()) -> None:
+        gone = {id(s) for s in supersedes}
+        self._entries = [s for s in self._entries if id(s) not in gone]
+        self._entries.append(seq)
+        del self._entries[: -self._max]
+
+
+def _chunks(
+    tokens: Iterator[int],
+    *,
+    stops: frozenset[int],
+    max_tokens: int | None,
+    per_delta: int,
+    fail_after: int | None,
+) -> Iterator[tuple[list[int], FinishReason | None, int | None, bool]]:
+    """Cut the token plan into deltas: ``(tokens, finish_reason, stop_token_id, fail_now)``.
+
+    A plan ends with its own stop token (``<|return|>``/``<|call|>``), reported as the stop even
+    when it is not in ``stops``; one token of look-ahead finds that end without materialising an
+    endless plan.
+    """
+    sent = 0
+    chunk: list[int] = []
+    it = iter(tokens)
+    nxt = next(it, None)
+    while nxt is not None:
+        tok, nxt = nxt, next(it, None)
+        if fail_after is not None and sent + len(chunk) >= fail_after:
+            yield chunk, None, None, True
+            return
+        chunk.append(tok)
+        if tok in stops or nxt is None:
+            yield chunk, "stop", tok, False
+            return
+        if max_tokens is not None and sent + len(chunk) >= max_tokens:
+            yield chunk, "length", None, False
+            return
+        if len(chunk) >= per_delta:
+            sent += len(chunk)
+            yield chunk, None, None, False
+            chunk = []
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    """The prompt as a list, copied in C when it is a list-backed view (``AppendOnlyView``
+    slices its buffer): iterating a 128k-token view in Python would cost milliseconds."""
+    if isinstance(ids, list):
+        return ids
+    got = ids[0 : len(ids)]
+    return got if isinstance(got, list) else list(got)
+
+
+class SimulatedEngine:
+    """:class:`inference.engine.Engine` that samples from a script instead of weights.
+
+    Args:
+        script: ``script(view) -> Turn | None``; ``None`` (or a ``None`` result) uses
+            :func:`~inference.simulated_script.default_script`.
+        ttft_s: fixed delay before the first delta.
+        prefill_tps: prompt tokens per second for the *uncached* part of the prompt (0 = free).
+        decode_tps: output tokens per second (0/None = no delay).
+        tokens_per_delta: tokens per :class:`TokenDelta`.
+        prefix_cache: emulate a prefix cache and report ``num_cached_tokens``.
+        cache_entries, cache_block_size: size of that cache and its block granularity.
+        record_prompts: append every prompt (as a list) to ``stats.prompts``.
+        eos_token_ids: tokens that end a generation regardless of ``params`` — by default
+            harmony's ``<|return|>`` and ``<|call|>``, like gpt-oss's generation config.
+    """
+
+    def __init__(
+        self,
+        *,
+        script: Script | None = None,
+        ttft_s: float = 0.0,
+        prefill_tps: float | None = None,
+        decode_tps: float | None = None,
+        tokens_per_delta: int = 1,
+        prefix_cache: bool = True,
+        cache_entries: int = 8,
+        cache_block_size: int = 16,
+        record_prompts: bool = False,
+        eos_token_ids: Sequence[int] | None = None,
+        name: str = "simulated",
+    ) -> None:
+        self.name = name
+        self.script = script
+        self.ttft_s = ttft_s
+        self.prefill_tps = prefill_tps
+        self.decode_tps = decode_tps
+        self.tokens_per_delta = max(1, tokens_per_delta)
+        self.record_prompts = record_prompts
+        self.stats = EngineStats()
+        self._cache = PrefixCache(cache_entries, cache_block_size) if prefix_cache else None
+        self._eos = eos_token_ids
+        self._started = False
+
+    async def start(self) -> None:
+        # load the encoding now, not inside the first request's latency
+        harmony_encoding()
+        tok = harmony_tokens()
+        if self._eos is None:
+            self._eos = (tok.return_, tok.call)
+        self._started = True
+
+    async def shutdown(self) -> None:
+        self._started = False
+
+    def ready(self) -> bool:
+        return self._started
+
+    def _turn(self, prompt: list[int]) -> Turn:
+        view = PromptView(prompt)
+        turn = self.script(view) if self.script is not None else None
+        return turn if turn is not None else default_script(view)
+
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta]:
+        if not self._started:
+            raise EngineError("simulated engine is not started")
+        prompt = _as_list(prompt_ids)
+        if not prompt:
+            raise EngineError("empty prompt")
+        stats = self.stats
+        stats.requests += 1
+        stats.running += 1
+        stats.prompt_tokens += len(prompt)
+        stats.last_prompt_len = len(prompt)
+        if self.record_prompts:
+            stats.prompts.append(list(prompt))
+        output: list[int] = []
+        match = CacheMatch(0)
+        outcome = "aborted"
+        try:
+            match = self._cache.lookup(prompt) if self._cache is not None else CacheMatch(0)
+            cached = match.cached
+            stats.cached_tokens += cached
+            turn = self._turn(prompt)
+            delay = self.ttft_s
+            if self.prefill_tps:
+                delay += (len(prompt) - cached) / self.prefill_tps
+            await asyncio.sleep(delay)
+            per_token = turn.delay_per_token_s
+            if per_token is None:
+                per_token = 1.0 / self.decode_tps if self.decode_tps else 0.0
+            deltas = _chunks(
+                turn_tokens(turn),
+                stops=frozenset(params.stop_token_ids) | frozenset(self._eos or ()),
+                max_tokens=params.max_tokens,
+                per_delta=self.tokens_per_delta,
+                fail_after=turn.fail_after_tokens,
+            )
+            first = True
+            for chunk, finish, stop_id, fail in deltas:
+                if fail and not chunk:
+                    raise EngineError(f"simulated failure after {len(output)} tokens")
+                await asyncio.sleep(per_token * len(chunk))
+                output += chunk
+                stats.generated_tokens += len(chunk)
+                yield TokenDelta(
+                    token_ids=chunk,
+                    finish_reason=finish,
+                    num_cached_tokens=cached if first else None,
+                    stop_token_id=stop_id,
+                )
+                first = False
+                if fail:
+                    raise EngineError(f"simulated failure after {len(output)} tokens")
+            outcome = "finished"
+        except EngineError:
+            outcome = "failed"
+            raise
+        except Exception as e:  # a broken script is an engine failure, not an abort
+            outcome = "failed"
+            raise EngineError(f"simulated engine failed: {e!r}") from e
+        finally:
+            stats.running -= 1
+            if outcome == "aborted":
+                stats.aborts += 1
+            if self._cache is not None:
+                # the last sampled token is never fed back, so a real engine holds no KV for it;
+                # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
+                self._cache.add(prompt + output[:-1], supersedes=match.covered)

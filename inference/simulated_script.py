@@ -1,0 +1,160 @@
+"""Scripts for the simulated engine: what a "model turn" is, and the default behaviour.
+
+A script is any callable ``script(view: PromptView) -> Turn | None`` (``None`` = default). Tests
+inject scripts to make the engine call a given tool, fail mid-stream, stall, or talk forever;
+benchmarks use :func:`default_script`, which behaves like a terse gpt-oss agent: a short
+reasoning message, then a call to the first offered tool when the user just spoke, otherwise a
+final answer echoing the input.
+
+:func:`turn_tokens` turns a :class:`Turn` into the *canonical* harmony completion (exactly what
+:func:`inference.harmony_render.render_completion` gives), so the renderer's incremental
+contract holds for simulated outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from inference.harmony_core import harmony_encoding, recipient_for
+from inference.harmony_render import render_completion
+from inference.simulated_prompt import PromptView, ToolSpec
+
+__all__ = ["Script", "ToolCall", "Turn", "default_script", "turn_tokens", "turns_in_order"]
+
+_FILLER = " lorem ipsum dolor sit amet"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the simulated model makes.
+
+    ``arguments``: a ``str`` is sent verbatim, anything else is JSON-encoded (``None`` -> ``{}``).
+    For ``custom=True`` (a freeform tool) ``arguments`` is the raw input text.
+    """
+
+    name: str
+    arguments: Any = None
+    namespace: str | None = None
+    custom: bool = False
+
+    def body(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        if self.arguments is None:
+            return "" if self.custom else "{}"
+        return json.dumps(self.arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One simulated generation.
+
+    Messages are emitted in this order: ``reasoning`` (analysis), ``commentary`` (a preamble),
+    each of ``tool_calls``, then ``text`` (final answer). With harmony's stop tokens in force
+    (the default, like gpt-oss) generation ends at the first ``<|call|>``, so only the first
+    call is ever sampled; pass ``eos_token_ids=()`` to the engine to sample them all. A turn with
+    neither calls nor text answers with an empty final message, so every turn ends in a stop
+    token.
+
+    Test hooks: ``fail_after_tokens`` raises ``EngineError`` after that many tokens;
+    ``delay_per_token_s`` overrides the engine's decode speed; ``endless`` replaces the final
+    answer with filler that never ends (until ``max_tokens`` or cancellation).
+    """
+
+    reasoning: str | None = None
+    commentary: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    text: str | None = None
+    fail_after_tokens: int | None = None
+    delay_per_token_s: float | None = None
+    endless: bool = False
+
+
+Script = Callable[[PromptView], "Turn | None"]
+
+
+def _messages(turn: Turn) -> list[Any]:
+    from openai_harmony import Message, Role
+
+    def assistant(text: str, channel: str) -> Any:
+        return Message.from_role_and_content(Role.ASSISTANT, text).with_channel(channel)
+
+    out = []
+    if turn.reasoning is not None:
+        out.append(assistant(turn.reasoning, "analysis"))
+    if turn.commentary is not None:
+        out.append(assistant(turn.commentary, "commentary"))
+    for call in turn.tool_calls:
+        msg = assistant(call.body(), "commentary").with_recipient(recipient_for(call.name, call.namespace))
+        out.append(msg if call.custom else msg.with_content_type("<|constrain|>json"))
+    if turn.endless or turn.text is not None or not turn.tool_calls:
+        out.append(assistant("" if turn.endless else (turn.text or ""), "final"))
+    return out
+
+
+def turn_tokens(turn: Turn) -> Iterator[int]:
+    """The canonical completion of ``turn`` (infinite when ``turn.endless``)."""
+    tokens = render_completion(_messages(turn))
+    if not turn.endless:
+        return iter(tokens)
+    filler = harmony_encoding().encode(_FILLER)
+    # drop the final message's terminator: the answer never ends
+    return itertools.chain(tokens[:-1], itertools.cycle(filler))
+
+
+def turns_in_order(turns: Iterable[Turn | None], then: Script | None = None) -> Script:
+    """A script that plays ``turns`` one per request, then falls back to ``then`` (or default)."""
+    pending = iter(list(turns))
+
+    def script(view: PromptView) -> Turn | None:
+        turn = next(pending, None)
+        if turn is not None:
+            return turn
+        return then(view) if then is not None else None
+
+    return script
+
+
+def _snippet(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _pick_tool(tools: Sequence[ToolSpec], forced: str | None) -> ToolSpec:
+    if forced:
+        for tool in tools:
+            if tool.name == forced:
+                return tool
+    return next((t for t in tools if not t.freeform), tools[0])
+
+
+def default_script(view: PromptView) -> Turn:
+    """Reason briefly; call the first tool after a user message; otherwise answer from the input.
+
+    Reads only ``view.last`` and (when there is a user message) ``view.tools``: O(newest message
+    + prelude), whatever the history length.
+    """
+    last = view.last
+    if last is None:
+        return Turn(reasoning="There is no message to answer.", text="Hello!")
+    said = _snippet(last.text) or "(nothing)"
+    if last.role == "user":
+        tools, choice = view.tools, view.tool_choice
+        if tools and choice != "none":
+            tool = _pick_tool(tools, choice if choice != "required" else None)
+            value = said if said != "(nothing)" else "example"
+            call = (
+                ToolCall(tool.name, value, tool.namespace, custom=True)
+                if tool.freeform
+                else ToolCall(tool.name, tool.example_arguments(value), tool.namespace)
+            )
+            return Turn(reasoning=f"The user asked: {said}. I will call {tool.name}.", tool_calls=(call,))
+    if last.role == "tool":
+        return Turn(
+            reasoning=f"The tool {last.tool_name} returned a result. I will report it.",
+            text=f"Tool {last.tool_name} returned: {last.text}",
+        )
+    return Turn(reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {last.text}")

@@ -1,0 +1,122 @@
+"""Shared fixtures: a real uvicorn server on loopback per test, and helpers to drive it.
+
+The server runs in a background thread with its own event loop, so tests can use the official
+synchronous ``openai`` client, raw ``websockets`` clients, or ``httpx`` against it exactly as a user
+would. Engines are the simulated engine (the only fake, at the engine boundary); tests that need a
+particular model behaviour inject a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pytest
+import uvicorn
+
+from gateway.app import create_app, uvicorn_config_kwargs
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from inference.harmony import HarmonyRenderer
+from inference.registry import ModelRegistry, ModelRoute
+from inference.simulated import SimulatedEngine
+
+MODEL = "gpt-oss-sim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveGateway:
+    url: str           # http://127.0.0.1:PORT
+    ws_url: str        # ws://127.0.0.1:PORT/v1/responses
+    gw: GatewayState
+    engine: SimulatedEngine
+    server: uvicorn.Server
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the server's loop (to inspect stores etc. safely)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.gw.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+    def openai(self, **kw: Any):
+        from openai import OpenAI
+
+        kw.setdefault("api_key", "test-key")
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("timeout", 60)
+        return OpenAI(base_url=self.base_url, **kw)
+
+
+def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine | None = None,
+                  **app_kwargs: Any) -> LiveGateway:
+    settings = settings or Settings()
+    settings = settings.model_copy(update={"port": free_port()})
+    engine = engine or SimulatedEngine(record_prompts=True)
+    registry = app_kwargs.pop("registry", None) or ModelRegistry(
+        [ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(), max_context=settings.max_context)
+         for m in settings.models])
+    app = create_app(settings, registry=registry, **app_kwargs)
+    config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on",
+                            **uvicorn_config_kwargs(settings))
+    server = uvicorn.Server(config)
+    loop_box: dict[str, asyncio.AbstractEventLoop] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        loop_box["loop"] = loop
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.serve())
+        loop.close()
+
+    thread = threading.Thread(target=run, name=f"uvicorn-{settings.port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("gateway did not start")
+        time.sleep(0.01)
+    live = LiveGateway(url=f"http://127.0.0.1:{settings.port}", ws_url=f"ws://127.0.0.1:{settings.port}/v1/responses",
+                       gw=app.state.gateway, engine=engine, server=server, loop=loop_box["loop"])
+    live._thread = thread  # type: ignore[attr-defined]
+    return live
+
+
+def stop_gateway(live: LiveGateway) -> None:
+    live.server.should_exit = True
+    live._thread.join(timeout=30)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def make_gateway() -> Iterator[Callable[..., LiveGateway]]:
+    started: list[LiveGateway] = []
+
+    def make(settings: Settings | None = None, **kw: Any) -> LiveGateway:
+        live = start_gateway(settings, **kw)
+        started.append(live)
+        return live
+
+    yield make
+    for live in started:
+        stop_gateway(live)
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., LiveGateway]) -> LiveGateway:
+    return make_gateway()

@@ -1,0 +1,381 @@
+"""SimulatedEngine: the Engine protocol with scripted gpt-oss behaviour, read from token ids only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from inference.engine import Engine, EngineError, SamplingParams, TokenDelta
+from inference.harmony import HarmonyRenderer, harmony_tokens
+from inference.render import Prelude
+from inference.simulated import PrefixCache, SimulatedEngine, common_prefix_len
+from inference.simulated_prompt import PromptView, parse_tool_declarations
+from inference.simulated_script import ToolCall, Turn, turns_in_order
+
+from hypothesis import HealthCheck, given, settings
+
+from .harmony_support import APPLY_PATCH, CONVERSATIONS, GET_WEATHER, MCP, NO_PARAMS, PRELUDES, items_from_events
+
+
+def user(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def prompt(renderer: HarmonyRenderer, prelude: Prelude, items: list[dict], calls: dict | None = None) -> list[int]:
+    return renderer.render_prelude(prelude) + renderer.render_items(items, calls=calls) + renderer.generation_prompt()
+
+
+async def run(engine: SimulatedEngine, ids: list[int], params: SamplingParams | None = None) -> list[TokenDelta]:
+    return [d async for d in engine.generate("req", ids, params or SamplingParams())]
+
+
+def parse(renderer: HarmonyRenderer, prelude: Prelude, deltas: list[TokenDelta]) -> list[dict]:
+    parser = renderer.parser(prelude)
+    events = [ev for d in deltas for ev in parser.feed(d.token_ids)] + parser.finish()
+    return items_from_events(events)
+
+
+def sampled(deltas: list[TokenDelta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+async def test_is_an_engine(engine: SimulatedEngine) -> None:
+    assert isinstance(engine, Engine)
+    assert engine.ready()
+    fresh = SimulatedEngine()
+    assert not fresh.ready()
+    with pytest.raises(EngineError):
+        await run(fresh, [1, 2, 3])
+
+
+async def test_default_calls_first_tool_with_schema_built_arguments(engine, renderer) -> None:
+    prelude = Prelude(tools=(APPLY_PATCH, GET_WEATHER, NO_PARAMS))  # first non-freeform tool
+    deltas = await run(engine, prompt(renderer, prelude, [user("Weather in Oslo?")]))
+    items = parse(renderer, prelude, deltas)
+    assert [it["type"] for it in items] == ["reasoning", "function_call"]
+    call = items[1]
+    assert call["name"] == "get_weather" and "namespace" not in call
+    assert json.loads(call["arguments"]) == {
+        "city": "Weather in Oslo?",
+        "unit": "celsius",
+        "days": 1,
+        "detailed": True,
+        "tags": ["Weather in Oslo?"],
+        "where": {"lat": 1},
+    }
+    last = deltas[-1]
+    assert last.finish_reason == "stop" and last.stop_token_id == harmony_tokens().call
+    assert last.token_ids[-1] == harmony_tokens().call
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+async def test_text_answer_without_tools(engine, renderer) -> None:
+    deltas = await run(engine, prompt(renderer, Prelude(), [user("héllo 🎉")]))
+    items = parse(renderer, Prelude(), deltas)
+    assert items[-1]["content"][0]["text"] == "You said: héllo 🎉"
+    assert deltas[-1].stop_token_id == harmony_tokens().return_ == deltas[-1].token_ids[-1]
+
+
+async def test_reasoning_comes_first_and_is_counted(engine, renderer) -> None:
+    deltas = await run(engine, prompt(renderer, Prelude(), [user("hi")]))
+    parser = renderer.parser(Prelude())
+    events = [ev for d in deltas for ev in parser.feed(d.token_ids)]
+    items = items_from_events(events + parser.finish())
+    assert items[0]["type"] == "reasoning" and items[0]["content"][0]["text"]
+    assert 0 < parser.reasoning_tokens < len(sampled(deltas))
+
+
+async def test_answers_tool_output(engine, renderer) -> None:
+    prelude = Prelude(tools=(GET_WEATHER,))
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    history = [user("weather?"), call, {"type": "function_call_output", "call_id": "c1", "output": "sunny, 21C"}]
+    items = parse(renderer, prelude, await run(engine, prompt(renderer, prelude, history)))
+    assert items[-1]["content"][0]["text"] == "Tool get_weather returned: sunny, 21C"
+
+
+async def test_tool_choice_none_and_named(engine, renderer) -> None:
+    none = Prelude(tools=(GET_WEATHER,), tool_choice="none")
+    items = parse(renderer, none, await run(engine, prompt(renderer, none, [user("x")])))
+    assert items[-1]["type"] == "message"
+    named = Prelude(tools=(GET_WEATHER, MCP), tool_choice={"type": "function", "name": "read_file"})
+    items = parse(renderer, named, await run(engine, prompt(renderer, named, [user("/etc/hosts")])))
+    assert items[-1] == {"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs",
+                         "arguments": '{"path":"/etc/hosts"}'}
+
+
+async def test_freeform_only_tools_get_raw_input(engine, renderer) -> None:
+    prelude = Prelude(tools=(APPLY_PATCH,))
+    items = parse(renderer, prelude, await run(engine, prompt(renderer, prelude, [user("fix it")])))
+    assert items[-1] == {"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": "fix it"}
+
+
+async def test_max_tokens_gives_length(engine, renderer) -> None:
+    deltas = await run(engine, prompt(renderer, Prelude(), [user("hi")]), SamplingParams(max_tokens=5))
+    assert len(sampled(deltas)) == 5
+    assert deltas[-1].finish_reason == "length" and deltas[-1].stop_token_id is None
+    endless = SimulatedEngine(script=lambda v: Turn(reasoning="r", endless=True), tokens_per_delta=7)
+    await endless.start()
+    deltas = await run(endless, prompt(renderer, Prelude(), [user("hi")]), SamplingParams(max_tokens=300))
+    assert len(sampled(deltas)) == 300 and deltas[-1].finish_reason == "length"
+    items = parse(renderer, Prelude(), deltas)
+    assert items[-1]["incomplete"] and "lorem ipsum" in items[-1]["content"][0]["text"]
+
+
+async def test_aclose_counts_an_abort_and_frees_the_slot(renderer) -> None:
+    engine = SimulatedEngine(script=lambda v: Turn(endless=True))
+    await engine.start()
+    agen = engine.generate("r", prompt(renderer, Prelude(), [user("go")]), SamplingParams())
+    for _ in range(3):
+        await agen.__anext__()
+    assert engine.stats.running == 1
+    await agen.aclose()
+    assert engine.stats.running == 0 and engine.stats.aborts == 1
+
+
+async def test_task_cancellation_counts_an_abort(renderer) -> None:
+    engine = SimulatedEngine(script=lambda v: Turn(endless=True))
+    await engine.start()
+    got = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate("r", prompt(renderer, Prelude(), [user("go")]), SamplingParams()):
+            got.set()
+
+    task = asyncio.create_task(consume())
+    await got.wait()  # the endless generator keeps yielding to the loop, so this returns
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.stats.aborts == 1 and engine.stats.running == 0
+
+
+async def test_completed_requests_are_not_aborts(engine, renderer) -> None:
+    await run(engine, prompt(renderer, Prelude(), [user("a")]))
+    await run(engine, prompt(renderer, Prelude(), [user("b")]), SamplingParams(max_tokens=2))
+    s = engine.stats
+    assert (s.requests, s.aborts, s.running) == (2, 0, 0)
+    assert s.generated_tokens > 2 and s.last_prompt_len == len(prompt(renderer, Prelude(), [user("b")]))
+
+
+async def test_fail_after_tokens(renderer) -> None:
+    engine = SimulatedEngine(script=lambda v: Turn(text="a long answer " * 5, fail_after_tokens=4))
+    await engine.start()
+    got: list[int] = []
+    with pytest.raises(EngineError):
+        async for d in engine.generate("r", prompt(renderer, Prelude(), [user("x")]), SamplingParams()):
+            got += d.token_ids
+    assert len(got) == 4
+    assert engine.stats.aborts == 0 and engine.stats.running == 0
+    broken = SimulatedEngine(script=lambda v: 1 / 0)
+    await broken.start()
+    with pytest.raises(EngineError):
+        await run(broken, prompt(renderer, Prelude(), [user("x")]))
+
+
+async def test_prefix_cache_reports_the_served_prefix(renderer) -> None:
+    engine = SimulatedEngine(cache_block_size=1)
+    await engine.start()
+    first = prompt(renderer, Prelude(), [user("one")])
+    d1 = await run(engine, first)
+    assert d1[0].num_cached_tokens == 0
+    assert all(d.num_cached_tokens is None for d in d1[1:])
+    # the continuation: parent prompt + sampled history + new items + generation prompt
+    second = first + renderer.history_tokens(sampled(d1)) + renderer.render_items([user("two")]) + renderer.generation_prompt()
+    d2 = await run(engine, second)
+    assert d2[0].num_cached_tokens == len(first) + len(sampled(d1)) - 1  # <|return|> became <|end|>
+    assert engine.stats.cached_tokens == d2[0].num_cached_tokens
+    # the same prompt again: everything but the last token (it is recomputed for logits)
+    assert (await run(engine, second))[0].num_cached_tokens == len(second) - 1
+
+    blocks = SimulatedEngine(cache_block_size=16)
+    await blocks.start()
+    await run(blocks, first)
+    assert (await run(blocks, second))[0].num_cached_tokens % 16 == 0
+    off = SimulatedEngine(prefix_cache=False)
+    await off.start()
+    await run(off, first)
+    assert (await run(off, first))[0].num_cached_tokens == 0
+
+
+def test_common_prefix_len() -> None:
+    a = list(range(10_000))
+    for n in (0, 1, 63, 2047, 2048, 2049, 6143, 9936, 9999):
+        b = a[:n] + [-1] + a[n + 1 :]
+        assert common_prefix_len(a, b) == common_prefix_len(b, a) == n
+    assert common_prefix_len(a, a[:123]) == common_prefix_len(a[:123], a) == 123
+    assert common_prefix_len(a, list(a)) == 10_000
+    assert common_prefix_len([], a) == 0
+
+
+def test_prefix_cache_lru_and_supersede() -> None:
+    cache = PrefixCache(entries=2, block_size=1)
+    one = [1, 2, 3]
+    cache.add(one)
+    match = cache.lookup([1, 2, 3, 4])
+    assert match.cached == 3 and match.covered == (one,)
+    cache.add([1, 2, 3, 4, 5], supersedes=match.covered)  # the chain keeps one entry
+    cache.add([9, 9])
+    assert cache.lookup([1, 2, 3, 4, 5, 6]).cached == 5
+    cache.add([7])  # evicts the oldest entry ([1, 2, 3, 4, 5])
+    assert cache.lookup([1, 2, 3, 4, 5, 6]).cached == 0
+    assert cache.lookup([9, 9]).cached == 1  # never the whole prompt
+    blocks = PrefixCache(block_size=16)
+    blocks.add(list(range(100)))
+    assert blocks.lookup(list(range(100)) + [5]).cached == 96
+
+
+async def test_scripts_and_turn_order(renderer) -> None:
+    prelude = Prelude(tools=(GET_WEATHER, MCP, APPLY_PATCH))
+    script = turns_in_order([
+        Turn(commentary="Reading.", tool_calls=(ToolCall("read_file", {"path": "/x"}, namespace="mcp_fs"),)),
+        Turn(tool_calls=(ToolCall("apply_patch", "*** Begin Patch", custom=True),)),
+        None,  # default behaviour for this one
+    ])
+    engine = SimulatedEngine(script=script)
+    await engine.start()
+    ids = prompt(renderer, prelude, [user("go")])
+    items = parse(renderer, prelude, await run(engine, ids))
+    assert items == [
+        {"type": "message", "role": "assistant", "phase": "commentary", "content": [{"type": "output_text", "text": "Reading."}]},
+        {"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs", "arguments": '{"path":"/x"}'},
+    ]
+    items = parse(renderer, prelude, await run(engine, ids))
+    assert items == [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": "*** Begin Patch"}]
+    assert parse(renderer, prelude, await run(engine, ids))[-1]["name"] == "get_weather"
+
+
+async def test_stop_tokens_and_multiple_calls(renderer) -> None:
+    two = Turn(tool_calls=(ToolCall("get_weather", {"city": "A"}), ToolCall("get_weather", {"city": "B"})))
+    prelude = Prelude(tools=(GET_WEATHER,))
+    ids = prompt(renderer, prelude, [user("x")])
+    gpt_oss = SimulatedEngine(script=lambda v: two)  # <|call|> is an EOS, as for gpt-oss
+    await gpt_oss.start()
+    assert len(parse(renderer, prelude, await run(gpt_oss, ids))) == 1
+    free = SimulatedEngine(script=lambda v: two, eos_token_ids=())
+    await free.start()
+    deltas = await run(free, ids)
+    assert [json.loads(i["arguments"])["city"] for i in parse(renderer, prelude, deltas)] == ["A", "B"]
+    assert deltas[-1].stop_token_id == harmony_tokens().call
+    deltas = await run(free, ids, SamplingParams(stop_token_ids=renderer.stop_token_ids))
+    assert len(parse(renderer, prelude, deltas)) == 1
+
+
+async def test_tokens_per_delta_and_recorded_prompts(renderer) -> None:
+    engine = SimulatedEngine(tokens_per_delta=5, record_prompts=True, decode_tps=1e6, ttft_s=0.0, prefill_tps=1e9)
+    await engine.start()
+    ids = prompt(renderer, Prelude(), [user("hello there")])
+    deltas = await run(engine, ids)
+    assert all(len(d.token_ids) == 5 for d in deltas[:-1]) and 1 <= len(deltas[-1].token_ids) <= 5
+    assert engine.stats.prompts == [ids]
+
+
+class TupleView(tuple):
+    """A non-list sequence whose slices are tuples (the engine must still accept it)."""
+
+
+async def test_accepts_any_sequence(engine, renderer) -> None:
+    ids = prompt(renderer, Prelude(), [user("seq")])
+    items = parse(renderer, Prelude(), await run(engine, TupleView(ids)))
+    assert items[-1]["content"][0]["text"] == "You said: seq"
+    assert engine.stats.prompts == [ids]
+
+
+async def test_output_is_canonical_so_the_contract_holds(engine, renderer) -> None:
+    """End to end over a tool loop: each turn's history equals the full render of all items."""
+    prelude = Prelude(instructions="Be terse.", tools=(GET_WEATHER,))
+    items = [user("Weather in Oslo?")]
+    history = renderer.render_prelude(prelude) + renderer.render_items(items)
+    for _ in range(2):
+        deltas = await run(engine, history + renderer.generation_prompt())
+        out = parse(renderer, prelude, deltas)
+        history += renderer.generation_prompt() + renderer.history_tokens(sampled(deltas))
+        items += out
+        assert history == renderer.render_prelude(prelude) + renderer.render_items(items)
+        if out[-1]["type"] == "function_call":
+            new = [{"type": "function_call_output", "call_id": "c", "output": "cold"}]
+            history += renderer.render_items(new, calls={"c": out[-1]})
+            items += new
+    assert out[-1]["content"][0]["text"] == "Tool get_weather returned: cold"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(prelude=PRELUDES, items=CONVERSATIONS)
+def test_any_rendered_conversation_gets_a_canonical_answer(renderer, prelude: Prelude, items: list[dict]) -> None:
+    """Whatever the renderer produced, the engine reads it and answers with tokens that parse,
+    and the answer appends to the history exactly (contract (c))."""
+
+    async def go() -> list[TokenDelta]:
+        engine = SimulatedEngine()
+        await engine.start()
+        return await run(engine, prompt(renderer, prelude, items), SamplingParams(stop_token_ids=renderer.stop_token_ids))
+
+    deltas = asyncio.run(go())
+    out = parse(renderer, prelude, deltas)
+    assert out and out[0]["type"] == "reasoning" and out[-1]["type"] in ("message", "function_call", "custom_tool_call")
+    assert renderer.generation_prompt() + renderer.history_tokens(sampled(deltas)) == renderer.render_items(out)
+    if out[-1]["type"] == "message" and items and items[-1]["type"].endswith("_output"):
+        assert out[-1]["content"][0]["text"].endswith(items[-1]["output"])
+
+
+class CountingList(list):
+    """A list that counts how many elements slices and index scans touch."""
+
+    touched = 0
+
+    def __getitem__(self, key):
+        got = super().__getitem__(key)
+        if isinstance(key, slice):
+            CountingList.touched += len(got)
+        return got
+
+
+def test_prompt_view_reads_only_tail_and_prelude(renderer) -> None:
+    prelude = Prelude(tools=(GET_WEATHER,))
+    filler = [user("lorem ipsum dolor " * 200)] * 60  # ~40k tokens of history
+    ids = prompt(renderer, prelude, filler + [user("the question")])
+    view = PromptView(CountingList(ids))
+    CountingList.touched = 0
+    assert view.last is not None and view.last.role == "user" and view.last.text == "the question"
+    assert [t.name for t in view.tools] == ["get_weather"]
+    prelude_len = len(renderer.render_prelude(prelude))
+    assert CountingList.touched < 2 * prelude_len + 2 * 512
+    assert len(ids) > 40 * CountingList.touched
+    # full recall is available, but only when asked for
+    assert [m.role for m in view.messages()][:3] == ["system", "developer", "user"]
+    assert view.messages()[-1].text == "the question"
+
+
+def test_tool_declarations_parse_back(renderer, enc) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "u": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "ty": {"type": ["string", "null"]},
+            "url": {"type": "string", "enum": ["http://a//b", "x"], "default": "x"},
+            "n": {"type": "integer", "enum": [3, 4]},
+            "objs": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}},
+            "free": {"type": "object"},
+            "opt": {"type": "string"},
+        },
+        "required": ["u", "ty", "url", "n", "objs", "free"],
+    }
+    tools = (
+        {"type": "function", "name": "weird", "description": "Line one\nline two", "parameters": schema},
+        NO_PARAMS,
+        MCP,
+        APPLY_PATCH,
+    )
+    dev = renderer.prelude_messages(Prelude(tools=tools))[1]
+    text = enc.decode(enc.render(dev)).split("<|message|>", 1)[1]
+    specs = parse_tool_declarations(text)
+    assert [(s.name, s.namespace, s.freeform) for s in specs] == [
+        ("weird", None, False), ("ping", None, False), ("apply_patch", None, True),
+        ("read_file", "mcp_fs", False), ("write_raw", "mcp_fs", True),
+    ]
+    assert specs[0].description == "Line one\nline two"
+    assert specs[0].example_arguments("v") == {
+        "u": "v", "ty": "v", "url": "http://a//b", "n": 1, "objs": [{"k": "v"}], "free": {},
+    }
+    assert specs[1].params is None and specs[1].example_arguments("v") == {}
