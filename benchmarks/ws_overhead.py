@@ -23,7 +23,9 @@ import orjson
 from websockets.sync.client import connect
 
 from gateway.settings import Settings
+from inference.harmony import HarmonyRenderer
 from inference.simulated import SimulatedEngine
+from inference.simulated_script import Turn
 from tests.conftest import MODEL, start_gateway, stop_gateway
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
@@ -31,8 +33,15 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 
 
 def filler(tokens: int) -> str:
-    # ~1 token per word for these common words in o200k
-    return " ".join(WORDS[i % len(WORDS)] for i in range(tokens))
+    """Text of about ``tokens`` o200k tokens (calibrated on a sample)."""
+    sample = " ".join(WORDS[i % len(WORDS)] for i in range(1000))
+    per_word = HarmonyRenderer().count_text_tokens(sample) / 1000
+    return " ".join(WORDS[i % len(WORDS)] for i in range(int(tokens / per_word)))
+
+
+def short_answer(view) -> Turn:
+    """A terse agent turn: the benchmark measures the gateway, not the answer's length."""
+    return Turn(reasoning="ok", text="done")
 
 
 class Chain:
@@ -54,7 +63,7 @@ class Chain:
             if ev["type"] == "response.completed":
                 break
             if ev["type"] in ("error", "response.failed", "response.incomplete"):
-                raise RuntimeError(ev)
+                raise RuntimeError(str(ev)[:500])
         dt = time.perf_counter() - t0
         self.prev = ev["response"]["id"]
         self.input_tokens = ev["response"]["usage"]["input_tokens"]
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "ws_overhead.json")
     args = ap.parse_args(argv)
 
-    engine = SimulatedEngine(prefix_cache=False)
+    engine = SimulatedEngine(prefix_cache=False, script=short_answer)
     live = start_gateway(Settings(max_context=args.history[1] * 2, max_request_bytes=64 * 1024 * 1024),
                          engine=engine)
     try:

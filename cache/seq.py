@@ -53,6 +53,14 @@ class AppendOnlyView(Sequence[T], Generic[T]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(len={self._n})"
 
+    def index(self, value: T, start: int = 0, stop: int | None = None) -> int:
+        """``list.index`` semantics within the view, searched in C (no Python-level iteration)."""
+        n = self._n
+        stop = n if stop is None else min(stop, n) if stop >= 0 else max(0, n + stop)
+        if start < 0:
+            start = max(0, n + start)
+        return self._buf.index(value, start, stop)
+
     def is_tip(self) -> bool:
         """True when extending this view appends in place (no copy)."""
         return len(self._buf) == self._n

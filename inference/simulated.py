@@ -218,8 +218,11 @@ class SimulatedEngine:
     ) -> AsyncIterator[TokenDelta]:
         if not self._started:
             raise EngineError("simulated engine is not started")
-        prompt = _as_list(prompt_ids)
-        if not prompt:
+        # The script only reads the prompt's tail and prelude, so a list copy (O(history)) is made
+        # only for what needs the whole prompt: prefix-cache emulation and prompt recording.
+        needs_copy = self._cache is not None or self.record_prompts
+        prompt = _as_list(prompt_ids) if needs_copy else prompt_ids
+        if not len(prompt):
             raise EngineError("empty prompt")
         stats = self.stats
         stats.requests += 1
@@ -280,4 +283,4 @@ class SimulatedEngine:
             if self._cache is not None:
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
-                self._cache.add(prompt + output[:-1], supersedes=match.covered)
+                self._cache.add(list(prompt) + output[:-1], supersedes=match.covered)
