@@ -129,7 +129,9 @@ class Pipeline:
         self.usage = usage
         self.metrics = metrics
         self.sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
-        self._store_tasks: set[asyncio.Task[None]] = set()
+        #: store writes in flight, by response id: a chained request arriving right after the
+        #: terminal event waits for its parent's write instead of missing it
+        self._store_tasks: dict[str, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------------------------------------------
     # prepare: everything before the response exists; raises ApiError
@@ -281,6 +283,9 @@ class Pipeline:
             if state is not None:
                 self.metrics.parent_resolution.labels("connection").inc()
                 return state
+        pending_write = self._store_tasks.get(prev)
+        if pending_write is not None:
+            await asyncio.shield(pending_write)
         state = await self.store.get(prev, ctx.tenant)
         if state is not None and state.status in ("completed", "incomplete"):
             self.metrics.parent_resolution.labels("store").inc()
@@ -479,13 +484,20 @@ class Pipeline:
 
     def _persist(self, state: ResponseState) -> None:
         task = asyncio.get_running_loop().create_task(self.store.put(state))
-        self._store_tasks.add(task)
-        task.add_done_callback(self._store_tasks.discard)
+        self._store_tasks[state.id] = task
+
+        def done(t: asyncio.Task[None], response_id: str = state.id) -> None:
+            if self._store_tasks.get(response_id) is t:
+                del self._store_tasks[response_id]
+            if not t.cancelled() and t.exception() is not None:
+                log.error("store write failed for %s", response_id, exc_info=t.exception())
+
+        task.add_done_callback(done)
 
     async def flush(self) -> None:
-        """Wait for pending store writes (tests, shutdown)."""
+        """Wait for pending store writes (retrieval endpoints, shutdown)."""
         while self._store_tasks:
-            await asyncio.gather(*list(self._store_tasks), return_exceptions=True)
+            await asyncio.gather(*list(self._store_tasks.values()), return_exceptions=True)
 
     async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
         """``POST /v1/responses/input_tokens``: the prompt length the same create would have."""
