@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -49,11 +50,14 @@ class MemorySink:
 
 
 class UsageQueue:
+    """Bounded queue + one writer task. ``submit`` never blocks; overflow waits in a side list."""
+
     def __init__(self, sink: UsageSink, maxsize: int = 10_000) -> None:
         self.sink = sink
         self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue(maxsize=maxsize)
-        self._overflow: list[UsageRecord] = []
+        self._overflow: deque[UsageRecord] = deque()
         self._worker: asyncio.Task[None] | None = None
+        self._inflight = 0
         self.written = 0
 
     def start(self) -> None:
@@ -61,40 +65,60 @@ class UsageQueue:
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="usage-queue")
 
     def submit(self, record: UsageRecord) -> None:
+        if self._overflow:
+            self._overflow.append(record)  # keep submission order behind earlier overflow
+            return
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
             self._overflow.append(record)
 
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize() + len(self._overflow) + self._inflight
+
+    def _refill(self) -> None:
+        while self._overflow and not self._queue.full():
+            self._queue.put_nowait(self._overflow.popleft())
+
     async def _run(self) -> None:
         while True:
             record = await self._queue.get()
-            await self._write(record)
-            self._queue.task_done()
-            while self._overflow and not self._queue.full():
-                self._queue.put_nowait(self._overflow.pop(0))
+            self._inflight = 1
+            try:
+                await self._write(record)
+            finally:
+                self._inflight = 0
+                self._refill()
 
     async def _write(self, record: UsageRecord) -> None:
-        try:
-            await self.sink.write(record)
-            self.written += 1
-        except Exception:  # a failing sink must not kill the worker; keep the record for retry
-            log.exception("usage sink failed; record kept for retry")
-            self._overflow.append(record)
-            await asyncio.sleep(0.5)
-
-    async def drain(self) -> None:
-        """Write everything queued, then stop the worker (called at shutdown)."""
-        while self._overflow:
-            self.submit(self._overflow.pop(0))
-        if self._worker is not None:
-            await self._queue.join()
-            self._worker.cancel()
+        delay = 0.05
+        while True:  # a failing sink must not lose the record nor kill the worker
             try:
-                await self._worker
+                await self.sink.write(record)
+                self.written += 1
+                return
             except asyncio.CancelledError:
-                pass
-            self._worker = None
-        else:
-            while not self._queue.empty():
-                await self._write(self._queue.get_nowait())
+                raise
+            except Exception:
+                log.exception("usage sink failed; retrying record %s", record.response_id)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Write everything submitted, then stop the worker (called at shutdown)."""
+        if self._worker is None:
+            self.start()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.pending and asyncio.get_running_loop().time() < deadline:
+            self._refill()
+            await asyncio.sleep(0.01)
+        if self.pending:
+            log.error("shutdown with %d usage records not yet written", self.pending)
+        assert self._worker is not None
+        self._worker.cancel()
+        try:
+            await self._worker
+        except asyncio.CancelledError:
+            pass
+        self._worker = None

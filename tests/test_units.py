@@ -1,0 +1,125 @@
+"""Small pieces with rules of their own: sealing, the response status machine, usage queue, auth."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from billing.usage import MemorySink, UsageQueue, UsageRecord
+from gateway.auth import KeyAuth
+from gateway.errors import ApiError
+from gateway.events import IllegalTransition, ResponseEvents
+from gateway.sealing import SealError, Sealer
+from inference.parse import ItemDelta, ItemEnd, ItemStart
+
+
+def test_sealed_reasoning_roundtrips_and_is_opaque():
+    sealer = Sealer(b"secret")
+    blob = sealer.seal("I should call get_weather for Paris.")
+    assert "Paris" not in blob
+    assert sealer.open(blob) == "I should call get_weather for Paris."
+    assert sealer.seal("x") != sealer.seal("x")  # random nonce
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda b: b[:-4] + ("AAAA" if not b.endswith("AAAA") else "BBBB"),
+    lambda b: "rg1" + b,
+    lambda b: "not base64 at all!",
+    lambda b: "",
+])
+def test_tampered_or_foreign_blobs_are_rejected(mangle):
+    sealer = Sealer(b"secret")
+    with pytest.raises(SealError):
+        sealer.open(mangle(sealer.seal("hidden thoughts")))
+
+
+def test_blob_from_another_secret_is_rejected():
+    with pytest.raises(SealError):
+        Sealer(b"b").open(Sealer(b"a").seal("x"))
+
+
+def _events() -> ResponseEvents:
+    return ResponseEvents({"id": "resp_1", "status": "in_progress", "output": [], "usage": None})
+
+
+def test_status_machine_allows_exactly_one_terminal_transition():
+    ev = _events()
+    ev.created()
+    ev.complete({"input_tokens": 1})
+    for again in (lambda: ev.complete({}), lambda: ev.fail(None, "server_error", "x"),
+                  lambda: ev.incomplete({}, "max_output_tokens"), lambda: ev.cancel(None)):
+        with pytest.raises(IllegalTransition):
+            again()
+
+
+def test_event_numbering_is_dense_and_items_close_before_the_next_opens():
+    ev = _events()
+    out = ev.created()
+    out += ev.feed([ItemStart("reasoning"), ItemDelta("think"), ItemStart("message"), ItemDelta("hi"), ItemEnd()])
+    out += ev.complete({"input_tokens": 1})
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    types = [e["type"] for e in out]
+    assert types.index("response.output_item.done") < types.index("response.output_text.delta")
+    added = [e["output_index"] for e in out if e["type"] == "response.output_item.added"]
+    assert added == [0, 1]
+    assert out[-1]["response"]["output"][1]["content"][0]["text"] == "hi"
+
+
+def test_cut_off_item_is_closed_incomplete_on_termination():
+    ev = _events()
+    ev.created()
+    ev.feed([ItemStart("function_call", name="f"), ItemDelta('{"a":')])
+    out = ev.incomplete({"input_tokens": 1}, "max_output_tokens")
+    done = [e for e in out if e["type"] == "response.output_item.done"][0]
+    assert done["item"]["status"] == "incomplete" and done["item"]["arguments"] == '{"a":'
+    assert out[-1]["type"] == "response.incomplete"
+    assert out[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def _record(i: int) -> UsageRecord:
+    return UsageRecord(response_id=f"r{i}", model="m", tenant=None, status="completed", input_tokens=1,
+                       cached_tokens=0, output_tokens=1, reasoning_tokens=0, transport="ws")
+
+
+async def test_usage_queue_never_blocks_and_drains_everything_at_shutdown():
+    sink = MemorySink()
+    queue = UsageQueue(sink, maxsize=4)
+    queue.start()
+    for i in range(50):  # more than the queue holds: overflow keeps them
+        queue.submit(_record(i))
+    await queue.drain()
+    assert set(sink.records) == {f"r{i}" for i in range(50)}
+
+
+async def test_usage_queue_keeps_records_when_the_sink_fails():
+    class Flaky(MemorySink):
+        fails = 2
+
+        async def write(self, record):
+            if self.fails:
+                self.fails -= 1
+                raise ConnectionError("ledger down")
+            await super().write(record)
+
+    sink = Flaky()
+    queue = UsageQueue(sink)
+    queue.start()
+    queue.submit(_record(1))
+    for _ in range(500):
+        if "r1" in sink.records:
+            break
+        await asyncio.sleep(0.01)
+    await queue.drain()
+    assert "r1" in sink.records
+
+
+def test_key_auth():
+    assert KeyAuth([]).tenant({}) is None
+    auth = KeyAuth(["k1", "k2"])
+    t1 = auth.tenant({"authorization": "Bearer k1"})
+    assert t1 and t1 != auth.tenant({"authorization": "Bearer k2"}) and "k1" not in t1
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic k1"}, {"authorization": "Bearer "}):
+        with pytest.raises(ApiError) as exc:
+            auth.tenant(headers)
+        assert exc.value.status == 401 and exc.value.code == "invalid_api_key"
