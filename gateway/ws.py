@@ -42,7 +42,7 @@ from gateway.state import GatewayState
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 
@@ -91,6 +91,8 @@ class WsConnection:
         self.closed = False
         self._send_lock = asyncio.Lock()
         self._steer_seq = 0
+        #: response id -> lane name of responses in flight (steer targets the active response's lane)
+        self._active: dict[str, str] = {}
         self._closing: asyncio.Task | None = None
 
     # -- reading ----------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ class WsConnection:
             return
         stream_id = event.get("stream_id")
         if stream_id is not None:
-            if not isinstance(stream_id, str) or not STREAM_ID.match(stream_id):
+            if not isinstance(stream_id, str) or not STREAM_ID.fullmatch(stream_id):
                 await self._send_error(bad_request(
                     "Invalid 'stream_id': expected 1-256 characters matching ^[A-Za-z0-9_.-]+$.",
                     code="invalid_stream_id", param="stream_id"))
@@ -169,7 +171,7 @@ class WsConnection:
 
     async def _on_steer(self, event: dict[str, Any]) -> None:
         target = event.get("previous_response_id")
-        lane_name = self.cache.lane_of(target) if isinstance(target, str) else None
+        lane_name = (self._active.get(target) or self.cache.lane_of(target)) if isinstance(target, str) else None
         stream_id = lane_name or None
         code, message = "steering_not_supported", "Steering is not supported by this model backend."
         extra = set(event) - {"type", "previous_response_id", "input"}
@@ -218,6 +220,7 @@ class WsConnection:
                     return
                 except Exception:
                     log.exception("turn crashed on lane %r", lane.name)
+                    self._evict_failed_parent(event.get("previous_response_id"), lane)
                     await self._send_error(ApiError(500, "The server had an error while processing your request.",
                                                     type="server_error", code="server_error"), lane.name or None)
                 finally:
@@ -236,10 +239,12 @@ class WsConnection:
             await self._send_error(err, stream_id)
             return
         events = self.gw.pipeline.run(turn)
+        self._active[turn.id] = lane.name
         try:
             async for ev in events:
                 await self._send(ev, stream_id)
         finally:
+            self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
             await events.aclose()
         if turn.response["status"] == "failed":

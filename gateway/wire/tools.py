@@ -36,7 +36,8 @@ class CustomTool(_Lenient):
 
 
 def _nested_tag(v: Any) -> str | None:
-    return v.get("type") if isinstance(v, dict) else None
+    # dicts when validating, model instances when serializing (canonical_tool's model_dump)
+    return v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
 
 
 class NamespaceTool(_Lenient):

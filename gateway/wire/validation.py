@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from gateway.errors import ApiError
 
 _TYPE_NAMES = {
-    "int": "an integer", "float": "a number with a decimal point", "str": "a string", "bool": "a boolean",
+    "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",
+    "bool": "a boolean",
     "dict": "an object", "list": "an array", "model": "an object", "NoneType": "null",
 }
 
