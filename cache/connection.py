@@ -23,6 +23,7 @@ class ConnectionCache:
         self.max_bytes = max_bytes
         self._lanes: OrderedDict[str, ResponseState] = OrderedDict()
         self._by_id: dict[str, str] = {}
+        self._bytes = 0
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -30,7 +31,8 @@ class ConnectionCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(_size(s) for s in self._lanes.values())
+        """Sum of the lanes' context sizes (lanes sharing a buffer count it each: conservative)."""
+        return self._bytes
 
     def get(self, response_id: str) -> ResponseState | None:
         lane = self._by_id.get(response_id)
@@ -46,25 +48,29 @@ class ConnectionCache:
         old = self._lanes.pop(lane, None)
         if old is not None:
             self._by_id.pop(old.id, None)
+            self._bytes -= _size(old)
         self._lanes[lane] = state
         self._by_id[state.id] = lane
+        self._bytes += _size(state)
         self._enforce_budget(keep=lane)
 
     def evict(self, response_id: str) -> bool:
         lane = self._by_id.pop(response_id, None)
         if lane is None:
             return False
-        self._lanes.pop(lane, None)
+        state = self._lanes.pop(lane, None)
+        if state is not None:
+            self._bytes -= _size(state)
         self.evictions += 1
         return True
 
     def clear(self) -> None:
         self._lanes.clear()
         self._by_id.clear()
+        self._bytes = 0
 
     def _enforce_budget(self, keep: str) -> None:
-        total = self.nbytes
-        while total > self.max_bytes and len(self._lanes) > 1:
+        while self._bytes > self.max_bytes and len(self._lanes) > 1:
             lane, state = next(iter(self._lanes.items()))
             if lane == keep:
                 self._lanes.move_to_end(lane)
@@ -72,7 +78,7 @@ class ConnectionCache:
             self._lanes.pop(lane)
             self._by_id.pop(state.id, None)
             self.evictions += 1
-            total -= _size(state)
+            self._bytes -= _size(state)
 
 
 def _size(state: ResponseState) -> int:

@@ -35,8 +35,10 @@ class ResponseState:
     parent_id: str | None = None
     #: tool calls of the context that have no output yet
     pending_calls: frozenset[str] = frozenset()
-    #: classifier verdicts inherited from the parent plus those of the new items
+    #: this turn's non-allow classifier verdicts (the parent's stay on the parent: no copying)
     verdicts: tuple[Any, ...] = ()
+    #: some item of the chain was flagged (inherited, so a flag is never re-derived from history)
+    flagged: bool = False
     tenant: str | None = None
     #: approximate bytes of the whole context this snapshot keeps alive (parent's + its own)
     nbytes: int = 0

@@ -20,22 +20,11 @@ from gateway.metrics import Metrics
 from gateway.pipeline import Pipeline
 from gateway.settings import Settings
 from gateway.state import GatewayState
-from inference.registry import ModelRegistry, ModelRoute
+from gateway.engines import build_registry
+from inference.registry import ModelRegistry
 from security.classify import AllowAll, Classifier
 
 log = logging.getLogger("respgate")
-
-
-def build_registry(settings: Settings) -> ModelRegistry:
-    """The engines named by the settings (only the simulated engine until real models land)."""
-    from inference.harmony import HarmonyRenderer
-    from inference.simulated import SimulatedEngine
-
-    renderer = HarmonyRenderer()
-    engine = SimulatedEngine(ttft_s=settings.sim_ttft_s, prefill_tps=settings.sim_prefill_tps,
-                             decode_tps=settings.sim_decode_tps)
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context)
-                          for m in settings.models])
 
 
 def create_app(
@@ -46,12 +35,13 @@ def create_app(
     classifier: Classifier | None = None,
     usage_sink: UsageSink | None = None,
 ) -> FastAPI:
-    settings = settings or Settings.from_env()
-    registry = registry or build_registry(settings)
-    store = store or MemoryStore(settings.store_max_bytes, settings.store_ttl_s)
+    # `is None`, not `or`: an empty store or registry is falsy (it has a length)
+    settings = Settings.from_env() if settings is None else settings
+    registry = build_registry(settings) if registry is None else registry
+    store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
     metrics = Metrics()
-    usage = UsageQueue(usage_sink or MemorySink())
-    pipeline = Pipeline(settings, registry, store, classifier or AllowAll(), usage, metrics)
+    usage = UsageQueue(MemorySink() if usage_sink is None else usage_sink)
+    pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=KeyAuth(settings.api_keys))
 

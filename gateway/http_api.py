@@ -7,6 +7,7 @@ final Response (JSON) or frame each one as SSE. A client that disconnects stops 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, AsyncIterator
 
@@ -14,8 +15,9 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.errors import ApiError, bad_request, response_not_found, server_error
-from gateway.pipeline import Pipeline, TurnContext
+from gateway.errors import ApiError, bad_request, response_not_found
+from gateway.pipeline import Pipeline
+from gateway.turn import TurnContext
 from gateway.sse import sse_frame
 from gateway.state import GatewayState
 
@@ -68,10 +70,40 @@ async def create_response(request: Request) -> Response:
 
 
 async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
-    # Starlette cancels this generator when the client disconnects; the pipeline then aborts
-    # the engine request and records a cancelled snapshot.
-    async for ev in pipeline.run(turn):
-        yield sse_frame(ev)
+    """Frame the turn's events; the turn itself runs in its own asyncio task.
+
+    Starlette cancels a streaming response through an anyio cancel scope when the client leaves,
+    and anyio cancellation is level-triggered: every later ``await`` in the same scope is cancelled
+    again — including the engine's own abort (vLLM awaits ``abort()`` on close). Running the turn in
+    a separate task and cancelling *that* task (edge-triggered) lets the abort and the cancelled
+    snapshot complete.
+    """
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+
+    async def pump() -> None:
+        async with contextlib.aclosing(pipeline.run(turn)) as events:
+            async for ev in events:
+                await queue.put(sse_frame(ev))
+        await queue.put(None)
+
+    task = asyncio.ensure_future(pump())
+    getter: asyncio.Future[bytes | None] | None = None
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done() and task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+            frame = await getter  # the pump put its frames (and the final None) before finishing
+            getter = None
+            if frame is None:
+                return
+            yield frame
+    finally:
+        if getter is not None and not getter.done():
+            getter.cancel()
+        if not task.done():
+            task.cancel()  # the client left: abort in the turn's own task (not awaited here)
 
 
 async def _collect(request: Request, pipeline: Pipeline, turn: Any) -> Response:
@@ -84,7 +116,7 @@ async def _collect(request: Request, pipeline: Pipeline, turn: Any) -> Response:
             if ev["type"] in ("response.completed", "response.incomplete", "response.failed"):
                 final = ev["response"]
 
-    task = asyncio.ensure_future(consume())
+    task = asyncio.ensure_future(consume())  # its own task: cancelling it aborts the engine request
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     if task not in done:
@@ -97,9 +129,8 @@ async def _collect(request: Request, pipeline: Pipeline, turn: Any) -> Response:
     watcher.cancel()
     task.result()
     assert final is not None
-    if final["status"] == "failed":
-        err = final.get("error") or {}
-        raise server_error(err.get("message") or "The model backend failed.")
+    # A failure after the response exists is a Response with status "failed", not an HTTP error
+    # (an HTTP 5xx would make SDKs retry: generated and billed again).
     return _json(final)
 
 
@@ -113,7 +144,7 @@ async def _wait_disconnect(request: Request) -> None:
 async def _stored(request: Request, response_id: str):
     gw = _gw(request)
     tenant = gw.auth.tenant(request.headers)
-    await gw.pipeline.flush()
+    await gw.pipeline.finalizer.wait_for(response_id)
     state = await gw.store.get(response_id, tenant)
     if state is None:
         raise response_not_found(response_id)

@@ -7,7 +7,8 @@ A continuation turn costs O(new input): only the new items are validated, classi
 tokenized; the engine gets ``parent.history_ids + new_ids`` (an append-only view, no copy) so its
 prefix cache reuses the history's KV. When an append is not provably exact (the prelude changed,
 the model changed, the parent's output was cut off) the turn falls back to a full render, counted
-in ``respgate_render_full_fallbacks``.
+in ``respgate_render_full_fallbacks``. With ``truncation: "auto"`` an over-long full render drops
+the oldest items until the prompt fits.
 
 The pipeline knows nothing of SSE or WebSocket framing: it raises ``ApiError`` before a response
 exists and yields event dicts after. Transports decide how to frame them.
@@ -19,20 +20,20 @@ import asyncio
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal, Mapping, Sequence
+from typing import Any, AsyncIterator
 
-from billing.usage import UsageQueue, UsageRecord
-from cache.connection import ConnectionCache
+from billing.usage import UsageQueue
 from cache.items import CALL_TYPES, OUTPUT_TYPES, ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore
 from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found
 from gateway.events import Event, ResponseEvents
+from gateway.finalize import Finalizer
 from gateway.metrics import Metrics
 from gateway.sealing import SealError, Sealer
 from gateway.settings import Settings
+from gateway.turn import CallLookup, PreparedTurn, RenderStats, TurnContext
 from gateway.wire.items import HostedItem, ItemReference, Message, Reasoning, canonical_item, new_id
 from gateway.wire.request import CreateRequest, parse_create
 from gateway.wire.response import response_skeleton, usage_object
@@ -40,76 +41,12 @@ from gateway.wire.tools import HostedTool, canonical_tool, tool_names
 from inference.engine import EngineError, SamplingParams
 from inference.registry import ModelRegistry, ModelRoute
 from inference.render import Prelude
-from security.classify import Classifier, Verdict
+from security.classify import Classifier
 
 log = logging.getLogger(__name__)
 
-Transport = Literal["http", "ws"]
-
-
-@dataclass(slots=True)
-class TurnContext:
-    """Who is asking and where the answer goes; transports fill it in."""
-
-    transport: Transport
-    tenant: str | None = None
-    conn_cache: ConnectionCache | None = None
-    lane: str = ""
-
-
-@dataclass(slots=True)
-class RenderStats:
-    mode: Literal["append", "full", "none"]
-    new_tokens: int
-    fallback_reason: str | None = None
-
-
-@dataclass(slots=True)
-class PreparedTurn:
-    req: CreateRequest
-    ctx: TurnContext
-    route: ModelRoute
-    response: dict[str, Any]
-    prelude: Prelude
-    prelude_key: bytes
-    new_items: list[dict[str, Any]]
-    parent: ResponseState | None
-    base_context: ItemLog
-    #: rendered history before this turn's generation prompt (parent history + new items)
-    turn_ids: TokenSeq
-    prompt_ids: TokenSeq | None
-    sampling: SamplingParams | None
-    pending_calls: frozenset[str]
-    verdicts: tuple[Verdict, ...]
-    render: RenderStats
-    generate: bool
-    store: bool
-    include_encrypted: bool
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def id(self) -> str:
-        return self.response["id"]
-
-
-class _CallLookup(Mapping[str, dict]):
-    """call_id -> call item, over the chain's context and this turn's new items (no copying)."""
-
-    def __init__(self, context: ItemLog, new_calls: dict[str, dict]) -> None:
-        self._context = context
-        self._new = new_calls
-
-    def __getitem__(self, call_id: str) -> dict:
-        item = self._new.get(call_id) or self._context.call(call_id)
-        if item is None:
-            raise KeyError(call_id)
-        return item
-
-    def __iter__(self):  # pragma: no cover - renderers only look up
-        return iter(self._new)
-
-    def __len__(self) -> int:  # pragma: no cover
-        return len(self._new)
+#: output tokens a prompt must leave room for (OpenAI's minimum max_output_tokens)
+MIN_OUTPUT_ROOM = 16
 
 
 class Pipeline:
@@ -126,28 +63,19 @@ class Pipeline:
         self.registry = registry
         self.store = store
         self.classifier = classifier
-        self.usage = usage
         self.metrics = metrics
         self.sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
-        #: store writes in flight, by response id: a chained request arriving right after the
-        #: terminal event waits for its parent's write instead of missing it
-        self._store_tasks: dict[str, asyncio.Task[None]] = {}
+        self.finalizer = Finalizer(store, usage, metrics)
 
     # ------------------------------------------------------------------------------------------
     # prepare: everything before the response exists; raises ApiError
     # ------------------------------------------------------------------------------------------
 
-    async def prepare(self, body: Any, ctx: TurnContext, req_items: tuple[CreateRequest, list[Any]] | None = None
-                      ) -> PreparedTurn:
+    async def prepare(self, body: Any, ctx: TurnContext) -> PreparedTurn:
         t0 = time.perf_counter()
-        req, raw_items = req_items or parse_create(body, transport=ctx.transport)
+        req, raw_items = parse_create(body, transport=ctx.transport)
         self._check_unsupported(req, ctx)
-        route = self.registry.get(req.model)
-        if route is None:
-            raise model_not_found(req.model)
-        renderer = route.renderer
-        tools = self._tools(req)
-        self._check_tool_choice(req, tools)
+        route, tools = self._route_and_tools(req)
         generate = req.generate is not False
         store = True if req.store is None else req.store
 
@@ -157,72 +85,156 @@ class Pipeline:
         self.metrics.items_validated.inc(len(new_items))
         pending = self._check_pairing(new_items, base_context, parent, generate)
 
-        verdicts = await self.classifier.classify(new_items)
+        verdicts = [v for v in await self.classifier.classify(new_items) if v.action != "allow"]
         self.metrics.items_classified.inc(len(new_items))
-        for v in verdicts:
-            if v.action == "block":
-                raise ApiError(400, "Your request was flagged by the gateway's content policy.",
-                               code="content_policy_violation", param="input")
+        if any(v.action == "block" for v in verdicts):
+            raise ApiError(400, "Your request was flagged by the gateway's content policy.",
+                           code="content_policy_violation", param="input")
 
-        prelude = Prelude(
-            instructions=req.instructions,
-            tools=tuple(tools),
-            tool_choice="auto" if req.tool_choice is None else req.tool_choice,
-            reasoning_effort=req.reasoning.effort if req.reasoning else None,
-        )
-        prelude_key = hashlib.blake2b(
-            route.name.encode() + b"\0" + renderer.family.encode() + b"\0" + renderer.prelude_key(prelude),
-            digest_size=16,
-        ).digest()
-        calls = _CallLookup(base_context, new_calls)
-        if parent is not None and parent.prelude_key == prelude_key:
-            new_ids = renderer.render_items(new_items, calls=calls)
-            turn_ids = parent.history_ids.extend(new_ids)
-            stats = RenderStats("append", len(new_ids))
-        else:
-            reason = None
-            if parent is not None:
-                reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
-                self.metrics.render_fallbacks.labels(reason).inc()
-            all_items = list(base_context) + new_items
-            ids = renderer.render_prelude(prelude) + renderer.render_items(all_items, calls=calls)
-            turn_ids = TokenSeq(ids)
-            stats = RenderStats("full", len(ids), reason)
+        prelude = self._prelude(req, tools)
+        prelude_key = self._prelude_key(route, prelude)
+        base_ids, new_ids, gen_ids, stats = self._render(req, route, prelude, prelude_key, parent, base_context,
+                                                         new_items, new_calls, generate)
         self.metrics.render_tokens.labels(stats.mode).inc(stats.new_tokens)
+        if stats.fallback_reason:
+            self.metrics.render_fallbacks.labels(stats.fallback_reason).inc()
 
-        prompt_ids: TokenSeq | None = None
         sampling: SamplingParams | None = None
         if generate:
-            prompt_ids = turn_ids.extend(renderer.generation_prompt())
-            room = route.max_context - len(prompt_ids)
-            if room <= 0 or (req.max_output_tokens is not None and req.truncation != "auto" and room < 1):
-                raise ApiError(
-                    400,
-                    f"Your input exceeds the context window of this model ({len(prompt_ids)} tokens, "
-                    f"limit {route.max_context}).",
-                    code="context_length_exceeded",
-                    param="input",
-                )
+            room = route.max_context - (len(base_ids) if base_ids is not None else 0) - len(new_ids) - len(gen_ids)
             max_tokens = room if req.max_output_tokens is None else min(room, req.max_output_tokens)
             sampling = SamplingParams(
                 max_tokens=max_tokens,
                 temperature=1.0 if req.temperature is None else float(req.temperature),
                 top_p=1.0 if req.top_p is None else float(req.top_p),
                 seed=req.seed,
-                stop_token_ids=tuple(renderer.stop_token_ids),
-                structured=_structured(req),
+                stop_token_ids=tuple(route.renderer.stop_token_ids),
+                structured=route.renderer.constraint(prelude, _text_format(req)),
             )
 
         response = response_skeleton(req, response_id=new_id("resp"), model=route.name, tools=tools, store=store)
         turn = PreparedTurn(
             req=req, ctx=ctx, route=route, response=response, prelude=prelude, prelude_key=prelude_key,
-            new_items=new_items, parent=parent, base_context=base_context, turn_ids=turn_ids,
-            prompt_ids=prompt_ids, sampling=sampling, pending_calls=pending,
-            verdicts=(parent.verdicts if parent else ()) + tuple(verdicts), render=stats, generate=generate,
-            store=store, include_encrypted="reasoning.encrypted_content" in (req.include or []),
+            new_items=new_items, parent=parent, base_context=base_context, base_ids=base_ids, new_ids=new_ids,
+            gen_ids=gen_ids, sampling=sampling, pending_calls=pending, verdicts=tuple(verdicts),
+            flagged=(parent.flagged if parent is not None else False) or any(v.action == "flag" for v in verdicts),
+            render=stats, generate=generate, store=store,
+            include_encrypted="reasoning.encrypted_content" in (req.include or []),
         )
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)
         return turn
+
+    async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
+        """``POST /v1/responses/input_tokens``: the prompt length the same create would have.
+
+        Count only: no classifiers, no metrics, and the parent's shared buffers are not touched.
+        """
+        if not isinstance(body, dict):
+            raise bad_request("The request body must be a JSON object.", code="invalid_type")
+        allowed = {"model", "input", "instructions", "previous_response_id", "conversation", "tools", "tool_choice",
+                   "parallel_tool_calls", "reasoning", "text", "truncation", "personality"}
+        for k in body:
+            if k not in allowed:
+                raise ApiError(400, f"Unknown parameter: '{k}'.", code="unknown_parameter", param=k)
+        body = {k: v for k, v in body.items() if k != "personality"}
+        body.setdefault("model", self.registry.names()[0])
+        req, raw_items = parse_create(body, transport=ctx.transport)
+        self._check_unsupported(req, ctx)
+        route, tools = self._route_and_tools(req)
+        parent = await self._resolve_parent(req, ctx)
+        base_context = parent.context if parent is not None else ItemLog()
+        new_items, new_calls = self._new_items(raw_items, base_context)
+        self._check_pairing(new_items, base_context, parent, generate=True)
+        prelude = self._prelude(req, tools)
+        base_ids, new_ids, gen_ids, _ = self._render(req, route, prelude, self._prelude_key(route, prelude), parent,
+                                                     base_context, new_items, new_calls, generate=True)
+        return (len(base_ids) if base_ids is not None else 0) + len(new_ids) + len(gen_ids)
+
+    def _route_and_tools(self, req: CreateRequest) -> tuple[ModelRoute, list[dict[str, Any]]]:
+        route = self.registry.get(req.model)
+        if route is None:
+            raise model_not_found(req.model)
+        tools = self._tools(req)
+        self._check_tool_choice(req, tools)
+        return route, tools
+
+    @staticmethod
+    def _prelude(req: CreateRequest, tools: list[dict[str, Any]]) -> Prelude:
+        return Prelude(
+            instructions=req.instructions,
+            tools=tuple(tools),
+            tool_choice="auto" if req.tool_choice is None else req.tool_choice,
+            reasoning_effort=req.reasoning.effort if req.reasoning else None,
+        )
+
+    @staticmethod
+    def _prelude_key(route: ModelRoute, prelude: Prelude) -> bytes:
+        r = route.renderer
+        return hashlib.blake2b(route.name.encode() + b"\0" + r.family.encode() + b"\0" + r.prelude_key(prelude),
+                               digest_size=16).digest()
+
+    def _render(self, req: CreateRequest, route: ModelRoute, prelude: Prelude, prelude_key: bytes,
+                parent: ResponseState | None, base_context: ItemLog, new_items: list[dict[str, Any]],
+                new_calls: dict[str, dict], generate: bool
+                ) -> tuple[TokenSeq | None, list[int], list[int], RenderStats]:
+        """Append the new items to the parent's tokens when provably exact, else render in full.
+
+        Never extends a shared buffer: that happens when the turn runs (see ``gateway.turn``).
+        """
+        renderer = route.renderer
+        calls = CallLookup(base_context, new_calls)
+        gen_ids = renderer.generation_prompt() if generate else []
+        budget = route.max_context - (MIN_OUTPUT_ROOM if generate else 0)
+        reason = None
+        if parent is not None:
+            if parent.prelude_key == prelude_key:
+                new_ids = renderer.render_items(new_items, calls=calls)
+                if len(parent.history_ids) + len(new_ids) + len(gen_ids) <= budget or req.truncation != "auto":
+                    self._check_length(len(parent.history_ids) + len(new_ids) + len(gen_ids), route, generate)
+                    return parent.history_ids, new_ids, gen_ids, RenderStats("append", len(new_ids))
+                reason = "truncation"
+            else:
+                reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
+        # Full render (first turn, fallback, or truncation): O(history) by nature, counted.
+        items = list(base_context) + new_items
+        prelude_ids = renderer.render_prelude(prelude)
+        ids = prelude_ids + renderer.render_items(items, calls=calls)
+        dropped = 0
+        if len(ids) + len(gen_ids) > budget and req.truncation == "auto":
+            ids, dropped = self._truncate(renderer, prelude_ids, items, calls, budget - len(gen_ids))
+        self._check_length(len(ids) + len(gen_ids), route, generate)
+        return None, ids, gen_ids, RenderStats("full", len(ids), reason, dropped)
+
+    @staticmethod
+    def _truncate(renderer: Any, prelude_ids: list[int], items: list[dict[str, Any]], calls: CallLookup,
+                  budget: int) -> tuple[list[int], int]:
+        """Drop the oldest items (keeping tool outputs with their calls) until the prompt fits."""
+        parts = [renderer.render_items([item], calls=calls) for item in items]
+        total = len(prelude_ids) + sum(len(p) for p in parts)
+        start = 0
+        while total > budget and start < len(items):
+            total -= len(parts[start])
+            start += 1
+            # an output whose call was dropped cannot stand alone
+            while start < len(items) and items[start].get("type") in OUTPUT_TYPES:
+                total -= len(parts[start])
+                start += 1
+        ids = list(prelude_ids)
+        for p in parts[start:]:
+            ids += p
+        return ids, start
+
+    @staticmethod
+    def _check_length(prompt_len: int, route: ModelRoute, generate: bool) -> None:
+        limit = route.max_context - (MIN_OUTPUT_ROOM if generate else 0)
+        if prompt_len > limit:
+            raise ApiError(
+                400,
+                f"Your input exceeds the context window of this model ({prompt_len} tokens; the limit is "
+                f"{route.max_context} including at least {MIN_OUTPUT_ROOM} output tokens). Shorten the input "
+                "or set truncation to 'auto'.",
+                code="context_length_exceeded", param="input",
+            )
 
     def _check_unsupported(self, req: CreateRequest, ctx: TurnContext) -> None:
         if req.background:
@@ -238,8 +250,6 @@ class Pipeline:
         if req.prompt is not None:
             raise ApiError(400, "Stored prompts are not supported by this gateway.", code="unsupported_parameter",
                            param="prompt")
-        if ctx.transport == "ws" and req.stream_options is not None:
-            pass  # accepted and ignored: WebSocket responses always stream
 
     def _tools(self, req: CreateRequest) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -283,9 +293,7 @@ class Pipeline:
             if state is not None:
                 self.metrics.parent_resolution.labels("connection").inc()
                 return state
-        pending_write = self._store_tasks.get(prev)
-        if pending_write is not None:
-            await asyncio.shield(pending_write)
+        await self.finalizer.wait_for(prev)
         state = await self.store.get(prev, ctx.tenant)
         if state is not None and state.status in ("completed", "incomplete"):
             self.metrics.parent_resolution.labels("store").inc()
@@ -361,31 +369,36 @@ class Pipeline:
     # ------------------------------------------------------------------------------------------
 
     async def run(self, turn: PreparedTurn) -> AsyncIterator[Event]:
-        reasoning_mode = "summary" if (turn.req.reasoning and (turn.req.reasoning.summary or
-                                                                turn.req.reasoning.generate_summary)) else (
+        reasoning = turn.req.reasoning
+        reasoning_mode = "summary" if (reasoning and (reasoning.summary or reasoning.generate_summary)) else (
             "raw" if self.settings.reasoning_text == "raw" else "hidden")
         events = ResponseEvents(turn.response, reasoning_mode=reasoning_mode,
                                 seal=self.sealer.seal if turn.include_encrypted else None)
-        for ev in events.created():
-            yield ev
+        # The turn is accepted: only now extend the shared buffer (at its tip: O(new)).
+        copied = 0
+        if turn.base_ids is not None:
+            if not turn.base_ids.is_tip():
+                copied = 8 * len(turn.base_ids)  # a fork or retry: the prefix is copied, account it
+            turn_ids = turn.base_ids.extend(turn.new_ids)
+        else:
+            turn_ids = TokenSeq(turn.new_ids)
         if not turn.generate:
-            usage = usage_object(len(turn.turn_ids), 0, 0, 0)
-            terminal = events.complete(usage)
-            self._finalize(turn, events, turn.turn_ids, exact=True, usage=usage)
-            for ev in terminal:
+            async for ev in self._warm_up(turn, events, turn_ids, copied):
                 yield ev
             return
 
-        assert turn.prompt_ids is not None and turn.sampling is not None
-        engine = turn.route.engine
+        assert turn.sampling is not None
+        prompt_ids = turn_ids.extend(turn.gen_ids)
         parser = turn.route.renderer.parser(turn.prelude)
         sampled: list[int] = []
         cached = 0
         finish = None
         stop_token = None
-        agen = engine.generate(turn.id, turn.prompt_ids, turn.sampling)
+        agen = turn.route.engine.generate(turn.id, prompt_ids, turn.sampling)
         finished_cleanly = False
         try:
+            for ev in events.created():
+                yield ev
             try:
                 async for delta in agen:
                     if delta.num_cached_tokens is not None:
@@ -408,133 +421,56 @@ class Pipeline:
             except Exception:
                 log.exception("engine crashed on response %s", turn.id)
                 finish = "error"
-            tail = events.feed(parser.finish()) if finish != "error" else []
-            for ev in tail:
+            for ev in (events.feed(parser.finish()) if finish != "error" else []):
                 yield ev
-            usage = usage_object(len(turn.prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+            usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+            history: TokenSeq | None = None
             if finish == "error":
                 terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
-                self._finalize(turn, events, None, exact=False, usage=usage)
             elif finish == "length":
                 terminal = events.incomplete(usage, "max_output_tokens")
-                history = turn.prompt_ids.extend(sampled)
-                self._finalize(turn, events, history, exact=False, usage=usage)
+                history = prompt_ids.extend(sampled)
             else:
                 terminal = events.complete(usage)
-                history = turn.prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
-                self._finalize(turn, events, history, exact=stop_token is not None, usage=usage)
+                history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
+            self.finalizer.finish(turn, events, history, exact=finish == "stop" and stop_token is not None,
+                                  usage=usage, copied_bytes=copied)
             finished_cleanly = True
             for ev in terminal:
                 yield ev
         finally:
-            await agen.aclose()
+            await agen.aclose()  # aborts the engine request if it is still running
             if not finished_cleanly and events.status == "in_progress":
-                # Nobody listens any more (socket closed, SSE client gone): the engine was aborted
-                # above; record what was processed and persist a terminal snapshot.
+                # Nobody listens any more (socket closed, SSE client gone): record what was
+                # processed and persist a terminal snapshot.
                 self.metrics.aborts.labels(turn.ctx.transport).inc()
-                usage = usage_object(len(turn.prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+                usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
                 events.cancel(usage)
-                self._finalize(turn, events, None, exact=False, usage=usage)
+                self.finalizer.finish(turn, events, None, exact=False, usage=usage)
 
-    def _finalize(self, turn: PreparedTurn, events: ResponseEvents, history: TokenSeq | None, *, exact: bool,
-                  usage: dict[str, Any]) -> None:
-        """New state -> connection cache; store=true -> store; usage -> billing queue. Never blocks."""
-        status = events.status
-        response = turn.response
-        output_items = [dict(o) for o in events.output]
-        self.metrics.turns.labels(turn.ctx.transport, status).inc()
-        self.metrics.prompt_tokens.inc(usage["input_tokens"])
-        self.metrics.cached_tokens.inc(usage["input_tokens_details"]["cached_tokens"])
-        self.metrics.output_tokens.inc(usage["output_tokens"])
-        self.usage.submit(UsageRecord(
-            response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
-            input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
-            output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
-            transport=turn.ctx.transport,
-        ))
-        if status not in ("completed", "incomplete", "cancelled"):
-            if turn.store:  # failed responses are retrievable but never chained from
-                self._persist(self._state(turn, response, output_items, turn.turn_ids, exact=False))
-            return
-        pending = set(turn.pending_calls)
-        for item in output_items:
-            if item.get("type") in CALL_TYPES and item.get("status") == "completed":
-                pending.add(item["call_id"])
-        state = self._state(turn, response, output_items, history if history is not None else turn.turn_ids,
-                            exact=exact and history is not None, pending=frozenset(pending))
-        if turn.ctx.conn_cache is not None and status != "cancelled":
-            turn.ctx.conn_cache.put(turn.ctx.lane, state)
-        if turn.store:
-            self._persist(state)
-
-    def _state(self, turn: PreparedTurn, response: dict[str, Any], output_items: list[dict[str, Any]],
-               history: TokenSeq, *, exact: bool, pending: frozenset[str] = frozenset()) -> ResponseState:
-        context = turn.base_context.extend(turn.new_items + output_items)
-        delta_bytes = _approx_bytes(turn.new_items) + _approx_bytes(output_items) + 8 * (
-            len(history) - (len(turn.parent.history_ids) if turn.parent else 0))
-        return ResponseState(
-            id=turn.id, response=response, input_items=tuple(turn.new_items), context=context,
-            history_ids=history, model=turn.route.name,
-            # a cut-off or failed output has no exact rendering to append to: force a full render
-            prelude_key=turn.prelude_key if exact else b"",
-            store=turn.store, parent_id=turn.req.previous_response_id, pending_calls=pending,
-            verdicts=turn.verdicts, tenant=turn.ctx.tenant,
-            nbytes=(turn.parent.nbytes if turn.parent else 0) + delta_bytes, delta_bytes=delta_bytes,
-        )
-
-    def _persist(self, state: ResponseState) -> None:
-        task = asyncio.get_running_loop().create_task(self.store.put(state))
-        self._store_tasks[state.id] = task
-
-        def done(t: asyncio.Task[None], response_id: str = state.id) -> None:
-            if self._store_tasks.get(response_id) is t:
-                del self._store_tasks[response_id]
-            if not t.cancelled() and t.exception() is not None:
-                log.error("store write failed for %s", response_id, exc_info=t.exception())
-
-        task.add_done_callback(done)
+    async def _warm_up(self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq,
+                       copied: int) -> AsyncIterator[Event]:
+        """``generate: false``: a chain node with the new context and no output; no engine call."""
+        usage = usage_object(len(turn_ids), 0, 0, 0)
+        done = False
+        try:
+            for ev in events.created():
+                yield ev
+            terminal = events.complete(usage)
+            self.finalizer.finish(turn, events, turn_ids, exact=True, usage=usage, copied_bytes=copied)
+            done = True
+            for ev in terminal:
+                yield ev
+        finally:
+            if not done and events.status == "in_progress":
+                events.cancel(usage)
+                self.finalizer.finish(turn, events, None, exact=False, usage=usage)
 
     async def flush(self) -> None:
-        """Wait for pending store writes (retrieval endpoints, shutdown)."""
-        while self._store_tasks:
-            await asyncio.gather(*list(self._store_tasks.values()), return_exceptions=True)
-
-    async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
-        """``POST /v1/responses/input_tokens``: the prompt length the same create would have."""
-        if not isinstance(body, dict):
-            raise bad_request("The request body must be a JSON object.", code="invalid_type")
-        allowed = {"model", "input", "instructions", "previous_response_id", "conversation", "tools", "tool_choice",
-                   "parallel_tool_calls", "reasoning", "text", "truncation", "personality"}
-        for k in body:
-            if k not in allowed:
-                raise ApiError(400, f"Unknown parameter: '{k}'.", code="unknown_parameter", param=k)
-        body = {k: v for k, v in body.items() if k != "personality"}
-        if "model" not in body:
-            body["model"] = self.registry.names()[0]
-        turn = await self.prepare(body, ctx)
-        assert turn.prompt_ids is not None
-        return len(turn.prompt_ids)
+        await self.finalizer.flush()
 
 
-def _structured(req: CreateRequest) -> dict | None:
-    """Constraints for engines that support structured outputs (the vLLM engine honours them)."""
-    out: dict[str, Any] = {}
-    if req.text is not None and req.text.format is not None and req.text.format.type != "text":
-        out["text_format"] = req.text.format.model_dump(by_alias=True, exclude_none=True)
-    if req.tool_choice not in (None, "auto"):
-        out["tool_choice"] = req.tool_choice
-    return out or None
-
-
-def _approx_bytes(items: Sequence[dict[str, Any]]) -> int:
-    total = 0
-    for item in items:
-        for v in item.values():
-            if isinstance(v, str):
-                total += len(v)
-            elif isinstance(v, list):
-                for p in v:
-                    if isinstance(p, dict):
-                        total += sum(len(x) for x in p.values() if isinstance(x, str))
-        total += 64
-    return total
+def _text_format(req: CreateRequest) -> dict[str, Any] | None:
+    if req.text is None or req.text.format is None or req.text.format.type == "text":
+        return None
+    return req.text.format.model_dump(by_alias=True, exclude_none=True)

@@ -13,8 +13,3 @@ import orjson
 def sse_frame(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
-
-def sse_error_frame(code: str | None, message: str, param: str | None, sequence_number: int) -> bytes:
-    """The flat SSE ``error`` event (never a nested ``error`` object: the SDK raises on that)."""
-    return sse_frame({"type": "error", "code": code, "message": message, "param": param,
-                      "sequence_number": sequence_number})

@@ -36,7 +36,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import DEFAULT_LANE, ConnectionCache
 from gateway.errors import ApiError, bad_request
-from gateway.pipeline import TurnContext
+from gateway.turn import TurnContext
 from gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class WsConnection:
         #: response id -> lane name of responses in flight (steer targets the active response's lane)
         self._active: dict[str, str] = {}
         self._closing: asyncio.Task | None = None
+        self._busy = 0  # turns running now, across lanes
+        self._idle = asyncio.Event()
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -212,7 +214,11 @@ class WsConnection:
                 self._expire()
                 continue
             async with self.slots:
+                if self.expired:  # the limit passed while this turn waited for a slot
+                    self._expire()
+                    continue
                 lane.busy = True
+                self._busy += 1
                 self.gw.metrics.ws_inflight.inc()
                 try:
                     await self._run_turn(lane, event)
@@ -225,6 +231,9 @@ class WsConnection:
                                                     type="server_error", code="server_error"), lane.name or None)
                 finally:
                     lane.busy = False
+                    self._busy -= 1
+                    if self._busy == 0:
+                        self._idle.set()
                     self.gw.metrics.ws_inflight.dec()
 
     async def _run_turn(self, lane: _Lane, event: dict[str, Any]) -> None:
@@ -271,8 +280,9 @@ class WsConnection:
             self._closing = asyncio.create_task(self._close_when_idle())
 
     async def _close_when_idle(self) -> None:
-        while any(lane.busy for lane in self.lanes.values()):
-            await asyncio.sleep(0.01)
+        while self._busy:
+            self._idle.clear()
+            await self._idle.wait()
         await self._send_error(ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached"))
         self.closed = True
         try:

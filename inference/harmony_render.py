@@ -311,5 +311,11 @@ class HarmonyRenderer:
     def count_text_tokens(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))
 
+    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """No engine-level constraint yet for harmony: gpt-oss follows its channel format, and a
+        whole-output grammar would have to spell out the channel headers (left for the vLLM gpt-oss
+        path; the simulated engine obeys ``tool_choice`` from the rendered instruction line)."""
+        return None
+
     def parser(self, prelude: Prelude) -> HarmonyStreamParser:
         return HarmonyStreamParser(ToolCatalog(prelude.tools))

@@ -67,5 +67,10 @@ class Renderer(Protocol):
 
     def count_text_tokens(self, text: str) -> int: ...
 
+    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """Structured-output constraint for the engine (vLLM ``StructuredOutputsParams`` fields), or
+        None. Only the renderer knows its tool-call syntax, so it turns ``tool_choice`` (required or a
+        named function) and ``text.format`` (json_schema / json_object) into a grammar or schema."""
+
     def parser(self, prelude: Prelude) -> StreamParser:
         """A fresh streaming parser for one generation under ``prelude`` (knows the tool names)."""

@@ -172,12 +172,14 @@ def test_max_output_tokens_cap_makes_response_incomplete(make_gateway):
     assert body["max_output_tokens"] == 16
 
 
-def test_backend_failure_non_streaming_is_500_server_error(make_gateway):
+def test_backend_failure_non_streaming_is_a_failed_response_not_retried(make_gateway):
+    """A failure after the response exists is a 200 Response with status failed: an HTTP 5xx
+    would make the SDK retry (generate and bill again)."""
     live = make_gateway(engine=scripted(Turn(text="This answer will break halfway through.", fail_after_tokens=5)))
-    with pytest.raises(openai.InternalServerError) as exc:
-        live.openai().responses.create(model=MODEL, input="hi")
-    assert exc.value.code == "server_error"
-    assert live.engine.stats.requests == 1  # max_retries=0: one generation
+    resp = live.openai(max_retries=2).responses.create(model=MODEL, input="hi")
+    assert resp.status == "failed"
+    assert resp.error is not None and resp.error.code == "server_error"
+    assert live.engine.stats.requests == 1  # not retried by the SDK: one generation
     assert_still_serving(live)
 
 

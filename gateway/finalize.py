@@ -1,0 +1,119 @@
+"""After the terminal event: new state -> connection cache, store (async), usage -> billing queue.
+
+Nothing here blocks the turn: the cache update is a dict write, the store write is a task (a
+chained request that arrives before it lands waits for that one write only), and the usage record
+goes on the billing queue whose worker overlaps the client's next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Sequence
+
+from billing.usage import UsageQueue, UsageRecord
+from cache.items import CALL_TYPES
+from cache.seq import TokenSeq
+from cache.state import ResponseState
+from cache.store import ResponseStore
+from gateway.events import ResponseEvents
+from gateway.metrics import Metrics
+from gateway.turn import PreparedTurn
+
+log = logging.getLogger(__name__)
+
+CHAINABLE = ("completed", "incomplete")
+
+
+class Finalizer:
+    def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics) -> None:
+        self.store = store
+        self.usage = usage
+        self.metrics = metrics
+        #: store writes in flight, by response id
+        self._writes: dict[str, asyncio.Task[None]] = {}
+
+    def finish(self, turn: PreparedTurn, events: ResponseEvents, history: TokenSeq | None, *, exact: bool,
+               usage: dict[str, Any], copied_bytes: int = 0) -> ResponseState:
+        status = events.status
+        self.metrics.turns.labels(turn.ctx.transport, status).inc()
+        self.metrics.prompt_tokens.inc(usage["input_tokens"])
+        self.metrics.cached_tokens.inc(usage["input_tokens_details"]["cached_tokens"])
+        self.metrics.output_tokens.inc(usage["output_tokens"])
+        self.usage.submit(UsageRecord(
+            response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
+            input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
+            output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
+            transport=turn.ctx.transport,
+        ))
+        output_items = [dict(o) for o in events.output]
+        state = self._state(turn, output_items, history, exact=exact, copied_bytes=copied_bytes)
+        if turn.ctx.conn_cache is not None and status in CHAINABLE:
+            turn.ctx.conn_cache.put(turn.ctx.lane, state)
+        if turn.store:
+            self._persist(state)
+        return state
+
+    def _state(self, turn: PreparedTurn, output_items: list[dict[str, Any]], history: TokenSeq | None, *,
+               exact: bool, copied_bytes: int) -> ResponseState:
+        chainable = turn.response["status"] in CHAINABLE and history is not None
+        if chainable:
+            assert history is not None
+            context = turn.base_context.extend(turn.new_items + output_items)
+            pending = set(turn.pending_calls)
+            for item in output_items:
+                if item.get("type") in CALL_TYPES and item.get("status") == "completed":
+                    pending.add(item["call_id"])
+            parent_len = len(turn.parent.history_ids) if turn.parent is not None else 0
+            token_bytes = 8 * (len(history) - parent_len) + copied_bytes
+        else:
+            # Failed or cancelled: kept for retrieval only, never chained from, so the shared
+            # buffers are left alone (no copy for the parent's next continuation).
+            context, history, pending, token_bytes = turn.base_context, TokenSeq(), set(), 0
+        delta = _approx_bytes(turn.new_items) + _approx_bytes(output_items) + token_bytes
+        return ResponseState(
+            id=turn.id, response=turn.response, input_items=tuple(turn.new_items), context=context,
+            history_ids=history, model=turn.route.name,
+            # a cut-off or failed output has no exact rendering to append to: force a full render
+            prelude_key=turn.prelude_key if (exact and chainable) else b"",
+            store=turn.store, parent_id=turn.req.previous_response_id, pending_calls=frozenset(pending),
+            verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
+            nbytes=(turn.parent.nbytes if turn.parent is not None else 0) + delta, delta_bytes=delta,
+        )
+
+    def _persist(self, state: ResponseState) -> None:
+        task = asyncio.get_running_loop().create_task(self.store.put(state))
+        self._writes[state.id] = task
+
+        def done(t: asyncio.Task[None], response_id: str = state.id) -> None:
+            if self._writes.get(response_id) is t:
+                del self._writes[response_id]
+            if not t.cancelled() and t.exception() is not None:
+                log.error("store write failed for %s", response_id, exc_info=t.exception())
+
+        task.add_done_callback(done)
+
+    async def wait_for(self, response_id: str) -> None:
+        """Wait for that response's pending store write, if any (its failure is logged, not raised)."""
+        task = self._writes.get(response_id)
+        if task is not None:
+            await asyncio.wait({task})
+
+    async def flush(self) -> None:
+        """Wait for every pending store write (shutdown)."""
+        while self._writes:
+            await asyncio.wait(set(self._writes.values()))
+
+
+def _approx_bytes(items: Sequence[dict[str, Any]]) -> int:
+    total = 0
+    for item in items:
+        for v in item.values():
+            if isinstance(v, str):
+                total += len(v)
+            elif isinstance(v, list):
+                for p in v:
+                    if isinstance(p, dict):
+                        total += sum(len(x) for x in p.values() if isinstance(x, str))
+        total += 64
+    return total

@@ -1,0 +1,128 @@
+"""Edges found in review: shared buffers untouched by rejected or counted requests, store write
+failures, expiry while turns wait for a slot, engine aborts that await, truncation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import orjson
+from websockets.sync.client import connect
+
+from cache.seq import AppendOnlyView
+from cache.store import MemoryStore
+from gateway.settings import Settings
+from inference.simulated import SimulatedEngine
+from inference.simulated_script import Turn
+from tests.conftest import MODEL
+from tests.http_helpers import create, post, wait_for
+
+
+def _answer(view):
+    return Turn(text="ok")
+
+
+def test_counting_input_tokens_does_not_make_the_next_continuation_copy_history(make_gateway):
+    live = make_gateway(engine=SimulatedEngine(script=_answer))
+    first = create(live, input="hello " * 200)
+    copies = AppendOnlyView.copies
+    r = post(live, {"model": MODEL, "previous_response_id": first["id"], "input": "more"}, path="/responses/input_tokens")
+    assert r.status_code == 200, r.text
+    second = create(live, previous_response_id=first["id"], input="more")
+    assert second["status"] == "completed"
+    assert AppendOnlyView.copies == copies, "the parent's buffer was left past its tip"
+    assert r.json()["input_tokens"] == second["usage"]["input_tokens"]
+
+
+def test_rejected_continuation_does_not_make_the_next_one_copy_history(make_gateway):
+    live = make_gateway(Settings(max_context=400), engine=SimulatedEngine(script=_answer))
+    first = create(live, input="short question")
+    copies = AppendOnlyView.copies
+    r = post(live, {"model": MODEL, "previous_response_id": first["id"], "input": "word " * 600})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    second = create(live, previous_response_id=first["id"], input="fine")
+    assert second["status"] == "completed"
+    assert AppendOnlyView.copies == copies
+
+
+def test_truncation_auto_drops_oldest_items_until_the_prompt_fits(make_gateway):
+    live = make_gateway(Settings(max_context=300), engine=SimulatedEngine(script=_answer, record_prompts=True))
+    long_history = [{"role": "user", "content": f"old message {i} " + "filler " * 30} for i in range(8)]
+    long_history.append({"role": "user", "content": "the newest question"})
+    r = post(live, {"model": MODEL, "input": long_history})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    body = create(live, input=long_history, truncation="auto")
+    assert body["status"] == "completed" and body["truncation"] == "auto"
+    prompt = live.engine.stats.prompts[-1]
+    assert len(prompt) <= 300 - 16
+    from inference.harmony_core import harmony_encoding
+
+    text = harmony_encoding().decode(prompt)
+    assert "the newest question" in text and "old message 0 " not in text
+
+
+class FailingStore(MemoryStore):
+    async def put(self, state):
+        raise ConnectionError("store is down")
+
+
+def test_failed_store_write_gives_previous_response_not_found_not_a_500(make_gateway):
+    live = make_gateway(engine=SimulatedEngine(script=_answer), store=FailingStore())
+    first = create(live, input="hi")
+    r = post(live, {"model": MODEL, "previous_response_id": first["id"], "input": "again"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+    assert httpx.get(f"{live.base_url}/responses/{first['id']}").status_code == 404
+
+
+def test_turns_waiting_for_a_slot_do_not_start_after_the_age_limit(make_gateway):
+    engine = SimulatedEngine(script=lambda v: Turn(text="slow " * 30, delay_per_token_s=0.02))
+    live = make_gateway(Settings(ws_max_age_s=0.6, ws_max_inflight=1), engine=engine)
+    with connect(live.ws_url, max_size=None) as ws:
+        for lane in ("a", "b", "c"):
+            ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "input": "go", "stream_id": lane}).decode())
+        frames = []
+        while True:
+            try:
+                frames.append(json.loads(ws.recv(timeout=20)))
+            except Exception:
+                break
+    created = [f for f in frames if f["type"] == "response.created"]
+    assert len(created) == 1, [f["type"] for f in frames]
+    assert frames[-1]["type"] == "error"
+    assert frames[-1]["error"]["code"] == "websocket_connection_limit_reached"
+    assert engine.stats.requests == 1
+
+
+class SlowAbortEngine(SimulatedEngine):
+    """An engine whose abort path awaits, as vLLM's does (``await self.abort(...)``)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.abort_completed = 0
+
+    async def generate(self, request_id, prompt_ids, params):
+        gen = super().generate(request_id, prompt_ids, params)
+        try:
+            async for delta in gen:
+                yield delta
+        finally:
+            await gen.aclose()
+            await asyncio.sleep(0.05)  # the abort round-trip to the engine core
+            self.abort_completed += 1
+
+
+def test_sse_disconnect_lets_an_awaiting_engine_abort_complete(make_gateway):
+    engine = SlowAbortEngine(script=lambda v: Turn(text="x", endless=True, delay_per_token_s=0.01))
+    live = make_gateway(engine=engine)
+    with httpx.stream("POST", live.base_url + "/responses", json={"model": MODEL, "input": "go", "stream": True},
+                      timeout=30) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("event: response.output_text.delta"):
+                seen += 1
+                if seen >= 3:
+                    break
+    wait_for(lambda: engine.abort_completed == 1 and engine.stats.running == 0, what="engine abort completed")
+    assert live.metric("respgate_generation_aborts_total", {"transport": "http"}) == 1
