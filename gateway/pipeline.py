@@ -93,7 +93,7 @@ class Pipeline:
 
         prelude = self._prelude(req, tools)
         prelude_key = self._prelude_key(route, prelude)
-        base_ids, new_ids, gen_ids, stats = self._render(req, route, prelude, prelude_key, parent, base_context,
+        base_ids, new_ids, gen_ids, stats = self._render_checked(req, route, prelude, prelude_key, parent, base_context,
                                                          new_items, new_calls, generate)
         self.metrics.render_tokens.labels(stats.mode).inc(stats.new_tokens)
         if stats.fallback_reason:
@@ -146,8 +146,8 @@ class Pipeline:
         new_items, new_calls = self._new_items(raw_items, base_context)
         self._check_pairing(new_items, base_context, parent, generate=True)
         prelude = self._prelude(req, tools)
-        base_ids, new_ids, gen_ids, _ = self._render(req, route, prelude, self._prelude_key(route, prelude), parent,
-                                                     base_context, new_items, new_calls, generate=True)
+        base_ids, new_ids, gen_ids, _ = self._render_checked(req, route, prelude, None, parent, base_context,
+                                                             new_items, new_calls, generate=True)
         return (len(base_ids) if base_ids is not None else 0) + len(new_ids) + len(gen_ids)
 
     def _route_and_tools(self, req: CreateRequest) -> tuple[ModelRoute, list[dict[str, Any]]]:
@@ -173,6 +173,23 @@ class Pipeline:
         return hashlib.blake2b(route.name.encode() + b"\0" + r.family.encode() + b"\0" + r.prelude_key(prelude),
                                digest_size=16).digest()
 
+    def _render_checked(self, req: CreateRequest, route: ModelRoute, prelude: Prelude, prelude_key: bytes | None,
+                        parent: ResponseState | None, base_context: ItemLog, new_items: list[dict[str, Any]],
+                        new_calls: dict[str, dict], generate: bool
+                        ) -> tuple[TokenSeq | None, list[int], list[int], RenderStats]:
+        """``_render``, with request-shaped renderer errors (e.g. two tools whose flattened names
+        collide, or a tool output whose call is unknown to the renderer) answered as a 400."""
+        try:
+            if prelude_key is None:
+                prelude_key = self._prelude_key(route, prelude)
+            return self._render(req, route, prelude, prelude_key, parent, base_context, new_items, new_calls,
+                                generate)
+        except ApiError:
+            raise
+        except ValueError as exc:
+            raise bad_request(f"Invalid request for this model's prompt format: {exc}", code="invalid_value",
+                              param="tools" if "tool" in type(exc).__name__.lower() else "input") from None
+
     def _render(self, req: CreateRequest, route: ModelRoute, prelude: Prelude, prelude_key: bytes,
                 parent: ResponseState | None, base_context: ItemLog, new_items: list[dict[str, Any]],
                 new_calls: dict[str, dict], generate: bool
@@ -187,14 +204,19 @@ class Pipeline:
         budget = route.max_context - (MIN_OUTPUT_ROOM if generate else 0)
         reason = None
         if parent is not None:
-            if parent.prelude_key == prelude_key:
+            # A renderer that knows appends it cannot do exactly (e.g. a template that merges
+            # consecutive tool results) says why; the check looks at the boundary only: O(1).
+            broken = renderer.append_break(base_context, new_items)
+            if parent.prelude_key != prelude_key:
+                reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
+            elif broken:
+                reason = broken
+            else:
                 new_ids = renderer.render_items(new_items, calls=calls)
                 if len(parent.history_ids) + len(new_ids) + len(gen_ids) <= budget or req.truncation != "auto":
                     self._check_length(len(parent.history_ids) + len(new_ids) + len(gen_ids), route, generate)
                     return parent.history_ids, new_ids, gen_ids, RenderStats("append", len(new_ids))
                 reason = "truncation"
-            else:
-                reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
         # Full render (first turn, fallback, or truncation): O(history) by nature, counted.
         items = list(base_context) + new_items
         prelude_ids = renderer.render_prelude(prelude)
@@ -219,10 +241,9 @@ class Pipeline:
             while start < len(items) and items[start].get("type") in OUTPUT_TYPES:
                 total -= len(parts[start])
                 start += 1
-        ids = list(prelude_ids)
-        for p in parts[start:]:
-            ids += p
-        return ids, start
+        # Render the kept items once more as a whole: per-item renders may differ at item
+        # boundaries (templates join assistant turns and consecutive tool results).
+        return prelude_ids + renderer.render_items(items[start:], calls=calls), start
 
     @staticmethod
     def _check_length(prompt_len: int, route: ModelRoute, generate: bool) -> None:

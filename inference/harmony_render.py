@@ -311,6 +311,12 @@ class HarmonyRenderer:
     def count_text_tokens(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))
 
+    def append_break(
+        self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]
+    ) -> str | None:
+        """Never: every harmony message renders on its own (contract (a) above)."""
+        return None
+
     def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """No engine-level constraint yet for harmony: gpt-oss follows its channel format, and a
         whole-output grammar would have to spell out the channel headers (left for the vLLM gpt-oss

