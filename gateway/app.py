@@ -55,7 +55,7 @@ def create_app(
             yield
         finally:
             gw.accepting = False
-            await pipeline.flush()
+            await pipeline.close()
             await usage.drain()
             for engine in registry.engines():
                 await engine.shutdown()

@@ -96,6 +96,7 @@ def _vllm(settings: Settings) -> ModelRegistry:
         cpu_kv_space_gib=settings.cpu_kv_space_gib,
         enforce_eager=settings.enforce_eager or cpu,  # torch.compile warm-up costs minutes on CPU
         max_num_seqs=settings.max_num_seqs,
+        extra={"block_size": settings.block_size or 32} if cpu or settings.block_size else {},
     ))
     if renderer_family(settings, folder) == "harmony":
         from inference.harmony import HarmonyRenderer

@@ -66,6 +66,7 @@ class Pipeline:
         self.metrics = metrics
         self.sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
         self.finalizer = Finalizer(store, usage, metrics)
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------------------------
     # prepare: everything before the response exists; raises ApiError
@@ -480,6 +481,7 @@ class Pipeline:
             terminal = events.complete(usage)
             self.finalizer.finish(turn, events, turn_ids, exact=True, usage=usage, copied_bytes=copied)
             done = True
+            self._prefill_later(turn, turn_ids)
             for ev in terminal:
                 yield ev
         finally:
@@ -487,7 +489,29 @@ class Pipeline:
                 events.cancel(usage)
                 self.finalizer.finish(turn, events, None, exact=False, usage=usage)
 
+    def _prefill_later(self, turn: PreparedTurn, ids: TokenSeq) -> None:
+        """Warm the engine's prefix cache with the warm-up's context, off the critical path."""
+        if not len(ids):
+            return
+
+        async def prefill() -> None:
+            try:
+                await turn.route.engine.prefill(turn.id + "-prefill", ids)
+            except Exception:  # a failed warm-up prefill only costs the next turn a longer prefill
+                log.warning("prefill after warm-up %s failed", turn.id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(prefill(), name=f"prefill-{turn.id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def flush(self) -> None:
+        await self.finalizer.flush()
+
+    async def close(self) -> None:
+        """Shutdown: stop background prefills, wait for pending store writes."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.finalizer.flush()
 
 

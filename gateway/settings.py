@@ -33,6 +33,9 @@ class Settings(BaseModel):
     gpu_memory_utilization: float = 0.9
     cpu_kv_space_gib: int = 2
     max_num_seqs: int | None = None
+    #: KV block size: prefix-cache hits come in whole blocks (CPU default 32 instead of vLLM's 128,
+    #: so short agent turns still hit the cache)
+    block_size: int | None = None
     enforce_eager: bool = False
     cache_dir: str | None = None
     #: static API keys; empty = any bearer accepted (the security issue completes the model)

@@ -53,6 +53,7 @@ class EngineStats:
     cached_tokens: int = 0
     generated_tokens: int = 0
     running: int = 0
+    prefills: int = 0
     last_prompt_len: int = 0
     prompts: list = field(default_factory=list)  # only filled when an engine is asked to record
 
@@ -76,3 +77,10 @@ class Engine(Protocol):
     def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]: ...
+
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        """Compute and cache the KV of ``prompt_ids`` without producing output.
+
+        A ``generate: false`` warm-up calls it in the background, so the first real turn after
+        the warm-up prefills only its own delta. Engines without a prefix cache do nothing.
+        """

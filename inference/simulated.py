@@ -208,6 +208,17 @@ class SimulatedEngine:
     def ready(self) -> bool:
         return self._started
 
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        """Warm the emulated prefix cache (and pay the emulated prefill time)."""
+        if self._cache is None:
+            return
+        prompt = _as_list(prompt_ids)
+        cached = self._cache.lookup(prompt)
+        if self.prefill_tps:
+            await asyncio.sleep((len(prompt) - cached.cached) / self.prefill_tps)
+        self._cache.add(list(prompt), supersedes=cached.covered)
+        self.stats.prefills += 1
+
     def _turn(self, prompt: list[int]) -> Turn:
         view = PromptView(prompt)
         turn = self.script(view) if self.script is not None else None

@@ -139,6 +139,15 @@ class VllmEngine:
             kwargs["structured_outputs"] = StructuredOutputsParams(**params.structured)
         return VSamplingParams(**kwargs)
 
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        """One-token generation whose output is discarded: vLLM keeps the prompt's KV blocks in
+        its prefix cache, so the turn after a warm-up prefills only its delta."""
+        if self._llm is None or not len(prompt_ids):
+            return
+        async for _ in self.generate(request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0)):
+            pass
+        self.stats.prefills += 1
+
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]:

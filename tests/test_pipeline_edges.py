@@ -126,3 +126,22 @@ def test_sse_disconnect_lets_an_awaiting_engine_abort_complete(make_gateway):
                     break
     wait_for(lambda: engine.abort_completed == 1 and engine.stats.running == 0, what="engine abort completed")
     assert live.metric("respgate_generation_aborts_total", {"transport": "http"}) == 1
+
+
+def test_warm_up_prefills_the_engine_prefix_cache_for_the_next_turn(make_gateway):
+    engine = SimulatedEngine(script=_answer, cache_block_size=1)
+    live = make_gateway(engine=engine)
+    with connect(live.ws_url, max_size=None) as ws:
+        instructions = "You are a careful assistant. " * 20  # not inherited: every turn sends them
+        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "generate": False, "store": False,
+                              "instructions": instructions, "input": []}).decode())
+        while (warm := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
+            pass
+        wait_for(lambda: engine.stats.prefills == 1, what="background prefill")
+        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "store": False, "input": "hi",
+                              "instructions": instructions, "previous_response_id": warm["response"]["id"]}).decode())
+        while (done := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
+            pass
+    assert engine.stats.requests == 1  # the warm-up itself never generated
+    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached == warm["response"]["usage"]["input_tokens"]

@@ -121,3 +121,26 @@ def test_tool_choice_required_yields_a_schema_valid_function_call(vllm_gateway: 
         model=VLLM_MODEL, previous_response_id=r.id, tools=tools, temperature=0, max_output_tokens=32,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 C, sunny"}])
     assert follow.status in ("completed", "incomplete") and follow.output
+
+
+def test_warm_up_prefills_vllm_so_the_first_turn_prefills_only_its_delta(vllm_gateway: LiveGateway):
+    engine = vllm_gateway.engine
+    prefills = engine.stats.prefills
+    instructions = "You answer in one short sentence. Session 5f3a91. " * 8  # unique: no earlier cache hit
+    with connect(vllm_gateway.ws_url, max_size=None) as ws:
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
+                              "instructions": instructions, "input": []}).decode())
+        while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
+            pass
+        deadline = time.monotonic() + 60
+        while engine.stats.prefills == prefills:
+            assert time.monotonic() < deadline, "no background prefill"
+            time.sleep(0.05)
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
+                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
+                              "previous_response_id": warm["response"]["id"]}).decode())
+        while (done := json.loads(ws.recv(timeout=120)))["type"] not in ("response.completed", "response.incomplete"):
+            assert done["type"] not in ("error", "response.failed"), done
+    warm_tokens = warm["response"]["usage"]["input_tokens"]
+    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached >= (warm_tokens - 1) // BLOCK * BLOCK > 0
