@@ -40,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
         from gateway.app import create_app, uvicorn_config_kwargs
 
+        from gateway.server import GatewayServer
+
         app = create_app(settings)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                    **uvicorn_config_kwargs(settings))
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                **uvicorn_config_kwargs(settings))
+        GatewayServer(config).run()
         return 0
     return 2
 

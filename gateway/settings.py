@@ -43,6 +43,8 @@ class Settings(BaseModel):
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
     ws_max_age_s: float = 3600.0
+    #: on shutdown, how long in-flight WebSocket responses may run before sockets are closed
+    shutdown_grace_s: float = 30.0
     #: close an idle socket (error frame + 1000) as soon as it reaches the age limit
     ws_close_idle_at_limit: bool = True
     ws_max_inflight: int = 16

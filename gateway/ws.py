@@ -275,15 +275,28 @@ class WsConnection:
             self._expire()
 
     def _expire(self) -> None:
+        self._begin_close(ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached"))
+
+    def _begin_close(self, farewell: ApiError) -> asyncio.Task:
+        """Refuse new turns, let in-flight ones reach their terminal events, then say why and
+        close with 1000 (never 1001/1012: SDK auto-reconnect would replay frames whose
+        ``store=false`` parents died with this socket)."""
         self.expired = True
         if self._closing is None:
-            self._closing = asyncio.create_task(self._close_when_idle())
+            self._closing = asyncio.create_task(self._close_when_idle(farewell))
+        return self._closing
 
-    async def _close_when_idle(self) -> None:
+    async def drain(self) -> None:
+        """Server shutdown: finish in-flight responses, then close cleanly."""
+        task = self._begin_close(ApiError(503, "The server is shutting down. Reconnect to continue.",
+                                          type="server_error", code=None))
+        await asyncio.shield(task)
+
+    async def _close_when_idle(self, farewell: ApiError) -> None:
         while self._busy:
             self._idle.clear()
             await self._idle.wait()
-        await self._send_error(ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached"))
+        await self._send_error(farewell)
         self.closed = True
         try:
             await self.ws.close(code=1000)

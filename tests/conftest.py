@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from gateway.app import create_app, uvicorn_config_kwargs
+from gateway.server import GatewayServer
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from inference.harmony import HarmonyRenderer
@@ -75,7 +76,7 @@ def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine |
     app = create_app(settings, registry=registry, **app_kwargs)
     config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on",
                             **uvicorn_config_kwargs(settings))
-    server = uvicorn.Server(config)
+    server = GatewayServer(config)
     loop_box: dict[str, asyncio.AbstractEventLoop] = {}
 
     def run() -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 from openai import NotFoundError
-from websockets.exceptions import ConnectionClosedOK
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.sync.client import ClientConnection, connect
 
 from gateway.settings import Settings
@@ -307,3 +307,26 @@ def test_client_pings_get_pongs_while_a_slow_generation_streams(make_gateway):
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][-1]["content"][0]["text"] == LONG_TEXT
     assert engine.stats.aborts == 0
+
+
+def test_server_shutdown_finishes_in_flight_responses_and_closes_1000(make_gateway):
+    import threading
+
+    from tests.conftest import stop_gateway
+
+    live = make_gateway(engine=SimulatedEngine(script=fixed(Turn(text="slow " * 40, delay_per_token_s=0.01))))
+    ws = ws_open(live)
+    send(ws, create(input="go"))
+    while recv(ws)["type"] != "response.output_text.delta":
+        pass
+    stopper = threading.Thread(target=stop_gateway, args=(live,))
+    stopper.start()
+    frames = []
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            frames.append(recv(ws, timeout=20))
+    stopper.join(30)
+    types = [f["type"] for f in frames]
+    assert "response.completed" in types, types
+    assert types[-1] == "error" and frames[-1]["status"] == 503 and frames[-1]["error"]["type"] == "server_error"
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
