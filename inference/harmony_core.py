@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
 
 __all__ = [
@@ -101,12 +102,7 @@ def harmony_tokens() -> HarmonyTokens:
 
 def _freeform_description(tool: Mapping[str, Any]) -> str:
     """Description of a ``custom`` tool: harmony has no freeform tools, so we say it in words."""
-    parts = [str(tool.get("description") or "").strip(), FREEFORM_NOTE]
-    fmt = tool.get("format") or {}
-    if isinstance(fmt, Mapping) and fmt.get("type") == "grammar" and fmt.get("definition"):
-        syntax = fmt.get("syntax") or "lark"
-        parts.append(f"The input must match this {syntax} grammar:\n{fmt['definition']}")
-    return "\n\n".join(p for p in parts if p)
+    return freeform_description(tool, FREEFORM_NOTE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ from inference.harmony_core import (
 )
 from inference.harmony_parse import HarmonyStreamParser
 from inference.render import Prelude
+from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
 __all__ = [
     "TOOL_CHOICE_NAMED",
@@ -76,9 +77,6 @@ _KEY_VERSION = b"harmony-v1"
 _EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 #: tool_choice lines in the developer message (the simulated engine recognises them)
-TOOL_CHOICE_REQUIRED = "You must call at least one tool before giving a final answer."
-TOOL_CHOICE_NONE = "Do not call any tools; answer directly."
-TOOL_CHOICE_NAMED = "You must call the tool `{name}`."
 
 
 class UnknownCallError(ValueError):
@@ -106,16 +104,6 @@ def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
     return [_part_text(p) for p in content]
-
-
-def _tool_choice_line(choice: Any) -> str | None:
-    if choice == "required":
-        return TOOL_CHOICE_REQUIRED
-    if choice == "none":
-        return TOOL_CHOICE_NONE
-    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom") and choice.get("name"):
-        return TOOL_CHOICE_NAMED.format(name=choice["name"])
-    return None
 
 
 def render_completion(messages: Sequence[Any]) -> list[int]:
@@ -173,7 +161,7 @@ class HarmonyRenderer:
         messages = [Message.from_role_and_content(Role.SYSTEM, system)]
         catalog = ToolCatalog(prelude.tools)
         lines = [prelude.instructions] if prelude.instructions else []
-        choice = _tool_choice_line(prelude.tool_choice) if catalog else None
+        choice = tool_choice_line(prelude.tool_choice) if catalog else None
         if choice:
             lines.append(choice)
         if lines or catalog:

@@ -22,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, freeform_description
+from inference.tool_prose import tool_choice_line as _tool_choice_line
+
 __all__ = [
     "CUSTOM_ARG",
     "FREEFORM_NOTE",
@@ -44,9 +47,6 @@ CUSTOM_ARG = "input"
 #: sentence every freeform tool description contains (the simulated engine may key on it)
 FREEFORM_NOTE = "This tool takes freeform text: pass the raw text as the `input` argument."
 #: tool_choice instruction lines, appended to the system prompt when tools are present
-TOOL_CHOICE_REQUIRED = "You must call at least one tool before giving a final answer."
-TOOL_CHOICE_NONE = "Do not call any tools; answer directly."
-TOOL_CHOICE_NAMED = "You must call the tool `{name}`."
 
 
 class ToolNameCollision(ValueError):
@@ -66,23 +66,12 @@ def flat_name(name: str, namespace: str | None) -> str:
 
 
 def tool_choice_line(choice: Any) -> str | None:
-    """The deterministic system-prompt line for ``tool_choice`` (``auto`` has none)."""
-    if choice == "required":
-        return TOOL_CHOICE_REQUIRED
-    if choice == "none":
-        return TOOL_CHOICE_NONE
-    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom") and choice.get("name"):
-        return TOOL_CHOICE_NAMED.format(name=flat_name(str(choice["name"]), choice.get("namespace")))
-    return None
+    """The deterministic system-prompt line for ``tool_choice``, naming tools by their flat name."""
+    return _tool_choice_line(choice, lambda c: flat_name(str(c["name"]), c.get("namespace")))
 
 
 def _freeform_description(tool: Mapping[str, Any]) -> str:
-    parts = [str(tool.get("description") or "").strip(), FREEFORM_NOTE]
-    fmt = tool.get("format") or {}
-    if isinstance(fmt, Mapping) and fmt.get("type") == "grammar" and fmt.get("definition"):
-        syntax = fmt.get("syntax") or "lark"
-        parts.append(f"The input must match this {syntax} grammar:\n{fmt['definition']}")
-    return "\n\n".join(p for p in parts if p)
+    return freeform_description(tool, FREEFORM_NOTE)
 
 
 @dataclass(frozen=True, slots=True)
