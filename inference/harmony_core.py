@@ -193,6 +193,17 @@ class ToolCatalog:
     def is_custom(self, name: str, namespace: str | None) -> bool:
         return (namespace or FUNCTIONS, name) in self._custom
 
+    def function_names(self) -> list[tuple[str | None, str]]:
+        """``(namespace or None, name)`` of every JSON-argument tool, in render order."""
+        return [(None if ns == FUNCTIONS else ns, t.name)
+                for ns, (_, tools) in self._namespaces.items() for t in tools if not t.custom]
+
+    def parameters(self, name: str, namespace: str | None) -> dict | None:
+        for t in self._namespaces.get(namespace or FUNCTIONS, (None, []))[1]:
+            if t.name == name:
+                return t.parameters
+        return None
+
 
 def recipient_for(name: str, namespace: str | None) -> str:
     """Harmony recipient of a tool call: ``functions.<name>`` or ``<namespace>.<name>``."""

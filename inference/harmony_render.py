@@ -306,10 +306,11 @@ class HarmonyRenderer:
         return None
 
     def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """No engine-level constraint yet for harmony: gpt-oss follows its channel format, and a
-        whole-output grammar would have to spell out the channel headers (left for the vLLM gpt-oss
-        path; the simulated engine obeys ``tool_choice`` from the rendered instruction line)."""
-        return None
+        """A structural tag over harmony's token ids (see ``inference.harmony_constraint``): forced
+        tool calls with schema-valid arguments, or a ``final`` answer that is schema-valid JSON."""
+        from inference.harmony_constraint import harmony_constraint
+
+        return harmony_constraint(prelude.tools, prelude.tool_choice, text_format)
 
     def parser(self, prelude: Prelude) -> HarmonyStreamParser:
         return HarmonyStreamParser(ToolCatalog(prelude.tools))
