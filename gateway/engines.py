@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from gateway.settings import Settings
 from inference.registry import ModelRegistry, ModelRoute
@@ -81,9 +82,32 @@ def renderer_family(settings: Settings, folder: Path) -> str:
 
 
 def _vllm(settings: Settings) -> ModelRegistry:
+    folder, default_name = model_folder(settings)
+    if settings.engine == "remote-vllm":
+        from inference.remote_vllm import RemoteVllmEngine, RemoteVllmSettings
+
+        engine: Any = RemoteVllmEngine(RemoteVllmSettings(base_url=settings.remote_url,
+                                                          api_key=settings.remote_api_key))
+        max_len = settings.max_model_len
+    else:
+        engine, max_len = _in_process(settings, folder)
+    if renderer_family(settings, folder) == "harmony":
+        from inference.harmony import HarmonyRenderer
+
+        renderer: Any = HarmonyRenderer()
+    else:
+        from inference.chat_template_render import ChatTemplateRenderer
+
+        renderer = ChatTemplateRenderer(folder)
+    context = min(settings.max_context, max_len) if max_len else settings.max_context
+    names = settings.models or [default_name]
+    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context)
+                          for m in names])
+
+
+def _in_process(settings: Settings, folder: Path) -> tuple[Any, int | None]:
     from inference.vllm_engine import VllmEngine, VllmSettings, is_cpu_build
 
-    folder, default_name = model_folder(settings)
     cpu = is_cpu_build()
     max_len = settings.max_model_len or (4096 if cpu else None)
     engine = VllmEngine(VllmSettings(
@@ -98,15 +122,4 @@ def _vllm(settings: Settings) -> ModelRegistry:
         max_num_seqs=settings.max_num_seqs,
         extra={"block_size": settings.block_size or 32} if cpu or settings.block_size else {},
     ))
-    if renderer_family(settings, folder) == "harmony":
-        from inference.harmony import HarmonyRenderer
-
-        renderer = HarmonyRenderer()
-    else:
-        from inference.chat_template_render import ChatTemplateRenderer
-
-        renderer = ChatTemplateRenderer(folder)
-    context = min(settings.max_context, max_len) if max_len else settings.max_context
-    names = settings.models or [default_name]
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context)
-                          for m in names])
+    return engine, max_len

@@ -17,7 +17,11 @@ from pydantic import BaseModel, Field
 class Settings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
-    engine: Literal["auto", "simulated", "vllm"] = "auto"
+    engine: Literal["auto", "simulated", "vllm", "remote-vllm"] = "auto"
+    #: remote-vllm: the vLLM server (started with --enable-scale-out) and its API key; the gateway
+    #: still needs the model folder (``model_path``) for the tokenizer and prompt format
+    remote_url: str = "http://127.0.0.1:8001"
+    remote_api_key: str | None = None
     #: served model names (empty: the engine's default name). Every name routes to the engine.
     models: list[str] = Field(default_factory=list)
     #: vLLM: a model folder, or ``packaged:<name>`` for a model shipped in a PyPI package

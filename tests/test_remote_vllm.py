@@ -1,0 +1,352 @@
+"""A real vLLM server in its own process, reached through ``RemoteVllmEngine`` (tokens in/out).
+
+Slow: one vLLM server per session (~40-60 s to load SmolLM2), a few short turns each. Asserts
+structure and server-side state, never exact model text or timings. The last test kills the
+server, so it must stay last in this file (pytest runs a file's tests in order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import orjson
+import pytest
+from websockets.sync.client import connect
+
+from gateway.settings import Settings
+from inference.engine import EngineError, SamplingParams
+from inference.harmony import HarmonyRenderer
+from inference.registry import ModelRegistry, ModelRoute
+from inference.remote_vllm import ABORT_PATH, GENERATE_PATH, SERVER_ID_PREFIX, RemoteVllmEngine, RemoteVllmSettings
+from inference.simulated import SimulatedEngine
+from inference.vllm_engine import OFFLINE_ENV
+from tests.conftest import MODEL, VLLM_MODEL, LiveGateway, free_port, start_gateway, stop_gateway
+
+# The first test's budget includes the server start; on a loaded 2-core machine that alone has
+# taken over 300 s (the suite's default timeout), so the file gets more.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+BLOCK = 32        # the server's --block-size: prefix-cache hits are whole blocks
+START_TIMEOUT_S = 420  # vLLM import + weight load: ~50 s idle, >300 s seen under a concurrent suite
+API_KEY = "remote-test-key"
+TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+
+
+@dataclass
+class VllmServer:
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def metric(self, name: str) -> float:
+        """Sum of a Prometheus gauge/counter over its label sets, read from the server's /metrics."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the server's whole process group (API server, engine core, CPU worker)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, sized for a shared
+    2-core machine (1 GiB KV, 4 sequences). ``--enable-scale-out`` mounts /inference/v1/*;
+    ``--enable-prompt-tokens-details`` makes it report cached prompt tokens."""
+    from inference.model_assets import prepare_model
+
+    folder = prepare_model("smollm2")
+    port = free_port()
+    env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log_path = tmp_path_factory.mktemp("remote-vllm") / "server.log"  # pytest keeps the last runs
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+           "--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "4",
+           "--block-size", str(BLOCK), "--seed", "0", "--api-key", API_KEY,
+           "--enable-scale-out", "--enable-prompt-tokens-details"]
+    with open(log_path, "wb") as log:
+        # own session: teardown and the crash test signal the whole group, never stray children
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = VllmServer(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with {proc.returncode}:\n{server.log_tail()}")
+            try:
+                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM server not healthy after {START_TIMEOUT_S} s:\n{server.log_tail()}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        server.kill(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill(signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def remote_gateway(vllm_server: VllmServer) -> Iterator[LiveGateway]:
+    """The gateway with two routes: SmolLM2 on the remote vLLM, and the simulated engine."""
+    from inference.chat_template_render import ChatTemplateRenderer
+    from inference.model_assets import prepare_model
+
+    folder = prepare_model("smollm2")
+    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=vllm_server.url, api_key=API_KEY, model=VLLM_MODEL,
+                                                 start_timeout_s=60, health_interval_s=0.5))
+    sim = SimulatedEngine()
+    registry = ModelRegistry([
+        ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder), max_context=4096),
+        ModelRoute(name=MODEL, engine=sim, renderer=HarmonyRenderer(), max_context=4096),
+    ])
+    live = start_gateway(Settings(models=[VLLM_MODEL, MODEL]), engine=engine,  # type: ignore[arg-type]
+                         registry=registry)
+    try:
+        yield live
+    finally:
+        stop_gateway(live)
+
+
+def expected_cached(parent_usage) -> int:
+    """KV the server holds for the parent: its prompt + every sampled token but the last (never
+    fed back), in whole blocks. The continuation's prompt starts with exactly those tokens."""
+    held = parent_usage.input_tokens + parent_usage.output_tokens - 1
+    return held // BLOCK * BLOCK
+
+
+def _terminal(conn):
+    for ev in conn:
+        if ev.type == "error":
+            raise AssertionError(ev)
+        if ev.type in TERMINAL:
+            assert ev.type != "response.failed", ev
+            return ev.response
+    raise AssertionError("socket ended before a terminal event")
+
+
+def _ws_events_until_terminal(ws) -> list[dict]:
+    events = []
+    while True:
+        ev = json.loads(ws.recv(timeout=120))
+        events.append(ev)
+        if ev["type"] in TERMINAL or ev["type"] == "error":
+            return events
+
+
+# -- the engine on its own ------------------------------------------------------------------------
+
+async def test_engine_streams_ids_reports_cache_and_maps_rejections(vllm_server: VllmServer):
+    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=vllm_server.url, api_key=API_KEY, health_interval_s=0))
+    await engine.start()
+    try:
+        assert engine.ready()
+        prompt = list(range(1000, 1000 + 2 * BLOCK + 5))
+        greedy = SamplingParams(max_tokens=4, temperature=0)
+        for run in range(2):
+            deltas = [d async for d in engine.generate(f"direct-{run}", prompt, greedy)]
+        assert deltas[-1].finish_reason in ("stop", "length")
+        assert all(d.finish_reason is None for d in deltas[:-1])
+        assert sum(len(d.token_ids) for d in deltas) <= 4
+        assert deltas[-1].num_cached_tokens == 2 * BLOCK   # the repeat hits the first run's full blocks
+        assert engine.stats.running == 0 and engine.stats.aborts == 0
+
+        # the id vLLM aborts is ours with its prefix: a stream left open ends with finish "abort"
+        async with httpx.AsyncClient(base_url=vllm_server.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                                     timeout=60) as raw:
+            body = engine.request_body("probe", prompt, SamplingParams(max_tokens=2000, temperature=1.0))
+            async with raw.stream("POST", GENERATE_PATH, json=body) as resp:
+                lines = resp.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data:"):
+                        assert json.loads(line[5:])["request_id"] == SERVER_ID_PREFIX + "probe"
+                        break
+                assert (await raw.post(ABORT_PATH, json={"request_ids": [SERVER_ID_PREFIX + "probe"]})).is_success
+                reasons = [c["finish_reason"] for line in [x async for x in lines] if line.startswith("data:")
+                           and line[5:].strip() != "[DONE]" for c in json.loads(line[5:])["choices"]]
+            assert reasons[-1] == "abort"
+
+        # an invalid constraint is answered inside the 200 stream: an EngineError, not a hang
+        with pytest.raises(EngineError, match="grammar|JSON|json"):
+            bad = SamplingParams(max_tokens=2, structured={"json": "{nope"})
+            async for _ in engine.generate("bad-schema", prompt, bad):
+                pass
+        wrong = RemoteVllmEngine(RemoteVllmSettings(base_url=vllm_server.url, api_key="wrong", health_interval_s=0))
+        await wrong.start()  # /health is not behind the key
+        with pytest.raises(EngineError, match="401"):
+            async for _ in wrong.generate("bad-key", prompt, SamplingParams(max_tokens=2)):
+                pass
+        await wrong.shutdown()
+        assert engine.stats.running == 0 and wrong.stats.running == 0
+    finally:
+        await engine.shutdown()
+    assert not engine.ready()
+
+
+async def test_start_gives_up_on_an_unreachable_server():
+    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=f"http://127.0.0.1:{free_port()}", start_timeout_s=1,
+                                                 connect_timeout_s=0.5))
+    with pytest.raises(EngineError, match="not healthy"):
+        await engine.start()
+    assert not engine.ready()
+    await engine.shutdown()
+
+
+# -- through the gateway --------------------------------------------------------------------------
+
+def test_http_chained_turns_report_the_servers_cached_tokens(remote_gateway: LiveGateway):
+    client = remote_gateway.openai()
+    first = client.responses.create(model=VLLM_MODEL, input="What is the capital of France? Answer briefly.",
+                                    temperature=0, max_output_tokens=32)
+    assert first.status in ("completed", "incomplete") and first.output_text
+    second = client.responses.create(model=VLLM_MODEL, previous_response_id=first.id, input="And of Italy?",
+                                     temperature=0, max_output_tokens=32)
+    assert second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached > 0
+    if first.status == "completed":
+        assert cached == expected_cached(first.usage)
+    else:  # a cut-off parent is re-rendered in full; its prompt prefix is still cached
+        assert cached >= first.usage.input_tokens // BLOCK * BLOCK
+
+
+def test_ws_turns(remote_gateway: LiveGateway):
+    client = remote_gateway.openai()
+    with client.responses.connect() as conn:
+        conn.response.create(model=VLLM_MODEL, input="Name a colour.", store=False, temperature=0,
+                             max_output_tokens=24)
+        first = _terminal(conn)
+        conn.response.create(model=VLLM_MODEL, input="Name another one.", store=False, temperature=0,
+                             max_output_tokens=24, previous_response_id=first.id)
+        second = _terminal(conn)
+    assert first.output and second.output
+    assert second.usage.input_tokens > first.usage.input_tokens
+    if first.status == "completed":
+        assert second.usage.input_tokens_details.cached_tokens == expected_cached(first.usage)
+
+
+def test_ws_warm_up_prefills_the_remote_server(remote_gateway: LiveGateway):
+    """``generate: false`` -> ``engine.prefill`` in the background; the next turn hits those blocks."""
+    engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
+    prefills = engine.stats.prefills
+    instructions = "You answer in one short sentence. Session 9c2e47. " * 8  # unique: no earlier cache hit
+    with connect(remote_gateway.ws_url, max_size=None) as ws:
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
+                              "instructions": instructions, "input": []}).decode())
+        while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
+            assert warm["type"] not in ("error", "response.failed"), warm
+        deadline = time.monotonic() + 60
+        while engine.stats.prefills == prefills:
+            assert time.monotonic() < deadline, "no background prefill"
+            time.sleep(0.05)
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
+                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
+                              "previous_response_id": warm["response"]["id"]}).decode())
+        done = _ws_events_until_terminal(ws)[-1]
+        assert done["type"] in ("response.completed", "response.incomplete"), done
+    warm_tokens = warm["response"]["usage"]["input_tokens"]
+    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached >= (warm_tokens - 1) // BLOCK * BLOCK > 0
+
+
+def test_client_dropping_mid_generation_aborts_on_the_server(remote_gateway: LiveGateway, vllm_server: VllmServer):
+    engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
+    aborts, delivered = engine.stats.aborts, engine.aborts_delivered
+    ws = connect(remote_gateway.ws_url, max_size=None)
+    ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
+                          "max_output_tokens": 2000,
+                          "input": "Write a very long story about a dragon, with many chapters."}).decode())
+    deltas = 0
+    while deltas < 3:
+        ev = json.loads(ws.recv(timeout=120))
+        assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
+        deltas += ev["type"] == "response.output_text.delta"
+    deadline = time.monotonic() + 60  # bounded polling, no timing assertions
+    while not vllm_server.metric("vllm:num_requests_running"):  # the gauge sees the running story
+        assert time.monotonic() < deadline, "vLLM never reported the request as running"
+        time.sleep(0.05)
+    ws.close()
+    # the abort must reach the server and free the slot
+    while engine.stats.running or engine.aborts_delivered == delivered:
+        assert time.monotonic() < deadline, "the abort request was not sent"
+        time.sleep(0.05)
+    assert engine.stats.aborts == aborts + 1
+    while vllm_server.metric("vllm:num_requests_running") or vllm_server.metric("vllm:num_requests_waiting"):
+        assert time.monotonic() < deadline, "vLLM still runs the dropped request"
+        time.sleep(0.1)
+
+
+def test_tool_choice_required_yields_a_schema_valid_function_call(remote_gateway: LiveGateway):
+    """``structured`` (a structural tag over the tool's schema) passes through to vLLM."""
+    tools = [{"type": "function", "name": "get_weather", "description": "Current weather for a city.",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                              "unit": {"type": "string", "enum": ["c", "f"]}},
+                             "required": ["city", "unit"], "additionalProperties": False}}]
+    r = remote_gateway.openai().responses.create(model=VLLM_MODEL, input="What's the weather in Paris?",
+                                                 tools=tools, tool_choice="required", temperature=0,
+                                                 max_output_tokens=64)
+    assert r.status == "completed", r
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    args = json.loads(calls[0].arguments)
+    assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("c", "f")
+
+
+# -- keep last: kills the session's server --------------------------------------------------------
+
+def test_server_killed_fails_the_turn_and_other_routes_keep_serving(remote_gateway: LiveGateway,
+                                                                    vllm_server: VllmServer):
+    engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
+    with connect(remote_gateway.ws_url, max_size=None) as ws:
+        # killed mid-stream: the cut connection fails the turn
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 3,
+                              "max_output_tokens": 2000, "store": False,
+                              "input": "Write a very long story about a dragon, with many chapters."}).decode())
+        while json.loads(ws.recv(timeout=120))["type"] != "response.output_text.delta":
+            pass
+        vllm_server.kill()
+        vllm_server.proc.wait(timeout=30)
+        events = _ws_events_until_terminal(ws)
+        assert events[-1]["type"] == "response.failed", events[-1]
+        # the next turn on the same socket: connection refused -> response.failed, socket still open
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "input": "Hello?",
+                              "max_output_tokens": 16, "store": False}).decode())
+        events = _ws_events_until_terminal(ws)
+        assert [e["type"] for e in events if e["type"] in TERMINAL] == ["response.failed"], events
+        assert events[-1]["response"]["error"]["code"] == "server_error"
+    assert engine.stats.running == 0
+    assert not engine.ready()
+
+    # the next HTTP turn fails the same way, and the simulated route is untouched
+    with httpx.Client(base_url=remote_gateway.base_url, timeout=60) as http:
+        with http.stream("POST", "/responses", json={"model": VLLM_MODEL, "input": "Hi", "stream": True,
+                                                     "max_output_tokens": 16}) as resp:
+            assert resp.status_code == 200
+            types = [line.split(":", 1)[1].strip() for line in resp.iter_lines() if line.startswith("event:")]
+        assert types[-1] == "response.failed" and "response.completed" not in types
+        ok = remote_gateway.openai().responses.create(model=MODEL, input="Say hi.")
+        assert ok.status == "completed" and ok.output_text
+        assert http.get(remote_gateway.url + "/readyz").json()["engines"][engine.name] is False
