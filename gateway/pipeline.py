@@ -93,9 +93,8 @@ class Pipeline:
                            code="content_policy_violation", param="input")
 
         prelude = self._prelude(req, tools)
-        prelude_key = self._prelude_key(route, prelude)
-        base_ids, new_ids, gen_ids, stats = self._render_checked(req, route, prelude, prelude_key, parent, base_context,
-                                                         new_items, new_calls, generate)
+        prelude_key, base_ids, new_ids, gen_ids, stats = self._render_checked(
+            req, route, prelude, parent, base_context, new_items, new_calls, generate)
         self.metrics.render_tokens.labels(stats.mode).inc(stats.new_tokens)
         if stats.fallback_reason:
             self.metrics.render_fallbacks.labels(stats.fallback_reason).inc()
@@ -147,8 +146,8 @@ class Pipeline:
         new_items, new_calls = self._new_items(raw_items, base_context)
         self._check_pairing(new_items, base_context, parent, generate=True)
         prelude = self._prelude(req, tools)
-        base_ids, new_ids, gen_ids, _ = self._render_checked(req, route, prelude, None, parent, base_context,
-                                                             new_items, new_calls, generate=True)
+        _, base_ids, new_ids, gen_ids, _ = self._render_checked(req, route, prelude, parent, base_context,
+                                                                new_items, new_calls, generate=True)
         return (len(base_ids) if base_ids is not None else 0) + len(new_ids) + len(gen_ids)
 
     def _route_and_tools(self, req: CreateRequest) -> tuple[ModelRoute, list[dict[str, Any]]]:
@@ -174,17 +173,18 @@ class Pipeline:
         return hashlib.blake2b(route.name.encode() + b"\0" + r.family.encode() + b"\0" + r.prelude_key(prelude),
                                digest_size=16).digest()
 
-    def _render_checked(self, req: CreateRequest, route: ModelRoute, prelude: Prelude, prelude_key: bytes | None,
+    def _render_checked(self, req: CreateRequest, route: ModelRoute, prelude: Prelude,
                         parent: ResponseState | None, base_context: ItemLog, new_items: list[dict[str, Any]],
                         new_calls: dict[str, dict], generate: bool
-                        ) -> tuple[TokenSeq | None, list[int], list[int], RenderStats]:
-        """``_render``, with request-shaped renderer errors (e.g. two tools whose flattened names
-        collide, or a tool output whose call is unknown to the renderer) answered as a 400."""
+                        ) -> tuple[bytes, TokenSeq | None, list[int], list[int], RenderStats]:
+        """The prelude key and ``_render``, with request-shaped renderer errors (e.g. two tools
+        whose flattened names collide, or a tool output whose call the renderer cannot name)
+        answered as a 400 instead of a crash."""
         try:
-            if prelude_key is None:
-                prelude_key = self._prelude_key(route, prelude)
-            return self._render(req, route, prelude, prelude_key, parent, base_context, new_items, new_calls,
-                                generate)
+            prelude_key = self._prelude_key(route, prelude)
+            return (prelude_key,
+                    *self._render(req, route, prelude, prelude_key, parent, base_context, new_items, new_calls,
+                                  generate))
         except ApiError:
             raise
         except ValueError as exc:

@@ -145,3 +145,22 @@ def test_warm_up_prefills_the_engine_prefix_cache_for_the_next_turn(make_gateway
     assert engine.stats.requests == 1  # the warm-up itself never generated
     cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
     assert cached == warm["response"]["usage"]["input_tokens"]
+
+
+def test_tool_names_that_collide_in_the_prompt_format_are_a_400(make_gateway):
+    """Hermes-style formats flatten namespaced tools to ``ns__tool``: a function literally named
+    so collides. That is a request problem (400), not a server crash."""
+    from inference.chat_template_render import ChatTemplateRenderer
+    from inference.model_assets import prepare_model
+    from inference.registry import ModelRegistry, ModelRoute
+
+    engine = SimulatedEngine()
+    registry = ModelRegistry([ModelRoute(name="ct", engine=engine,
+                                         renderer=ChatTemplateRenderer(prepare_model("smollm2")))])
+    live = make_gateway(engine=engine, registry=registry)
+    tools = [{"type": "function", "name": "fs__read", "parameters": {"type": "object", "properties": {}}},
+             {"type": "namespace", "name": "fs", "description": "files",
+              "tools": [{"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]}]
+    r = post(live, {"model": "ct", "input": "hi", "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert create(live, model="ct", input="hi")["status"] in ("completed", "failed")
