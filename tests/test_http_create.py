@@ -20,7 +20,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL
-from tests.http_helpers import assert_error, assert_still_serving, create, message_text, output_types, post
+from tests.http_helpers import assert_error, assert_still_serving, create, message_text, post
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

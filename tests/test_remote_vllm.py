@@ -30,15 +30,20 @@ from inference.remote_vllm import ABORT_PATH, GENERATE_PATH, SERVER_ID_PREFIX, R
 from inference.simulated import SimulatedEngine
 from inference.vllm_engine import OFFLINE_ENV
 from tests.conftest import MODEL, VLLM_MODEL, LiveGateway, free_port, start_gateway, stop_gateway
+from tests.engine_contract import (
+    BLOCK,
+    TERMINAL,
+    check_http_chain_reuses_the_parents_kv,
+    check_required_tool_call_is_schema_valid,
+    check_ws_chain_reuses_the_parents_kv,
+)
 
 # The first test's budget includes the server start; on a loaded 2-core machine that alone has
 # taken over 300 s (the suite's default timeout), so the file gets more.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-BLOCK = 32        # the server's --block-size: prefix-cache hits are whole blocks
 START_TIMEOUT_S = 420  # vLLM import + weight load: ~50 s idle, >300 s seen under a concurrent suite
 API_KEY = "remote-test-key"
-TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
 
 @dataclass
@@ -130,23 +135,6 @@ def remote_gateway(vllm_server: VllmServer) -> Iterator[LiveGateway]:
         stop_gateway(live)
 
 
-def expected_cached(parent_usage) -> int:
-    """KV the server holds for the parent: its prompt + every sampled token but the last (never
-    fed back), in whole blocks. The continuation's prompt starts with exactly those tokens."""
-    held = parent_usage.input_tokens + parent_usage.output_tokens - 1
-    return held // BLOCK * BLOCK
-
-
-def _terminal(conn):
-    for ev in conn:
-        if ev.type == "error":
-            raise AssertionError(ev)
-        if ev.type in TERMINAL:
-            assert ev.type != "response.failed", ev
-            return ev.response
-    raise AssertionError("socket ended before a terminal event")
-
-
 def _ws_events_until_terminal(ws) -> list[dict]:
     events = []
     while True:
@@ -217,35 +205,11 @@ async def test_start_gives_up_on_an_unreachable_server():
 # -- through the gateway --------------------------------------------------------------------------
 
 def test_http_chained_turns_report_the_servers_cached_tokens(remote_gateway: LiveGateway):
-    client = remote_gateway.openai()
-    first = client.responses.create(model=VLLM_MODEL, input="What is the capital of France? Answer briefly.",
-                                    temperature=0, max_output_tokens=32)
-    assert first.status in ("completed", "incomplete") and first.output_text
-    second = client.responses.create(model=VLLM_MODEL, previous_response_id=first.id, input="And of Italy?",
-                                     temperature=0, max_output_tokens=32)
-    assert second.output_text
-    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    cached = second.usage.input_tokens_details.cached_tokens
-    assert cached > 0
-    if first.status == "completed":
-        assert cached == expected_cached(first.usage)
-    else:  # a cut-off parent is re-rendered in full; its prompt prefix is still cached
-        assert cached >= first.usage.input_tokens // BLOCK * BLOCK
+    check_http_chain_reuses_the_parents_kv(remote_gateway)
 
 
 def test_ws_turns(remote_gateway: LiveGateway):
-    client = remote_gateway.openai()
-    with client.responses.connect() as conn:
-        conn.response.create(model=VLLM_MODEL, input="Name a colour.", store=False, temperature=0,
-                             max_output_tokens=24)
-        first = _terminal(conn)
-        conn.response.create(model=VLLM_MODEL, input="Name another one.", store=False, temperature=0,
-                             max_output_tokens=24, previous_response_id=first.id)
-        second = _terminal(conn)
-    assert first.output and second.output
-    assert second.usage.input_tokens > first.usage.input_tokens
-    if first.status == "completed":
-        assert second.usage.input_tokens_details.cached_tokens == expected_cached(first.usage)
+    check_ws_chain_reuses_the_parents_kv(remote_gateway)
 
 
 def test_ws_warm_up_prefills_the_remote_server(remote_gateway: LiveGateway):
@@ -301,18 +265,7 @@ def test_client_dropping_mid_generation_aborts_on_the_server(remote_gateway: Liv
 
 def test_tool_choice_required_yields_a_schema_valid_function_call(remote_gateway: LiveGateway):
     """``structured`` (a structural tag over the tool's schema) passes through to vLLM."""
-    tools = [{"type": "function", "name": "get_weather", "description": "Current weather for a city.",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                              "unit": {"type": "string", "enum": ["c", "f"]}},
-                             "required": ["city", "unit"], "additionalProperties": False}}]
-    r = remote_gateway.openai().responses.create(model=VLLM_MODEL, input="What's the weather in Paris?",
-                                                 tools=tools, tool_choice="required", temperature=0,
-                                                 max_output_tokens=64)
-    assert r.status == "completed", r
-    calls = [o for o in r.output if o.type == "function_call"]
-    assert len(calls) == 1 and calls[0].name == "get_weather"
-    args = json.loads(calls[0].arguments)
-    assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("c", "f")
+    check_required_tool_call_is_schema_valid(remote_gateway)
 
 
 # -- keep last: kills the session's server --------------------------------------------------------

@@ -14,58 +14,26 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.conftest import VLLM_MODEL, LiveGateway
+from tests.engine_contract import (
+    BLOCK,
+    WEATHER_TOOL,
+    check_http_chain_reuses_the_parents_kv,
+    check_required_tool_call_is_schema_valid,
+    check_ws_chain_reuses_the_parents_kv,
+)
 
 pytestmark = pytest.mark.slow
 
-BLOCK = 32  # the fixture's vLLM block size: prefix-cache hits are whole blocks
-
-
-def expected_cached(parent_usage) -> int:
-    """KV the engine holds for the parent: its prompt + every sampled token but the last (never
-    fed back), in whole blocks. The continuation's prompt starts with exactly those tokens."""
-    held = parent_usage.input_tokens + parent_usage.output_tokens - 1
-    return held // BLOCK * BLOCK
 
 
 def test_http_chained_turns_reuse_the_parents_kv(vllm_gateway: LiveGateway):
-    client = vllm_gateway.openai()
-    first = client.responses.create(model=VLLM_MODEL, input="What is the capital of France? Answer briefly.",
-                                    temperature=0, max_output_tokens=32)
-    assert first.status in ("completed", "incomplete") and first.output_text
-    second = client.responses.create(model=VLLM_MODEL, previous_response_id=first.id, input="And of Italy?",
-                                     temperature=0, max_output_tokens=32)
-    assert second.output_text
-    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    if first.status == "completed":
-        assert second.usage.input_tokens_details.cached_tokens == expected_cached(first.usage)
-    else:  # a cut-off parent is re-rendered in full; its prompt prefix is still cached
-        assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // BLOCK * BLOCK
+    check_http_chain_reuses_the_parents_kv(vllm_gateway)
 
 
 def test_ws_chained_turns_store_false_reuse_the_parents_kv(vllm_gateway: LiveGateway):
-    client = vllm_gateway.openai()
     appended = vllm_gateway.metric("respgate_render_tokens_total", {"mode": "append"})
-    with client.responses.connect() as conn:
-        conn.response.create(model=VLLM_MODEL, input="Name a colour.", store=False, temperature=0,
-                             max_output_tokens=24)
-        first = _terminal(conn)
-        conn.response.create(model=VLLM_MODEL, input="Name another one.", store=False, temperature=0,
-                             max_output_tokens=24, previous_response_id=first.id)
-        second = _terminal(conn)
-    assert second.output and second.usage.input_tokens > first.usage.input_tokens
-    if first.status == "completed":
-        assert second.usage.input_tokens_details.cached_tokens == expected_cached(first.usage)
-        assert vllm_gateway.metric("respgate_render_tokens_total", {"mode": "append"}) > appended
-
-
-def _terminal(conn):
-    for ev in conn:
-        if ev.type == "error":
-            raise AssertionError(ev)
-        if ev.type in ("response.completed", "response.incomplete", "response.failed"):
-            assert ev.type != "response.failed", ev
-            return ev.response
-    raise AssertionError("socket ended before a terminal event")
+    check_ws_chain_reuses_the_parents_kv(vllm_gateway)
+    assert vllm_gateway.metric("respgate_render_tokens_total", {"mode": "append"}) > appended
 
 
 def test_client_dropping_mid_generation_leaves_no_running_request(vllm_gateway: LiveGateway):
@@ -105,21 +73,11 @@ def test_json_schema_text_format_returns_schema_valid_json(vllm_gateway: LiveGat
 
 
 def test_tool_choice_required_yields_a_schema_valid_function_call(vllm_gateway: LiveGateway):
-    tools = [{"type": "function", "name": "get_weather", "description": "Current weather for a city.",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                              "unit": {"type": "string", "enum": ["c", "f"]}},
-                             "required": ["city", "unit"], "additionalProperties": False}}]
-    r = vllm_gateway.openai().responses.create(model=VLLM_MODEL, input="What's the weather in Paris?", tools=tools,
-                                               tool_choice="required", temperature=0, max_output_tokens=64)
-    assert r.status == "completed", r
-    calls = [o for o in r.output if o.type == "function_call"]
-    assert len(calls) == 1 and calls[0].name == "get_weather"
-    args = json.loads(calls[0].arguments)
-    assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("c", "f")
+    r, call = check_required_tool_call_is_schema_valid(vllm_gateway)
     # the tool loop continues: the output is accepted and the model answers
     follow = vllm_gateway.openai().responses.create(
-        model=VLLM_MODEL, previous_response_id=r.id, tools=tools, temperature=0, max_output_tokens=32,
-        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 C, sunny"}])
+        model=VLLM_MODEL, previous_response_id=r.id, tools=[WEATHER_TOOL], temperature=0, max_output_tokens=32,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}])
     assert follow.status in ("completed", "incomplete") and follow.output
 
 
