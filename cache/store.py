@@ -15,7 +15,19 @@ from typing import Protocol
 from cache.state import ResponseState
 
 
+class StoreUnavailable(Exception):
+    """The store's backend cannot be reached (e.g. Redis is down).
+
+    Distinct from "not found": the gateway answers it with a retryable 503 instead of telling the
+    client its previous response does not exist (it may well exist once the backend is back).
+    """
+
+
 class ResponseStore(Protocol):
+    #: other gateway processes read this store: a client may chain its next request through
+    #: another replica, so an HTTP response must be written before the client sees it end
+    shared: bool
+
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None: ...
 
     async def put(self, state: ResponseState) -> None: ...
@@ -27,6 +39,8 @@ class ResponseStore(Protocol):
 
 class MemoryStore:
     """LRU + TTL store bounded by the bytes each snapshot adds (its own items and tokens)."""
+
+    shared = False  # process-local: this process's own pending-write wait covers chaining
 
     def __init__(self, max_bytes: int = 1024 * 1024 * 1024, ttl_s: float = 24 * 3600.0) -> None:
         self.max_bytes = max_bytes

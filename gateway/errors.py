@@ -80,5 +80,11 @@ def invalid_api_key() -> ApiError:
     return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
+def store_unavailable() -> ApiError:
+    """The shared response store (Redis) is unreachable: retryable, and not a "not found"."""
+    return ApiError(503, "The response store is temporarily unavailable. Please retry your request.",
+                    type="server_error", code="server_is_overloaded")
+
+
 def server_error(message: str = "The server had an error while processing your request.") -> ApiError:
     return ApiError(500, message, type="server_error", code="server_error")

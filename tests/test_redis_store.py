@@ -1,0 +1,393 @@
+"""The Redis response store: unit round trips against a real server, then two gateways sharing it.
+
+Two gateway instances in one test are two apps with separate process-local token caches and one
+Redis, which is exactly what two replicas see: a chain continues across them over HTTP and over
+WebSocket, the replica without the chain's tokens re-renders in full once (counted), and an outage
+of Redis is a clean 503 on the paths that need it while everything else keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from cache.items import ItemLog
+from cache.redis_store import RedisStore, TokenCache
+from cache.seq import TokenSeq
+from cache.state import ResponseState
+from cache.store import StoreUnavailable
+from gateway.settings import Settings
+from tests.conftest import MODEL, LiveGateway
+from tests.http_helpers import assert_error, create, post, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def item(text: str, role: str = "user") -> dict[str, Any]:
+    return {"type": "message", "role": role, "id": f"msg_{text}", "content": [{"type": "input_text", "text": text}]}
+
+
+def chain(n: int, tenant: str | None = "t1", name: str = "resp") -> list[ResponseState]:
+    """n chained states as the finalizer builds them: shared item and token buffers, each a delta."""
+    states: list[ResponseState] = []
+    context, ids = ItemLog(), TokenSeq()
+    for i in range(n):
+        new, out = [item(f"in{i}")], [item(f"out{i}", "assistant")]
+        context = context.extend(new + out)
+        ids = ids.extend(range(10 * i, 10 * i + 10))
+        states.append(ResponseState(
+            id=f"{name}_{i}", response={"id": f"{name}_{i}", "status": "completed", "output": out},
+            input_items=tuple(new), context=context, history_ids=ids, model="m", prelude_key=b"\x00pk\xff",
+            store=True, parent_id=states[-1].id if states else None, pending_calls=frozenset({f"call_{i}"}),
+            flagged=i == 1, tenant=tenant, nbytes=100 * (i + 1), delta_bytes=100))
+    return states
+
+
+def redis_keys(url: str) -> list[bytes]:
+    return sorted(redis.Redis.from_url(url).keys("*"))
+
+
+# -- unit: the store against a real server --------------------------------------------------------
+
+
+async def test_chain_round_trip_from_a_second_process_hydrates_context_and_misses_tokens(redis_url):
+    a, b = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
+    try:
+        states = chain(4)
+        for s in states:
+            await a.put(s)
+        # each record holds only its delta, never the whole context
+        raw = redis.Redis.from_url(redis_url).hget("respgate:r:resp_3", "delta")
+        assert [i["id"] for i in json.loads(raw)] == ["msg_in3", "msg_out3"]
+
+        got = await b.get("resp_3", "t1")
+        assert got is not None
+        assert list(got.context) == list(states[3].context)
+        assert got.context.has_id("msg_in0") and got.context.get("msg_out2") == item("out2", "assistant")
+        assert got.input_items == states[3].input_items and got.response == states[3].response
+        assert (got.parent_id, got.model, got.pending_calls, got.nbytes) == ("resp_2", "m", {"call_3"}, 400)
+        assert not got.flagged and (await b.get("resp_1", "t1")).flagged
+        # no tokens in that process: empty ids and no prelude key, so the pipeline renders in full
+        assert len(got.history_ids) == 0 and got.prelude_key == b""
+        assert (b.token_hits, b.token_misses) == (0, 2)
+
+        hit = await a.get("resp_3", "t1")
+        assert hit.history_ids is states[3].history_ids  # the view itself, not a copy
+        assert hit.prelude_key == b"\x00pk\xff" and a.token_hits == 1
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_tenant_isolation(redis_url):
+    store = RedisStore.from_url(redis_url)
+    try:
+        for s in chain(2, tenant="t1"):
+            await store.put(s)
+        assert await store.get("resp_1", "t2") is None
+        assert await store.get("resp_1", None) is None
+        assert not await store.delete("resp_1", "t2")
+        assert await store.get("resp_1", "t1") is not None
+        await store.put(replace(chain(1, tenant=None)[0], id="x"))
+        assert await store.get("x", None) is not None and await store.get("x", "t1") is None
+    finally:
+        await store.close()
+
+
+async def test_records_expire_after_the_ttl_and_a_write_refreshes_ancestors(redis_url):
+    store = RedisStore.from_url(redis_url, ttl_s=0.3)
+    try:
+        s0, s1 = chain(2)
+        await store.put(s0)
+        await asyncio.sleep(0.2)
+        await store.put(s1)  # refreshes resp_0's TTL: the chain expires with its newest response
+        ttl = redis.Redis.from_url(redis_url).pttl("respgate:r:resp_0")
+        assert ttl > 200, ttl
+        assert await store.get("resp_1", "t1") is not None
+        deadline = time.monotonic() + 10
+        while await store.get("resp_1", "t1") is not None:  # bounded polling, not a timing assertion
+            assert time.monotonic() < deadline, "never expired"
+            await asyncio.sleep(0.05)
+        assert await store.get("resp_0", "t1") is None
+        assert redis_keys(redis_url) == []
+    finally:
+        await store.close()
+
+
+async def test_delete_keeps_descendants_whole_and_removes_leaves_outright(redis_url):
+    store = RedisStore.from_url(redis_url)
+    try:
+        states = chain(3)
+        for s in states:
+            await store.put(s)
+        assert await store.delete("resp_1", "t1")
+        assert await store.get("resp_1", "t1") is None           # gone for retrieval and chaining
+        assert not await store.delete("resp_1", "t1")           # a second delete is a miss
+        got = await store.get("resp_2", "t1")
+        assert got is not None and list(got.context) == list(states[2].context)
+        # the tombstone keeps only what descendants need (no Response object, no input items)
+        tomb = redis.Redis.from_url(redis_url).hgetall("respgate:r:resp_1")
+        assert b"response" not in tomb and b"input" not in tomb and b"delta" in tomb
+
+        assert await store.delete("resp_2", "t1")               # a leaf: removed outright
+        assert b"respgate:r:resp_2" not in redis_keys(redis_url)
+    finally:
+        await store.close()
+
+
+async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone(redis_url):
+    store = RedisStore.from_url(redis_url)
+    try:
+        states = chain(3)
+        for s in states:
+            await store.put(s)
+        redis.Redis.from_url(redis_url).delete("respgate:r:resp_0")  # e.g. evicted under memory pressure
+        assert await store.get("resp_2", "t1") is None                 # never a truncated context
+
+        # a parent that never reached Redis (a store=false WebSocket turn): the whole context is stored
+        await store.put(replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
+        meta = json.loads(redis.Redis.from_url(redis_url).hget("respgate:r:resp_orphan", "meta"))
+        assert meta["ancestors"] == []
+        got = await store.get("resp_orphan", "t1")
+        assert got is not None and list(got.context) == list(states[2].context)
+    finally:
+        await store.close()
+
+
+def test_token_cache_charges_shared_buffers_once_and_is_bounded_lru():
+    cache = TokenCache(max_bytes=8 * 100)
+    root = TokenSeq(list(range(30)))
+    child = root.extend(range(30))
+    cache.put("a", root)
+    cache.put("b", child)
+    assert cache.nbytes == 8 * 60                     # one buffer of 60 tokens, not 30 + 60
+    other = TokenSeq(list(range(30)))
+    cache.put("c", other)
+    assert cache.get("a") is root                     # touch: "b" is now the oldest
+    cache.put("d", TokenSeq(list(range(20))))         # 60 + 30 + 20 > 100: evict LRU entries
+    # "b" goes first but frees nothing ("a" still pins the shared buffer), so "c" goes too
+    assert cache.get("b") is None and cache.get("c") is None
+    assert cache.get("a") is root and cache.get("d") is not None and cache.nbytes == 8 * 80
+    cache.put("huge", TokenSeq(list(range(1000))))    # bigger than the bound: not kept
+    assert cache.get("huge") is None and cache.nbytes <= cache.max_bytes
+
+
+async def test_store_token_cache_byte_bound(redis_url):
+    store = RedisStore.from_url(redis_url, token_cache_bytes=8 * 50)
+    try:
+        first, second = chain(4), chain(4, name="other")  # each chain: one shared buffer of 40 tokens
+        for s in first[:3]:
+            await store.put(s)
+        assert store.tokens.nbytes == 8 * 40 and len(store.tokens) == 3
+        await store.put(second[0])  # 80 tokens > 50: the first chain's entries are evicted
+        assert store.tokens.nbytes == 8 * 40 and len(store.tokens) == 1
+        assert (await store.get("resp_2", "t1")).prelude_key == b"" and store.token_misses == 1
+        assert (await store.get("other_0", "t1")).prelude_key != b"" and store.token_hits == 1
+    finally:
+        await store.close()
+
+
+async def test_outage_raises_store_unavailable_then_recovers(redis_url, redis_server):
+    store = RedisStore.from_url(redis_url)
+    try:
+        s0, s1 = chain(2)
+        await store.put(s0)
+        redis_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.get("resp_0", "t1")
+        with pytest.raises(StoreUnavailable):
+            await store.put(s1)
+        with pytest.raises(StoreUnavailable):
+            await store.delete("resp_0", "t1")
+        redis_server.start()  # an empty server (no persistence): the stale pooled connection is replaced
+        await store.put(s0)
+        assert await store.get("resp_0", "t1") is not None
+    finally:
+        if redis_server.proc is None:
+            redis_server.start()
+        await store.close()
+
+
+def test_settings_read_redis_url_and_the_app_builds_a_redis_store(monkeypatch, redis_url):
+    from gateway.app import create_app
+
+    monkeypatch.delenv("RESPGATE_REDIS_URL", raising=False)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert Settings.from_env().redis_url == redis_url
+    monkeypatch.setenv("RESPGATE_REDIS_URL", "redis://example:1/0")
+    assert Settings.from_env().redis_url == "redis://example:1/0"
+    app = create_app(Settings(engine="simulated", redis_url=redis_url, store_ttl_s=60))
+    store = app.state.gateway.store
+    assert isinstance(store, RedisStore) and store.ttl_ms == 60_000
+
+
+# -- through two gateways sharing one Redis -------------------------------------------------------
+
+
+@pytest.fixture
+def pair(make_gateway, redis_url) -> tuple[LiveGateway, LiveGateway]:
+    return (make_gateway(store=RedisStore.from_url(redis_url)), make_gateway(store=RedisStore.from_url(redis_url)))
+
+
+def landed(live: LiveGateway, response_id: str) -> None:
+    """Wait for the writing gateway's store write (HTTP turns already wait; WS turns do not)."""
+    live.call(live.gw.pipeline.finalizer.wait_for(response_id))
+
+
+class SlowWriter(RedisStore):
+    """A store on a slow network: each write takes 200 ms to land."""
+
+    async def put(self, state):
+        await asyncio.sleep(0.2)
+        await super().put(state)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_http_response_is_in_the_shared_store_when_the_client_sees_it_end(make_gateway, redis_url, stream):
+    """No waiting on the writer: the next request goes straight to the other replica."""
+    import httpx
+
+    a = make_gateway(store=SlowWriter.from_url(redis_url))
+    b = make_gateway(store=RedisStore.from_url(redis_url))
+    for _ in range(3):
+        if stream:
+            with httpx.stream("POST", a.base_url + "/responses", timeout=30,
+                              json={"model": MODEL, "input": "hello", "stream": True}) as r:
+                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            rid = json.loads(lines[-1][len("data: "):])["response"]["id"]
+        else:
+            rid = create(a, input="hello")["id"]
+        assert create(b, input="next", previous_response_id=rid)["status"] == "completed"
+
+
+def fallbacks(live: LiveGateway) -> float:
+    return live.metric("respgate_render_full_fallbacks_total", {"reason": "tokens_missing"})
+
+
+def seen_by_model(live: LiveGateway) -> list[int]:
+    return live.engine.stats.prompts[-1]
+
+
+def test_http_chain_continues_across_gateways(pair):
+    a, b = pair
+    r1 = create(a, input="the code word is PELICAN")
+    landed(a, r1["id"])
+    r2 = create(a, input="second", previous_response_id=r1["id"])   # A holds r1's tokens: append
+    landed(a, r2["id"])
+    assert a.gw.store.token_hits == 1 and fallbacks(a) == 0
+
+    r3 = create(b, input="third", previous_response_id=r2["id"])   # B has only the items: full render
+    assert b.gw.store.token_misses == 1 and fallbacks(b) == 1
+    landed(b, r3["id"])
+    # B prompted the engine with the same history A would have: A's last prompt + its output is a prefix
+    assert seen_by_model(b)[: len(seen_by_model(a))] == seen_by_model(a)
+    r4 = create(b, input="fourth", previous_response_id=r3["id"])  # now B holds the chain's tokens
+    assert b.gw.store.token_hits == 1 and fallbacks(b) == 1
+    landed(b, r4["id"])
+
+    r5 = create(a, input="fifth", previous_response_id=r4["id"])   # and back on A: one re-render there
+    assert fallbacks(a) == 1 and r5["previous_response_id"] == r4["id"]
+    assert r5["usage"]["input_tokens"] > r4["usage"]["input_tokens"]
+
+
+def test_ws_continues_a_chain_created_over_http_on_another_gateway(pair):
+    a, b = pair
+    r1 = create(a, input="remember PELICAN")
+    landed(a, r1["id"])
+    with b.openai().responses.connect() as conn:
+        conn.response.create(model=MODEL, input="and then?", previous_response_id=r1["id"])
+        r2 = _ws_completed(conn)
+        conn.response.create(model=MODEL, input="more", previous_response_id=r2["id"], store=False)
+        r3 = _ws_completed(conn)  # resolved from the connection cache: an append, no store read
+    assert r2["previous_response_id"] == r1["id"] and r3["previous_response_id"] == r2["id"]
+    assert b.gw.store.token_misses == 1 and fallbacks(b) == 1
+    assert b.metric("respgate_parent_resolution_total", {"source": "connection"}) == 1
+    landed(b, r2["id"])
+    # and the WS turn (store=true) is continued over HTTP on A
+    r4 = create(a, input="over http again", previous_response_id=r2["id"])
+    assert r4["status"] == "completed" and fallbacks(a) == 1
+
+
+def _ws_completed(conn: Any) -> dict[str, Any]:
+    while True:
+        ev = json.loads(conn.recv_bytes())
+        assert ev["type"] != "error", ev
+        if ev["type"] == "response.completed":
+            return ev["response"]
+
+
+def test_retrieve_list_and_delete_through_the_other_gateway(pair):
+    a, b = pair
+    inputs = [{"type": "message", "role": "user", "content": f"m{i}"} for i in range(5)]
+    r1 = create(a, input=inputs)
+    landed(a, r1["id"])
+    got = httpx.get(f"{b.base_url}/responses/{r1['id']}")
+    assert got.status_code == 200 and got.json() == r1
+
+    page = httpx.get(f"{b.base_url}/responses/{r1['id']}/input_items", params={"limit": 2, "order": "asc"}).json()
+    assert [i["content"][0]["text"] for i in page["data"]] == ["m0", "m1"] and page["has_more"]
+    rest = httpx.get(f"{b.base_url}/responses/{r1['id']}/input_items",
+                     params={"order": "asc", "after": page["last_id"]}).json()
+    assert [i["content"][0]["text"] for i in rest["data"]] == ["m2", "m3", "m4"] and not rest["has_more"]
+
+    r2 = create(a, input="child", previous_response_id=r1["id"])
+    landed(a, r2["id"])
+    d = httpx.delete(f"{b.base_url}/responses/{r1['id']}")
+    assert d.status_code == 200 and d.json() == {"id": r1["id"], "object": "response", "deleted": True}
+    assert_error(httpx.get(f"{a.base_url}/responses/{r1['id']}"), 404)
+    assert_error(post(a, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}), 400,
+                 code="previous_response_not_found")
+    # its descendant still carries the whole context
+    r3 = create(b, input="grandchild", previous_response_id=r2["id"])
+    assert r3["status"] == "completed" and r3["usage"]["input_tokens"] > r2["usage"]["input_tokens"]
+
+
+def test_tenants_are_the_same_on_every_replica(make_gateway, redis_url):
+    keys = Settings(api_keys=["key-one", "key-two"])
+    a = make_gateway(keys, store=RedisStore.from_url(redis_url))
+    b = make_gateway(keys, store=RedisStore.from_url(redis_url))
+    one, two = {"authorization": "Bearer key-one"}, {"authorization": "Bearer key-two"}
+    r = post(a, {"model": MODEL, "input": "mine"}, headers=one)
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    landed(a, rid)
+    assert httpx.get(f"{b.base_url}/responses/{rid}", headers=one).status_code == 200
+    assert_error(httpx.get(f"{b.base_url}/responses/{rid}", headers=two), 404)
+    assert_error(post(b, {"model": MODEL, "input": "x", "previous_response_id": rid}, headers=two), 400,
+                 code="previous_response_not_found")
+
+
+def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_server):
+    a, b = pair
+    r1 = create(a, input="before the outage")
+    landed(a, r1["id"])
+    redis_server.stop()
+    try:
+        err = assert_error(post(b, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}), 503,
+                           code="server_is_overloaded", type_="server_error")
+        assert "retry" in err["message"].lower()
+        assert_error(httpx.get(f"{b.base_url}/responses/{r1['id']}"), 503, code="server_is_overloaded",
+                     type_="server_error")
+        # non-chained requests keep being served (their store write fails in the background, logged)
+        plain = create(b, input="no parent needed")
+        assert plain["status"] == "completed"
+        with b.openai().responses.connect() as conn:
+            conn.response.create(model=MODEL, input="x", previous_response_id=r1["id"])
+            ev = json.loads(conn.recv_bytes())
+            assert ev["type"] == "error" and ev["status"] == 503 and ev["error"]["code"] == "server_is_overloaded"
+            conn.response.create(model=MODEL, input="fine", store=False)
+            assert _ws_completed(conn)["status"] == "completed"
+    finally:
+        redis_server.start()
+    r2 = create(a, input="after the outage")      # a fresh, empty server: a new chain works across replicas
+    landed(a, r2["id"])
+    wait_for(lambda: b.call(b.gw.store.get(r2["id"])) is not None, what="the write on A")
+    r3 = create(b, input="continued", previous_response_id=r2["id"])
+    assert r3["status"] == "completed"
