@@ -1,27 +1,50 @@
 """Usage records and the queue that takes them off the turn's critical path.
 
-The pipeline hands a record to ``UsageQueue.submit`` (never blocks, never awaits I/O); a worker task
-writes it to the sink while the client is already sending its next turn. Shutdown drains the queue.
-A full queue spills to an in-process overflow list rather than dropping: a usage record is money.
-The durable sinks (Redis Streams ledger, crash-safe journal) arrive with the billing issue.
+The pipeline hands a record to ``UsageQueue.submit``: a deque append, never a wait. One worker
+task takes records in batches and writes them to the sink (the Redis Stream ledger, or memory on a
+single host) while the client is already sending its next turn.
+
+A usage record is money, so no path drops one:
+
+* the sink fails or is slow (``write_timeout_s``): the batch is appended to the journal (fsync'd)
+  and the queue marks the sink *down*; later batches go straight to the journal, so an outage
+  costs one timeout, not one per batch. A replay loop re-sends the journal and marks the sink up
+  again once a replay succeeds. Replays are safe because the ledger is idempotent by response id.
+* the queue is full: records go to a bounded *overflow* that the worker spills to the journal in
+  one fsync'd batch (a full queue means the sink is behind; disk is the fastest place to make them
+  durable). Only when the overflow is full too does ``submit`` append to the journal itself,
+  synchronously — a last resort that costs the turn one fsync instead of losing the record.
+  Without a journal the overflow is unbounded: memory is then the only place a record can live.
+* shutdown (``drain``): the worker empties the queue into the sink or the journal; whatever is
+  still in memory at the deadline is appended to the journal synchronously.
+* a kill: start-up replays the journal (the replay loop's first pass). What a SIGKILL can lose is
+  exactly the records not yet acknowledged — submitted but not in a batch that the sink answered or
+  the journal fsync'd (normally one batch round trip, milliseconds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, Sequence
+
+from billing.journal import Journal
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class UsageRecord:
+    """One finished response (completed, incomplete, failed or cancelled), as billed."""
+
     response_id: str
     model: str
+    #: the tenant / API key id (``None`` when the gateway runs without keys)
     tenant: str | None
     status: str
     input_tokens: int
@@ -29,96 +52,275 @@ class UsageRecord:
     output_tokens: int
     reasoning_tokens: int
     transport: str
+    #: wall-clock seconds (epoch) when the request arrived and when the response finished
     created_at: float = field(default_factory=time.time)
+    finished_at: float = field(default_factory=time.time)
+    #: seconds from arrival to the first output token (``None``: no token was produced)
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+
+    FIELDS: ClassVar[tuple[str, ...]]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "UsageRecord":
+        """Inverse of ``to_dict``; unknown keys (a newer writer's) are ignored."""
+        return cls(**{k: data[k] for k in cls.FIELDS if k in data})
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string fields for a Redis Stream entry (``None`` becomes ``""``)."""
+        return {k: "" if v is None else str(v) for k, v in self.to_dict().items()}
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> "UsageRecord":
+        data: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = fields.get(f.name)
+            if raw is None:
+                continue
+            if f.name.endswith("_tokens"):
+                data[f.name] = int(raw)
+            elif f.name in ("created_at", "finished_at", "duration_s"):
+                data[f.name] = float(raw)
+            elif f.name == "ttft_s":
+                data[f.name] = float(raw) if raw else None
+            elif f.name == "tenant":
+                data[f.name] = raw or None
+            else:
+                data[f.name] = raw
+        return cls(**data)
+
+
+UsageRecord.FIELDS = tuple(f.name for f in dataclasses.fields(UsageRecord))
 
 
 class UsageSink(Protocol):
-    async def write(self, record: UsageRecord) -> None: ...
+    #: whether a written record survives this process (journal replay targets durable sinks only:
+    #: replaying into memory would take records off the disk and lose them at exit)
+    durable: bool
+
+    async def write_batch(self, records: Sequence[UsageRecord]) -> None:
+        """Write every record or raise; writing a record twice must count it once."""
+        ...
 
 
 class MemorySink:
     """Keeps records in memory, idempotent by response id (the default when no ledger is set)."""
 
+    durable = False
+
     def __init__(self) -> None:
         self.records: dict[str, UsageRecord] = {}
 
-    async def write(self, record: UsageRecord) -> None:
-        self.records[record.response_id] = record
+    async def write_batch(self, records: Sequence[UsageRecord]) -> None:
+        for record in records:
+            self.records[record.response_id] = record
 
 
 class UsageQueue:
-    """Bounded queue + one writer task. ``submit`` never blocks; overflow waits in a side list."""
+    """Never-blocking submit, one batching writer, journal fallback and replay (see module doc)."""
 
-    def __init__(self, sink: UsageSink, maxsize: int = 10_000) -> None:
+    def __init__(self, sink: UsageSink, journal: Journal | None = None, *, maxsize: int = 10_000,
+                 overflow_max: int = 10_000, batch_max: int = 256, write_timeout_s: float = 5.0,
+                 retry_s: float = 0.25, retry_max_s: float = 5.0) -> None:
         self.sink = sink
-        self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue(maxsize=maxsize)
+        self.journal = journal
+        self.maxsize = maxsize
+        self.overflow_max = overflow_max
+        self.batch_max = batch_max
+        self.write_timeout_s = write_timeout_s
+        self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
+        self._queue: deque[UsageRecord] = deque()
         self._overflow: deque[UsageRecord] = deque()
+        self._batch: list[UsageRecord] = []  # being written right now
+        self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._inflight = 0
+        self._replayer: asyncio.Task[None] | None = None
+        #: the sink failed; batches go straight to the journal until a replay succeeds
+        self.sink_down = False
+        # counters (records): acknowledged by the sink, spilled to the journal (by the worker, and
+        # synchronously by submit), and re-sent from the journal by replays
         self.written = 0
+        self.journaled = 0
+        self.journaled_sync = 0
+        self.replayed = 0
 
-    def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.get_running_loop().create_task(self._run(), name="usage-queue")
+    # -- the turn's side --------------------------------------------------------------------------
 
     def submit(self, record: UsageRecord) -> None:
-        if self._overflow:
-            self._overflow.append(record)  # keep submission order behind earlier overflow
-            return
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
+        """Hand over a record. Never awaits; blocks (one fsync) only when queue and overflow are full."""
+        if len(self._queue) < self.maxsize:  # order does not matter: records carry their own times
+            self._queue.append(record)
+        elif self.journal is None or len(self._overflow) < self.overflow_max:
             self._overflow.append(record)
+        else:
+            try:
+                self.journal.append([record.to_dict()])
+                self.journaled_sync += 1
+                self.journaled += 1
+            except OSError:
+                log.exception("usage journal append failed; keeping record %s in memory", record.response_id)
+                self._overflow.append(record)
+        self._wake.set()
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize() + len(self._overflow) + self._inflight
+        """Records in memory, not yet acknowledged by the sink or the journal."""
+        return len(self._queue) + len(self._overflow) + len(self._batch)
 
-    def _refill(self) -> None:
-        while self._overflow and not self._queue.full():
-            self._queue.put_nowait(self._overflow.popleft())
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer and, for a durable sink with a journal, the replay loop (which first
+        replays whatever an earlier process left: the start-up replay)."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._worker = loop.create_task(self._run(), name="usage-writer")
+        if self._replayer is None and self.journal is not None and self.sink.durable:
+            self._replayer = loop.create_task(self._replay_loop(), name="usage-replay")
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Shutdown: write everything submitted to the sink or the journal, then stop."""
+        if self._worker is None:
+            self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.pending and loop.time() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.01)
+        inflight = list(self._batch)  # the worker clears its batch when cancelled: keep it here
+        for task in (self._replayer, self._worker):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._worker = self._replayer = None
+        # A write cut off above may have reached the sink; journaling it again is harmless (idempotent).
+        left = [*inflight, *self._queue, *self._overflow]
+        self._batch, self._queue, self._overflow = [], deque(), deque()
+        if left and self.journal is not None:
+            self.journal.append(r.to_dict() for r in left)
+            self.journaled += len(left)
+            log.warning("shutdown: %d usage records journaled for replay at next start", len(left))
+        elif left:
+            log.error("shutdown with %d usage records not written (no journal configured)", len(left))
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            await close()
+
+    # -- the writer -------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
-            record = await self._queue.get()
-            self._inflight = 1
-            try:
-                await self._write(record)
-            finally:
-                self._inflight = 0
-                self._refill()
+            if not self._queue and not self._overflow:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._overflow and self.journal is not None:
+                batch = list(self._overflow)
+                self._overflow.clear()
+                await self._spill(batch)
+                continue
+            source = self._queue if self._queue else self._overflow
+            batch = [source.popleft() for _ in range(min(self.batch_max, len(source)))]
+            while self._overflow and len(self._queue) < self.maxsize:  # no journal: overflow refills the queue
+                self._queue.append(self._overflow.popleft())
+            await self._deliver(batch)
 
-    async def _write(self, record: UsageRecord) -> None:
-        delay = 0.05
-        while True:  # a failing sink must not lose the record nor kill the worker
-            try:
-                await self.sink.write(record)
-                self.written += 1
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("usage sink failed; retrying record %s", record.response_id)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def drain(self, timeout: float = 30.0) -> None:
-        """Write everything submitted, then stop the worker (called at shutdown)."""
-        if self._worker is None:
-            self.start()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.pending and asyncio.get_running_loop().time() < deadline:
-            self._refill()
-            await asyncio.sleep(0.01)
-        if self.pending:
-            log.error("shutdown with %d usage records not yet written", self.pending)
-        assert self._worker is not None
-        self._worker.cancel()
+    async def _deliver(self, batch: list[UsageRecord]) -> None:
+        self._batch = batch
+        delay = self.retry_s
         try:
-            await self._worker
+            while True:
+                if not self.sink_down or self.journal is None:
+                    try:
+                        await asyncio.wait_for(self.sink.write_batch(batch), self.write_timeout_s)
+                        self.written += len(batch)
+                        return
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # timeouts included: a slow ledger is a down ledger
+                        if self.journal is None:
+                            log.warning("usage sink failed (%r); retrying %d records", exc, len(batch))
+                            await asyncio.sleep(delay)
+                            delay = min(delay * 2, self.retry_max_s)
+                            continue
+                        log.warning("usage sink failed (%r); journaling until it is back", exc)
+                        # only a replay loop can clear it again (a non-durable sink has none)
+                        self.sink_down = self._replayer is not None
+                if await self._journal(batch):
+                    return
+                self.sink_down = False  # the disk failed too: try the sink again after a pause
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+        finally:
+            self._batch = []
+
+    async def _spill(self, batch: list[UsageRecord]) -> None:
+        """Overflow goes to the journal; if the disk fails, back to the sink path."""
+        self._batch = batch
+        try:
+            if await self._journal(batch):
+                return
+        finally:
+            self._batch = []
+        await self._deliver(batch)
+
+    async def _journal(self, batch: list[UsageRecord]) -> bool:
+        assert self.journal is not None
+        try:
+            await asyncio.to_thread(self.journal.append, [r.to_dict() for r in batch])
+        except OSError:
+            log.exception("usage journal append failed for %d records", len(batch))
+            return False
+        self.journaled += len(batch)
+        return True
+
+    # -- replay -----------------------------------------------------------------------------------
+
+    async def _replay_loop(self) -> None:
+        # ``sink_down`` is cleared only here, by a replay that succeeded: while it is set the
+        # journal holds (or is being given) the batch that failed, so a replay is the probe.
+        delay = self.retry_s
+        while True:
+            if self.journal is not None and await asyncio.to_thread(self.journal.pending):
+                if await self.replay():
+                    self.sink_down, delay = False, self.retry_s
+                else:
+                    delay = min(delay * 2, self.retry_max_s)
+            await asyncio.sleep(delay)
+
+    async def replay(self) -> bool:
+        """Send the journal to the sink, segment by segment; True when nothing is left."""
+        journal = self.journal
+        assert journal is not None
+        try:
+            for segment in await asyncio.to_thread(journal.rotate):
+                records = journal.read(segment)
+                try:
+                    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(records, self.batch_max))):
+                        batch = _parse(chunk, segment)
+                        await asyncio.wait_for(self.sink.write_batch(batch), self.write_timeout_s)
+                        self.replayed += len(batch)
+                finally:
+                    records.close()
+                await asyncio.to_thread(journal.discard, segment)
+            return True
         except asyncio.CancelledError:
-            pass
-        self._worker = None
+            raise
+        except Exception as exc:
+            log.warning("usage journal replay failed (%r); retrying later", exc)
+            return False
+
+
+def _parse(rows: list[dict[str, Any]], where: object) -> list[UsageRecord]:
+    """Journal rows to records; a row that is not a record (hand-edited, foreign) is logged, skipped."""
+    out = []
+    for row in rows:
+        try:
+            out.append(UsageRecord.from_dict(row))
+        except (TypeError, ValueError):
+            log.error("usage journal %s: skipping malformed record %r", where, row)
+    return out

@@ -96,11 +96,11 @@ async def test_usage_queue_keeps_records_when_the_sink_fails():
     class Flaky(MemorySink):
         fails = 2
 
-        async def write(self, record):
+        async def write_batch(self, records):
             if self.fails:
                 self.fails -= 1
                 raise ConnectionError("ledger down")
-            await super().write(record)
+            await super().write_batch(records)
 
     sink = Flaky()
     queue = UsageQueue(sink)

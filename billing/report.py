@@ -1,0 +1,79 @@
+"""Usage reports from the ledger: per tenant (key), model and UTC day.
+
+The stream is read with ``XRANGE`` in pages (``count`` entries, resuming after the last id seen), so
+a report over months of records never asks Redis for one huge reply and never blocks it for long.
+The ledger is already deduplicated by response id (see ``billing.ledger``), so every entry counts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass
+from typing import Iterator, TextIO
+
+import redis
+
+from billing.ledger import DEFAULT_STREAM
+from billing.usage import UsageRecord
+
+
+@dataclass(slots=True)
+class UsageRow:
+    tenant: str
+    model: str
+    day: str  # YYYY-MM-DD, UTC, of the response's creation
+    responses: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+def iter_ledger(url: str, stream: str = DEFAULT_STREAM, *, page: int = 1000) -> Iterator[UsageRecord]:
+    """Every record in the ledger stream, oldest first, fetched ``page`` entries at a time."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        start = "-"
+        while True:
+            entries = client.xrange(stream, min=start, max="+", count=page)
+            for _id, fields in entries:
+                yield UsageRecord.from_fields(fields)
+            if len(entries) < page:
+                return
+            start = "(" + entries[-1][0]  # exclusive: resume after the last entry
+    finally:
+        client.close()
+
+
+def usage_report(url: str, stream: str = DEFAULT_STREAM, *, page: int = 1000) -> list[UsageRow]:
+    """Aggregate the ledger per (tenant, model, day); sorted by day, tenant, model."""
+    rows: dict[tuple[str, str, str], UsageRow] = {}
+    for r in iter_ledger(url, stream, page=page):
+        day = dt.datetime.fromtimestamp(r.created_at, dt.timezone.utc).strftime("%Y-%m-%d")
+        key = (r.tenant or "-", r.model, day)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = UsageRow(tenant=key[0], model=key[1], day=day)
+        row.responses += 1
+        row.input_tokens += r.input_tokens
+        row.cached_tokens += r.cached_tokens
+        row.output_tokens += r.output_tokens
+        row.reasoning_tokens += r.reasoning_tokens
+    return sorted(rows.values(), key=lambda x: (x.day, x.tenant, x.model))
+
+
+_COLUMNS = ("day", "tenant", "model", "responses", "input_tokens", "cached_tokens", "output_tokens",
+            "reasoning_tokens")
+
+
+def print_report(rows: list[UsageRow], out: TextIO, *, as_json: bool = False) -> None:
+    """A fixed-width table (numbers right-aligned), or JSON: a list of row objects."""
+    if as_json:
+        out.write(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+        return
+    cells = [list(_COLUMNS)] + [[str(getattr(r, c)) for c in _COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
+    for row in cells:
+        out.write("  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+                  .rstrip() + "\n")

@@ -1,0 +1,484 @@
+"""Billing: usage records, the journal, the idempotent Redis Stream ledger, the queue, reports.
+
+Integration tests drive a real gateway (in-process, or a subprocess for SIGKILL) with real clients
+and a real Redis-protocol server. The outage tests start their own server with an fsync'd AOF:
+the session fixture runs without persistence, so stopping it would wipe the ledger and the test
+would measure Redis's durability instead of ours. No timing assertions: bounded polling only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+import redis
+
+from billing.journal import Journal
+from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key
+from billing.report import iter_ledger, usage_report
+from billing.usage import UsageQueue, UsageRecord
+from gateway.auth import KeyAuth
+from gateway.settings import Settings
+from tests.conftest import MODEL, RedisServer, redis_server_binary
+
+pytestmark = pytest.mark.timeout(180)
+
+TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+async def await_until(predicate: Callable[[], Any], what: str = "condition", timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def record(i: int, **kw: Any) -> UsageRecord:
+    base: dict[str, Any] = dict(response_id=f"resp_{i}", model="m", tenant="t", status="completed", input_tokens=10 + i,
+                                cached_tokens=i, output_tokens=3, reasoning_tokens=1, transport="ws",
+                                created_at=1_700_000_000.0 + i, finished_at=1_700_000_001.0 + i, ttft_s=0.01,
+                                duration_s=1.0)
+    base.update(kw)
+    return UsageRecord(**base)
+
+
+def stream_ids(url: str, stream: str = DEFAULT_STREAM) -> list[str]:
+    try:
+        return [r.response_id for r in iter_ledger(url, stream)]
+    except redis.ConnectionError:
+        return []
+
+
+class DurableRedis(RedisServer):
+    """The fixture's server, but with an fsync'd AOF in its own folder: it survives stop/start."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--dir", str(self.folder), "--save", "", "--appendonly", "yes",
+                                      "--appendfsync", "always"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        wait_until(lambda: _pings(client), 10, "redis to answer")
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.BusyLoadingError):
+        return False
+
+
+@pytest.fixture
+def durable_redis(tmp_path: Path) -> Iterator[DurableRedis]:
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = DurableRedis(folder)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Load:
+    """Chained WebSocket turns (plus a plain HTTP turn every few) in a thread, in gated phases."""
+
+    def __init__(self, base: str, phases: list[int], *, key: str = "test-key", http_every: int = 4) -> None:
+        self.base = base
+        self.phases = phases
+        self.key = key
+        self.http_every = http_every
+        self.gates = [threading.Event() for _ in phases]
+        self.gates[0].set()
+        self.created: list[str] = []
+        self.completed: list[str] = []
+        self.usage: dict[str, dict[str, Any]] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Load":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        from websockets.sync.client import connect
+
+        ws_url = self.base.replace("http://", "ws://") + "/v1/responses"
+        headers = {"Authorization": f"Bearer {self.key}"}
+        prev: str | None = None
+        n = 0
+        try:
+            with connect(ws_url, additional_headers=headers, max_size=None) as ws, httpx.Client(timeout=30) as http:
+                for count, gate in zip(self.phases, self.gates):
+                    gate.wait()
+                    for _ in range(count):
+                        n += 1
+                        if n % self.http_every == 0:
+                            r = http.post(self.base + "/v1/responses", headers=headers,
+                                          json={"model": MODEL, "input": f"http {n}", "store": False})
+                            body = r.json()
+                            assert r.status_code == 200 and body["status"] == "completed", body
+                            self.created.append(body["id"])
+                            self._done(body)
+                            continue
+                        msg: dict[str, Any] = {"type": "response.create", "model": MODEL, "input": f"turn {n}",
+                                               "store": False}
+                        if prev is not None:
+                            msg["previous_response_id"] = prev
+                        ws.send(json.dumps(msg))
+                        while True:
+                            ev = json.loads(ws.recv(timeout=30))
+                            assert ev["type"] != "error", ev
+                            if ev["type"] == "response.created":
+                                self.created.append(ev["response"]["id"])
+                            if ev["type"] in TERMINAL:
+                                assert ev["type"] == "response.completed", ev
+                                self._done(ev["response"])
+                                prev = ev["response"]["id"]
+                                break
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.error = exc
+
+    def _done(self, response: dict[str, Any]) -> None:
+        self.usage[response["id"]] = response["usage"]
+        self.completed.append(response["id"])
+
+    def wait_completed(self, n: int) -> None:
+        wait_until(lambda: len(self.completed) >= n or self.error, 60, f"{n} completed turns")
+        if self.error is not None:
+            raise self.error
+
+    def join(self, *, allow_error: bool = False) -> None:
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        if self.error is not None and not allow_error:
+            raise self.error
+
+
+# -- journal -------------------------------------------------------------------------------------
+
+
+def test_journal_append_rotate_replay_discard(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.jsonl")
+    assert not journal.pending()
+    assert journal.append([record(1).to_dict(), record(2).to_dict()]) == 2
+    assert journal.path.read_bytes().count(b"\n") == 2
+    assert journal.pending()
+    segments = journal.rotate()
+    assert len(segments) == 1 and not journal.path.exists()
+    journal.append([record(3).to_dict()])  # appends during a replay go to a fresh live file
+    assert [r["response_id"] for r in journal.read(segments[0])] == ["resp_1", "resp_2"]
+    assert [r["response_id"] for r in journal.records()] == ["resp_1", "resp_2", "resp_3"]
+    # A crash before discard leaves the segment: a new process (new Journal) replays it again.
+    again = Journal(tmp_path / "j.jsonl")
+    assert again.segments() == segments and again.pending()
+    journal.discard(segments[0])
+    assert [r["response_id"] for r in again.records()] == ["resp_3"]
+    assert [UsageRecord.from_dict(d) for d in again.records()] == [record(3)]
+    again.discard(again.rotate()[0])
+    assert not again.pending()
+
+
+def test_journal_heals_a_torn_tail(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.jsonl")
+    journal.append([record(1).to_dict()])
+    with open(journal.path, "ab") as f:  # what a SIGKILL in the middle of a write leaves
+        f.write(b'{"response_id": "resp_torn", "mod')
+    journal.append([record(2).to_dict()])
+    assert [r["response_id"] for r in journal.records()] == ["resp_1", "resp_2"]
+
+
+# -- ledger --------------------------------------------------------------------------------------
+
+
+async def test_ledger_is_idempotent_by_response_id(redis_url: str) -> None:
+    ledger = RedisLedger(redis_url, "test:usage")
+    try:
+        batch = [record(1), record(2), record(3)]
+        await ledger.write_batch(batch)
+        await ledger.write_batch(batch)  # a replay of the same batch
+        await ledger.write_batch([record(2), record(4), record(4)])  # known + new + a duplicate in one batch
+        assert ledger.appended == 4
+        assert await ledger.redis.xlen("test:usage") == 4
+        assert await ledger.redis.ttl(marker_key("test:usage", "resp_1")) > 24 * 3600
+    finally:
+        await ledger.close()
+    # the stream round-trips the records exactly (None fields included)
+    assert list(iter_ledger(redis_url, "test:usage", page=3)) == [record(1), record(2), record(3), record(4)]
+    odd = record(9, tenant=None, ttft_s=None)
+    assert UsageRecord.from_fields(odd.to_fields()) == odd
+
+
+# -- queue ---------------------------------------------------------------------------------------
+
+
+class GatedSink:
+    """A durable sink whose writes wait for ``gate`` (a blocked ledger), then count each id once."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.records: dict[str, UsageRecord] = {}
+        self.calls = 0
+
+    async def write_batch(self, records: Any) -> None:
+        self.calls += 1
+        await self.gate.wait()
+        for r in records:
+            self.records[r.response_id] = r
+
+
+class DownSink(GatedSink):
+    """Fails fast while ``up`` is false, like Redis refusing connections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate.set()
+        self.up = False
+
+    async def write_batch(self, records: Any) -> None:
+        self.calls += 1
+        if not self.up:
+            raise ConnectionError("ledger down")
+        await super().write_batch(records)
+
+
+async def test_queue_overflow_spills_to_the_journal_and_loses_nothing(tmp_path: Path) -> None:
+    sink = GatedSink()
+    journal = Journal(tmp_path / "j.jsonl")
+    queue = UsageQueue(sink, journal, maxsize=2, overflow_max=3, retry_s=0.01)
+    for i in range(10):  # worker not started: 2 queued, 3 in overflow, 5 journaled by submit itself
+        queue.submit(record(i))
+    assert queue.pending == 5 and queue.journaled_sync == 5 and len(journal.records()) == 5
+    queue.start()
+    await await_until(lambda: queue.journaled == 8, "the overflow spilled to the journal")
+    assert not sink.records  # the sink is still blocked; nothing is lost meanwhile
+    sink.gate.set()
+    await await_until(lambda: len(sink.records) == 10 and not journal.pending(), "sink + replay")
+    await queue.drain()
+    assert set(sink.records) == {f"resp_{i}" for i in range(10)}
+
+
+async def test_queue_journals_while_the_sink_is_down_and_replays_when_it_is_back(tmp_path: Path) -> None:
+    sink = DownSink()
+    journal = Journal(tmp_path / "j.jsonl")
+    queue = UsageQueue(sink, journal, retry_s=0.01, retry_max_s=0.05)
+    queue.start()
+    queue.submit(record(1))
+    await await_until(lambda: queue.journaled == 1 and queue.sink_down, "the first batch journaled")
+    for i in range(2, 6):
+        queue.submit(record(i))
+    await await_until(lambda: queue.journaled == 5, "later batches journaled")
+    sink.up = True
+    await await_until(lambda: len(sink.records) == 5 and not journal.pending(), "the replay")
+    queue.submit(record(6))
+    await await_until(lambda: queue.written == 1, "direct writes once the sink is back")
+    await queue.drain()
+    assert set(sink.records) == {f"resp_{i}" for i in range(1, 7)}
+
+
+async def test_shutdown_with_a_blocked_sink_journals_and_start_up_replays(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.jsonl")
+    blocked = GatedSink()
+    queue = UsageQueue(blocked, journal)
+    queue.start()
+    for i in range(5):
+        queue.submit(record(i))
+    await queue.drain(timeout=0.05)  # the in-flight batch included: journaling it twice is harmless
+    assert {r["response_id"] for r in journal.records()} == {f"resp_{i}" for i in range(5)}
+    fresh = GatedSink()
+    fresh.gate.set()
+    restarted = UsageQueue(fresh, journal, retry_s=0.01)
+    restarted.start()
+    await await_until(lambda: len(fresh.records) == 5 and not journal.pending(), "the start-up replay")
+    await restarted.drain()
+
+
+# -- through a real gateway ----------------------------------------------------------------------
+
+
+def test_redis_outage_during_a_load_leaves_exactly_one_record_per_response(
+        make_gateway: Callable[..., Any], durable_redis: DurableRedis, tmp_path: Path) -> None:
+    journal_path = tmp_path / "j.jsonl"
+    live = make_gateway(Settings(redis_url=durable_redis.url, usage_journal=str(journal_path)))
+    load = Load(live.url, [10, 10, 10, 10]).start()
+    load.wait_completed(10)
+    load.gates[1].set()
+    durable_redis.stop()  # while phase 2 is flowing
+    load.gates[2].set()  # phase 3 runs with Redis certainly down
+    load.wait_completed(30)
+    load.gates[3].set()
+    durable_redis.start()  # while phase 4 is flowing
+    load.join()
+    assert len(load.completed) == 40
+    assert live.gw.usage.journaled > 0  # the outage did go through the journal
+
+    expected = set(load.completed)
+    wait_until(lambda: set(stream_ids(durable_redis.url)) == expected, 60, "the ledger to catch up")
+    wait_until(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
+    ids = stream_ids(durable_redis.url)
+    assert len(ids) == len(expected) and set(ids) == expected
+    by_id = {r.response_id: r for r in iter_ledger(durable_redis.url)}
+    for rid, usage in load.usage.items():
+        r = by_id[rid]
+        assert (r.input_tokens, r.cached_tokens, r.output_tokens) == (
+            usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"])
+        assert r.status == "completed" and r.model == MODEL and r.finished_at >= r.created_at
+        assert r.ttft_s is not None and 0 <= r.ttft_s <= r.duration_s
+    assert Counter(r.transport for r in by_id.values()) == {"ws": 30, "http": 10}
+
+
+def test_a_blocked_sink_never_blocks_turns(make_gateway: Callable[..., Any], tmp_path: Path) -> None:
+    sink = GatedSink()
+    live = make_gateway(Settings(usage_journal=str(tmp_path / "j.jsonl")), usage_sink=sink)
+    load = Load(live.url, [20]).start()
+    load.join()  # every turn completed while the sink is blocked
+    assert len(load.completed) == 20 and not sink.records
+    live.loop.call_soon_threadsafe(sink.gate.set)
+    wait_until(lambda: set(sink.records) == set(load.completed), 60, "every record after release")
+
+
+def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis: DurableRedis,
+                                                                  tmp_path: Path) -> None:
+    """The guarantee under test: a record acknowledged (in the stream, or fsync'd in the journal)
+    when the process is SIGKILLed is in the ledger exactly once after restart; nothing is doubled.
+
+    Kill 1 lands while Redis is down (records go to the journal; restart must replay them); kill 2
+    while Redis is up and records flow straight to the stream."""
+    journal_path = tmp_path / "j.jsonl"
+    port = _free_port()
+    env = {**os.environ, "RESPGATE_REDIS_URL": durable_redis.url, "RESPGATE_USAGE_JOURNAL": str(journal_path),
+           "RESPGATE_LOG_LEVEL": "warning"}
+    journaled = lambda: {r["response_id"] for r in Journal(journal_path).records()}  # noqa: E731
+    in_stream = lambda: set(stream_ids(durable_redis.url))  # noqa: E731
+
+    def serve() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--engine", "simulated",
+                                 "--port", str(port)], env=env, cwd=REPO)
+        wait_until(lambda: proc.poll() is not None or _listening(port), 60, "the gateway to listen")
+        assert proc.poll() is None
+        return proc
+
+    def kill_mid_load(proc: subprocess.Popen[bytes], load: Load, n: int) -> None:
+        load.wait_completed(n)
+        proc.send_signal(signal.SIGKILL)  # turns are flowing
+        proc.wait(10)
+        load.join(allow_error=True)
+        assert load.error is not None  # the client saw the gateway die mid-load
+
+    proc = serve()
+    try:
+        load = Load(f"http://127.0.0.1:{port}", [10, 10, 100_000]).start()
+        load.wait_completed(10)
+        s1 = set(load.completed)
+        wait_until(lambda: s1 <= in_stream(), 30, "phase 1 in the stream")
+        durable_redis.stop()
+        load.gates[1].set()
+        load.wait_completed(20)
+        s2 = set(load.completed[10:20])
+        wait_until(lambda: s2 <= journaled(), 30, "phase 2 in the journal")
+        load.gates[2].set()
+        kill_mid_load(proc, load, 25)  # kill 1: Redis down, the journal holds the records
+        # As if Redis had applied phase 1's batches but their replies timed out: journaled too.
+        durable_redis.start()
+        Journal(journal_path).append(r.to_dict() for r in iter_ledger(durable_redis.url) if r.response_id in s1)
+        assert s2 <= journaled()
+
+        proc = serve()  # start-up replays the journal
+        wait_until(lambda: s1 | s2 <= in_stream(), 60, "journaled records replayed at start-up")
+        load2 = Load(f"http://127.0.0.1:{port}", [10, 100_000]).start()
+        load2.wait_completed(10)
+        s3 = set(load2.completed)
+        wait_until(lambda: s3 <= in_stream(), 30, "phase 3 in the stream")
+        load2.gates[1].set()
+        kill_mid_load(proc, load2, 20)  # kill 2: Redis up, records flowing straight to the stream
+
+        proc = serve()
+        acknowledged = s1 | s2 | s3
+        wait_until(lambda: acknowledged <= in_stream(), 60, "acknowledged records")
+        wait_until(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
+        ids = stream_ids(durable_redis.url)
+        assert len(ids) == len(set(ids)), "a record was counted twice"
+        assert set(ids) <= set(load.created) | set(load.completed) | set(load2.created) | set(load2.completed)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], redis_url: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    live = make_gateway(Settings(redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j")))
+    loads = {"k1": Load(live.url, [7], key="k1").start(), "k2": Load(live.url, [5], key="k2", http_every=2).start()}
+    for load in loads.values():
+        load.join()
+    wait_until(lambda: len(stream_ids(redis_url)) == 12, 30, "12 records in the ledger")
+
+    assert main(["usage", "--redis-url", redis_url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    auth = KeyAuth(["k1", "k2"])
+    for key, load in loads.items():
+        tenant = auth.tenant({"authorization": f"Bearer {key}"})
+        mine = [r for r in rows if r["tenant"] == tenant]
+        assert {r["model"] for r in mine} == {MODEL}
+        assert all(time.strptime(r["day"], "%Y-%m-%d") for r in mine)
+        total = lambda f: sum(r[f] for r in mine)  # noqa: E731
+        assert total("responses") == len(load.completed)
+        assert total("input_tokens") == sum(u["input_tokens"] for u in load.usage.values())
+        assert total("cached_tokens") == sum(u["input_tokens_details"]["cached_tokens"] for u in load.usage.values())
+        assert total("output_tokens") == sum(u["output_tokens"] for u in load.usage.values())
+    assert usage_report(redis_url, page=5) == usage_report(redis_url)  # paging changes nothing
+
+    assert main(["usage", "--redis-url", redis_url]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["day", "tenant", "model", "responses", "input_tokens", "cached_tokens",
+                                "output_tokens", "reasoning_tokens"]
+    assert len(table) == 1 + len(rows)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.1).close()
+        return True
+    except OSError:
+        return False
