@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
 from gateway.auth import KeyAuth
@@ -38,9 +39,13 @@ def create_app(
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
     registry = build_registry(settings) if registry is None else registry
+    if store is None and settings.redis_url:
+        from cache.redis_store import RedisStore
+
+        store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
     metrics = Metrics()
-    usage = UsageQueue(MemorySink() if usage_sink is None else usage_sink)
+    usage = build_usage_queue(settings, usage_sink)
     pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=KeyAuth(settings.api_keys))
@@ -87,6 +92,17 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:
+    """The billing queue: the given sink, else the Redis ledger with ``redis_url``, else memory;
+    plus the local journal whenever a path is configured (outages, overflow, start-up replay)."""
+    if sink is None and settings.redis_url:
+        from billing.ledger import RedisLedger
+
+        sink = RedisLedger(settings.redis_url, settings.usage_stream)
+    journal = Journal(settings.usage_journal) if settings.usage_journal else None
+    return UsageQueue(MemorySink() if sink is None else sink, journal)
 
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:

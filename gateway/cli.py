@@ -1,4 +1,4 @@
-"""``respgate`` command line: ``respgate serve [--host H] [--port P] [--engine simulated]``."""
+"""``respgate`` command line: ``respgate serve [--host H] [--port P] [--engine simulated]``, ``respgate usage``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prepare-model", help="convert a packaged model into a cached folder vLLM can load")
     prep.add_argument("name", nargs="?", default="smollm2")
     prep.add_argument("--cache-dir", default=None)
+    usage = sub.add_parser("usage", help="usage report from the billing ledger (per key, model and day)")
+    usage.add_argument("--redis-url", default=None, help="default: RESPGATE_REDIS_URL / REDIS_URL")
+    usage.add_argument("--stream", default=None, help="ledger stream (default: RESPGATE_USAGE_STREAM or respgate:usage)")
+    usage.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     args = parser.parse_args(argv)
+
+    if args.command == "usage":
+        from billing.report import print_report, usage_report
+
+        settings = Settings.from_env(redis_url=args.redis_url, usage_stream=args.stream)
+        if not settings.redis_url:
+            print("respgate usage: no ledger (set --redis-url or RESPGATE_REDIS_URL)", file=sys.stderr)
+            return 2
+        print_report(usage_report(settings.redis_url, settings.usage_stream), sys.stdout, as_json=args.json)
+        return 0
 
     if args.command == "prepare-model":
         from inference.model_assets import prepare_model

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Sequence
 
 from billing.usage import UsageQueue, UsageRecord
@@ -40,11 +41,13 @@ class Finalizer:
         self.metrics.prompt_tokens.inc(usage["input_tokens"])
         self.metrics.cached_tokens.inc(usage["input_tokens_details"]["cached_tokens"])
         self.metrics.output_tokens.inc(usage["output_tokens"])
+        duration = time.perf_counter() - turn.started
         self.usage.submit(UsageRecord(
             response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
             input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
             output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
-            transport=turn.ctx.transport,
+            transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
+            ttft_s=None if turn.first_token_at is None else turn.first_token_at - turn.started, duration_s=duration,
         ))
         output_items = [dict(o) for o in events.output]
         state = self._state(turn, output_items, history, exact=exact, copied_bytes=copied_bytes)

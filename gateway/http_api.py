@@ -13,9 +13,10 @@ from typing import Any, AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from gateway.errors import ApiError, bad_request, response_not_found
+from cache.store import StoreUnavailable
+from gateway.errors import ApiError, bad_request, response_not_found, store_unavailable
 from gateway.pipeline import Pipeline
 from gateway.turn import TurnContext
 from gateway.sse import sse_frame
@@ -145,7 +146,10 @@ async def _stored(request: Request, response_id: str):
     gw = _gw(request)
     tenant = gw.auth.tenant(request.headers)
     await gw.pipeline.finalizer.wait_for(response_id)
-    state = await gw.store.get(response_id, tenant)
+    try:
+        state = await gw.store.get(response_id, tenant)
+    except StoreUnavailable:
+        raise store_unavailable() from None
     if state is None:
         raise response_not_found(response_id)
     return gw, tenant, state
@@ -165,7 +169,10 @@ async def get_response(request: Request, response_id: str) -> Response:
 @router.delete("/responses/{response_id}", include_in_schema=False)
 async def delete_response(request: Request, response_id: str) -> Response:
     gw, tenant, _ = await _stored(request, response_id)
-    await gw.store.delete(response_id, tenant)
+    try:
+        await gw.store.delete(response_id, tenant)
+    except StoreUnavailable:
+        raise store_unavailable() from None
     return _json({"id": response_id, "object": "response", "deleted": True})
 
 

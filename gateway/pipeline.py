@@ -26,8 +26,8 @@ from billing.usage import UsageQueue
 from cache.items import CALL_TYPES, OUTPUT_TYPES, ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
-from cache.store import ResponseStore
-from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found
+from cache.store import ResponseStore, StoreUnavailable
+from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found, store_unavailable
 from gateway.events import Event, ResponseEvents
 from gateway.finalize import Finalizer
 from gateway.metrics import Metrics
@@ -120,6 +120,7 @@ class Pipeline:
             flagged=(parent.flagged if parent is not None else False) or any(v.action == "flag" for v in verdicts),
             render=stats, generate=generate, store=store,
             include_encrypted="reasoning.encrypted_content" in (req.include or []),
+            started=t0, created_at=time.time() - (time.perf_counter() - t0),
         )
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)
         return turn
@@ -208,7 +209,9 @@ class Pipeline:
             # A renderer that knows appends it cannot do exactly (e.g. a template that merges
             # consecutive tool results) says why; the check looks at the boundary only: O(1).
             broken = renderer.append_break(base_context, new_items)
-            if parent.prelude_key != prelude_key:
+            if parent.prelude_key == b"" and not parent.history_ids:
+                reason = "tokens_missing"  # hydrated from a shared store by a process without its tokens
+            elif parent.prelude_key != prelude_key:
                 reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
             elif broken:
                 reason = broken
@@ -316,7 +319,11 @@ class Pipeline:
                 self.metrics.parent_resolution.labels("connection").inc()
                 return state
         await self.finalizer.wait_for(prev)
-        state = await self.store.get(prev, ctx.tenant)
+        try:
+            state = await self.store.get(prev, ctx.tenant)
+        except StoreUnavailable:
+            self.metrics.parent_resolution.labels("unavailable").inc()
+            raise store_unavailable() from None
         if state is not None and state.status in ("completed", "incomplete"):
             self.metrics.parent_resolution.labels("store").inc()
             return state
@@ -423,6 +430,8 @@ class Pipeline:
                 yield ev
             try:
                 async for delta in agen:
+                    if turn.first_token_at is None and delta.token_ids:
+                        turn.first_token_at = time.perf_counter()
                     if delta.num_cached_tokens is not None:
                         cached = delta.num_cached_tokens
                     sampled.extend(delta.token_ids)
@@ -458,6 +467,11 @@ class Pipeline:
             self.finalizer.finish(turn, events, history, exact=finish == "stop" and stop_token is not None,
                                   usage=usage, copied_bytes=copied)
             finished_cleanly = True
+            if turn.store and turn.ctx.transport == "http" and getattr(self.store, "shared", False):
+                # An HTTP client may chain its next request through another replica: make the
+                # write land before the client sees the end (one store round trip; WebSocket
+                # continuations resolve from the connection cache and do not wait).
+                await self.finalizer.wait_for(turn.id)
             for ev in terminal:
                 yield ev
         finally:

@@ -56,6 +56,13 @@ class Settings(BaseModel):
     ws_cache_bytes: int = 512 * 1024 * 1024
     store_max_bytes: int = 1024 * 1024 * 1024
     store_ttl_s: float = 24 * 3600.0
+    #: shared response store (``redis://...``); unset = in-memory. ``REDIS_URL`` is read as a fallback
+    redis_url: str | None = None
+    #: billing: the local journal (fsync'd JSON lines) that holds usage records while the ledger is
+    #: unreachable and is replayed at start-up; empty disables it. Default: <cache dir>/usage-journal.jsonl
+    usage_journal: str | None = Field(default_factory=lambda: default_usage_journal())
+    #: billing: the Redis Stream that is the usage ledger (used when ``redis_url`` is set)
+    usage_stream: str = "respgate:usage"
     #: what to do with hosted tool types we do not run (web_search, tool_search ...)
     hosted_tools: Literal["strip", "reject"] = "strip"
     #: how reasoning reaches clients: raw reasoning_text, or only as the item (no text events)
@@ -79,5 +86,13 @@ class Settings(BaseModel):
                 values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
             else:
                 values[name] = raw
+        if "redis_url" not in values and os.environ.get("REDIS_URL"):
+            values["redis_url"] = os.environ["REDIS_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
+
+
+def default_usage_journal() -> str:
+    """``$RESPGATE_CACHE_DIR/usage-journal.jsonl``, else ``~/.cache/respgate/usage-journal.jsonl``."""
+    root = os.environ.get("RESPGATE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "respgate")
+    return os.path.join(os.path.expanduser(root), "usage-journal.jsonl")

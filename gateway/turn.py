@@ -68,7 +68,11 @@ class PreparedTurn:
     generate: bool
     store: bool
     include_encrypted: bool
+    #: perf_counter when the request arrived (the pipeline passes its own start)
     started: float = field(default_factory=time.perf_counter)
+    #: wall clock at arrival, and perf_counter of the first output token (billing: created_at, ttft)
+    created_at: float = field(default_factory=time.time)
+    first_token_at: float | None = None
 
     @property
     def id(self) -> str:
