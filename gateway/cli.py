@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--remote-url", default=None, help="remote-vllm: the vLLM server's base URL")
     serve.add_argument("--model-path", default=None, help="model folder, or packaged:<name> (default packaged:smollm2)")
     serve.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
+    serve.add_argument("--models-file", default=None, help="JSON list of models, each with its own engine")
     serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted bearer key (repeatable)")
     serve.add_argument("--log-level", default=None)
     prep = sub.add_parser("prepare-model", help="convert a packaged model into a cached folder vLLM can load")
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         settings = Settings.from_env(host=args.host, port=args.port, engine=args.engine, models=args.models,
                                      model_path=args.model_path, remote_url=args.remote_url,
+                                     models_file=args.models_file,
                                      api_keys=args.api_keys, log_level=args.log_level)
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
         from gateway.app import create_app, uvicorn_config_kwargs

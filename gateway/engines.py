@@ -35,10 +35,34 @@ def resolve_engine(settings: Settings) -> str:
 
 
 def build_registry(settings: Settings) -> ModelRegistry:
+    if settings.models_file:
+        return _from_file(settings)
     engine = resolve_engine(settings)
     if engine == "simulated":
         return _simulated(settings)
     return _vllm(settings)
+
+
+def _from_file(settings: Settings) -> ModelRegistry:
+    """Several models in one gateway, declared in a JSON file: a list of entries, each naming its
+    served ``names`` (or one ``name``) and overriding any engine setting (``engine``,
+    ``model_path``, ``renderer``, ``remote_url``, ``max_model_len`` ...). One engine per entry;
+    e.g. a local small model next to a remote large one."""
+    entries = json.loads(Path(settings.models_file).expanduser().read_text())  # type: ignore[arg-type]
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{settings.models_file}: expected a non-empty JSON list of model entries")
+    registry = ModelRegistry()
+    for entry in entries:
+        entry = dict(entry)
+        names = entry.pop("names", None) or [entry.pop("name")]
+        entry.pop("name", None)
+        sub = Settings.model_validate({**settings.model_dump(), **entry, "models": names, "models_file": None})
+        for name in names:
+            if registry.get(name) is not None:
+                raise ValueError(f"{settings.models_file}: model name {name!r} is declared twice")
+        for route in build_registry(sub).routes():
+            registry.add(route)
+    return registry
 
 
 def _simulated(settings: Settings) -> ModelRegistry:

@@ -24,6 +24,8 @@ class Settings(BaseModel):
     remote_api_key: str | None = None
     #: served model names (empty: the engine's default name). Every name routes to the engine.
     models: list[str] = Field(default_factory=list)
+    #: several models with their own engines: a JSON file (see ``gateway/engines.py::_from_file``)
+    models_file: str | None = None
     #: vLLM: a model folder, or ``packaged:<name>`` for a model shipped in a PyPI package
     model_path: str = "packaged:smollm2"
     #: prompt format: ``auto`` = harmony for gpt-oss folders, the model's chat template otherwise

@@ -32,6 +32,9 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self._routes)
 
+    def routes(self) -> list[ModelRoute]:
+        return list(self._routes.values())
+
     def engines(self) -> list[Engine]:
         seen: dict[int, Engine] = {}
         for r in self._routes.values():
