@@ -17,7 +17,7 @@ from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
 from gateway.auth import KeyAuth
 from gateway.errors import ApiError
-from gateway.metrics import Metrics
+from gateway.metrics import ComponentCollector, Metrics
 from gateway.pipeline import Pipeline
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -46,6 +46,7 @@ def create_app(
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
     metrics = Metrics()
     usage = build_usage_queue(settings, usage_sink)
+    metrics.registry.register(ComponentCollector(usage, store))
     pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=KeyAuth(settings.api_keys))

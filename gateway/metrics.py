@@ -5,7 +5,10 @@ Each app gets its own registry so several gateways (tests) can live in one proce
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class Metrics:
@@ -39,3 +42,33 @@ class Metrics:
         self.cancel_latency = Histogram("respgate_abort_seconds",
                                         "From client disconnect to engine abort",
                                         buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)
+
+
+class ComponentCollector:
+    """Counters that live on components (the usage queue, the response store, shared views) rather
+    than in the pipeline, read at scrape time so components stay free of Prometheus."""
+
+    def __init__(self, usage: Any, store: Any) -> None:
+        self.usage = usage
+        self.store = store
+
+    def collect(self) -> Iterator[Any]:
+        from cache.seq import AppendOnlyView
+
+        c = CounterMetricFamily("respgate_usage_records", "Usage records by where they went", labels=["sink"])
+        for label, attr in (("ledger", "written"), ("journal", "journaled"), ("journal_sync", "journaled_sync"),
+                            ("replayed", "replayed")):
+            c.add_metric([label], getattr(self.usage, attr, 0))
+        yield c
+        pending = GaugeMetricFamily("respgate_usage_pending", "Usage records not yet written to a sink")
+        pending.add_metric([], getattr(self.usage, "pending", 0))
+        yield pending
+        tokens = CounterMetricFamily("respgate_store_token_cache", "Store reads by token-cache outcome",
+                                     labels=["outcome"])
+        tokens.add_metric(["hit"], getattr(self.store, "token_hits", 0))
+        tokens.add_metric(["miss"], getattr(self.store, "token_misses", 0))
+        yield tokens
+        copies = CounterMetricFamily("respgate_sequence_copies",
+                                     "History copies forced by forks or retries (continuations append in place)")
+        copies.add_metric([], AppendOnlyView.copies)
+        yield copies

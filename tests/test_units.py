@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -123,3 +124,18 @@ def test_key_auth():
         with pytest.raises(ApiError) as exc:
             auth.tenant(headers)
         assert exc.value.status == 401 and exc.value.code == "invalid_api_key"
+
+
+def test_component_counters_are_exported_at_scrape_time(make_gateway):
+    import httpx
+
+    live = make_gateway()
+    live.openai().responses.create(model="gpt-oss-sim", input="hi")
+    deadline = time.monotonic() + 10
+    while live.metric("respgate_usage_records_total", {"sink": "ledger"}) < 1:
+        assert time.monotonic() < deadline, "usage record never written"
+        time.sleep(0.02)
+    text = httpx.get(live.url + "/metrics").text
+    for name in ("respgate_usage_records_total", "respgate_usage_pending", "respgate_store_token_cache_total",
+                 "respgate_sequence_copies_total"):
+        assert name in text, name
