@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 
+import orjson
+from websockets.sync.client import ClientConnection, connect
+
 from tests.conftest import VLLM_MODEL, LiveGateway
 
 BLOCK = 32  # the engines' KV block size in these tests: prefix-cache hits are whole blocks
@@ -76,3 +79,17 @@ def check_required_tool_call_is_schema_valid(live: LiveGateway):
     args = json.loads(calls[0].arguments)
     assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("c", "f")
     return r, calls[0]
+
+
+def start_long_story(live: LiveGateway, deltas: int = 3) -> ClientConnection:
+    """Open a socket, start a long generation and return once ``deltas`` text deltas arrived."""
+    ws = connect(live.ws_url, max_size=None)
+    ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
+                          "max_output_tokens": 2000,
+                          "input": "Write a very long story about a dragon, with many chapters."}).decode())
+    seen = 0
+    while seen < deltas:
+        ev = json.loads(ws.recv(timeout=120))
+        assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
+        seen += ev["type"] == "response.output_text.delta"
+    return ws

@@ -36,6 +36,7 @@ from tests.engine_contract import (
     check_http_chain_reuses_the_parents_kv,
     check_required_tool_call_is_schema_valid,
     check_ws_chain_reuses_the_parents_kv,
+    start_long_story,
 )
 
 # The first test's budget includes the server start; on a loaded 2-core machine that alone has
@@ -239,15 +240,7 @@ def test_ws_warm_up_prefills_the_remote_server(remote_gateway: LiveGateway):
 def test_client_dropping_mid_generation_aborts_on_the_server(remote_gateway: LiveGateway, vllm_server: VllmServer):
     engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
     aborts, delivered = engine.stats.aborts, engine.aborts_delivered
-    ws = connect(remote_gateway.ws_url, max_size=None)
-    ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
-                          "max_output_tokens": 2000,
-                          "input": "Write a very long story about a dragon, with many chapters."}).decode())
-    deltas = 0
-    while deltas < 3:
-        ev = json.loads(ws.recv(timeout=120))
-        assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
-        deltas += ev["type"] == "response.output_text.delta"
+    ws = start_long_story(remote_gateway)
     deadline = time.monotonic() + 60  # bounded polling, no timing assertions
     while not vllm_server.metric("vllm:num_requests_running"):  # the gauge sees the running story
         assert time.monotonic() < deadline, "vLLM never reported the request as running"

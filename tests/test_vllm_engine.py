@@ -20,6 +20,7 @@ from tests.engine_contract import (
     check_http_chain_reuses_the_parents_kv,
     check_required_tool_call_is_schema_valid,
     check_ws_chain_reuses_the_parents_kv,
+    start_long_story,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,15 +40,7 @@ def test_ws_chained_turns_store_false_reuse_the_parents_kv(vllm_gateway: LiveGat
 def test_client_dropping_mid_generation_leaves_no_running_request(vllm_gateway: LiveGateway):
     engine = vllm_gateway.engine
     aborts = engine.stats.aborts
-    ws = connect(vllm_gateway.ws_url, max_size=None)
-    ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
-                          "max_output_tokens": 2000,
-                          "input": "Write a very long story about a dragon, with many chapters."}).decode())
-    deltas = 0
-    while deltas < 3:
-        ev = json.loads(ws.recv(timeout=120))
-        assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
-        deltas += ev["type"] == "response.output_text.delta"
+    ws = start_long_story(vllm_gateway)
     ws.close()
     deadline = time.monotonic() + 30
     while engine.stats.running or engine.stats.aborts == aborts:

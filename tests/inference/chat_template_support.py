@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .harmony_support import APPLY_PATCH, GET_WEATHER, MCP, NO_PARAMS, WEB_SEARCH
+from .harmony_support import APPLY_PATCH, GET_WEATHER, MCP, NO_PARAMS, WEB_SEARCH, content_parts
 
 QWEN25_TEMPLATE = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'
 
@@ -40,20 +40,10 @@ JSON_OBJ = st.dictionaries(
 JSON_ARGS = JSON_OBJ.map(lambda d: json.dumps(d, ensure_ascii=False))
 
 
-def _parts(output: bool) -> st.SearchStrategy[list[dict]]:
-    kind = "output_text" if output else "input_text"
-    part = st.one_of(
-        TEXT.map(lambda t: {"type": kind, "text": t}),
-        st.just({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}),
-        TEXT.map(lambda t: {"type": "refusal", "refusal": t}),
-    )
-    return st.lists(part, min_size=1, max_size=3)
-
-
 @st.composite
 def _message(draw: st.DrawFn) -> list[dict]:
     role = draw(st.sampled_from(["user", "user", "developer", "system", "assistant", "assistant"]))
-    return [{"type": "message", "role": role, "content": draw(_parts(role == "assistant"))}]
+    return [{"type": "message", "role": role, "content": draw(content_parts(role == "assistant", TEXT))}]
 
 
 @st.composite

@@ -75,10 +75,11 @@ PRELUDES = st.builds(
 )
 
 
-def _parts(roles_output: bool) -> st.SearchStrategy[list[dict]]:
+def content_parts(roles_output: bool, text: st.SearchStrategy[str] = TEXT) -> st.SearchStrategy[list[dict]]:
+    """Message content parts (text, an image, a refusal) with text drawn from ``text``."""
     kind = "output_text" if roles_output else "input_text"
     part = st.one_of(
-        TEXT.map(lambda t: {"type": kind, "text": t}),
+        text.map(lambda t: {"type": kind, "text": t}),
         st.just({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}),
         TEXT.map(lambda t: {"type": "refusal", "refusal": t}),
     )
@@ -88,7 +89,7 @@ def _parts(roles_output: bool) -> st.SearchStrategy[list[dict]]:
 @st.composite
 def _message(draw: st.DrawFn) -> list[dict]:
     role = draw(st.sampled_from(["user", "user", "developer", "system", "assistant"]))
-    item: dict[str, Any] = {"type": "message", "role": role, "content": draw(_parts(role == "assistant"))}
+    item: dict[str, Any] = {"type": "message", "role": role, "content": draw(content_parts(role == "assistant"))}
     if role == "assistant" and draw(st.booleans()):
         item["phase"] = draw(st.sampled_from(["commentary", "final_answer"]))
     return [item]
