@@ -372,6 +372,19 @@ async def test_ledger_is_idempotent_by_response_id(redis_url: str) -> None:
     assert UsageRecord.from_fields(odd.to_fields()) == odd
 
 
+def test_ledger_keys_of_one_batch_share_a_cluster_slot() -> None:
+    """Redis Cluster runs a script only when all its keys are in one slot (CROSSSLOT otherwise)."""
+    from redis.crc import key_slot
+
+    for stream in (DEFAULT_STREAM, "billing:usage:v2", "{tenantA}usage"):
+        slots = {key_slot(k.encode()) for k in [stream, *(marker_key(stream, f"resp_{i}") for i in range(50))]}
+        assert slots == {key_slot(stream.encode())}, stream
+    assert marker_key(DEFAULT_STREAM, "resp_1") == "{respgate:usage}:seen:resp_1"
+    for bad in ("a{}b", "a}b", "x{y"):
+        with pytest.raises(ValueError, match="hash tag"):
+            RedisLedger("redis://127.0.0.1:1", bad)
+
+
 # -- queue ---------------------------------------------------------------------------------------
 
 
