@@ -29,7 +29,7 @@ Redis Cluster: not supported as is. The one Lua script (``DELETE``) touches a si
 slot-safe; but a write is a MULTI transaction over the new record *and its ancestors* (the parent's
 ``kids`` count, every ancestor's TTL), and ``get`` reads all ancestors — keys named by response id,
 so a chain spreads over many slots and Cluster would refuse the transaction (CROSSSLOT). Making it
-Cluster-safe means tagging keys with their chain's root (``{prefix}r:{{root}}:{id}``), which needs
+Cluster-safe means tagging keys with their chain's root (``<prefix>r:{<root id>}:<id>``), which needs
 the root at every lookup by id (another key or an id format change): a format change left for
 when Cluster is needed. Use a standalone Redis/Valkey (with replicas or Sentinel for failover).
 
