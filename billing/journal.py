@@ -14,6 +14,10 @@ response id, so sending a segment twice never double-counts.
 A SIGKILL during ``append`` can leave a torn last line. Reading skips lines that do not parse
 (they belong to a batch that was never acknowledged), and the journal starts every append on a
 fresh line so a torn tail cannot swallow the next record. One process writes a given path.
+
+Next to it live the usage write-ahead log's generations (``<path>.wal-*``, see ``billing.wal``):
+the unsynced per-record copy that covers the milliseconds before a batch reaches this file or the
+ledger; start-up moves a killed process's generations in here.
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ The marker TTL bounds how late a duplicate can arrive and still be recognised. D
 only from journal replays, which run as soon as Redis answers again, so days are plenty; it is a
 constructor argument for operators with longer outages.
 
+Redis Cluster: the script touches the stream and one marker per record, and Cluster runs a script
+only when all its keys hash to one slot. Markers therefore carry the stream's name as their hash
+tag — ``{respgate:usage}:seen:<id>`` hashes exactly like the stream key ``respgate:usage`` — so a
+batch is always single-slot (and all usage lands on one shard: a stream is one key anyway). A
+stream name that has its own tag (``{usage}:stream``) lends that tag to its markers instead. (Before
+this naming, markers were ``<stream>:seen:<id>``: a replay across the upgrade of a record written
+under the old name would be counted again; the stream itself is unchanged.) The client here is the
+standalone one; a Cluster deployment needs a cluster-aware client (``redis.asyncio.RedisCluster``).
+
 Failures are fast on purpose (short socket timeouts, no client-side retries): a failed batch goes
 to the journal at once instead of holding the queue, and the replay loop is the retry.
 """
@@ -48,7 +57,19 @@ return added
 
 
 def marker_key(stream: str, response_id: str) -> str:
-    return f"{stream}:seen:{response_id}"
+    """The dedup marker of one record: same cluster slot as ``stream`` (see the module docstring)."""
+    return f"{slot_tag(stream)}:seen:{response_id}"
+
+
+def slot_tag(key: str) -> str:
+    """A prefix whose hash tag hashes like ``key``: ``key`` itself if it has a tag, else ``{key}``."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start != -1 else -1
+    if start != -1 and end > start + 1:
+        return key  # its tag is the first {...}: keys that start with it share it
+    if "{" in key or "}" in key:
+        raise ValueError(f"usage stream name {key!r}: braces must form a non-empty hash tag like {{name}}")
+    return "{" + key + "}"
 
 
 class RedisLedger:
@@ -60,6 +81,7 @@ class RedisLedger:
 
     def __init__(self, url: str, stream: str = DEFAULT_STREAM, *, marker_ttl_s: int = DEFAULT_MARKER_TTL_S,
                  timeout_s: float = 2.0) -> None:
+        slot_tag(stream)  # refuse a name whose markers could not share its cluster slot
         self.stream = stream
         self.marker_ttl_s = marker_ttl_s
         self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,

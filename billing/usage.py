@@ -17,9 +17,16 @@ A usage record is money, so no path drops one:
   Without a journal the overflow is unbounded: memory is then the only place a record can live.
 * shutdown (``drain``): the worker empties the queue into the sink or the journal; whatever is
   still in memory at the deadline is appended to the journal synchronously.
-* a kill: start-up replays the journal (the replay loop's first pass). What a SIGKILL can lose is
-  exactly the records not yet acknowledged — submitted but not in a batch that the sink answered or
-  the journal fsync'd (normally one batch round trip, milliseconds).
+* a kill: ``submit`` first appends the record to the write-ahead log (``billing.wal``: one
+  unsynced ``write`` to the page cache, before the pipeline sends the terminal event), so a
+  SIGKILL loses nothing the client saw finish; start-up moves what a killed process left in its
+  WAL into the journal, then replays the journal (the replay loop's first pass). Power loss is
+  covered as before the WAL: a record is on disk once its batch is acknowledged by the sink or
+  fsync'd to the journal (one batch round trip, milliseconds); see ``billing.wal``.
+
+The WAL is on when there is a journal and the sink is durable (the Redis ledger): records kept by
+a memory sink die with the process anyway. A durable sink without a journal has no crash safety
+at all (logged at start).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence
 
 from billing.journal import Journal
+from billing.wal import WriteAheadLog, record_line
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +132,20 @@ class UsageQueue:
 
     def __init__(self, sink: UsageSink, journal: Journal | None = None, *, maxsize: int = 10_000,
                  overflow_max: int = 10_000, batch_max: int = 256, write_timeout_s: float = 5.0,
-                 retry_s: float = 0.25, retry_max_s: float = 5.0) -> None:
+                 retry_s: float = 0.25, retry_max_s: float = 5.0, wal: WriteAheadLog | bool | None = None) -> None:
         self.sink = sink
         self.journal = journal
+        if wal is None:  # default: on exactly where it adds safety (see the module docstring)
+            wal = journal is not None and sink.durable
+        if wal is True:
+            if journal is None:
+                raise ValueError("the usage WAL needs a journal to recover into")
+            wal = WriteAheadLog(journal.path)
+        #: the write-ahead log ``submit`` appends to (None: off)
+        self.wal: WriteAheadLog | None = wal or None
+        if journal is None and sink.durable:
+            log.warning("usage ledger without a journal: records in flight are lost if the process dies "
+                        "or the ledger is unreachable (set RESPGATE_USAGE_JOURNAL)")
         self.maxsize = maxsize
         self.overflow_max = overflow_max
         self.batch_max = batch_max
@@ -151,7 +170,10 @@ class UsageQueue:
     # -- the turn's side --------------------------------------------------------------------------
 
     def submit(self, record: UsageRecord) -> None:
-        """Hand over a record. Never awaits; blocks (one fsync) only when queue and overflow are full."""
+        """Hand over a record. Never awaits; one unsynced WAL ``write``, and one fsync only when
+        queue and overflow are full. Call it before the client sees the response end."""
+        if self.wal is not None:
+            self.wal.append(record.response_id, record_line(record))
         if len(self._queue) < self.maxsize:  # order does not matter: records carry their own times
             self._queue.append(record)
         elif self.journal is None or len(self._overflow) < self.overflow_max:
@@ -161,6 +183,7 @@ class UsageQueue:
                 self.journal.append([record.to_dict()])
                 self.journaled_sync += 1
                 self.journaled += 1
+                self._ack([record])
             except OSError:
                 log.exception("usage journal append failed; keeping record %s in memory", record.response_id)
                 self._overflow.append(record)
@@ -175,8 +198,11 @@ class UsageQueue:
 
     def start(self) -> None:
         """Start the writer and, for a durable sink with a journal, the replay loop (which first
-        replays whatever an earlier process left: the start-up replay)."""
+        replays whatever an earlier process left: the start-up replay). Before either, WAL
+        generations left by a killed process are moved into the journal."""
         loop = asyncio.get_running_loop()
+        if self._worker is None and self._replayer is None and self.journal is not None:
+            (self.wal or WriteAheadLog(self.journal.path)).recover(self.journal)
         if self._worker is None:
             self._worker = loop.create_task(self._run(), name="usage-writer")
         if self._replayer is None and self.journal is not None and self.sink.durable:
@@ -201,11 +227,17 @@ class UsageQueue:
         left = [*inflight, *self._queue, *self._overflow]
         self._batch, self._queue, self._overflow = [], deque(), deque()
         if left and self.journal is not None:
-            self.journal.append(r.to_dict() for r in left)
-            self.journaled += len(left)
-            log.warning("shutdown: %d usage records journaled for replay at next start", len(left))
+            try:
+                self.journal.append(r.to_dict() for r in left)
+                self.journaled += len(left)
+                self._ack(left)
+                log.warning("shutdown: %d usage records journaled for replay at next start", len(left))
+            except OSError:  # the WAL still holds them (if on): the next start recovers them
+                log.exception("shutdown: journaling %d usage records failed", len(left))
         elif left:
             log.error("shutdown with %d usage records not written (no journal configured)", len(left))
+        if self.wal is not None:
+            self.wal.close()
         close = getattr(self.sink, "close", None)
         if close is not None:
             await close()
@@ -238,6 +270,7 @@ class UsageQueue:
                     try:
                         await asyncio.wait_for(self.sink.write_batch(batch), self.write_timeout_s)
                         self.written += len(batch)
+                        self._ack(batch)
                         return
                     except asyncio.CancelledError:
                         raise
@@ -276,7 +309,13 @@ class UsageQueue:
             log.exception("usage journal append failed for %d records", len(batch))
             return False
         self.journaled += len(batch)
+        self._ack(batch)
         return True
+
+    def _ack(self, records: Sequence[UsageRecord]) -> None:
+        """These records are durable (sink or fsync'd journal): the WAL may forget them."""
+        if self.wal is not None:
+            self.wal.ack(r.response_id for r in records)
 
     # -- replay -----------------------------------------------------------------------------------
 

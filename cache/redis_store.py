@@ -25,6 +25,14 @@ lists, many per item) and only useful to the process whose renderer made them. A
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
 (counted), after which this process holds the chain's tokens again.
 
+Redis Cluster: not supported as is. The one Lua script (``DELETE``) touches a single key, so it is
+slot-safe; but a write is a MULTI transaction over the new record *and its ancestors* (the parent's
+``kids`` count, every ancestor's TTL), and ``get`` reads all ancestors — keys named by response id,
+so a chain spreads over many slots and Cluster would refuse the transaction (CROSSSLOT). Making it
+Cluster-safe means tagging keys with their chain's root (``<prefix>r:{<root id>}:<id>``), which needs
+the root at every lookup by id (another key or an id format change): a format change left for
+when Cluster is needed. Use a standalone Redis/Valkey (with replicas or Sentinel for failover).
+
 Redis errors become ``StoreUnavailable`` (the gateway answers 503), so an outage is a clear,
 retryable error and never a "not found".
 """

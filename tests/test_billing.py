@@ -29,6 +29,7 @@ from billing.journal import Journal
 from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key
 from billing.report import iter_ledger, usage_report
 from billing.usage import UsageQueue, UsageRecord
+from billing.wal import WriteAheadLog, record_line
 from gateway.auth import KeyAuth
 from gateway.settings import Settings
 from tests.conftest import MODEL, RedisServer, redis_server_binary
@@ -68,6 +69,10 @@ def record(i: int, **kw: Any) -> UsageRecord:
                                 duration_s=1.0)
     base.update(kw)
     return UsageRecord(**base)
+
+
+def wal_files(journal_path: Path) -> list[Path]:
+    return sorted(journal_path.parent.glob(journal_path.name + ".wal-*"))
 
 
 def stream_ids(url: str, stream: str = DEFAULT_STREAM) -> list[str]:
@@ -220,6 +225,132 @@ def test_journal_heals_a_torn_tail(tmp_path: Path) -> None:
     assert [r["response_id"] for r in journal.records()] == ["resp_1", "resp_2"]
 
 
+# -- write-ahead log -----------------------------------------------------------------------------
+
+
+def test_wal_rotates_truncates_and_deletes_generations_as_records_are_acknowledged(tmp_path: Path) -> None:
+    base = tmp_path / "j.jsonl"
+    line = len(record_line(record(0)))
+    wal = WriteAheadLog(base, max_bytes=3 * line)  # three records per generation
+    for i in range(7):
+        assert wal.append(f"resp_{i}", record_line(record(i)))
+    gens = wal_files(base)
+    assert wal.generations == gens and len(gens) == 3 and wal.rotations == 2
+    assert [[r["response_id"] for r in Journal.read(g)] for g in gens] == [
+        ["resp_0", "resp_1", "resp_2"], ["resp_3", "resp_4", "resp_5"], ["resp_6"]]
+    assert [UsageRecord.from_dict(r) for r in Journal.read(gens[0])] == [record(0), record(1), record(2)]
+    wal.ack(["resp_0", "resp_2", "resp_4", "resp_unknown"])  # out of order, plus one it never held
+    assert wal_files(base) == gens and wal.unacked == 4
+    wal.ack(["resp_1"])  # the first generation is fully acknowledged: deleted
+    assert wal_files(base) == gens[1:]
+    wal.ack(["resp_6"])  # the live generation is fully acknowledged: truncated, kept
+    assert wal_files(base) == gens[1:] and gens[2].stat().st_size == 0
+    wal.append("resp_7", record_line(record(7)))  # ... and written from offset 0 again
+    assert [r["response_id"] for r in Journal.read(gens[2])] == ["resp_7"]
+    wal.ack(["resp_3", "resp_5"])
+    assert wal_files(base) == [gens[2]]
+    # continuous load never lets the live generation empty: size-based rotation still bounds it
+    for i in range(8, 40):
+        wal.append(f"resp_{i}", record_line(record(i)))
+        wal.ack([f"resp_{i - 1}"])
+    assert wal.rotations > 2 and len(wal_files(base)) <= 2
+    assert all(g.stat().st_size < 4 * line for g in wal_files(base))  # max_bytes + at most one line
+    assert wal.unacked == 1
+    wal.close()  # shutdown keeps only the generation with an unacknowledged record (acked ones
+    (kept,) = wal_files(base)  # share it: recovering them again is harmless, the ledger is idempotent)
+    assert [r["response_id"] for r in Journal.read(kept)][-1] == "resp_39"
+
+
+def test_wal_age_rotation_and_a_duplicate_id(tmp_path: Path) -> None:
+    base = tmp_path / "j.jsonl"
+    wal = WriteAheadLog(base, max_age_s=0.0)  # every append opens a new generation
+    wal.append("resp_1", record_line(record(1)))
+    wal.append("resp_1", record_line(record(1)))  # the same id twice: two lines, two acks
+    assert len(wal_files(base)) == 2
+    wal.ack(["resp_1"])
+    assert len(wal_files(base)) == 1 and wal.unacked == 1
+    wal.ack(["resp_1"])
+    assert wal.unacked == 0
+    wal.close()
+    assert not wal_files(base)
+
+
+def test_start_up_recovers_a_killed_process_wal_including_a_torn_line(tmp_path: Path) -> None:
+    """A real process submits records and SIGKILLs itself before its worker ever runs: only its
+    WAL holds them. A torn last line (killed mid-write) is appended too. Recovery moves the
+    records into the journal (fsync) and deletes the WAL; the replay delivers them."""
+    journal_path = tmp_path / "j.jsonl"
+    script = f"""
+import os, signal
+from billing.journal import Journal
+from billing.usage import UsageQueue
+from tests.test_billing import GatedSink, record
+queue = UsageQueue(GatedSink(), Journal({str(journal_path)!r}))
+for i in range(5):
+    queue.submit(record(i))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = wal_files(journal_path)
+    with open(left, "ab") as f:
+        f.write(b'{"response_id": "resp_torn", "mod')
+    assert not Journal(journal_path).pending()  # nothing in the journal: without the WAL, lost
+
+    async def restart() -> None:
+        sink = GatedSink()
+        sink.gate.set()
+        queue = UsageQueue(sink, Journal(journal_path), retry_s=0.01)
+        queue.start()  # recovery runs before the replay loop's first pass
+        assert not wal_files(journal_path)
+        await await_until(lambda: len(sink.records) == 5 and not queue.journal.pending(), "the replay")
+        assert sink.records == {f"resp_{i}": record(i) for i in range(5)}
+        await queue.drain()
+
+    asyncio.run(restart())
+
+
+def test_recovery_leaves_a_live_wal_alone(tmp_path: Path) -> None:
+    """Two replicas sharing a journal folder: one's start-up must not take the other's live WAL."""
+    base = tmp_path / "j.jsonl"
+    live = WriteAheadLog(base)
+    live.append("resp_1", record_line(record(1)))
+    journal = Journal(base)
+    assert WriteAheadLog(base).recover(journal) == 0  # locked by its (living) writer
+    assert wal_files(base) == live.generations and not journal.pending()
+    live.close()  # unacknowledged: the file stays, its lock goes
+    assert WriteAheadLog(base).recover(journal) == 1
+    assert not wal_files(base) and [r["response_id"] for r in journal.records()] == ["resp_1"]
+
+
+async def test_queue_acknowledges_wal_records_once_the_sink_or_journal_has_them(tmp_path: Path) -> None:
+    sink = GatedSink()
+    journal = Journal(tmp_path / "j.jsonl")
+    queue = UsageQueue(sink, journal, maxsize=2, overflow_max=1, retry_s=0.01)
+    assert queue.wal is not None  # on by default: a journal and a durable sink
+    for i in range(4):  # 2 queued, 1 overflow, 1 journaled synchronously (acknowledged at once)
+        queue.submit(record(i))
+    assert queue.wal.appended == 4 and queue.wal.unacked == 3
+    (gen,) = wal_files(journal.path)
+    assert [r["response_id"] for r in Journal.read(gen)] == [f"resp_{i}" for i in range(4)]
+    queue.start()
+    await await_until(lambda: queue.journaled == 2, "the overflow spilled to the journal")
+    assert queue.wal.unacked == 2  # the queued pair waits on the blocked sink
+    sink.gate.set()
+    await await_until(lambda: queue.wal.unacked == 0, "the sink acknowledged")
+    assert gen.stat().st_size == 0  # fully acknowledged: truncated
+    await queue.drain()
+    assert not wal_files(journal.path)
+    assert UsageQueue(MemorySinkForTest(), journal).wal is None  # memory loses records anyway: no WAL
+
+
+class MemorySinkForTest:
+    durable = False
+
+    async def write_batch(self, records: Any) -> None:
+        pass
+
+
 # -- ledger --------------------------------------------------------------------------------------
 
 
@@ -239,6 +370,19 @@ async def test_ledger_is_idempotent_by_response_id(redis_url: str) -> None:
     assert list(iter_ledger(redis_url, "test:usage", page=3)) == [record(1), record(2), record(3), record(4)]
     odd = record(9, tenant=None, ttft_s=None)
     assert UsageRecord.from_fields(odd.to_fields()) == odd
+
+
+def test_ledger_keys_of_one_batch_share_a_cluster_slot() -> None:
+    """Redis Cluster runs a script only when all its keys are in one slot (CROSSSLOT otherwise)."""
+    from redis.crc import key_slot
+
+    for stream in (DEFAULT_STREAM, "billing:usage:v2", "{tenantA}usage"):
+        slots = {key_slot(k.encode()) for k in [stream, *(marker_key(stream, f"resp_{i}") for i in range(50))]}
+        assert slots == {key_slot(stream.encode())}, stream
+    assert marker_key(DEFAULT_STREAM, "resp_1") == "{respgate:usage}:seen:resp_1"
+    for bad in ("a{}b", "a}b", "x{y"):
+        with pytest.raises(ValueError, match="hash tag"):
+            RedisLedger("redis://127.0.0.1:1", bad)
 
 
 # -- queue ---------------------------------------------------------------------------------------
@@ -376,8 +520,10 @@ def test_a_blocked_sink_never_blocks_turns(make_gateway: Callable[..., Any], tmp
 
 def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis: DurableRedis,
                                                                   tmp_path: Path) -> None:
-    """The guarantee under test: a record acknowledged (in the stream, or fsync'd in the journal)
-    when the process is SIGKILLed is in the ledger exactly once after restart; nothing is doubled.
+    """The guarantee under test: every response the client saw complete before the process was
+    SIGKILLed is in the ledger exactly once after restart — not only the records the ledger or
+    the journal had acknowledged: the rest were in the usage WAL, written before the terminal
+    event was sent — and nothing else is there (only responses that were created).
 
     Kill 1 lands while Redis is down (records go to the journal; restart must replay them); kill 2
     while Redis is up and records flow straight to the stream."""
@@ -432,10 +578,18 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         proc = serve()
         acknowledged = s1 | s2 | s3
         wait_until(lambda: acknowledged <= in_stream(), 60, "acknowledged records")
+        seen_complete = set(load.completed) | set(load2.completed)
+        assert len(seen_complete) > len(acknowledged)  # the kills did land while turns completed
+        wait_until(lambda: seen_complete <= in_stream(), 60, "every response the client saw complete")
         wait_until(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
+        assert not wal_files(journal_path), "the killed processes' WAL generations were not recovered"
         ids = stream_ids(durable_redis.url)
         assert len(ids) == len(set(ids)), "a record was counted twice"
         assert set(ids) <= set(load.created) | set(load.completed) | set(load2.created) | set(load2.completed)
+        by_id = {r.response_id: r for r in iter_ledger(durable_redis.url)}
+        for rid, usage in {**load.usage, **load2.usage}.items():  # the WAL's copy is the same record
+            assert (by_id[rid].input_tokens, by_id[rid].output_tokens) == (usage["input_tokens"],
+                                                                           usage["output_tokens"])
     finally:
         proc.terminate()
         proc.wait(30)
