@@ -106,23 +106,27 @@ class Metrics:
 
 
 class StageTimer:
-    """Laps of one turn's stages: ``lap("validate")`` observes the time since the previous lap."""
+    """One turn's stage clock: ``lap(stage)`` adds the time since the previous lap to ``stage``
+    (a stage may be entered twice, e.g. validation before and after the parent resolves);
+    ``observe()`` records one sample per stage, so histogram counts equal accepted turns."""
 
-    __slots__ = ("_hist", "_transport", "_t")
+    __slots__ = ("_hist", "_transport", "_t", "_acc")
 
     def __init__(self, hist: Histogram, transport: str) -> None:
         self._hist = hist
         self._transport = transport
         self._t = time.perf_counter()
+        self._acc: dict[str, float] = {}
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        self._hist.labels(stage, self._transport).observe(now - self._t)
+        self._acc[stage] = self._acc.get(stage, 0.0) + (now - self._t)
         self._t = now
 
-    def skip(self) -> None:
-        """Restart the clock without observing (time that belongs to no stage)."""
-        self._t = time.perf_counter()
+    def observe(self) -> None:
+        for stage, seconds in self._acc.items():
+            self._hist.labels(stage, self._transport).observe(seconds)
+        self._acc.clear()
 
 
 class ComponentCollector:

@@ -124,6 +124,7 @@ class Pipeline:
         response = response_skeleton(req, response_id=new_id("resp"), model=route.name, tools=tools, store=store)
         log_context.response_id.set(response["id"])
         lap.lap("render")
+        lap.observe()  # accepted turns only: a rejected create is counted in respgate_request_errors
         turn = PreparedTurn(
             req=req, ctx=ctx, route=route, response=response, prelude=prelude, prelude_key=prelude_key,
             new_items=new_items, parent=parent, base_context=base_context, base_ids=base_ids, new_ids=new_ids,
