@@ -31,10 +31,10 @@ class Result:
 
 
 class Checker:
-    def __init__(self, settings: Settings, *, engine: bool = True, out: TextIO = sys.stdout) -> None:
+    def __init__(self, settings: Settings, *, engine: bool = True, out: TextIO | None = None) -> None:
         self.settings = settings
         self.engine = engine
-        self.out = out
+        self.out = out or sys.stdout
         self.results: list[Result] = []
 
     def run(self) -> int:
