@@ -27,7 +27,17 @@ endif
 serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
+# tests/test_deploy.py validates deploy/compose*.yaml with Debian's docker-compose (no Docker engine
+# needed for `config -q`); install it when missing and we may (root, apt-get present: CI on Debian).
+COMPOSE_TOOL := $(shell command -v docker-compose 2>/dev/null)
+
 test: $(STAMP)
+ifeq ($(COMPOSE_TOOL),)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q docker-compose >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q docker-compose >/dev/null); \
+	else echo "docker-compose is missing: install it (e.g. apt-get install docker-compose) for tests/test_deploy.py"; fi
+endif
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -17,6 +17,7 @@ from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
 from gateway.auth import KeyAuth
 from gateway.errors import ApiError
+from gateway.logging_context import RequestIdMiddleware
 from gateway.metrics import ComponentCollector, Metrics
 from gateway.pipeline import Pipeline
 from gateway.settings import Settings
@@ -44,12 +45,12 @@ def create_app(
 
         store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
-    metrics = Metrics()
+    metrics = Metrics(per_tenant=settings.metrics_per_tenant)
     usage = build_usage_queue(settings, usage_sink)
-    metrics.registry.register(ComponentCollector(usage, store))
     pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=KeyAuth(settings.api_keys))
+    metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,6 +70,7 @@ def create_app(
 
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
+    app.add_middleware(RequestIdMiddleware)
 
     from gateway.http_api import router as http_router
     from gateway.ws import router as ws_router
@@ -114,4 +116,6 @@ def uvicorn_config_kwargs(settings: Settings) -> dict:
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 60.0,
         "h11_max_incomplete_event_size": 1024 * 1024,
+        # HTTP turns in flight at shutdown get the same grace as WebSocket turns (gateway/server.py)
+        "timeout_graceful_shutdown": settings.shutdown_grace_s,
     }

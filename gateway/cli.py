@@ -1,42 +1,110 @@
-"""``respgate`` command line: ``respgate serve [--host H] [--port P] [--engine simulated]``, ``respgate usage``."""
+"""``respgate`` command line: ``serve``, ``prepare-model``, ``usage``, ``check`` (``keys``: security).
+
+Configuration, lowest precedence first: defaults, a TOML config file (``--config FILE`` or
+``RESPGATE_CONFIG``; setting names as keys), ``RESPGATE_*`` environment variables, command-line
+flags. An invalid value stops the command with a message that names the field and where the value
+came from (exit status 2).
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
-import uvicorn
+from gateway.settings import ConfigError, Settings
 
-from gateway.settings import Settings
+CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/settings.py); "
+               "default: $RESPGATE_CONFIG")
+EPILOG = """\
+configuration: defaults < --config FILE (or $RESPGATE_CONFIG) < RESPGATE_<NAME> environment < flags.
+Every setting in gateway/settings.py has an environment variable, e.g. RESPGATE_REDIS_URL,
+RESPGATE_TENSOR_PARALLEL_SIZE, RESPGATE_SHUTDOWN_GRACE_S, RESPGATE_LOG_FORMAT=json|text.
+
+examples:
+  respgate serve                                   packaged SmolLM2 on CPU (or simulated without vLLM)
+  respgate serve --model-path /models/gpt-oss-20b --host 0.0.0.0
+  respgate check --config /etc/respgate.toml       verify engine, Redis and files before serving
+  respgate usage --redis-url redis://redis:6379    usage per key, model and day
+"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="respgate", description="OpenAI Responses API gateway in front of vLLM")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None)
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="respgate", formatter_class=_Formatter, epilog=EPILOG,
+        description="OpenAI Responses API gateway (HTTP/SSE and WebSocket mode) in front of vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve", formatter_class=_Formatter, help="run the gateway",
+        description="Run the gateway: HTTP and WebSocket on one port, Prometheus metrics on /metrics. "
+                    "SIGTERM drains: in-flight turns finish (up to shutdown_grace_s), sockets get an "
+                    "error event and close 1001, the billing queue is flushed.")
+    serve.add_argument("--config", default=None, help=CONFIG_HELP)
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None,
+                       help="auto: in-process vLLM when installed, else the simulated engine")
     serve.add_argument("--remote-url", default=None, help="remote-vllm: the vLLM server's base URL")
-    serve.add_argument("--model-path", default=None, help="model folder, or packaged:<name> (default packaged:smollm2)")
+    serve.add_argument("--model-path", default=None,
+                       help="model folder, or packaged:<name> (default packaged:smollm2)")
     serve.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
     serve.add_argument("--models-file", default=None, help="JSON list of models, each with its own engine")
     serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted bearer key (repeatable)")
-    serve.add_argument("--log-level", default=None)
-    prep = sub.add_parser("prepare-model", help="convert a packaged model into a cached folder vLLM can load")
-    prep.add_argument("name", nargs="?", default="smollm2")
-    prep.add_argument("--cache-dir", default=None)
-    usage = sub.add_parser("usage", help="usage report from the billing ledger (per key, model and day)")
+    serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    serve.add_argument("--log-format", choices=["json", "text"], default=None,
+                       help="JSON lines with request/response ids (default), or plain text")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="must be 1: one process per replica (scale with replicas; see README)")
+
+    prep = sub.add_parser(
+        "prepare-model", formatter_class=_Formatter, help="convert a packaged model into a cached folder vLLM can load",
+        description="Convert a model shipped in a PyPI package (GGUF) into a folder vLLM can load, once; "
+                    "prints the folder. Shows a progress bar on a terminal.")
+    prep.add_argument("name", nargs="?", default="smollm2", help="packaged model: smollm2, qwen2.5-coder-0.5b")
+    prep.add_argument("--cache-dir", default=None, help="default: $RESPGATE_CACHE_DIR or ~/.cache/respgate")
+
+    usage = sub.add_parser("usage", formatter_class=_Formatter,
+                           help="usage report from the billing ledger (per key, model and day)",
+                           description="Read the Redis Stream usage ledger and print totals per key, model and day.")
+    usage.add_argument("--config", default=None, help=CONFIG_HELP)
     usage.add_argument("--redis-url", default=None, help="default: RESPGATE_REDIS_URL / REDIS_URL")
     usage.add_argument("--stream", default=None, help="ledger stream (default: RESPGATE_USAGE_STREAM or respgate:usage)")
     usage.add_argument("--json", action="store_true", help="JSON rows instead of a table")
-    args = parser.parse_args(argv)
 
+    check = sub.add_parser(
+        "check", formatter_class=_Formatter, help="verify a deployment: engine loads, Redis reachable, files present",
+        description="Verify what `serve` needs with the same configuration: vocabulary files, model folders "
+                    "(or the remote vLLM server), Redis, the usage journal's folder, and that each engine "
+                    "loads and generates a token. Each failure says what to fix. Exit status 1 on failure.")
+    check.add_argument("--config", default=None, help=CONFIG_HELP)
+    check.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None)
+    check.add_argument("--model-path", default=None)
+    check.add_argument("--models-file", default=None)
+    check.add_argument("--redis-url", default=None)
+    check.add_argument("--no-engine", action="store_true",
+                       help="skip loading the engines (the slow part: minutes for a large model)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"respgate {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "usage":
         from billing.report import print_report, usage_report
 
-        settings = Settings.from_env(redis_url=args.redis_url, usage_stream=args.stream)
+        settings = Settings.load(args.config, redis_url=args.redis_url, usage_stream=args.stream)
         if not settings.redis_url:
             print("respgate usage: no ledger (set --redis-url or RESPGATE_REDIS_URL)", file=sys.stderr)
             return 2
@@ -49,22 +117,40 @@ def main(argv: list[str] | None = None) -> int:
         print(prepare_model(args.name, args.cache_dir, progress=True))
         return 0
 
+    if args.command == "check":
+        from gateway.check import Checker
+
+        settings = Settings.load(args.config, engine=args.engine, model_path=args.model_path,
+                                 models_file=args.models_file, redis_url=args.redis_url)
+        return Checker(settings, engine=not args.no_engine).run()
+
     if args.command == "serve":
-        settings = Settings.from_env(host=args.host, port=args.port, engine=args.engine, models=args.models,
-                                     model_path=args.model_path, remote_url=args.remote_url,
-                                     models_file=args.models_file,
-                                     api_keys=args.api_keys, log_level=args.log_level)
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-        from gateway.app import create_app, uvicorn_config_kwargs
-
-        from gateway.server import GatewayServer
-
-        app = create_app(settings)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                **uvicorn_config_kwargs(settings))
-        GatewayServer(config).run()
-        return 0
+        if args.workers != 1:
+            print("respgate serve: --workers must be 1. A gateway process owns its WebSocket connections' "
+                  "state and (in-process) the model; run more replicas behind a load balancer instead, "
+                  "with RESPGATE_REDIS_URL set (see README: Scaling out).", file=sys.stderr)
+            return 2
+        settings = Settings.load(args.config, host=args.host, port=args.port, engine=args.engine,
+                                 models=args.models, model_path=args.model_path, remote_url=args.remote_url,
+                                 models_file=args.models_file, api_keys=args.api_keys, log_level=args.log_level,
+                                 log_format=args.log_format)
+        return serve(settings)
     return 2
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from gateway.app import create_app, uvicorn_config_kwargs
+    from gateway.logging_setup import setup_logging
+    from gateway.server import GatewayServer
+
+    setup_logging(settings.log_level, settings.log_format)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            log_config=None, **uvicorn_config_kwargs(settings))
+    GatewayServer(config).run()
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,12 +36,10 @@ class Finalizer:
 
     def finish(self, turn: PreparedTurn, events: ResponseEvents, history: TokenSeq | None, *, exact: bool,
                usage: dict[str, Any], copied_bytes: int = 0) -> ResponseState:
+        t0 = time.perf_counter()
         status = events.status
-        self.metrics.turns.labels(turn.ctx.transport, status).inc()
-        self.metrics.prompt_tokens.inc(usage["input_tokens"])
-        self.metrics.cached_tokens.inc(usage["input_tokens_details"]["cached_tokens"])
-        self.metrics.output_tokens.inc(usage["output_tokens"])
-        duration = time.perf_counter() - turn.started
+        duration = t0 - turn.started
+        self._observe(turn, status, usage, duration)
         self.usage.submit(UsageRecord(
             response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
             input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
@@ -52,10 +50,41 @@ class Finalizer:
         output_items = [dict(o) for o in events.output]
         state = self._state(turn, output_items, history, exact=exact, copied_bytes=copied_bytes)
         if turn.ctx.conn_cache is not None and status in CHAINABLE:
+            evicted = turn.ctx.conn_cache.evictions
             turn.ctx.conn_cache.put(turn.ctx.lane, state)
+            self.metrics.conn_cache_evictions.inc(turn.ctx.conn_cache.evictions - evicted)
         if turn.store:
             self._persist(state)
+        self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
         return state
+
+    def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float) -> None:
+        """Turn counters, latency histograms and the turn's log line (ids come from the log context)."""
+        m, model, transport = self.metrics, turn.route.name, turn.ctx.transport
+        out, prompt = usage["output_tokens"], usage["input_tokens"]
+        cached = usage["input_tokens_details"]["cached_tokens"]
+        m.turns.labels(transport, status).inc()
+        m.prompt_tokens.labels(model).inc(prompt)
+        m.cached_tokens.labels(model).inc(cached)
+        m.output_tokens.labels(model).inc(out)
+        if m.tenant_tokens is not None:
+            tenant = turn.ctx.tenant or "anonymous"
+            m.tenant_tokens.labels(tenant, "input").inc(prompt)
+            m.tenant_tokens.labels(tenant, "output").inc(out)
+        ttft = None if turn.first_token_at is None else turn.first_token_at - turn.started
+        if ttft is not None:
+            m.ttft.labels(model, transport).observe(ttft)
+            if status in CHAINABLE and out > 1:
+                decode = time.perf_counter() - turn.first_token_at  # type: ignore[operator]
+                m.itl.labels(model, transport).observe(decode / (out - 1))
+            if status in CHAINABLE and duration > 0:
+                m.tps.labels(model, transport).observe(out / duration)
+        log.info("turn finished", extra={
+            "model": model, "transport": transport, "status": status, "input_tokens": prompt,
+            "cached_tokens": cached, "output_tokens": out, "render_mode": turn.render.mode,
+            "rendered_tokens": turn.render.new_tokens, "ttft_s": ttft, "duration_s": round(duration, 6),
+            "previous_response_id": turn.req.previous_response_id,
+        })
 
     def _state(self, turn: PreparedTurn, output_items: list[dict[str, Any]], history: TokenSeq | None, *,
                exact: bool, copied_bytes: int) -> ResponseState:
@@ -85,7 +114,7 @@ class Finalizer:
         )
 
     def _persist(self, state: ResponseState) -> None:
-        task = asyncio.get_running_loop().create_task(self.store.put(state))
+        task = asyncio.get_running_loop().create_task(self._timed_put(state))
         self._writes[state.id] = task
 
         def done(t: asyncio.Task[None], response_id: str = state.id) -> None:
@@ -95,6 +124,13 @@ class Finalizer:
                 log.error("store write failed for %s", response_id, exc_info=t.exception())
 
         task.add_done_callback(done)
+
+    async def _timed_put(self, state: ResponseState) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self.store.put(state)
+        finally:
+            self.metrics.store_latency.labels("put").observe(time.perf_counter() - t0)
 
     async def wait_for(self, response_id: str) -> None:
         """Wait for that response's pending store write, if any (its failure is logged, not raised)."""

@@ -1,32 +1,87 @@
 """Prometheus metrics: what operators watch, and how much of each stage's work was new.
 
 Each app gets its own registry so several gateways (tests) can live in one process.
+
+**One process per replica.** A gateway process owns its WebSocket connections' state (the
+connection cache holds the rendered token ids of every lane) and, with the in-process engine, the
+model on the GPU. Several uvicorn workers would each load the model and split one replica's
+connections across caches that cannot see each other, so ``respgate serve`` runs exactly one
+process and refuses ``--workers N>1``; scale out with replicas (+ Redis), and scale the engine with
+vLLM's tensor/data parallelism. That is also why these metrics can live in a plain per-app
+registry and read component state at scrape time: there is no multiprocess aggregation to do.
+
+**Bounded labels.** Labels are model, transport, status, stage and small fixed enums. Nothing is
+labelled per key or tenant unless ``metrics_per_tenant`` is set (then one tenant-labelled token
+counter, for deployments with a handful of tenants).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import os
+import time
+from typing import Any, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+#: gateway work per stage: tens of microseconds (append) to tens of milliseconds (a 128k full render)
+STAGE_BUCKETS = (.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
+#: pipeline stages timed in ``respgate_stage_seconds`` (the dashboard and tests rely on these names)
+STAGES = ("validate", "resolve", "classify", "render", "engine_submit", "finalize")
+LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
+ITL_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1)
+TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, per_tenant: bool = False) -> None:
         r = self.registry = CollectorRegistry()
         self.turns = Counter("respgate_turns", "Turns by transport and final status", ["transport", "status"],
                              registry=r)
         self.render_tokens = Counter("respgate_render_tokens", "Tokens encoded by the renderer per render mode",
                                      ["mode"], registry=r)
+        self.reused_tokens = Counter("respgate_render_reused_tokens",
+                                     "History tokens reused from the parent's rendering (not re-rendered)",
+                                     registry=r)
         self.render_fallbacks = Counter("respgate_render_full_fallbacks",
                                         "Continuations rendered in full because an append was not provably exact",
                                         ["reason"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
         self.items_classified = Counter("respgate_items_classified", "Input items classified", registry=r)
-        self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", registry=r)
-        self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",
+        self.classifier_verdicts = Counter("respgate_classifier_verdicts",
+                                           "Classifier outcomes on new input items", ["action"], registry=r)
+        self.rate_limited = Counter("respgate_rate_limit_rejections",
+                                    "Requests or connections refused by a rate or connection limit",
+                                    ["transport", "limit"], registry=r)
+        self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", ["model"],
                                      registry=r)
-        self.output_tokens = Counter("respgate_output_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",
+                                     ["model"], registry=r)
+        self.output_tokens = Counter("respgate_output_tokens", "Tokens generated", ["model"], registry=r)
+        self.tenant_tokens = (Counter("respgate_tenant_tokens", "Tokens per tenant (metrics_per_tenant)",
+                                      ["tenant", "kind"], registry=r) if per_tenant else None)
+        self.ttft = Histogram("respgate_time_to_first_token_seconds",
+                              "From request arrival to the first output token", ["model", "transport"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("respgate_inter_token_latency_seconds",
+                             "Mean time between output tokens of one response", ["model", "transport"],
+                             buckets=ITL_BUCKETS, registry=r)
+        self.tps = Histogram("respgate_output_tokens_per_second",
+                             "Output tokens per second of one response, from arrival to the last token",
+                             ["model", "transport"], buckets=TPS_BUCKETS, registry=r)
+        self.stage = Histogram("respgate_stage_seconds", "Gateway time per pipeline stage",
+                               ["stage", "transport"], buckets=STAGE_BUCKETS, registry=r)
+        self.store_latency = Histogram("respgate_store_seconds", "Response store operation latency", ["op"],
+                                       buckets=STAGE_BUCKETS, registry=r)
+        self.conn_cache = Counter("respgate_connection_cache_lookups",
+                                  "previous_response_id lookups in a WebSocket connection cache", ["outcome"],
+                                  registry=r)
+        self.conn_cache_evictions = Counter("respgate_connection_cache_evictions",
+                                            "Lanes evicted from connection caches by the byte budget", registry=r)
+        self.not_found = Counter("respgate_previous_response_not_found",
+                                 "Creates refused because previous_response_id did not resolve", ["transport"],
+                                 registry=r)
+        self.warmups = Counter("respgate_warmups", "generate:false warm-up turns", ["transport"], registry=r)
         self.aborts = Counter("respgate_generation_aborts", "Generations aborted because nobody listened",
                               ["transport"], registry=r)
         self.errors = Counter("respgate_request_errors", "Requests rejected before a response existed",
@@ -42,15 +97,48 @@ class Metrics:
         self.cancel_latency = Histogram("respgate_abort_seconds",
                                         "From client disconnect to engine abort",
                                         buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)
+        self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
+                                    "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
+                                    registry=r)
+
+    def stage_timer(self, transport: str) -> "StageTimer":
+        return StageTimer(self.stage, transport)
+
+
+class StageTimer:
+    """One turn's stage clock: ``lap(stage)`` adds the time since the previous lap to ``stage``
+    (a stage may be entered twice, e.g. validation before and after the parent resolves);
+    ``observe()`` records one sample per stage, so histogram counts equal accepted turns."""
+
+    __slots__ = ("_hist", "_transport", "_t", "_acc")
+
+    def __init__(self, hist: Histogram, transport: str) -> None:
+        self._hist = hist
+        self._transport = transport
+        self._t = time.perf_counter()
+        self._acc: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self._acc[stage] = self._acc.get(stage, 0.0) + (now - self._t)
+        self._t = now
+
+    def observe(self) -> None:
+        for stage, seconds in self._acc.items():
+            self._hist.labels(stage, self._transport).observe(seconds)
+        self._acc.clear()
 
 
 class ComponentCollector:
-    """Counters that live on components (the usage queue, the response store, shared views) rather
-    than in the pipeline, read at scrape time so components stay free of Prometheus."""
+    """Counters that live on components (the usage queue, the response store, shared views, engines,
+    open WebSocket connections) rather than in the pipeline, read at scrape time so components stay
+    free of Prometheus."""
 
-    def __init__(self, usage: Any, store: Any) -> None:
+    def __init__(self, usage: Any, store: Any, engines: Iterable[Any] = (), connections: Any = ()) -> None:
         self.usage = usage
         self.store = store
+        self.engines = list(engines)
+        self.connections = connections
 
     def collect(self) -> Iterator[Any]:
         from cache.seq import AppendOnlyView
@@ -63,6 +151,7 @@ class ComponentCollector:
         pending = GaugeMetricFamily("respgate_usage_pending", "Usage records not yet written to a sink")
         pending.add_metric([], getattr(self.usage, "pending", 0))
         yield pending
+        yield from self._billing()
         tokens = CounterMetricFamily("respgate_store_token_cache", "Store reads by token-cache outcome",
                                      labels=["outcome"])
         tokens.add_metric(["hit"], getattr(self.store, "token_hits", 0))
@@ -72,3 +161,71 @@ class ComponentCollector:
                                      "History copies forced by forks or retries (continuations append in place)")
         copies.add_metric([], AppendOnlyView.copies)
         yield copies
+        yield from self._engines()
+        yield from self._websockets()
+
+    def _billing(self) -> Iterator[Any]:
+        """Queue lag (age of the oldest record not yet acknowledged) and the journal's size on disk."""
+        lag = GaugeMetricFamily("respgate_billing_lag_seconds",
+                                "Age of the oldest usage record not yet written to a sink (0 when none)")
+        oldest = _oldest_pending(self.usage)
+        lag.add_metric([], max(0.0, time.time() - oldest) if oldest is not None else 0.0)
+        yield lag
+        size = GaugeMetricFamily("respgate_billing_journal_bytes",
+                                 "Bytes in the local usage journal waiting for replay (live file + segments)")
+        size.add_metric([], _journal_bytes(getattr(self.usage, "journal", None)))
+        yield size
+
+    def _engines(self) -> Iterator[Any]:
+        names = CounterMetricFamily("respgate_engine_requests", "Requests submitted to each engine",
+                                    labels=["engine"])
+        aborts = CounterMetricFamily("respgate_engine_aborts", "Requests each engine aborted", labels=["engine"])
+        running = GaugeMetricFamily("respgate_engine_running", "Requests running in each engine", labels=["engine"])
+        cached = CounterMetricFamily("respgate_engine_cached_tokens",
+                                     "Prompt tokens each engine served from its prefix cache", labels=["engine"])
+        for engine in self.engines:
+            stats = getattr(engine, "stats", None)
+            if stats is None:
+                continue
+            label = [str(getattr(engine, "name", type(engine).__name__))]
+            names.add_metric(label, stats.requests)
+            aborts.add_metric(label, stats.aborts)
+            running.add_metric(label, stats.running)
+            cached.add_metric(label, stats.cached_tokens)
+        yield from (names, aborts, running, cached)
+
+    def _websockets(self) -> Iterator[Any]:
+        lanes = GaugeMetricFamily("respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections")
+        queued = GaugeMetricFamily("respgate_ws_queued_creates",
+                                   "response.create frames waiting in a lane or for a slot")
+        n_lanes = n_queued = 0
+        for conn in list(self.connections):
+            for lane in list(getattr(conn, "lanes", {}).values()):
+                n_lanes += 1
+                n_queued += lane.queue.qsize()
+        lanes.add_metric([], n_lanes)
+        queued.add_metric([], n_queued)
+        yield from (lanes, queued)
+
+
+def _oldest_pending(usage: Any) -> float | None:
+    """Wall-clock finish time of the oldest record in memory (records carry their own times)."""
+    oldest: float | None = None
+    for name in ("_batch", "_queue", "_overflow"):
+        first = next(iter(getattr(usage, name, ())), None)  # queues are in submit order
+        t = getattr(first, "finished_at", None)
+        if t is not None and (oldest is None or t < oldest):
+            oldest = t
+    return oldest
+
+
+def _journal_bytes(journal: Any) -> int:
+    if journal is None:
+        return 0
+    total = 0
+    for path in [journal.path, *journal.segments()]:
+        try:
+            total += os.stat(path).st_size
+        except OSError:
+            pass
+    return total

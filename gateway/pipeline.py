@@ -29,6 +29,7 @@ from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
 from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found, store_unavailable
 from gateway.events import Event, ResponseEvents
+from gateway import logging_context as log_context
 from gateway.finalize import Finalizer
 from gateway.metrics import Metrics
 from gateway.sealing import SealError, Sealer
@@ -74,20 +75,27 @@ class Pipeline:
 
     async def prepare(self, body: Any, ctx: TurnContext) -> PreparedTurn:
         t0 = time.perf_counter()
+        lap = self.metrics.stage_timer(ctx.transport)
+        log_context.response_id.set(None)
         req, raw_items = parse_create(body, transport=ctx.transport)
         self._check_unsupported(req, ctx)
         route, tools = self._route_and_tools(req)
         generate = req.generate is not False
         store = True if req.store is None else req.store
+        lap.lap("validate")
 
         parent = await self._resolve_parent(req, ctx)
+        lap.lap("resolve")
         base_context = parent.context if parent is not None else ItemLog()
         new_items, new_calls = self._new_items(raw_items, base_context)
         self.metrics.items_validated.inc(len(new_items))
         pending = self._check_pairing(new_items, base_context, parent, generate)
+        lap.lap("validate")  # the new items are validated against the resolved parent
 
         verdicts = [v for v in await self.classifier.classify(new_items) if v.action != "allow"]
         self.metrics.items_classified.inc(len(new_items))
+        _count_verdicts(self.metrics, len(new_items), verdicts)
+        lap.lap("classify")
         if any(v.action == "block" for v in verdicts):
             raise ApiError(400, "Your request was flagged by the gateway's content policy.",
                            code="content_policy_violation", param="input")
@@ -96,6 +104,7 @@ class Pipeline:
         prelude_key, base_ids, new_ids, gen_ids, stats = self._render_checked(
             req, route, prelude, parent, base_context, new_items, new_calls, generate)
         self.metrics.render_tokens.labels(stats.mode).inc(stats.new_tokens)
+        self.metrics.reused_tokens.inc(len(base_ids) if base_ids is not None else 0)
         if stats.fallback_reason:
             self.metrics.render_fallbacks.labels(stats.fallback_reason).inc()
 
@@ -113,6 +122,9 @@ class Pipeline:
             )
 
         response = response_skeleton(req, response_id=new_id("resp"), model=route.name, tools=tools, store=store)
+        log_context.response_id.set(response["id"])
+        lap.lap("render")
+        lap.observe()  # accepted turns only: a rejected create is counted in respgate_request_errors
         turn = PreparedTurn(
             req=req, ctx=ctx, route=route, response=response, prelude=prelude, prelude_key=prelude_key,
             new_items=new_items, parent=parent, base_context=base_context, base_ids=base_ids, new_ids=new_ids,
@@ -315,19 +327,24 @@ class Pipeline:
             return None
         if ctx.conn_cache is not None:
             state = ctx.conn_cache.get(prev)
+            self.metrics.conn_cache.labels("miss" if state is None else "hit").inc()
             if state is not None:
                 self.metrics.parent_resolution.labels("connection").inc()
                 return state
         await self.finalizer.wait_for(prev)
+        t0 = time.perf_counter()
         try:
             state = await self.store.get(prev, ctx.tenant)
         except StoreUnavailable:
             self.metrics.parent_resolution.labels("unavailable").inc()
             raise store_unavailable() from None
+        finally:
+            self.metrics.store_latency.labels("get").observe(time.perf_counter() - t0)
         if state is not None and state.status in ("completed", "incomplete"):
             self.metrics.parent_resolution.labels("store").inc()
             return state
         self.metrics.parent_resolution.labels("not_found").inc()
+        self.metrics.not_found.labels(ctx.transport).inc()
         raise previous_response_not_found(prev)
 
     def _new_items(self, raw_items: list[Any], context: ItemLog) -> tuple[list[dict[str, Any]], dict[str, dict]]:
@@ -401,6 +418,7 @@ class Pipeline:
         reasoning = turn.req.reasoning
         reasoning_mode = "summary" if (reasoning and (reasoning.summary or reasoning.generate_summary)) else (
             "raw" if self.settings.reasoning_text == "raw" else "hidden")
+        t_run = time.perf_counter()
         events = ResponseEvents(turn.response, reasoning_mode=reasoning_mode,
                                 seal=self.sealer.seal if turn.include_encrypted else None)
         # The turn is accepted: only now extend the shared buffer (at its tip: O(new)).
@@ -426,7 +444,10 @@ class Pipeline:
         agen = turn.route.engine.generate(turn.id, prompt_ids, turn.sampling)
         finished_cleanly = False
         try:
-            for ev in events.created():
+            created = events.created()
+            # gateway time from the accepted turn to the engine request (the engine's own time is TTFT)
+            self.metrics.stage.labels("engine_submit", turn.ctx.transport).observe(time.perf_counter() - t_run)
+            for ev in created:
                 yield ev
             try:
                 async for delta in agen:
@@ -488,6 +509,7 @@ class Pipeline:
                        copied: int) -> AsyncIterator[Event]:
         """``generate: false``: a chain node with the new context and no output; no engine call."""
         usage = usage_object(len(turn_ids), 0, 0, 0)
+        self.metrics.warmups.labels(turn.ctx.transport).inc()
         done = False
         try:
             for ev in events.created():
@@ -527,6 +549,14 @@ class Pipeline:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.finalizer.flush()
+
+
+def _count_verdicts(metrics: Metrics, n_items: int, verdicts: list[Any]) -> None:
+    """Per-action classifier outcomes; items without a flag or block verdict count as allowed."""
+    for v in verdicts:
+        metrics.classifier_verdicts.labels(v.action).inc()
+    if n_items > len(verdicts):
+        metrics.classifier_verdicts.labels("allow").inc(n_items - len(verdicts))
 
 
 def _text_format(req: CreateRequest) -> dict[str, Any] | None:

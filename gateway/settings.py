@@ -7,11 +7,13 @@ engine; state is in memory; no API keys are required.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import tomllib
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 
 class Settings(BaseModel):
@@ -76,10 +78,30 @@ class Settings(BaseModel):
     sim_prefill_tps: float = 0.0
     sim_decode_tps: float = 0.0
     log_level: str = "info"
+    # -- operations: logs, metrics (gateway/logging_setup.py, gateway/metrics.py) -----------------
+    #: log lines as JSON objects with request/response ids (``json``), or plain text
+    log_format: Literal["json", "text"] = "json"
+    #: label token counters by tenant; one series per tenant, so only for a handful of tenants
+    metrics_per_tenant: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
+        """Defaults < ``RESPGATE_CONFIG`` file < ``RESPGATE_*`` environment < ``overrides`` (CLI flags)."""
+        return cls.load(None, **overrides)
+
+    @classmethod
+    def load(cls, config_file: str | None = None, **overrides: object) -> "Settings":
+        """Like ``from_env`` with an explicit config file (TOML; ``--config``).
+
+        Raises :class:`ConfigError` naming the field and where its value came from, e.g.
+        ``port (RESPGATE_PORT): Input should be a valid integer``.
+        """
         values: dict[str, object] = {}
+        origin: dict[str, str] = {}
+        path = config_file or os.environ.get("RESPGATE_CONFIG")
+        if path:
+            for name, value in _read_config(path).items():
+                values[name], origin[name] = value, path
         for name, field in cls.model_fields.items():
             raw = os.environ.get(f"RESPGATE_{name.upper()}")
             if raw is None:
@@ -88,10 +110,48 @@ class Settings(BaseModel):
                 values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
             else:
                 values[name] = raw
-        if "redis_url" not in values and os.environ.get("REDIS_URL"):
-            values["redis_url"] = os.environ["REDIS_URL"]
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(values)
+            origin[name] = f"RESPGATE_{name.upper()}"
+        if "redis_url" not in origin and os.environ.get("REDIS_URL"):
+            values["redis_url"], origin["redis_url"] = os.environ["REDIS_URL"], "REDIS_URL"
+        for k, v in overrides.items():
+            if v is not None:
+                values[k], origin[k] = v, "command line"
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, origin)) from None
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names each bad field and where its value came from."""
+
+
+def _read_config(path: str) -> dict[str, object]:
+    """A TOML file of setting names (``port = 9000``), flat or under a ``[respgate]`` table."""
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    if isinstance(data.get("respgate"), dict):
+        data = data["respgate"]
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        near = {u: difflib.get_close_matches(u, Settings.model_fields, n=1) for u in unknown}
+        hints = ", ".join(f"{u!r}" + (f" (did you mean {near[u][0]!r}?)" if near[u] else "") for u in unknown)
+        raise ConfigError(f"config file {path}: unknown setting(s): {hints}")
+    return data
+
+
+def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        name = str(err["loc"][0]) if err["loc"] else "?"
+        where = origin.get(name, "default")
+        lines.append(f"  {name} ({where}): {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
 
 
 def default_usage_journal() -> str:

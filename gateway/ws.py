@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
+SHUTTING_DOWN = ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error", code=None)
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 
@@ -277,29 +278,47 @@ class WsConnection:
     def _expire(self) -> None:
         self._begin_close(ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached"))
 
-    def _begin_close(self, farewell: ApiError) -> asyncio.Task:
+    def _begin_close(self, farewell: ApiError, code: int = 1000) -> asyncio.Task:
         """Refuse new turns, let in-flight ones reach their terminal events, then say why and
-        close with 1000 (never 1001/1012: SDK auto-reconnect would replay frames whose
-        ``store=false`` parents died with this socket)."""
+        close. The age limit closes with 1000 (as OpenAI does: SDK auto-reconnect would replay
+        frames whose ``store=false`` parents died with this socket); server shutdown closes with
+        1001, going away (see ``gateway/server.py``)."""
         self.expired = True
         if self._closing is None:
-            self._closing = asyncio.create_task(self._close_when_idle(farewell))
+            self._closing = asyncio.create_task(self._close_when_idle(farewell, code))
         return self._closing
 
     async def drain(self) -> None:
-        """Server shutdown: finish in-flight responses, then close cleanly."""
-        task = self._begin_close(ApiError(503, "The server is shutting down. Reconnect to continue.",
-                                          type="server_error", code=None))
-        await asyncio.shield(task)
+        """Server shutdown: refuse new turns, finish in-flight responses, then error + close 1001."""
+        await asyncio.shield(self._begin_close(SHUTTING_DOWN, 1001))
 
-    async def _close_when_idle(self, farewell: ApiError) -> None:
+    async def cut(self) -> int:
+        """Shutdown deadline passed: abort the turns still running (each records its usage as a
+        cancelled response), then error + close 1001. Returns how many turns were cut."""
+        running = self._busy
+        self.expired = True
+        if self._closing is not None:
+            self._closing.cancel()
+        workers = [lane.worker for lane in self.lanes.values() if lane.worker is not None]
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await self._send_error(SHUTTING_DOWN)
+        self.closed = True
+        try:
+            await self.ws.close(code=1001)
+        except RuntimeError:
+            pass
+        return running
+
+    async def _close_when_idle(self, farewell: ApiError, code: int) -> None:
         while self._busy:
             self._idle.clear()
             await self._idle.wait()
         await self._send_error(farewell)
         self.closed = True
         try:
-            await self.ws.close(code=1000)
+            await self.ws.close(code=code)
         except RuntimeError:
             pass
 

@@ -309,7 +309,7 @@ def test_client_pings_get_pongs_while_a_slow_generation_streams(make_gateway):
     assert engine.stats.aborts == 0
 
 
-def test_server_shutdown_finishes_in_flight_responses_and_closes_1000(make_gateway):
+def test_server_shutdown_finishes_in_flight_responses_and_closes_1001(make_gateway):
     import threading
 
     from tests.conftest import stop_gateway
@@ -329,4 +329,4 @@ def test_server_shutdown_finishes_in_flight_responses_and_closes_1000(make_gatew
     types = [f["type"] for f in frames]
     assert "response.completed" in types, types
     assert types[-1] == "error" and frames[-1]["status"] == 503 and frames[-1]["error"]["type"] == "server_error"
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001   # going away (gateway/server.py)

@@ -1,0 +1,257 @@
+"""deploy/: every compose file passes ``docker-compose config -q``; every Kubernetes overlay, rendered
+the way kustomize renders it, passes ``kubernetes-validate`` (strict schemas) and hangs together
+(selectors, ports, volumes, config and secrets referenced, GPU resources, shutdown timing).
+
+Neither a Docker engine, kustomize nor kubectl is available here, so the overlays are rendered by
+a small renderer below that implements exactly the kustomization features the manifests use
+(resources, images, strategic-merge patches with ``$patch: delete``) and fails on any other key:
+a manifest that starts using a feature this renderer ignores cannot pass silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+K8S = DEPLOY / "k8s"
+K8S_VERSION = "1.33.0"
+COMPOSE_FILES = sorted(DEPLOY.glob("compose*.yaml"))
+OVERLAYS = sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+# -- compose -------------------------------------------------------------------------------------
+
+def test_there_are_gpu_cpu_and_split_compose_files():
+    assert {p.name for p in COMPOSE_FILES} >= {"compose.gpu.yaml", "compose.cpu.yaml", "compose.split.yaml"}
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_file_is_valid(compose: Path):
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose is missing: `make test` installs it (apt-get install -y docker-compose)"
+    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_file_mounts_and_builds_files_that_exist(compose: Path):
+    doc = yaml.safe_load(compose.read_text())
+    services = doc["services"]
+    assert {"respgate", "redis", "prometheus", "grafana"} <= set(services)
+    for name, svc in services.items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (compose.parent / source).exists(), f"{compose.name}: {name} mounts missing {source}"
+            else:
+                assert source in (doc.get("volumes") or {}), f"{compose.name}: {name} uses undeclared volume {source}"
+        build = svc.get("build")
+        if build:
+            assert (compose.parent / build["context"] / build["dockerfile"]).is_file(), (compose.name, name)
+    env = services["respgate"]["environment"]
+    assert env["RESPGATE_REDIS_URL"].startswith("redis://redis:")
+    grace = int(services["respgate"]["stop_grace_period"].rstrip("s"))
+    assert grace > int(env.get("RESPGATE_SHUTDOWN_GRACE_S", "30")), "docker would SIGKILL before the drain ends"
+    prom = yaml.safe_load((compose.parent / services["prometheus"]["volumes"][0].split(":")[0]).read_text())
+    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert "respgate:8000" in targets
+    if "vllm" in services:  # split: Prometheus scrapes the engine too
+        assert any(t.startswith("vllm:") for t in targets)
+        assert env["RESPGATE_ENGINE"] == "remote-vllm" and env["RESPGATE_REMOTE_URL"].startswith("http://vllm:")
+
+
+def test_gpu_compose_reserves_a_gpu_and_caches_the_model():
+    doc = yaml.safe_load((DEPLOY / "compose.gpu.yaml").read_text())
+    svc = doc["services"]["respgate"]
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert any("/models" in v for v in svc["volumes"]) and any("huggingface" in v for v in svc["volumes"])
+    assert "gpt-oss-20b" in svc["environment"]["RESPGATE_MODEL_PATH"]
+
+
+def test_grafana_provisioning_points_at_the_dashboard():
+    ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert ds["datasources"][0]["type"] == "prometheus" and ds["datasources"][0]["uid"] == "prometheus"
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/respgate.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    dash = json.loads((DEPLOY / "grafana/dashboards/respgate.json").read_text())
+    assert dash["uid"] == "respgate" and len(dash["panels"]) > 20
+
+
+# -- kustomize -----------------------------------------------------------------------------------
+
+KNOWN_KEYS = {"apiVersion", "kind", "resources", "images", "patches"}
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+              "volumeMounts": "mountPath", "ports": "name", "tolerations": "key"}
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _merge(base: Any, patch: Any, field: str = "") -> Any:
+    """Strategic merge as kustomize does it for the fields used here: maps merge, lists of named
+    objects merge by their merge key, other lists and scalars are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = _merge(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and field in MERGE_KEYS:
+        mk = MERGE_KEYS[field]
+        out = [copy.deepcopy(x) for x in base]
+        for item in patch:
+            match = next((i for i, x in enumerate(out) if x.get(mk) == item.get(mk)), None)
+            if match is None:
+                out.append(copy.deepcopy(item))
+            else:
+                out[match] = _merge(out[match], item, field)
+        return out
+    return copy.deepcopy(patch)
+
+
+def build(folder: Path) -> list[dict[str, Any]]:
+    kz = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    unknown = set(kz) - KNOWN_KEYS
+    assert not unknown, f"{folder}: kustomization uses {unknown}, which this test's renderer does not implement"
+    assert kz["kind"] == "Kustomization"
+    docs: list[dict[str, Any]] = []
+    for res in kz.get("resources", []):
+        path = (folder / res).resolve()
+        assert path.exists(), f"{folder}/kustomization.yaml: resource {res} does not exist"
+        if path.is_dir():
+            docs += build(path)
+        else:
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    keys = [_key(d) for d in docs]
+    assert len(keys) == len(set(keys)), f"{folder}: duplicate resources {keys}"
+    for patch in kz.get("patches", []):
+        path = folder / patch["path"]
+        assert path.is_file(), f"{folder}/kustomization.yaml: patch {patch['path']} does not exist"
+        for p in [d for d in yaml.safe_load_all(path.read_text()) if d]:
+            p = dict(p)
+            delete = p.pop("$patch", None) == "delete"
+            idx = next((i for i, d in enumerate(docs) if _key(d) == _key(p)), None)
+            assert idx is not None, f"{path}: patches {_key(p)}, which no resource defines"
+            if delete:
+                docs.pop(idx)
+            else:
+                docs[idx] = _merge(docs[idx], p)
+    for image in kz.get("images", []):
+        used = False
+        for d in docs:
+            for c in _containers(d):
+                if c["image"].split(":")[0] == image["name"]:
+                    c["image"] = f"{image.get('newName', image['name'])}:{image.get('newTag', 'latest')}"
+                    used = True
+        assert used, f"{folder}: image {image['name']} is not used by any container"
+    return docs
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def _pod_spec(docs: list[dict[str, Any]], name: str = "respgate") -> dict[str, Any]:
+    return next(d for d in docs if _key(d) == ("Deployment", name))["spec"]["template"]["spec"]
+
+
+def test_every_overlay_is_found():
+    assert {p.name for p in OVERLAYS} >= {"gpu", "cpu", "external-redis"}
+
+
+@pytest.mark.parametrize("folder", [K8S / "base", *OVERLAYS], ids=lambda p: p.name)
+def test_rendered_manifests_pass_strict_kubernetes_schemas(folder: Path):
+    docs = build(folder)
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: no upstream schema; checked by the consistency test below
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{folder.name}: {_key(doc)}: {exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.parametrize("folder", [K8S / "base", *OVERLAYS], ids=lambda p: p.name)
+def test_rendered_manifests_hang_together(folder: Path):
+    docs = build(folder)
+    by_key = {_key(d): d for d in docs}
+    deployment = by_key[("Deployment", "respgate")]
+    pod = deployment["spec"]["template"]
+    pod_labels = pod["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = by_key[("Service", "respgate")]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "respgate")
+    assert {p["name"] for p in container["ports"]} >= {p["targetPort"] for p in service["spec"]["ports"]}
+
+    monitor = by_key[("ServiceMonitor", "respgate")]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert all(e["port"] in port_names and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+    backend = by_key[("Ingress", "respgate")]["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == "respgate" and backend["port"]["name"] in port_names
+    ann = by_key[("Ingress", "respgate")]["metadata"]["annotations"]
+    assert int(ann["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600  # WebSockets live 60 minutes
+
+    config = by_key[("ConfigMap", "respgate-config")]["data"]
+    assert {r["configMapRef"]["name"] for r in container["envFrom"]} == {"respgate-config"}
+    grace = float(config["RESPGATE_SHUTDOWN_GRACE_S"])
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > grace + pre_stop, "the kubelet would SIGKILL mid-drain"
+
+    # every mounted volume is declared, every claim exists
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    for c in _containers(deployment):
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in volumes, f"{folder.name}: {c['name']} mounts undeclared volume {m['name']}"
+    for v in volumes.values():
+        if "persistentVolumeClaim" in v:
+            assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in by_key
+
+    # Redis: in-cluster (the URL names a Service here) or external (from a Secret)
+    env = {e["name"]: e for e in container.get("env", [])}
+    if "RESPGATE_REDIS_URL" in env:
+        assert env["RESPGATE_REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "url"
+        assert ("Deployment", "respgate-redis") not in by_key
+    else:
+        host = re.match(r"redis://([^:/]+)", config["RESPGATE_REDIS_URL"]).group(1)
+        assert ("Service", host) in by_key and ("Deployment", host) in by_key
+
+    image = container["image"]
+    if folder.name in ("gpu", "external-redis"):
+        assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1 and image.endswith(":gpu")
+        assert config["RESPGATE_ENGINE"] == "vllm" and config["RESPGATE_MODEL_PATH"].startswith("/models/")
+    elif folder.name == "cpu":
+        assert "nvidia.com/gpu" not in str(container.get("resources")) and image.endswith(":cpu")
+
+
+def test_renderer_rejects_what_it_does_not_implement(tmp_path: Path):
+    (tmp_path / "kustomization.yaml").write_text("kind: Kustomization\nresources: []\nnamePrefix: x-\n")
+    with pytest.raises(AssertionError, match="namePrefix"):
+        build(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text("kind: Kustomization\nresources: [missing.yaml]\n")
+    with pytest.raises(AssertionError, match="does not exist"):
+        build(tmp_path)
+
+
+def test_a_broken_manifest_fails_schema_validation():
+    docs = build(K8S / "overlays" / "gpu")
+    bad = copy.deepcopy(next(d for d in docs if _key(d) == ("Deployment", "respgate")))
+    bad["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "eight thousand"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
