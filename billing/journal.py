@@ -85,6 +85,16 @@ class Journal:
             pass
         return bool(self.segments())
 
+    def size_bytes(self) -> int:
+        """Bytes waiting for replay (live file and segments): the journal-size gauge."""
+        total = 0
+        for path in [self.path, *self.segments()]:
+            try:
+                total += path.stat().st_size
+            except OSError:  # rotated or discarded between the glob and the stat
+                pass
+        return total
+
     def rotate(self) -> list[Path]:
         """Move the live file aside as a new segment; returns every segment to replay, oldest first."""
         with self._lock:

@@ -194,6 +194,13 @@ class UsageQueue:
         """Records in memory, not yet acknowledged by the sink or the journal."""
         return len(self._queue) + len(self._overflow) + len(self._batch)
 
+    @property
+    def oldest_pending_at(self) -> float | None:
+        """Finish time (epoch) of the oldest record in memory, for the billing-lag gauge; ``None`` when
+        nothing is pending. Each deque is in submit order, so only the heads are looked at."""
+        heads = [q[0].finished_at for q in (self._batch, self._queue, self._overflow) if q]
+        return min(heads) if heads else None
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:

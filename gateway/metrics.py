@@ -17,7 +17,6 @@ counter, for deployments with a handful of tenants).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Iterable, Iterator
 
@@ -168,13 +167,28 @@ class ComponentCollector:
         """Queue lag (age of the oldest record not yet acknowledged) and the journal's size on disk."""
         lag = GaugeMetricFamily("respgate_billing_lag_seconds",
                                 "Age of the oldest usage record not yet written to a sink (0 when none)")
-        oldest = _oldest_pending(self.usage)
+        oldest = getattr(self.usage, "oldest_pending_at", None)
         lag.add_metric([], max(0.0, time.time() - oldest) if oldest is not None else 0.0)
         yield lag
         size = GaugeMetricFamily("respgate_billing_journal_bytes",
                                  "Bytes in the local usage journal waiting for replay (live file + segments)")
-        size.add_metric([], _journal_bytes(getattr(self.usage, "journal", None)))
+        journal = getattr(self.usage, "journal", None)
+        size.add_metric([], journal.size_bytes() if journal is not None else 0)
         yield size
+        wal = getattr(self.usage, "wal", None)
+        if wal is not None:
+            appended = CounterMetricFamily("respgate_billing_wal_appends",
+                                           "Usage records written ahead to the WAL at submit (SIGKILL safety)")
+            appended.add_metric([], wal.appended)
+            yield appended
+            failures = CounterMetricFamily("respgate_billing_wal_failures",
+                                           "WAL appends that failed (those records relied on the queue alone)")
+            failures.add_metric([], wal.failures)
+            yield failures
+            unacked = GaugeMetricFamily("respgate_billing_wal_unacked",
+                                        "Records in the WAL not yet acknowledged by the ledger or the journal")
+            unacked.add_metric([], wal.unacked)
+            yield unacked
 
     def _engines(self) -> Iterator[Any]:
         names = CounterMetricFamily("respgate_engine_requests", "Requests submitted to each engine",
@@ -206,26 +220,3 @@ class ComponentCollector:
         lanes.add_metric([], n_lanes)
         queued.add_metric([], n_queued)
         yield from (lanes, queued)
-
-
-def _oldest_pending(usage: Any) -> float | None:
-    """Wall-clock finish time of the oldest record in memory (records carry their own times)."""
-    oldest: float | None = None
-    for name in ("_batch", "_queue", "_overflow"):
-        first = next(iter(getattr(usage, name, ())), None)  # queues are in submit order
-        t = getattr(first, "finished_at", None)
-        if t is not None and (oldest is None or t < oldest):
-            oldest = t
-    return oldest
-
-
-def _journal_bytes(journal: Any) -> int:
-    if journal is None:
-        return 0
-    total = 0
-    for path in [journal.path, *journal.segments()]:
-        try:
-            total += os.stat(path).st_size
-        except OSError:
-            pass
-    return total

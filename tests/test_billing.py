@@ -639,3 +639,32 @@ def _listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+async def test_billing_gauges_report_lag_wal_and_journal_from_the_components(tmp_path: Path) -> None:
+    """The scrape-time collector reads the queue's public surface: lag of the oldest pending record,
+    WAL appends and unacknowledged records, and the journal's bytes on disk."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.metrics import ComponentCollector
+
+    sink = GatedSink()  # blocked: records stay pending
+    journal = Journal(tmp_path / "j.jsonl")
+    queue = UsageQueue(sink, journal, wal=WriteAheadLog(journal.path))
+    registry = CollectorRegistry()
+    registry.register(ComponentCollector(queue, store=None))
+    queue.start()
+    for i in range(3):
+        queue.submit(record(i, finished_at=time.time() - 5))  # finished 5 s ago, not yet billed
+    sample = lambda name: registry.get_sample_value(name) or 0.0  # noqa: E731
+    assert sample("respgate_billing_wal_appends_total") == 3
+    assert sample("respgate_billing_wal_unacked") == 3
+    assert sample("respgate_billing_lag_seconds") >= 5
+    assert sample("respgate_billing_journal_bytes") == 0
+    journal.append([record(9).to_dict()])
+    assert sample("respgate_billing_journal_bytes") == journal.path.stat().st_size > 0
+    sink.gate.set()
+    await await_until(lambda: {f"resp_{i}" for i in range(3)} <= set(sink.records), "the sink to take the records")
+    await await_until(lambda: sample("respgate_billing_wal_unacked") == 0, "the WAL to be acknowledged")
+    assert sample("respgate_billing_lag_seconds") == 0
+    await queue.drain()
