@@ -13,7 +13,12 @@ response id, so sending a segment twice never double-counts.
 
 A SIGKILL during ``append`` can leave a torn last line. Reading skips lines that do not parse
 (they belong to a batch that was never acknowledged), and the journal starts every append on a
-fresh line so a torn tail cannot swallow the next record. One process writes a given path.
+fresh line so a torn tail cannot swallow the next record.
+
+Several processes may share a path (replicas on one host with the default cache folder): appends
+and ``rotate`` take an exclusive ``flock`` on the live file, so a record is never appended into a
+segment that a sibling is already replaying; two replicas replaying the same segment both send it
+(idempotent) and the second ``discard`` is a no-op.
 
 Next to it live the usage write-ahead log's generations (``<path>.wal-*``, see ``billing.wal``):
 the unsynced per-record copy that covers the milliseconds before a batch reaches this file or the
@@ -22,6 +27,7 @@ ledger; start-up moves a killed process's generations in here.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
@@ -54,18 +60,22 @@ class Journal:
         if not lines:
             return 0
         with self._lock:
-            created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                prefix = b"" if created or _ends_with_newline(fd) else b"\n"  # heal a torn tail
-                data = prefix + b"".join(lines)
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            while True:
+                created = not self.path.exists()
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # excludes a sibling's append and rotate
+                    if not _is_live(fd, self.path):
+                        continue  # a sibling rotated the file away between our open and our lock
+                    prefix = b"" if created or _ends_with_newline(fd) else b"\n"  # heal a torn tail
+                    view = memoryview(prefix + b"".join(lines))
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                    os.fsync(fd)
+                    break
+                finally:
+                    os.close(fd)  # releases the lock
             if created:
                 _fsync_dir(self.path.parent)  # the new file's directory entry must survive a crash too
         return len(lines)
@@ -96,21 +106,33 @@ class Journal:
         return total
 
     def rotate(self) -> list[Path]:
-        """Move the live file aside as a new segment; returns every segment to replay, oldest first."""
+        """Move the live file aside as a new segment; returns every segment to replay, oldest first.
+
+        Under the file's lock, so no append (ours or a sibling process's) can land in the segment
+        after the rename: an appender that opened the old file finds it renamed and reopens."""
         with self._lock:
             try:
-                if self.path.stat().st_size > 0:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return self.segments()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_size > 0 and _is_live(fd, self.path):
                     stamp = f"{time.time_ns():020d}-{os.getpid()}-{next(_SEQ)}"
                     os.rename(self.path, self.path.with_name(f"{self.path.name}.replay-{stamp}"))
                     _fsync_dir(self.path.parent)
-            except FileNotFoundError:
-                pass
+            finally:
+                os.close(fd)
         return self.segments()
 
     @staticmethod
     def read(segment: Path) -> Iterator[dict[str, Any]]:
         """The records of a segment (or the live file); torn or corrupt lines are skipped, logged."""
-        with open(segment, "rb") as f:
+        try:
+            f = open(segment, "rb")
+        except FileNotFoundError:  # a sibling replayed and discarded it first: nothing left to send
+            return
+        with f:
             for lineno, line in enumerate(f, 1):
                 line = line.strip()
                 if not line:
@@ -135,6 +157,14 @@ class Journal:
             if seg.exists():
                 out.extend(self.read(seg))
         return out
+
+
+def _is_live(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not renamed into a segment meanwhile)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _ends_with_newline(fd: int) -> bool:

@@ -216,6 +216,45 @@ def test_journal_append_rotate_replay_discard(tmp_path: Path) -> None:
     assert not again.pending()
 
 
+def test_journal_shared_by_processes_loses_nothing_while_one_replays(tmp_path: Path) -> None:
+    """Replicas on one host share the default journal path. Separate ``Journal`` objects (separate
+    file descriptions: ``flock`` treats them as separate processes) append while another one
+    rotates, reads and discards segments over and over; every record ends up read exactly once."""
+    path = tmp_path / "shared.jsonl"
+    writers, per_writer = 8, 1000
+    done = threading.Event()
+    replayed: list[str] = []
+
+    def write(w: int) -> None:
+        journal = Journal(path)
+        for i in range(per_writer):
+            journal.append([{"response_id": f"w{w}-{i}"}])
+
+    def replay() -> None:
+        journal = Journal(path)
+        while True:
+            finished = done.is_set()
+            for segment in journal.rotate():
+                replayed.extend(r["response_id"] for r in Journal.read(segment))
+                journal.discard(segment)
+            if finished:
+                return
+
+    replayer = threading.Thread(target=replay)
+    replayer.start()
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    replayer.join(60)
+    assert not replayer.is_alive()
+    expected = {f"w{w}-{i}" for w in range(writers) for i in range(per_writer)}
+    assert Counter(replayed) == Counter(expected), "a record was lost or read twice"
+    assert not Journal(path).pending()
+
+
 def test_journal_heals_a_torn_tail(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.jsonl")
     journal.append([record(1).to_dict()])
