@@ -22,7 +22,6 @@ class Metrics:
                                         "Continuations rendered in full because an append was not provably exact",
                                         ["reason"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
-        self.items_classified = Counter("respgate_items_classified", "Input items classified", registry=r)
         self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", registry=r)
         self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",
                                      registry=r)
@@ -42,6 +41,33 @@ class Metrics:
         self.cancel_latency = Histogram("respgate_abort_seconds",
                                         "From client disconnect to engine abort",
                                         buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)
+
+        self._classifier_metrics(r)
+
+    # -- classifiers (security issue): work on new items only, and what was found ------------------
+    def _classifier_metrics(self, r: CollectorRegistry) -> None:
+        self.classified_items = Counter("respgate_classified_items",
+                                        "Input items classified (each turn's new items only)", registry=r)
+        self.classified_bytes = Counter("respgate_classified_bytes",
+                                        "UTF-8 bytes of item text handed to classifiers", registry=r)
+        self.classifier_verdicts = Counter("respgate_classifier_verdicts", "Non-allow classifier verdicts",
+                                           ["action", "category"], registry=r)
+
+
+class FlagCollector:
+    """The flag reporter's counters, read at scrape time (security stays free of Prometheus)."""
+
+    def __init__(self, reporter: Any) -> None:
+        self.reporter = reporter
+
+    def collect(self) -> Iterator[Any]:
+        c = CounterMetricFamily("respgate_flag_records", "Flag records by outcome", labels=["outcome"])
+        for outcome in ("reported", "written", "dropped"):
+            c.add_metric([outcome], getattr(self.reporter, outcome, 0))
+        yield c
+        pending = GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written")
+        pending.add_metric([], getattr(self.reporter, "pending", 0))
+        yield pending
 
 
 class ComponentCollector:

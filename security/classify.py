@@ -1,29 +1,175 @@
-"""Classifier hook: runs on a turn's NEW items only; verdicts of the parent are inherited.
+"""Classifier protocol: each NEW item of a turn is classified once; verdicts of the parent are inherited.
 
-The real classifiers (and the asynchronous flag reporting) arrive with the security issue; the
-pipeline already calls this protocol with exactly the new items, so those classifiers inherit the
-O(new input) property instead of having to retrofit it.
+The pipeline hands classifiers exactly the items a turn adds (never the history), already reduced
+to the text a classifier may look at (``texts_of``): that is what makes the classifier work of a
+chained conversation equal the sum of its new items, and what the byte counter measures.
+
+Which text of an item is classified (and counted):
+
+* ``message``: the ``text`` of every text part (``input_text``, ``output_text``, ``refusal``);
+  images and files are not text and are not classified here (an external classifier could be
+  given them later; today they pass).
+* ``function_call``: the ``arguments`` string; ``custom_tool_call``: the ``input`` string.
+* ``function_call_output`` / ``custom_tool_call_output``: the ``output`` string (list outputs
+  are joined text parts, see ``gateway.wire.items.canonical_item``).
+* ``reasoning``: the reasoning text and summary text.
+
+Items re-included by ``item_reference`` were classified when they entered the conversation and
+are skipped. A verdict never carries a matched value: ``hint`` is written to be safe to show a
+client and to store in a review queue (a token type and length, a masked excerpt).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+import asyncio
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
+
+Action = Literal["allow", "flag", "block"]
+SEVERITY: dict[str, int] = {"allow": 0, "flag": 1, "block": 2}
+TOOL_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+@dataclass(frozen=True, slots=True)
+class ItemText:
+    """The classifiable text of one new item, with where it sits in the request."""
+
+    index: int                # position in the request's ``input`` list
+    item_id: str | None
+    type: str                 # item type (message, function_call_output, ...)
+    role: str | None          # message role; None for other items
+    text: str
+
+    @property
+    def tool_output(self) -> bool:
+        """Text that came from a tool, not from the user: where prompt injection arrives."""
+        return self.type in TOOL_OUTPUT_TYPES
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    action: Literal["allow", "flag", "block"] = "allow"
+    action: Action = "allow"
+    #: what was found, fine-grained (``private_key``, ``prompt_injection``, ``policy:<name>`` ...)
     category: str | None = None
+    #: confidence in [0, 1]
+    score: float = 1.0
+    #: position in the request's input list (None: the turn as a whole, e.g. too many items)
+    index: int | None = None
     item_id: str | None = None
+    #: which rule matched (a pattern name; safe to log)
+    rule: str | None = None
+    #: which classifier said so: ``secrets``, ``injection``, ``policy``, ``external``
+    source: str = ""
+    #: a human label for error messages ("a private key"); never the matched value
+    label: str | None = None
+    #: a redacted hint for reviewers (type, length, masked excerpt); never the matched value
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "category": self.category, "score": round(self.score, 3),
+                "index": self.index, "item_id": self.item_id, "rule": self.rule, "source": self.source,
+                "hint": self.hint}
 
 
 class Classifier(Protocol):
-    async def classify(self, items: Sequence[dict[str, Any]]) -> list[Verdict]: ...
+    """``classify`` gets the turn's new items as text and returns its non-allow verdicts (an
+    empty list means: all allowed). It must not log or return matched values."""
+
+    async def classify(self, items: Sequence[ItemText]) -> list[Verdict]: ...
+
+
+class ClassifierUnavailable(Exception):
+    """A classifier that is configured fail-closed could not decide (the pipeline answers 503)."""
 
 
 class AllowAll:
     """No classification configured: every item is allowed (still counted by the pipeline)."""
 
-    async def classify(self, items: Sequence[dict[str, Any]]) -> list[Verdict]:
+    async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
         return []
+
+
+def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None) -> list[ItemText]:
+    """The classifiable text of each new item (see the module docstring), skipping items whose id
+    ``known`` says is already in the conversation (``item_reference`` re-inclusions)."""
+    out: list[ItemText] = []
+    for index, item in enumerate(items):
+        item_id = item.get("id")
+        if known is not None and isinstance(item_id, str) and known(item_id):
+            continue
+        t = str(item.get("type", "message"))
+        out.append(ItemText(index, item_id if isinstance(item_id, str) else None, t,
+                            item.get("role") if t == "message" else None, "\n".join(_texts(t, item))))
+    return out
+
+
+def _texts(t: str, item: Mapping[str, Any]) -> Iterable[str]:
+    if t == "message" or t == "reasoning":
+        for key in ("content", "summary"):
+            parts = item.get(key)
+            if isinstance(parts, str):
+                yield parts
+            elif isinstance(parts, list):
+                for p in parts:
+                    if isinstance(p, Mapping) and isinstance(p.get("text"), str):
+                        yield p["text"]
+    elif t == "function_call":
+        yield _str(item.get("arguments"))
+    elif t == "custom_tool_call":
+        yield _str(item.get("input"))
+    elif t in TOOL_OUTPUT_TYPES:
+        yield _str(item.get("output"))
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+class Composite:
+    """Runs several classifiers concurrently over the same items and merges their verdicts.
+
+    Every non-allow verdict is kept (one item may carry a secret *and* an injection); the turn's
+    decision is the most severe one (block > flag > allow). ``overrides`` lets an operator change
+    the action per category or per source (``{"private_key": "block", "injection": "block"}``):
+    the category wins over the source.
+    """
+
+    def __init__(self, classifiers: Sequence[Classifier], overrides: Mapping[str, Action] | None = None) -> None:
+        self.classifiers = list(classifiers)
+        self.overrides = dict(overrides or {})
+
+    async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
+        if not items or not self.classifiers:
+            return []
+        results = await asyncio.gather(*(c.classify(items) for c in self.classifiers))
+        merged = [self._override(v) for verdicts in results for v in verdicts]
+        merged = [v for v in merged if v.action != "allow"]
+        merged.sort(key=lambda v: (-SEVERITY[v.action], v.index if v.index is not None else -1, -v.score))
+        return merged
+
+    async def close(self) -> None:
+        """Close classifiers that hold connections (the external one)."""
+        for c in self.classifiers:
+            close = getattr(c, "close", None)
+            if close is not None:
+                await close()
+
+    def _override(self, v: Verdict) -> Verdict:
+        action = self.overrides.get(v.category or "") or self.overrides.get(v.source)
+        return replace(v, action=action) if action is not None and action in SEVERITY else v
+
+
+def decision(verdicts: Iterable[Verdict]) -> Action:
+    """The most severe action among ``verdicts`` ("allow" when there are none)."""
+    return max((v.action for v in verdicts), key=SEVERITY.__getitem__, default="allow")
+
+
+def block_message(v: Verdict) -> str:
+    """The client-facing reason for a block: the category and where, never the matched value."""
+    what = v.label or (f"content in category '{v.category}'" if v.category else "disallowed content")
+    where = f"input item {v.index}" if v.index is not None else "the input"
+    return f"Your request was blocked by the gateway's content policy: {what} was detected in {where}."
