@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from security.classify import Action, ItemText, Verdict
-from security.secrets import mask_secrets
+from security.secrets import find_secrets
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +106,38 @@ def injection_score(text: str) -> tuple[float, Heuristic | None, tuple[int, int]
 
 
 def excerpt(text: str, span: tuple[int, int], width: int = EXCERPT_CHARS) -> str:
-    """A short, secret-masked, single-line excerpt around ``span`` (control characters escaped)."""
+    """A short, single-line excerpt around ``span`` that cannot leak a secret.
+
+    Secrets are found in a wider region than the excerpt (a token cut by the window would no
+    longer look like one) and replaced whole; a word cut at either edge is dropped (so no prefix
+    of a long token survives); control characters are escaped."""
     start = max(0, span[0] - width // 4)
-    end = min(len(text), max(span[1], start + width // 2) + width // 4, start + width)
-    piece = mask_secrets(text[start:end])
-    piece = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in piece)
+    end = min(len(text), start + width)
+    lo, hi = max(0, start - 4096), min(len(text), end + 4096)
+    secrets = [(f.start + lo, f.end + lo, f.category) for f in find_secrets(text[lo:hi])]
+    # widen the window over secrets it cuts (they are replaced whole below)
+    for s, e, _ in secrets:
+        if s < start < e:
+            start = s
+        if s < end < e:
+            end = e
+    # drop words cut by the window's edges
+    if start > 0 and not text[start - 1].isspace():
+        while start < end and not text[start].isspace():
+            start += 1
+    if end < len(text) and not text[end].isspace():
+        while end > start and not text[end - 1].isspace():
+            end -= 1
+    out: list[str] = []
+    pos = start
+    for s, e, category in sorted(secrets):
+        if e <= pos or s >= end:
+            continue
+        out.append(text[pos:s])
+        out.append(f"[REDACTED:{category}]")
+        pos = e
+    out.append(text[pos:end])
+    piece = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in "".join(out).strip())
     return ("…" if start > 0 else "") + piece + ("…" if end < len(text) else "")
 
 
