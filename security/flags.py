@@ -113,8 +113,10 @@ class FlagReporter:
 
     BATCH = 128
 
-    def __init__(self, sink: FlagSink | None = None, *, buffer: int = 10_000, retry_max_s: float = 5.0) -> None:
+    def __init__(self, sink: FlagSink | None = None, *, buffer: int = 10_000, retry_max_s: float = 5.0,
+                 drain_timeout_s: float = 5.0) -> None:
         self.sink: FlagSink = sink if sink is not None else MemoryFlagSink()
+        self.drain_timeout_s = drain_timeout_s
         self.buffer = buffer
         self.retry_max_s = retry_max_s
         self._pending: deque[FlagRecord] = deque()
@@ -176,8 +178,9 @@ class FlagReporter:
                     self._pending.popleft()
             self.written += len(batch)
 
-    async def drain(self, timeout_s: float = 5.0) -> None:
+    async def drain(self, timeout_s: float | None = None) -> None:
         """Shutdown: write what is buffered (up to ``timeout_s``), then close the sink."""
+        timeout_s = self.drain_timeout_s if timeout_s is None else timeout_s
         self._closing = True
         self._wake.set()
         if self._task is not None:

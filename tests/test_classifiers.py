@@ -471,3 +471,181 @@ def test_bad_policy_file_stops_start_up(tmp_path):
         build_classifier(Settings(classifier_policy_file=str(policy)))
     with pytest.raises(ValueError, match="unknown classifiers"):
         build_classifier(Settings(classifiers=["secrets", "virus"]))
+
+
+# -- the external classifier: a real moderation server on loopback --------------------------------------
+
+
+class ModerationServer:
+    """A small moderation service (FastAPI + uvicorn in a thread) that records what it was sent.
+
+    ``respgate`` wire at ``/moderate``: text containing FORBIDDEN blocks, text containing MEH flags.
+    OpenAI wire at ``/v1/moderations``: text containing MEH is flagged as harassment."""
+
+    def __init__(self) -> None:
+        self.received: list[list[dict[str, Any]]] = []
+        self.received_openai: list[list[str]] = []
+        app = FastAPI()
+
+        @app.post("/moderate")
+        async def moderate(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            self.received.append(body["items"])
+            results = []
+            for it in body["items"]:
+                if "FORBIDDEN" in it["text"]:
+                    results.append({"index": it["index"], "action": "block", "category": "forbidden", "score": 0.99})
+                elif "MEH" in it["text"]:
+                    results.append({"index": it["index"], "action": "flag", "category": "meh", "score": 0.6})
+            return {"results": results}
+
+        @app.post("/v1/moderations")
+        async def moderations(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            self.received_openai.append(body["input"])
+            return {"id": "modr-1", "model": "omni-moderation-latest", "results": [
+                {"flagged": "MEH" in t, "categories": {"harassment": "MEH" in t, "violence": False},
+                 "category_scores": {"harassment": 0.8 if "MEH" in t else 0.01, "violence": 0.02}}
+                for t in body["input"]]}
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "moderation server did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def moderation() -> Iterator[ModerationServer]:
+    srv = ModerationServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_external_classifier_gets_only_new_items_and_its_verdicts_apply(make_gateway, chats, transport,
+                                                                       moderation):
+    live = make_gateway(Settings(classifier_url=moderation.url + "/moderate"), engine=text_engine())
+    c = chat(chats, live, transport)
+    r1 = c.ok(input="first question")
+    r2 = c.ok(previous_response_id=r1["id"], input=[{"type": "message", "role": "user", "content": "second MEH"}])
+    res = c.create(previous_response_id=r2["id"], input="third FORBIDDEN thing")
+    assert res[0] == "error" and res[1] == 400 and res[2]["code"] == "content_policy_violation"
+    assert res[2]["param"] == "input[0]" and "moderation service classified as 'forbidden'" in res[2]["message"]
+    # only each turn's new item went out: never the history, never the model's own output
+    assert [[it["text"] for it in batch] for batch in moderation.received] == [
+        ["first question"], ["second MEH"], ["third FORBIDDEN thing"]]
+    assert moderation.received[1][0]["role"] == "user" and moderation.received[1][0]["id"].startswith("msg_")
+    sink = live.gw.pipeline.flags.sink
+    wait_for(lambda: len(sink.records) == 2, what="flag + block records")
+    assert [(r.action, r.category, r.source) for r in sink.records] == [
+        ("flag", "moderation:meh", "external"), ("block", "moderation:forbidden", "external")]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_external_classifier_openai_moderation_wire(make_gateway, chats, transport, moderation):
+    live = make_gateway(Settings(classifier_url=moderation.url + "/v1/moderations", classifier_wire="openai",
+                                 classifier_model="omni-moderation-latest"), engine=text_engine())
+    c = chat(chats, live, transport)
+    c.ok(input=[{"type": "message", "role": "user", "content": "fine"},
+                {"type": "message", "role": "user", "content": "MEH words"}])
+    assert moderation.received_openai == [["fine", "MEH words"]]
+    sink = live.gw.pipeline.flags.sink
+    wait_for(lambda: len(sink.records) == 1, what="the moderation flag")
+    assert (sink.records[0].category, sink.records[0].item_index, sink.records[0].score) == (
+        "moderation:harassment", 1, 0.8)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_external_classifier_down_fails_open_with_a_flag_or_closed_with_503(make_gateway, chats, transport,
+                                                                            caplog):
+    dead = f"http://127.0.0.1:{free_port()}/moderate"
+    live = make_gateway(Settings(classifier_url=dead, classifier_timeout_s=1.0), engine=text_engine())
+    c = chat(chats, live, transport)
+    c.ok(input=f"unchecked text {GH_TOKEN}")
+    sink = live.gw.pipeline.flags.sink
+    wait_for(lambda: len(sink.records) == 2, what="the unavailable flag and the secret flag")
+    assert sorted(r.category for r in sink.records) == ["classifier_unavailable", "github_token"]
+    assert "external classifier" in caplog.text and "fail-open" in caplog.text
+    assert_no_secret(caplog.text, GH_TOKEN)
+
+    closed = make_gateway(Settings(classifier_url=dead, classifier_fail_mode="closed", classifier_timeout_s=1.0),
+                          engine=text_engine())
+    c2 = chat(chats, closed, transport)
+    res = c2.create(input="hello")
+    assert res[0] == "error" and res[1] == 503
+    assert res[2]["code"] == "classifier_unavailable" and res[2]["type"] == "server_error"
+    assert closed.engine.stats.requests == 0
+
+
+# -- classifier work is O(new input): a 64-turn chained conversation ------------------------------------
+
+
+def scrape(live: LiveGateway) -> dict[tuple[str, tuple], float]:
+    """The gateway's /metrics, parsed: (sample name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(live.url + "/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_64_turn_ws_chain_classifies_the_new_items_only(make_gateway, chats, moderation):
+    live = make_gateway(Settings(classifier_url=moderation.url + "/moderate"), engine=text_engine())
+    c = chat(chats, live, "ws")
+    sent_texts: list[str] = []
+    prev = None
+    for turn in range(64):
+        if turn % 8 == 7:   # a tool round: the call's arguments and the output are both classified
+            args, out = json.dumps({"city": f"Oslo-{turn}"}), f"sunny, {turn}°C " + "·" * turn
+            items: list[dict[str, Any]] = [
+                {"type": "function_call", "call_id": f"call_{turn}", "name": "get_weather", "arguments": args},
+                {"type": "function_call_output", "call_id": f"call_{turn}", "output": out}]
+            sent_texts += [args, out]
+        else:
+            text = f"turn {turn}: " + ("naïve café " * (turn % 5 + 1)) + (f"key {GH_TOKEN}" if turn == 10 else "")
+            items = [{"type": "message", "role": "user", "content": text}]
+            sent_texts.append(text)
+        r = c.ok(input=items, tools=[WEATHER_TOOL], store=False,
+                 **({"previous_response_id": prev} if prev else {}))
+        prev = r["id"]
+    m = scrape(live)
+    expected_items = len(sent_texts)
+    expected_bytes = sum(len(t.encode()) for t in sent_texts)
+    assert m[("respgate_classified_items_total", ())] == expected_items == 64 + 8
+    assert m[("respgate_classified_bytes_total", ())] == expected_bytes
+    # the external service saw exactly those items, once each
+    assert [it["text"] for batch in moderation.received for it in batch] == sent_texts
+    # one secret, one verdict, one record: later turns inherit the flag instead of re-finding it
+    assert m[("respgate_classifier_verdicts_total", (("action", "flag"), ("category", "github_token")))] == 1
+    sink = live.gw.pipeline.flags.sink
+    wait_for(lambda: live.gw.pipeline.flags.written == 1, what="the one flag record")
+    assert len(sink.records) == 1 and sink.records[0].conversation_flagged_before is False
+    assert m[("respgate_flag_records_total", (("outcome", "reported"),))] == 1
+    # the conversation grew far beyond what was classified: the history was never re-classified
+    history_bytes = sum(len(t.encode()) * (64 - i) for i, t in enumerate(sent_texts))
+    assert expected_bytes * 10 < history_bytes
+
+
+def test_flag_sink_outage_never_breaks_turns(make_gateway, chats):
+    reporter = FlagReporter(RedisFlagSink(f"redis://127.0.0.1:{free_port()}/0"), buffer=3, retry_max_s=0.05,
+                            drain_timeout_s=0.2)
+    live = make_gateway(Settings(), engine=text_engine(), flags=reporter)
+    for transport in TRANSPORTS:
+        c = chat(chats, live, transport)
+        for i in range(3):
+            c.ok(input=f"{transport} {i}: {GH_TOKEN}")
+    wait_for(lambda: reporter.write_failures >= 2, what="failed flag writes")
+    assert reporter.reported == 6 and reporter.written == 0
+    assert reporter.dropped == 3 and reporter.pending == 3   # bounded: the oldest were dropped, counted
+    m = scrape(live)
+    assert m[("respgate_flag_records_total", (("outcome", "dropped"),))] == 3
+    assert m[("respgate_flag_records_pending", ())] == 3
