@@ -130,7 +130,8 @@ def _str(v: Any) -> str:
 
 
 class Composite:
-    """Runs several classifiers concurrently over the same items and merges their verdicts.
+    """Runs several classifiers over the same items (the I/O-bound ones concurrently) and merges
+    their verdicts.
 
     Every non-allow verdict is kept (one item may carry a secret *and* an injection); the turn's
     decision is the most severe one (block > flag > allow). ``overrides`` lets an operator change
@@ -145,7 +146,15 @@ class Composite:
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
         if not items or not self.classifiers:
             return []
-        results = await asyncio.gather(*(c.classify(items) for c in self.classifiers))
+        # Classifiers that wait on I/O (``io = True``: the external one) run as tasks while the
+        # CPU-only ones run inline: a task per classifier would cost more than a short item's scan.
+        tasks = [asyncio.ensure_future(c.classify(items)) for c in self.classifiers if getattr(c, "io", False)]
+        try:
+            results = [await c.classify(items) for c in self.classifiers if not getattr(c, "io", False)]
+            results += await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
         merged = [self._override(v) for verdicts in results for v in verdicts]
         merged = [v for v in merged if v.action != "allow"]
         merged.sort(key=lambda v: (-SEVERITY[v.action], v.index if v.index is not None else -1, -v.score))
@@ -161,6 +170,43 @@ class Composite:
     def _override(self, v: Verdict) -> Verdict:
         action = self.overrides.get(v.category or "") or self.overrides.get(v.source)
         return replace(v, action=action) if action is not None and action in SEVERITY else v
+
+
+def needle_windows(text: str, lower: str, needles: Iterable[str], before: int, after: int,
+                   max_windows: int = 256) -> list[tuple[int, int]]:
+    """Merged ``[lo, hi)`` windows around each occurrence of any lowercase ``needle`` in ``lower``.
+
+    Why: a regex scan over a whole tool output costs far more per byte than ``str.find``, and the
+    things classifiers look for are anchored on a few keywords (a token prefix, "ignore", "password").
+    Scanning only windows around keyword hits keeps the cost near ``str.find`` speed for ordinary
+    text. When the windows would cover most of the text anyway, or ``lower`` is not position-aligned
+    with ``text`` (a few Unicode characters change length when lowercased), the whole text is one
+    window. The caller sizes ``before``/``after`` so any match containing the needle fits.
+    """
+    n = len(text)
+    if len(lower) != n:
+        return [(0, n)]
+    spans: list[tuple[int, int]] = []
+    for needle in needles:
+        i = lower.find(needle)
+        while i != -1:
+            spans.append((max(0, i - before), min(n, i + len(needle) + after)))
+            if len(spans) > max_windows:
+                return [(0, n)]
+            i = lower.find(needle, i + 1)
+    if not spans:
+        return []
+    spans.sort()
+    merged = [spans[0]]
+    for lo, hi in spans[1:]:
+        if lo <= merged[-1][1]:
+            if hi > merged[-1][1]:
+                merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    if sum(hi - lo for lo, hi in merged) * 2 > n:
+        return [(0, n)]
+    return merged
 
 
 def decision(verdicts: Iterable[Verdict]) -> Action:

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 class ExternalClassifier:
     source = "external"
+    #: waits on the network: the composite runs it concurrently with the CPU-only classifiers
+    io = True
 
     def __init__(self, url: str, *, timeout_s: float = 2.0, fail_mode: Literal["open", "closed"] = "open",
                  wire: Literal["respgate", "openai"] = "respgate", api_key: str | None = None,

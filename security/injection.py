@@ -35,55 +35,141 @@ from security.secrets import find_secrets
 @dataclass(frozen=True, slots=True)
 class Heuristic:
     name: str
+    #: the whole rule, written in lowercase (documentation, and the IGNORECASE fallback below)
     pattern: re.Pattern[str]
     weight: float
-    #: groups of lowercase substrings; every group needs one hit for the regex to run (prefilter)
+    #: groups of lowercase substrings; every group needs one hit for the regex to run (prefilter).
+    #: The first group lists every way a match can *start*: the regex is only tried (``match``)
+    #: where ``str.find`` locates one of them, so the per-character cost is ``find``'s, not ``re``'s.
     needles: tuple[tuple[str, ...], ...] = ()
-    #: only text with non-ASCII characters can match (``str.isascii`` is a cheap prefilter)
+    #: only text with non-ASCII characters can match
     non_ascii: bool = False
+    #: ``pattern`` with IGNORECASE, for the rare text whose lowercase changes length
+    pattern_ci: re.Pattern[str] | None = None
+    #: ``pattern``'s top-level alternatives, compiled one by one and tried at the anchor positions
+    #: of the lowercased text (a regex search from every position costs 30-100 ns per character
+    #: and rule; ``str.find`` costs about one)
+    branches: tuple[re.Pattern[str], ...] = ()
+    #: a match counts only when its line holds nothing before it but blanks and ``#``
+    line_start: bool = False
 
 
-_I = re.IGNORECASE
+def _top_level_alternatives(regex: str) -> list[str]:
+    out, depth, in_class, i, start = [], 0, False, 0, 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(regex[start:i])
+            start = i + 1
+        i += 1
+    out.append(regex[start:])
+    return out
+
+
+def _h(name: str, regex: str, weight: float, *needles: tuple[str, ...], flags: int = 0,
+       non_ascii: bool = False, line_start: bool = False) -> Heuristic:
+    return Heuristic(name, re.compile(regex, flags), weight, needles, non_ascii,
+                     re.compile(regex, flags | re.IGNORECASE),
+                     tuple(re.compile(b, flags) for b in _top_level_alternatives(regex)), line_start)
+
+
 HEURISTICS: tuple[Heuristic, ...] = (
-    Heuristic("ignore_instructions", re.compile(
-        r"\b(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all|any|the|your|previous|prior|above|"
-        r"earlier|preceding|system|developer)\b[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|directions|"
-        r"guidelines|guardrails|messages?)\b", _I), 0.8,
-        (("ignore", "disregard", "forget", "override", "bypass"),)),
-    Heuristic("role_override", re.compile(
-        r"\byou are now\b|\bfrom now on,? you (?:are|will|must|should)\b|\bnew (?:system |developer )?"
-        r"(?:instructions?|prompt)\s*:|\bact as (?:the |an? )?(?:system|developer|admin|root)\b|"
-        r"\b(?:enter|enable|activate) (?:developer|god|dan|jailbreak) mode\b", _I), 0.6,
-        (("you are now", "from now on", "instruction", "prompt", "act as", " mode"),)),
-    Heuristic("fake_system_turn", re.compile(
-        r"(?im)^\s*(?:#{1,3}\s*)?(?:system|developer)\s*(?:prompt|message|override|instructions?)?\s*:\s*\S|"
-        r"</?(?:system|system-reminder|instructions)>", _I | re.MULTILINE), 0.45, (("system", "developer", "instructions>"),)),
-    Heuristic("chat_template_token", re.compile(
-        r"<\|(?:im_start|im_end|im_sep|start|end|message|channel|constrain|return|call|system|user|assistant|"
-        r"endoftext|eot_id|start_header_id|end_header_id|begin_of_text)\|>|\[/?INST\]|<</?SYS>>|"
-        r"<start_of_turn>|<end_of_turn>", _I), 0.9,
-        (("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "<start_of_turn>", "<end_of_turn>"),)),
-    Heuristic("exfiltration", re.compile(
-        r"\b(?:send|post|upload|exfiltrate|forward|leak|transmit|e-?mail|paste)\b[^.\n]{0,60}?"
-        r"(?:api[_ ]?keys?|secrets?|credentials?|passwords?|tokens?|\.env\b|ssh[_ ]?keys?|private[_ ]keys?|"
-        r"environment variables|id_rsa)[^.\n]{0,80}?(?:\bto\b|https?://)", _I), 0.8,
-        (("send", "post", "upload", "exfiltrate", "forward", "leak", "transmit", "mail", "paste"),
-         ("key", "secret", "credential", "password", "token", ".env", "environment variables", "id_rsa"))),
-    Heuristic("shell_exfiltration", re.compile(
-        r"\b(?:curl|wget|nc|fetch)\b[^\n]{0,200}?(?:\$\(|`)[^\n]{0,60}?(?:\.ssh|\.env|id_rsa|\.aws|printenv|"
-        r"\benv\b|/etc/passwd|credentials)", _I), 0.9,
-        (("curl", "wget", "nc", "fetch"), ("$(", "`"))),
-    Heuristic("conceal_from_user", re.compile(
-        r"\b(?:do not|don't|never)\s+(?:tell|inform|mention|reveal|show)\b[^.\n]{0,20}?\b(?:the )?user\b|"
-        r"\bwithout (?:telling|informing|alerting) the user\b|\bsecretly\b", _I), 0.7, (("user", "secretly"),)),
-    Heuristic("hidden_text", re.compile(r"[\U000E0000-\U000E007F]{4,}|[\u200b\u200c\u200d\u2060\ufeff]{8,}"), 0.7,
-              non_ascii=True),
-    Heuristic("comment_instruction", re.compile(
-        r"<!--(?:(?!-->)[\s\S]){0,400}?\b(?:ignore|instructions?|assistant|AI agent|language model|LLM)\b", _I),
-        0.5, (("<!--",),)),
+    _h("ignore_instructions",
+       r"(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all|any|the|your|previous|prior|above|"
+       r"earlier|preceding|system|developer)\b[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|directions|"
+       r"guidelines|guardrails|messages?)\b", 0.8,
+       ("ignore", "disregard", "forget", "override", "bypass")),
+    _h("role_override",
+       r"you are now\b|from now on,? you (?:are|will|must|should)\b|new (?:system |developer )?"
+       r"(?:instructions?|prompt)\s*:|act as (?:the |an? )?(?:system|developer|admin|root)\b|"
+       r"(?:enter|enable|activate) (?:developer|god|dan|jailbreak) mode\b", 0.6,
+       ("you are now", "from now on", "new ", "act as", "enter ", "enable ", "activate ")),
+    _h("fake_system_turn",
+       r"(?:system|developer)[ \t]*(?:prompt|message|override|instructions?)?[ \t]*:[ \t]*\S", 0.45,
+       ("system", "developer"), line_start=True),
+    _h("fake_system_tag", r"</?(?:system|system-reminder|instructions)>", 0.45, ("<system", "</system", "<instructions", "</instructions")),
+    _h("chat_template_token",
+       r"<\|(?:im_start|im_end|im_sep|start|end|message|channel|constrain|return|call|system|user|assistant|"
+       r"endoftext|eot_id|start_header_id|end_header_id|begin_of_text)\|>|\[/?inst\]|<</?sys>>|"
+       r"<start_of_turn>|<end_of_turn>", 0.9,
+       ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "<start_of_turn>", "<end_of_turn>")),
+    _h("exfiltration",
+       r"(?:send|post|upload|exfiltrate|forward|leak|transmit|e-?mail|paste)\b[^.\n]{0,60}?"
+       r"(?:api[_ ]?keys?|secrets?|credentials?|passwords?|tokens?|\.env\b|ssh[_ ]?keys?|private[_ ]keys?|"
+       r"environment variables|id_rsa)[^.\n]{0,80}?(?:\bto\b|https?://)", 0.8,
+       ("send", "post", "upload", "exfiltrate", "forward", "leak", "transmit", "email", "e-mail", "paste"),
+       ("key", "secret", "credential", "password", "token", ".env", "environment variables", "id_rsa")),
+    _h("shell_exfiltration",
+       r"(?:curl|wget|nc|fetch)\b[^\n]{0,200}?(?:\$\(|`)[^\n]{0,60}?(?:\.ssh|\.env|id_rsa|\.aws|printenv|"
+       r"\benv\b|/etc/passwd|credentials)", 0.9,
+       ("curl", "wget", "nc ", "fetch"), ("$(", "`")),
+    _h("conceal_from_user",
+       r"(?:do not|don't|never)\s+(?:tell|inform|mention|reveal|show)\b[^.\n]{0,20}?\b(?:the )?user\b|"
+       r"without (?:telling|informing|alerting) the user\b|secretly\b", 0.7,
+       ("do not", "don't", "never", "without", "secretly")),
+    _h("hidden_text", r"[\U000E0000-\U000E007F]{4,}|[\u200b\u200c\u200d\u2060\ufeff]{8,}", 0.7, non_ascii=True),
+    _h("comment_instruction",
+       r"<!--(?:(?!-->)[\s\S]){0,400}?\b(?:ignore|instructions?|assistant|ai agent|language model|llm)\b", 0.5,
+       ("<!--",)),
 )
 
 EXCERPT_CHARS = 80
+_ZERO_WIDTH = ("\u200b", "\u200c", "\u200d", "\u2060", "\ufeff")
+
+
+_TAGS = re.compile(r"[\U000E0000-\U000E007F]{4,}")
+_ZW_RUN = re.compile(r"[\u200b\u200c\u200d\u2060\ufeff]{8,}")
+
+
+_HIDDEN_ANY = re.compile(r"[\U000E0000-\U000E007F\u200b\u200c\u200d\u2060\ufeff]")
+
+
+def _hidden(text: str) -> re.Match[str] | None:
+    """The hidden-text heuristic without its slow alternation: one character-class scan finds
+    the first candidate; the run regexes only start from there."""
+    if text.isascii():
+        return None
+    first = _HIDDEN_ANY.search(text)
+    if first is None:
+        return None
+    return _TAGS.search(text, first.start()) or _ZW_RUN.search(text, first.start())
+
+
+def _search(h: Heuristic, patterns: tuple[re.Pattern[str], ...], text: str) -> re.Match[str] | None:
+    """IGNORECASE fallback: a plain search over the original text."""
+    for p in patterns:
+        for m in p.finditer(text):
+            if not h.line_start or _at_line_start(text, m.start()):
+                return m
+    return None
+
+
+def _anchored(h: Heuristic, lower: str) -> re.Match[str] | None:
+    """Try the branches only where an anchor (a possible match start) occurs."""
+    for word in h.needles[0]:
+        i = lower.find(word)
+        while i != -1:
+            for p in h.branches:
+                m = p.match(lower, i)
+                if m is not None and (not h.line_start or _at_line_start(lower, i)):
+                    return m
+            i = lower.find(word, i + 1)
+    return None
+
+
+def _at_line_start(text: str, pos: int) -> bool:
+    return not text[text.rfind("\n", 0, pos) + 1:pos].strip(" \t#")
 
 
 def injection_score(text: str) -> tuple[float, Heuristic | None, tuple[int, int]]:
@@ -92,11 +178,16 @@ def injection_score(text: str) -> tuple[float, Heuristic | None, tuple[int, int]
     best: Heuristic | None = None
     span = (0, 0)
     lower = text.lower()
-    ascii_only = text.isascii()
+    aligned = len(lower) == len(text)
     for h in HEURISTICS:
-        if (h.non_ascii and ascii_only) or not all(any(n in lower for n in group) for group in h.needles):
+        if h.non_ascii:  # the pattern documents it; _hidden() runs it faster
+            m = _hidden(text)
+        elif not all(any(n in lower for n in group) for group in h.needles):
             continue
-        m = h.pattern.search(text)
+        elif not aligned and h.pattern_ci is not None:
+            m = _search(h, (h.pattern_ci,), text)
+        else:
+            m = _anchored(h, lower)
         if m is None:
             continue
         miss *= 1.0 - h.weight

@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import orjson
 
-from security.classify import Action, ItemText, Verdict
+from security.classify import Action, ItemText, Verdict, needle_windows
 
 
 def shannon_entropy(s: str) -> float:
@@ -56,6 +56,9 @@ class Rule:
     #: lowercase substrings of which one must occur for the regex to run at all (a fast prefilter:
     #: ``str.__contains__`` is much cheaper than a regex scan, and most text holds no secret)
     needles: tuple[str, ...] = ()
+    #: the regex runs in windows of (before, after) characters around needle hits (a match must
+    #: fit in one); None: over the whole text whenever a needle occurs
+    window: tuple[int, int] | None = (8, 320)
 
 
 def _jwt_header_ok(token: str) -> bool:
@@ -73,13 +76,14 @@ RULES: tuple[Rule, ...] = (
     Rule("pem_private_key", "private_key", "a private key",
          re.compile(r"-----BEGIN ((?:RSA |EC |DSA |OPENSSH |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?)-----"
                     r"\s*(?:[A-Za-z-]+:[^\n]*\n\s*)*(?:[A-Za-z0-9+/=]{16,}\s*){2,}"), 0.99,
-         needles=("private key",)),
+         needles=("private key",), window=None),
     Rule("aws_access_key_id", "aws_access_key_id", "an AWS access key id",
          re.compile(r"(?<![A-Z0-9])((?:AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})(?![A-Za-z0-9])"), 0.95, group=1,
          min_entropy=3.0, public_prefix=4, needles=("akia", "asia", "abia", "acca")),
     Rule("aws_secret_access_key", "aws_secret_access_key", "an AWS secret access key",
          re.compile(r"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
-         0.95, group=1, min_entropy=4.0, needles=("secret",)),
+         0.95, group=1, min_entropy=4.0, needles=("secret",),
+         window=(16, 128)),
     Rule("github_token", "github_token", "a GitHub token",
          re.compile(r"(?<![A-Za-z0-9_])(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{60,255})"
                     r"(?![A-Za-z0-9_])"), 0.97, group=1, min_entropy=3.5, public_prefix=4,
@@ -95,17 +99,21 @@ RULES: tuple[Rule, ...] = (
          min_entropy=3.5, public_prefix=4, needles=("aiza",)),
     Rule("jwt", "jwt", "a JSON Web Token",
          re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,})"),
-         0.85, group=1, public_prefix=3, check=_jwt_header_ok, needles=("eyj",)),
+         0.85, group=1, public_prefix=3, check=_jwt_header_ok, needles=("eyj",),
+         window=(2, 16384)),
 )
 
-_KEY_WORDS = ("pass", "pwd", "secret", "key", "token")
-#: starts at a word boundary, so the lazy prefix is only tried from the start of each word
-_KEY = (r"(?<![A-Za-z0-9_.-])[A-Za-z0-9_.-]*?(?:password|passwd|passphrase|pwd|secret|api[_-]?key|apikey|access[_-]?token|"
-        r"auth[_-]?token|client[_-]?secret|private[_-]?key|token)[A-Za-z0-9_.-]*")
-#: quoted literal: key = "value" / "key": "value" / key: 'value'
-_QUOTED = re.compile(r"(?i)(" + _KEY + r")[\"']?\s*(?:=|:|=>)\s*([\"'])([^\"'\s]{8,200})\2")
-#: config line: KEY=value / export KEY=value / key: value (whole line, unquoted)
-_LINE = re.compile(r"(?im)^[ \t]*(?:export[ \t]+)?(" + _KEY + r")[ \t]*[=:][ \t]*([^\s\"'`]{8,200})[ \t]*\r?$")
+#: key names that announce a secret; matched on the lowercased text, then the name is extended to
+#: the whole identifier and the assignment after it is checked with anchored regexes (the cost is
+#: per keyword hit, not per character)
+_KEYWORD = re.compile(r"pass(?:word|wd|phrase)|pwd|secret|api[_-]?key|apikey|(?:access|auth)[_-]?token|"
+                      r"private[_-]?key|token")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+#: quoted literal after the name: = "value" / ": "value" / : 'value' / => "value"
+_QUOTED_TAIL = re.compile(r"[\"']?[ \t]*(?:=|:|=>)[ \t]*([\"'])([^\"'\s]{8,200})\1")
+#: unquoted config line after the name: KEY=value / key: value, to the end of the line
+_LINE_TAIL = re.compile(r"[ \t]*[=:][ \t]*([^\s\"'`]{8,200})[ \t]*(?:\r?\n|$)")
+_LINE_HEAD = re.compile(r"[ \t]*(?:export[ \t]+)?")
 _PLACEHOLDER = re.compile(r"(?i)^(?:\$\{?|<|%|\{\{|\*+$|x{4,}|\.\.\.)|changeme|example|placeholder|your[_-]|"
                           r"redacted|dummy|\bfake|process\.env|os\.environ|getenv|secrets\.|\(|\)")
 
@@ -138,9 +146,11 @@ def find_secrets(text: str) -> Iterator[Finding]:
     taken: list[tuple[int, int]] = []
     lower = text.lower()
     for rule in RULES:
-        if rule.needles and not any(n in lower for n in rule.needles):
-            continue
-        for m in rule.pattern.finditer(text):
+        if rule.window is None:
+            windows = [(0, len(text))] if any(n in lower for n in rule.needles) else []
+        else:
+            windows = needle_windows(text, lower, rule.needles, *rule.window)
+        for m in _scan(rule.pattern, text, windows):
             value = m.group(rule.group)
             if rule.min_entropy and shannon_entropy(value) < rule.min_entropy:
                 continue
@@ -149,22 +159,45 @@ def find_secrets(text: str) -> Iterator[Finding]:
             start, end = m.span(rule.group)
             taken.append((start, end))
             yield Finding(rule.name, rule.category, rule.label, rule.score, start, end, _hint(rule, value))
-    if not any(w in lower for w in _KEY_WORDS):
-        return
-    for regex in (_QUOTED, _LINE):
-        for m in regex.finditer(text):
-            value = m.group(m.lastindex or 0)
-            start, end = m.span(m.lastindex or 0)
-            if any(s < end and start < e for s, e in taken) or not _generic_ok(value):
+    if len(lower) != len(text):
+        lower = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)  # keep positions aligned
+    n, last = len(text), 0
+    for m in _KEYWORD.finditer(lower):
+        if m.start() < last:
+            continue  # inside a name already examined (client_secret_token)
+        start, end = m.start(), m.end()
+        while start > 0 and lower[start - 1] in _NAME_CHARS:
+            start -= 1
+        while end < n and lower[end] in _NAME_CHARS:
+            end += 1
+        last = end
+        tail = _QUOTED_TAIL.match(text, end)
+        group = 2
+        if tail is None:
+            line_start = text.rfind("\n", 0, start) + 1
+            head = _LINE_HEAD.match(text, line_start)
+            if head is None or head.end() != start:
                 continue
-            taken.append((start, end))
-            key = m.group(1).lower()
-            password = any(w in key for w in ("pass", "pwd"))
-            entropy = shannon_entropy(value)
-            yield Finding("assignment", "password" if password else "generic_secret",
-                          "a password" if password else "a secret value", min(0.9, 0.45 + 0.1 * entropy),
-                          start, end, f"assignment to a {'password' if password else 'secret'}-like key, "
-                                      f"{len(value)} chars")
+            tail = _LINE_TAIL.match(text, end)
+            group = 1
+            if tail is None:
+                continue
+        value = tail.group(group)
+        vstart, vend = tail.span(group)
+        if any(s < vend and vstart < e for s, e in taken) or not _generic_ok(value):
+            continue
+        taken.append((vstart, vend))
+        password = any(w in lower[start:end] for w in ("pass", "pwd"))
+        entropy = shannon_entropy(value)
+        yield Finding("assignment", "password" if password else "generic_secret",
+                      "a password" if password else "a secret value", min(0.9, 0.45 + 0.1 * entropy),
+                      vstart, vend, f"assignment to a {'password' if password else 'secret'}-like key, "
+                                    f"{len(value)} chars")
+
+
+def _scan(pattern: re.Pattern[str], text: str, windows: list[tuple[int, int]]) -> Iterator[re.Match[str]]:
+    for lo, hi in windows:
+        yield from pattern.finditer(text, lo, hi)
 
 
 def _hint(rule: Rule, value: str) -> str:
