@@ -39,15 +39,17 @@ class ItemText:
     type: str                 # item type (message, function_call_output, ...)
     role: str | None          # message role; None for other items
     text: str
+    #: UTF-8 size of ``text`` (what the byte counter adds up), computed once
+    nbytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            object.__setattr__(self, "nbytes", len(self.text.encode("utf-8", "surrogatepass")))
 
     @property
     def tool_output(self) -> bool:
         """Text that came from a tool, not from the user: where prompt injection arrives."""
         return self.type in TOOL_OUTPUT_TYPES
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +141,12 @@ class Composite:
     the category wins over the source.
     """
 
-    def __init__(self, classifiers: Sequence[Classifier], overrides: Mapping[str, Action] | None = None) -> None:
+    def __init__(self, classifiers: Sequence[Classifier], overrides: Mapping[str, Action] | None = None, *,
+                 thread_bytes: int = 256 * 1024) -> None:
         self.classifiers = list(classifiers)
         self.overrides = dict(overrides or {})
+        #: inputs larger than this are scanned in a worker thread (see ``classify``)
+        self.thread_bytes = thread_bytes
 
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
         if not items or not self.classifiers:
@@ -149,8 +154,15 @@ class Composite:
         # Classifiers that wait on I/O (``io = True``: the external one) run as tasks while the
         # CPU-only ones run inline: a task per classifier would cost more than a short item's scan.
         tasks = [asyncio.ensure_future(c.classify(items)) for c in self.classifiers if getattr(c, "io", False)]
+        local = [c for c in self.classifiers if not getattr(c, "io", False)]
         try:
-            results = [await c.classify(items) for c in self.classifiers if not getattr(c, "io", False)]
+            if sum(it.nbytes for it in items) > self.thread_bytes and all(hasattr(c, "scan") for c in local):
+                # A multi-megabyte tool output takes the regexes a while: scanning in a worker
+                # thread lets the event loop keep serving other connections meanwhile (the GIL
+                # is shared, but released between bytecodes every few milliseconds).
+                results = await asyncio.to_thread(lambda: [c.scan(items) for c in local])
+            else:
+                results = [await c.classify(items) for c in local]
             results += await asyncio.gather(*tasks)
         finally:
             for t in tasks:

@@ -243,6 +243,10 @@ class InjectionHeuristics:
         self.all_items = all_items
 
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
+        return self.scan(items)
+
+    def scan(self, items: Sequence[ItemText]) -> list[Verdict]:
+        """CPU only, no I/O: the composite may run it in a worker thread for large inputs."""
         verdicts: list[Verdict] = []
         for it in items:
             if not (it.tool_output or self.all_items) or not it.text:

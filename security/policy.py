@@ -106,6 +106,10 @@ class PolicyClassifier:
         return cls(PolicyConfig.load(path))
 
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
+        return self.scan(items)
+
+    def scan(self, items: Sequence[ItemText]) -> list[Verdict]:
+        """CPU only, no I/O: the composite may run it in a worker thread for large inputs."""
         c = self.config
         verdicts: list[Verdict] = []
         if c.max_items_per_turn is not None and len(items) > c.max_items_per_turn:

@@ -228,6 +228,10 @@ class SecretDetector:
         self.action = action
 
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
+        return self.scan(items)
+
+    def scan(self, items: Sequence[ItemText]) -> list[Verdict]:
+        """CPU only, no I/O: the composite may run it in a worker thread for large inputs."""
         verdicts: list[Verdict] = []
         for it in items:
             best: dict[str, Finding] = {}

@@ -663,3 +663,19 @@ def test_flag_sink_outage_never_breaks_turns(make_gateway, chats):
     m = scrape(live)
     assert m[("respgate_flag_records_total", (("outcome", "dropped"),))] == 3
     assert m[("respgate_flag_records_pending", ())] == 3
+
+
+def test_large_inputs_are_scanned_off_the_event_loop_with_the_same_verdicts():
+    big = "lorem ipsum dolor sit amet\n" * 20_000 + f"\nAWS_SECRET_ACCESS_KEY={AWS_SECRET}\n" + INJECTION
+    items = _items(big, type_="function_call_output")
+    seen_threads: set[str] = set()
+
+    class Spy(SecretDetector):
+        def scan(self, items):
+            seen_threads.add(threading.current_thread().name)
+            return super().scan(items)
+
+    inline = run(Composite([Spy(), InjectionHeuristics()], thread_bytes=10**9).classify(items))
+    threaded = run(Composite([Spy(), InjectionHeuristics()], thread_bytes=1024).classify(items))
+    assert inline == threaded and {v.category for v in inline} == {"aws_secret_access_key", "prompt_injection"}
+    assert threading.main_thread().name in seen_threads and len(seen_threads) == 2
