@@ -558,6 +558,9 @@ def test_external_classifier_gets_only_new_items_and_its_verdicts_apply(make_gat
     assert [[it["text"] for it in batch] for batch in moderation.received] == [
         ["first question"], ["second MEH"], ["third FORBIDDEN thing"]]
     assert moderation.received[1][0]["role"] == "user" and moderation.received[1][0]["id"].startswith("msg_")
+    # and the gateway's own counters agree: three items, their bytes (the blocked one was classified too)
+    assert live.metric("respgate_classified_items_total") == 3
+    assert live.metric("respgate_classified_bytes_total") == len("first questionsecond MEHthird FORBIDDEN thing")
     sink = live.gw.pipeline.flags.sink
     wait_for(lambda: len(sink.records) == 2, what="flag + block records")
     assert [(r.action, r.category, r.source) for r in sink.records] == [
