@@ -682,3 +682,17 @@ def test_large_inputs_are_scanned_off_the_event_loop_with_the_same_verdicts():
     threaded = run(Composite([Spy(), InjectionHeuristics()], thread_bytes=1024).classify(items))
     assert inline == threaded and {v.category for v in inline} == {"aws_secret_access_key", "prompt_injection"}
     assert threading.main_thread().name in seen_threads and len(seen_threads) == 2
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_item_reference_to_a_classified_item_is_not_classified_again(make_gateway, chats, transport):
+    live = make_gateway(Settings(), engine=text_engine())
+    c = chat(chats, live, transport)
+    r1 = c.ok(input=[{"type": "message", "role": "user", "id": "msg_secret1", "content": f"use {GH_TOKEN}"}])
+    assert live.metric("respgate_classified_items_total") == 1
+    c.ok(previous_response_id=r1["id"], input=[{"type": "item_reference", "id": "msg_secret1"},
+                                                {"type": "message", "role": "user", "content": "again"}])
+    assert live.metric("respgate_classified_items_total") == 2          # only "again"
+    assert live.metric("respgate_classifier_verdicts_total", {"action": "flag", "category": "github_token"}) == 1
+    wait_for(lambda: live.gw.pipeline.flags.written == 1, what="the one flag")
+    assert live.gw.pipeline.flags.reported == 1
