@@ -66,7 +66,7 @@ class ExternalClassifier:
             resp = await self.client.post(self.url, json=self._body(batch))
             resp.raise_for_status()
             return self._verdicts(batch, resp.json())
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             self.failures += 1
             # the exception's text names the URL or status, never the items' content
             log.warning("external classifier %s failed (%s: %s); fail-%s", self.url, type(exc).__name__,

@@ -98,7 +98,8 @@ HEURISTICS: tuple[Heuristic, ...] = (
     _h("fake_system_turn",
        r"(?:system|developer)[ \t]*(?:prompt|message|override|instructions?)?[ \t]*:[ \t]*\S", 0.45,
        ("system", "developer"), line_start=True),
-    _h("fake_system_tag", r"</?(?:system|system-reminder|instructions)>", 0.45, ("<system", "</system", "<instructions", "</instructions")),
+    _h("fake_system_tag", r"</?(?:system|system-reminder|instructions)>", 0.45,
+       ("<system", "</system", "<instructions", "</instructions")),
     _h("chat_template_token",
        r"<\|(?:im_start|im_end|im_sep|start|end|message|channel|constrain|return|call|system|user|assistant|"
        r"endoftext|eot_id|start_header_id|end_header_id|begin_of_text)\|>|\[/?inst\]|<</?sys>>|"

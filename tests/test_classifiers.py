@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from gateway.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
-from security.classify import Composite, ItemText, Verdict, decision, texts_of
+from security.classify import Composite, ItemText, decision, texts_of
 from security.flags import FlagRecord, FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.injection import InjectionHeuristics, excerpt, injection_score
 from security.policy import PolicyClassifier, PolicyConfig
