@@ -18,13 +18,14 @@ from cache.store import MemoryStore, ResponseStore
 from gateway.auth import KeyAuth
 from gateway.errors import ApiError
 from gateway.logging_context import RequestIdMiddleware
-from gateway.metrics import ComponentCollector, Metrics
+from gateway.metrics import ComponentCollector, FlagCollector, Metrics
 from gateway.pipeline import Pipeline
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from gateway.engines import build_registry
 from inference.registry import ModelRegistry
-from security.classify import AllowAll, Classifier
+from security.classify import Action, Classifier, Composite
+from security.flags import FlagReporter, MemoryFlagSink, RedisFlagSink
 
 log = logging.getLogger("respgate")
 
@@ -36,6 +37,7 @@ def create_app(
     store: ResponseStore | None = None,
     classifier: Classifier | None = None,
     usage_sink: UsageSink | None = None,
+    flags: FlagReporter | None = None,
 ) -> FastAPI:
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
@@ -47,7 +49,10 @@ def create_app(
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
     metrics = Metrics(per_tenant=settings.metrics_per_tenant)
     usage = build_usage_queue(settings, usage_sink)
-    pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
+    classifier = build_classifier(settings) if classifier is None else classifier
+    flags = build_flag_reporter(settings) if flags is None else flags
+    metrics.registry.register(FlagCollector(flags))
+    pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=KeyAuth(settings.api_keys))
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
@@ -57,6 +62,7 @@ def create_app(
         for engine in registry.engines():
             await engine.start()
         usage.start()
+        flags.start()
         gw.accepting = True
         try:
             yield
@@ -64,6 +70,9 @@ def create_app(
             gw.accepting = False
             await pipeline.close()
             await usage.drain()
+            await flags.drain()
+            if hasattr(classifier, "close"):
+                await classifier.close()
             for engine in registry.engines():
                 await engine.shutdown()
             await store.close()
@@ -106,6 +115,41 @@ def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> Usag
         sink = RedisLedger(settings.redis_url, settings.usage_stream)
     journal = Journal(settings.usage_journal) if settings.usage_journal else None
     return UsageQueue(MemorySink() if sink is None else sink, journal)
+
+
+def build_classifier(settings: Settings) -> Composite:
+    """The classifiers the settings turn on, run concurrently with per-category overrides.
+
+    A policy file that does not load stops start-up (a typo must not silently allow everything)."""
+    from security.external import ExternalClassifier
+    from security.injection import InjectionHeuristics
+    from security.policy import PolicyClassifier
+    from security.secrets import SecretDetector
+
+    unknown = set(settings.classifiers) - {"secrets", "injection"}
+    if unknown:
+        raise ValueError(f"unknown classifiers {sorted(unknown)}; known: secrets, injection")
+    parts: list[Classifier] = []
+    if "secrets" in settings.classifiers:
+        parts.append(SecretDetector())
+    if "injection" in settings.classifiers:
+        parts.append(InjectionHeuristics(threshold=settings.injection_threshold))
+    if settings.classifier_policy_file:
+        parts.append(PolicyClassifier.from_file(settings.classifier_policy_file))
+    if settings.classifier_url:
+        parts.append(ExternalClassifier(settings.classifier_url, timeout_s=settings.classifier_timeout_s,
+                                        fail_mode=settings.classifier_fail_mode, wire=settings.classifier_wire,
+                                        api_key=settings.classifier_api_key, model=settings.classifier_model))
+    overrides: dict[str, Action] = {k: "allow" for k in settings.classifier_allow}
+    overrides.update({k: "block" for k in settings.classifier_block})
+    return Composite(parts, overrides)
+
+
+def build_flag_reporter(settings: Settings) -> FlagReporter:
+    """Flags go to the Redis Stream with ``redis_url``, else to a bounded in-memory sink."""
+    sink = (RedisFlagSink(settings.redis_url, settings.flags_stream, settings.flags_stream_maxlen)
+            if settings.redis_url else MemoryFlagSink(settings.flags_buffer))
+    return FlagReporter(sink, buffer=settings.flags_buffer)
 
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:

@@ -46,9 +46,6 @@ class Metrics:
                                         "Continuations rendered in full because an append was not provably exact",
                                         ["reason"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
-        self.items_classified = Counter("respgate_items_classified", "Input items classified", registry=r)
-        self.classifier_verdicts = Counter("respgate_classifier_verdicts",
-                                           "Classifier outcomes on new input items", ["action"], registry=r)
         self.rate_limited = Counter("respgate_rate_limit_rejections",
                                     "Requests or connections refused by a rate or connection limit",
                                     ["transport", "limit"], registry=r)
@@ -99,6 +96,16 @@ class Metrics:
         self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
                                     "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
                                     registry=r)
+        self._classifier_metrics(r)
+
+    # -- classifiers (security issue): work on new items only, and what was found ------------------
+    def _classifier_metrics(self, r: CollectorRegistry) -> None:
+        self.classified_items = Counter("respgate_classified_items",
+                                        "Input items classified (each turn's new items only)", registry=r)
+        self.classified_bytes = Counter("respgate_classified_bytes",
+                                        "UTF-8 bytes of item text handed to classifiers", registry=r)
+        self.classifier_verdicts = Counter("respgate_classifier_verdicts", "Non-allow classifier verdicts",
+                                           ["action", "category"], registry=r)
 
     def stage_timer(self, transport: str) -> "StageTimer":
         return StageTimer(self.stage, transport)
@@ -126,6 +133,22 @@ class StageTimer:
         for stage, seconds in self._acc.items():
             self._hist.labels(stage, self._transport).observe(seconds)
         self._acc.clear()
+
+
+class FlagCollector:
+    """The flag reporter's counters, read at scrape time (security stays free of Prometheus)."""
+
+    def __init__(self, reporter: Any) -> None:
+        self.reporter = reporter
+
+    def collect(self) -> Iterator[Any]:
+        c = CounterMetricFamily("respgate_flag_records", "Flag records by outcome", labels=["outcome"])
+        for outcome in ("reported", "written", "dropped"):
+            c.add_metric([outcome], getattr(self.reporter, outcome, 0))
+        yield c
+        pending = GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written")
+        pending.add_metric([], getattr(self.reporter, "pending", 0))
+        yield pending
 
 
 class ComponentCollector:

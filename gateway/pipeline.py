@@ -42,7 +42,8 @@ from gateway.wire.tools import HostedTool, canonical_tool, tool_names
 from inference.engine import EngineError, SamplingParams
 from inference.registry import ModelRegistry, ModelRoute
 from inference.render import Prelude
-from security.classify import Classifier
+from security.classify import Classifier, ClassifierUnavailable, Verdict, block_message, texts_of
+from security.flags import FlagRecord, FlagReporter
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class Pipeline:
         classifier: Classifier,
         usage: UsageQueue,
         metrics: Metrics,
+        flags: FlagReporter | None = None,
     ) -> None:
         self.settings = settings
+        self.flags = flags
         self.registry = registry
         self.store = store
         self.classifier = classifier
@@ -92,13 +95,8 @@ class Pipeline:
         pending = self._check_pairing(new_items, base_context, parent, generate)
         lap.lap("validate")  # the new items are validated against the resolved parent
 
-        verdicts = [v for v in await self.classifier.classify(new_items) if v.action != "allow"]
-        self.metrics.items_classified.inc(len(new_items))
-        _count_verdicts(self.metrics, len(new_items), verdicts)
+        verdicts = await self._classify(req, route, new_items, base_context, parent, ctx)
         lap.lap("classify")
-        if any(v.action == "block" for v in verdicts):
-            raise ApiError(400, "Your request was flagged by the gateway's content policy.",
-                           code="content_policy_violation", param="input")
 
         prelude = self._prelude(req, tools)
         prelude_key, base_ids, new_ids, gen_ids, stats = self._render_checked(
@@ -134,8 +132,45 @@ class Pipeline:
             include_encrypted="reasoning.encrypted_content" in (req.include or []),
             started=t0, created_at=time.time() - (time.perf_counter() - t0),
         )
+        self._report_flags(verdicts, new_items, req, route, parent, ctx, response_id=turn.id)
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)
         return turn
+
+    # -- classify (security/): the NEW items only, each once per conversation -------------------------
+
+    async def _classify(self, req: CreateRequest, route: ModelRoute, new_items: list[dict[str, Any]],
+                        context: ItemLog, parent: ResponseState | None, ctx: TurnContext) -> list[Verdict]:
+        """Classify the text of the new items (references to items already in the conversation were
+        classified when they entered it); count items and bytes; a block raises a 400 that names
+        the category and the item, never the matched value."""
+        texts = texts_of(new_items, known=context.has_id)
+        try:
+            verdicts = [v for v in await self.classifier.classify(texts) if v.action != "allow"]
+        except ClassifierUnavailable:
+            raise ApiError(503, "The content classifier is temporarily unavailable. Please retry your request.",
+                           type="server_error", code="classifier_unavailable") from None
+        self.metrics.classified_items.inc(len(texts))
+        self.metrics.classified_bytes.inc(sum(t.nbytes for t in texts))
+        for v in verdicts:
+            self.metrics.classifier_verdicts.labels(v.action, (v.category or "")[:64]).inc()
+        blocks = [v for v in verdicts if v.action == "block"]
+        if blocks:
+            self._report_flags(blocks, new_items, req, route, parent, ctx, response_id=None)
+            first = blocks[0]
+            raise ApiError(400, block_message(first), code="content_policy_violation",
+                           param=f"input[{first.index}]" if first.index is not None else "input")
+        return verdicts
+
+    def _report_flags(self, verdicts: list[Verdict], new_items: list[dict[str, Any]], req: CreateRequest,
+                      route: ModelRoute, parent: ResponseState | None, ctx: TurnContext,
+                      response_id: str | None) -> None:
+        if self.flags is None or not verdicts:
+            return
+        self.flags.report([FlagRecord.of(
+            v, item_type=new_items[v.index].get("type") if v.index is not None else None, response_id=response_id,
+            previous_response_id=req.previous_response_id, tenant=ctx.tenant, model=route.name,
+            transport=ctx.transport, flagged_before=parent.flagged if parent is not None else False,
+        ) for v in verdicts])
 
     async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
         """``POST /v1/responses/input_tokens``: the prompt length the same create would have.
@@ -549,14 +584,6 @@ class Pipeline:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.finalizer.flush()
-
-
-def _count_verdicts(metrics: Metrics, n_items: int, verdicts: list[Any]) -> None:
-    """Per-action classifier outcomes; items without a flag or block verdict count as allowed."""
-    for v in verdicts:
-        metrics.classifier_verdicts.labels(v.action).inc()
-    if n_items > len(verdicts):
-        metrics.classifier_verdicts.labels("allow").inc(n_items - len(verdicts))
 
 
 def _text_format(req: CreateRequest) -> dict[str, Any] | None:

@@ -73,6 +73,32 @@ class Settings(BaseModel):
     reasoning_text: Literal["raw", "hidden"] = "raw"
     #: secret for sealing reasoning encrypted_content (random per process when unset)
     seal_secret: str | None = None
+    # -- content classifiers and flag reporting (security/classify.py, secrets, injection, policy, external,
+    #    flags). They run on each turn's NEW items only; a flag goes to the review stream, a block is a 400.
+    #: built-in classifiers: ``secrets`` (credentials, all items), ``injection`` (tool outputs)
+    classifiers: list[str] = Field(default_factory=lambda: ["secrets", "injection"])
+    #: categories (``private_key``, ``prompt_injection``, ``policy:x``...) or classifier names (``secrets``,
+    #: ``injection``, ``external``) whose verdicts block instead of flag. Default: nothing blocks, because
+    #: coding agents routinely read files that hold secrets; e.g. ``private_key,aws_secret_access_key``
+    classifier_block: list[str] = Field(default_factory=list)
+    #: categories or classifier names whose verdicts are ignored (e.g. ``jwt`` where test tokens abound)
+    classifier_allow: list[str] = Field(default_factory=list)
+    #: injection score (0..1) at which a tool output gets a verdict
+    injection_threshold: float = 0.5
+    #: an operator policy file (JSON: regex patterns with action and category, size limits); see security/policy.py
+    classifier_policy_file: str | None = None
+    #: an external moderation service, POSTed the new items' text; see security/external.py
+    classifier_url: str | None = None
+    classifier_wire: Literal["respgate", "openai"] = "respgate"
+    classifier_api_key: str | None = None
+    classifier_model: str | None = None
+    classifier_timeout_s: float = 2.0
+    #: external service down: ``open`` = go on and flag ``classifier_unavailable``; ``closed`` = 503
+    classifier_fail_mode: Literal["open", "closed"] = "open"
+    #: review stream for flags (Redis Stream with ``redis_url``, else in memory) and its bounds
+    flags_stream: str = "respgate:flags"
+    flags_stream_maxlen: int = 1_000_000
+    flags_buffer: int = 10_000
     # simulated engine speed (0 = as fast as possible)
     sim_ttft_s: float = 0.0
     sim_prefill_tps: float = 0.0

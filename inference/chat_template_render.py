@@ -61,14 +61,22 @@ else dropped; ``function_call``/``custom_tool_call`` as ``tool_calls`` with Herm
 tool support (SmolLM2) get the tools, the calls and the ``<tool_response>`` wrapping emulated in
 Qwen2.5's Hermes text format, so one parser serves both.
 
-Known gap: message text that spells a special token (``<|im_end|>``) is tokenized as that token,
-exactly as Hugging Face's and vLLM's chat-template paths do.
+Special-token text in content is plain text. Hugging Face's and vLLM's chat-template paths tokenize
+message text that spells a special token (``<|im_end|>``, ``<|im_start|>system``) as that token,
+which lets a user message or a tool output close its own turn and open a fake system turn (prompt
+injection). Here every special-token spelling inside item content (message text, reasoning, tool
+outputs, call arguments) is swapped for a private-use sentinel character before the template runs,
+and when a segment is tokenized each sentinel is encoded as the *text* of that token (a tokenizer
+copy with ``encode_special_tokens``), so only the template's own structure yields special tokens.
+Text without special-token spellings is tokenized exactly as before. ``render_text`` restores the
+spellings (contract (b) is about text).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -160,6 +168,7 @@ class ChatTemplateRenderer:
         self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._lock = threading.Lock()
         self._template_hash = hashlib.blake2b(template.encode(), digest_size=8).digest()
+        self._init_specials()
 
     @property
     def tokenizer(self) -> Any:
@@ -167,6 +176,61 @@ class ChatTemplateRenderer:
 
     def _encode(self, text: str) -> list[int]:
         return self._fast.encode(text, add_special_tokens=False).ids
+
+    # -- special-token text in content (see the module docstring) ------------------------------
+
+    #: sentinel for the i-th special token: a supplementary private-use character
+    _SENTINEL_BASE = 0xF0000
+
+    def _init_specials(self) -> None:
+        from tokenizers import Tokenizer
+
+        added = self._fast.get_added_tokens_decoder().values()
+        specials = sorted({t.content for t in added if t.special and t.content}, key=len, reverse=True)
+        self._specials = specials
+        self._special_re = re.compile("|".join(re.escape(t) for t in specials)) if specials else None
+        self._special_firsts = frozenset(t[0] for t in specials)
+        self._sentinels = {t: chr(self._SENTINEL_BASE + i) for i, t in enumerate(specials)}
+        self._sentinel_re = re.compile(
+            f"[{chr(self._SENTINEL_BASE)}-{chr(self._SENTINEL_BASE + max(len(specials) - 1, 0))}]")
+        plain = Tokenizer.from_str(self._fast.to_str())
+        plain.encode_special_tokens = True
+        self._plain_ids = {t: plain.encode(t, add_special_tokens=False).ids for t in specials}
+
+    def _esc(self, text: str) -> str:
+        """Content text with special-token spellings replaced by their sentinels."""
+        if self._special_re is None or not any(c in text for c in self._special_firsts):
+            return text
+        return self._special_re.sub(lambda m: self._sentinels[m.group(0)], text)
+
+    def _esc_obj(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._esc(value)
+        if isinstance(value, dict):
+            return {self._esc(k) if isinstance(k, str) else k: self._esc_obj(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._esc_obj(v) for v in value]
+        return value
+
+    def _unesc(self, text: str) -> str:
+        if not self._specials or not self._sentinel_re.search(text):
+            return text
+        return self._sentinel_re.sub(lambda m: self._specials[ord(m.group(0)) - self._SENTINEL_BASE], text)
+
+    def _encode_segment(self, text: str) -> list[int]:
+        """``_encode``, except that sentinels become the plain-text tokens of their special token."""
+        if not self._specials or not self._sentinel_re.search(text):
+            return self._encode(text)
+        out: list[int] = []
+        pos = 0
+        for m in self._sentinel_re.finditer(text):
+            if m.start() > pos:
+                out += self._encode(text[pos:m.start()])
+            out += self._plain_ids[self._specials[ord(m.group(0)) - self._SENTINEL_BASE]]
+            pos = m.end()
+        if pos < len(text):
+            out += self._encode(text[pos:])
+        return out
 
     # -- prelude -------------------------------------------------------------------------------
 
@@ -265,7 +329,7 @@ class ChatTemplateRenderer:
         p = self.profile
         if kind in _OUTPUTS:
             out = item.get("output")
-            text = out if isinstance(out, str) else _text(out)
+            text = self._esc(out if isinstance(out, str) else _text(out))
             if not p.wraps_tool_response:
                 text = f"<tool_response>\n{text}\n</tool_response>"
             msg: dict[str, Any] = {"role": p.tool_role, "content": text}
@@ -276,17 +340,18 @@ class ChatTemplateRenderer:
         role = str(item.get("role") or "user")
         if role == "developer" and not p.knows_developer:
             role = "system"
-        return {"role": role, "content": _text(item.get("content"))}, ("system" if role != "user" else "user")
+        return ({"role": role, "content": self._esc(_text(item.get("content")))},
+                ("system" if role != "user" else "user"))
 
     def _assistant(self, group: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
-        reasoning = [self._reasoning_text(it) for it in group if it.get("type") == "reasoning"]
-        texts = [_text(it.get("content")) for it in group if it.get("type", "message") == "message"]
+        reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == "reasoning"]
+        texts = [self._esc(_text(it.get("content"))) for it in group if it.get("type", "message") == "message"]
         calls = []
         for it in group:
             if it.get("type") == "function_call":
-                args = _arguments(it.get("arguments"))
+                args = self._esc_obj(_arguments(it.get("arguments")))
             elif it.get("type") == "custom_tool_call":
-                args = {CUSTOM_ARG: str(it.get("input") or "")}
+                args = {CUSTOM_ARG: self._esc(str(it.get("input") or ""))}
             else:
                 continue
             calls.append({"type": "function", "function": {
@@ -327,7 +392,7 @@ class ChatTemplateRenderer:
     def render_text(self, items: Sequence[Mapping[str, Any]],
                     calls: Mapping[str, Mapping[str, Any]] | None = None) -> str:
         """The text :meth:`render_items` tokenizes (for tests and debugging)."""
-        return "".join(t for t, _ in self._segments(items, calls))
+        return self._unesc("".join(t for t, _ in self._segments(items, calls)))
 
     def render_items(
         self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
@@ -343,7 +408,7 @@ class ChatTemplateRenderer:
             if assistant and text.startswith(gp):
                 out += self._gp_tokens
                 text = text[len(gp):]
-            out += self._encode(text)
+            out += self._encode_segment(text)
         return out
 
     def append_break(self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]) -> str | None:

@@ -113,7 +113,7 @@ def test_ws_session_then_scrape_agrees_with_the_session(make_gateway):
     assert m.value("respgate_connection_cache_evictions_total") == 0
     assert m.value("respgate_warmups_total", transport="ws") == 1
     assert m.value("respgate_turns_total", transport="ws", status="completed") == 4
-    assert m.value("respgate_classifier_verdicts_total", action="allow") == 4  # one new message per turn
+    assert m.value("respgate_classified_items_total") == 4  # one new message per turn, none of the history
     assert m.value("respgate_store_seconds_count", op="get") == 1              # the dangling id
     assert m.value("respgate_store_seconds_count", op="put") == 2              # warm-up and lane turn stored
 
