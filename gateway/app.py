@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
-from gateway.auth import KeyAuth
+from gateway.access import Access
+from gateway.auth import KeyAuth, build_key_store
 from gateway.errors import ApiError
 from gateway.metrics import ComponentCollector, Metrics
 from gateway.pipeline import Pipeline
@@ -24,6 +25,7 @@ from gateway.state import GatewayState
 from gateway.engines import build_registry
 from inference.registry import ModelRegistry
 from security.classify import AllowAll, Classifier
+from security.keys import KeyStore
 
 log = logging.getLogger("respgate")
 
@@ -35,6 +37,7 @@ def create_app(
     store: ResponseStore | None = None,
     classifier: Classifier | None = None,
     usage_sink: UsageSink | None = None,
+    key_store: KeyStore | None = None,
 ) -> FastAPI:
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
@@ -48,11 +51,13 @@ def create_app(
     usage = build_usage_queue(settings, usage_sink)
     metrics.registry.register(ComponentCollector(usage, store))
     pipeline = Pipeline(settings, registry, store, AllowAll() if classifier is None else classifier, usage, metrics)
+    auth, access = build_access(settings, key_store)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
-                      pipeline=pipeline, auth=KeyAuth(settings.api_keys))
+                      pipeline=pipeline, auth=auth, access=access)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await auth.check_startup(settings.host)  # before any engine loads: refuse open mode off loopback
         for engine in registry.engines():
             await engine.start()
         usage.start()
@@ -66,6 +71,9 @@ def create_app(
             for engine in registry.engines():
                 await engine.shutdown()
             await store.close()
+            await access.flush()
+            await access.limiter.close()
+            await auth.close()
 
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
@@ -93,6 +101,23 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def build_access(settings: Settings, key_store: KeyStore | None = None) -> tuple[KeyAuth, Access]:
+    """Keys (static + the key store: Redis with ``redis_url``, else the key file) and rate limiters
+    (atomic in Redis with ``redis_url``, else in memory)."""
+    if key_store is None:
+        key_store = build_key_store(settings.redis_url, settings.keys_file)
+    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode)
+    if settings.redis_url:
+        from security.limits import RedisRateLimiter
+
+        limiter = RedisRateLimiter.from_url(settings.redis_url)
+    else:
+        from security.limits import MemoryRateLimiter
+
+        limiter = MemoryRateLimiter()
+    return auth, Access(settings, limiter)
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:
