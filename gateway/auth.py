@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gateway.errors import ApiError, invalid_api_key
-from security.keys import (TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
+from security.keys import (KEY_PATTERN, TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
                            hash_key)
 
 
@@ -116,12 +116,15 @@ class KeyAuth:
             principal = self._static.get(digest)
             if principal is not None:
                 return principal
-            if self.store is not None and required:
+            # In open mode only key-shaped tokens are looked up (SDK placeholders like "local" cost no
+            # store round trip), so a key issued a moment ago works before the key count is re-read.
+            if self.store is not None and (required or KEY_PATTERN.fullmatch(token)):
                 try:
                     record = await self.store.lookup(digest)
                 except KeyStoreUnavailable:
                     raise key_store_unavailable() from None
                 if record is not None:
+                    self._required = True
                     return Principal(tenant=record.tenant, key_id=record.id, limits=record.limits, key_hash=digest)
         if required:
             raise invalid_api_key()

@@ -28,9 +28,9 @@ REDACTED = "[REDACTED]"
 
 _PATTERNS = [
     KEY_PATTERN,
-    re.compile(r"(?i)(bearer|basic|token)(\s+|%20|\+)[^\s'\",;]+"),
-    re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[-_]?key|openai-api-key)(['\"]?\s*[:=,]\s*b?['\"]?)"
-               r"[^\s'\",;&]+"),
+    re.compile(r"(?i)(bearer|basic|token)(\s+|%20|\+)(?!%)[^\s'\",;]+"),
+    re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[-_]?key|openai-api-key)(['\"]?\s*[:=,]\s*(?:b?['\"])?"
+               r"(?:(?:bearer|basic|token)\s+)?)(?!%)[^\s'\",;&]+"),
     re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
 ]
 
@@ -58,35 +58,54 @@ class RedactingFilter(logging.Filter):
                 text = pattern.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
         return text
 
+    def redact_format(self, fmt: str) -> str:
+        """Like ``redact`` but leaves ``%s``-style placeholders alone (``"api_key=%s"`` stays a format)."""
+        parts = re.split(r"(%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[a-zA-Z%])", fmt)
+        return "".join(p if i % 2 else self.redact(p) for i, p in enumerate(parts))
+
     def filter(self, record: logging.LogRecord) -> bool:
         redact_record(record, self)
         return True
 
 
 def redact_record(record: logging.LogRecord, flt: RedactingFilter) -> None:
-    """Scrub the format string and each argument in place.
+    """Scrub the record in place.
 
-    Arguments are cleaned one by one instead of collapsing the message, because some formatters
-    read ``record.args`` themselves (uvicorn's access formatter unpacks them); numbers stay numbers.
+    The check runs on the fully formatted message, because a secret's context can be split across
+    arguments (``"< %s: %s", "X-Api-Key", key``). When it is dirty, the format string and each
+    argument are cleaned one by one if that yields a clean message — some formatters read
+    ``record.args`` themselves (uvicorn's access formatter unpacks them) — else the message is
+    replaced by its redacted text.
     """
     if getattr(record, "_redacted", False):
         return
-    if isinstance(record.msg, str):
-        record.msg = flt.redact(record.msg)
-    else:
-        record.msg = flt.redact(str(record.msg))
-    args = record.args
-    if isinstance(args, tuple):
-        record.args = tuple(_clean(a, flt) for a in args)
-    elif isinstance(args, dict):
-        record.args = {k: _clean(v, flt) for k, v in args.items()}
+    record._redacted = True  # type: ignore[attr-defined]
+    try:
+        message = record.getMessage()
+    except Exception:  # a broken format string must not lose the record (nor leak through the error)
+        message = f"{record.msg!r} % {record.args!r}"
+        record.args = None
+    cleaned = flt.redact(message)
+    if cleaned != message:
+        msg, args = flt.redact_format(str(record.msg)), record.args
+        if isinstance(args, tuple):
+            args = tuple(_clean(a, flt) for a in args)
+        elif isinstance(args, dict):
+            args = {k: _clean(v, flt) for k, v in args.items()}
+        try:
+            piecewise = msg % args if args else msg
+        except Exception:
+            piecewise = None
+        if piecewise is not None and flt.redact(piecewise) == piecewise:
+            record.msg, record.args = msg, args
+        else:
+            record.msg, record.args = cleaned, None
     if record.exc_info and not record.exc_text:
         record.exc_text = logging.Formatter().formatException(record.exc_info)
     if record.exc_text:
         record.exc_text = flt.redact(record.exc_text)
     if record.stack_info:
         record.stack_info = flt.redact(record.stack_info)
-    record._redacted = True  # type: ignore[attr-defined]
 
 
 def _clean(value: object, flt: RedactingFilter) -> object:
