@@ -259,8 +259,12 @@ class RedisKeyStore:
     @classmethod
     def from_url(cls, url: str, prefix: str = "respgate:") -> "RedisKeyStore":
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
 
-        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0), prefix)
+        # like the response store: one quick retry (a stale pooled connection after a Redis restart)
+        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0,
+                                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
 
     def _k(self, key_hash: str) -> str:
         return f"{self.prefix}key:{key_hash}"
