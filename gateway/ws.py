@@ -6,7 +6,12 @@ One connection, many turns. The connection owns:
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes. Each lane is a FIFO worker:
   turns in one lane never overlap, lanes run concurrently, and at most 16 responses are active at
   once across lanes (more are queued, never rejected);
-* its **lifetime**: after ``ws_max_age_s`` a ``response.create`` gets
+* its **limits** (gateway/access.py): the key's concurrent connections (429 before the upgrade),
+  its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
+  ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
+  ``max_request_bytes`` (beyond: 413 frame); a key revoked while connected ends the connection;
+* its **lifetime**: after ``ws_idle_timeout_s`` without frames or turns it closes (error frame +
+  1000); after ``ws_max_age_s`` a ``response.create`` gets
   ``websocket_connection_limit_reached`` and the socket closes with 1000 once in-flight responses
   reached their terminal events.
 

@@ -287,6 +287,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_serve_refuses_open_mode_off_loopback(tmp_path):
     port = free_port()
     refused = _serve(tmp_path, "--host", "0.0.0.0", "--port", str(port))
@@ -591,6 +592,7 @@ def test_redacting_filter_scrubs_records():
     assert text.count(REDACTED) >= 5 and " 404" in text                # numbers still format
 
 
+@pytest.mark.slow
 def test_serve_logs_capture_no_key(tmp_path):
     """A real ``respgate serve`` at DEBUG, fed keys in every wrong place; its whole output is checked."""
     env = {"RESPGATE_CACHE_DIR": str(tmp_path)}
