@@ -5,7 +5,7 @@ One connection, many turns. The connection owns:
 * a **connection cache** (latest response per lane) that continuations resolve against first;
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes. Each lane is a FIFO worker:
   turns in one lane never overlap, lanes run concurrently, and at most 16 responses are active at
-  once across lanes (more are queued, never rejected);
+  once across lanes (more are queued, never rejected, up to ``ws_max_queued``);
 * its **limits** (gateway/access.py): the key's concurrent connections (429 before the upgrade),
   its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
   ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
