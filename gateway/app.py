@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
-from gateway.auth import KeyAuth
+from gateway.access import Access
+from gateway.auth import KeyAuth, build_key_store
 from gateway.errors import ApiError
 from gateway.logging_context import RequestIdMiddleware
 from gateway.metrics import ComponentCollector, FlagCollector, Metrics
@@ -26,6 +27,7 @@ from gateway.engines import build_registry
 from inference.registry import ModelRegistry
 from security.classify import Action, Classifier, Composite
 from security.flags import FlagReporter, MemoryFlagSink, RedisFlagSink
+from security.keys import KeyStore
 
 log = logging.getLogger("respgate")
 
@@ -38,6 +40,7 @@ def create_app(
     classifier: Classifier | None = None,
     usage_sink: UsageSink | None = None,
     flags: FlagReporter | None = None,
+    key_store: KeyStore | None = None,
 ) -> FastAPI:
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
@@ -53,12 +56,14 @@ def create_app(
     flags = build_flag_reporter(settings) if flags is None else flags
     metrics.registry.register(FlagCollector(flags))
     pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags)
+    auth, access = build_access(settings, key_store)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
-                      pipeline=pipeline, auth=KeyAuth(settings.api_keys))
+                      pipeline=pipeline, auth=auth, access=access)
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await auth.check_startup(settings.host)  # before any engine loads: refuse open mode off loopback
         for engine in registry.engines():
             await engine.start()
         usage.start()
@@ -76,6 +81,9 @@ def create_app(
             for engine in registry.engines():
                 await engine.shutdown()
             await store.close()
+            await access.flush()
+            await access.limiter.close()
+            await auth.close()
 
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
@@ -104,6 +112,23 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def build_access(settings: Settings, key_store: KeyStore | None = None) -> tuple[KeyAuth, Access]:
+    """Keys (static + the key store: Redis with ``redis_url``, else the key file) and rate limiters
+    (atomic in Redis with ``redis_url``, else in memory)."""
+    if key_store is None:
+        key_store = build_key_store(settings.redis_url, settings.keys_file)
+    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode)
+    if settings.redis_url:
+        from security.limits import RedisRateLimiter
+
+        limiter = RedisRateLimiter.from_url(settings.redis_url)
+    else:
+        from security.limits import MemoryRateLimiter
+
+        limiter = MemoryRateLimiter()
+    return auth, Access(settings, limiter)
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:

@@ -1,37 +1,179 @@
-"""Bearer-key check shared by HTTP routes and the WebSocket handshake.
+"""Who is calling: bearer keys -> a principal (tenant, key id, per-key limits), for HTTP and WS alike.
 
-With no keys configured any bearer (or none) is accepted and the tenant is ``None``; with a static
-key list, a missing or unknown key is ``401 invalid_api_key``. The tenant of a key is a digest of it,
-so stores never hold raw keys. The security issue replaces this with hashed keys and tenants.
+Keys come from two places: a static list in settings (``KEY`` or ``TENANT:KEY``; a bare key is its
+own tenant, named by a digest so stores never hold the key) and the key store (``respgate keys``:
+a local file, or Redis with ``redis_url``). Lookups go by ``sha256(key)`` (see ``security/keys.py``).
+
+**Open mode.** With no key anywhere, the gateway is a single-user tool: every request is the
+anonymous principal (tenant ``None``). That is only safe on loopback, so start-up refuses any other
+address unless ``open_mode`` is set explicitly. Once a key exists (say, ``respgate keys create``
+against a running gateway's file), keys are required from the next request on, and stay required
+for the life of the process even if every key is later revoked — revoking keys must never open a
+gateway up.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
+import ipaddress
+import time
+from dataclasses import dataclass, field
 from typing import Mapping
 
-from gateway.errors import invalid_api_key
+from gateway.errors import ApiError, invalid_api_key
+from security.keys import (KEY_PATTERN, TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
+                           hash_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str | None
+    #: public key handle (rate-limit subject, connection counts); None = anonymous (open mode)
+    key_id: str | None
+    limits: KeyLimits = field(default_factory=KeyLimits)
+    #: set for store-issued keys, which can be revoked while a WebSocket is open
+    key_hash: str | None = None
+
+    @property
+    def subject(self) -> str:
+        return self.key_id or "anonymous"
+
+
+ANONYMOUS = Principal(tenant=None, key_id=None)
+
+
+class OpenModeRefused(RuntimeError):
+    """No keys configured and the bind address is not loopback."""
+
+
+def key_store_unavailable() -> ApiError:
+    return ApiError(503, "The API key store is temporarily unavailable. Please retry your request.",
+                    type="server_error", code="server_is_overloaded")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _static_principal(entry: str) -> tuple[str, Principal]:
+    tenant, sep, key = entry.partition(":")
+    if not (sep and key and TENANT.fullmatch(tenant)):
+        key, tenant = entry, "t_" + hashlib.sha256(entry.encode()).hexdigest()[:24]
+    digest = hash_key(key)
+    return digest, Principal(tenant=tenant, key_id="static_" + digest[:12])
 
 
 class KeyAuth:
-    def __init__(self, keys: list[str]) -> None:
-        self._keys = [k.encode() for k in keys]
+    #: how long "are there any keys?" is cached while in open mode with a Redis store
+    COUNT_TTL_S = 1.0
+
+    def __init__(self, keys: list[str], store: KeyStore | None = None, *, open_mode: bool = False) -> None:
+        self._static: dict[str, Principal] = dict(_static_principal(k) for k in keys if k)
+        self._secrets = [k.partition(":")[2] if ":" in k else k for k in keys]
+        self.store = store
+        self.open_mode = open_mode
+        self._required = bool(self._static)  # sticky: never goes back to False
+        self._count_checked = 0.0
 
     @property
     def enabled(self) -> bool:
-        return bool(self._keys)
+        return self._required
+
+    @property
+    def static_secrets(self) -> list[str]:
+        """Literal static keys (for the log redaction filter: they can have any shape)."""
+        return [s for s in self._secrets if s]
+
+    async def keys_required(self) -> bool:
+        if self._required or self.store is None:
+            return self._required
+        if isinstance(self.store, FileKeyStore):
+            try:
+                self._required = self.store.count_active_sync() > 0
+            except KeyStoreUnavailable:
+                self._required = True  # a key file exists but is unreadable: fail closed
+            return self._required
+        now = time.monotonic()
+        if now - self._count_checked >= self.COUNT_TTL_S:
+            try:
+                self._required = await self.store.count_active() > 0
+                self._count_checked = now
+            except KeyStoreUnavailable:
+                pass  # open mode so far and the store is down: stay as we were
+        return self._required
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        """The caller's principal, or ``ApiError`` 401 (bad key) / 503 (key store down)."""
+        token = _bearer(headers)
+        required = await self.keys_required()
+        if token is not None:
+            digest = hash_key(token)
+            principal = self._static.get(digest)
+            if principal is not None:
+                return principal
+            # In open mode only key-shaped tokens are looked up (SDK placeholders like "local" cost no
+            # store round trip), so a key issued a moment ago works before the key count is re-read.
+            if self.store is not None and (required or KEY_PATTERN.fullmatch(token)):
+                try:
+                    record = await self.store.lookup(digest)
+                except KeyStoreUnavailable:
+                    raise key_store_unavailable() from None
+                if record is not None:
+                    self._required = True
+                    return Principal(tenant=record.tenant, key_id=record.id, limits=record.limits, key_hash=digest)
+        if required:
+            raise invalid_api_key()
+        return ANONYMOUS
+
+    async def still_valid(self, principal: Principal) -> bool:
+        """Whether a store-issued key is still active (WebSocket creates re-check: revocation)."""
+        if principal.key_hash is None or self.store is None:
+            return True
+        try:
+            return await self.store.lookup(principal.key_hash) is not None
+        except KeyStoreUnavailable:
+            return True  # a store blip must not kill live sockets; new connections fail closed
 
     def tenant(self, headers: Mapping[str, str]) -> str | None:
-        """Returns the caller's tenant id or raises ``ApiError(401)``."""
-        if not self._keys:
+        """Static keys only (no store): the caller's tenant, or ``ApiError(401)``."""
+        if not self._static:
             return None
-        auth = headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = _bearer(headers)
+        principal = self._static.get(hash_key(token)) if token is not None else None
+        if principal is None:
             raise invalid_api_key()
-        supplied = token.strip().encode()
-        for key in self._keys:
-            if hmac.compare_digest(supplied, key):
-                return "t_" + hashlib.sha256(key).hexdigest()[:24]
-        raise invalid_api_key()
+        return principal.tenant
+
+    async def check_startup(self, host: str) -> None:
+        if self.open_mode or is_loopback(host) or await self.keys_required():
+            return
+        raise OpenModeRefused(
+            f"refusing to serve on {host} without API keys: anyone who can reach this address could use "
+            f"the gateway. Create a key (respgate keys create --tenant NAME), set RESPGATE_API_KEYS, bind to "
+            f"127.0.0.1, or pass --open-mode (RESPGATE_OPEN_MODE=1) to serve without authentication.")
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def build_key_store(redis_url: str | None, keys_file: str | None) -> KeyStore | None:
+    """Redis when the gateway shares state through Redis, else the local key file (if configured)."""
+    if redis_url:
+        return RedisKeyStore.from_url(redis_url)
+    if keys_file:
+        return FileKeyStore(keys_file)
+    return None

@@ -1,4 +1,4 @@
-"""``respgate`` command line: ``serve``, ``prepare-model``, ``usage``, ``check`` (``keys``: security).
+"""``respgate`` command line: ``serve``, ``prepare-model``, ``usage``, ``check``, ``keys``.
 
 Configuration, lowest precedence first: defaults, a TOML config file (``--config FILE`` or
 ``RESPGATE_CONFIG``; setting names as keys), ``RESPGATE_*`` environment variables, command-line
@@ -9,8 +9,11 @@ came from (exit status 2).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+import time
 
+from gateway.auth import KeyAuth, OpenModeRefused, build_key_store
 from gateway.settings import ConfigError, Settings
 
 CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/settings.py); "
@@ -53,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model folder, or packaged:<name> (default packaged:smollm2)")
     serve.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
     serve.add_argument("--models-file", default=None, help="JSON list of models, each with its own engine")
-    serve.add_argument("--api-key", action="append", dest="api_keys", help="accepted bearer key (repeatable)")
+    serve.add_argument("--api-key", action="append", dest="api_keys",
+                       help="static bearer key, KEY or TENANT:KEY (repeatable)")
+    serve.add_argument("--open-mode", action="store_true", default=None,
+                       help="with no API keys, serve without authentication even on a non-loopback address")
     serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
     serve.add_argument("--log-format", choices=["json", "text"], default=None,
                        help="JSON lines with request/response ids (default), or plain text")
@@ -87,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--redis-url", default=None)
     check.add_argument("--no-engine", action="store_true",
                        help="skip loading the engines (the slow part: minutes for a large model)")
+    add_keys_parser(sub)
     return parser
 
 
@@ -101,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "keys":
+        return keys_command(args)
+
     if args.command == "usage":
         from billing.report import print_report, usage_report
 
@@ -133,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
         settings = Settings.load(args.config, host=args.host, port=args.port, engine=args.engine,
                                  models=args.models, model_path=args.model_path, remote_url=args.remote_url,
                                  models_file=args.models_file, api_keys=args.api_keys, log_level=args.log_level,
-                                 log_format=args.log_format)
+                                 log_format=args.log_format, open_mode=args.open_mode)
         return serve(settings)
     return 2
 
@@ -145,12 +155,110 @@ def serve(settings: Settings) -> int:
     from gateway.logging_setup import setup_logging
     from gateway.server import GatewayServer
 
+    from security.redact import install as install_redaction
+
+    # Before any logging is configured: every record from every logger is scrubbed of keys.
+    install_redaction(KeyAuth(settings.api_keys).static_secrets)
     setup_logging(settings.log_level, settings.log_format)
+    refusal = asyncio.run(_open_mode_refusal(settings))
+    if refusal:
+        print(f"respgate serve: {refusal}", file=sys.stderr)
+        return 2
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             log_config=None, **uvicorn_config_kwargs(settings))
     GatewayServer(config).run()
     return 0
+
+
+async def _open_mode_refusal(settings: Settings) -> str | None:
+    """Why ``serve`` must not start (no keys and not loopback), checked before any engine loads."""
+    auth = KeyAuth(settings.api_keys, build_key_store(settings.redis_url, settings.keys_file),
+                   open_mode=settings.open_mode)
+    try:
+        await auth.check_startup(settings.host)
+    except OpenModeRefused as exc:
+        return str(exc)
+    finally:
+        await auth.close()
+    return None
+
+
+# -- respgate keys ------------------------------------------------------------------------------------
+
+
+def add_keys_parser(sub: argparse._SubParsersAction) -> None:
+    keys = sub.add_parser("keys", help="issue, list and revoke API keys (Redis with REDIS_URL, else a local file)")
+    keys.add_argument("--config", default=None, help=CONFIG_HELP)
+    keys.add_argument("--redis-url", default=None, help="default: RESPGATE_REDIS_URL / REDIS_URL")
+    keys.add_argument("--keys-file", default=None, help="default: RESPGATE_KEYS_FILE or <cache dir>/keys.json")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    create = ksub.add_parser("create", help="issue a key (printed once; only its hash is stored)")
+    create.add_argument("--tenant", required=True, help="the tenant the key belongs to (responses are per tenant)")
+    create.add_argument("--name", default="", help="a label for humans")
+    create.add_argument("--rpm", type=int, default=None, help="requests per minute for this key")
+    create.add_argument("--tpm", type=int, default=None, help="tokens per minute for this key")
+    create.add_argument("--max-connections", type=int, default=None, help="concurrent WebSocket connections")
+    ls = ksub.add_parser("list", help="list keys (never their secrets)")
+    ls.add_argument("--json", action="store_true")
+    revoke = ksub.add_parser("revoke", help="revoke a key by id (or by the key itself)")
+    revoke.add_argument("key_id")
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    from security.keys import KeyLimits, create_key
+
+    settings = Settings.load(args.config, redis_url=args.redis_url, keys_file=args.keys_file)
+    store = build_key_store(settings.redis_url, settings.keys_file)
+    if store is None:
+        print("respgate keys: no key store (set --keys-file or --redis-url)", file=sys.stderr)
+        return 2
+    where = "redis" if settings.redis_url else settings.keys_file
+
+    async def run() -> int:
+        try:
+            if args.keys_command == "create":
+                limits = KeyLimits(rpm=args.rpm, tpm=args.tpm, ws_connections=args.max_connections)
+                try:
+                    key, record = await create_key(store, args.tenant, args.name, limits)
+                except ValueError as exc:
+                    print(f"respgate keys create: {exc}", file=sys.stderr)
+                    return 2
+                print(key)
+                print(f"created {record.id} for tenant {record.tenant} in {where}; "
+                      "the key is shown only once", file=sys.stderr)
+                return 0
+            if args.keys_command == "list":
+                records = await store.list()
+                if args.json:
+                    import json
+
+                    for r in records:
+                        row = r.to_json()
+                        row.pop("hash")
+                        print(json.dumps(row))
+                    return 0
+                print(f"{'id':22} {'tenant':20} {'name':16} {'created (UTC)':20} {'rpm':>7} {'tpm':>9} status")
+                for r in records:
+                    created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created_at))
+                    lim = r.limits
+                    print(f"{r.id:22} {r.tenant:20} {r.name:16} {created:20} {lim.rpm or '-':>7} {lim.tpm or '-':>9} "
+                          f"{'active' if r.active else 'revoked'}")
+                return 0
+            record = await store.revoke(args.key_id)
+            if record is None:
+                print(f"respgate keys revoke: no key {args.key_id!r}", file=sys.stderr)
+                return 1
+            print(f"revoked {record.id} (tenant {record.tenant})")
+            return 0
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 if __name__ == "__main__":

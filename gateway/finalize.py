@@ -47,6 +47,8 @@ class Finalizer:
             transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
             ttft_s=None if turn.first_token_at is None else turn.first_token_at - turn.started, duration_s=duration,
         ))
+        if turn.ctx.on_usage is not None:
+            turn.ctx.on_usage(usage)
         output_items = [dict(o) for o in events.output]
         state = self._state(turn, output_items, history, exact=exact, copied_bytes=copied_bytes)
         if turn.ctx.conn_cache is not None and status in CHAINABLE:

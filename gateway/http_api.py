@@ -56,18 +56,23 @@ def _json(data: Any, status: int = 200) -> Response:
 @router.post("/responses", include_in_schema=False)
 async def create_response(request: Request) -> Response:
     gw = _gw(request)
-    tenant = gw.auth.tenant(request.headers)
+    principal = await gw.auth.authenticate(request.headers)
+    admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
-    ctx = TurnContext(transport="http", tenant=tenant)
+    ctx = TurnContext(transport="http", tenant=principal.tenant)
     try:
         turn = await gw.pipeline.prepare(body, ctx)
+        reserved = await gw.access.reserve(principal, turn.prompt_len, ctx)
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
+    limit_headers = gw.access.headers(reserved or admitted)
     if turn.req.stream:
         return StreamingResponse(_sse(gw.pipeline, turn), media_type="text/event-stream; charset=utf-8",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
-    return await _collect(request, gw.pipeline, turn)
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
+    response = await _collect(request, gw.pipeline, turn)
+    response.headers.update(limit_headers)
+    return response
 
 
 async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
@@ -144,7 +149,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _stored(request: Request, response_id: str):
     gw = _gw(request)
-    tenant = gw.auth.tenant(request.headers)
+    tenant = (await gw.auth.authenticate(request.headers)).tenant
     await gw.pipeline.finalizer.wait_for(response_id)
     try:
         state = await gw.store.get(response_id, tenant)
@@ -227,9 +232,10 @@ async def list_input_items(request: Request, response_id: str) -> Response:
 @router.post("/responses/input_tokens", include_in_schema=False)
 async def count_input_tokens(request: Request) -> Response:
     gw = _gw(request)
-    tenant = gw.auth.tenant(request.headers)
+    principal = await gw.auth.authenticate(request.headers)
+    await gw.access.admit(principal)
     body = await _json_body(request, gw)
-    n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=tenant))
+    n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
     return _json({"object": "response.input_tokens", "input_tokens": n})
 
 
@@ -237,7 +243,7 @@ async def count_input_tokens(request: Request) -> Response:
 @router.get("/models", include_in_schema=False)
 async def list_models(request: Request) -> Response:
     gw = _gw(request)
-    gw.auth.tenant(request.headers)
+    await gw.auth.authenticate(request.headers)
     data = [{"id": name, "object": "model", "created": gw.started_at, "owned_by": "respgate"}
             for name in gw.registry.names()]
     return _json({"object": "list", "data": data})
@@ -246,7 +252,7 @@ async def list_models(request: Request) -> Response:
 @router.get("/v1/models/{model_id}")
 async def get_model(request: Request, model_id: str) -> Response:
     gw = _gw(request)
-    gw.auth.tenant(request.headers)
+    await gw.auth.authenticate(request.headers)
     if gw.registry.get(model_id) is None:
         raise ApiError(404, f"The model `{model_id}` does not exist or you do not have access to it.",
                        code="model_not_found")

@@ -46,8 +46,23 @@ class Settings(BaseModel):
     block_size: int | None = None
     enforce_eager: bool = False
     cache_dir: str | None = None
-    #: static API keys; empty = any bearer accepted (the security issue completes the model)
+    # --- access: API keys, tenants, limits (security/keys.py, security/limits.py) -------------------
+    #: static API keys for simple set-ups: ``KEY`` (its own tenant) or ``TENANT:KEY``
     api_keys: list[str] = Field(default_factory=list)
+    #: issued keys (``respgate keys create``) without Redis; with ``redis_url`` keys live in Redis
+    keys_file: str | None = Field(default_factory=lambda: default_cache_path("keys.json"))
+    #: with no keys at all, serve without authentication even on a non-loopback address
+    open_mode: bool = False
+    #: default per-key limits (keys may override them); None = unlimited
+    rate_limit_rpm: int | None = None
+    rate_limit_tpm: int | None = None
+    #: concurrent WebSocket connections per key (per replica); None = unlimited
+    ws_max_connections_per_key: int | None = 64
+    #: response.create frames queued or running on one connection (beyond: 429 error frame)
+    ws_max_queued: int = 256
+    #: close a socket that has nothing in flight and sent nothing for this long (error frame + 1000)
+    ws_idle_timeout_s: float | None = 900.0
+    # ---------------------------------------------------------------------------------------------
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
     ws_max_age_s: float = 3600.0
@@ -182,5 +197,9 @@ def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
 
 def default_usage_journal() -> str:
     """``$RESPGATE_CACHE_DIR/usage-journal.jsonl``, else ``~/.cache/respgate/usage-journal.jsonl``."""
+    return default_cache_path("usage-journal.jsonl")
+
+
+def default_cache_path(name: str) -> str:
     root = os.environ.get("RESPGATE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "respgate")
-    return os.path.join(os.path.expanduser(root), "usage-journal.jsonl")
+    return os.path.join(os.path.expanduser(root), name)

@@ -27,3 +27,5 @@ class GatewayState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
     connections: set[Any] = field(default_factory=set)
+    #: per-key rate limits and connection counts (gateway/access.py)
+    access: Any = None

@@ -33,6 +33,8 @@ class TurnContext:
     tenant: str | None = None
     conn_cache: Any = None  # cache.connection.ConnectionCache on WebSocket turns
     lane: str = ""
+    #: called once with the turn's usage object when it finishes (rate-limit token reconciliation)
+    on_usage: Any = None
 
 
 @dataclass(slots=True)

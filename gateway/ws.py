@@ -5,8 +5,13 @@ One connection, many turns. The connection owns:
 * a **connection cache** (latest response per lane) that continuations resolve against first;
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes. Each lane is a FIFO worker:
   turns in one lane never overlap, lanes run concurrently, and at most 16 responses are active at
-  once across lanes (more are queued, never rejected);
-* its **lifetime**: after ``ws_max_age_s`` a ``response.create`` gets
+  once across lanes (more are queued, never rejected, up to ``ws_max_queued``);
+* its **limits** (gateway/access.py): the key's concurrent connections (429 before the upgrade),
+  its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
+  ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
+  ``max_request_bytes`` (beyond: 413 frame); a key revoked while connected ends the connection;
+* its **lifetime**: after ``ws_idle_timeout_s`` without frames or turns it closes (error frame +
+  1000); after ``ws_max_age_s`` a ``response.create`` gets
   ``websocket_connection_limit_reached`` and the socket closes with 1000 once in-flight responses
   reached their terminal events.
 
@@ -35,7 +40,8 @@ from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import DEFAULT_LANE, ConnectionCache
-from gateway.errors import ApiError, bad_request
+from gateway.auth import Principal
+from gateway.errors import ApiError, bad_request, invalid_api_key
 from gateway.turn import TurnContext
 from gateway.state import GatewayState
 
@@ -53,21 +59,26 @@ LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
 async def responses_ws(websocket: WebSocket) -> None:
     gw: GatewayState = websocket.app.state.gateway
     try:
-        tenant = gw.auth.tenant(websocket.headers)
+        principal = await gw.auth.authenticate(websocket.headers)
+        gw.access.ws_open(principal)
     except ApiError as err:
         # Reject before the upgrade with an HTTP status and an OpenAI error body (no 101).
         await websocket.send_denial_response(
-            Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json"))
+            Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json",
+                     headers=err.headers))
         return
-    await websocket.accept()
-    conn = WsConnection(websocket, gw, tenant)
-    gw.connections.add(conn)
-    gw.metrics.ws_connections.inc()
     try:
-        await conn.serve()
+        await websocket.accept()
+        conn = WsConnection(websocket, gw, principal)
+        gw.connections.add(conn)
+        gw.metrics.ws_connections.inc()
+        try:
+            await conn.serve()
+        finally:
+            gw.connections.discard(conn)
+            gw.metrics.ws_connections.dec()
     finally:
-        gw.connections.discard(conn)
-        gw.metrics.ws_connections.dec()
+        gw.access.ws_close(principal)
 
 
 @dataclass(slots=True)
@@ -79,11 +90,12 @@ class _Lane:
 
 
 class WsConnection:
-    def __init__(self, websocket: WebSocket, gw: GatewayState, tenant: str | None) -> None:
+    def __init__(self, websocket: WebSocket, gw: GatewayState, principal: Principal) -> None:
         self.ws = websocket
         self.gw = gw
         self.settings = gw.settings
-        self.tenant = tenant
+        self.principal = principal
+        self.tenant = principal.tenant
         self.cache = ConnectionCache(gw.settings.ws_cache_bytes)
         self.lanes: dict[str, _Lane] = {}
         self.slots = asyncio.Semaphore(gw.settings.ws_max_inflight)
@@ -97,16 +109,20 @@ class WsConnection:
         self._closing: asyncio.Task | None = None
         self._busy = 0  # turns running now, across lanes
         self._idle = asyncio.Event()
+        self._queued = 0  # creates accepted and not finished (queued or running), across lanes
+        self._last_active = time.monotonic()
 
     # -- reading ----------------------------------------------------------------------------------
 
     async def serve(self) -> None:
         watchdog = asyncio.create_task(self._age_watchdog())
+        idle_watchdog = asyncio.create_task(self._idle_watchdog())
         try:
             while True:
                 message = await self.ws.receive()
                 if message["type"] == "websocket.disconnect":
                     break
+                self._last_active = time.monotonic()
                 data = message.get("text")
                 if data is None and message.get("bytes") is not None:
                     try:  # some proxies send binary frames: treat them as UTF-8 JSON
@@ -122,6 +138,7 @@ class WsConnection:
             pass
         finally:
             watchdog.cancel()
+            idle_watchdog.cancel()
             await self._shutdown()
 
     async def _on_frame(self, data: str) -> None:
@@ -169,7 +186,26 @@ class WsConnection:
                     f"({self.settings.ws_max_lanes}). Reuse an existing stream_id or open a new WebSocket connection.",
                     code="websocket_stream_limit_reached", param="stream_id"), stream_id)
                 return
+        if not await self.gw.auth.still_valid(self.principal):
+            self._begin_close(invalid_api_key())  # revoked while connected: no new turns, then close
+            return
+        if self._queued >= self.settings.ws_max_queued:
+            await self._send_error(ApiError(
+                429, f"Too many response.create frames queued on this connection (limit "
+                     f"{self.settings.ws_max_queued}). Wait for responses to finish or open another connection.",
+                type="requests", code="rate_limit_exceeded"), stream_id)
+            return
+        try:
+            await self.gw.access.admit(self.principal)
+        except ApiError as err:  # 429: a failed continuation evicts its same-lane parent (spec 5.4)
+            self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
+            prev = event.get("previous_response_id")
+            if isinstance(prev, str) and self.cache.lane_of(prev) == (stream_id or DEFAULT_LANE):
+                self.cache.evict(prev)
+            await self._send_error(err, stream_id)
+            return
         lane = self._lane(stream_id or DEFAULT_LANE)
+        self._queued += 1
         lane.queue.put_nowait(event)
 
     async def _on_steer(self, event: dict[str, Any]) -> None:
@@ -211,31 +247,41 @@ class WsConnection:
     async def _lane_worker(self, lane: _Lane) -> None:
         while True:
             event = await lane.queue.get()
-            if self.expired:
+            try:
+                await self._lane_turn(lane, event)
+            except ConnectionGone:
+                return
+            finally:
+                self._queued -= 1
+                self._last_active = time.monotonic()
+
+    async def _lane_turn(self, lane: _Lane, event: dict[str, Any]) -> None:
+        """One queued create; ``ConnectionGone`` propagates and ends the lane's worker."""
+        if self.expired:
+            self._expire()
+            return
+        async with self.slots:
+            if self.expired:  # the limit passed while this turn waited for a slot
                 self._expire()
-                continue
-            async with self.slots:
-                if self.expired:  # the limit passed while this turn waited for a slot
-                    self._expire()
-                    continue
-                lane.busy = True
-                self._busy += 1
-                self.gw.metrics.ws_inflight.inc()
-                try:
-                    await self._run_turn(lane, event)
-                except ConnectionGone:
-                    return
-                except Exception:
-                    log.exception("turn crashed on lane %r", lane.name)
-                    self._evict_failed_parent(event.get("previous_response_id"), lane)
-                    await self._send_error(ApiError(500, "The server had an error while processing your request.",
-                                                    type="server_error", code="server_error"), lane.name or None)
-                finally:
-                    lane.busy = False
-                    self._busy -= 1
-                    if self._busy == 0:
-                        self._idle.set()
-                    self.gw.metrics.ws_inflight.dec()
+                return
+            lane.busy = True
+            self._busy += 1
+            self.gw.metrics.ws_inflight.inc()
+            try:
+                await self._run_turn(lane, event)
+            except ConnectionGone:
+                raise
+            except Exception:
+                log.exception("turn crashed on lane %r", lane.name)
+                self._evict_failed_parent(event.get("previous_response_id"), lane)
+                await self._send_error(ApiError(500, "The server had an error while processing your request.",
+                                                type="server_error", code="server_error"), lane.name or None)
+            finally:
+                lane.busy = False
+                self._busy -= 1
+                if self._busy == 0:
+                    self._idle.set()
+                self.gw.metrics.ws_inflight.dec()
 
     async def _run_turn(self, lane: _Lane, event: dict[str, Any]) -> None:
         stream_id = lane.name or None
@@ -243,6 +289,7 @@ class WsConnection:
         prev = event.get("previous_response_id")
         try:
             turn = await self.gw.pipeline.prepare(event, ctx)
+            await self.gw.access.reserve(self.principal, turn.prompt_len, ctx)
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             self._evict_failed_parent(prev, lane)
@@ -269,6 +316,24 @@ class WsConnection:
 
     def _age(self) -> float:
         return time.monotonic() - self.opened
+
+    async def _idle_watchdog(self) -> None:
+        """Close a socket that sent nothing and ran nothing for ``ws_idle_timeout_s``."""
+        timeout = self.settings.ws_idle_timeout_s
+        if not timeout:
+            return
+        while not self.expired:
+            wait = self._last_active + timeout - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if self._queued:  # a long generation is activity, not idleness
+                self._last_active = time.monotonic()
+                continue
+            self._begin_close(ApiError(
+                400, f"Responses websocket connection closed after {timeout:g} seconds without activity. "
+                     "Create a new websocket connection to continue.", code="websocket_idle_timeout"))
+            return
 
     async def _age_watchdog(self) -> None:
         await asyncio.sleep(max(0.0, self.settings.ws_max_age_s - self._age()))
