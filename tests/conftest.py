@@ -9,7 +9,9 @@ particular model behaviour inject a script.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -18,13 +20,20 @@ from typing import Any, Callable, Iterator
 import pytest
 import uvicorn
 
-from gateway.app import create_app, uvicorn_config_kwargs
-from gateway.server import GatewayServer
-from gateway.settings import Settings
-from gateway.state import GatewayState
-from inference.harmony import HarmonyRenderer
-from inference.registry import ModelRegistry, ModelRoute
-from inference.simulated import SimulatedEngine
+# The suite never reads or writes the user's key file or usage journal (~/.cache/respgate): a key
+# created there by hand would turn every default-settings gateway here into a 401. Set before any
+# Settings() is built; subprocess gateways inherit it. (Models stay in the shared cache folder.)
+_STATE_DIR = tempfile.mkdtemp(prefix="respgate-tests-")
+os.environ.setdefault("RESPGATE_KEYS_FILE", os.path.join(_STATE_DIR, "keys.json"))
+os.environ.setdefault("RESPGATE_USAGE_JOURNAL", os.path.join(_STATE_DIR, "usage-journal.jsonl"))
+
+from gateway.app import create_app, uvicorn_config_kwargs  # noqa: E402
+from gateway.server import GatewayServer  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from gateway.state import GatewayState  # noqa: E402
+from inference.harmony import HarmonyRenderer  # noqa: E402
+from inference.registry import ModelRegistry, ModelRoute  # noqa: E402
+from inference.simulated import SimulatedEngine  # noqa: E402
 
 MODEL = "gpt-oss-sim"
 

@@ -209,7 +209,10 @@ def test_rendered_manifests_hang_together(folder: Path):
     assert int(ann["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600  # WebSockets live 60 minutes
 
     config = by_key[("ConfigMap", "respgate-config")]["data"]
-    assert {r["configMapRef"]["name"] for r in container["envFrom"]} == {"respgate-config"}
+    assert [r["configMapRef"]["name"] for r in container["envFrom"] if "configMapRef" in r] == ["respgate-config"]
+    # keys come from an optional Secret: without one (and none in Redis) the pod refuses open mode
+    assert {"name": "respgate-api-keys", "optional": True} in [r.get("secretRef") for r in container["envFrom"]]
+    assert config.get("RESPGATE_OPEN_MODE", "false") == "false"
     grace = float(config["RESPGATE_SHUTDOWN_GRACE_S"])
     pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod["spec"]["terminationGracePeriodSeconds"] > grace + pre_stop, "the kubelet would SIGKILL mid-drain"
