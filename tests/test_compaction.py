@@ -1,0 +1,151 @@
+"""Server-side compaction (responses-http spec §2.8, §4.6, §5.6; ws-mode spec §8).
+
+Real gateway on loopback, real clients (the openai SDK over HTTP and ``responses.connect()``,
+raw httpx for exact SSE framing), the simulated engine recording every prompt: what the engine
+was handed is how a test proves what the model saw after a compaction — the summary, the kept user
+messages, and none of the dropped items. The simulated model answers the summarization request
+deterministically (``inference.simulated_script.summary_turn``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from inference.harmony_core import harmony_encoding
+from inference.summary import SUMMARY_PREFIX, SUMMARY_REQUEST
+from tests.conftest import MODEL
+from tests.http_helpers import assert_error, create, post, stream
+
+pytestmark = pytest.mark.timeout(120)
+
+#: a first message long enough (~1,600 tokens) to cross the minimum compact_threshold (1000)
+LONG = "Background for the task, codeword ZEBRA-DROPPED-7731: " + " ".join(
+    f"line {i} of the build log says the linker failed on object{i}.o." for i in range(110))
+THRESHOLD = [{"type": "compaction", "compact_threshold": 1000}]
+
+
+def decoded(ids: list[int]) -> str:
+    return harmony_encoding().decode(ids)
+
+
+def text_of(resp: dict[str, Any]) -> str:
+    return "".join(p.get("text", "") for it in resp["output"] if it["type"] == "message" for p in it["content"])
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def _counter(live: Any, name: str, labels: dict[str, str]) -> float:
+    return live.metric(name + "_total", labels)
+
+
+# -- POST /v1/responses/compact ------------------------------------------------------------------
+
+
+def test_compact_endpoint_with_sdk_and_output_continues_the_conversation(gateway):
+    client = gateway.openai()
+    r1 = client.responses.create(model=MODEL, input="Please remember the codeword PINEAPPLE-ALPHA-4471 for later.")
+    history: list[Any] = [user("Please remember the codeword PINEAPPLE-ALPHA-4471 for later.")]
+    history += [o.model_dump(exclude_none=True) for o in r1.output]
+    history.append(user("Also note that the deadline is Friday."))
+    assistant_text = r1.output_text
+    assert assistant_text
+
+    compacted = client.responses.compact(model=MODEL, input=history)
+    summarize_prompt = decoded(gateway.engine.stats.prompts[-1])
+    assert SUMMARY_REQUEST in summarize_prompt and assistant_text in summarize_prompt
+    assert compacted.object == "response.compaction" and compacted.id.startswith("resp_")
+    kinds = [o.type for o in compacted.output]
+    assert kinds == ["message", "message", "compaction"]  # all (recent) user messages, then the item
+    assert [o.content[0].text for o in compacted.output[:2]] == [
+        "Please remember the codeword PINEAPPLE-ALPHA-4471 for later.", "Also note that the deadline is Friday."]
+    item = compacted.output[-1]
+    assert item.id.startswith("cmp_")
+    assert "Compacted" not in item.encrypted_content and "Compacted" not in base64.urlsafe_b64decode(
+        item.encrypted_content).decode("latin-1")  # opaque
+    # usage: the summarization prompt and the summary, billed
+    assert compacted.usage.input_tokens == len(gateway.engine.stats.prompts[-1])
+    assert compacted.usage.output_tokens > 0
+    assert compacted.usage.total_tokens == compacted.usage.input_tokens + compacted.usage.output_tokens
+
+    window = [o.model_dump(exclude_none=True, warnings=False) for o in compacted.output]
+    r2 = client.responses.create(model=MODEL, input=window + [user("What was the deadline?")])
+    assert r2.status == "completed"
+    prompt = decoded(gateway.engine.stats.prompts[-1])
+    assert SUMMARY_PREFIX + "Compacted 4 messages." in prompt  # the model's own summary
+    assert "PINEAPPLE-ALPHA-4471" in prompt and "What was the deadline?" in prompt  # kept user messages
+    assert assistant_text not in prompt  # the dropped assistant turn
+    # the window kept exactly what it returned: summary after the kept user messages, new input last
+    assert prompt.index("deadline is Friday") < prompt.index(SUMMARY_PREFIX) < prompt.index("What was the deadline")
+
+
+def test_compact_with_previous_response_id_and_usage_is_billed(gateway):
+    r1 = create(gateway, input="Remember: the port is 8443.")
+    records_before = gateway.gw.usage.stats()["submitted"] if hasattr(gateway.gw.usage, "stats") else None
+    r = post(gateway, {"model": MODEL, "previous_response_id": r1["id"], "input": [user("And the host is db1.")]},
+             path="/responses/compact")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"id", "object", "created_at", "output", "usage"}
+    assert body["object"] == "response.compaction"
+    assert body["output"][-1]["type"] == "compaction"
+    prompt = decoded(gateway.engine.stats.prompts[-1])
+    assert "the port is 8443" in prompt and "the host is db1" in prompt and SUMMARY_REQUEST in prompt
+    assert body["usage"]["input_tokens"] == len(gateway.engine.stats.prompts[-1])
+    assert _counter(gateway, "respgate_compactions", {"trigger": "endpoint"}) == 1
+    del records_before
+
+
+def test_compact_endpoint_rejects_bad_bodies(gateway):
+    assert_error(post(gateway, {"input": "hi"}, path="/responses/compact"), 400, param="model")
+    assert_error(post(gateway, {"model": MODEL, "input": "hi", "stream": True}, path="/v1/responses/compact"
+                      .replace("/v1", "")), 400, code="unknown_parameter", param="stream")
+    assert_error(post(gateway, {"model": MODEL, "input": []}, path="/responses/compact"), 400, param="input")
+    assert_error(post(gateway, {"model": "nope", "input": "hi"}, path="/responses/compact"), 404)
+
+
+# -- the compaction input item -------------------------------------------------------------------
+
+
+def _window(gateway: Any) -> list[dict[str, Any]]:
+    r = post(gateway, {"model": MODEL, "input": [user("alpha"), user("beta")]}, path="/responses/compact")
+    assert r.status_code == 200, r.text
+    return r.json()["output"]
+
+
+def test_tampered_or_forged_compaction_item_is_rejected(gateway):
+    window = _window(gateway)
+    blob = window[-1]["encrypted_content"]
+    raw = bytearray(base64.urlsafe_b64decode(blob))
+    raw[-1] ^= 1
+    tampered = dict(window[-1], encrypted_content=base64.urlsafe_b64encode(bytes(raw)).decode())
+    r = post(gateway, {"model": MODEL, "input": window[:-1] + [tampered, user("go on")]})
+    assert_error(r, 400, code="invalid_encrypted_content", param="input[2].encrypted_content")
+    forged = {"type": "compaction", "encrypted_content": "bm90IGEgcmVhbCBibG9i"}
+    assert_error(post(gateway, {"model": MODEL, "input": [forged]}), 400, param="input[0].encrypted_content")
+    # a reasoning blob is sealed by the same key but is not a compaction
+    r1 = create(gateway, input="hello", include=["reasoning.encrypted_content"], store=False)
+    rs_blob = next(o for o in r1["output"] if o["type"] == "reasoning")["encrypted_content"]
+    r = post(gateway, {"model": MODEL, "input": [{"type": "compaction", "encrypted_content": rs_blob}]})
+    assert_error(r, 400, code="invalid_encrypted_content", param="input[0].encrypted_content")
+    # the compact endpoint checks its input the same way
+    assert_error(post(gateway, {"model": MODEL, "input": [tampered]}, path="/responses/compact"), 400,
+                 param="input[0].encrypted_content")
+    # a blob from another gateway (another secret) does not open either: the server never crashed
+    assert create(gateway, input=window + [user("still fine")])["status"] == "completed"
+
+
+def test_items_before_the_latest_compaction_item_are_dropped(gateway):
+    window = _window(gateway)
+    stale = [user("STALE-ITEM-XYZ should be dropped"), {"type": "message", "role": "assistant",
+                                                        "content": "STALE-ANSWER-XYZ"}]
+    r = create(gateway, input=stale + window + [user("next")])
+    assert r["status"] == "completed"
+    prompt = decoded(gateway.engine.stats.prompts[-1])
+    assert "STALE" not in prompt
+    assert "alpha" in prompt and "beta" in prompt and SUMMARY_PREFIX in prompt
