@@ -149,3 +149,137 @@ def test_items_before_the_latest_compaction_item_are_dropped(gateway):
     prompt = decoded(gateway.engine.stats.prompts[-1])
     assert "STALE" not in prompt
     assert "alpha" in prompt and "beta" in prompt and SUMMARY_PREFIX in prompt
+
+
+# -- context_management: compaction inside a create -------------------------------------------
+
+
+def _sse_compacting_turn(gateway: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """Turn 1 (long, no compaction), then turn 2 over SSE with a threshold it crosses."""
+    r1 = create(gateway, input=LONG)
+    assert r1["usage"]["input_tokens"] > 1000
+    _, _, events = stream(gateway, previous_response_id=r1["id"], input=[user("What is the codeword?")],
+                          context_management=THRESHOLD)
+    return r1, events[-1]["response"], events
+
+
+def test_context_management_over_sse_emits_compaction_item_and_prunes(gateway):
+    r1, r2, events = _sse_compacting_turn(gateway)
+    types = [e["type"] for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.output_item.done"]
+    assert types[-1] == "response.completed"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added, done = events[2], events[3]
+    assert added["output_index"] == done["output_index"] == 0
+    item = done["item"]
+    assert item["type"] == "compaction" and item["id"].startswith("cmp_") and item["encrypted_content"]
+    assert added["item"] == item
+    # the generated items follow at dense output indexes
+    later = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    assert later == list(range(len(later)))
+    assert r2["output"][0] == item and len(r2["output"]) == len(later)
+
+    summarize, generate = (decoded(p) for p in gateway.engine.stats.prompts[-2:])
+    assert SUMMARY_REQUEST in summarize and "ZEBRA-DROPPED-7731" in summarize
+    # generation continued on the pruned context: prelude + kept user message + summary
+    assert "ZEBRA-DROPPED-7731" not in generate and "linker failed" not in generate
+    assert "What is the codeword?" in generate and SUMMARY_PREFIX + "Compacted 4 messages" in generate
+    assert generate.index("What is the codeword?") < generate.index(SUMMARY_PREFIX)
+    # usage includes the summarization (documented in gateway/compaction.py)
+    p_sum, p_gen = gateway.engine.stats.prompts[-2:]
+    assert r2["usage"]["input_tokens"] == len(p_sum) + len(p_gen)
+    assert r2["usage"]["output_tokens"] > 0
+    assert _counter(gateway, "respgate_compactions", {"trigger": "threshold"}) == 1
+
+
+def test_continuation_after_compaction_is_incremental_and_small(gateway):
+    _, r2, _ = _sse_compacting_turn(gateway)
+    p_gen = gateway.engine.stats.prompts[-1]
+    append0 = gateway.metric("respgate_render_tokens_total", {"mode": "append"})
+    full0 = gateway.metric("respgate_render_tokens_total", {"mode": "full"})
+    r3 = create(gateway, previous_response_id=r2["id"], input=[user("Thanks, and the next step?")],
+                context_management=THRESHOLD)
+    assert r3["status"] == "completed"
+    assert all(o["type"] != "compaction" for o in r3["output"])  # small again: no second compaction
+    p3 = gateway.engine.stats.prompts[-1]
+    # the engine got the pruned history + turn 2's output + only the new item
+    assert p3[: len(p_gen)] == p_gen and len(p3) < 1000
+    assert "ZEBRA" not in decoded(p3)
+    # and the gateway rendered only the new item (an append, no full render)
+    appended = gateway.metric("respgate_render_tokens_total", {"mode": "append"}) - append0
+    assert gateway.metric("respgate_render_tokens_total", {"mode": "full"}) == full0
+    assert 0 < appended < 40
+    assert r3["usage"]["input_tokens"] == len(p3)
+
+
+def test_stateless_client_replaying_outputs_gets_the_same_pruned_prompt(gateway):
+    """Codex-style: no previous_response_id, the whole history including the compaction item."""
+    r1, r2, _ = _sse_compacting_turn(gateway)
+    r3 = create(gateway, previous_response_id=r2["id"], input=[user("next step?")])
+    chained = gateway.engine.stats.prompts[-1]
+    full = [user(LONG)] + r1["output"] + [user("What is the codeword?")] + r2["output"] + [user("next step?")]
+    r3b = create(gateway, input=full, store=False)
+    assert r3b["status"] == r3["status"] == "completed"
+    assert decoded(gateway.engine.stats.prompts[-1]) == decoded(chained)
+
+
+def test_compaction_trigger_item_forces_compaction(gateway):
+    r1 = create(gateway, input="short question one")
+    r2 = create(gateway, previous_response_id=r1["id"], input=[user("short question two"),
+                                                               {"type": "compaction_trigger"}])
+    assert r2["output"][0]["type"] == "compaction"
+    generate = decoded(gateway.engine.stats.prompts[-1])
+    assert "short question one" not in generate.split(SUMMARY_PREFIX)[0]
+    assert "short question two" in generate
+    assert _counter(gateway, "respgate_compactions", {"trigger": "trigger"}) == 1
+
+
+def test_compact_threshold_below_minimum_is_rejected(gateway):
+    r = post(gateway, {"model": MODEL, "input": "hi", "context_management": [{"type": "compaction",
+                                                                            "compact_threshold": 999}]})
+    assert_error(r, 400, param="context_management[0].compact_threshold")
+
+
+def test_context_management_over_websocket(gateway):
+    client = gateway.openai()
+    with client.responses.connect() as conn:
+        conn.response.create(model=MODEL, input=LONG, store=False)
+        r1 = _ws_turn(conn)[-1]["response"]
+        conn.response.create(model=MODEL, previous_response_id=r1["id"], store=False,
+                             input=[user("What is the codeword?")], context_management=THRESHOLD)
+        events = _ws_turn(conn)
+        assert [e["type"] for e in events[2:4]] == ["response.output_item.added", "response.output_item.done"]
+        assert events[3]["item"]["type"] == "compaction" and events[3]["output_index"] == 0
+        r2 = events[-1]["response"]
+        assert r2["status"] == "completed" and r2["output"][0]["type"] == "compaction"
+        p2 = gateway.engine.stats.prompts[-1]
+        # the connection cache holds the pruned state: the next turn continues from it
+        conn.response.create(model=MODEL, previous_response_id=r2["id"], store=False,
+                             input=[user("And then?")], context_management=THRESHOLD)
+        r3 = _ws_turn(conn)[-1]["response"]
+        assert r3["status"] == "completed"
+        p3 = gateway.engine.stats.prompts[-1]
+        assert p3[: len(p2)] == p2 and len(p3) < 1000 and "ZEBRA" not in decoded(p3)
+
+        # a new chain seeded with a /compact window (no previous_response_id) works over WS too
+        window = _window(gateway)
+        conn.response.create(model=MODEL, store=False, input=window + [user("continue")])
+        r4 = _ws_turn(conn)[-1]["response"]
+        assert r4["status"] == "completed"
+        assert SUMMARY_PREFIX in decoded(gateway.engine.stats.prompts[-1])
+
+        # below the minimum threshold: one error frame, the socket stays usable
+        conn.response.create(model=MODEL, input="hi", context_management=[{"type": "compaction",
+                                                                           "compact_threshold": 10}])
+        err = _ws_turn(conn)
+        assert [e["type"] for e in err] == ["error"] and err[0]["status"] == 400
+
+
+def _ws_turn(conn: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while True:
+        ev = json.loads(conn.recv_bytes())
+        out.append(ev)
+        if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
+            return out
