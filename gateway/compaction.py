@@ -96,6 +96,14 @@ class Summary:
     reasoning_tokens: int
 
 
+class SummaryFailed(EngineError):
+    """The engine failed (or wrote nothing) while summarizing; ``partial`` is what it cost so far."""
+
+    def __init__(self, message: str, partial: Summary) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
 @dataclass(frozen=True, slots=True)
 class TurnCompaction:
     """What a compacting turn continues with."""
@@ -167,8 +175,8 @@ class Compactor:
                         request_id: str) -> Summary:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
-        Raises ``EngineError`` when the engine fails or writes nothing, ``ApiError`` (400) when the
-        summarization prompt does not fit the model's context.
+        Raises :class:`SummaryFailed` when the engine fails or writes nothing (with the tokens spent,
+        for billing), ``ApiError`` (400) when the summarization prompt does not fit the context.
         """
         renderer = route.renderer
         tail = renderer.render_items([summary_request()]) + renderer.generation_prompt()
@@ -188,13 +196,17 @@ class Compactor:
         kind = "message"
         sampled = cached = 0
         agen = route.engine.generate(request_id, prompt, sampling)
+
+        def spent(text: str = "") -> Summary:
+            return Summary(text, len(prompt), cached, sampled, parser.reasoning_tokens)
+
         try:
             async for delta in agen:
                 sampled += len(delta.token_ids)
                 if delta.num_cached_tokens is not None:
                     cached = delta.num_cached_tokens
                 if delta.finish_reason == "abort":
-                    raise EngineError("the summarization was aborted")
+                    raise SummaryFailed("the summarization was aborted", spent())
                 try:
                     events = parser.feed(delta.token_ids)
                 except ValueError:  # malformed output: keep what parsed so far
@@ -204,12 +216,16 @@ class Compactor:
                         kind = ev.kind
                     elif isinstance(ev, ItemDelta):
                         (message if kind == "message" else other).append(ev.text)
+        except SummaryFailed:
+            raise
+        except EngineError as exc:
+            raise SummaryFailed(str(exc), spent()) from exc
         finally:
             await agen.aclose()
         text = ("".join(message) or "".join(other)).strip()
         if not text:
-            raise EngineError("the model wrote an empty summary")
-        return Summary(text, len(prompt), cached, sampled, parser.reasoning_tokens)
+            raise SummaryFailed("the model wrote an empty summary", spent())
+        return spent(text)
 
     # -- a compacting turn --------------------------------------------------------------------
 
@@ -330,23 +346,30 @@ async def compact_window(pipeline: "Pipeline", body: Any, ctx: TurnContext) -> d
     compactor = pipeline.compactor
     try:
         summary = await compactor.summarize(route, prelude, history, f"{response_id}-compact")
-    except EngineError as exc:
+    except SummaryFailed as exc:
         log.warning("compaction %s failed: %s", response_id, exc)
+        _bill(pipeline, route, ctx, response_id, "failed", exc.partial, created, t0)
         raise server_error("The model backend failed while compacting the conversation.") from None
     kept = compactor._kept_users(route.renderer, list(base_context) + new_items, contiguous=False)
     item = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": compactor.seal(summary.text, len(kept))}
     usage = compactor.add_usage(usage_object(0, 0, 0, 0), summary)
     compactor.compactions.labels("endpoint").inc()
+    _bill(pipeline, route, ctx, response_id, "completed", summary, created, t0)
+    return {"id": response_id, "object": "response.compaction", "created_at": int(created),
+            "output": kept + [item], "usage": usage}
+
+
+def _bill(pipeline: "Pipeline", route: ModelRoute, ctx: TurnContext, response_id: str, status: str,
+          summary: Summary, created: float, t0: float) -> None:
+    """A ``/responses/compact`` call's usage record and token counters (it is model work too)."""
     m = pipeline.metrics
     m.prompt_tokens.labels(route.name).inc(summary.prompt_tokens)
     m.cached_tokens.labels(route.name).inc(summary.cached_tokens)
     m.output_tokens.labels(route.name).inc(summary.output_tokens)
     duration = time.perf_counter() - t0
     pipeline.finalizer.usage.submit(UsageRecord(
-        response_id=response_id, model=route.name, tenant=ctx.tenant, status="completed",
+        response_id=response_id, model=route.name, tenant=ctx.tenant, status=status,
         input_tokens=summary.prompt_tokens, cached_tokens=summary.cached_tokens, output_tokens=summary.output_tokens,
         reasoning_tokens=summary.reasoning_tokens, transport=ctx.transport, created_at=created,
         finished_at=created + duration, ttft_s=None, duration_s=duration,
     ))
-    return {"id": response_id, "object": "response.compaction", "created_at": int(created),
-            "output": kept + [item], "usage": usage}

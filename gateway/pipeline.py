@@ -483,6 +483,7 @@ class Pipeline:
             except EngineError as exc:
                 log.warning("engine failed response %s: %s", turn.id, exc)
                 finish = "error"
+                summary = getattr(exc, "partial", summary)  # a failed compaction's tokens are billed too
             except ValueError as exc:  # the model's output did not parse (malformed format)
                 log.warning("unparseable model output in response %s: %s", turn.id, exc)
                 finish = "error"

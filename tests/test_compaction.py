@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
+import httpx
 import pytest
 
+from billing.usage import MemorySink
 from inference.harmony_core import harmony_encoding
-from inference.summary import SUMMARY_PREFIX, SUMMARY_REQUEST
+from inference.simulated import SimulatedEngine
+from inference.simulated_prompt import PromptView
+from inference.simulated_script import Turn
+from inference.summary import SUMMARY_PREFIX, SUMMARY_REQUEST, is_summary_request
 from tests.conftest import MODEL
 from tests.http_helpers import assert_error, create, post, stream
 
@@ -84,29 +90,74 @@ def test_compact_endpoint_with_sdk_and_output_continues_the_conversation(gateway
     assert prompt.index("deadline is Friday") < prompt.index(SUMMARY_PREFIX) < prompt.index("What was the deadline")
 
 
-def test_compact_with_previous_response_id_and_usage_is_billed(gateway):
-    r1 = create(gateway, input="Remember: the port is 8443.")
-    records_before = gateway.gw.usage.stats()["submitted"] if hasattr(gateway.gw.usage, "stats") else None
-    r = post(gateway, {"model": MODEL, "previous_response_id": r1["id"], "input": [user("And the host is db1.")]},
+def test_compact_with_previous_response_id_and_usage_is_billed(make_gateway):
+    sink = MemorySink()
+    live = make_gateway(usage_sink=sink)
+    r1 = create(live, input="Remember: the port is 8443.")
+    r = post(live, {"model": MODEL, "previous_response_id": r1["id"], "input": [user("And the host is db1.")]},
              path="/responses/compact")
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {"id", "object", "created_at", "output", "usage"}
     assert body["object"] == "response.compaction"
     assert body["output"][-1]["type"] == "compaction"
-    prompt = decoded(gateway.engine.stats.prompts[-1])
+    prompt = decoded(live.engine.stats.prompts[-1])
     assert "the port is 8443" in prompt and "the host is db1" in prompt and SUMMARY_REQUEST in prompt
-    assert body["usage"]["input_tokens"] == len(gateway.engine.stats.prompts[-1])
-    assert _counter(gateway, "respgate_compactions", {"trigger": "endpoint"}) == 1
-    del records_before
+    assert body["usage"]["input_tokens"] == len(live.engine.stats.prompts[-1])
+    assert _counter(live, "respgate_compactions", {"trigger": "endpoint"}) == 1
+    # the summarization is billed under the window's id, like any response
+    deadline = time.monotonic() + 10
+    while body["id"] not in sink.records and time.monotonic() < deadline:
+        time.sleep(0.02)
+    record = sink.records[body["id"]]
+    assert (record.input_tokens, record.output_tokens) == (body["usage"]["input_tokens"],
+                                                           body["usage"]["output_tokens"])
+    assert record.status == "completed" and record.model == MODEL
 
 
 def test_compact_endpoint_rejects_bad_bodies(gateway):
     assert_error(post(gateway, {"input": "hi"}, path="/responses/compact"), 400, param="model")
-    assert_error(post(gateway, {"model": MODEL, "input": "hi", "stream": True}, path="/v1/responses/compact"
-                      .replace("/v1", "")), 400, code="unknown_parameter", param="stream")
+    assert_error(post(gateway, {"model": MODEL, "input": "hi", "stream": True}, path="/responses/compact"), 400,
+                 code="unknown_parameter", param="stream")
     assert_error(post(gateway, {"model": MODEL, "input": []}, path="/responses/compact"), 400, param="input")
     assert_error(post(gateway, {"model": "nope", "input": "hi"}, path="/responses/compact"), 404)
+    assert_error(post(gateway, {"model": MODEL, "previous_response_id": "resp_missing", "input": "hi"},
+                      path="/responses/compact"), 400, code="previous_response_not_found")
+    # the unversioned alias answers too
+    r = httpx.post(gateway.url + "/responses/compact", json={"model": MODEL, "input": "compact me"}, timeout=30)
+    assert r.status_code == 200 and r.json()["output"][-1]["type"] == "compaction"
+
+
+def _fails_to_summarize(view: PromptView) -> Turn | None:
+    last = view.last
+    if last is not None and is_summary_request(last.text):
+        return Turn(text="never finished", fail_after_tokens=2)
+    return None
+
+
+def test_summarization_failure_is_a_500_or_a_failed_response_and_billed(make_gateway):
+    sink = MemorySink()
+    live = make_gateway(engine=SimulatedEngine(script=_fails_to_summarize, record_prompts=True), usage_sink=sink)
+    assert_error(post(live, {"model": MODEL, "input": "hi"}, path="/responses/compact"), 500,
+                 code="server_error", type_="server_error")
+    _, _, events = stream(live, input=[user("hello"), {"type": "compaction_trigger"}])
+    final = events[-1]
+    assert final["type"] == "response.failed" and final["response"]["error"]["code"] == "server_error"
+    assert not any(e["type"] == "response.output_item.added" for e in events)
+    # a failed compacting turn is not a chain parent
+    r = post(live, {"model": MODEL, "previous_response_id": final["response"]["id"], "input": "again"})
+    assert_error(r, 400, code="previous_response_not_found")
+    deadline = time.monotonic() + 10
+    while final["response"]["id"] not in sink.records and time.monotonic() < deadline:
+        time.sleep(0.02)
+    failed = sink.records[final["response"]["id"]]
+    assert failed.status == "failed" and failed.output_tokens == 2  # the summary's tokens, billed
+    # the failed /compact call was billed too (its id never reached the client)
+    compact_prompt = live.engine.stats.prompts[0]
+    assert any(r.status == "failed" and r.input_tokens == len(compact_prompt) and r.output_tokens == 2
+               for r in sink.records.values())
+    # the server is fine afterwards
+    assert create(live, input="still alive")["status"] == "completed"
 
 
 # -- the compaction input item -------------------------------------------------------------------
