@@ -104,6 +104,10 @@ class SummaryFailed(EngineError):
         self.partial = partial
 
 
+class SummaryTooLong(SummaryFailed):
+    """The conversation plus the summarization request does not fit the model's context."""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnCompaction:
     """What a compacting turn continues with."""
@@ -176,7 +180,7 @@ class Compactor:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
         Raises :class:`SummaryFailed` when the engine fails or writes nothing (with the tokens spent,
-        for billing), ``ApiError`` (400) when the summarization prompt does not fit the context.
+        for billing); :class:`SummaryTooLong` when the summarization prompt does not fit the context.
         """
         renderer = route.renderer
         tail = renderer.render_items([summary_request()]) + renderer.generation_prompt()
@@ -185,9 +189,8 @@ class Compactor:
         prompt = (ids if isinstance(ids, list) else list(ids)) + tail
         room = route.max_context - len(prompt)
         if room < MIN_SUMMARY_ROOM:
-            raise ApiError(400, f"The conversation is too long to compact with this model ({len(prompt)} tokens; "
-                                f"the context window is {route.max_context}).",
-                           code="context_length_exceeded", param="input")
+            raise SummaryTooLong(f"The conversation is too long to compact with this model ({len(prompt)} tokens; "
+                                 f"the context window is {route.max_context}).", Summary("", 0, 0, 0, 0))
         sampling = SamplingParams(max_tokens=min(self.max_summary_tokens, room), temperature=0.0, top_p=1.0,
                                   stop_token_ids=tuple(renderer.stop_token_ids))
         parser = renderer.parser(prelude)
@@ -346,6 +349,8 @@ async def compact_window(pipeline: "Pipeline", body: Any, ctx: TurnContext) -> d
     compactor = pipeline.compactor
     try:
         summary = await compactor.summarize(route, prelude, history, f"{response_id}-compact")
+    except SummaryTooLong as exc:
+        raise ApiError(400, str(exc), code="context_length_exceeded", param="input") from None
     except SummaryFailed as exc:
         log.warning("compaction %s failed: %s", response_id, exc)
         _bill(pipeline, route, ctx, response_id, "failed", exc.partial, created, t0)

@@ -68,7 +68,7 @@ class Pipeline:
         self.metrics = metrics
         self.sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
         self.finalizer = Finalizer(store, usage, metrics)
-        self.compactor = Compactor(self.sealer, metrics)
+        self.compactor = Compactor(self.sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------------------------

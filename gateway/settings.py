@@ -73,6 +73,8 @@ class Settings(BaseModel):
     reasoning_text: Literal["raw", "hidden"] = "raw"
     #: secret for sealing reasoning encrypted_content (random per process when unset)
     seal_secret: str | None = None
+    #: compaction: the most tokens the model may spend on a conversation summary
+    compact_summary_tokens: int = Field(default=1024, ge=16)
     # simulated engine speed (0 = as fast as possible)
     sim_ttft_s: float = 0.0
     sim_prefill_tps: float = 0.0

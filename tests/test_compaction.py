@@ -334,3 +334,44 @@ def _ws_turn(conn: Any) -> list[dict[str, Any]]:
         out.append(ev)
         if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
             return out
+
+
+# -- the real engine ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_vllm_compacts_and_continues(vllm_gateway):
+    """SmolLM2 through the chat-template renderer: the model writes the summary, the window
+    continues the conversation, and a compaction_trigger compacts inside a create."""
+    from tests.conftest import VLLM_MODEL
+
+    compactor = vllm_gateway.gw.pipeline.compactor
+    bound, compactor.max_summary_tokens = compactor.max_summary_tokens, 48  # CPU: keep the summary short
+    try:
+        client = vllm_gateway.openai()
+        first = "My name is Ada and I live in Lisbon."
+        r1 = client.responses.create(model=VLLM_MODEL, input=first, temperature=0, max_output_tokens=24)
+        history = [user(first)] + [o.model_dump(exclude_none=True) for o in r1.output]
+        compacted = client.responses.compact(model=VLLM_MODEL, input=history)
+        assert compacted.output[-1].type == "compaction" and compacted.output[-1].id.startswith("cmp_")
+        assert compacted.output[0].type == "message"  # the user message, kept verbatim
+        assert 0 < compacted.usage.output_tokens <= 48 and compacted.usage.input_tokens > 0
+
+        window = [o.model_dump(exclude_none=True, warnings=False) for o in compacted.output]
+        r2 = client.responses.create(model=VLLM_MODEL, input=window + [user("Where do I live?")], temperature=0,
+                                     max_output_tokens=16)
+        assert r2.status in ("completed", "incomplete") and r2.output_text
+
+        r3 = client.responses.create(model=VLLM_MODEL, previous_response_id=r2.id, temperature=0,
+                                     max_output_tokens=16,
+                                     input=[user("Thanks."), {"type": "compaction_trigger"}])  # type: ignore[list-item]
+        assert r3.output[0].type == "compaction"
+        assert r3.status in ("completed", "incomplete")
+        # billed: the summarization's prompt is in the usage on top of the (short) pruned prompt
+        assert r3.usage is not None and r3.usage.input_tokens > r2.usage.input_tokens
+        # the pruned state chains
+        r4 = client.responses.create(model=VLLM_MODEL, previous_response_id=r3.id, temperature=0,
+                                     max_output_tokens=8, input="Bye.")
+        assert r4.status in ("completed", "incomplete")
+    finally:
+        compactor.max_summary_tokens = bound
