@@ -202,6 +202,26 @@ def test_items_before_the_latest_compaction_item_are_dropped(gateway):
     assert "alpha" in prompt and "beta" in prompt and SUMMARY_PREFIX in prompt
 
 
+def test_codex_shaped_compact_body_and_input_tokens_of_a_window(gateway):
+    """Codex's remote compaction sends tools, reasoning, text and cache fields along."""
+    tool = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+    body = {"model": MODEL, "instructions": "You are a coding agent.", "tools": [tool], "parallel_tool_calls": True,
+            "reasoning": {"effort": "low", "summary": "auto"}, "service_tier": "priority",
+            "prompt_cache_key": "conv-1", "text": {"verbosity": "low"},
+            "input": [user("fix the build"), {"type": "function_call", "call_id": "call_1", "name": "shell",
+                                              "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}
+    r = post(gateway, body, path="/responses/compact")
+    assert r.status_code == 200, r.text
+    window = r.json()["output"]
+    assert [o["type"] for o in window] == ["message", "compaction"]
+    assert "You are a coding agent." in decoded(gateway.engine.stats.prompts[-1])  # instructions render
+    stale = [user("STALE " * 50)]
+    counted = [post(gateway, {"model": MODEL, "input": pre + window + [user("next")]},
+                    path="/responses/input_tokens").json()["input_tokens"] for pre in ([], stale)]
+    assert counted[0] == counted[1]  # items before the compaction item do not count
+
+
 # -- context_management: compaction inside a create -------------------------------------------
 
 
