@@ -89,6 +89,15 @@ class ResponseEvents:
                     out += self._close_item(pe.complete)
         return out
 
+    def whole_item(self, item: dict[str, Any]) -> list[Event]:
+        """An item that is complete when it appears (a ``compaction``): its added/done pair."""
+        if self._open is not None:
+            raise IllegalTransition("another output item is still open")
+        idx = len(self.output)
+        self.output.append(item)
+        return [self._ev("response.output_item.added", output_index=idx, item=dict(item)),
+                self._ev("response.output_item.done", output_index=idx, item=item)]
+
     def _open_item(self, start: ItemStart) -> list[Event]:
         idx = len(self.output)
         self._text = []

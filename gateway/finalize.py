@@ -93,12 +93,16 @@ class Finalizer:
         chainable = turn.response["status"] in CHAINABLE and history is not None
         if chainable:
             assert history is not None
-            context = turn.base_context.extend(turn.new_items + output_items)
+            compacted = turn.compacted_context
+            if compacted is None:
+                context = turn.base_context.extend(turn.new_items + output_items)
+            else:  # the history was compacted: the state continues from the pruned context
+                context = compacted.extend(output_items)
             pending = set(turn.pending_calls)
             for item in output_items:
                 if item.get("type") in CALL_TYPES and item.get("status") == "completed":
                     pending.add(item["call_id"])
-            parent_len = len(turn.parent.history_ids) if turn.parent is not None else 0
+            parent_len = len(turn.parent.history_ids) if turn.parent is not None and compacted is None else 0
             token_bytes = 8 * (len(history) - parent_len) + copied_bytes
         else:
             # Failed or cancelled: kept for retrieval only, never chained from, so the shared
@@ -112,7 +116,8 @@ class Finalizer:
             prelude_key=turn.prelude_key if (exact and chainable) else b"",
             store=turn.store, parent_id=turn.req.previous_response_id, pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
-            nbytes=(turn.parent.nbytes if turn.parent is not None else 0) + delta, delta_bytes=delta,
+            nbytes=(turn.parent.nbytes if turn.parent is not None and turn.compacted_context is None else 0) + delta,
+            delta_bytes=delta,
         )
 
     def _persist(self, state: ResponseState) -> None:

@@ -1,4 +1,5 @@
-"""HTTP routes: create (JSON or SSE), retrieve, delete, cancel, input_items, input_tokens, models, health.
+"""HTTP routes: create (JSON or SSE), retrieve, delete, cancel, input_items, input_tokens, compact, models,
+health.
 
 Thin adapters around the pipeline: parse and authenticate, then either collect the events into the
 final Response (JSON) or frame each one as SSE. A client that disconnects stops its generation.
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
+from gateway.compaction import compact_window
 from gateway.errors import ApiError, bad_request, response_not_found, store_unavailable
 from gateway.pipeline import Pipeline
 from gateway.turn import TurnContext
@@ -237,6 +239,27 @@ async def count_input_tokens(request: Request) -> Response:
     body = await _json_body(request, gw)
     n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
     return _json({"object": "response.input_tokens", "input_tokens": n})
+
+
+@router.post("/v1/responses/compact")
+@router.post("/responses/compact", include_in_schema=False)
+async def compact_conversation(request: Request) -> Response:
+    """The compacted context window of a conversation (``gateway.compaction``)."""
+    gw = _gw(request)
+    principal = await gw.auth.authenticate(request.headers)
+    admitted = await gw.access.admit(principal)
+    body = await _json_body(request, gw)
+    ctx = TurnContext(transport="http", tenant=principal.tenant)
+    try:
+        # the summary's tokens are known only at the end: reserve none, charge them all then
+        reserved = await gw.access.reserve(principal, 0, ctx)
+        window = await compact_window(gw.pipeline, body, ctx)
+    except ApiError as err:
+        gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
+        raise
+    response = _json(window)
+    response.headers.update(gw.access.headers(reserved or admitted))
+    return response
 
 
 @router.get("/v1/models")

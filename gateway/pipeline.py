@@ -27,6 +27,7 @@ from cache.items import CALL_TYPES, OUTPUT_TYPES, ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
+from gateway.compaction import Compactor
 from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found, store_unavailable
 from gateway.events import Event, ResponseEvents
 from gateway import logging_context as log_context
@@ -35,7 +36,7 @@ from gateway.metrics import Metrics
 from gateway.sealing import SealError, Sealer
 from gateway.settings import Settings
 from gateway.turn import CallLookup, PreparedTurn, RenderStats, TurnContext
-from gateway.wire.items import HostedItem, ItemReference, Message, Reasoning, canonical_item, new_id
+from gateway.wire.items import Compaction, HostedItem, ItemReference, Message, Reasoning, canonical_item, new_id
 from gateway.wire.request import CreateRequest, parse_create
 from gateway.wire.response import response_skeleton, usage_object
 from gateway.wire.tools import HostedTool, canonical_tool, tool_names
@@ -70,6 +71,7 @@ class Pipeline:
         self.metrics = metrics
         self.sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
         self.finalizer = Finalizer(store, usage, metrics)
+        self.compactor = Compactor(self.sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------------------------
@@ -91,6 +93,9 @@ class Pipeline:
         lap.lap("resolve")
         base_context = parent.context if parent is not None else ItemLog()
         new_items, new_calls = self._new_items(raw_items, base_context)
+        new_items, compacted, compact_trigger = self.compactor.window(new_items)
+        if compacted and parent is not None:  # a compaction item in the input summarizes the parent too
+            parent, base_context = None, ItemLog()
         self.metrics.items_validated.inc(len(new_items))
         pending = self._check_pairing(new_items, base_context, parent, generate)
         lap.lap("validate")  # the new items are validated against the resolved parent
@@ -129,7 +134,7 @@ class Pipeline:
             gen_ids=gen_ids, sampling=sampling, pending_calls=pending, verdicts=tuple(verdicts),
             flagged=(parent.flagged if parent is not None else False) or any(v.action == "flag" for v in verdicts),
             render=stats, generate=generate, store=store,
-            include_encrypted="reasoning.encrypted_content" in (req.include or []),
+            include_encrypted="reasoning.encrypted_content" in (req.include or []), compact_trigger=compact_trigger,
             started=t0, created_at=time.time() - (time.perf_counter() - t0),
         )
         self._report_flags(verdicts, new_items, req, route, parent, ctx, response_id=turn.id)
@@ -192,6 +197,9 @@ class Pipeline:
         parent = await self._resolve_parent(req, ctx)
         base_context = parent.context if parent is not None else ItemLog()
         new_items, new_calls = self._new_items(raw_items, base_context)
+        new_items, compacted, _ = self.compactor.window(new_items)
+        if compacted and parent is not None:
+            parent, base_context = None, ItemLog()
         self._check_pairing(new_items, base_context, parent, generate=True)
         prelude = self._prelude(req, tools)
         _, base_ids, new_ids, gen_ids, _ = self._render_checked(req, route, prelude, parent, base_context,
@@ -401,6 +409,8 @@ class Pipeline:
                 item = canonical_item(raw)
                 if isinstance(raw, Reasoning):
                     item = self._unseal(item, i)
+                elif isinstance(raw, Compaction):
+                    item = self.compactor.input_item(item, i)
             item_id = item.get("id")
             if item_id and not isinstance(raw, ItemReference):
                 if item_id in seen or context.has_id(item_id):
@@ -476,7 +486,9 @@ class Pipeline:
         cached = 0
         finish = None
         stop_token = None
-        agen = turn.route.engine.generate(turn.id, prompt_ids, turn.sampling)
+        sampling, summary = turn.sampling, None
+        compact = self.compactor.wanted(turn)
+        agen = None
         finished_cleanly = False
         try:
             created = events.created()
@@ -485,6 +497,12 @@ class Pipeline:
             for ev in created:
                 yield ev
             try:
+                if compact is not None:  # summarize first, continue on the pruned context
+                    done = await self.compactor.compact_turn(turn, turn_ids, compact)
+                    prompt_ids, sampling, summary = done.prompt_ids, done.sampling, done.summary
+                    for ev in events.whole_item(done.item):
+                        yield ev
+                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling)
                 async for delta in agen:
                     if turn.first_token_at is None and delta.token_ids:
                         turn.first_token_at = time.perf_counter()
@@ -500,6 +518,7 @@ class Pipeline:
             except EngineError as exc:
                 log.warning("engine failed response %s: %s", turn.id, exc)
                 finish = "error"
+                summary = getattr(exc, "partial", summary)  # a failed compaction's tokens are billed too
             except ValueError as exc:  # the model's output did not parse (malformed format)
                 log.warning("unparseable model output in response %s: %s", turn.id, exc)
                 finish = "error"
@@ -510,7 +529,8 @@ class Pipeline:
                 finish = "error"
             for ev in (events.feed(parser.finish()) if finish != "error" else []):
                 yield ev
-            usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+            usage = self.compactor.add_usage(
+                usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens), summary)
             history: TokenSeq | None = None
             if finish == "error":
                 terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
@@ -531,12 +551,14 @@ class Pipeline:
             for ev in terminal:
                 yield ev
         finally:
-            await agen.aclose()  # aborts the engine request if it is still running
+            if agen is not None:
+                await agen.aclose()  # aborts the engine request if it is still running
             if not finished_cleanly and events.status == "in_progress":
                 # Nobody listens any more (socket closed, SSE client gone): record what was
                 # processed and persist a terminal snapshot.
                 self.metrics.aborts.labels(turn.ctx.transport).inc()
-                usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+                usage = self.compactor.add_usage(
+                    usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens), summary)
                 events.cancel(usage)
                 self.finalizer.finish(turn, events, None, exact=False, usage=usage)
 

@@ -114,6 +114,8 @@ class Settings(BaseModel):
     flags_stream: str = "respgate:flags"
     flags_stream_maxlen: int = 1_000_000
     flags_buffer: int = 10_000
+    #: compaction: the most tokens the model may spend on a conversation summary
+    compact_summary_tokens: int = Field(default=1024, ge=16)
     # simulated engine speed (0 = as fast as possible)
     sim_ttft_s: float = 0.0
     sim_prefill_tps: float = 0.0

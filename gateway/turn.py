@@ -75,6 +75,10 @@ class PreparedTurn:
     #: wall clock at arrival, and perf_counter of the first output token (billing: created_at, ttft)
     created_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
+    #: a ``compaction_trigger`` input item asked for compaction (``gateway.compaction``)
+    compact_trigger: bool = False
+    #: after a compaction: the pruned context the response's state continues from
+    compacted_context: ItemLog | None = None
 
     @property
     def id(self) -> str:

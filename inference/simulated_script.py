@@ -21,8 +21,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from inference.harmony_core import harmony_encoding, recipient_for
 from inference.harmony_render import render_completion
 from inference.simulated_prompt import PromptView, ToolSpec
+from inference.summary import SUMMARY_PREFIX, is_summary_request
 
-__all__ = ["Script", "ToolCall", "Turn", "default_script", "turn_tokens", "turns_in_order"]
+__all__ = ["Script", "ToolCall", "Turn", "default_script", "summary_turn", "turn_tokens", "turns_in_order"]
 
 _FILLER = " lorem ipsum dolor sit amet"
 
@@ -140,6 +141,8 @@ def default_script(view: PromptView) -> Turn:
     last = view.last
     if last is None:
         return Turn(reasoning="There is no message to answer.", text="Hello!")
+    if last.role == "user" and is_summary_request(last.text):
+        return summary_turn(view)
     said = _snippet(last.text) or "(nothing)"
     if last.role == "user":
         tools, choice = view.tools, view.tool_choice
@@ -158,3 +161,20 @@ def default_script(view: PromptView) -> Turn:
             text=f"Tool {last.tool_name} returned: {last.text}",
         )
     return Turn(reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {last.text}")
+
+
+def summary_turn(view: PromptView) -> Turn:
+    """A deterministic answer to the compaction request (:mod:`inference.summary`).
+
+    Decodes the whole prompt (a summary is O(history) by nature) and names what it covered: how
+    many messages, whether an earlier summary was among them, and short snippets (24 characters)
+    of the last three user requests — so tests can tell a summary from the verbatim history.
+    """
+    msgs = view.messages()[:-1]  # without the request itself
+    body = [m for m in msgs if m.role in ("user", "assistant", "tool")]
+    earlier = any(m.role == "developer" and m.text.startswith(SUMMARY_PREFIX) for m in msgs)
+    asks = [_snippet(m.text, 24) for m in body if m.role == "user"][-3:]
+    text = f"Compacted {len(body)} messages" + (" and an earlier summary" if earlier else "") + "."
+    if asks:
+        text += " The user asked: " + " | ".join(asks) + "."
+    return Turn(reasoning="I will summarize the conversation.", text=text)

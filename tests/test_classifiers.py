@@ -696,3 +696,21 @@ def test_item_reference_to_a_classified_item_is_not_classified_again(make_gatewa
     assert live.metric("respgate_classifier_verdicts_total", {"action": "flag", "category": "github_token"}) == 1
     wait_for(lambda: live.gw.pipeline.flags.written == 1, what="the one flag")
     assert live.gw.pipeline.flags.reported == 1
+
+
+def test_compact_endpoint_classifies_its_new_items_like_a_create(make_gateway):
+    """``/responses/compact`` sends the conversation to the model too: the same classify step runs
+    (new items only), a block is the same 400, and a flag is reported under the compaction's id."""
+    live = make_gateway(Settings(classifier_block=["private_key"]))
+    url = live.base_url + "/responses/compact"
+    r = httpx.post(url, json={"model": MODEL, "input": [{"role": "user", "content": f"key:\n{PEM}\n"}]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "content_policy_violation", r.text
+    assert_no_secret(r.text, PEM_BODY)
+    assert live.engine.stats.requests == 0
+    r = httpx.post(url, json={"model": MODEL, "input": f"my token is {GH_TOKEN}"}, timeout=60)
+    assert r.status_code == 200 and r.json()["object"] == "response.compaction", r.text
+    sink = live.gw.pipeline.flags.sink
+    wait_for(lambda: len(sink.records) == 2, what="block and flag records")
+    assert [(x.action, x.category) for x in sink.records] == [("block", "private_key"), ("flag", "github_token")]
+    assert sink.records[1].response_id == r.json()["id"]
+    assert live.metric("respgate_classified_items_total") == 2

@@ -175,6 +175,7 @@ HTTP_ROUTES = [("POST", "/responses", {"model": MODEL, "input": "hi"}), ("GET", 
                ("DELETE", "/responses/resp_x", None), ("POST", "/responses/resp_x/cancel", None),
                ("GET", "/responses/resp_x/input_items", None),
                ("POST", "/responses/input_tokens", {"model": MODEL, "input": "hi"}),
+               ("POST", "/responses/compact", {"model": MODEL, "input": "hi"}),
                ("GET", "/models", None), ("GET", f"/models/{MODEL}", None)]
 
 

@@ -167,6 +167,20 @@ class Reasoning(_Lenient):
     status: str | None = None
 
 
+class Compaction(_Lenient):
+    """The opaque summary of everything before it (``/responses/compact`` or ``context_management``)."""
+
+    type: Literal["compaction"]
+    id: str | None = None
+    encrypted_content: str
+
+
+class CompactionTrigger(_Lenient):
+    """Forces compaction during this response."""
+
+    type: Literal["compaction_trigger"]
+
+
 class ItemReference(_Lenient):
     type: Literal["item_reference"] = "item_reference"
     id: str
@@ -193,7 +207,7 @@ HOSTED_ITEM_TYPES = frozenset(
 )
 KNOWN_ITEM_TYPES = frozenset(
     {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-     "reasoning", "item_reference"}
+     "reasoning", "item_reference", "compaction", "compaction_trigger"}
 )
 
 
@@ -215,7 +229,7 @@ def _item_tag(v: Any) -> str:
 class _Invalid(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["message", "function_call", "function_call_output", "custom_tool_call",
-                  "custom_tool_call_output", "reasoning", "item_reference"]
+                  "custom_tool_call_output", "reasoning", "item_reference", "compaction", "compaction_trigger"]
 
 
 InputItem = Annotated[
@@ -227,6 +241,8 @@ InputItem = Annotated[
         Annotated[CustomToolCallOutput, Tag("custom_tool_call_output")],
         Annotated[Reasoning, Tag("reasoning")],
         Annotated[ItemReference, Tag("item_reference")],
+        Annotated[Compaction, Tag("compaction")],
+        Annotated[CompactionTrigger, Tag("compaction_trigger")],
         Annotated[HostedItem, Tag("<hosted>")],
         Annotated[_Invalid, Tag("<invalid>")],
     ],

@@ -71,6 +71,21 @@ async def test_default_calls_first_tool_with_schema_built_arguments(engine, rend
     assert all(d.finish_reason is None for d in deltas[:-1])
 
 
+async def test_summary_request_gets_a_deterministic_summary_even_with_tools(engine, renderer) -> None:
+    from inference.summary import SUMMARY_PREFIX, summary_message, summary_request
+
+    prelude = Prelude(tools=(GET_WEATHER,))  # a plain user message would call the tool
+    history = [summary_message("old stuff", "cmp_1"), user("Weather in Oslo tomorrow, please?"),
+               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]
+    ids = prompt(renderer, prelude, history + [summary_request()])
+    first = parse(renderer, prelude, await run(engine, ids))
+    again = parse(renderer, prelude, await run(engine, ids))
+    assert first == again and [it["type"] for it in first] == ["reasoning", "message"]
+    text = first[-1]["content"][0]["text"]
+    assert text == "Compacted 2 messages and an earlier summary. The user asked: Weather in Oslo tomorro….", text
+    assert "Sunny" not in text and SUMMARY_PREFIX not in text
+
+
 async def test_text_answer_without_tools(engine, renderer) -> None:
     deltas = await run(engine, prompt(renderer, Prelude(), [user("héllo 🎉")]))
     items = parse(renderer, Prelude(), deltas)
