@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may load vLLM (minutes when loaded)
 
 
 def test_respgate_serve_defaults_to_a_real_model_answering_over_websocket(tmp_path):

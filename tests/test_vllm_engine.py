@@ -23,7 +23,7 @@ from tests.engine_contract import (
     start_long_story,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may load vLLM (minutes when loaded)
 
 
 
