@@ -27,12 +27,22 @@ endif
 serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(CLIENTS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# --- real clients and benchmarks (issue 7) ---
+# Codex CLI for tests/test_real_clients.py, pinned by tests/clients/package-lock.json.
+CLIENTS       := tests/clients
+CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
+$(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	npm ci --prefix $(CLIENTS) --no-audit --no-fund
+	touch $@
+
+# `make bench` = every benchmark, one report (benchmarks/REPORT.md + PNGs); BENCH_ARGS=--quick for a smoke run
 bench: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -q -e '.[test,bench,$(ENGINE)]'
-	$(PY) -m benchmarks.ws_overhead
+	$(PY) -m benchmarks $(BENCH_ARGS)
+# --- end real clients and benchmarks ---
 
 clean:
 	rm -rf $(VENV) .pytest_cache
