@@ -24,12 +24,6 @@ endif
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-serve: $(STAMP)
-	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
-
-test: $(STAMP) $(CLIENTS_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
-
 # --- real clients and benchmarks (issue 7) ---
 # Codex CLI for tests/test_real_clients.py, pinned by tests/clients/package-lock.json.
 CLIENTS       := tests/clients
@@ -43,6 +37,12 @@ bench: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -q -e '.[test,bench,$(ENGINE)]'
 	$(PY) -m benchmarks $(BENCH_ARGS)
 # --- end real clients and benchmarks ---
+
+serve: $(STAMP)
+	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP) $(CLIENTS_STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
