@@ -112,12 +112,14 @@ class Agent:
         self.engine_s: list[float] = []
         self.prompt_tokens: list[int] = []
         self.cached_tokens: list[int] = []
+        self.prepare_s: list[float] = []    # the gateway's own view: validate .. render, before the engine
         if mode == "ws":
             self.ws = connect(live.ws_url, max_size=None, compression=None)
         else:
             self.http = httpx.Client(base_url=live.url + "/v1", timeout=600)
 
     def step(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        prep0 = self.live.metric_value("respgate_turn_prepare_seconds_sum")
         t0 = time.perf_counter()
         if self.mode == "http_stateless":
             self.history.extend(items)
@@ -145,6 +147,7 @@ class Agent:
                         if ev["type"] in TERMINAL or ev["type"] == "error":
                             break
         self.turn_s.append(time.perf_counter() - t0)
+        self.prepare_s.append(self.live.metric_value("respgate_turn_prepare_seconds_sum") - prep0)
         if ev["type"] != "response.completed":
             raise RuntimeError(f"{self.mode}: {str(ev)[:500]}")
         resp = ev["response"]
@@ -191,9 +194,11 @@ def run(quick: bool) -> dict[str, Any]:
         total, eng = sum(a.turn_s), sum(a.engine_s)
         rows[m] = {"turns": len(a.turn_s), "end_to_end_s": total, "engine_s": eng,
                    "non_engine_s": total - eng, "non_engine_share": (total - eng) / total,
+                   "gateway_prepare_s": sum(a.prepare_s), "gateway_prepare_share": sum(a.prepare_s) / total,
                    "final_prompt_tokens": a.prompt_tokens[-1],
                    "prompt_tokens_total": sum(a.prompt_tokens), "cached_tokens_total": sum(a.cached_tokens),
-                   "per_turn_s": a.turn_s, "per_turn_engine_s": a.engine_s, "per_turn_prompt": a.prompt_tokens}
+                   "per_turn_s": a.turn_s, "per_turn_engine_s": a.engine_s, "per_turn_prompt": a.prompt_tokens,
+                   "per_turn_prepare_s": a.prepare_s}
     ws = rows["ws"]
     return {"benchmark": "rollout", "tool_calls": calls,
             "engine": "simulated: 1,000 tok/s decode (1 token/delta), 10,000 tok/s uncached prefill, prefix cache",
