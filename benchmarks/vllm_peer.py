@@ -12,7 +12,9 @@ Three conversations advance turn for turn (the order rotates every round):
 * ``vllm_chained``     vLLM server, HTTP/SSE, ``previous_response_id`` + ``store=true``;
 * ``vllm_full``        vLLM server, HTTP/SSE, ``store=false``, the whole conversation every turn.
 
-Each user turn is a ~``--turn-tokens`` log excerpt with a question; ``max_output_tokens`` is fixed.
+Each user turn is a ~``turn_tokens`` log excerpt with a question; ``max_output_tokens`` is fixed.
+Each conversation opens with its own words, so the two on vLLM's server never share cached blocks
+beyond the chat template's system prompt.
 Per turn: time to the first ``response.output_text.delta`` (TTFT) and to ``response.completed``,
 from the client's first byte. Conversations run until the next turn would not fit the context
 (``max_model_len`` minus the turn and the answer), i.e. to the longest history the model allows
@@ -121,6 +123,9 @@ class Conversation:
         self.http = httpx.Client(base_url=http_url, timeout=900) if http_url else None
 
     def body(self, text: str) -> dict[str, Any]:
+        if not self.rows:
+            # its own first words: the two vLLM-server conversations must not share prefix-cache blocks
+            text = f"Session {self.mode.replace('_', ' ')}. {text}"
         item = {"role": "user", "content": text}
         b: dict[str, Any] = {"model": self.name, "temperature": 0, "max_output_tokens": self.max_tokens}
         if self.mode == "vllm_full":

@@ -38,6 +38,7 @@ CLIENTS = Path(__file__).parent / "clients"
 CODEX_BIN = CLIENTS / "node_modules" / ".bin" / "codex"
 CODEX_MODEL = "gpt-5.5"   # a slug bundled with Codex 0.171: its known request shape (spec §4)
 MARKER = "respgate-e2e-7f3a"
+DEAD_PROXY = "http://127.0.0.1:9"   # the discard port: nothing listens on loopback
 
 
 class WireLog:
@@ -111,6 +112,7 @@ model_provider = "respgate"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false
+chatgpt_base_url = "{base_url}"
 
 [analytics]
 enabled = false
@@ -139,11 +141,13 @@ def run_codex(tmp_path: Path, base_url: str, prompt: str, *, websockets: bool) -
     work.mkdir()
     (home / "config.toml").write_text(codex_config(base_url, websockets=websockets))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
-    env.update(CODEX_HOME=str(home), RESPGATE_TEST_KEY="test-key", NO_COLOR="1", HOME=str(tmp_path),
-               # loopback only: nothing may leave the machine
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        env.pop(var, None)
+    env.update(CODEX_HOME=str(home), RESPGATE_TEST_KEY="test-key", NO_COLOR="1", HOME=str(tmp_path))
+    # Loopback only. Codex 0.171 looks up api.github.com (release check) and chatgpt.com on its own;
+    # every such request is sent to a closed loopback port instead (connection refused at once), and
+    # only the gateway is exempt.
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[var] = env[var.lower()] = DEAD_PROXY
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--ephemeral", "--json", "-C", str(work), prompt]
     # Codex retries forever when the server is unreachable (spec §4): the subprocess timeout bounds it
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=work,
