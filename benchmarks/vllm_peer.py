@@ -12,7 +12,8 @@ Three conversations advance turn for turn (the order rotates every round):
 * ``vllm_chained``     vLLM server, HTTP/SSE, ``previous_response_id`` + ``store=true``;
 * ``vllm_full``        vLLM server, HTTP/SSE, ``store=false``, the whole conversation every turn.
 
-Each user turn is a ~``turn_tokens`` log excerpt with a question; ``max_output_tokens`` is fixed.
+The first user turn is a long log (half the context: one cold prefill per conversation), every
+later one a ~``turn_tokens`` excerpt with a question; ``max_output_tokens`` is fixed (16).
 Each conversation opens with its own words, so the two on vLLM's server never share cached blocks
 beyond the chat template's system prompt.
 Per turn: time to the first ``response.output_text.delta`` (TTFT) and to ``response.completed``,
@@ -55,7 +56,7 @@ def user_turn(i: int, tokens: int) -> str:
     lines = [f"[turn {i}] Here is more of the log:"]
     words = 0
     k = i
-    while words < tokens * 0.7:   # ~1.4 tokens per word for this text under the SmolLM2 tokenizer
+    while words < tokens * 0.37:   # ~2.7 SmolLM2 tokens per word of these lines (measured)
         line = LOG_LINES[k % len(LOG_LINES)]
         lines.append(line)
         words += len(line.split())
@@ -188,9 +189,10 @@ class Conversation:
             self.http.close()
 
 
-def run(quick: bool, max_len: int | None = None, turn_tokens: int = 200, max_tokens: int = 24,
-        kv_gib: int = 2) -> dict[str, Any]:
+def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tokens: int = 16,
+        first_tokens: int | None = None, kv_gib: int = 2) -> dict[str, Any]:
     max_len = max_len or (2048 if quick else 8192)
+    first_tokens = first_tokens or max_len // 2
     for k, v in engine_env(kv_gib).items():
         os.environ.setdefault(k, v)
     from gateway.settings import Settings
@@ -228,7 +230,7 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 200, max_tok
                           for c in convs.values()) if i else 0
             if longest > budget:
                 break
-            text = user_turn(i, turn_tokens)
+            text = user_turn(i, first_tokens if i == 0 else turn_tokens)
             order = MODES[i % 3:] + MODES[:i % 3]
             for m in order:
                 convs[m].turn(text)
@@ -242,7 +244,9 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 200, max_tok
         if live is not None:
             stop_gateway(live)
         stop_server(proc)
-    return summarize(convs, max_len, turn_tokens, max_tokens, load0, t_start, t_loaded)
+    out = summarize(convs, max_len, turn_tokens, max_tokens, load0, t_start, t_loaded)
+    out["first_turn_tokens"] = first_tokens
+    return out
 
 
 def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, max_tokens: int,

@@ -235,6 +235,8 @@ class SimulatedEngine:
     ) -> AsyncIterator[TokenDelta]:
         if not self._started:
             raise EngineError("simulated engine is not started")
+        clock = asyncio.get_running_loop().time
+        t_request = clock()  # paced: the emulation's own work (cache lookup, script) is inside the budget
         # The script only reads the prompt's tail and prelude, so a list copy (O(history)) is made
         # only for what needs the whole prompt: prefix-cache emulation and prompt recording.
         needs_copy = self._cache is not None or self.record_prompts
@@ -259,9 +261,11 @@ class SimulatedEngine:
             delay = self.ttft_s
             if self.prefill_tps:
                 delay += (len(prompt) - cached) / self.prefill_tps
-            clock = asyncio.get_running_loop().time
-            due = clock() + delay
-            await asyncio.sleep(delay)
+            if self.paced:
+                due = t_request + delay
+                await asyncio.sleep(max(0.0, due - clock()))
+            else:
+                await asyncio.sleep(delay)
             per_token = turn.delay_per_token_s
             if per_token is None:
                 per_token = 1.0 / self.decode_tps if self.decode_tps else 0.0
