@@ -50,7 +50,7 @@ from tests.conftest import MODEL, LiveGateway, start_gateway, stop_gateway
 RESULTS = Path(__file__).parent / "results"
 PATHS = ("ws", "http_stateless", "http_chained")
 LABELS = {"ws": "WS continuation", "http_stateless": "HTTP full history", "http_chained": "HTTP prev_id + store"}
-SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull history", "http_chained": "HTTP\nprev_id+store"}
+SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull", "http_chained": "HTTP\nchained"}
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega").split()
 FAILED = ("error", "response.failed", "response.incomplete")
