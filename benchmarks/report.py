@@ -51,9 +51,9 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             "Server-side, the target holds: the gateway's own work before the engine (validate .. render) "
             "for a WS continuation is the stated fraction of the full-history request's. The client-observed "
             "figure also counts what every turn pays whatever the history: loopback round trip, event "
-            "building and JSON for ~15 events, the client's own parsing — a few milliseconds that do not grow "
-            "with history (see the flat WS rows). Closing it client-side means cutting that fixed per-turn cost "
-            "(fewer, batched events for short turns; orjson-built frames without the pydantic round trip) or "
+            "building and JSON for the 15-20 events of a short turn, the client's own parsing — a few milliseconds "
+            "that do not grow with history (see the flat WS rows). Closing it client-side means cutting that "
+            "fixed per-turn cost (cheaper event serialization, fewer socket writes per turn) or "
             "measuring at larger histories, where the full-history path keeps growing and WS does not."))
     ro = r.get("rollout")
     if ro:
@@ -67,9 +67,10 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             "the larger part on file-read turns. (2) A fixed per-turn cost: request set-up, the last event "
             "after the engine's last token, the client's parsing, loopback, and timer slack of the paced "
             "engine emulation. What would close it: tokenize tool outputs with the plain tiktoken encoder "
-            "(harmony renders message content at ~4.7 MB/s, tiktoken encodes o200k at 11-16 MB/s, one thread) or overlap it with the engine's prefill of "
-            "the already-known prefix (the WS warm-up path does this for Codex's generate:false); with a real "
-            "prefill of the same 2-8k new tokens the engine's share grows and the ratio falls."))
+            "(harmony renders message content at ~4.7 MB/s, tiktoken encodes o200k at 11-16 MB/s, one thread) or overlap it with the engine: start the "
+            "prefill of the already-known prefix while the new items are still being tokenized (the WS warm-up "
+            "already prefills a known prompt ahead of a turn). With a slower prefill than the 10,000 tok/s "
+            "emulated here, the engine's share grows and the ratio falls."))
     st = r.get("streaming")
     if st:
         one = next(x for x in st["rows"] if x["tokens_per_delta"] == 1)

