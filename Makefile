@@ -24,6 +24,20 @@ endif
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# --- real clients and benchmarks (issue 7) ---
+# Codex CLI for tests/test_real_clients.py, pinned by tests/clients/package-lock.json.
+CLIENTS       := tests/clients
+CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
+$(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	npm ci --prefix $(CLIENTS) --no-audit --no-fund
+	touch $@
+
+# `make bench` = every benchmark, one report (benchmarks/REPORT.md + PNGs); BENCH_ARGS=--quick for a smoke run
+bench: $(STAMP)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -q -e '.[test,bench,$(ENGINE)]'
+	$(PY) -m benchmarks $(BENCH_ARGS)
+# --- end real clients and benchmarks ---
+
 serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
@@ -31,7 +45,7 @@ serve: $(STAMP)
 # needed for `config -q`); install it when missing and we may (root, apt-get present: CI on Debian).
 COMPOSE_TOOL := $(shell command -v docker-compose 2>/dev/null)
 
-test: $(STAMP)
+test: $(STAMP) $(CLIENTS_STAMP)
 ifeq ($(COMPOSE_TOOL),)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get install -y -q docker-compose >/dev/null 2>&1 || \
@@ -39,10 +53,6 @@ ifeq ($(COMPOSE_TOOL),)
 	else echo "docker-compose is missing: install it (e.g. apt-get install docker-compose) for tests/test_deploy.py"; fi
 endif
 	$(PY) -m pytest $(PYTEST_ARGS)
-
-bench: $(STAMP)
-	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -q -e '.[test,bench,$(ENGINE)]'
-	$(PY) -m benchmarks.ws_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache

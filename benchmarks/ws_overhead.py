@@ -1,4 +1,4 @@
-"""Per-turn gateway overhead of a continuation at 1k vs 128k tokens of history, three ways.
+"""(a) Per-turn gateway overhead of a continuation at 1k .. 128k tokens of history, three ways.
 
 * ``ws``            WebSocket mode: ``response.create`` with ``previous_response_id``, ``store=false``,
                     only the new item in the frame; the parent comes from the connection cache.
@@ -12,7 +12,7 @@ The simulated engine runs at zero latency with its prefix-cache emulation off, s
 the same for every prompt and what is measured is the gateway: framing and parsing, validation,
 parent resolution, the classifier hook, rendering, event building and streaming, plus each
 client's own read loop. Time runs from the first byte sent (the request already serialized) to
-``response.completed`` received. All six chains (3 paths x 2 history sizes) are driven turn for
+``response.completed`` received. All chains (3 paths x 4 history sizes) are driven turn for
 turn in one process, in an order that rotates every round, so machine noise hits them alike.
 
 The goal (DESIGN.md): the WS 128k/1k ratio of the median stays <= 1.2, i.e. a continuation costs
@@ -22,7 +22,7 @@ Per turn, each chain also records the server's own view from its Prometheus regi
 serial, so deltas are per turn): the tokens the renderer encoded and the prepare time
 (``respgate_turn_prepare_seconds``: validate .. render, before the engine is called).
 
-    python -m benchmarks.ws_overhead [--turns 200] [--history 1000 131072] [--paths ws http_stateless http_chained]
+    python -m benchmarks.ws_overhead [--turns 200] [--history 1000 8192 32768 131072] [--paths ...]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from tests.conftest import MODEL, LiveGateway, start_gateway, stop_gateway
 RESULTS = Path(__file__).parent / "results"
 PATHS = ("ws", "http_stateless", "http_chained")
 LABELS = {"ws": "WS continuation", "http_stateless": "HTTP full history", "http_chained": "HTTP prev_id + store"}
-SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull history", "http_chained": "HTTP\nprev_id+store"}
+SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull", "http_chained": "HTTP\nchained"}
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega").split()
 FAILED = ("error", "response.failed", "response.incomplete")
@@ -161,7 +161,8 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load: tuple[float, float]) -> dict:
-    small, big = args.history
+    sizes = sorted(args.history)
+    small, big = sizes[0], sizes[-1]
     rows: dict[str, dict[str, Any]] = {}
     for c in chains:
         rows.setdefault(c.path, {})[str(c.history_tokens)] = {
@@ -174,22 +175,31 @@ def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load
             "server_prepare_ms_median": statistics.median(c.prepare_ms),
         }
     for path, row in rows.items():
+        row["ratio_median_vs_smallest"] = {str(n): row[str(n)]["median_ms"] / row[str(small)]["median_ms"]
+                                           for n in sizes}
         row["ratio_median_big_over_small"] = row[str(big)]["median_ms"] / row[str(small)]["median_ms"]
         row["ratio_p99_big_over_small"] = row[str(big)]["p99_ms"] / row[str(small)]["p99_ms"]
-    vs_ws = {}
+    vs_ws: dict[str, Any] = {}
+    ws_share: dict[str, Any] = {}
     if "ws" in rows:
         for path in rows:
             if path != "ws":
                 vs_ws[path] = {str(n): rows[path][str(n)]["median_ms"] / rows["ws"][str(n)]["median_ms"]
-                               for n in args.history}
+                               for n in sizes}
+                # the target's form: WS overhead as a fraction of the other path's, same history
+                ws_share[path] = {str(n): {
+                    "client_median": rows["ws"][str(n)]["median_ms"] / rows[path][str(n)]["median_ms"],
+                    "server_prepare_median": rows["ws"][str(n)]["server_prepare_ms_median"]
+                    / rows[path][str(n)]["server_prepare_ms_median"]} for n in sizes}
     return {
         "benchmark": "ws_overhead",
         "engine": "simulated, zero latency, prefix-cache emulation off",
         "turns": args.turns,
         "warmup": args.warmup,
-        "history_tokens": args.history,
+        "history_tokens": sizes,
         "paths": rows,
         "median_ratio_vs_ws": vs_ws,
+        "ws_fraction_of": ws_share,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "loadavg_1m_start": load[0], "loadavg_1m_end": load[1], "wall_s": wall_s},
     }
@@ -202,19 +212,22 @@ def plot(chains: list[Chain], result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"ws": "tab:green", "http_stateless": "tab:red", "http_chained": "tab:blue"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5))
     data = [[t * 1e3 for t in c.times] for c in chains]
     box = left.boxplot(data, showfliers=False, patch_artist=True)
     for patch, c in zip(box["boxes"], chains):
         patch.set_facecolor(colors[c.path])
         patch.set_alpha(0.5)
     left.set_xticks(range(1, len(chains) + 1),
-                    [f"{SHORT[c.path]}\n{c.history_tokens // 1000}k start" for c in chains], fontsize=8)
+                    [f"{SHORT[c.path]}\n{max(1, round(c.history_tokens / 1024))}k" for c in chains], fontsize=8)
     left.set_yscale("log")
     left.set_ylabel("ms per turn (client: send -> response.completed)")
     left.set_title("Per-turn latency, simulated engine at zero latency")
+    sizes = sorted(result["history_tokens"])
     for c in chains:
-        style = "-" if c.history_tokens == min(result["history_tokens"]) else "--"
+        if c.history_tokens not in (sizes[0], sizes[-1]):
+            continue
+        style = "-" if c.history_tokens == sizes[0] else "--"
         right.plot([t * 1e3 for t in c.times], style, color=colors[c.path], linewidth=0.8,
                    label=f"{LABELS[c.path]}, {c.history_tokens:,} tok start")
     right.set_yscale("log")
@@ -233,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--history", type=int, nargs=2, default=[1000, 131072])
+    ap.add_argument("--history", type=int, nargs="+", default=[1000, 8192, 32768, 131072])
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--plot", type=Path, default=RESULTS / "ws_overhead.png")
     ap.add_argument("--json", type=Path, default=RESULTS / "ws_overhead.json")
@@ -242,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
     engine = SimulatedEngine(prefix_cache=False, script=short_answer)
-    live = start_gateway(Settings(max_context=args.history[1] * 2, max_request_bytes=64 * 1024 * 1024),
+    live = start_gateway(Settings(max_context=max(args.history) * 2, max_request_bytes=64 * 1024 * 1024),
                          engine=engine)
     try:
         chains = [Chain(live, p, n) for p in args.paths for n in args.history]

@@ -165,6 +165,10 @@ class SimulatedEngine:
         record_prompts: append every prompt (as a list) to ``stats.prompts``.
         eos_token_ids: tokens that end a generation regardless of ``params`` — by default
             harmony's ``<|return|>`` and ``<|call|>``, like gpt-oss's generation config.
+        paced: keep to a wall clock: token *i* is due ``ttft + prefill + i / decode_tps`` after
+            the request, however long the consumer took with the previous delta — like a real
+            engine decoding in its own process while the gateway streams. Off (the default), each
+            delta's delay starts when the consumer asks for it, so consumer time adds up.
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class SimulatedEngine:
         record_prompts: bool = False,
         eos_token_ids: Sequence[int] | None = None,
         name: str = "simulated",
+        paced: bool = False,
     ) -> None:
         self.name = name
         self.script = script
@@ -189,6 +194,7 @@ class SimulatedEngine:
         self.decode_tps = decode_tps
         self.tokens_per_delta = max(1, tokens_per_delta)
         self.record_prompts = record_prompts
+        self.paced = paced
         self.stats = EngineStats()
         self._cache = PrefixCache(cache_entries, cache_block_size) if prefix_cache else None
         self._eos = eos_token_ids
@@ -229,6 +235,8 @@ class SimulatedEngine:
     ) -> AsyncIterator[TokenDelta]:
         if not self._started:
             raise EngineError("simulated engine is not started")
+        clock = asyncio.get_running_loop().time
+        t_request = clock()  # paced: the emulation's own work (cache lookup, script) is inside the budget
         # The script only reads the prompt's tail and prelude, so a list copy (O(history)) is made
         # only for what needs the whole prompt: prefix-cache emulation and prompt recording.
         needs_copy = self._cache is not None or self.record_prompts
@@ -253,7 +261,11 @@ class SimulatedEngine:
             delay = self.ttft_s
             if self.prefill_tps:
                 delay += (len(prompt) - cached) / self.prefill_tps
-            await asyncio.sleep(delay)
+            if self.paced:
+                due = t_request + delay
+                await asyncio.sleep(max(0.0, due - clock()))
+            else:
+                await asyncio.sleep(delay)
             per_token = turn.delay_per_token_s
             if per_token is None:
                 per_token = 1.0 / self.decode_tps if self.decode_tps else 0.0
@@ -268,7 +280,11 @@ class SimulatedEngine:
             for chunk, finish, stop_id, fail in deltas:
                 if fail and not chunk:
                     raise EngineError(f"simulated failure after {len(output)} tokens")
-                await asyncio.sleep(per_token * len(chunk))
+                if self.paced:
+                    due += per_token * len(chunk)
+                    await asyncio.sleep(max(0.0, due - clock()))
+                else:
+                    await asyncio.sleep(per_token * len(chunk))
                 output += chunk
                 stats.generated_tokens += len(chunk)
                 yield TokenDelta(

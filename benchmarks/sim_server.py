@@ -1,0 +1,68 @@
+"""The gateway with a scripted simulated engine, as its own process (for CPU and memory figures).
+
+Scripts (``--script``):
+
+* ``short``  — a terse agent turn (``ok`` / ``done``): the engine costs the same for every prompt.
+* ``stream`` — an answer that never ends on its own: the request's ``max_output_tokens`` sets its
+  length. With ``--decode-tps 0`` the engine emits tokens as fast as the gateway takes them.
+* ``rollout`` — the coding-agent trajectory of :mod:`benchmarks.rollout` (``--calls`` tool calls),
+  on a paced engine with a prefix cache (``--decode-tps`` / ``--prefill-tps``).
+
+    python -m benchmarks.sim_server --port P [--script short|stream] [--tokens-per-delta 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import uvicorn
+
+from gateway.app import create_app, uvicorn_config_kwargs
+from gateway.server import GatewayServer
+from gateway.settings import Settings
+from inference.harmony import HarmonyRenderer
+from inference.registry import ModelRegistry, ModelRoute
+from inference.simulated import SimulatedEngine
+from inference.simulated_script import Turn
+
+MODEL = "gpt-oss-sim"
+SCRIPTS = {
+    "short": lambda view: Turn(reasoning="ok", text="done"),
+    "stream": lambda view: Turn(endless=True),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--script", choices=[*SCRIPTS, "rollout"], default="short")
+    ap.add_argument("--tokens-per-delta", type=int, default=1)
+    ap.add_argument("--decode-tps", type=float, default=0.0)
+    ap.add_argument("--prefill-tps", type=float, default=0.0)
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--prefix-cache", action="store_true")
+    ap.add_argument("--max-context", type=int, default=300_000)
+    args = ap.parse_args(argv)
+
+    settings = Settings(port=args.port, max_context=args.max_context, max_request_bytes=64 * 1024 * 1024,
+                        log_level="warning", usage_journal="", ws_max_inflight=16)
+    if args.script == "rollout":
+        from benchmarks.rollout import planned, trajectory
+
+        script = planned(trajectory(args.calls))
+    else:
+        script = SCRIPTS[args.script]
+    engine = SimulatedEngine(script=script, prefix_cache=args.prefix_cache, cache_entries=16,
+                             tokens_per_delta=args.tokens_per_delta, decode_tps=args.decode_tps or None,
+                             prefill_tps=args.prefill_tps or None, paced=args.script == "rollout")
+    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(),
+                                         max_context=args.max_context)])
+    app = create_app(settings, registry=registry)
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on",
+                            backlog=4096, **uvicorn_config_kwargs(settings))
+    asyncio.run(GatewayServer(config).serve())
+
+
+if __name__ == "__main__":
+    main()
