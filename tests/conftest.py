@@ -38,6 +38,22 @@ from inference.simulated import SimulatedEngine  # noqa: E402
 MODEL = "gpt-oss-sim"
 
 
+def wait_until_ready(proc: Any, port: int, log_path: Any, timeout: float, poll: float = 0.2) -> None:
+    """Poll a ``respgate serve`` subprocess's ``/readyz``; fail with its log tail if it exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "gateway never became ready"
+        time.sleep(poll)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

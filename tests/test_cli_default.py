@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may load vLLM (minutes when loaded)
 
@@ -26,16 +25,7 @@ def test_respgate_serve_defaults_to_a_real_model_answering_over_websocket(tmp_pa
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "gateway never became ready"
-            time.sleep(1)
+        wait_until_ready(proc, port, tmp_path / "serve.log", 600, poll=1)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["smollm2-135m-instruct"]
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ from billing.usage import MemorySink
 from gateway.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
-from tests.conftest import MODEL, free_port, stop_gateway
+from tests.conftest import MODEL, free_port, stop_gateway, wait_until_ready
 from tests.http_helpers import wait_for
 from tests.test_ws_lifetime import create, fixed, recv, send, until_terminal, ws_open
 
@@ -136,16 +135,7 @@ def test_sigterm_to_respgate_serve_drains_to_the_redis_ledger(tmp_path, redis_ur
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "gateway never became ready"
-            time.sleep(0.2)
+        wait_until_ready(proc, port, tmp_path / "serve.log", 60, poll=0.2)
         from websockets.sync.client import connect
 
         with connect(f"ws://127.0.0.1:{port}/v1/responses", open_timeout=10,
