@@ -116,12 +116,16 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             "is short compared with the server's per-turn work at that history: a GPU engine and a longer "
             "context (the simulated-engine benchmarks above isolate exactly that per-turn work). On this CPU "
             "engine, what could close it is to start prefilling a turn's known prefix before the request "
-            "completes (the WS warm-up `generate:false` already prefills the parent's prompt). Two things in "
-            "this set-up lean against respgate and should go in a rerun: its gateway and engine client share "
-            "one Python process (and GIL) with the benchmark's own client, while vLLM's server has its own "
-            "(`respgate serve --engine vllm` as a separate process is the fair twin); and on a shared, "
-            "oversubscribed 2-core machine vLLM's OpenMP threads stall, so every figure here carries seconds "
-            "of noise (decode ran at ~0.6 s/token against ~0.06 s/token idle)."))
+            "completes (the WS warm-up `generate:false` already prefills the parent's prompt). "
+            + ("respgate ran as its own process (`respgate serve --engine vllm`), like vLLM's server, so neither "
+               "shares a GIL with the benchmark client; both engines share the machine's two cores, so each "
+               "server's prefill competes with the other's idle polling. "
+               if pe.get("respgate_in_own_process") else
+               "In this run respgate's gateway and engine client shared one Python process (and GIL) with the "
+               "benchmark's own client, while vLLM's server had its own — a rerun should start "
+               "`respgate serve --engine vllm` as a separate process. ")
+            + "On a shared, oversubscribed 2-core machine vLLM's OpenMP threads stall, so figures carry "
+              "seconds of noise."))
     return out
 
 

@@ -1,7 +1,8 @@
 """(e) Same engine, peer comparison: respgate vs vLLM's own OpenAI server, one chained conversation.
 
-One process runs respgate with vLLM in-process (``AsyncLLM``, WebSocket mode, ``store=false``,
-``previous_response_id``); a child process runs ``python -m vllm.entrypoints.openai.api_server``
+One child process runs ``respgate serve --engine vllm`` (vLLM in-process in the gateway:
+``AsyncLLM``; WebSocket mode, ``store=false``, ``previous_response_id``); another runs
+``python -m vllm.entrypoints.openai.api_server``
 with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` so its ``/v1/responses`` can chain. Same model (the
 packaged SmolLM2-135M-Instruct), same vLLM build and settings (fp32, eager, ``max_model_len``,
 block size 32, prefix caching on, same KV space, seed 0), greedy decoding, the same user turns.
@@ -88,13 +89,34 @@ def start_vllm_server(folder: Path, name: str, max_len: int, kv_gib: int, log_pa
     return proc, f"http://127.0.0.1:{port}"
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 900) -> None:
+def start_respgate(folder: Path, name: str, max_len: int, kv_gib: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """``respgate serve --engine vllm`` in its own process, like vLLM's server: neither shares a
+    GIL with this benchmark's client. Same model, dtype, context, block size and KV budget."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
+    env.update(engine_env(kv_gib))
+    env.update(RESPGATE_ENGINE="vllm", RESPGATE_MODEL_PATH=str(folder), RESPGATE_MODELS=name,
+               RESPGATE_DTYPE="float32", RESPGATE_ENFORCE_EAGER="true", RESPGATE_MAX_MODEL_LEN=str(max_len),
+               RESPGATE_MAX_CONTEXT=str(max_len), RESPGATE_MAX_NUM_SEQS="4", RESPGATE_BLOCK_SIZE=str(BLOCK),
+               RESPGATE_CPU_KV_SPACE_GIB=str(kv_gib), RESPGATE_USAGE_JOURNAL="", RESPGATE_LOG_LEVEL="warning",
+               RESPGATE_CLASSIFIERS="[]")
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 900,
+                 path: str = "/health") -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -195,30 +217,21 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     first_tokens = first_tokens or max_len // 2
     for k, v in engine_env(kv_gib).items():
         os.environ.setdefault(k, v)
-    from gateway.settings import Settings
-    from inference.chat_template_render import ChatTemplateRenderer
     from inference.model_assets import prepare_model
-    from inference.registry import ModelRegistry, ModelRoute
-    from inference.vllm_engine import VllmEngine, VllmSettings
-    from tests.conftest import VLLM_MODEL, start_gateway, stop_gateway
+    from tests.conftest import VLLM_MODEL
 
     load0, t_start = os.getloadavg()[0], time.perf_counter()
     folder = prepare_model("smollm2")
-    log_path = Path(tempfile.mkdtemp(prefix="respgate-bench-")) / "vllm_server.log"
-    proc, server_url = start_vllm_server(folder, VLLM_MODEL, max_len, kv_gib, log_path)
-    live = None
+    logs = Path(tempfile.mkdtemp(prefix="respgate-bench-"))
+    proc, server_url = start_vllm_server(folder, VLLM_MODEL, max_len, kv_gib, logs / "vllm_server.log")
+    gw_proc, gw_url = start_respgate(folder, VLLM_MODEL, max_len, kv_gib, logs / "respgate.log")
     convs: dict[str, Conversation] = {}
     try:
-        engine = VllmEngine(VllmSettings(model=str(folder), dtype="float32", max_model_len=max_len,
-                                         enforce_eager=True, cpu_kv_space_gib=kv_gib, seed=0,
-                                         extra={"block_size": BLOCK}))
-        registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder),
-                                             max_context=max_len)])
-        live = start_gateway(Settings(models=[VLLM_MODEL], usage_journal=""), engine=engine,  # type: ignore[arg-type]
-                             registry=registry)
-        wait_healthy(proc, server_url, log_path)
+        wait_healthy(proc, server_url, logs / "vllm_server.log")
+        wait_healthy(gw_proc, gw_url, logs / "respgate.log", path="/readyz")
         t_loaded = time.perf_counter()
-        convs = {"respgate_ws": Conversation("respgate_ws", VLLM_MODEL, ws_url=live.ws_url, max_tokens=max_tokens),
+        ws_url = gw_url.replace("http://", "ws://") + "/v1/responses"
+        convs = {"respgate_ws": Conversation("respgate_ws", VLLM_MODEL, ws_url=ws_url, max_tokens=max_tokens),
                  "vllm_chained": Conversation("vllm_chained", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens),
                  "vllm_full": Conversation("vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens)}
         # stop when the next turn would not fit the longest conversation's context
@@ -241,11 +254,11 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     finally:
         for c in convs.values():
             c.close()
-        if live is not None:
-            stop_gateway(live)
+        stop_server(gw_proc)
         stop_server(proc)
     out = summarize(convs, max_len, turn_tokens, max_tokens, load0, t_start, t_loaded)
     out["first_turn_tokens"] = first_tokens
+    out["respgate_in_own_process"] = True
     return out
 
 
