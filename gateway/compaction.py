@@ -327,11 +327,7 @@ async def compact_window(pipeline: "Pipeline", body: Any, ctx: TurnContext) -> d
     req, raw_items = parse_create({k: v for k, v in body.items() if k != "image"}, transport="http")
     route, tools = pipeline._route_and_tools(req)
     parent = await pipeline._resolve_parent(req, ctx)
-    base_context = parent.context if parent is not None else ItemLog()
-    new_items, new_calls = pipeline._new_items(raw_items, base_context)
-    new_items, pruned, _ = pipeline.compactor.window(new_items)
-    if pruned and parent is not None:
-        parent, base_context = None, ItemLog()
+    parent, base_context, new_items, new_calls, _ = pipeline._new_input(raw_items, parent)
     if not len(base_context) and not new_items:
         raise bad_request("There is nothing to compact: 'input' is empty.", code="invalid_value", param="input")
     pipeline._check_pairing(new_items, base_context, parent, generate=False)

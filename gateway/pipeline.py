@@ -91,11 +91,7 @@ class Pipeline:
 
         parent = await self._resolve_parent(req, ctx)
         lap.lap("resolve")
-        base_context = parent.context if parent is not None else ItemLog()
-        new_items, new_calls = self._new_items(raw_items, base_context)
-        new_items, compacted, compact_trigger = self.compactor.window(new_items)
-        if compacted and parent is not None:  # a compaction item in the input summarizes the parent too
-            parent, base_context = None, ItemLog()
+        parent, base_context, new_items, new_calls, compact_trigger = self._new_input(raw_items, parent)
         self.metrics.items_validated.inc(len(new_items))
         pending = self._check_pairing(new_items, base_context, parent, generate)
         lap.lap("validate")  # the new items are validated against the resolved parent
@@ -195,16 +191,24 @@ class Pipeline:
         self._check_unsupported(req, ctx)
         route, tools = self._route_and_tools(req)
         parent = await self._resolve_parent(req, ctx)
-        base_context = parent.context if parent is not None else ItemLog()
-        new_items, new_calls = self._new_items(raw_items, base_context)
-        new_items, compacted, _ = self.compactor.window(new_items)
-        if compacted and parent is not None:
-            parent, base_context = None, ItemLog()
+        parent, base_context, new_items, new_calls, _ = self._new_input(raw_items, parent)
         self._check_pairing(new_items, base_context, parent, generate=True)
         prelude = self._prelude(req, tools)
         _, base_ids, new_ids, gen_ids, _ = self._render_checked(req, route, prelude, parent, base_context,
                                                                 new_items, new_calls, generate=True)
         return (len(base_ids) if base_ids is not None else 0) + len(new_ids) + len(gen_ids)
+
+    def _new_input(self, raw_items: list[Any], parent: ResponseState | None
+                   ) -> tuple[ResponseState | None, ItemLog, list[dict[str, Any]], dict[str, dict], bool]:
+        """The turn's new items, validated against the parent's context, then windowed: a compaction
+        item in the input summarizes everything before it, the parent included (which is dropped).
+        Returns (parent, base context, new items, new calls, whether a ``compaction_trigger`` asked)."""
+        base_context = parent.context if parent is not None else ItemLog()
+        new_items, new_calls = self._new_items(raw_items, base_context)
+        new_items, compacted, trigger = self.compactor.window(new_items)
+        if compacted and parent is not None:
+            parent, base_context = None, ItemLog()
+        return parent, base_context, new_items, new_calls, trigger
 
     def _route_and_tools(self, req: CreateRequest) -> tuple[ModelRoute, list[dict[str, Any]]]:
         route = self.registry.get(req.model)
