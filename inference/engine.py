@@ -57,6 +57,13 @@ class EngineStats:
     last_prompt_len: int = 0
     prompts: list = field(default_factory=list)  # only filled when an engine is asked to record
 
+    def admit(self, prompt_len: int) -> None:
+        """Count a request that starts running (every engine; ``running`` drops when it ends)."""
+        self.requests += 1
+        self.running += 1
+        self.prompt_tokens += prompt_len
+        self.last_prompt_len = prompt_len
+
 
 class EngineError(RuntimeError):
     """The engine failed a request (crash, bad state). The pipeline ends the turn with response.failed."""

@@ -195,10 +195,7 @@ class RemoteVllmEngine:
             raise EngineError("remote vLLM engine is not started")
         ids = prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
         stats = self.stats
-        stats.requests += 1
-        stats.running += 1
-        stats.prompt_tokens += len(ids)
-        stats.last_prompt_len = len(ids)
+        stats.admit(len(ids))
         body = self.request_body(request_id, ids, params)
         server_id = SERVER_ID_PREFIX + request_id
         finished = False   # the server is done with the request: nothing to abort

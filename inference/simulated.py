@@ -244,10 +244,7 @@ class SimulatedEngine:
         if not len(prompt):
             raise EngineError("empty prompt")
         stats = self.stats
-        stats.requests += 1
-        stats.running += 1
-        stats.prompt_tokens += len(prompt)
-        stats.last_prompt_len = len(prompt)
+        stats.admit(len(prompt))
         if self.record_prompts:
             stats.prompts.append(list(prompt))
         output: list[int] = []

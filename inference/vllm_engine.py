@@ -158,10 +158,7 @@ class VllmEngine:
 
         ids = prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
         stats = self.stats
-        stats.requests += 1
-        stats.running += 1
-        stats.prompt_tokens += len(ids)
-        stats.last_prompt_len = len(ids)
+        stats.admit(len(ids))
         try:
             sampling = self._sampling(params)
         except Exception as exc:  # invalid constraint etc.: fail the turn cleanly

@@ -7,6 +7,7 @@ Structure only, never exact model text (greedy text depends on the numeric path)
 from __future__ import annotations
 
 import json
+import time
 
 import orjson
 from websockets.sync.client import ClientConnection, connect
@@ -79,6 +80,31 @@ def check_required_tool_call_is_schema_valid(live: LiveGateway):
     args = json.loads(calls[0].arguments)
     assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("c", "f")
     return r, calls[0]
+
+
+def check_warm_up_prefill_is_hit(live: LiveGateway, session: str) -> None:
+    """``generate: false`` -> ``engine.prefill`` in the background; the next turn hits those blocks.
+    ``session`` makes the instructions unique per suite, so no earlier turn cached them."""
+    engine = live.engine
+    prefills = engine.stats.prefills
+    instructions = f"You answer in one short sentence. Session {session}. " * 8
+    with connect(live.ws_url, max_size=None) as ws:
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
+                              "instructions": instructions, "input": []}).decode())
+        while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
+            assert warm["type"] not in ("error", "response.failed"), warm
+        deadline = time.monotonic() + 60  # bounded polling, no timing assertion
+        while engine.stats.prefills == prefills:
+            assert time.monotonic() < deadline, "no background prefill"
+            time.sleep(0.05)
+        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
+                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
+                              "previous_response_id": warm["response"]["id"]}).decode())
+        while (done := json.loads(ws.recv(timeout=120)))["type"] not in ("response.completed", "response.incomplete"):
+            assert done["type"] not in ("error", "response.failed"), done
+    warm_tokens = warm["response"]["usage"]["input_tokens"]
+    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached >= (warm_tokens - 1) // BLOCK * BLOCK > 0
 
 
 def start_long_story(live: LiveGateway, deltas: int = 3) -> ClientConnection:

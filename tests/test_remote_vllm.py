@@ -34,6 +34,7 @@ from tests.engine_contract import (
     BLOCK,
     TERMINAL,
     check_http_chain_reuses_the_parents_kv,
+    check_warm_up_prefill_is_hit,
     check_required_tool_call_is_schema_valid,
     check_ws_chain_reuses_the_parents_kv,
     start_long_story,
@@ -219,26 +220,7 @@ def test_ws_turns(remote_gateway: LiveGateway):
 
 def test_ws_warm_up_prefills_the_remote_server(remote_gateway: LiveGateway):
     """``generate: false`` -> ``engine.prefill`` in the background; the next turn hits those blocks."""
-    engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
-    prefills = engine.stats.prefills
-    instructions = "You answer in one short sentence. Session 9c2e47. " * 8  # unique: no earlier cache hit
-    with connect(remote_gateway.ws_url, max_size=None) as ws:
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
-                              "instructions": instructions, "input": []}).decode())
-        while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
-            assert warm["type"] not in ("error", "response.failed"), warm
-        deadline = time.monotonic() + 60
-        while engine.stats.prefills == prefills:
-            assert time.monotonic() < deadline, "no background prefill"
-            time.sleep(0.05)
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
-                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
-                              "previous_response_id": warm["response"]["id"]}).decode())
-        done = _ws_events_until_terminal(ws)[-1]
-        assert done["type"] in ("response.completed", "response.incomplete"), done
-    warm_tokens = warm["response"]["usage"]["input_tokens"]
-    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
-    assert cached >= (warm_tokens - 1) // BLOCK * BLOCK > 0
+    check_warm_up_prefill_is_hit(remote_gateway, "9c2e47")
 
 
 def test_client_dropping_mid_generation_aborts_on_the_server(remote_gateway: LiveGateway, vllm_server: VllmServer):

@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import time
 
-import orjson
 import pytest
-from websockets.sync.client import connect
 
 from tests.conftest import VLLM_MODEL, LiveGateway
 from tests.engine_contract import (
-    BLOCK,
     WEATHER_TOOL,
     check_http_chain_reuses_the_parents_kv,
+    check_warm_up_prefill_is_hit,
     check_required_tool_call_is_schema_valid,
     check_ws_chain_reuses_the_parents_kv,
     start_long_story,
@@ -75,23 +73,5 @@ def test_tool_choice_required_yields_a_schema_valid_function_call(vllm_gateway: 
 
 
 def test_warm_up_prefills_vllm_so_the_first_turn_prefills_only_its_delta(vllm_gateway: LiveGateway):
-    engine = vllm_gateway.engine
-    prefills = engine.stats.prefills
-    instructions = "You answer in one short sentence. Session 5f3a91. " * 8  # unique: no earlier cache hit
-    with connect(vllm_gateway.ws_url, max_size=None) as ws:
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
-                              "instructions": instructions, "input": []}).decode())
-        while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
-            pass
-        deadline = time.monotonic() + 60
-        while engine.stats.prefills == prefills:
-            assert time.monotonic() < deadline, "no background prefill"
-            time.sleep(0.05)
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
-                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
-                              "previous_response_id": warm["response"]["id"]}).decode())
-        while (done := json.loads(ws.recv(timeout=120)))["type"] not in ("response.completed", "response.incomplete"):
-            assert done["type"] not in ("error", "response.failed"), done
-    warm_tokens = warm["response"]["usage"]["input_tokens"]
-    cached = done["response"]["usage"]["input_tokens_details"]["cached_tokens"]
-    assert cached >= (warm_tokens - 1) // BLOCK * BLOCK > 0
+    """``generate: false`` -> ``engine.prefill`` in the background; the next turn hits those blocks."""
+    check_warm_up_prefill_is_hit(vllm_gateway, "5f3a91")
