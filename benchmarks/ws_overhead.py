@@ -41,37 +41,20 @@ import httpx
 import orjson
 from websockets.sync.client import connect
 
-from gateway.settings import Settings
-from inference.harmony import HarmonyRenderer
-from inference.simulated import SimulatedEngine
-from inference.simulated_script import Turn
-from tests.conftest import MODEL, LiveGateway, start_gateway, stop_gateway
+from benchmarks.common import ChildGateway, filler, metric_value
+from benchmarks.sim_server import MODEL
 
 RESULTS = Path(__file__).parent / "results"
 PATHS = ("ws", "http_stateless", "http_chained")
 LABELS = {"ws": "WS continuation", "http_stateless": "HTTP full history", "http_chained": "HTTP prev_id + store"}
 SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull", "http_chained": "HTTP\nchained"}
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
-         "upsilon phi chi psi omega").split()
 FAILED = ("error", "response.failed", "response.incomplete")
-
-
-def filler(tokens: int) -> str:
-    """Text of about ``tokens`` o200k tokens (calibrated on a sample)."""
-    sample = " ".join(WORDS[i % len(WORDS)] for i in range(1000))
-    per_word = HarmonyRenderer().count_text_tokens(sample) / 1000
-    return " ".join(WORDS[i % len(WORDS)] for i in range(int(tokens / per_word)))
-
-
-def short_answer(view) -> Turn:
-    """A terse agent turn: the benchmark measures the gateway, not the answer's length."""
-    return Turn(reasoning="ok", text="done")
 
 
 class Chain:
     """One conversation on one path; ``turn`` sends one user item and returns seconds to completion."""
 
-    def __init__(self, live: LiveGateway, path: str, history_tokens: int) -> None:
+    def __init__(self, live: ChildGateway, path: str, history_tokens: int) -> None:
         self.live = live
         self.path = path
         self.history_tokens = history_tokens
@@ -84,7 +67,7 @@ class Chain:
         if path == "ws":
             self.ws = connect(live.ws_url, max_size=None, compression=None)
         else:
-            self.http = httpx.Client(base_url=live.base_url, timeout=300)
+            self.http = httpx.Client(base_url=live.url + "/v1", timeout=300)
         self.first_input_tokens = 0
         self.turn({"role": "user", "content": filler(history_tokens)})
         self.first_input_tokens = self.input_tokens
@@ -147,9 +130,10 @@ class Chain:
         raise RuntimeError(f"{self.path}: stream ended before response.completed")
 
     def _server_counters(self) -> tuple[float, float]:
-        m = self.live.metric
-        return (m("respgate_render_tokens_total", {"mode": "append"}) + m("respgate_render_tokens_total", {"mode": "full"}),
-                m("respgate_turn_prepare_seconds_sum"))
+        text = self.live.metrics_text()
+        return (metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
+                + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
+                metric_value(text, "respgate_turn_prepare_seconds_sum"))
 
     def close(self) -> None:
         (self.ws if self.path == "ws" else self.http).close()
@@ -254,9 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
-    engine = SimulatedEngine(prefix_cache=False, script=short_answer)
-    live = start_gateway(Settings(max_context=max(args.history) * 2, max_request_bytes=64 * 1024 * 1024),
-                         engine=engine)
+    live = ChildGateway("--script", "short", "--max-context", str(max(args.history) * 2))
     try:
         chains = [Chain(live, p, n) for p in args.paths for n in args.history]
         for i in range(args.warmup + args.turns):
@@ -268,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in chains:
             c.close()
     finally:
-        stop_gateway(live)
+        live.close()
 
     result = summarize(chains, args, time.perf_counter() - t_start, (load0, os.getloadavg()[0]))
     print(json.dumps(result, indent=2))

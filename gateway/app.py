@@ -178,8 +178,12 @@ def build_flag_reporter(settings: Settings) -> FlagReporter:
 
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:
-    """Server options the wire specs need: big frames, deflate, pings answered by the protocol."""
+    """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
+    and frames of one loop iteration written together (gateway/corked.py)."""
+    from gateway.corked import CorkedWebSocketProtocol
+
     return {
+        "ws": CorkedWebSocketProtocol,
         "ws_max_size": 2 * settings.max_request_bytes,   # hard cap; frames over max_request_bytes get an error frame
         "ws_per_message_deflate": True,
         "ws_ping_interval": 20.0,
