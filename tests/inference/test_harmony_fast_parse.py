@@ -1,0 +1,155 @@
+"""The harmony parser's fast path reads exactly what harmony's own parser reads.
+
+Reference: ``HarmonyStreamParser(fast=False)``, harmony's ``StreamableParser`` from the first token.
+Every generated stream — canonical outputs, the header shapes a real model may sample, special
+tokens and broken UTF-8 inside content, garbage after a terminator, random token soup — must give
+the same events, the same reasoning token count and the same error, in any chunking; and the fast
+path must actually be the one reading canonical output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inference.harmony import HarmonyParseError, HarmonyRenderer, HarmonyStreamParser, render_completion
+from inference.harmony_core import ToolCatalog, harmony_encoding
+from inference.render import Prelude
+
+from .harmony_support import ALL_TOOLS, model_outputs
+
+PRELUDE = Prelude(tools=ALL_TOOLS)
+CATALOG = ToolCatalog(ALL_TOOLS)
+SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+HEADERS = [
+    "<|channel|>analysis", "<|channel|>final", "<|channel|>commentary",
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json",
+    "<|channel|>commentary to=functions.get_weather<|constrain|>json",
+    " to=functions.get_weather<|channel|>commentary json",
+    " to=functions.apply_patch<|channel|>commentary",
+    "<|channel|>commentary to=mcp_fs.read_file <|constrain|>json",
+    "<|channel|>final to=assistant",
+    "<|channel|>commentary to=functions.get_weather json",
+    " to=functions.get_weather<|channel|>commentary <|constrain|>json",
+    " to=functions.get_weather<|channel|>commentary<|constrain|>json",
+    "<|channel|>commentary json", "<|channel|>analysis to=functions.ping",
+    "<|channel|>commentary to=functions.get_weather  <|constrain|>json",
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json ",
+    # shapes the fast path leaves to harmony
+    "", "<|channel|> final", "<|channel|>final extra words", "junk<|channel|>final",
+    "<|channel|>commentary<|constrain|>json", "<|channel|>commentary to=functions.x code",
+    "<|channel|>reflection", " to=a<|channel|>commentary to=b", "<|channel|>final<|start|>",
+]
+ROLES = ["assistant", "assistant", "assistant", "user", "tool", "assistant to=functions.ping"]
+TERMINATORS = ["<|end|>", "<|return|>", "<|call|>"]
+CONTENT = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["héllo 世界 🎉", "{\"city\":\"Oslo\"}", "a<|start|>b", "x<|channel|>y", "<|constrain|>",
+                     " ", "\n\n", "<|endoftext|>", "tail<|message|>", ""]),
+)
+
+
+@st.composite
+def harmony_texts(draw: Any) -> str:
+    """Harmony-ish completion text (after the ``<|start|>assistant`` generation prompt)."""
+    out = []
+    for i in range(draw(st.integers(1, 4))):
+        if i:
+            out.append(draw(st.sampled_from(["<|start|>", "<|start|>", "", "junk", "<|end|>"])))
+            out.append(draw(st.sampled_from(ROLES)))
+        out.append(draw(st.sampled_from(HEADERS)))
+        out.append(draw(st.sampled_from(["<|message|>", "<|message|>", ""])))
+        out.append(draw(CONTENT))
+        out.append(draw(st.sampled_from(TERMINATORS + [""])))
+    return "".join(out)
+
+
+def run(tokens: list[int], sizes: list[int], fast: bool) -> tuple[list, int, str | None, bool]:
+    parser = HarmonyStreamParser(CATALOG, fast=fast)
+    events: list = []
+    error = None
+    i = k = 0
+    try:
+        while i < len(tokens):
+            n = sizes[k % len(sizes)]
+            events += parser.feed(tokens[i:i + n])
+            i, k = i + n, k + 1
+        events += parser.finish()
+    except HarmonyParseError:
+        error = "HarmonyParseError"
+    return events, parser.reasoning_tokens, error, parser.handed_over
+
+
+def same_as_harmony(tokens: list[int], sizes: list[int]) -> bool:
+    """Asserts equality with the reference; returns whether the fast path read it all."""
+    fast_events, fast_reasoning, fast_error, handed_over = run(tokens, sizes, fast=True)
+    ref_events, ref_reasoning, ref_error, _ = run(tokens, sizes, fast=False)
+    assert fast_error == ref_error
+    assert fast_events == ref_events
+    assert fast_reasoning == ref_reasoning
+    return not handed_over
+
+
+CHUNKS = st.lists(st.integers(1, 7), min_size=1, max_size=4)
+
+
+@SETTINGS
+@given(outputs=model_outputs(), sizes=CHUNKS)
+def test_canonical_outputs_are_read_by_the_fast_path(renderer: HarmonyRenderer, outputs: list[dict],
+                                                     sizes: list[int]) -> None:
+    tokens = render_completion(renderer.item_messages(outputs))
+    read_fast = same_as_harmony(tokens, sizes)
+    text = harmony_encoding().decode_utf8(tokens)
+    unusual = any(s in text.split("<|message|>", 1)[-1] for s in ("<|start|>", "<|channel|>", "<|message|>",
+                                                                  "<|constrain|>", "<|endoftext|>"))
+    if not unusual:  # special tokens inside content are harmony's to read
+        assert read_fast, text[:300]
+
+
+@SETTINGS
+@given(text=harmony_texts(), sizes=CHUNKS)
+def test_any_header_shape_content_and_garbage(text: str, sizes: list[int]) -> None:
+    same_as_harmony(harmony_encoding().encode(text, allowed_special="all"), sizes)
+
+
+# token soup: ordinary tokens, byte fragments that are not UTF-8 alone, specials, out-of-vocabulary ids
+SOUP = st.lists(st.one_of(st.integers(0, 2000), st.integers(199990, 200020), st.integers(201080, 201100),
+                          st.sampled_from([200005, 200008, 200007, 200006, 173781, 35644, 12606, 17196])),
+                max_size=40)
+
+
+@SETTINGS
+@given(prefix=st.sampled_from(["", "<|channel|>final<|message|>", "<|channel|>analysis<|message|>x"]),
+       soup=SOUP, sizes=CHUNKS)
+def test_token_soup(prefix: str, soup: list[int], sizes: list[int]) -> None:
+    same_as_harmony(harmony_encoding().encode(prefix, allowed_special="all") + soup, sizes)
+
+
+def test_a_typical_turn_never_touches_harmonys_parser(renderer: HarmonyRenderer) -> None:
+    outputs = [
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Check the weather."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+    ]
+    tokens = render_completion(renderer.item_messages(outputs))
+    assert same_as_harmony(tokens, [1])
+    parser = renderer.parser(PRELUDE)
+    parser.feed(tokens)
+    assert not parser.handed_over
+
+
+def test_model_header_variants_stay_fast() -> None:
+    """Shapes a real gpt-oss samples (recipient in the role header, ``json`` without constrain)."""
+    enc = harmony_encoding()
+    text = ("<|channel|>analysis<|message|>Need weather.<|end|>"
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Oslo\"}<|call|>")
+    assert same_as_harmony(enc.encode(text, allowed_special="all"), [1])
+
+
+def test_unusual_header_is_handed_over_and_still_parsed() -> None:
+    enc = harmony_encoding()
+    tokens = enc.encode("<|channel|>final extra words<|message|>x<|return|>", allowed_special="all")
+    assert not same_as_harmony(tokens, [2])
