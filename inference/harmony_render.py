@@ -4,7 +4,9 @@ Why per message: every harmony message is delimited by special tokens (``<|start
 ``<|end|>``/``<|call|>``), and BPE never merges across a special token, so the tokens of a
 conversation are exactly the concatenation of its messages' tokens. We therefore render **one
 message at a time** with ``enc.render(message)``: a continuation turn costs O(new items), never a
-re-render of the history.
+re-render of the history. Message text is tokenized by tiktoken and spliced into harmony's header
+(:mod:`inference.harmony_content`): the same tokens as ``enc.render``, ~3x faster on large tool
+outputs.
 
 The incremental contract (checked by property tests in ``tests/inference/test_harmony_render.py``)
 ---------------------------------------------------------------------------------------------
@@ -54,6 +56,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from inference.harmony_content import MessageTokenizer
 from inference.harmony_core import (
     ToolCatalog,
     harmony_encoding,
@@ -133,6 +136,8 @@ class HarmonyRenderer:
     def __init__(self) -> None:
         self._enc = harmony_encoding()
         self._tok = harmony_tokens()
+        #: renders item messages: harmony's header + tiktoken's text tokens (equal to enc.render)
+        self._messages = MessageTokenizer()
         self.stop_token_ids: tuple[int, ...] = tuple(self._enc.stop_tokens_for_assistant_actions())
         self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._lock = threading.Lock()
@@ -279,7 +284,7 @@ class HarmonyRenderer:
         """
         out: list[int] = []
         for msg in self.item_messages(items, calls):
-            out += self._enc.render(msg)
+            out += self._messages.render(msg)
         return out
 
     # -- generation ----------------------------------------------------------------------------
