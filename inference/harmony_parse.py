@@ -45,9 +45,8 @@ import re
 import threading
 from typing import Any, Sequence
 
-from inference.harmony_core import ToolCatalog, harmony_encoding, harmony_tokens
+from inference.harmony_core import ToolCatalog, content_encoding, harmony_encoding, harmony_tokens
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
-from inference.vocab import ensure_offline_vocab
 
 __all__ = ["HarmonyParseError", "HarmonyStreamParser"]
 
@@ -69,10 +68,7 @@ class _Vocab:
     """Token id -> bytes (o200k's ordinary tokens via tiktoken; harmony's specials by name)."""
 
     def __init__(self) -> None:
-        import tiktoken
-
-        ensure_offline_vocab()
-        self.token_bytes = tiktoken.get_encoding("o200k_base").decode_single_token_bytes
+        self.token_bytes = content_encoding().decode_single_token_bytes
         enc = harmony_encoding()
         self.specials: dict[int, str] = {}
         for name in enc.special_tokens_set:
@@ -85,7 +81,7 @@ _vocab: _Vocab | None = None
 _vocab_lock = threading.Lock()
 
 
-def _get_vocab() -> _Vocab:
+def vocab_bytes() -> _Vocab:
     global _vocab
     if _vocab is None:
         with _vocab_lock:
@@ -107,7 +103,7 @@ class HarmonyStreamParser:
         self._catalog = catalog if catalog is not None else ToolCatalog(())
         self._tok = harmony_tokens()
         self._terminators = self._tok.terminators
-        self._vocab = _get_vocab()
+        self._vocab = vocab_bytes()
         self._parser: Any = None  # harmony's StreamableParser, once the fast path gave up
         self._seen: list[int] = []  # every token fed, for the hand-over
         self._header: list[int] = []

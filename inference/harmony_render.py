@@ -63,7 +63,7 @@ from inference.harmony_core import (
     harmony_tokens,
     recipient_for,
 )
-from inference.harmony_parse import HarmonyStreamParser
+from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.render import Prelude
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
@@ -141,6 +141,7 @@ class HarmonyRenderer:
         self.stop_token_ids: tuple[int, ...] = tuple(self._enc.stop_tokens_for_assistant_actions())
         self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._lock = threading.Lock()
+        vocab_bytes()  # the parser's vocabulary (~1 s to load): now, not in the first turn
 
     # -- prelude -------------------------------------------------------------------------------
 
