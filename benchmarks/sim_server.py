@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-tps", type=float, default=0.0)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--prefix-cache", action="store_true")
+    ap.add_argument("--paced", action="store_true",
+                    help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)")
     ap.add_argument("--max-context", type=int, default=300_000)
     args = ap.parse_args(argv)
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         script = SCRIPTS[args.script]
     engine = SimulatedEngine(script=script, prefix_cache=args.prefix_cache, cache_entries=16,
                              tokens_per_delta=args.tokens_per_delta, decode_tps=args.decode_tps or None,
-                             prefill_tps=args.prefill_tps or None, paced=args.script == "rollout")
+                             prefill_tps=args.prefill_tps or None, paced=args.paced or args.script == "rollout")
     registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(),
                                          max_context=args.max_context)])
     app = create_app(settings, registry=registry)

@@ -12,13 +12,15 @@ The simulated engine runs at zero latency with its prefix-cache emulation off, s
 the same for every prompt and what is measured is the gateway: framing and parsing, validation,
 parent resolution, the classifier hook, rendering, event building and streaming, plus each
 client's own read loop. Time runs from the first byte sent (the request already serialized) to
-``response.completed`` received. All chains (3 paths x 4 history sizes) are driven turn for
-turn in one process, in an order that rotates every round, so machine noise hits them alike.
+``response.completed`` received. The gateway runs in its own process (:mod:`benchmarks.sim_server`,
+script ``short``), as it does for its clients; all chains (3 paths x 4 history sizes) are driven
+turn for turn by this process, in an order that rotates every round, so machine noise hits them
+alike.
 
 The goal (DESIGN.md): the WS 128k/1k ratio of the median stays <= 1.2, i.e. a continuation costs
 O(new input), not O(history); the HTTP rows are the baselines it is compared with.
 
-Per turn, each chain also records the server's own view from its Prometheus registry (turns are
+Per turn, each chain also records the server's own view from its /metrics endpoint (turns are
 serial, so deltas are per turn): the tokens the renderer encoded and the prepare time
 (``respgate_turn_prepare_seconds``: validate .. render, before the engine is called).
 

@@ -167,8 +167,10 @@ class SimulatedEngine:
             harmony's ``<|return|>`` and ``<|call|>``, like gpt-oss's generation config.
         paced: keep to a wall clock: token *i* is due ``ttft + prefill + i / decode_tps`` after
             the request, however long the consumer took with the previous delta — like a real
-            engine decoding in its own process while the gateway streams. Off (the default), each
-            delta's delay starts when the consumer asks for it, so consumer time adds up.
+            engine decoding in its own process while the gateway streams; tokens that fell due
+            while the consumer was busy come as one delta, as vLLM's output collector merges the
+            outputs a slow consumer has not taken. Off (the default), each delta's delay starts
+            when the consumer asks for it, so consumer time adds up.
     """
 
     def __init__(
@@ -274,12 +276,25 @@ class SimulatedEngine:
                 fail_after=turn.fail_after_tokens,
             )
             first = True
-            for chunk, finish, stop_id, fail in deltas:
+            ahead = next(deltas, None)
+            while ahead is not None:
+                chunk, finish, stop_id, fail = ahead
+                ahead = None
                 if fail and not chunk:
                     raise EngineError(f"simulated failure after {len(output)} tokens")
                 if self.paced:
                     due += per_token * len(chunk)
                     await asyncio.sleep(max(0.0, due - clock()))
+                    # The engine kept decoding while the consumer was busy: like vLLM's output
+                    # collector, hand over everything already produced as one delta.
+                    while finish is None and not fail:
+                        ahead = next(deltas, None)
+                        if ahead is None or ahead[3] or due + per_token * len(ahead[0]) > clock():
+                            break
+                        due += per_token * len(ahead[0])
+                        chunk = chunk + ahead[0]
+                        _, finish, stop_id, fail = ahead
+                        ahead = None
                 else:
                     await asyncio.sleep(per_token * len(chunk))
                 output += chunk
@@ -293,6 +308,8 @@ class SimulatedEngine:
                 first = False
                 if fail:
                     raise EngineError(f"simulated failure after {len(output)} tokens")
+                if ahead is None and finish is None:
+                    ahead = next(deltas, None)
             outcome = "finished"
         except EngineError:
             outcome = "failed"

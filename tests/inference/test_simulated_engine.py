@@ -398,7 +398,8 @@ def test_tool_declarations_parse_back(renderer, enc) -> None:
 
 async def test_paced_engine_samples_the_same_tokens(renderer) -> None:
     """``paced=True`` only changes *when* deltas fall due (a wall clock, as an engine in its own
-    process), never what is sampled, its deltas, or its stop."""
+    process), never what is sampled or its stop; a paced delta is one or more whole unpaced deltas
+    (it merges those that fell due while the consumer was busy)."""
     turns = [Turn(reasoning="Think.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))]
     ids = prompt(renderer, Prelude(tools=(GET_WEATHER,)), [user("Weather in Oslo?")])
     outs = []
@@ -406,6 +407,28 @@ async def test_paced_engine_samples_the_same_tokens(renderer) -> None:
         engine = SimulatedEngine(script=turns_in_order(turns), decode_tps=5000.0, prefill_tps=1e6,
                                  tokens_per_delta=3, paced=paced)
         await engine.start()
-        deltas = await run(engine, ids)
-        outs.append([(d.token_ids, d.finish_reason, d.stop_token_id) for d in deltas])
-    assert outs[0] == outs[1] and outs[0][-1][1] == "stop"
+        outs.append(await run(engine, ids))
+    plain, paced_deltas = outs
+    assert sampled(plain) == sampled(paced_deltas)
+    assert [(d.finish_reason, d.stop_token_id) for d in (plain[-1], paced_deltas[-1])] == [
+        ("stop", plain[-1].stop_token_id)] * 2
+    cuts = {sum(len(d.token_ids) for d in plain[:i + 1]) for i in range(len(plain))}
+    assert {sum(len(d.token_ids) for d in paced_deltas[:i + 1]) for i in range(len(paced_deltas))} <= cuts
+
+
+async def test_paced_engine_merges_what_fell_due_while_the_consumer_was_busy(renderer) -> None:
+    """A consumer slower than the engine gets several tokens per delta (vLLM's output collector
+    does the same), never a token twice or out of order; ``finish_reason`` stays on the last."""
+    ids = prompt(renderer, Prelude(), [user("Write.")])
+    engine = SimulatedEngine(script=turns_in_order([Turn(text="word " * 200)]), decode_tps=20_000.0,
+                             tokens_per_delta=1, paced=True)
+    await engine.start()
+    deltas = []
+    async for d in engine.generate("slow", ids, SamplingParams()):
+        deltas.append(d)
+        await asyncio.sleep(0.005)  # 5 ms per delta: ~100 tokens fall due meanwhile
+    plain = SimulatedEngine(script=turns_in_order([Turn(text="word " * 200)]), tokens_per_delta=1)
+    await plain.start()
+    assert sampled(deltas) == sampled(await run(plain, ids))
+    assert max(len(d.token_ids) for d in deltas) > 1 and len(deltas) < len(sampled(deltas))
+    assert [d.finish_reason for d in deltas] == [None] * (len(deltas) - 1) + ["stop"]
