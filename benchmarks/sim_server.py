@@ -14,7 +14,6 @@ Scripts (``--script``):
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 import uvicorn
 
@@ -47,8 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-context", type=int, default=300_000)
     args = ap.parse_args(argv)
 
+    # a load-test deployment: one key drives hundreds of sessions
     settings = Settings(port=args.port, max_context=args.max_context, max_request_bytes=64 * 1024 * 1024,
-                        log_level="warning", usage_journal="", ws_max_inflight=16)
+                        log_level="warning", usage_journal="", ws_max_inflight=16,
+                        ws_max_connections_per_key=100_000)
     if args.script == "rollout":
         from benchmarks.rollout import planned, trajectory
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(settings, registry=registry)
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on",
                             backlog=4096, **uvicorn_config_kwargs(settings))
-    asyncio.run(GatewayServer(config).serve())
+    GatewayServer(config).run()  # uvicorn's loop choice (uvloop when installed), as `respgate serve`
 
 
 if __name__ == "__main__":

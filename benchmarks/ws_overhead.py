@@ -8,6 +8,11 @@
 * ``http_chained``  HTTP with ``previous_response_id`` + ``store=true``: only the new item is posted;
                     the parent comes from the response store.
 
+Each chain's history is built the way an agent's grows — turns of up to 4,096-token items (a
+file, a command's output), each answered with reasoning and a message — so at 128k the
+full-history path resends ~100 items (reasoning as ``encrypted_content``), as Codex's HTTP
+transport does, not one giant message.
+
 The simulated engine runs at zero latency with its prefix-cache emulation off, so the engine costs
 the same for every prompt and what is measured is the gateway: framing and parsing, validation,
 parent resolution, the classifier hook, rendering, event building and streaming, plus each
@@ -51,6 +56,7 @@ PATHS = ("ws", "http_stateless", "http_chained")
 LABELS = {"ws": "WS continuation", "http_stateless": "HTTP full history", "http_chained": "HTTP prev_id + store"}
 SHORT = {"ws": "WS", "http_stateless": "HTTP\nfull", "http_chained": "HTTP\nchained"}
 FAILED = ("error", "response.failed", "response.incomplete")
+CHUNK = 4096  # tokens per history item
 
 
 class Chain:
@@ -71,7 +77,13 @@ class Chain:
         else:
             self.http = httpx.Client(base_url=live.url + "/v1", timeout=300)
         self.first_input_tokens = 0
-        self.turn({"role": "user", "content": filler(history_tokens)})
+        # the history grows as an agent's does: items of up to CHUNK tokens (a file, a command's
+        # output), each answered with reasoning and a message; full history resends them all
+        left, k = history_tokens, 0
+        while left > 0:
+            size = min(CHUNK, left)
+            self.turn({"role": "user", "content": filler(size, seed=k)})
+            left, k = left - size, k + 1
         self.first_input_tokens = self.input_tokens
 
     def _body(self, item: dict[str, Any]) -> dict[str, Any]:

@@ -18,11 +18,14 @@ burst never holds more than that; ``get_write_buffer_size`` counts the corked by
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 __all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES"]
+
+log = logging.getLogger(__name__)
 
 #: corked bytes beyond which a write goes out at once (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
@@ -31,7 +34,8 @@ FLUSH_BYTES = 64 * 1024
 class CorkedTransport:
     """A transport wrapper whose ``write`` is deferred to the end of the loop iteration.
 
-    Everything but writing and closing is delegated to the real transport.
+    Everything but writing, EOF and closing is delegated to the real transport. A deferred write
+    that fails (its caller has already returned) aborts the connection and is logged.
     """
 
     __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled")
@@ -60,7 +64,11 @@ class CorkedTransport:
 
     def _flush_soon(self) -> None:
         self._scheduled = False
-        self.flush()
+        try:
+            self.flush()
+        except Exception:  # nobody awaits this write any more: end the connection, not the loop
+            log.exception("deferred WebSocket write failed; aborting the connection")
+            self._transport.abort()
 
     def flush(self) -> None:
         """Write what is corked, as one buffer (one ``send()`` when the socket takes it all)."""
@@ -75,6 +83,10 @@ class CorkedTransport:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def abort(self) -> None:
         self._chunks.clear()

@@ -25,12 +25,15 @@ When we do **not** take the fast path (and call ``enc.render``, so behaviour is 
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from inference.harmony_core import content_encoding, harmony_encoding, harmony_tokens
 
 __all__ = ["FAST_MIN_CHARS", "MessageTokenizer"]
+
+log = logging.getLogger(__name__)
 
 #: Total text length (characters) from which a message takes the fast path. Measured on the dev
 #: machine (best of 40, a tool output of this repo's Python source, fast path timed through
@@ -45,6 +48,7 @@ FAST_MIN_CHARS = 0
 #: tool names, so the set is small, but it is client-controlled, so it is bounded
 _MAX_SKELETONS = 1024
 _NO_SKELETON = (None, None)
+_NEVER = 1 << 62  # min_chars that turns the fast path off
 
 
 def _utf8_ok(text: str) -> bool:
@@ -75,6 +79,23 @@ class MessageTokenizer:
         self.fast_renders = 0
         self._skeletons: dict[tuple, tuple[list[int] | None, list[int] | None]] = {}
         self._lock = threading.Lock()
+        if not self._agrees():
+            log.warning("tiktoken and harmony tokenize message text differently (versions drifted?): "
+                        "rendering every message with harmony, more slowly")
+            self.min_chars = _NEVER
+
+    def _agrees(self) -> bool:
+        """Start-up check that the installed tiktoken splits text as harmony does (the property
+        tests prove it for the pinned versions; this guards an installation that drifted)."""
+        from openai_harmony import Message, Role
+
+        sample = "Hello, wörld! 12345 <|end|> 🎉\n\tdef f(x):\r\n    return x ** 2   \n\n 世界"
+        msg = Message.from_role_and_content(Role.USER, sample)
+        saved, self.min_chars = self.min_chars, 0
+        try:
+            return self.render(msg) == self._enc.render(msg)
+        finally:
+            self.min_chars, self.fast_renders = saved, 0
 
     def render(self, msg: Any) -> list[int]:
         texts = self._plain_texts(msg)

@@ -105,7 +105,10 @@ class HarmonyStreamParser:
         self._terminators = self._tok.terminators
         self._vocab = vocab_bytes()
         self._parser: Any = None  # harmony's StreamableParser, once the fast path gave up
-        self._seen: list[int] = []  # every token fed, for the hand-over
+        #: tokens fed since the last terminator, for the hand-over (which replays only the
+        #: message in progress: after a terminator harmony's parser expects ``<|start|>``)
+        self._seen: list[int] = []
+        self._first_message = True  # the role came with the prompt: replay with role=assistant
         self._header: list[int] = []
         self._expect_role = False  # the generation prompt already said <|start|>assistant
         self._expect_start = False  # after a terminator: only <|start|> may follow
@@ -132,7 +135,8 @@ class HarmonyStreamParser:
                     self._hand_over()
                     self._slow(token_ids[i:], events)
                     return events
-                self._seen.append(tok)
+                if not self._expect_start:  # a terminator just cleared it
+                    self._seen.append(tok)
             return events
         self._slow(token_ids, events)
         return events
@@ -147,6 +151,8 @@ class HarmonyStreamParser:
                 self._end(events)
                 self._decoder.reset()
                 self._expect_start = True
+                self._seen.clear()
+                self._first_message = False
                 return
             if tok in self._vocab.specials:
                 raise _Fallback
@@ -201,7 +207,7 @@ class HarmonyStreamParser:
         """Replay everything seen into harmony's parser, which reads the rest."""
         from openai_harmony import HarmonyError, Role, StreamableParser
 
-        parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT)
+        parser = StreamableParser(harmony_encoding(), role=Role.ASSISTANT if self._first_message else None)
         try:
             for tok in self._seen:
                 parser.process(tok)

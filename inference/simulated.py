@@ -286,13 +286,19 @@ class SimulatedEngine:
                     due += per_token * len(chunk)
                     await asyncio.sleep(max(0.0, due - clock()))
                     # The engine kept decoding while the consumer was busy: like vLLM's output
-                    # collector, hand over everything already produced as one delta.
-                    while finish is None and not fail:
+                    # collector, hand over what was already produced (due by now) as one delta.
+                    # Only a paced engine with a decode rate has a "by now"; one clock read, so
+                    # merging cannot chase a clock that moves while it merges.
+                    now = clock()
+                    merged = False
+                    while per_token and finish is None and not fail:
                         ahead = next(deltas, None)
-                        if ahead is None or ahead[3] or due + per_token * len(ahead[0]) > clock():
+                        if ahead is None or ahead[3] or due + per_token * len(ahead[0]) > now:
                             break
+                        if not merged:
+                            chunk, merged = list(chunk), True
                         due += per_token * len(ahead[0])
-                        chunk = chunk + ahead[0]
+                        chunk.extend(ahead[0])
                         _, finish, stop_id, fail = ahead
                         ahead = None
                 else:

@@ -113,3 +113,33 @@ def test_socket_wrapper_delegates():
         peer.close()
 
     asyncio.run(main())
+
+
+def test_a_failed_deferred_write_aborts_the_connection():
+    async def main() -> None:
+        transport, _, peer = await _pair()
+
+        def broken(data: bytes) -> None:
+            raise RuntimeError("write after write_eof")
+
+        transport.write = broken  # type: ignore[method-assign]
+        corked = CorkedTransport(transport, asyncio.get_running_loop())
+        corked.write(b"frame")
+        await asyncio.sleep(0)  # the deferred flush fails: logged, connection aborted, loop fine
+        await asyncio.sleep(0)
+        assert transport.is_closing()
+        peer.close()
+
+    asyncio.run(main())
+
+
+def test_uvicorn_protocol_still_has_what_the_cork_relies_on():
+    """The subclass wraps the transport in ``connection_made`` and uvicorn writes through
+    ``self.transport``: if a uvicorn release renames either, this fails before production does."""
+    import inspect
+
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    assert "transport" in inspect.signature(WebSocketsSansIOProtocol.connection_made).parameters
+    assert "self.transport.write" in inspect.getsource(WebSocketsSansIOProtocol.send)
+

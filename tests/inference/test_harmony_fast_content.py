@@ -250,3 +250,22 @@ def test_concurrent_renders_agree(enc) -> None:
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_start_up_check_turns_the_fast_path_off_when_tokenizers_disagree(monkeypatch) -> None:
+    """An installation whose tiktoken splits text unlike harmony renders with harmony only."""
+    from inference import harmony_content
+
+    class Drifted:
+        def __init__(self, real):
+            self._real = real
+
+        def encode_ordinary(self, text):
+            return list(reversed(self._real.encode_ordinary(text)))
+
+    real = harmony_content.content_encoding()
+    monkeypatch.setattr(harmony_content, "content_encoding", lambda: Drifted(real))
+    tok = harmony_content.MessageTokenizer()
+    assert tok.min_chars > 10**12
+    monkeypatch.undo()
+    assert harmony_content.MessageTokenizer().min_chars == harmony_content.FAST_MIN_CHARS

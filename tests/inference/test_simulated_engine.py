@@ -432,3 +432,20 @@ async def test_paced_engine_merges_what_fell_due_while_the_consumer_was_busy(ren
     assert sampled(deltas) == sampled(await run(plain, ids))
     assert max(len(d.token_ids) for d in deltas) > 1 and len(deltas) < len(sampled(deltas))
     assert [d.finish_reason for d in deltas] == [None] * (len(deltas) - 1) + ["stop"]
+
+
+async def test_paced_merge_hands_over_what_is_due_and_no_more(renderer) -> None:
+    """After a long stall the next delta holds what fell due during it, not the rest of the plan
+    (merging reads the clock once: it cannot chase a clock that moves while it merges)."""
+    ids = prompt(renderer, Prelude(), [user("Write forever.")])
+    engine = SimulatedEngine(script=turns_in_order([Turn(endless=True)]), decode_tps=50_000.0,
+                             tokens_per_delta=1, paced=True)
+    await engine.start()
+    gen = engine.generate("stall", ids, SamplingParams(max_tokens=200_000))
+    first = await gen.__anext__()
+    await asyncio.sleep(0.1)  # ~5,000 tokens fall due
+    second = await gen.__anext__()
+    await gen.aclose()
+    assert len(first.token_ids) >= 1 and 1 < len(second.token_ids) < 100_000
+    assert second.finish_reason is None
+
