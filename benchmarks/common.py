@@ -64,6 +64,26 @@ def proc_rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, *, what: str, path: str = "/health", timeout_s: float,
+                 poll_s: float, log_path: Path | None = None) -> None:
+    """Poll ``url + path`` until it answers 200; fail with the log's tail if the process exits first."""
+    def tail() -> str:
+        return log_path.read_text(errors="replace")[-3000:] if log_path is not None else ""
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail()}")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become healthy in {timeout_s:g} s:\n{tail()}")
+        time.sleep(poll_s)
+
+
 class ChildGateway:
     """``python -m benchmarks.sim_server`` on a free loopback port, in its own process."""
 
@@ -76,18 +96,7 @@ class ChildGateway:
         self._client: httpx.Client | None = None
         cmd = [sys.executable, "-m", "benchmarks.sim_server", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sim_server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("sim_server did not start")
-            time.sleep(0.1)
+        wait_healthy(self.proc, self.url, what="sim_server", path="/readyz", timeout_s=120, poll_s=0.1)
 
     def cpu_seconds(self) -> float:
         return proc_cpu_seconds(self.proc.pid)

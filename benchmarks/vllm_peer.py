@@ -40,6 +40,8 @@ import httpx
 import orjson
 from websockets.sync.client import connect
 
+from benchmarks.common import wait_healthy
+
 RESULTS = Path(__file__).parent / "results"
 BLOCK = 32
 MODES = ("respgate_ws", "vllm_chained", "vllm_full")
@@ -107,22 +109,6 @@ def start_respgate(folder: Path, name: str, max_len: int, kv_gib: int, log_path:
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=Path(__file__).resolve().parent.parent)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 900,
-                 path: str = "/health") -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("vLLM server did not become healthy")
-        time.sleep(1)
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -227,8 +213,9 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     gw_proc, gw_url = start_respgate(folder, VLLM_MODEL, max_len, kv_gib, logs / "respgate.log")
     convs: dict[str, Conversation] = {}
     try:
-        wait_healthy(proc, server_url, logs / "vllm_server.log")
-        wait_healthy(gw_proc, gw_url, logs / "respgate.log", path="/readyz")
+        wait_healthy(proc, server_url, what="vLLM server", log_path=logs / "vllm_server.log", timeout_s=900, poll_s=1)
+        wait_healthy(gw_proc, gw_url, what="respgate", log_path=logs / "respgate.log", path="/readyz",
+                     timeout_s=900, poll_s=1)
         t_loaded = time.perf_counter()
         ws_url = gw_url.replace("http://", "ws://") + "/v1/responses"
         convs = {"respgate_ws": Conversation("respgate_ws", VLLM_MODEL, ws_url=ws_url, max_tokens=max_tokens),
