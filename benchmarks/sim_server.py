@@ -18,8 +18,8 @@ import argparse
 import uvicorn
 
 from gateway.app import create_app, uvicorn_config_kwargs
-from gateway.server import GatewayServer
-from gateway.settings import Settings
+from gateway.ops.server import GatewayServer
+from gateway.base.settings import Settings
 from inference.harmony import HarmonyRenderer
 from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine

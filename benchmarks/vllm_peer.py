@@ -104,7 +104,7 @@ def start_respgate(folder: Path, name: str, max_len: int, kv_gib: int, log_path:
                RESPGATE_MAX_CONTEXT=str(max_len), RESPGATE_MAX_NUM_SEQS="4", RESPGATE_BLOCK_SIZE=str(BLOCK),
                RESPGATE_CPU_KV_SPACE_GIB=str(kv_gib), RESPGATE_USAGE_JOURNAL="", RESPGATE_LOG_LEVEL="warning",
                RESPGATE_CLASSIFIERS="[]")
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=Path(__file__).resolve().parent.parent)

@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 from websockets.sync.client import connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from tests.conftest import VLLM_MODEL, LiveGateway, start_gateway, stop_gateway
 
 RESULTS = Path(__file__).parent / "results"

@@ -53,7 +53,7 @@ from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import StoreUnavailable
 
-#: bytes charged per token id (a pointer in a Python list), as ``gateway.finalize`` counts them
+#: bytes charged per token id (a pointer in a Python list), as ``gateway.turn.finalize`` counts them
 TOKEN_BYTES = 8
 
 _FIELDS = ("tenant", "deleted", "meta", "response", "input", "delta", "pk")

@@ -15,14 +15,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.store import MemoryStore, ResponseStore
-from gateway.access import Access
-from gateway.auth import KeyAuth, build_key_store
-from gateway.errors import ApiError
-from gateway.logging_context import RequestIdMiddleware
-from gateway.metrics import ComponentCollector, FlagCollector, Metrics
-from gateway.pipeline import Pipeline
-from gateway.settings import Settings
-from gateway.state import GatewayState
+from gateway.access.limits import Access
+from gateway.access.auth import KeyAuth, build_key_store
+from gateway.wire.errors import ApiError
+from gateway.base.log_context import RequestIdMiddleware
+from gateway.base.metrics import ComponentCollector, FlagCollector, Metrics
+from gateway.turn.pipeline import Pipeline
+from gateway.base.settings import Settings
+from gateway.transport.services import GatewayState
 from gateway.engines import build_registry
 from inference.registry import ModelRegistry
 from security.classify import Action, Classifier, Composite
@@ -89,8 +89,8 @@ def create_app(
     app.state.gateway = gw
     app.add_middleware(RequestIdMiddleware)
 
-    from gateway.http_api import router as http_router
-    from gateway.ws import router as ws_router
+    from gateway.transport.http_routes import router as http_router
+    from gateway.transport.ws import router as ws_router
 
     app.include_router(http_router)
     app.include_router(ws_router)
@@ -179,8 +179,8 @@ def build_flag_reporter(settings: Settings) -> FlagReporter:
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:
     """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
-    and frames of one loop iteration written together (gateway/corked.py)."""
-    from gateway.corked import CorkedWebSocketProtocol
+    and frames of one loop iteration written together (gateway/transport/corked.py)."""
+    from gateway.transport.corked import CorkedWebSocketProtocol
 
     return {
         "ws": CorkedWebSocketProtocol,
@@ -189,6 +189,6 @@ def uvicorn_config_kwargs(settings: Settings) -> dict:
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 60.0,
         "h11_max_incomplete_event_size": 1024 * 1024,
-        # HTTP turns in flight at shutdown get the same grace as WebSocket turns (gateway/server.py)
+        # HTTP turns in flight at shutdown get the same grace as WebSocket turns (gateway/ops/server.py)
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
     }

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.registry import ModelRegistry, ModelRoute
 
 log = logging.getLogger(__name__)

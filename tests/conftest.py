@@ -28,9 +28,9 @@ os.environ.setdefault("RESPGATE_KEYS_FILE", os.path.join(_STATE_DIR, "keys.json"
 os.environ.setdefault("RESPGATE_USAGE_JOURNAL", os.path.join(_STATE_DIR, "usage-journal.jsonl"))
 
 from gateway.app import create_app, uvicorn_config_kwargs  # noqa: E402
-from gateway.server import GatewayServer  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.state import GatewayState  # noqa: E402
+from gateway.ops.server import GatewayServer  # noqa: E402
+from gateway.base.settings import Settings  # noqa: E402
+from gateway.transport.services import GatewayState  # noqa: E402
 from inference.harmony import HarmonyRenderer  # noqa: E402
 from inference.registry import ModelRegistry, ModelRoute  # noqa: E402
 from inference.simulated import SimulatedEngine  # noqa: E402

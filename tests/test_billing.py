@@ -30,8 +30,8 @@ from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key
 from billing.report import iter_ledger, usage_report
 from billing.usage import UsageQueue, UsageRecord
 from billing.wal import WriteAheadLog, record_line
-from gateway.auth import KeyAuth
-from gateway.settings import Settings
+from gateway.access.auth import KeyAuth
+from gateway.base.settings import Settings
 from tests.conftest import MODEL, RedisServer, redis_server_binary
 
 pytestmark = pytest.mark.timeout(180)
@@ -574,7 +574,7 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
     in_stream = lambda: set(stream_ids(durable_redis.url))  # noqa: E731
 
     def serve() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--engine", "simulated",
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated",
                                  "--port", str(port)], env=env, cwd=REPO)
         wait_until(lambda: proc.poll() is not None or _listening(port), 60, "the gateway to listen")
         assert proc.poll() is None
@@ -636,7 +636,7 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
 
 def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], redis_url: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from gateway.cli import main
+    from gateway.ops.cli import main
 
     live = make_gateway(Settings(redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j")))
     loads = {"k1": Load(live.url, [7], key="k1").start(), "k2": Load(live.url, [5], key="k2", http_every=2).start()}
@@ -685,7 +685,7 @@ async def test_billing_gauges_report_lag_wal_and_journal_from_the_components(tmp
     WAL appends and unacknowledged records, and the journal's bytes on disk."""
     from prometheus_client import CollectorRegistry
 
-    from gateway.metrics import ComponentCollector
+    from gateway.base.metrics import ComponentCollector
 
     sink = GatedSink()  # blocked: records stay pending
     journal = Journal(tmp_path / "j.jsonl")

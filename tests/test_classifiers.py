@@ -22,7 +22,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI, Request
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from security.classify import Composite, ItemText, decision, texts_of

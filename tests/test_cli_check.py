@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.settings import ConfigError, Settings
+from gateway.ops.cli import main
+from gateway.base.settings import ConfigError, Settings
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def test_serve_refuses_several_workers(capsys):
 
 def test_help_texts_through_the_real_command():
     def helptext(*args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--help"], cwd=REPO, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "gateway", *args, "--help"], cwd=REPO, capture_output=True,
                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert r.returncode == 0, r.stderr
         return r.stdout
@@ -162,7 +162,7 @@ def test_help_texts_through_the_real_command():
     serve = helptext("serve")
     assert "1001" in serve and "--log-format" in serve and "--workers" in serve
     assert "Redis" in helptext("check") and "--no-engine" in helptext("check")
-    r = subprocess.run([sys.executable, "-m", "gateway.cli", "check", "--engine", "simulated", "--no-engine",
+    r = subprocess.run([sys.executable, "-m", "gateway", "check", "--engine", "simulated", "--no-engine",
                         "--redis-url", f"redis://127.0.0.1:{free_port()}/0"], cwd=REPO, capture_output=True,
                        text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 1 and "[FAIL] redis" in r.stdout

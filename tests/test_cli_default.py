@@ -22,7 +22,7 @@ def test_respgate_serve_defaults_to_a_real_model_answering_over_websocket(tmp_pa
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_until_ready(proc, port, tmp_path / "serve.log", 600, poll=1)

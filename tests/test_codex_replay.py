@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.harmony import HarmonyRenderer
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView

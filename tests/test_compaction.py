@@ -257,7 +257,7 @@ def test_context_management_over_sse_emits_compaction_item_and_prunes(gateway):
     assert "ZEBRA-DROPPED-7731" not in generate and "linker failed" not in generate
     assert "What is the codeword?" in generate and SUMMARY_PREFIX + "Compacted 4 messages" in generate
     assert generate.index("What is the codeword?") < generate.index(SUMMARY_PREFIX)
-    # usage includes the summarization (documented in gateway/compaction.py)
+    # usage includes the summarization (documented in gateway/turn/compaction.py)
     p_sum, p_gen = gateway.engine.stats.prompts[-2:]
     assert r2["usage"]["input_tokens"] == len(p_sum) + len(p_gen)
     assert r2["usage"]["output_tokens"] > 0

@@ -1,4 +1,4 @@
-"""The corked transport under uvicorn's WebSocket protocol (gateway/corked.py): frames of one loop
+"""The corked transport under uvicorn's WebSocket protocol (gateway/transport/corked.py): frames of one loop
 iteration leave in one write, in order; close flushes; big bursts are not held back."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import orjson
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.corked import FLUSH_BYTES, CorkedTransport, CorkedWebSocketProtocol
-from gateway.settings import Settings
+from gateway.transport.corked import FLUSH_BYTES, CorkedTransport, CorkedWebSocketProtocol
+from gateway.base.settings import Settings
 
 
 async def _pair() -> tuple[asyncio.Transport, list[int], socket.socket]:

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from tests.conftest import MODEL, LiveGateway, start_gateway, stop_gateway
 
 pytestmark = pytest.mark.slow

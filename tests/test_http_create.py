@@ -15,7 +15,7 @@ import re
 import openai
 import pytest
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL

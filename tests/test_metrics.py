@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import STAGES
+from gateway.base.metrics import STAGES
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
@@ -128,7 +128,7 @@ def test_ws_session_then_scrape_agrees_with_the_session(make_gateway):
 
 
 def test_connection_cache_evictions_are_counted(make_gateway):
-    from gateway.settings import Settings
+    from gateway.base.settings import Settings
 
     # a budget smaller than one response: every new lane evicts the least recently used one
     live = make_gateway(Settings(ws_cache_bytes=1))
@@ -222,13 +222,13 @@ def test_every_metric_the_dashboard_queries_is_exported(make_gateway):
 # -- logs ------------------------------------------------------------------------------------------
 
 def test_json_log_lines_carry_request_and_response_ids(make_gateway):
-    from gateway.logging_setup import ContextFilter, json_formatter
+    from gateway.ops.logging_setup import ContextFilter, json_formatter
 
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     handler.addFilter(ContextFilter())
     handler.setFormatter(json_formatter())
-    logger = logging.getLogger("gateway.finalize")
+    logger = logging.getLogger("gateway.turn.finalize")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)

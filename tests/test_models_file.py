@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gateway.engines import build_registry
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from tests.conftest import start_gateway, stop_gateway
 
 

@@ -12,7 +12,7 @@ from websockets.sync.client import connect
 
 from cache.seq import AppendOnlyView
 from cache.store import MemoryStore
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn

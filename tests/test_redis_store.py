@@ -23,7 +23,7 @@ from cache.redis_store import RedisStore, TokenCache
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import StoreUnavailable
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, create, post, wait_for
 

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from websockets.sync.client import connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.engine import EngineError, SamplingParams
 from inference.harmony import HarmonyRenderer
 from inference.registry import ModelRegistry, ModelRoute

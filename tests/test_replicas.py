@@ -1,7 +1,7 @@
 """Two real gateway processes sharing one Redis: what two replicas behind a load balancer see.
 
 ``test_redis_store.py`` runs two apps in one process; here each replica is its own
-``python -m gateway.cli serve --engine simulated`` with only the environment in common
+``python -m gateway.ops.cli serve --engine simulated`` with only the environment in common
 (``RESPGATE_REDIS_URL``), so nothing can be shared by accident — no module state, no token cache,
 no usage queue. A chain created on A continues on B over HTTP and over WebSocket; B re-renders
 the chain once (it has the items from Redis but not A's token ids) and says so in its /metrics;
@@ -71,7 +71,7 @@ def replicas(redis_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica]
             env = {**base, "RESPGATE_REDIS_URL": redis_url, "RESPGATE_LOG_LEVEL": "warning",
                    # each replica its own journal (and WAL), as on two hosts
                    "RESPGATE_USAGE_JOURNAL": str(tmp_path / f"journal-{name}.jsonl")}
-            proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--engine", "simulated",
+            proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated",
                                      "--port", str(port)], env=env, cwd=REPO)
             started.append(Replica(name, port, proc))
         for r in started:

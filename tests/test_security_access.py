@@ -25,8 +25,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.auth import build_key_store
-from gateway.settings import Settings
+from gateway.access.auth import build_key_store
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from security.keys import KEY_PATTERN, FileKeyStore, KeyLimits, create_key, hash_key
@@ -143,7 +143,7 @@ def test_key_format_hashing_and_file_permissions(tmp_path):
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gateway", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
@@ -262,7 +262,7 @@ def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> sub
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RESPGATE_CACHE_DIR": str(tmp_path), "RESPGATE_USAGE_JOURNAL": "",
            **(env or {})}
     env.pop("REDIS_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--engine", "simulated", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", *args], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

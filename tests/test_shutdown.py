@@ -1,4 +1,4 @@
-"""Graceful shutdown (gateway/server.py): stop accepting, finish in-flight turns up to
+"""Graceful shutdown (gateway/ops/server.py): stop accepting, finish in-flight turns up to
 ``shutdown_grace_s``, then an error event and close 1001 on every socket, and drain billing."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from billing.usage import MemorySink
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, free_port, stop_gateway, wait_until_ready
@@ -132,7 +132,7 @@ def test_sigterm_to_respgate_serve_drains_to_the_redis_ledger(tmp_path, redis_ur
                RESPGATE_USAGE_JOURNAL=str(tmp_path / "journal.jsonl"), RESPGATE_LOG_FORMAT="json",
                PYTHONPATH=REPO)
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port)], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_until_ready(proc, port, tmp_path / "serve.log", 60, poll=0.2)

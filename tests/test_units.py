@@ -8,10 +8,10 @@ import time
 import pytest
 
 from billing.usage import MemorySink, UsageQueue, UsageRecord
-from gateway.auth import KeyAuth
-from gateway.errors import ApiError
-from gateway.events import IllegalTransition, ResponseEvents
-from gateway.sealing import SealError, Sealer
+from gateway.access.auth import KeyAuth
+from gateway.wire.errors import ApiError
+from gateway.turn.events import IllegalTransition, ResponseEvents
+from gateway.turn.sealing import SealError, Sealer
 from inference.parse import ItemDelta, ItemEnd, ItemStart
 
 

@@ -17,7 +17,7 @@ from openai import NotFoundError
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
@@ -329,4 +329,4 @@ def test_server_shutdown_finishes_in_flight_responses_and_closes_1001(make_gatew
     types = [f["type"] for f in frames]
     assert "response.completed" in types, types
     assert types[-1] == "error" and frames[-1]["status"] == 503 and frames[-1]["error"]["type"] == "server_error"
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001   # going away (gateway/server.py)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001   # going away (gateway/ops/server.py)

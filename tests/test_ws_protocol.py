@@ -24,7 +24,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 from inference.harmony_core import harmony_encoding
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn, turns_in_order

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
-from gateway.errors import ApiError, bad_request
+from gateway.wire.errors import ApiError, bad_request
 from gateway.wire.items import InputItem
 from gateway.wire.tools import Tool
 from gateway.wire.validation import to_api_error

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.errors import ApiError
+from gateway.wire.errors import ApiError
 
 _TYPE_NAMES = {
     "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",

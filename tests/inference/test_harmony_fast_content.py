@@ -140,7 +140,7 @@ def test_text_tokens_are_tiktoken_encode_ordinary(fast: HarmonyRenderer, enc, te
 # -- explicit cases ------------------------------------------------------------------------------
 
 
-SOURCES = sorted([*ROOT.glob("inference/*.py"), *ROOT.glob("gateway/*.py"), ROOT / "pyproject.toml"])
+SOURCES = sorted([*ROOT.glob("inference/*.py"), *ROOT.glob("gateway/**/*.py"), ROOT / "pyproject.toml"])
 
 
 @pytest.mark.parametrize("path", SOURCES[:40], ids=lambda p: p.name)

@@ -13,14 +13,14 @@ import asyncio
 import sys
 import time
 
-from gateway.auth import KeyAuth, OpenModeRefused, build_key_store
-from gateway.settings import ConfigError, Settings
+from gateway.access.auth import KeyAuth, OpenModeRefused, build_key_store
+from gateway.base.settings import ConfigError, Settings
 
-CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/settings.py); "
+CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/base/settings.py); "
                "default: $RESPGATE_CONFIG")
 EPILOG = """\
 configuration: defaults < --config FILE (or $RESPGATE_CONFIG) < RESPGATE_<NAME> environment < flags.
-Every setting in gateway/settings.py has an environment variable, e.g. RESPGATE_REDIS_URL,
+Every setting in gateway/base/settings.py has an environment variable, e.g. RESPGATE_REDIS_URL,
 RESPGATE_TENSOR_PARALLEL_SIZE, RESPGATE_SHUTDOWN_GRACE_S, RESPGATE_LOG_FORMAT=json|text.
 
 examples:
@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     if args.command == "check":
-        from gateway.check import Checker
+        from gateway.ops.check import Checker
 
         settings = Settings.load(args.config, engine=args.engine, model_path=args.model_path,
                                  models_file=args.models_file, redis_url=args.redis_url)
@@ -152,8 +152,8 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from gateway.app import create_app, uvicorn_config_kwargs
-    from gateway.logging_setup import setup_logging
-    from gateway.server import GatewayServer
+    from gateway.ops.logging_setup import setup_logging
+    from gateway.ops.server import GatewayServer
 
     from security.redact import install as install_redaction
 
@@ -255,10 +255,6 @@ def keys_command(args: argparse.Namespace) -> int:
             await store.close()
 
     return asyncio.run(run())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 if __name__ == "__main__":

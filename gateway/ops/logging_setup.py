@@ -15,7 +15,7 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-from gateway import logging_context as log_context
+from gateway.base import log_context
 
 
 class ContextFilter(logging.Filter):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from gateway.settings import Settings
+from gateway.base.settings import Settings
 
 
 @dataclass

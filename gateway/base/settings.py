@@ -121,7 +121,7 @@ class Settings(BaseModel):
     sim_prefill_tps: float = 0.0
     sim_decode_tps: float = 0.0
     log_level: str = "info"
-    # -- operations: logs, metrics (gateway/logging_setup.py, gateway/metrics.py) -----------------
+    # -- operations: logs, metrics (gateway/ops/logging_setup.py, gateway/base/metrics.py) -----------------
     #: log lines as JSON objects with request/response ids (``json``), or plain text
     log_format: Literal["json", "text"] = "json"
     #: label token counters by tenant; one series per tenant, so only for a handful of tenants

@@ -17,12 +17,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
-from gateway.compaction import compact_window
-from gateway.errors import ApiError, bad_request, response_not_found, store_unavailable
-from gateway.pipeline import Pipeline
-from gateway.turn import TurnContext
-from gateway.sse import sse_frame
-from gateway.state import GatewayState
+from gateway.turn.compaction import compact_window
+from gateway.wire.errors import ApiError, bad_request, response_not_found, store_unavailable
+from gateway.turn.pipeline import Pipeline
+from gateway.turn.types import TurnContext
+from gateway.transport.sse import sse_frame
+from gateway.transport.services import GatewayState
 
 router = APIRouter()
 
@@ -244,7 +244,7 @@ async def count_input_tokens(request: Request) -> Response:
 @router.post("/v1/responses/compact")
 @router.post("/responses/compact", include_in_schema=False)
 async def compact_conversation(request: Request) -> Response:
-    """The compacted context window of a conversation (``gateway.compaction``)."""
+    """The compacted context window of a conversation (``gateway.turn.compaction``)."""
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
     admitted = await gw.access.admit(principal)

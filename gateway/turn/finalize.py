@@ -17,9 +17,9 @@ from cache.items import CALL_TYPES
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore
-from gateway.events import ResponseEvents
-from gateway.metrics import Metrics
-from gateway.turn import PreparedTurn
+from gateway.turn.events import ResponseEvents
+from gateway.base.metrics import Metrics
+from gateway.turn.types import PreparedTurn
 
 log = logging.getLogger(__name__)
 

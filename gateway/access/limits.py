@@ -15,9 +15,9 @@ import math
 import time
 from typing import Any, Callable
 
-from gateway.auth import Principal
-from gateway.errors import ApiError
-from gateway.settings import Settings
+from gateway.access.auth import Principal
+from gateway.wire.errors import ApiError
+from gateway.base.settings import Settings
 from security.limits import Decision, Kind, Quota, RateLimiter, RateLimiterUnavailable
 
 log = logging.getLogger(__name__)

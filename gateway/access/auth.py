@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from gateway.errors import ApiError, invalid_api_key
+from gateway.wire.errors import ApiError, invalid_api_key
 from security.keys import (KEY_PATTERN, TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
                            hash_key)
 

@@ -75,7 +75,7 @@ class PreparedTurn:
     #: wall clock at arrival, and perf_counter of the first output token (billing: created_at, ttft)
     created_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
-    #: a ``compaction_trigger`` input item asked for compaction (``gateway.compaction``)
+    #: a ``compaction_trigger`` input item asked for compaction (``gateway.turn.compaction``)
     compact_trigger: bool = False
     #: after a compaction: the pruned context the response's state continues from
     compacted_context: ItemLog | None = None

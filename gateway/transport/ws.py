@@ -6,7 +6,7 @@ One connection, many turns. The connection owns:
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes. Each lane is a FIFO worker:
   turns in one lane never overlap, lanes run concurrently, and at most 16 responses are active at
   once across lanes (more are queued, never rejected, up to ``ws_max_queued``);
-* its **limits** (gateway/access.py): the key's concurrent connections (429 before the upgrade),
+* its **limits** (gateway/access/limits.py): the key's concurrent connections (429 before the upgrade),
   its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
   ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
   ``max_request_bytes`` (beyond: 413 frame); a key revoked while connected ends the connection;
@@ -40,10 +40,10 @@ from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import DEFAULT_LANE, ConnectionCache
-from gateway.auth import Principal
-from gateway.errors import ApiError, bad_request, invalid_api_key
-from gateway.turn import TurnContext
-from gateway.state import GatewayState
+from gateway.access.auth import Principal
+from gateway.wire.errors import ApiError, bad_request, invalid_api_key
+from gateway.turn.types import TurnContext
+from gateway.transport.services import GatewayState
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -347,7 +347,7 @@ class WsConnection:
         """Refuse new turns, let in-flight ones reach their terminal events, then say why and
         close. The age limit closes with 1000 (as OpenAI does: SDK auto-reconnect would replay
         frames whose ``store=false`` parents died with this socket); server shutdown closes with
-        1001, going away (see ``gateway/server.py``)."""
+        1001, going away (see ``gateway/ops/server.py``)."""
         self.expired = True
         if self._closing is None:
             self._closing = asyncio.create_task(self._close_when_idle(farewell, code))

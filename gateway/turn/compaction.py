@@ -19,7 +19,7 @@ rendered as usual, followed by a summarization request (:mod:`inference.summary`
 prefix cache reuses the history's KV. It is bounded by ``max_summary_tokens``.
 
 **``encrypted_content``** is the summary (and how many items before it the window kept), sealed
-with the gateway's :class:`~gateway.sealing.Sealer`: opaque in logs and tamper-evident. A blob that
+with the gateway's :class:`~gateway.turn.sealing.Sealer`: opaque in logs and tamper-evident. A blob that
 does not open is a 400 ``invalid_encrypted_content`` naming the item's parameter. Renderers never
 see the item: the gateway hands them a developer message carrying the summary
 (:func:`inference.summary.summary_message`).
@@ -47,10 +47,10 @@ from prometheus_client import Counter
 from billing.usage import UsageRecord
 from cache.items import ItemLog
 from cache.seq import TokenSeq
-from gateway.errors import ApiError, bad_request, server_error
-from gateway.metrics import Metrics
-from gateway.sealing import SealError, Sealer
-from gateway.turn import PreparedTurn, TurnContext
+from gateway.wire.errors import ApiError, bad_request, server_error
+from gateway.base.metrics import Metrics
+from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.items import new_id
 from gateway.wire.request import parse_create
 from gateway.wire.response import usage_object
@@ -61,7 +61,7 @@ from inference.render import Prelude
 from inference.summary import summary_message, summary_request
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Pipeline
+    from gateway.turn.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 

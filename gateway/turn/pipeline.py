@@ -27,15 +27,15 @@ from cache.items import CALL_TYPES, OUTPUT_TYPES, ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
-from gateway.compaction import Compactor
-from gateway.errors import ApiError, bad_request, model_not_found, previous_response_not_found, store_unavailable
-from gateway.events import Event, ResponseEvents
-from gateway import logging_context as log_context
-from gateway.finalize import Finalizer
-from gateway.metrics import Metrics
-from gateway.sealing import SealError, Sealer
-from gateway.settings import Settings
-from gateway.turn import CallLookup, PreparedTurn, RenderStats, TurnContext
+from gateway.turn.compaction import Compactor
+from gateway.wire.errors import ApiError, bad_request, model_not_found, previous_response_not_found, store_unavailable
+from gateway.turn.events import Event, ResponseEvents
+from gateway.base import log_context
+from gateway.turn.finalize import Finalizer
+from gateway.base.metrics import Metrics
+from gateway.turn.sealing import SealError, Sealer
+from gateway.base.settings import Settings
+from gateway.turn.types import CallLookup, PreparedTurn, RenderStats, TurnContext
 from gateway.wire.items import Compaction, HostedItem, ItemReference, Message, Reasoning, canonical_item, new_id
 from gateway.wire.request import CreateRequest, parse_create
 from gateway.wire.response import response_skeleton, usage_object
@@ -257,7 +257,7 @@ class Pipeline:
                 ) -> tuple[TokenSeq | None, list[int], list[int], RenderStats]:
         """Append the new items to the parent's tokens when provably exact, else render in full.
 
-        Never extends a shared buffer: that happens when the turn runs (see ``gateway.turn``).
+        Never extends a shared buffer: that happens when the turn runs (see ``gateway.turn.types``).
         """
         renderer = route.renderer
         calls = CallLookup(base_context, new_calls)

@@ -8,10 +8,10 @@ from typing import Any
 
 from billing.usage import UsageQueue
 from cache.store import ResponseStore
-from gateway.auth import KeyAuth
-from gateway.metrics import Metrics
-from gateway.pipeline import Pipeline
-from gateway.settings import Settings
+from gateway.access.auth import KeyAuth
+from gateway.base.metrics import Metrics
+from gateway.turn.pipeline import Pipeline
+from gateway.base.settings import Settings
 from inference.registry import ModelRegistry
 
 
@@ -27,5 +27,5 @@ class GatewayState:
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
     connections: set[Any] = field(default_factory=set)
-    #: per-key rate limits and connection counts (gateway/access.py)
+    #: per-key rate limits and connection counts (gateway/access/limits.py)
     access: Any = None
