@@ -54,6 +54,14 @@ class ConnectionCache:
         self._bytes += _size(state)
         self._enforce_budget(keep=lane)
 
+    def discard_failed_parent(self, previous_response_id: str | None, lane: str) -> bool:
+        """A continuation on ``lane`` failed: its parent is evicted if it is that lane's latest
+        response (spec 5.4: the client must not chain from a state whose successor failed). A
+        failed fork (a parent on another lane) leaves the parent alone."""
+        if previous_response_id is None or self._by_id.get(previous_response_id) != lane:
+            return False
+        return self.evict(previous_response_id)
+
     def evict(self, response_id: str) -> bool:
         lane = self._by_id.pop(response_id, None)
         if lane is None:

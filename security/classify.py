@@ -1,21 +1,11 @@
 """Classifier protocol: each NEW item of a turn is classified once; verdicts of the parent are inherited.
 
-The pipeline hands classifiers exactly the items a turn adds (never the history), already reduced
-to the text a classifier may look at (``texts_of``): that is what makes the classifier work of a
-chained conversation equal the sum of its new items, and what the byte counter measures.
-
-Which text of an item is classified (and counted):
-
-* ``message``: the ``text`` of every text part (``input_text``, ``output_text``, ``refusal``);
-  images and files are not text and are not classified here (an external classifier could be
-  given them later; today they pass).
-* ``function_call``: the ``arguments`` string; ``custom_tool_call``: the ``input`` string.
-* ``function_call_output`` / ``custom_tool_call_output``: the ``output`` string (list outputs
-  are joined text parts, see ``gateway.wire.items.canonical_item``).
-* ``reasoning``: the reasoning text and summary text.
-
-Items re-included by ``item_reference`` were classified when they entered the conversation and
-are skipped. A verdict never carries a matched value: ``hint`` is written to be safe to show a
+The gateway hands classifiers exactly the items a turn adds (never the history), already reduced
+to the text a classifier may look at (:class:`ItemText`; which text of which item is the
+gateway's ``gateway/turn/classify.py``, driven by its kinds map): that is what makes the
+classifier work of a chained conversation equal the sum of its new items, and what the byte
+counter measures. Classifiers see text and where it came from (a message role, or a tool), never
+item shapes. A verdict never carries a matched value: ``hint`` is written to be safe to show a
 client and to store in a review queue (a token type and length, a masked excerpt).
 """
 
@@ -23,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 Action = Literal["allow", "flag", "block"]
 SEVERITY: dict[str, int] = {"allow": 0, "flag": 1, "block": 2}
-TOOL_OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +28,14 @@ class ItemText:
     type: str                 # item type (message, function_call_output, ...)
     role: str | None          # message role; None for other items
     text: str
+    #: text that came from a tool, not from the user: where prompt injection arrives
+    tool_output: bool = False
     #: UTF-8 size of ``text`` (what the byte counter adds up), computed once
     nbytes: int = -1
 
     def __post_init__(self) -> None:
         if self.nbytes < 0:
             object.__setattr__(self, "nbytes", len(self.text.encode("utf-8", "surrogatepass")))
-
-    @property
-    def tool_output(self) -> bool:
-        """Text that came from a tool, not from the user: where prompt injection arrives."""
-        return self.type in TOOL_OUTPUT_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,49 +72,6 @@ class Classifier(Protocol):
 
 class ClassifierUnavailable(Exception):
     """A classifier that is configured fail-closed could not decide (the pipeline answers 503)."""
-
-
-class AllowAll:
-    """No classification configured: every item is allowed (still counted by the pipeline)."""
-
-    async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
-        return []
-
-
-def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None) -> list[ItemText]:
-    """The classifiable text of each new item (see the module docstring), skipping items whose id
-    ``known`` says is already in the conversation (``item_reference`` re-inclusions)."""
-    out: list[ItemText] = []
-    for index, item in enumerate(items):
-        item_id = item.get("id")
-        if known is not None and isinstance(item_id, str) and known(item_id):
-            continue
-        t = str(item.get("type", "message"))
-        out.append(ItemText(index, item_id if isinstance(item_id, str) else None, t,
-                            item.get("role") if t == "message" else None, "\n".join(_texts(t, item))))
-    return out
-
-
-def _texts(t: str, item: Mapping[str, Any]) -> Iterable[str]:
-    if t == "message" or t == "reasoning":
-        for key in ("content", "summary"):
-            parts = item.get(key)
-            if isinstance(parts, str):
-                yield parts
-            elif isinstance(parts, list):
-                for p in parts:
-                    if isinstance(p, Mapping) and isinstance(p.get("text"), str):
-                        yield p["text"]
-    elif t == "function_call":
-        yield _str(item.get("arguments"))
-    elif t == "custom_tool_call":
-        yield _str(item.get("input"))
-    elif t in TOOL_OUTPUT_TYPES:
-        yield _str(item.get("output"))
-
-
-def _str(v: Any) -> str:
-    return v if isinstance(v, str) else ""
 
 
 class Composite:

@@ -25,7 +25,9 @@ from fastapi import FastAPI, Request
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
-from security.classify import Composite, ItemText, decision, texts_of
+from gateway.turn.classify import texts_of
+from gateway.wire.kinds import OUTPUT_TYPES
+from security.classify import Composite, ItemText, decision
 from security.flags import FlagRecord, FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.injection import InjectionHeuristics, excerpt, injection_score
 from security.policy import PolicyClassifier, PolicyConfig
@@ -69,7 +71,8 @@ def assert_no_secret(text: str, *secrets: str) -> None:
 
 
 def _items(*texts: str, type_: str = "message") -> list[ItemText]:
-    return [ItemText(i, f"id{i}", type_, "user" if type_ == "message" else None, t) for i, t in enumerate(texts)]
+    return [ItemText(i, f"id{i}", type_, "user" if type_ == "message" else None, t,
+                     tool_output=type_ in OUTPUT_TYPES) for i, t in enumerate(texts)]
 
 
 def run(coro: Any) -> Any:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from gateway.access.auth import Principal
 from gateway.wire.errors import ApiError
@@ -57,12 +57,12 @@ class Access:
         """Take one request; 429 when the request or token bucket is empty. None = unlimited."""
         return await self._step(principal, requests=1, tokens=0)
 
-    async def reserve(self, principal: Principal, prompt_tokens: int, ctx: Any) -> Decision | None:
-        """Take the rendered prompt's tokens; sets ``ctx.on_usage`` to charge the rest at the end."""
+    async def reserve(self, principal: Principal, prompt_tokens: int
+                      ) -> tuple[Decision | None, Callable[[Mapping[str, Any]], None] | None]:
+        """Take the rendered prompt's tokens. Returns the decision and, when the key is limited, the
+        hook that charges the rest once the turn's usage is known (``Pipeline.run(on_usage=...)``)."""
         decision = await self._step(principal, requests=0, tokens=prompt_tokens)
-        if decision is not None:
-            ctx.on_usage = self._settler(principal, prompt_tokens)
-        return decision
+        return decision, (self._settler(principal, prompt_tokens) if decision is not None else None)
 
     async def _step(self, principal: Principal, *, requests: int, tokens: int) -> Decision | None:
         quota = self.quota(principal)
@@ -78,10 +78,10 @@ class Access:
                                    self.headers(decision))
         return decision
 
-    def _settler(self, principal: Principal, reserved: int) -> Callable[[dict[str, Any]], None]:
+    def _settler(self, principal: Principal, reserved: int) -> Callable[[Mapping[str, Any]], None]:
         quota = self.quota(principal)
 
-        def on_usage(usage: dict[str, Any]) -> None:
+        def on_usage(usage: Mapping[str, Any]) -> None:
             delta = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)) - reserved
             if not quota.tpm or delta == 0:
                 return

@@ -17,12 +17,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
-from gateway.turn.compaction import compact_window
-from gateway.wire.errors import ApiError, bad_request, response_not_found, store_unavailable
-from gateway.turn.pipeline import Pipeline
-from gateway.turn.types import TurnContext
-from gateway.transport.sse import sse_frame
 from gateway.transport.services import GatewayState
+from gateway.transport.sse import sse_frame
+from gateway.turn.events import Event
+from gateway.turn.types import TurnContext
+from gateway.wire.errors import (ApiError, bad_request, model_not_found, response_not_found, store_unavailable,
+                                 unknown_parameter)
+from gateway.wire.kinds import TERMINAL_EVENT
+from inference.registry import ModelRoute
+
+#: the events that end a response stream
+TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
 
 router = APIRouter()
 
@@ -64,20 +69,21 @@ async def create_response(request: Request) -> Response:
     ctx = TurnContext(transport="http", tenant=principal.tenant)
     try:
         turn = await gw.pipeline.prepare(body, ctx)
-        reserved = await gw.access.reserve(principal, turn.prompt_len, ctx)
+        reserved, on_usage = await gw.access.reserve(principal, turn.prompt_len)
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
     limit_headers = gw.access.headers(reserved or admitted)
+    events = gw.pipeline.run(turn, on_usage)
     if turn.req.stream:
-        return StreamingResponse(_sse(gw.pipeline, turn), media_type="text/event-stream; charset=utf-8",
+        return StreamingResponse(_sse(events), media_type="text/event-stream; charset=utf-8",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
-    response = await _collect(request, gw.pipeline, turn)
+    response = await _collect(request, events)
     response.headers.update(limit_headers)
     return response
 
 
-async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     """Frame the turn's events; the turn itself runs in its own asyncio task.
 
     Starlette cancels a streaming response through an anyio cancel scope when the client leaves,
@@ -89,8 +95,8 @@ async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
 
     async def pump() -> None:
-        async with contextlib.aclosing(pipeline.run(turn)) as events:
-            async for ev in events:
+        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+            async for ev in stream:
                 await queue.put(sse_frame(ev))
         await queue.put(None)
 
@@ -114,14 +120,14 @@ async def _sse(pipeline: Pipeline, turn: Any) -> AsyncIterator[bytes]:
             task.cancel()  # the client left: abort in the turn's own task (not awaited here)
 
 
-async def _collect(request: Request, pipeline: Pipeline, turn: Any) -> Response:
+async def _collect(request: Request, events: AsyncIterator[Event]) -> Response:
     """Non-streaming create: run to the terminal event, but abort if the client goes away."""
     final: dict[str, Any] | None = None
 
     async def consume() -> None:
         nonlocal final
-        async for ev in pipeline.run(turn):
-            if ev["type"] in ("response.completed", "response.incomplete", "response.failed"):
+        async for ev in events:
+            if ev["type"] in TERMINAL_EVENTS:
                 final = ev["response"]
 
     task = asyncio.ensure_future(consume())  # its own task: cancelling it aborts the engine request
@@ -198,7 +204,7 @@ async def list_input_items(request: Request, response_id: str) -> Response:
     allowed = {"limit", "order", "after", "include", "include[]", "before"}
     for key in q:
         if key not in allowed:
-            raise ApiError(400, f"Unknown parameter: '{key}'.", code="unknown_parameter", param=key)
+            raise unknown_parameter(key)
     try:
         limit = int(q.get("limit", "20"))
     except ValueError:
@@ -252,8 +258,8 @@ async def compact_conversation(request: Request) -> Response:
     ctx = TurnContext(transport="http", tenant=principal.tenant)
     try:
         # the summary's tokens are known only at the end: reserve none, charge them all then
-        reserved = await gw.access.reserve(principal, 0, ctx)
-        window = await compact_window(gw.pipeline, body, ctx)
+        reserved, on_usage = await gw.access.reserve(principal, 0)
+        window = await gw.pipeline.compact(body, ctx, on_usage)
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
@@ -267,8 +273,7 @@ async def compact_conversation(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     gw = _gw(request)
     await gw.auth.authenticate(request.headers)
-    data = [{"id": name, "object": "model", "created": gw.started_at, "owned_by": "respgate"}
-            for name in gw.registry.names()]
+    data = [_model(gw, route) for route in gw.registry.routes()]
     return _json({"object": "list", "data": data})
 
 
@@ -276,10 +281,14 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request, model_id: str) -> Response:
     gw = _gw(request)
     await gw.auth.authenticate(request.headers)
-    if gw.registry.get(model_id) is None:
-        raise ApiError(404, f"The model `{model_id}` does not exist or you do not have access to it.",
-                       code="model_not_found")
-    return _json({"id": model_id, "object": "model", "created": gw.started_at, "owned_by": "respgate"})
+    route = gw.registry.get(model_id)
+    if route is None:
+        raise model_not_found(model_id)
+    return _json(_model(gw, route))
+
+
+def _model(gw: GatewayState, route: ModelRoute) -> dict[str, Any]:
+    return {"id": route.name, "object": "model", "created": gw.started_at, "owned_by": route.owned_by}
 
 
 @router.get("/healthz", include_in_schema=False)

@@ -3,9 +3,9 @@
 One connection, many turns. The connection owns:
 
 * a **connection cache** (latest response per lane) that continuations resolve against first;
-* **lanes**: the default lane plus up to 32 named ``stream_id`` lanes. Each lane is a FIFO worker:
-  turns in one lane never overlap, lanes run concurrently, and at most 16 responses are active at
-  once across lanes (more are queued, never rejected, up to ``ws_max_queued``);
+* **lanes**: the default lane plus up to 32 named ``stream_id`` lanes: turns in one lane never
+  overlap, lanes run concurrently, and at most 16 responses are active at once across lanes (more
+  are queued, never rejected, up to ``ws_max_queued``);
 * its **limits** (gateway/access/limits.py): the key's concurrent connections (429 before the upgrade),
   its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
   ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
@@ -15,11 +15,10 @@ One connection, many turns. The connection owns:
   ``websocket_connection_limit_reached`` and the socket closes with 1000 once in-flight responses
   reached their terminal events.
 
-Lifecycle of one connection (read it as a table)::
-
-    OPEN     --age limit reached--> EXPIRED  (in-flight turns finish; new creates are refused)
-    EXPIRED  --nothing in flight--> CLOSING  (error frame sent, close 1000)
-    any      --client gone--------> CLOSED   (generations aborted, queues dropped, cache discarded)
+The lifecycle (lanes, queueing, limits, closing) is decided by the sans-I/O machine in
+``gateway/transport/lanes.py``, read as a table there; this module is its adapter: it parses frames,
+runs the admission checks that need I/O (key still valid, rate limits), runs turns as tasks, and
+performs the machine's actions (send, start, evict, close).
 
 Stray frames never kill the socket: invalid JSON, unknown event types and bad fields each get one
 ``error`` frame; ``response.processed`` (Codex) is swallowed silently.
@@ -31,7 +30,6 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -39,11 +37,13 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from cache.connection import DEFAULT_LANE, ConnectionCache
+from cache.connection import ConnectionCache
 from gateway.access.auth import Principal
-from gateway.wire.errors import ApiError, bad_request, invalid_api_key
-from gateway.turn.types import TurnContext
+from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
+from gateway.turn.types import TurnContext
+from gateway.wire.errors import ApiError, bad_request, invalid_api_key
+from gateway.wire.kinds import ResponseStatus
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -81,14 +81,6 @@ async def responses_ws(websocket: WebSocket) -> None:
         gw.access.ws_close(principal)
 
 
-@dataclass(slots=True)
-class _Lane:
-    name: str
-    queue: asyncio.Queue
-    worker: asyncio.Task | None = None
-    busy: bool = False
-
-
 class WsConnection:
     def __init__(self, websocket: WebSocket, gw: GatewayState, principal: Principal) -> None:
         self.ws = websocket
@@ -97,20 +89,23 @@ class WsConnection:
         self.principal = principal
         self.tenant = principal.tenant
         self.cache = ConnectionCache(gw.settings.ws_cache_bytes)
-        self.lanes: dict[str, _Lane] = {}
-        self.slots = asyncio.Semaphore(gw.settings.ws_max_inflight)
+        self.machine = LaneMachine(max_inflight=gw.settings.ws_max_inflight, max_queued=gw.settings.ws_max_queued,
+                                   max_lanes=gw.settings.ws_max_lanes)
         self.opened = time.monotonic()
-        self.expired = False
         self.closed = False
         self._send_lock = asyncio.Lock()
         self._steer_seq = 0
         #: response id -> lane name of responses in flight (steer targets the active response's lane)
         self._active: dict[str, str] = {}
-        self._closing: asyncio.Task | None = None
-        self._busy = 0  # turns running now, across lanes
-        self._idle = asyncio.Event()
-        self._queued = 0  # creates accepted and not finished (queued or running), across lanes
+        #: running turn tasks -> their lane
+        self._turns: dict[asyncio.Task[None], str] = {}
+        self._done = asyncio.Event()  # the machine reached CLOSED
         self._last_active = time.monotonic()
+
+    @property
+    def expired(self) -> bool:
+        """No new turns are accepted (the connection drains or is closed)."""
+        return self.machine.state is not State.OPEN
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -139,7 +134,7 @@ class WsConnection:
         finally:
             watchdog.cancel()
             idle_watchdog.cancel()
-            await self._shutdown()
+            await self._gone()
 
     async def _on_frame(self, data: str) -> None:
         limit = self.settings.max_request_bytes
@@ -157,7 +152,11 @@ class WsConnection:
             return
         kind = event["type"]
         if kind == "response.create":
-            await self._on_create(event)
+            stream_id = event.get("stream_id")
+            valid = stream_id is None or (isinstance(stream_id, str) and STREAM_ID.fullmatch(stream_id) is not None)
+            await self._feed(Event(Ev.CREATE, lane=stream_id if valid and stream_id is not None else DEFAULT_LANE,
+                                   frame=event, previous_response_id=_prev(event), valid_lane=valid,
+                                   aged=self._age() >= self.settings.ws_max_age_s))
         elif kind == "response.processed":
             return  # Codex acknowledges consumed responses; any reply would fail its next turn
         elif kind == "response.steer":
@@ -168,45 +167,6 @@ class WsConnection:
         else:
             await self._send_error(bad_request(f"Unknown event type: '{kind}'.", code="unknown_event_type",
                                                param="type"))
-
-    async def _on_create(self, event: dict[str, Any]) -> None:
-        if self.expired or self._age() >= self.settings.ws_max_age_s:
-            self._expire()
-            return
-        stream_id = event.get("stream_id")
-        if stream_id is not None:
-            if not isinstance(stream_id, str) or not STREAM_ID.fullmatch(stream_id):
-                await self._send_error(bad_request(
-                    "Invalid 'stream_id': expected 1-256 characters matching ^[A-Za-z0-9_.-]+$.",
-                    code="invalid_stream_id", param="stream_id"))
-                return
-            if stream_id not in self.lanes and self._named_lanes() >= self.settings.ws_max_lanes:
-                await self._send_error(bad_request(
-                    f"This WebSocket connection has reached its maximum number of distinct stream IDs "
-                    f"({self.settings.ws_max_lanes}). Reuse an existing stream_id or open a new WebSocket connection.",
-                    code="websocket_stream_limit_reached", param="stream_id"), stream_id)
-                return
-        if not await self.gw.auth.still_valid(self.principal):
-            self._begin_close(invalid_api_key())  # revoked while connected: no new turns, then close
-            return
-        if self._queued >= self.settings.ws_max_queued:
-            await self._send_error(ApiError(
-                429, f"Too many response.create frames queued on this connection (limit "
-                     f"{self.settings.ws_max_queued}). Wait for responses to finish or open another connection.",
-                type="requests", code="rate_limit_exceeded"), stream_id)
-            return
-        try:
-            await self.gw.access.admit(self.principal)
-        except ApiError as err:  # 429: a failed continuation evicts its same-lane parent (spec 5.4)
-            self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
-            prev = event.get("previous_response_id")
-            if isinstance(prev, str) and self.cache.lane_of(prev) == (stream_id or DEFAULT_LANE):
-                self.cache.evict(prev)
-            await self._send_error(err, stream_id)
-            return
-        lane = self._lane(stream_id or DEFAULT_LANE)
-        self._queued += 1
-        lane.queue.put_nowait(event)
 
     async def _on_steer(self, event: dict[str, Any]) -> None:
         target = event.get("previous_response_id")
@@ -230,87 +190,139 @@ class WsConnection:
             "error": {"type": "invalid_request_error", "code": code, "message": message},
         }
         self._steer_seq += 1
-        await self._send(frame, stream_id)
-
-    # -- lanes ------------------------------------------------------------------------------------
-
-    def _named_lanes(self) -> int:
-        return sum(1 for name in self.lanes if name != DEFAULT_LANE)
-
-    def _lane(self, name: str) -> _Lane:
-        lane = self.lanes.get(name)
-        if lane is None:
-            lane = self.lanes[name] = _Lane(name, asyncio.Queue())
-            lane.worker = asyncio.create_task(self._lane_worker(lane), name=f"ws-lane-{name or 'default'}")
-        return lane
-
-    async def _lane_worker(self, lane: _Lane) -> None:
-        while True:
-            event = await lane.queue.get()
-            try:
-                await self._lane_turn(lane, event)
-            except ConnectionGone:
-                return
-            finally:
-                self._queued -= 1
-                self._last_active = time.monotonic()
-
-    async def _lane_turn(self, lane: _Lane, event: dict[str, Any]) -> None:
-        """One queued create; ``ConnectionGone`` propagates and ends the lane's worker."""
-        if self.expired:
-            self._expire()
-            return
-        async with self.slots:
-            if self.expired:  # the limit passed while this turn waited for a slot
-                self._expire()
-                return
-            lane.busy = True
-            self._busy += 1
-            self.gw.metrics.ws_inflight.inc()
-            try:
-                await self._run_turn(lane, event)
-            except ConnectionGone:
-                raise
-            except Exception:
-                log.exception("turn crashed on lane %r", lane.name)
-                self._evict_failed_parent(event.get("previous_response_id"), lane)
-                await self._send_error(ApiError(500, "The server had an error while processing your request.",
-                                                type="server_error", code="server_error"), lane.name or None)
-            finally:
-                lane.busy = False
-                self._busy -= 1
-                if self._busy == 0:
-                    self._idle.set()
-                self.gw.metrics.ws_inflight.dec()
-
-    async def _run_turn(self, lane: _Lane, event: dict[str, Any]) -> None:
-        stream_id = lane.name or None
-        ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane.name)
-        prev = event.get("previous_response_id")
         try:
-            turn = await self.gw.pipeline.prepare(event, ctx)
-            await self.gw.access.reserve(self.principal, turn.prompt_len, ctx)
+            await self._send(frame, stream_id)
+        except ConnectionGone:
+            await self._feed(Event(Ev.CLIENT_GONE))
+
+    # -- the machine's actions --------------------------------------------------------------------
+
+    async def _feed(self, event: Event) -> None:
+        for action in self.machine.handle(event):
+            await self._perform(action)
+
+    async def _perform(self, a: Action) -> None:
+        stream_id = a.lane or None
+        if a.kind is Act.CHECK:
+            await self._admission(a)
+        elif a.kind is Act.START:
+            task = asyncio.create_task(self._turn(a.lane, a.frame), name=f"ws-turn-{a.lane or 'default'}")
+            self._turns[task] = a.lane
+            task.add_done_callback(self._turns.pop)
+        elif a.kind is Act.REFUSE:
+            assert a.refusal is not None
+            await self._send_error(self._refusal(a.refusal), None if a.refusal is Refusal.BAD_LANE else stream_id)
+        elif a.kind is Act.ERROR:
+            await self._send_error(a.error, stream_id)
+        elif a.kind is Act.EVICT:
+            self.cache.discard_failed_parent(a.previous_response_id, a.lane)
+        elif a.kind is Act.FAREWELL:
+            assert a.farewell is not None
+            await self._send_error(self._farewell(a.farewell))
+        elif a.kind is Act.CLOSE:
+            assert a.farewell is not None
+            self.closed = True
+            try:
+                await self.ws.close(code=a.farewell.code)
+            except RuntimeError:
+                pass
+            self._done.set()
+        elif a.kind is Act.ABORT:
+            await self._abort()
+        # QUEUE and DROP: the create waits in its lane, or is gone; nothing to send
+
+    async def _admission(self, a: Action) -> None:
+        """The checks that need I/O: the key still valid (a revocation ends the connection), then
+        the key's rate limit (a 429 frame; a failed continuation evicts its same-lane parent)."""
+        if not await self.gw.auth.still_valid(self.principal):
+            await self._feed(Event(Ev.REVOKED))
+            return
+        try:
+            await self.gw.access.admit(self.principal)
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
-            self._evict_failed_parent(prev, lane)
-            await self._send_error(err, stream_id)
+            await self._feed(Event(Ev.REFUSED, lane=a.lane, previous_response_id=a.previous_response_id, error=err))
             return
-        events = self.gw.pipeline.run(turn)
-        self._active[turn.id] = lane.name
+        await self._feed(Event(Ev.ADMITTED, lane=a.lane, frame=a.frame, previous_response_id=a.previous_response_id))
+
+    async def _abort(self) -> None:
+        """Cancel the running turns (each records its usage as a cancelled response) and wait for them."""
+        me = asyncio.current_task()
+        tasks = [t for t in self._turns if t is not me]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _refusal(self, why: Refusal) -> ApiError:
+        s = self.settings
+        if why is Refusal.BAD_LANE:
+            return bad_request("Invalid 'stream_id': expected 1-256 characters matching ^[A-Za-z0-9_.-]+$.",
+                               code="invalid_stream_id", param="stream_id")
+        if why is Refusal.LANE_LIMIT:
+            return bad_request(
+                f"This WebSocket connection has reached its maximum number of distinct stream IDs "
+                f"({s.ws_max_lanes}). Reuse an existing stream_id or open a new WebSocket connection.",
+                code="websocket_stream_limit_reached", param="stream_id")
+        return ApiError(429, f"Too many response.create frames queued on this connection (limit {s.ws_max_queued}). "
+                             "Wait for responses to finish or open another connection.",
+                        type="requests", code="rate_limit_exceeded")
+
+    def _farewell(self, why: Farewell) -> ApiError:
+        if why is Farewell.AGE_LIMIT:
+            return ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached")
+        if why is Farewell.IDLE:
+            return ApiError(400, f"Responses websocket connection closed after {self.settings.ws_idle_timeout_s:g} "
+                                 "seconds without activity. Create a new websocket connection to continue.",
+                            code="websocket_idle_timeout")
+        if why is Farewell.REVOKED:
+            return invalid_api_key()
+        return SHUTTING_DOWN
+
+    # -- turns ------------------------------------------------------------------------------------
+
+    async def _turn(self, lane: str, frame: dict[str, Any]) -> None:
+        """One create, start to terminal event; then the machine hears how it ended."""
+        self.gw.metrics.ws_inflight.inc()
+        try:
+            failed = await self._run_turn(lane, frame)
+        except ConnectionGone:
+            failed = None
+        except Exception:
+            log.exception("turn crashed on lane %r", lane)
+            failed = True
+            await self._send_error(ApiError(500, "The server had an error while processing your request.",
+                                            type="server_error", code="server_error"), lane or None)
+        finally:
+            self.gw.metrics.ws_inflight.dec()
+            self._last_active = time.monotonic()
+        if failed is None:
+            await self._feed(Event(Ev.CLIENT_GONE))
+        else:
+            await self._feed(Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane,
+                                   previous_response_id=_prev(frame)))
+
+    async def _run_turn(self, lane: str, frame: dict[str, Any]) -> bool:
+        """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
+        stream_id = lane or None
+        ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane)
+        try:
+            turn = await self.gw.pipeline.prepare(frame, ctx)
+            _, on_usage = await self.gw.access.reserve(self.principal, turn.prompt_len)
+        except ApiError as err:
+            self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
+            await self._send_error(err, stream_id)
+            return True
+        events = self.gw.pipeline.run(turn, on_usage)
+        self._active[turn.id] = lane
         try:
             async for ev in events:
                 await self._send(ev, stream_id)
         finally:
             self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
-            await events.aclose()
-        if turn.response["status"] == "failed":
-            self._evict_failed_parent(prev, lane)
-
-    def _evict_failed_parent(self, prev: Any, lane: _Lane) -> None:
-        """A failed same-lane continuation evicts its parent; a failed fork leaves it alone."""
-        if isinstance(prev, str) and self.cache.lane_of(prev) == lane.name:
-            self.cache.evict(prev)
+            await events.aclose()  # type: ignore[attr-defined]
+        return turn.response["status"] == ResponseStatus.FAILED
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -318,87 +330,47 @@ class WsConnection:
         return time.monotonic() - self.opened
 
     async def _idle_watchdog(self) -> None:
-        """Close a socket that sent nothing and ran nothing for ``ws_idle_timeout_s``."""
+        """Feed ``idle_limit`` after ``ws_idle_timeout_s`` without frames or turns."""
         timeout = self.settings.ws_idle_timeout_s
         if not timeout:
             return
-        while not self.expired:
+        while not self._done.is_set():
             wait = self._last_active + timeout - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
-            if self._queued:  # a long generation is activity, not idleness
-                self._last_active = time.monotonic()
-                continue
-            self._begin_close(ApiError(
-                400, f"Responses websocket connection closed after {timeout:g} seconds without activity. "
-                     "Create a new websocket connection to continue.", code="websocket_idle_timeout"))
-            return
+            await self._feed(Event(Ev.IDLE_LIMIT))
+            if self.machine.queued == 0:
+                return  # the machine is closing the connection
+            self._last_active = time.monotonic()  # a long generation is activity, not idleness
 
     async def _age_watchdog(self) -> None:
         await asyncio.sleep(max(0.0, self.settings.ws_max_age_s - self._age()))
         if self.settings.ws_close_idle_at_limit:
-            self._expire()
-
-    def _expire(self) -> None:
-        self._begin_close(ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached"))
-
-    def _begin_close(self, farewell: ApiError, code: int = 1000) -> asyncio.Task:
-        """Refuse new turns, let in-flight ones reach their terminal events, then say why and
-        close. The age limit closes with 1000 (as OpenAI does: SDK auto-reconnect would replay
-        frames whose ``store=false`` parents died with this socket); server shutdown closes with
-        1001, going away (see ``gateway/ops/server.py``)."""
-        self.expired = True
-        if self._closing is None:
-            self._closing = asyncio.create_task(self._close_when_idle(farewell, code))
-        return self._closing
+            await self._feed(Event(Ev.AGE_LIMIT))
 
     async def drain(self) -> None:
         """Server shutdown: refuse new turns, finish in-flight responses, then error + close 1001."""
-        await asyncio.shield(self._begin_close(SHUTTING_DOWN, 1001))
+        await self._feed(Event(Ev.SHUTDOWN))
+        await self._done.wait()
 
     async def cut(self) -> int:
         """Shutdown deadline passed: abort the turns still running (each records its usage as a
         cancelled response), then error + close 1001. Returns how many turns were cut."""
-        running = self._busy
-        self.expired = True
-        if self._closing is not None:
-            self._closing.cancel()
-        workers = [lane.worker for lane in self.lanes.values() if lane.worker is not None]
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        await self._send_error(SHUTTING_DOWN)
-        self.closed = True
-        try:
-            await self.ws.close(code=1001)
-        except RuntimeError:
-            pass
+        running = self.machine.running
+        await self._feed(Event(Ev.DEADLINE))
         return running
 
-    async def _close_when_idle(self, farewell: ApiError, code: int) -> None:
-        while self._busy:
-            self._idle.clear()
-            await self._idle.wait()
-        await self._send_error(farewell)
+    async def _gone(self) -> None:
+        """Client gone (or the socket closed): abort every generation, drop queued turns, forget the cache."""
         self.closed = True
-        try:
-            await self.ws.close(code=code)
-        except RuntimeError:
-            pass
-
-    async def _shutdown(self) -> None:
-        """Client gone: abort every generation on this socket, drop queued turns, forget the cache."""
-        self.closed = True
-        workers = [lane.worker for lane in self.lanes.values() if lane.worker is not None]
         t0 = time.perf_counter()
-        for w in workers:
-            w.cancel()
-        if workers:
-            await asyncio.gather(*workers, return_exceptions=True)
+        aborting = bool(self._turns)
+        await self._feed(Event(Ev.CLIENT_GONE))
+        await self._abort()  # whatever still runs once the machine is closed (nothing, normally)
+        if aborting:
             self.gw.metrics.cancel_latency.observe(time.perf_counter() - t0)
-        if self._closing is not None:
-            self._closing.cancel()
+        self._done.set()
         self.cache.clear()
 
     # -- writing ----------------------------------------------------------------------------------
@@ -420,6 +392,11 @@ class WsConnection:
             await self._send(err.ws_frame(stream_id))
         except ConnectionGone:
             pass
+
+
+def _prev(frame: dict[str, Any]) -> str | None:
+    prev = frame.get("previous_response_id")
+    return prev if isinstance(prev, str) else None
 
 
 class ConnectionGone(Exception):

@@ -3,7 +3,7 @@
 Long agent sessions outgrow any context window; compaction keeps them going. Three entry points
 share one mechanism:
 
-* ``POST /v1/responses/compact`` (:func:`compact_window`) returns a new context window: the most
+* ``POST /v1/responses/compact`` (``gateway/turn/compact.py``) returns a new context window: the most
   recent user messages verbatim, then one ``{type: "compaction", id: "cmp_…", encrypted_content}``
   item. Clients send that window back verbatim as the next ``input``.
 * ``context_management: [{type: "compaction", compact_threshold: N}]`` on a create (HTTP or WS):
@@ -39,29 +39,25 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import orjson
 from prometheus_client import Counter
 
-from billing.usage import UsageRecord
 from cache.items import ItemLog
 from cache.seq import TokenSeq
-from gateway.wire.errors import ApiError, bad_request, server_error
 from gateway.base.metrics import Metrics
 from gateway.turn.sealing import SealError, Sealer
-from gateway.turn.types import PreparedTurn, TurnContext
+from gateway.turn.types import Item, PreparedTurn
+from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
-from gateway.wire.request import parse_create
+from gateway.wire.kinds import ItemType
 from gateway.wire.response import usage_object
 from inference.engine import EngineError, SamplingParams
 from inference.parse import ItemDelta, ItemStart
 from inference.registry import ModelRoute
-from inference.render import Prelude
+from inference.render import Prelude, Renderer
 from inference.summary import summary_message, summary_request
-
-if TYPE_CHECKING:
-    from gateway.turn.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +74,6 @@ MIN_SUMMARY_ROOM = 16
 _KIND = "respgate.compaction.v1"
 #: internal key on a summary message made from an input item (popped by ``window``)
 _KEEP = "__compaction_keep"
-
-_COMPACT_PARAMS = frozenset({
-    "model", "input", "instructions", "previous_response_id", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "service_tier", "image",
-    # create fields that shape the rendered prompt; clients (Codex) may send them along
-    "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text",
-})
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +101,8 @@ class SummaryTooLong(SummaryFailed):
 class TurnCompaction:
     """What a compacting turn continues with."""
 
-    item: dict[str, Any]          # the ``compaction`` output item
-    context: ItemLog              # kept user messages + summary message (the new base context)
+    item: Item                    # the ``compaction`` output item
+    context: ItemLog              # kept user messages + summary message: the state continues from it
     prompt_ids: TokenSeq          # that context rendered, plus the generation prompt
     sampling: SamplingParams      # max_tokens re-derived for the shorter prompt
     summary: Summary
@@ -234,9 +223,9 @@ class Compactor:
 
     def wanted(self, turn: PreparedTurn) -> str | None:
         """Why this turn compacts before generating (``trigger``/``threshold``), or None."""
-        if not turn.generate:
+        if not turn.input.generate:
             return None
-        if turn.compact_trigger:
+        if turn.input.compact_trigger:
             return "trigger"
         if turn.req.context_management and turn.prompt_len > self._threshold(turn):
             return "threshold"
@@ -251,24 +240,23 @@ class Compactor:
     async def compact_turn(self, turn: PreparedTurn, turn_ids: TokenSeq, reason: str) -> TurnCompaction:
         """Summarize the turn's whole context and re-render it pruned (prelude + kept + summary)."""
         route, renderer = turn.route, turn.route.renderer
-        summary = await self.summarize(route, turn.prelude, turn_ids, f"{turn.id}-compact")
-        items = list(turn.base_context) + turn.new_items  # O(history): a compaction is, by nature
+        summary = await self.summarize(route, turn.input.prelude, turn_ids, f"{turn.id}-compact")
+        items = list(turn.input.base_context) + list(turn.input.new_items)  # O(history): a compaction is, by nature
         # kept verbatim: at most a quarter of the threshold, or the pruned context would not shrink
-        kept = self._kept_users(renderer, items, contiguous=True,
+        kept = self.kept_users(renderer, items, contiguous=True,
                                 budget=min(RETAIN_USER_TOKENS, self._threshold(turn) // 4))
         item_id = new_id("cmp")
         item = {"id": item_id, "type": "compaction", "encrypted_content": self.seal(summary.text, len(kept))}
         pruned = kept + [summary_message(summary.text, item_id)]
-        ids = renderer.render_prelude(turn.prelude) + renderer.render_items(pruned)
+        ids = renderer.render_prelude(turn.input.prelude) + renderer.render_items(pruned)
         self.metrics.render_tokens.labels("full").inc(len(ids))
-        prompt_ids = TokenSeq(ids).extend(turn.gen_ids)
+        prompt_ids = TokenSeq(ids).extend(turn.rendered.gen_ids)
         room = route.max_context - len(prompt_ids)
         assert turn.sampling is not None
         max_out = turn.req.max_output_tokens
         sampling = dataclasses.replace(turn.sampling, max_tokens=room if max_out is None else min(room, max_out))
         self.compactions.labels(reason).inc()
-        turn.compacted_context = ItemLog(pruned)
-        return TurnCompaction(item, turn.compacted_context, prompt_ids, sampling, summary)
+        return TurnCompaction(item, ItemLog(pruned), prompt_ids, sampling, summary)
 
     @staticmethod
     def add_usage(usage: dict[str, Any], summary: Summary | None) -> dict[str, Any]:
@@ -280,8 +268,9 @@ class Compactor:
                             usage["output_tokens"] + summary.output_tokens,
                             usage["output_tokens_details"]["reasoning_tokens"] + summary.reasoning_tokens)
 
-    def _kept_users(self, renderer: Any, items: Sequence[dict[str, Any]], *, contiguous: bool,
-                    budget: int = RETAIN_USER_TOKENS) -> list[dict[str, Any]]:
+    @staticmethod
+    def kept_users(renderer: Renderer, items: Sequence[Item], *, contiguous: bool,
+                   budget: int = RETAIN_USER_TOKENS) -> list[Item]:
         """The most recent user messages a window keeps verbatim (within the retention bounds).
 
         ``contiguous``: only the run of user messages at the very end (a context_management
@@ -302,8 +291,8 @@ class Compactor:
         return kept
 
 
-def _is_user_message(item: dict[str, Any]) -> bool:
-    return item.get("type", "message") == "message" and item.get("role") == "user"
+def _is_user_message(item: Item) -> bool:
+    return item.get("type", ItemType.MESSAGE) == ItemType.MESSAGE and item.get("role") == "user"
 
 
 def _text(item: dict[str, Any]) -> str:
@@ -312,64 +301,3 @@ def _text(item: dict[str, Any]) -> str:
 
 def _public(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in item.items() if not k.startswith("__")}
-
-
-async def compact_window(pipeline: "Pipeline", body: Any, ctx: TurnContext) -> dict[str, Any]:
-    """``POST /v1/responses/compact``: the compacted window for a conversation (stateless)."""
-    t0, created = time.perf_counter(), time.time()
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_type")
-    for k in body:
-        if k not in _COMPACT_PARAMS:
-            raise ApiError(400, f"Unknown parameter: '{k}'.", code="unknown_parameter", param=k)
-    if "model" not in body:
-        raise bad_request("Missing required parameter: 'model'.", code="missing_required_parameter", param="model")
-    req, raw_items = parse_create({k: v for k, v in body.items() if k != "image"}, transport="http")
-    route, tools = pipeline._route_and_tools(req)
-    parent = await pipeline._resolve_parent(req, ctx)
-    parent, base_context, new_items, new_calls, _ = pipeline._new_input(raw_items, parent)
-    if not len(base_context) and not new_items:
-        raise bad_request("There is nothing to compact: 'input' is empty.", code="invalid_value", param="input")
-    pipeline._check_pairing(new_items, base_context, parent, generate=False)
-    verdicts = await pipeline._classify(req, route, new_items, base_context, parent, ctx)  # a block raises
-    prelude = pipeline._prelude(req, tools)
-    _, base_ids, new_ids, _, stats = pipeline._render_checked(req, route, prelude, parent, base_context, new_items,
-                                                              new_calls, generate=False)
-    pipeline.metrics.render_tokens.labels(stats.mode).inc(stats.new_tokens)
-    history = (base_ids.tolist() if base_ids is not None else []) + new_ids
-    response_id = new_id("resp")
-    pipeline._report_flags(verdicts, new_items, req, route, parent, ctx, response_id=response_id)
-    compactor = pipeline.compactor
-    try:
-        summary = await compactor.summarize(route, prelude, history, f"{response_id}-compact")
-    except SummaryTooLong as exc:
-        raise ApiError(400, str(exc), code="context_length_exceeded", param="input") from None
-    except SummaryFailed as exc:
-        log.warning("compaction %s failed: %s", response_id, exc)
-        _bill(pipeline, route, ctx, response_id, "failed", exc.partial, created, t0)
-        raise server_error("The model backend failed while compacting the conversation.") from None
-    kept = compactor._kept_users(route.renderer, list(base_context) + new_items, contiguous=False)
-    item = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": compactor.seal(summary.text, len(kept))}
-    usage = compactor.add_usage(usage_object(0, 0, 0, 0), summary)
-    compactor.compactions.labels("endpoint").inc()
-    _bill(pipeline, route, ctx, response_id, "completed", summary, created, t0)
-    return {"id": response_id, "object": "response.compaction", "created_at": int(created),
-            "output": kept + [item], "usage": usage}
-
-
-def _bill(pipeline: "Pipeline", route: ModelRoute, ctx: TurnContext, response_id: str, status: str,
-          summary: Summary, created: float, t0: float) -> None:
-    """A ``/responses/compact`` call's usage record and token counters (it is model work too)."""
-    m = pipeline.metrics
-    m.prompt_tokens.labels(route.name).inc(summary.prompt_tokens)
-    m.cached_tokens.labels(route.name).inc(summary.cached_tokens)
-    m.output_tokens.labels(route.name).inc(summary.output_tokens)
-    duration = time.perf_counter() - t0
-    pipeline.finalizer.usage.submit(UsageRecord(
-        response_id=response_id, model=route.name, tenant=ctx.tenant, status=status,
-        input_tokens=summary.prompt_tokens, cached_tokens=summary.cached_tokens, output_tokens=summary.output_tokens,
-        reasoning_tokens=summary.reasoning_tokens, transport=ctx.transport, created_at=created,
-        finished_at=created + duration, ttft_s=None, duration_s=duration,
-    ))
-    if ctx.on_usage is not None:  # the rate limiter's token bucket is charged for the summary too
-        ctx.on_usage({"input_tokens": summary.prompt_tokens, "output_tokens": summary.output_tokens})

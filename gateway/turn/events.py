@@ -20,12 +20,10 @@ import time
 from typing import Any, Callable
 
 from gateway.wire.items import new_id
+from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 Event = dict[str, Any]
-
-TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete",
-            "failed": "response.failed", "cancelled": "response.failed"}
 
 
 class IllegalTransition(RuntimeError):
@@ -108,14 +106,11 @@ class ResponseEvents:
                 item["phase"] = "commentary"
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
-        elif start.kind == "function_call":
-            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
-                    "call_id": new_id("call")[:29], "name": start.name or "", "arguments": ""}
-            if start.namespace:
-                item["namespace"] = start.namespace
-        else:
-            item = {"id": new_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
-                    "call_id": new_id("call")[:29], "name": start.name or "", "input": ""}
+        else:  # a tool call: its shape comes from the kinds map
+            kind = call_kind(start.kind)
+            assert kind is not None, start.kind
+            item = {"id": new_id(kind.id_prefix), "type": kind.call, "status": "in_progress",
+                    "call_id": new_id("call")[:29], "name": start.name or "", kind.payload: ""}
             if start.namespace:
                 item["namespace"] = start.namespace
         self._open = item
@@ -144,12 +139,9 @@ class ResponseEvents:
         if t == "message":
             return [self._ev("response.output_text.delta", item_id=item["id"], output_index=idx, content_index=0,
                              delta=text, logprobs=[])]
-        if t == "function_call":
-            return [self._ev("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
-                             delta=text)]
-        if t == "custom_tool_call":
-            return [self._ev("response.custom_tool_call_input.delta", item_id=item["id"], output_index=idx,
-                             delta=text)]
+        kind = call_kind(t)
+        if kind is not None:
+            return [self._ev(kind.delta_event, item_id=item["id"], output_index=idx, delta=text)]
         if self._reasoning_mode == "raw":
             return [self._ev("response.reasoning_text.delta", item_id=item["id"], output_index=idx,
                              content_index=0, delta=text)]
@@ -174,14 +166,10 @@ class ResponseEvents:
             events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
                                    content_index=0, part=part))
             item["content"] = [part]
-        elif t == "function_call":
-            item["arguments"] = text
-            events.append(self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
-                                   arguments=text, name=item["name"]))
-        elif t == "custom_tool_call":
-            item["input"] = text
-            events.append(self._ev("response.custom_tool_call_input.done", item_id=item["id"], output_index=idx,
-                                   input=text))
+        elif (kind := call_kind(t)) is not None:
+            item[kind.payload] = text
+            done = {kind.payload: text, "name": item["name"]} if t == ItemType.FUNCTION_CALL else {kind.payload: text}
+            events.append(self._ev(kind.done_event, item_id=item["id"], output_index=idx, **done))
         else:
             if self._reasoning_mode == "raw":
                 part = {"type": "reasoning_text", "text": text}
@@ -209,7 +197,7 @@ class ResponseEvents:
     # -- terminal -------------------------------------------------------------------------------
 
     def _terminate(self, status: str, usage: dict[str, Any] | None, **fields: Any) -> list[Event]:
-        if self.response["status"] != "in_progress":
+        if self.response["status"] != ResponseStatus.IN_PROGRESS:
             raise IllegalTransition(f"response already {self.response['status']}, cannot become {status}")
         events: list[Event] = []
         if self._open is not None:
@@ -217,25 +205,25 @@ class ResponseEvents:
         self.response["status"] = status
         self.response["usage"] = usage
         self.response.update(fields)
-        if status == "completed":
+        if status == ResponseStatus.COMPLETED:
             self.response["completed_at"] = int(time.time())
-        events.append(self._ev(TERMINAL[status], response=self._snapshot()))
+        events.append(self._ev(TERMINAL_EVENT[status], response=self._snapshot()))
         return events
 
     def complete(self, usage: dict[str, Any]) -> list[Event]:
-        return self._terminate("completed", usage)
+        return self._terminate(ResponseStatus.COMPLETED, usage)
 
     def incomplete(self, usage: dict[str, Any], reason: str) -> list[Event]:
-        return self._terminate("incomplete", usage, incomplete_details={"reason": reason})
+        return self._terminate(ResponseStatus.INCOMPLETE, usage, incomplete_details={"reason": reason})
 
     def fail(self, usage: dict[str, Any] | None, code: str, message: str) -> list[Event]:
-        return self._terminate("failed", usage, error={"code": code, "message": message})
+        return self._terminate(ResponseStatus.FAILED, usage, error={"code": code, "message": message})
 
     def cancel(self, usage: dict[str, Any] | None) -> None:
         """Client went away: the snapshot becomes ``cancelled``; no event is sent (nobody listens)."""
         if self._open is not None:
             self._close_item(complete=False)
-        self._terminate("cancelled", usage)
+        self._terminate(ResponseStatus.CANCELLED, usage)
 
 
 def _text_part(text: str) -> dict[str, Any]:

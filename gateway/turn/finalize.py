@@ -10,20 +10,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from billing.usage import UsageQueue, UsageRecord
-from cache.items import CALL_TYPES
+from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore
-from gateway.turn.events import ResponseEvents
 from gateway.base.metrics import Metrics
-from gateway.turn.types import PreparedTurn
+from gateway.turn.types import Item, PreparedTurn, UsageHook
+from gateway.wire.kinds import CALL_TYPES, CHAINABLE
 
 log = logging.getLogger(__name__)
 
-CHAINABLE = ("completed", "incomplete")
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a turn ended, as the run loop hands it over."""
+
+    status: str
+    #: the Response's output items (copied into the state)
+    output: Sequence[Mapping[str, Any]]
+    usage: dict[str, Any]
+    #: the whole rendered history after this turn (None: not chainable)
+    history: TokenSeq | None
+    #: the history ends exactly as the renderer would render the output (an append may follow)
+    exact: bool
+    #: bytes of a prefix copy the turn made (a fork)
+    copied_bytes: int = 0
+    #: after a compaction: the pruned context the state continues from
+    compacted: ItemLog | None = None
+    #: perf_counter of the first output token
+    first_token_at: float | None = None
 
 
 class Finalizer:
@@ -34,33 +53,34 @@ class Finalizer:
         #: store writes in flight, by response id
         self._writes: dict[str, asyncio.Task[None]] = {}
 
-    def finish(self, turn: PreparedTurn, events: ResponseEvents, history: TokenSeq | None, *, exact: bool,
-               usage: dict[str, Any], copied_bytes: int = 0) -> ResponseState:
+    def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None) -> ResponseState:
         t0 = time.perf_counter()
-        status = events.status
+        status, usage = outcome.status, outcome.usage
         duration = t0 - turn.started
-        self._observe(turn, status, usage, duration)
+        ttft = None if outcome.first_token_at is None else outcome.first_token_at - turn.started
+        self._observe(turn, status, usage, duration, outcome.first_token_at)
         self.usage.submit(UsageRecord(
             response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
             input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
             output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
             transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
-            ttft_s=None if turn.first_token_at is None else turn.first_token_at - turn.started, duration_s=duration,
+            ttft_s=ttft, duration_s=duration,
         ))
-        if turn.ctx.on_usage is not None:
-            turn.ctx.on_usage(usage)
-        output_items = [dict(o) for o in events.output]
-        state = self._state(turn, output_items, history, exact=exact, copied_bytes=copied_bytes)
-        if turn.ctx.conn_cache is not None and status in CHAINABLE:
-            evicted = turn.ctx.conn_cache.evictions
-            turn.ctx.conn_cache.put(turn.ctx.lane, state)
-            self.metrics.conn_cache_evictions.inc(turn.ctx.conn_cache.evictions - evicted)
-        if turn.store:
+        if on_usage is not None:
+            on_usage(usage)
+        state = self._state(turn, outcome)
+        cache = turn.ctx.conn_cache
+        if cache is not None and status in CHAINABLE:
+            evicted = cache.evictions
+            cache.put(turn.ctx.lane, state)
+            self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
+        if turn.input.store:
             self._persist(state)
         self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
         return state
 
-    def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float) -> None:
+    def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float,
+                 first_token_at: float | None) -> None:
         """Turn counters, latency histograms and the turn's log line (ids come from the log context)."""
         m, model, transport = self.metrics, turn.route.name, turn.ctx.transport
         out, prompt = usage["output_tokens"], usage["input_tokens"]
@@ -73,51 +93,53 @@ class Finalizer:
             tenant = turn.ctx.tenant or "anonymous"
             m.tenant_tokens.labels(tenant, "input").inc(prompt)
             m.tenant_tokens.labels(tenant, "output").inc(out)
-        ttft = None if turn.first_token_at is None else turn.first_token_at - turn.started
-        if ttft is not None:
+        ttft = None if first_token_at is None else first_token_at - turn.started
+        if first_token_at is not None and ttft is not None:
             m.ttft.labels(model, transport).observe(ttft)
             if status in CHAINABLE and out > 1:
-                decode = time.perf_counter() - turn.first_token_at  # type: ignore[operator]
+                decode = time.perf_counter() - first_token_at
                 m.itl.labels(model, transport).observe(decode / (out - 1))
             if status in CHAINABLE and duration > 0:
                 m.tps.labels(model, transport).observe(out / duration)
         log.info("turn finished", extra={
             "model": model, "transport": transport, "status": status, "input_tokens": prompt,
-            "cached_tokens": cached, "output_tokens": out, "render_mode": turn.render.mode,
-            "rendered_tokens": turn.render.new_tokens, "ttft_s": ttft, "duration_s": round(duration, 6),
+            "cached_tokens": cached, "output_tokens": out, "render_mode": turn.rendered.stats.mode,
+            "rendered_tokens": turn.rendered.stats.new_tokens, "ttft_s": ttft, "duration_s": round(duration, 6),
             "previous_response_id": turn.req.previous_response_id,
         })
 
-    def _state(self, turn: PreparedTurn, output_items: list[dict[str, Any]], history: TokenSeq | None, *,
-               exact: bool, copied_bytes: int) -> ResponseState:
-        chainable = turn.response["status"] in CHAINABLE and history is not None
+    def _state(self, turn: PreparedTurn, outcome: Outcome) -> ResponseState:
+        ti = turn.input
+        output_items: list[Item] = [dict(o) for o in outcome.output]
+        history = outcome.history
+        chainable = outcome.status in CHAINABLE and history is not None
+        compacted = outcome.compacted
         if chainable:
             assert history is not None
-            compacted = turn.compacted_context
             if compacted is None:
-                context = turn.base_context.extend(turn.new_items + output_items)
+                context = ti.base_context.extend(list(ti.new_items) + output_items)
             else:  # the history was compacted: the state continues from the pruned context
                 context = compacted.extend(output_items)
-            pending = set(turn.pending_calls)
+            pending = set(ti.pending_calls)
             for item in output_items:
                 if item.get("type") in CALL_TYPES and item.get("status") == "completed":
                     pending.add(item["call_id"])
-            parent_len = len(turn.parent.history_ids) if turn.parent is not None and compacted is None else 0
-            token_bytes = 8 * (len(history) - parent_len) + copied_bytes
+            parent_len = len(ti.parent.history_ids) if ti.parent is not None and compacted is None else 0
+            token_bytes = 8 * (len(history) - parent_len) + outcome.copied_bytes
         else:
             # Failed or cancelled: kept for retrieval only, never chained from, so the shared
             # buffers are left alone (no copy for the parent's next continuation).
-            context, history, pending, token_bytes = turn.base_context, TokenSeq(), set(), 0
-        delta = _approx_bytes(turn.new_items) + _approx_bytes(output_items) + token_bytes
+            context, history, pending, token_bytes = ti.base_context, TokenSeq(), set(), 0
+        delta = _approx_bytes(ti.new_items) + _approx_bytes(output_items) + token_bytes
+        inherited = ti.parent.nbytes if ti.parent is not None and compacted is None else 0
         return ResponseState(
-            id=turn.id, response=turn.response, input_items=tuple(turn.new_items), context=context,
-            history_ids=history, model=turn.route.name,
+            id=turn.id, response=turn.response, input_items=ti.new_items, context=context,
+            history_ids=history, model=ti.route.name,
             # a cut-off or failed output has no exact rendering to append to: force a full render
-            prelude_key=turn.prelude_key if (exact and chainable) else b"",
-            store=turn.store, parent_id=turn.req.previous_response_id, pending_calls=frozenset(pending),
+            prelude_key=turn.rendered.prelude_key if (outcome.exact and chainable) else b"",
+            store=ti.store, parent_id=ti.req.previous_response_id, pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
-            nbytes=(turn.parent.nbytes if turn.parent is not None and turn.compacted_context is None else 0) + delta,
-            delta_bytes=delta,
+            nbytes=inherited + delta, delta_bytes=delta,
         )
 
     def _persist(self, state: ResponseState) -> None:

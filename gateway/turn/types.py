@@ -1,18 +1,23 @@
-"""One turn's data as it moves through the pipeline: who asks, what was rendered, what runs.
+"""One turn's values as they pass from stage to stage: who asks, what the turn adds, what was rendered.
 
-A prepared turn holds the rendered *delta* (``new_ids``) next to the parent's token view
-(``base_ids``) instead of an already-extended sequence: the shared append-only buffer is only
-touched when the turn actually runs, so a request that is rejected (or only counted, as by
+Each stage returns a frozen value and no module mutates another's: ``resolve`` gives a
+:class:`TurnInput`, ``render`` a :class:`Rendered`, and ``prepare`` bundles them into a
+:class:`PreparedTurn`. The only mutable part is the Response object itself, which the turn's event
+builder owns while it runs.
+
+A prepared turn holds the rendered *delta* (``Rendered.new_ids``) next to the parent's token view
+(``Rendered.base_ids``) instead of an already-extended sequence: the shared append-only buffer is
+only touched when the turn actually runs, so a request that is rejected (or only counted, as by
 ``/responses/input_tokens``) never leaves the parent's buffer past its tip — which would make the
 parent's next continuation copy the whole history.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
 
+from cache.connection import ConnectionCache
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
@@ -23,21 +28,47 @@ from inference.render import Prelude
 from security.classify import Verdict
 
 Transport = Literal["http", "ws"]
+Item = dict[str, Any]
+#: called once with a finished turn's usage object (the rate limiter's token reconciliation)
+UsageHook = Callable[[Mapping[str, Any]], None]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TurnContext:
     """Who is asking and where the answer goes; transports fill it in."""
 
     transport: Transport
     tenant: str | None = None
-    conn_cache: Any = None  # cache.connection.ConnectionCache on WebSocket turns
+    #: the WebSocket connection's cache (continuations resolve against it first); None over HTTP
+    conn_cache: ConnectionCache | None = None
     lane: str = ""
-    #: called once with the turn's usage object when it finishes (rate-limit token reconciliation)
-    on_usage: Any = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class TurnInput:
+    """What ``resolve`` makes of a create: the checked request, its model, and the delta to the parent."""
+
+    req: CreateRequest
+    route: ModelRoute
+    #: tool definitions as echoed in the Response (hosted tools stripped)
+    tools: tuple[dict[str, Any], ...]
+    prelude: Prelude
+    #: the response continued from (None: a new conversation, or a compaction item replaced it)
+    parent: ResponseState | None
+    #: the parent's items (what the new items are appended to)
+    base_context: ItemLog
+    new_items: tuple[Item, ...]
+    #: call_id -> call item, of the calls among the new items
+    new_calls: Mapping[str, Item]
+    #: tool calls still unanswered after the new items
+    pending_calls: frozenset[str]
+    #: a ``compaction_trigger`` input item asked for compaction before generating
+    compact_trigger: bool
+    generate: bool
+    store: bool
+
+
+@dataclass(frozen=True, slots=True)
 class RenderStats:
     mode: Literal["append", "full"]
     new_tokens: int
@@ -45,44 +76,18 @@ class RenderStats:
     truncated_items: int = 0
 
 
-@dataclass(slots=True)
-class PreparedTurn:
-    req: CreateRequest
-    ctx: TurnContext
-    route: ModelRoute
-    response: dict[str, Any]
-    prelude: Prelude
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """The prompt as token ids: the parent's view (an append) or None (a full render), plus the delta."""
+
     prelude_key: bytes
-    new_items: list[dict[str, Any]]
-    parent: ResponseState | None
-    base_context: ItemLog
     #: the parent's rendered history when appending; None for a full render
     base_ids: TokenSeq | None
     #: tokens rendered for this turn (the new items; or prelude + whole context on a full render)
     new_ids: list[int]
     #: the generation prompt (empty for a ``generate: false`` warm-up)
     gen_ids: list[int]
-    sampling: SamplingParams | None
-    pending_calls: frozenset[str]
-    verdicts: tuple[Verdict, ...]
-    flagged: bool
-    render: RenderStats
-    generate: bool
-    store: bool
-    include_encrypted: bool
-    #: perf_counter when the request arrived (the pipeline passes its own start)
-    started: float = field(default_factory=time.perf_counter)
-    #: wall clock at arrival, and perf_counter of the first output token (billing: created_at, ttft)
-    created_at: float = field(default_factory=time.time)
-    first_token_at: float | None = None
-    #: a ``compaction_trigger`` input item asked for compaction (``gateway.turn.compaction``)
-    compact_trigger: bool = False
-    #: after a compaction: the pruned context the response's state continues from
-    compacted_context: ItemLog | None = None
-
-    @property
-    def id(self) -> str:
-        return self.response["id"]
+    stats: RenderStats
 
     @property
     def prompt_len(self) -> int:
@@ -90,24 +95,39 @@ class PreparedTurn:
         return base + len(self.new_ids) + len(self.gen_ids)
 
 
-class CallLookup(Mapping[str, Mapping[str, Any]]):
-    """call_id -> call item over the chain's context and this turn's new items, without copying.
+@dataclass(frozen=True, slots=True)
+class PreparedTurn:
+    """A create that passed every check: the response exists (``in_progress``) and may run."""
 
-    Lookup-only: iteration covers the new calls alone (renderers only ever ``get``).
-    """
+    input: TurnInput
+    ctx: TurnContext
+    rendered: Rendered
+    #: None for a ``generate: false`` warm-up
+    sampling: SamplingParams | None
+    #: the Response object; the turn's event builder mutates it while the turn runs
+    response: dict[str, Any]
+    #: this turn's non-allow classifier verdicts
+    verdicts: tuple[Verdict, ...]
+    #: this turn or an ancestor was flagged
+    flagged: bool
+    include_encrypted: bool
+    #: perf_counter when the request arrived
+    started: float
+    #: wall clock at arrival (billing: created_at)
+    created_at: float
 
-    def __init__(self, context: ItemLog, new_calls: dict[str, dict[str, Any]]) -> None:
-        self._context = context
-        self._new = new_calls
+    @property
+    def id(self) -> str:
+        return self.response["id"]
 
-    def __getitem__(self, call_id: str) -> Mapping[str, Any]:
-        item = self._new.get(call_id) or self._context.call(call_id)
-        if item is None:
-            raise KeyError(call_id)
-        return item
+    @property
+    def req(self) -> CreateRequest:
+        return self.input.req
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._new)
+    @property
+    def route(self) -> ModelRoute:
+        return self.input.route
 
-    def __len__(self) -> int:
-        return len(self._new)
+    @property
+    def prompt_len(self) -> int:
+        return self.rendered.prompt_len

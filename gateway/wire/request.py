@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
-from gateway.wire.errors import ApiError, bad_request
+from gateway.wire.errors import ApiError, bad_request, unknown_parameter
 from gateway.wire.items import InputItem
 from gateway.wire.tools import Tool
 from gateway.wire.validation import to_api_error
@@ -139,7 +139,7 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"]) -> tuple[Create
     if transport == "http":
         for ws_only in ("type", "stream_id", "generate"):
             if ws_only in body:
-                raise ApiError(400, f"Unknown parameter: '{ws_only}'.", code="unknown_parameter", param=ws_only)
+                raise unknown_parameter(ws_only)
     try:
         req = CreateRequest.model_validate(body)
     except ValidationError as exc:

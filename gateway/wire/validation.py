@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.wire.errors import ApiError
+from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
 
 _TYPE_NAMES = {
     "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",
@@ -73,9 +73,9 @@ def to_api_error(exc: ValidationError) -> ApiError:
     value = e.get("input")
     ctx = e.get("ctx") or {}
     if t == "extra_forbidden":
-        return ApiError(400, f"Unknown parameter: '{param}'.", code="unknown_parameter", param=param)
+        return unknown_parameter(param)
     if t == "missing":
-        return ApiError(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param)
+        return missing_parameter(param)
     if t.endswith("_type") or t.endswith("_parsing") or t in ("model_type", "model_attributes_type", "list_type",
                                                                 "dict_type", "union_tag_not_found"):
         return ApiError(

@@ -1,0 +1,102 @@
+"""Classify: the NEW items of a turn, each once per conversation (``security/`` decides).
+
+Which text of an item is classified (and counted):
+
+* ``message``: the ``text`` of every text part (``input_text``, ``output_text``, ``refusal``);
+  images and files are not text and are not classified here.
+* a tool call: its payload (``arguments`` of a ``function_call``, ``input`` of a
+  ``custom_tool_call``: the kinds map, ``gateway/wire/kinds.py``).
+* a tool output: the ``output`` string (list outputs are joined text parts, see
+  ``gateway.wire.items.canonical_item``), marked as tool text (where prompt injection arrives).
+* ``reasoning``: the reasoning text and summary text.
+
+Items re-included by ``item_reference`` were classified when they entered the conversation and
+are skipped. A block is a 400 naming the category and the item, never the matched value; flags are
+reported asynchronously (``security.flags``) once the response id exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from gateway.base.metrics import Metrics
+from gateway.turn.types import TurnContext, TurnInput
+from gateway.wire.errors import ApiError
+from gateway.wire.kinds import OUTPUT_TYPES, ItemType, call_kind
+from security.classify import Classifier, ClassifierUnavailable, ItemText, Verdict, block_message
+from security.flags import FlagRecord, FlagReporter
+
+
+class ClassifyStage:
+    def __init__(self, classifier: Classifier, metrics: Metrics, flags: FlagReporter | None = None) -> None:
+        self.classifier = classifier
+        self.metrics = metrics
+        self.flags = flags
+
+    async def classify(self, turn: TurnInput, ctx: TurnContext) -> tuple[Verdict, ...]:
+        """The turn's non-allow verdicts; counts items and bytes; a block raises (and is reported)."""
+        texts = texts_of(turn.new_items, known=turn.base_context.has_id)
+        try:
+            verdicts = tuple(v for v in await self.classifier.classify(texts) if v.action != "allow")
+        except ClassifierUnavailable:
+            raise ApiError(503, "The content classifier is temporarily unavailable. Please retry your request.",
+                           type="server_error", code="classifier_unavailable") from None
+        self.metrics.classified_items.inc(len(texts))
+        self.metrics.classified_bytes.inc(sum(t.nbytes for t in texts))
+        for v in verdicts:
+            self.metrics.classifier_verdicts.labels(v.action, (v.category or "")[:64]).inc()
+        blocks = [v for v in verdicts if v.action == "block"]
+        if blocks:
+            self.report(blocks, turn, ctx, response_id=None)
+            first = blocks[0]
+            raise ApiError(400, block_message(first), code="content_policy_violation",
+                           param=f"input[{first.index}]" if first.index is not None else "input")
+        return verdicts
+
+    def report(self, verdicts: Sequence[Verdict], turn: TurnInput, ctx: TurnContext,
+               response_id: str | None) -> None:
+        """Queue flag records (never awaited: reporting is off the turn's path)."""
+        if self.flags is None or not verdicts:
+            return
+        parent = turn.parent
+        self.flags.report([FlagRecord.of(
+            v, item_type=turn.new_items[v.index].get("type") if v.index is not None else None,
+            response_id=response_id, previous_response_id=turn.req.previous_response_id, tenant=ctx.tenant,
+            model=turn.route.name, transport=ctx.transport,
+            flagged_before=parent.flagged if parent is not None else False,
+        ) for v in verdicts])
+
+
+def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None) -> list[ItemText]:
+    """The classifiable text of each new item (see the module docstring), skipping items whose id
+    ``known`` says is already in the conversation (``item_reference`` re-inclusions)."""
+    out: list[ItemText] = []
+    for index, item in enumerate(items):
+        item_id = item.get("id")
+        if known is not None and isinstance(item_id, str) and known(item_id):
+            continue
+        t = str(item.get("type", ItemType.MESSAGE))
+        out.append(ItemText(index, item_id if isinstance(item_id, str) else None, t,
+                            item.get("role") if t == ItemType.MESSAGE else None, "\n".join(_texts(t, item)),
+                            tool_output=t in OUTPUT_TYPES))
+    return out
+
+
+def _texts(t: str, item: Mapping[str, Any]) -> Iterable[str]:
+    if t == ItemType.MESSAGE or t == ItemType.REASONING:
+        for key in ("content", "summary"):
+            parts = item.get(key)
+            if isinstance(parts, str):
+                yield parts
+            elif isinstance(parts, list):
+                for p in parts:
+                    if isinstance(p, Mapping) and isinstance(p.get("text"), str):
+                        yield p["text"]
+    elif (kind := call_kind(t)) is not None:
+        yield _str(item.get(kind.payload))
+    elif t in OUTPUT_TYPES:
+        yield _str(item.get("output"))
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""

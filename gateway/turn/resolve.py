@@ -1,0 +1,168 @@
+"""Resolve: a create body -> :class:`TurnInput` (the checked request, its parent, the new items).
+
+    parse + checks  ->  parent (connection cache -> shared store -> 400)  ->  new items against it
+
+Only the new items are validated: an ``item_reference`` or a tool output is looked up in the
+parent's item log (O(1) by id or call id), never by scanning the history. A ``compaction`` input
+item replaces everything before it (``gateway.turn.compaction``), the parent included.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+from cache.items import ItemLog
+from cache.state import ResponseState
+from cache.store import ResponseStore, StoreUnavailable
+from gateway.base.metrics import Metrics
+from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
+from gateway.turn.compaction import Compactor
+from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.types import Item, TurnContext, TurnInput
+from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
+from gateway.wire.items import Compaction, HostedItem, ItemReference, Message, Reasoning, canonical_item
+from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES
+from gateway.wire.request import parse_create
+from inference.registry import ModelRegistry
+
+#: a stage boundary for the per-stage timer (``Metrics.stage_timer``); a no-op by default
+Lap = Callable[[str], None]
+
+
+def _no_lap(stage: str) -> None:
+    return None
+
+
+class Resolver:
+    def __init__(self, registry: ModelRegistry, store: ResponseStore, metrics: Metrics, sealer: Sealer,
+                 compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
+                 hosted_tools: HostedToolPolicy = "strip") -> None:
+        """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
+        request that arrives before its parent landed)."""
+        self.registry = registry
+        self.store = store
+        self.metrics = metrics
+        self.sealer = sealer
+        self.compactor = compactor
+        self.pending_write = pending_write
+        self.hosted_tools = hosted_tools
+
+    async def resolve(self, body: Any, ctx: TurnContext, *, generate: bool | None = None,
+                      lap: Lap = _no_lap) -> TurnInput:
+        """``generate`` overrides the request's own (``input_tokens`` counts a generating prompt;
+        ``/responses/compact`` does not generate)."""
+        req, raw_items = parse_create(body, transport=ctx.transport)
+        check_supported(req, ctx.transport)
+        route, tools = route_and_tools(req, self.registry, self.hosted_tools)
+        gen = (req.generate is not False) if generate is None else generate
+        lap("validate")
+
+        parent = await self.parent(req.previous_response_id, ctx)
+        lap("resolve")
+        base_context = parent.context if parent is not None else ItemLog()
+        new_items, new_calls = self._new_items(raw_items, base_context)
+        new_items, compacted, trigger = self.compactor.window(new_items)
+        if compacted and parent is not None:
+            parent, base_context = None, ItemLog()
+        pending = _check_pairing(new_items, base_context, parent, gen)
+        lap("validate")  # the new items are validated against the resolved parent
+        return TurnInput(
+            req=req, route=route, tools=tools, prelude=prelude_of(req, tools), parent=parent,
+            base_context=base_context, new_items=tuple(new_items), new_calls=new_calls, pending_calls=pending,
+            compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
+        )
+
+    async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
+        """The response a continuation names: this connection's cache first, then the shared store."""
+        prev = previous_response_id
+        if prev is None:
+            return None
+        if ctx.conn_cache is not None:
+            state = ctx.conn_cache.get(prev)
+            self.metrics.conn_cache.labels("miss" if state is None else "hit").inc()
+            if state is not None:
+                self.metrics.parent_resolution.labels("connection").inc()
+                return state
+        await self.pending_write(prev)
+        t0 = time.perf_counter()
+        try:
+            state = await self.store.get(prev, ctx.tenant)
+        except StoreUnavailable:
+            self.metrics.parent_resolution.labels("unavailable").inc()
+            raise store_unavailable() from None
+        finally:
+            self.metrics.store_latency.labels("get").observe(time.perf_counter() - t0)
+        if state is not None and state.status in CHAINABLE:
+            self.metrics.parent_resolution.labels("store").inc()
+            return state
+        self.metrics.parent_resolution.labels("not_found").inc()
+        self.metrics.not_found.labels(ctx.transport).inc()
+        raise previous_response_not_found(prev)
+
+    def _new_items(self, raw_items: list[Any], context: ItemLog) -> tuple[list[Item], dict[str, Item]]:
+        items: list[Item] = []
+        seen: set[str] = set()
+        calls: dict[str, Item] = {}
+        for i, raw in enumerate(raw_items):
+            if isinstance(raw, str):
+                item = canonical_item(Message(role="user", content=raw))
+            elif isinstance(raw, ItemReference):
+                ref = context.get(raw.id)
+                if ref is None:
+                    raise bad_request(f"Item with id '{raw.id}' not found.", code="invalid_value",
+                                      param=f"input[{i}].id")
+                item = ref
+            elif isinstance(raw, HostedItem):
+                item = raw.model_dump(exclude_none=True)
+            else:
+                item = canonical_item(raw)
+                if isinstance(raw, Reasoning):
+                    item = self._unseal(item, i)
+                elif isinstance(raw, Compaction):
+                    item = self.compactor.input_item(item, i)
+            item_id = item.get("id")
+            if item_id and not isinstance(raw, ItemReference):
+                if item_id in seen or context.has_id(item_id):
+                    raise bad_request(
+                        f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+                        code="invalid_value", param="input",
+                    )
+                seen.add(item_id)
+            if item.get("type") in CALL_TYPES:
+                calls[item["call_id"]] = item
+            items.append(item)
+        return items, calls
+
+    def _unseal(self, item: Item, i: int) -> Item:
+        blob = item.get("encrypted_content")
+        if not blob or item.get("content"):
+            return item
+        try:
+            text = self.sealer.open(blob)
+        except SealError as exc:
+            raise bad_request(f"Invalid 'input[{i}].encrypted_content': {exc}.", code="invalid_encrypted_content",
+                              param=f"input[{i}].encrypted_content") from None
+        return dict(item, content=[{"type": "reasoning_text", "text": text}])
+
+
+def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | None,
+                   generate: bool) -> frozenset[str]:
+    """Every tool output answers a call made before it; a generating turn leaves no call unanswered."""
+    pending = set(parent.pending_calls) if parent is not None else set()
+    local_calls: set[str] = set()
+    for item in items:
+        t = item.get("type")
+        if t in CALL_TYPES:
+            pending.add(item["call_id"])
+            local_calls.add(item["call_id"])
+        elif t in OUTPUT_TYPES:
+            call_id = item["call_id"]
+            if call_id not in local_calls and context.call(call_id) is None:
+                raise bad_request(f"No tool call found for function call output with call_id {call_id}.",
+                                  param="input")
+            pending.discard(call_id)
+    if generate and pending:
+        call_id = next(iter(sorted(pending)))
+        raise bad_request(f"No tool output found for function call {call_id}.", param="input")
+    return frozenset(pending)

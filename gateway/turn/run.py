@@ -1,0 +1,205 @@
+"""Run: a prepared turn -> its events, ending with exactly one terminal event, then finalize.
+
+    engine.generate(ids) -> parser -> ResponseEvents -> Finalizer.finish(Outcome)
+
+Only now is the parent's shared token buffer extended (at its tip: O(new)). A failure after the
+response exists is a response with status ``failed``, not an exception: the client has already
+seen ``response.created``. When the consumer goes away mid-turn (socket closed, SSE client gone,
+task cancelled) the generator is closed: the engine request is aborted and a ``cancelled``
+snapshot with the tokens processed so far is finalized (and billed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+from cache.seq import TokenSeq
+from cache.store import ResponseStore
+from gateway.base.metrics import Metrics
+from gateway.base.settings import Settings
+from gateway.turn.compaction import Compactor, Summary
+from gateway.turn.events import Event, ResponseEvents
+from gateway.turn.finalize import Finalizer, Outcome
+from gateway.turn.sealing import Sealer
+from gateway.turn.types import PreparedTurn, UsageHook
+from gateway.wire.kinds import ResponseStatus
+from gateway.wire.response import usage_object
+from inference.engine import EngineError
+
+log = logging.getLogger(__name__)
+
+
+class TurnRunner:
+    def __init__(self, settings: Settings, store: ResponseStore, sealer: Sealer, compactor: Compactor,
+                 finalizer: Finalizer, metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.sealer = sealer
+        self.compactor = compactor
+        self.finalizer = finalizer
+        self.metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _events(self, turn: PreparedTurn) -> ResponseEvents:
+        reasoning = turn.req.reasoning
+        mode = "summary" if (reasoning and (reasoning.summary or reasoning.generate_summary)) else (
+            "raw" if self.settings.reasoning_text == "raw" else "hidden")
+        return ResponseEvents(turn.response, reasoning_mode=mode,
+                              seal=self.sealer.seal if turn.include_encrypted else None)
+
+    async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
+        t_run = time.perf_counter()
+        events = self._events(turn)
+        rendered = turn.rendered
+        copied = 0
+        if rendered.base_ids is not None:
+            if not rendered.base_ids.is_tip():
+                copied = 8 * len(rendered.base_ids)  # a fork or retry: the prefix is copied, account it
+            turn_ids = rendered.base_ids.extend(rendered.new_ids)
+        else:
+            turn_ids = TokenSeq(rendered.new_ids)
+        if not turn.input.generate:
+            async for ev in self._warm_up(turn, events, turn_ids, copied, on_usage):
+                yield ev
+            return
+
+        assert turn.sampling is not None
+        prompt_ids = turn_ids.extend(rendered.gen_ids)
+        parser = turn.route.renderer.parser(turn.input.prelude)
+        sampled: list[int] = []
+        cached = 0
+        finish = None
+        stop_token = None
+        first_token_at: float | None = None
+        sampling, summary, compacted = turn.sampling, None, None
+        compact = self.compactor.wanted(turn)
+        agen = None
+        finished_cleanly = False
+
+        def spent() -> dict:
+            usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+            return self.compactor.add_usage(usage, summary)
+
+        try:
+            created = events.created()
+            # gateway time from the accepted turn to the engine request (the engine's own time is TTFT)
+            self.metrics.stage.labels("engine_submit", turn.ctx.transport).observe(time.perf_counter() - t_run)
+            for ev in created:
+                yield ev
+            try:
+                if compact is not None:  # summarize first, continue on the pruned context
+                    done = await self.compactor.compact_turn(turn, turn_ids, compact)
+                    prompt_ids, sampling, summary, compacted = done.prompt_ids, done.sampling, done.summary, done.context
+                    for ev in events.whole_item(done.item):
+                        yield ev
+                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling)
+                async for delta in agen:
+                    if first_token_at is None and delta.token_ids:
+                        first_token_at = time.perf_counter()
+                    if delta.num_cached_tokens is not None:
+                        cached = delta.num_cached_tokens
+                    sampled.extend(delta.token_ids)
+                    for ev in events.feed(parser.feed(delta.token_ids)):
+                        yield ev
+                    if delta.finish_reason is not None:
+                        finish, stop_token = delta.finish_reason, delta.stop_token_id
+                        if finish == "abort":
+                            finish = "error"
+            except EngineError as exc:
+                log.warning("engine failed response %s: %s", turn.id, exc)
+                finish = "error"
+                summary = _partial(exc, summary)  # a failed compaction's tokens are billed too
+            except ValueError as exc:  # the model's output did not parse (malformed format)
+                log.warning("unparseable model output in response %s: %s", turn.id, exc)
+                finish = "error"
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("engine crashed on response %s", turn.id)
+                finish = "error"
+            for ev in (events.feed(parser.finish()) if finish != "error" else []):
+                yield ev
+            usage = spent()
+            history: TokenSeq | None = None
+            if finish == "error":
+                terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
+            elif finish == "length":
+                terminal = events.incomplete(usage, "max_output_tokens")
+                history = prompt_ids.extend(sampled)
+            else:
+                terminal = events.complete(usage)
+                history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
+            self.finalizer.finish(turn, Outcome(
+                events.status, events.output, usage, history, exact=finish == "stop" and stop_token is not None,
+                copied_bytes=copied, compacted=compacted, first_token_at=first_token_at), on_usage)
+            finished_cleanly = True
+            if turn.input.store and turn.ctx.transport == "http" and getattr(self.store, "shared", False):
+                # An HTTP client may chain its next request through another replica: make the
+                # write land before the client sees the end (one store round trip; WebSocket
+                # continuations resolve from the connection cache and do not wait).
+                await self.finalizer.wait_for(turn.id)
+            for ev in terminal:
+                yield ev
+        finally:
+            if agen is not None:
+                await agen.aclose()  # aborts the engine request if it is still running
+            if not finished_cleanly and events.status == ResponseStatus.IN_PROGRESS:
+                # Nobody listens any more (socket closed, SSE client gone): record what was
+                # processed and persist a terminal snapshot.
+                self.metrics.aborts.labels(turn.ctx.transport).inc()
+                usage = spent()
+                events.cancel(usage)
+                self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False,
+                                                    first_token_at=first_token_at), on_usage)
+
+    async def _warm_up(self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq, copied: int,
+                       on_usage: UsageHook | None) -> AsyncIterator[Event]:
+        """``generate: false``: a chain node with the new context and no output; no engine call."""
+        usage = usage_object(len(turn_ids), 0, 0, 0)
+        self.metrics.warmups.labels(turn.ctx.transport).inc()
+        done = False
+        try:
+            for ev in events.created():
+                yield ev
+            terminal = events.complete(usage)
+            self.finalizer.finish(turn, Outcome(events.status, events.output, usage, turn_ids, exact=True,
+                                                copied_bytes=copied), on_usage)
+            done = True
+            self._prefill_later(turn, turn_ids)
+            for ev in terminal:
+                yield ev
+        finally:
+            if not done and events.status == ResponseStatus.IN_PROGRESS:
+                events.cancel(usage)
+                self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False),
+                                      on_usage)
+
+    def _prefill_later(self, turn: PreparedTurn, ids: TokenSeq) -> None:
+        """Warm the engine's prefix cache with the warm-up's context, off the critical path."""
+        if not len(ids):
+            return
+
+        async def prefill() -> None:
+            try:
+                await turn.route.engine.prefill(turn.id + "-prefill", ids)
+            except Exception:  # a failed warm-up prefill only costs the next turn a longer prefill
+                log.warning("prefill after warm-up %s failed", turn.id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(prefill(), name=f"prefill-{turn.id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Shutdown: stop background prefills."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _partial(exc: EngineError, summary: Summary | None) -> Summary | None:
+    """What a failed compaction spent (``SummaryFailed.partial``), else what was spent before."""
+    partial = getattr(exc, "partial", None)
+    return partial if isinstance(partial, Summary) else summary

@@ -1,0 +1,51 @@
+"""The vocabulary of canonical items and tools: one enum each, shared by renderers, parsers and the gateway.
+
+Items reach inference as plain dicts in canonical Responses shape (``inference/render.py``); their
+``type`` and the tools' ``type`` are compared against these members (a ``StrEnum`` equals its
+string, so dicts straight from JSON compare as they are). The sets below are the only definition
+of which item types are tool calls and which answer them.
+
+Where each tool kind is handled (a new tool type touches these files, and ``gateway/wire/kinds.py``
+says which of its pieces goes where): this module and ``gateway/wire/kinds.py`` (the map), the
+wire models (``gateway/wire/items.py``, ``gateway/wire/tools.py``), and per model family the
+renderer and parser (harmony: ``inference/harmony_render.py``, ``inference/harmony_parse.py``;
+chat templates: ``inference/chat_template_render.py``, ``inference/hermes_parse.py``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+
+class ItemType(StrEnum):
+    MESSAGE = "message"
+    REASONING = "reasoning"
+    FUNCTION_CALL = "function_call"
+    FUNCTION_CALL_OUTPUT = "function_call_output"
+    CUSTOM_TOOL_CALL = "custom_tool_call"
+    CUSTOM_TOOL_CALL_OUTPUT = "custom_tool_call_output"
+    ITEM_REFERENCE = "item_reference"
+    COMPACTION = "compaction"
+    COMPACTION_TRIGGER = "compaction_trigger"
+
+
+class ToolType(StrEnum):
+    FUNCTION = "function"
+    CUSTOM = "custom"
+    NAMESPACE = "namespace"
+
+
+#: items the model writes to call a tool, and the items a client answers them with
+CALL_TYPES: frozenset[str] = frozenset({ItemType.FUNCTION_CALL, ItemType.CUSTOM_TOOL_CALL})
+OUTPUT_TYPES: frozenset[str] = frozenset({ItemType.FUNCTION_CALL_OUTPUT, ItemType.CUSTOM_TOOL_CALL_OUTPUT})
+#: tool definitions a model can call (a namespace groups them)
+CALLABLE_TOOLS: frozenset[str] = frozenset({ToolType.FUNCTION, ToolType.CUSTOM})
+#: the call item a model writes for each callable tool type
+CALL_OF_TOOL: dict[str, ItemType] = {ToolType.FUNCTION: ItemType.FUNCTION_CALL,
+                                     ToolType.CUSTOM: ItemType.CUSTOM_TOOL_CALL}
+#: the field holding a call's text (JSON arguments, or freeform input)
+CALL_PAYLOAD: dict[str, str] = {ItemType.FUNCTION_CALL: "arguments", ItemType.CUSTOM_TOOL_CALL: "input"}
+
+#: what a streaming parser can open (``inference.parse.ItemStart.kind``)
+OutputKind = Literal["message", "reasoning", "function_call", "custom_tool_call"]
