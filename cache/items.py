@@ -6,6 +6,11 @@ item id already present?" (duplicates are a 400) and "which call does this tool 
 the history would make each turn O(history). The log keeps two dicts — item id -> position and
 call id -> position — that are shared, like the item buffer, between all views of one buffer; an
 entry is visible to a view when its position is below the view's length.
+
+The call index holds the *first* item carrying each ``call_id``. That is the call: a tool output
+only enters a conversation after its call (the gateway refuses an output whose call it has not
+seen), so the log needs no list of which item types are calls — item kinds are the gateway's and
+the renderers' vocabulary, not the cache's.
 """
 
 from __future__ import annotations
@@ -15,9 +20,6 @@ from typing import Any, Iterable
 from cache.seq import AppendOnlyView
 
 Item = dict[str, Any]
-
-CALL_TYPES = frozenset({"function_call", "custom_tool_call"})
-OUTPUT_TYPES = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 class ItemLog(AppendOnlyView[Item]):
@@ -43,7 +45,7 @@ class ItemLog(AppendOnlyView[Item]):
         return pos is not None and pos < self._n
 
     def call(self, call_id: str) -> Item | None:
-        """The function/custom tool call item with ``call_id`` in this view, if any."""
+        """The tool call item with ``call_id`` in this view (the first item carrying it), if any."""
         pos = self._calls.get(call_id)
         if pos is None or pos >= self._n:
             return None
@@ -76,5 +78,6 @@ def _index(item: Item, pos: int, ids: dict[str, int], calls: dict[str, int]) -> 
     item_id = item.get("id")
     if item_id:
         ids.setdefault(item_id, pos)
-    if item.get("type") in CALL_TYPES and item.get("call_id"):
-        calls.setdefault(item["call_id"], pos)
+    call_id = item.get("call_id")
+    if call_id:
+        calls.setdefault(call_id, pos)

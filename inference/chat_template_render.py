@@ -93,16 +93,15 @@ from inference.chat_template_profile import (
 )
 from inference.hermes_parse import HermesStreamParser
 from inference.hermes_tools import CUSTOM_ARG, HermesToolCatalog, flat_name, tool_call_structural_tag, tool_choice_line
+from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Prelude
 
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
 
 _KEY_VERSION = b"chat-template-v1"
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
-_CALLS = ("function_call", "custom_tool_call")
-_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 #: assistant-side item -> its place in one assistant message (reasoning, text, calls)
-_STAGE = {"reasoning": 1, "message": 2, "function_call": 3, "custom_tool_call": 3}
+_STAGE = {ItemType.REASONING: 1, ItemType.MESSAGE: 2, ItemType.FUNCTION_CALL: 3, ItemType.CUSTOM_TOOL_CALL: 3}
 
 
 def _part_text(part: Any) -> str:
@@ -286,7 +285,7 @@ class ChatTemplateRenderer:
         kind = item.get("type", "message")
         if kind == "reasoning":
             return self.profile.reasoning and bool(self._reasoning_text(item))
-        return kind == "message" or kind in _CALLS or kind in _OUTPUTS
+        return kind == "message" or kind in CALL_TYPES or kind in OUTPUT_TYPES
 
     @staticmethod
     def _reasoning_text(item: Mapping[str, Any]) -> str:
@@ -309,7 +308,7 @@ class ChatTemplateRenderer:
             if not self._renders(item):
                 continue
             kind = item.get("type", "message")
-            if kind in _CALLS:
+            if kind in CALL_TYPES:
                 local[str(item.get("call_id"))] = item
             stage = _stage(item)
             if group and (not stage or stage < last_stage or (stage == last_stage and stage != 3)):
@@ -327,7 +326,7 @@ class ChatTemplateRenderer:
     def _other(self, item: Mapping[str, Any], kind: str, local: Mapping[str, Mapping[str, Any]],
                calls: Mapping[str, Mapping[str, Any]] | None) -> tuple[dict[str, Any], str]:
         p = self.profile
-        if kind in _OUTPUTS:
+        if kind in OUTPUT_TYPES:
             out = item.get("output")
             text = self._esc(out if isinstance(out, str) else _text(out))
             if not p.wraps_tool_response:
@@ -344,13 +343,13 @@ class ChatTemplateRenderer:
                 ("system" if role != "user" else "user"))
 
     def _assistant(self, group: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
-        reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == "reasoning"]
-        texts = [self._esc(_text(it.get("content"))) for it in group if it.get("type", "message") == "message"]
+        reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == ItemType.REASONING]
+        texts = [self._esc(_text(it.get("content"))) for it in group if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
         calls = []
         for it in group:
-            if it.get("type") == "function_call":
+            if it.get("type") == ItemType.FUNCTION_CALL:
                 args = self._esc_obj(_arguments(it.get("arguments")))
-            elif it.get("type") == "custom_tool_call":
+            elif it.get("type") == ItemType.CUSTOM_TOOL_CALL:
                 args = {CUSTOM_ARG: self._esc(str(it.get("input") or ""))}
             else:
                 continue

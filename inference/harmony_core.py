@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.kinds import CALLABLE_TOOLS, ToolType
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
 
@@ -153,13 +154,13 @@ class ToolCatalog:
         namespaces: dict[str, tuple[str | None, list[_Tool]]] = {FUNCTIONS: (None, [])}
         for tool in tools:
             kind = tool.get("type")
-            if kind in ("function", "custom"):
+            if kind in CALLABLE_TOOLS:
                 namespaces[FUNCTIONS][1].append(self._tool(tool))
             elif kind == "namespace" and tool.get("name"):
                 ns = str(tool["name"])
                 desc, members = namespaces.setdefault(ns, (tool.get("description") or None, []))
                 for sub in tool.get("tools") or ():
-                    if sub.get("type") in ("function", "custom"):
+                    if sub.get("type") in CALLABLE_TOOLS:
                         members.append(self._tool(sub))
         self._namespaces = {ns: v for ns, v in namespaces.items() if v[1]}
         self._custom = frozenset(
@@ -168,7 +169,7 @@ class ToolCatalog:
 
     @staticmethod
     def _tool(tool: Mapping[str, Any]) -> _Tool:
-        if tool.get("type") == "custom":
+        if tool.get("type") == ToolType.CUSTOM:
             return _Tool(str(tool["name"]), _freeform_description(tool), None, True)
         params = tool.get("parameters")
         return _Tool(

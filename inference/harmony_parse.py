@@ -46,6 +46,7 @@ import threading
 from typing import Any, Sequence
 
 from inference.harmony_core import ToolCatalog, content_encoding, harmony_encoding, harmony_tokens
+from inference.kinds import ItemType
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 __all__ = ["HarmonyParseError", "HarmonyStreamParser"]
@@ -262,7 +263,7 @@ class HarmonyStreamParser:
         self._in_content = True
         if recipient and recipient != "assistant":
             name, namespace = self._catalog.split_recipient(recipient)
-            kind = "custom_tool_call" if self._catalog.is_custom(name, namespace) else "function_call"
+            kind = ItemType.CUSTOM_TOOL_CALL if self._catalog.is_custom(name, namespace) else ItemType.FUNCTION_CALL
             return ItemStart(kind, name=name, namespace=namespace, phase=channel)
         if channel == "analysis":
             self._reasoning = True

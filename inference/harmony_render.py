@@ -64,6 +64,7 @@ from inference.harmony_core import (
     recipient_for,
 )
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
+from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Prelude
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
@@ -211,7 +212,7 @@ class HarmonyRenderer:
         out: list[Any] = []
         for item in items:
             kind = item.get("type", "message")
-            if kind in ("function_call", "custom_tool_call"):
+            if kind in CALL_TYPES:
                 local[str(item.get("call_id"))] = item
             msg = self._item_message(item, kind, local, calls)
             if msg is not None:
@@ -240,15 +241,15 @@ class HarmonyRenderer:
                 return None  # e.g. encrypted reasoning only: nothing the model can read
             contents = [TextContent(text=t) for t in texts]
             return Message.from_role_and_contents(Role.ASSISTANT, contents).with_channel("analysis")
-        if kind in ("function_call", "custom_tool_call"):
-            body = item.get("arguments") if kind == "function_call" else item.get("input")
+        if kind in CALL_TYPES:
+            body = item.get(CALL_PAYLOAD[kind])
             msg = (
                 Message.from_role_and_content(Role.ASSISTANT, str(body or ""))
                 .with_channel("commentary")
                 .with_recipient(recipient_for(str(item["name"]), item.get("namespace")))
             )
-            return msg.with_content_type("<|constrain|>json") if kind == "function_call" else msg
-        if kind in ("function_call_output", "custom_tool_call_output"):
+            return msg.with_content_type("<|constrain|>json") if kind == ItemType.FUNCTION_CALL else msg
+        if kind in OUTPUT_TYPES:
             name, namespace = self._call_name(item, local, calls)
             output = item.get("output")
             text = output if isinstance(output, str) else "".join(_texts(output))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.kinds import CALLABLE_TOOLS, ToolType
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, freeform_description
 from inference.tool_prose import tool_choice_line as _tool_choice_line
 
@@ -92,11 +93,11 @@ class HermesToolCatalog:
         self._by_flat: dict[str, HermesTool] = {}
         for tool in tools:
             kind = tool.get("type")
-            if kind in ("function", "custom") and tool.get("name"):
+            if kind in CALLABLE_TOOLS and tool.get("name"):
                 self._add(tool, None)
             elif kind == "namespace" and tool.get("name"):
                 for sub in tool.get("tools") or ():
-                    if sub.get("type") in ("function", "custom") and sub.get("name"):
+                    if sub.get("type") in CALLABLE_TOOLS and sub.get("name"):
                         self._add(sub, str(tool["name"]), tool.get("description"))
 
     def _add(self, tool: Mapping[str, Any], namespace: str | None, ns_desc: Any = None) -> None:
@@ -104,7 +105,7 @@ class HermesToolCatalog:
         flat = flat_name(name, namespace)
         if flat in self._by_flat:
             raise ToolNameCollision(flat)
-        custom = tool.get("type") == "custom"
+        custom = tool.get("type") == ToolType.CUSTOM
         if custom:
             desc = _freeform_description(tool)
             params: Any = {

@@ -8,9 +8,9 @@ sequence numbers or transports.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence, Union
+from typing import Protocol, Sequence, Union
 
-ItemKind = Literal["message", "reasoning", "function_call", "custom_tool_call"]
+from inference.kinds import OutputKind as ItemKind
 
 
 @dataclass(frozen=True, slots=True)

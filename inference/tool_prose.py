@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from inference.kinds import CALLABLE_TOOLS
+
 TOOL_CHOICE_REQUIRED = "You must call at least one tool before giving a final answer."
 TOOL_CHOICE_NONE = "Do not call any tools; answer directly."
 TOOL_CHOICE_NAMED = "You must call the tool `{name}`."
@@ -21,7 +23,7 @@ def tool_choice_line(choice: Any, name_of: Callable[[Mapping[str, Any]], str] | 
         return TOOL_CHOICE_REQUIRED
     if choice == "none":
         return TOOL_CHOICE_NONE
-    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom") and choice.get("name"):
+    if isinstance(choice, Mapping) and choice.get("type") in CALLABLE_TOOLS and choice.get("name"):
         return TOOL_CHOICE_NAMED.format(name=name_of(choice) if name_of else choice["name"])
     return None
 

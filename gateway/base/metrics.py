@@ -237,9 +237,10 @@ class ComponentCollector:
                                    "response.create frames waiting in a lane or for a slot")
         n_lanes = n_queued = 0
         for conn in list(self.connections):
-            for lane in list(getattr(conn, "lanes", {}).values()):
-                n_lanes += 1
-                n_queued += lane.queue.qsize()
+            machine = getattr(conn, "machine", None)  # gateway.transport.lanes.LaneMachine
+            if machine is not None:
+                n_lanes += machine.lanes
+                n_queued += machine.waiting
         lanes.add_metric([], n_lanes)
         queued.add_metric([], n_queued)
         yield from (lanes, queued)

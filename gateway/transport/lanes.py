@@ -196,6 +196,8 @@ class LaneMachine:
         self._waiting: deque[str] = deque()   # lanes with a queued create and no slot, in arrival order
         self._running = 0
         self._queued = 0                      # accepted and unfinished (queued or running), across lanes
+        #: the rows the last ``handle`` applied (tests check every row is exercised)
+        self.applied: list[Row] = []
         self._rows: dict[tuple[State, Ev], list[Row]] = {}
         for row in TABLE:
             self._rows.setdefault((row.state, row.event), []).append(row)
@@ -206,10 +208,22 @@ class LaneMachine:
 
     @property
     def queued(self) -> int:
+        """Creates accepted and unfinished: waiting or running."""
         return self._queued
+
+    @property
+    def waiting(self) -> int:
+        """Creates accepted that have not started."""
+        return self._queued - self._running
+
+    @property
+    def lanes(self) -> int:
+        """Lanes this connection has used (the default lane and each ``stream_id``)."""
+        return len(self._lanes)
 
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; returns what the adapter must do, in order."""
+        self.applied = []
         actions = self._apply(event)
         if self.state is State.DRAINING and self._running == 0:
             actions += self._apply(Event(Ev.QUIET))
@@ -222,6 +236,7 @@ class LaneMachine:
         if not rows:
             raise LaneError(f"event {event.kind.value!r} is not allowed in state {self.state.value!r}")
         row = next(r for r in rows if r.guard is None or self._guard(r.guard, event))
+        self.applied.append(row)
         if self.state is not State.CLOSED and event.kind in (Ev.TURN_DONE, Ev.TURN_FAILED):
             self._finished(event.lane)
         if row.farewell is not None and (self.farewell is None or row.force_farewell):
@@ -299,9 +314,3 @@ class LaneMachine:
             self._queued -= len(lane.queue)
             lane.queue.clear()
         self._waiting.clear()
-
-
-def guards() -> set[str]:
-    """Every guard the table names (tests check each has a row test)."""
-    return {r.guard for r in TABLE if r.guard is not None}
-

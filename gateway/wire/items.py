@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
+from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
+
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -205,10 +207,7 @@ HOSTED_ITEM_TYPES = frozenset(
         "tool_search_call", "tool_search_output", "additional_tools",
     }
 )
-KNOWN_ITEM_TYPES = frozenset(
-    {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-     "reasoning", "item_reference", "compaction", "compaction_trigger"}
-)
+KNOWN_ITEM_TYPES: frozenset[str] = frozenset(ItemType)
 
 
 def _item_tag(v: Any) -> str:
@@ -277,11 +276,11 @@ def canonical_item(item: BaseModel) -> dict[str, Any]:
             d["content"] = [part]
         d["type"] = "message"
         d.setdefault("status", "completed")
-    elif t in ("function_call_output", "custom_tool_call_output") and isinstance(d.get("output"), list):
+    elif t in OUTPUT_TYPES and isinstance(d.get("output"), list):
         d["output_parts"] = d["output"]
         d["output"] = "\n".join(p.get("text", "") for p in d["output"] if p.get("type") == "input_text")
     if "id" not in d and t in _PREFIX:
         d["id"] = new_id(_PREFIX[t])
-    if t in ("function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output"):
+    if t in CALL_TYPES or t in OUTPUT_TYPES:
         d.setdefault("status", "completed")
     return d

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
+from inference.kinds import ItemType, ToolType
 
 _TYPE_NAMES = {
     "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",
@@ -32,11 +33,8 @@ def param_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-_UNION_TAGS = frozenset(
-    {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-     "reasoning", "item_reference", "function", "custom", "namespace", "input_text", "input_image",
-     "input_file", "output_text", "refusal", "json_schema", "json_object", "text"}
-)
+_UNION_TAGS = frozenset({*ItemType, *ToolType, "input_text", "input_image", "input_file", "output_text", "refusal",
+                         "json_schema", "json_object", "text"})
 
 
 def _got(value: Any) -> str:
