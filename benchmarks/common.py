@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega").split()
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+#: the simulated model's served name (benchmarks/sim_server.py)
+MODEL = "gpt-oss-sim"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -39,10 +39,9 @@ import httpx
 import orjson
 from websockets.sync.client import connect
 
-from benchmarks.common import TERMINAL, ChildGateway, filler
+from benchmarks.common import MODEL, TERMINAL, ChildGateway, filler
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
-from benchmarks.sim_server import MODEL
 
 MODES = ("ws", "http_chained", "http_stateless")
 LABELS = {"ws": "WS chained (store=false)", "http_chained": "HTTP chained (store=true)",

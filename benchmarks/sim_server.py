@@ -17,6 +17,7 @@ import argparse
 
 import uvicorn
 
+from benchmarks.common import MODEL
 from gateway.app import create_app, uvicorn_config_kwargs
 from gateway.ops.server import GatewayServer
 from gateway.base.settings import Settings
@@ -25,7 +26,6 @@ from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 
-MODEL = "gpt-oss-sim"
 SCRIPTS = {
     "short": lambda view: Turn(reasoning="ok", text="done"),
     "stream": lambda view: Turn(endless=True),

@@ -48,8 +48,7 @@ import httpx
 import orjson
 from websockets.sync.client import connect
 
-from benchmarks.common import ChildGateway, filler, metric_value
-from benchmarks.sim_server import MODEL
+from benchmarks.common import MODEL, ChildGateway, filler, metric_value
 
 RESULTS = Path(__file__).parent / "results"
 PATHS = ("ws", "http_stateless", "http_chained")

@@ -9,6 +9,7 @@ from typing import Any
 from billing.usage import UsageQueue
 from cache.store import ResponseStore
 from gateway.access.auth import KeyAuth
+from gateway.access.limits import Access
 from gateway.base.metrics import Metrics
 from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings
@@ -24,8 +25,9 @@ class GatewayState:
     metrics: Metrics
     pipeline: Pipeline
     auth: KeyAuth
+    #: per-key rate limits and connection counts
+    access: Access
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
+    #: open WebSocket connections (``gateway.transport.ws.WsConnection``: drained at shutdown)
     connections: set[Any] = field(default_factory=set)
-    #: per-key rate limits and connection counts (gateway/access/limits.py)
-    access: Any = None
