@@ -20,6 +20,12 @@ response without descendants is removed outright. If an ancestor is nonetheless 
 evicted it under memory pressure, or a race with a delete) ``get`` returns None: the client gets
 ``previous_response_not_found``, never a silently truncated context.
 
+Items by id: ``{prefix}i:{tenant tag}:{item id}`` holds ``[response id, position]`` of the stored
+response that first held the item among its own items (input, then output), written with ``NX`` in
+the response's write transaction (O(new items)) and expiring with the store's TTL from that write.
+The tenant tag (a digest of the tenant) is part of the key, so another tenant's lookup misses like
+an unknown id. A lookup is one pipelined ``GET`` per id plus one read of each home response.
+
 Rendered token ids stay process-local (``TokenCache``): they are large (8 bytes a token in Python
 lists, many per item) and only useful to the process whose renderer made them. A miss hydrates the
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
@@ -39,8 +45,9 @@ retryable error and never a "not found".
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 import redis.asyncio as aioredis
@@ -51,7 +58,7 @@ from redis.exceptions import RedisError
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
-from cache.store import StoreUnavailable
+from cache.store import StoredItem, StoreUnavailable, own_items
 
 #: bytes charged per token id (a pointer in a Python list), as ``gateway.turn.finalize`` counts them
 TOKEN_BYTES = 8
@@ -158,6 +165,10 @@ class RedisStore:
     def _key(self, response_id: str) -> str:
         return f"{self.prefix}r:{response_id}"
 
+    def _item_key(self, tenant: str | None, item_id: str) -> str:
+        tag = hashlib.blake2b(orjson.dumps(tenant), digest_size=8).hexdigest()
+        return f"{self.prefix}i:{tag}:{item_id}"
+
     async def put(self, state: ResponseState) -> None:
         try:
             await self._put(state)
@@ -189,6 +200,10 @@ class RedisStore:
             "delta": orjson.dumps(state.context[start:]),
         })
         tx.pexpire(key, self.ttl_ms)
+        for pos, item in enumerate(own_items(state)):
+            item_id = item.get("id")
+            if isinstance(item_id, str):
+                tx.set(self._item_key(state.tenant, item_id), orjson.dumps([state.id, pos]), nx=True, px=self.ttl_ms)
         if ancestors:
             tx.hincrby(self._key(ancestors[-1]), "kids", 1)
         for ancestor in ancestors:  # a chain expires with its newest response
@@ -238,6 +253,37 @@ class RedisStore:
         if deleted:
             self.tokens.discard(response_id)
         return bool(deleted)
+
+    async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:
+        if not item_ids:
+            return {}
+        try:
+            return await self._items(item_ids, tenant)
+        except RedisError as exc:
+            raise StoreUnavailable(f"response store unavailable: {exc}") from exc
+
+    async def _items(self, item_ids: Sequence[str], tenant: str | None) -> dict[str, StoredItem]:
+        homes = await self.redis.mget([self._item_key(tenant, i) for i in item_ids])
+        where = {i: orjson.loads(h) for i, h in zip(item_ids, homes) if h is not None}
+        owners = sorted({rid for rid, _ in where.values()})
+        if not owners:
+            return {}
+        reads = self.redis.pipeline(transaction=False)
+        for rid in owners:
+            reads.hmget(self._key(rid), ("tenant", "deleted", "input", "response"))
+        records = dict(zip(owners, await reads.execute()))
+        found: dict[str, StoredItem] = {}
+        parsed: dict[str, list[dict[str, Any]]] = {}
+        for item_id, (rid, pos) in where.items():
+            raw_tenant, deleted, inputs, response = records[rid]
+            if raw_tenant is None or deleted is not None or inputs is None or orjson.loads(raw_tenant) != tenant:
+                continue
+            own = parsed.get(rid)
+            if own is None:
+                own = parsed[rid] = [*orjson.loads(inputs), *(orjson.loads(response).get("output") or ())]
+            if pos < len(own) and own[pos].get("id") == item_id:
+                found[item_id] = StoredItem(rid, own[pos])
+        return found
 
     async def close(self) -> None:
         self.tokens.clear()

@@ -4,13 +4,21 @@ One protocol, several implementations (memory now; Redis shares state between re
 memory store is bounded in bytes and entries expire after a TTL, so a long-running single-host
 gateway cannot grow without limit (vLLM's own ``store`` keeps unbounded process-local dicts).
 Tenancy: every entry records the tenant that created it and reads from another tenant miss.
+
+**Items by id.** Clients that keep the conversation themselves but let the server store it (the
+AI SDK's default ``store: true``) send earlier output items back as bare references
+(``{"type": "item_reference", "id": "rs_…"}``) without ``previous_response_id``. Every store keeps
+an index from an item id to the stored response that first held it (its input or output), so
+resolving a reference is one lookup, never a scan; the index is per tenant, so another tenant's
+id is indistinguishable from a missing one.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence
 
 from cache.state import ResponseState
 
@@ -21,6 +29,21 @@ class StoreUnavailable(Exception):
     Distinct from "not found": the gateway answers it with a retryable 503 instead of telling the
     client its previous response does not exist (it may well exist once the backend is back).
     """
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    """An item of a stored response, found by its id."""
+
+    #: the stored response that first held the item (its input or output)
+    response_id: str
+    item: dict[str, Any]
+
+
+def own_items(state: ResponseState) -> Iterable[dict[str, Any]]:
+    """The items a response brought into its conversation (input items, then output items)."""
+    yield from state.input_items
+    yield from state.response.get("output") or ()
 
 
 class ResponseStore(Protocol):
@@ -34,6 +57,9 @@ class ResponseStore(Protocol):
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool: ...
 
+    async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:
+        """The stored items of ``tenant`` with these ids (missing ones are absent): one lookup each."""
+
     async def close(self) -> None: ...
 
 
@@ -46,6 +72,10 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._entries: OrderedDict[str, tuple[float, int, ResponseState]] = OrderedDict()
+        #: (tenant, item id) -> (the response that first held it, position among its own items);
+        #: and each response's index keys
+        self._items: dict[tuple[str | None, str], tuple[str, int]] = {}
+        self._owned: dict[str, list[tuple[str | None, str]]] = {}
         self._bytes = 0
         self.evictions = 0
 
@@ -75,6 +105,13 @@ class MemoryStore:
         size = max(state.delta_bytes, 1)
         self._entries[state.id] = (time.monotonic() + self.ttl_s, size, state)
         self._bytes += size
+        owned = []
+        for pos, item in enumerate(own_items(state)):
+            item_id = item.get("id")
+            if isinstance(item_id, str) and (key := (state.tenant, item_id)) not in self._items:
+                self._items[key] = (state.id, pos)
+                owned.append(key)
+        self._owned[state.id] = owned
         while self._bytes > self.max_bytes and len(self._entries) > 1:
             oldest = next(iter(self._entries))
             self._drop(oldest)
@@ -87,11 +124,30 @@ class MemoryStore:
         self._drop(response_id)
         return True
 
+    async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:
+        found: dict[str, StoredItem] = {}
+        for item_id in item_ids:
+            home = self._items.get((tenant, item_id))
+            state = await self.get(home[0], tenant) if home is not None else None
+            if state is None or home is None:
+                continue
+            pos = home[1]
+            n = len(state.input_items)
+            item = state.input_items[pos] if pos < n else state.response["output"][pos - n]
+            found[item_id] = StoredItem(state.id, item)
+        return found
+
     async def close(self) -> None:
         self._entries.clear()
+        self._items.clear()
+        self._owned.clear()
         self._bytes = 0
 
     def _drop(self, response_id: str) -> None:
         _, size, _ = self._entries.pop(response_id)
         self._bytes -= size
+        for key in self._owned.pop(response_id, ()):
+            home = self._items.get(key)
+            if home is not None and home[0] == response_id:
+                del self._items[key]
 

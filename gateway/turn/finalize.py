@@ -133,11 +133,11 @@ class Finalizer:
         delta = _approx_bytes(ti.new_items) + _approx_bytes(output_items) + token_bytes
         inherited = ti.parent.nbytes if ti.parent is not None and compacted is None else 0
         return ResponseState(
-            id=turn.id, response=turn.response, input_items=ti.new_items, context=context,
+            id=turn.id, response=turn.response, input_items=ti.input_items, context=context,
             history_ids=history, model=ti.route.name,
             # a cut-off or failed output has no exact rendering to append to: force a full render
             prelude_key=turn.rendered.prelude_key if (outcome.exact and chainable) else b"",
-            store=ti.store, parent_id=ti.req.previous_response_id, pending_calls=frozenset(pending),
+            store=ti.store, parent_id=ti.parent.id if ti.parent is not None else None, pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
             nbytes=inherited + delta, delta_bytes=delta,
         )

@@ -3,8 +3,17 @@
     parse + checks  ->  parent (connection cache -> shared store -> 400)  ->  new items against it
 
 Only the new items are validated: an ``item_reference`` or a tool output is looked up in the
-parent's item log (O(1) by id or call id), never by scanning the history. A ``compaction`` input
-item replaces everything before it (``gateway.turn.compaction``), the parent included.
+parent's item log (O(1) by id or call id), never by scanning the history. A reference the parent
+does not hold resolves against the tenant's stored responses (``store=true``; one index lookup per
+id, ``ResponseStore.items``). A ``compaction`` input item replaces everything before it
+(``gateway.turn.compaction``), the parent included.
+
+**Implied parent.** A client that keeps the conversation itself but lets the server store it (the
+AI SDK's default) re-sends the whole conversation each step, with the earlier output items as
+references and no ``previous_response_id``. When the input begins with exactly the context of the
+stored response that holds its last reference (references by id, other items equal but for their
+ids), that response is the turn's parent: only the rest is new, so the turn is classified and
+rendered as a continuation (an append onto the parent's tokens when this process has them).
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from cache.items import ItemLog
 from cache.state import ResponseState
-from cache.store import ResponseStore, StoreUnavailable
+from cache.store import ResponseStore, StoredItem, StoreUnavailable
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
 from gateway.turn.compaction import Compactor
@@ -59,17 +68,26 @@ class Resolver:
         lap("validate")
 
         parent = await self.parent(req.previous_response_id, ctx)
-        lap("resolve")
         base_context = parent.context if parent is not None else ItemLog()
-        new_items, new_calls = self._new_items(raw_items, base_context)
+        stored = await self._stored_items(raw_items, base_context, ctx)
+        lap("resolve")
+        new_items, new_calls = self._new_items(raw_items, base_context, stored)
+        resent: list[Item] = []  # the implied parent's context, as the client re-sent it
+        if parent is None and stored:
+            implied = await self._implied_parent(raw_items, new_items, stored, ctx)
+            if implied is not None:
+                parent, base_context = implied, implied.context
+                resent, new_items = new_items[:len(base_context)], new_items[len(base_context):]
+                new_calls = {it["call_id"]: it for it in new_items if it.get("type") in CALL_TYPES}
         new_items, compacted, trigger = self.compactor.window(new_items)
         if compacted and parent is not None:
-            parent, base_context = None, ItemLog()
+            parent, base_context, resent = None, ItemLog(), []
         pending = _check_pairing(new_items, base_context, parent, gen)
         lap("validate")  # the new items are validated against the resolved parent
         return TurnInput(
             req=req, route=route, tools=tools, prelude=prelude_of(req, tools), parent=parent,
-            base_context=base_context, new_items=tuple(new_items), new_calls=new_calls, pending_calls=pending,
+            base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
+            new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
         )
 
@@ -100,7 +118,42 @@ class Resolver:
         self.metrics.not_found.labels(ctx.transport).inc()
         raise previous_response_not_found(prev)
 
-    def _new_items(self, raw_items: list[Any], context: ItemLog) -> tuple[list[Item], dict[str, Item]]:
+    async def _stored_items(self, raw_items: list[Any], context: ItemLog, ctx: TurnContext) -> dict[str, StoredItem]:
+        """The references the parent's context does not hold, looked up among the tenant's stored items."""
+        wanted = [raw.id for raw in raw_items if isinstance(raw, ItemReference) and not context.has_id(raw.id)]
+        if not wanted:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            return await self.store.items(wanted, ctx.tenant)
+        except StoreUnavailable:
+            raise store_unavailable() from None
+        finally:
+            self.metrics.store_latency.labels("items").observe(time.perf_counter() - t0)
+
+    async def _implied_parent(self, raw_items: list[Any], items: list[Item], stored: dict[str, StoredItem],
+                              ctx: TurnContext) -> ResponseState | None:
+        """The stored response whose whole context the input begins with (see the module docstring)."""
+        last = next((raw.id for raw in reversed(raw_items) if isinstance(raw, ItemReference) and raw.id in stored),
+                    None)
+        if last is None:
+            return None
+        home = stored[last].response_id
+        state = ctx.conn_cache.get(home) if ctx.conn_cache is not None else None
+        if state is None:
+            try:
+                state = await self.store.get(home, ctx.tenant)
+            except StoreUnavailable:
+                raise store_unavailable() from None
+        if state is None or state.status not in CHAINABLE or len(state.context) > len(items):
+            return None
+        if not all(_same_item(a, b) for a, b in zip(items, state.context)):
+            return None
+        self.metrics.parent_resolution.labels("items").inc()
+        return state
+
+    def _new_items(self, raw_items: list[Any], context: ItemLog,
+                   stored: dict[str, StoredItem]) -> tuple[list[Item], dict[str, Item]]:
         items: list[Item] = []
         seen: set[str] = set()
         calls: dict[str, Item] = {}
@@ -109,6 +162,8 @@ class Resolver:
                 item = canonical_item(Message(role="user", content=raw))
             elif isinstance(raw, ItemReference):
                 ref = context.get(raw.id)
+                if ref is None and raw.id in stored:
+                    ref = stored[raw.id].item
                 if ref is None:
                     raise bad_request(f"Item with id '{raw.id}' not found.", code="invalid_value",
                                       param=f"input[{i}].id")
@@ -144,6 +199,19 @@ class Resolver:
             raise bad_request(f"Invalid 'input[{i}].encrypted_content': {exc}.", code="invalid_encrypted_content",
                               param=f"input[{i}].encrypted_content") from None
         return dict(item, content=[{"type": "reasoning_text", "text": text}])
+
+
+#: keys that differ between an item a client re-sends and the one the server kept (same rendering)
+_VOLATILE = frozenset({"id", "status"})
+
+
+def _same_item(sent: Item, kept: Item) -> bool:
+    """The re-sent item renders as the kept one: equal but for ids and status."""
+    if sent is kept:
+        return True
+    if sent.keys() - _VOLATILE != kept.keys() - _VOLATILE:
+        return False
+    return all(sent[k] == kept[k] for k in sent if k not in _VOLATILE)
 
 
 def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | None,

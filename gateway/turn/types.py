@@ -58,6 +58,9 @@ class TurnInput:
     #: the parent's items (what the new items are appended to)
     base_context: ItemLog
     new_items: tuple[Item, ...]
+    #: the request's items as ``input_items`` lists them: ``new_items``, after what an implied
+    #: parent's context the client re-sent (``gateway.turn.resolve``)
+    input_items: tuple[Item, ...]
     #: call_id -> call item, of the calls among the new items
     new_calls: Mapping[str, Item]
     #: tool calls still unanswered after the new items
