@@ -28,6 +28,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     #: Optional JSON schema / grammar constraint (engines that cannot honour it ignore it).
     structured: dict | None = None
+    #: keeps prefix-cache blocks apart: prompts under different salts never share cached KV
+    #: (vLLM folds it into its block hashes); the gateway derives it from the tenant
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -85,8 +88,8 @@ class Engine(Protocol):
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
     ) -> AsyncIterator[TokenDelta]: ...
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
-        """Compute and cache the KV of ``prompt_ids`` without producing output.
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+        """Compute and cache the KV of ``prompt_ids`` (under ``cache_salt``) without producing output.
 
         A ``generate: false`` warm-up calls it in the background, so the first real turn after
         the warm-up prefills only its own delta. Engines without a prefix cache do nothing.

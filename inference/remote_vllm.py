@@ -150,12 +150,13 @@ class RemoteVllmEngine:
 
     # -- generation --------------------------------------------------------------------------
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
         """One-token generation whose output is discarded: the server keeps the prompt's KV blocks
         in its prefix cache, so the turn after a warm-up prefills only its delta."""
         if self._client is None or not len(prompt_ids):
             return
-        async for _ in self.generate(request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0)):
+        async for _ in self.generate(request_id, prompt_ids,
+                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)):
             pass
         self.stats.prefills += 1
 
@@ -183,6 +184,8 @@ class RemoteVllmEngine:
             "stream_options": {"include_usage": True},
             "output_mode": "tokens",
         }
+        if params.cache_salt:
+            body["cache_salt"] = params.cache_salt
         if self.settings.model:
             body["model"] = self.settings.model
         return body

@@ -79,18 +79,23 @@ class PrefixCache:
     the longest common prefix with any entry, rounded down to whole blocks, and never the whole
     prompt (the last prompt token is always recomputed to produce logits, as in vLLM). ``add``
     drops the entries the new sequence extends, so an agent loop holds one entry per
-    conversation and a turn costs about one pass over its prompt, in C.
+    conversation and a turn costs about one pass over its prompt, in C. Entries are kept per
+    ``cache_salt``, as vLLM folds the salt into its block hashes: a prompt never hits a sequence
+    served under another salt.
     """
 
     def __init__(self, entries: int = 8, block_size: int = 16) -> None:
         self._entries: list[list[int]] = []
+        self._salts: dict[int, str | None] = {}
         self._max = max(1, entries)
         self._block = max(1, block_size)
 
-    def lookup(self, prompt: list[int]) -> CacheMatch:
+    def lookup(self, prompt: list[int], salt: str | None = None) -> CacheMatch:
         best = 0
         covered = []
         for seq in self._entries:
+            if self._salts.get(id(seq)) != salt:
+                continue
             n = common_prefix_len(prompt, seq)
             best = max(best, n)
             if n == len(seq):
@@ -98,11 +103,13 @@ class PrefixCache:
         best = min(best, len(prompt) - 1)
         return CacheMatch(max(0, best - best % self._block), tuple(covered))
 
-    def add(self, seq: list[int], supersedes: Sequence[list[int]] = ()) -> None:
+    def add(self, seq: list[int], supersedes: Sequence[list[int]] = (), salt: str | None = None) -> None:
         gone = {id(s) for s in supersedes}
         self._entries = [s for s in self._entries if id(s) not in gone]
         self._entries.append(seq)
         del self._entries[: -self._max]
+        self._salts = {id(s): self._salts.get(id(s)) for s in self._entries}
+        self._salts[id(seq)] = salt
 
 
 def _chunks(
@@ -216,15 +223,15 @@ class SimulatedEngine:
     def ready(self) -> bool:
         return self._started
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
         """Warm the emulated prefix cache (and pay the emulated prefill time)."""
         if self._cache is None:
             return
         prompt = _as_list(prompt_ids)
-        cached = self._cache.lookup(prompt)
+        cached = self._cache.lookup(prompt, cache_salt)
         if self.prefill_tps:
             await asyncio.sleep((len(prompt) - cached.cached) / self.prefill_tps)
-        self._cache.add(list(prompt), supersedes=cached.covered)
+        self._cache.add(list(prompt), supersedes=cached.covered, salt=cache_salt)
         self.stats.prefills += 1
 
     def _turn(self, prompt: list[int]) -> Turn:
@@ -253,7 +260,7 @@ class SimulatedEngine:
         match = CacheMatch(0)
         outcome = "aborted"
         try:
-            match = self._cache.lookup(prompt) if self._cache is not None else CacheMatch(0)
+            match = self._cache.lookup(prompt, params.cache_salt) if self._cache is not None else CacheMatch(0)
             cached = match.cached
             stats.cached_tokens += cached
             turn = self._turn(prompt)
@@ -330,4 +337,4 @@ class SimulatedEngine:
             if self._cache is not None:
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
-                self._cache.add(list(prompt) + output[:-1], supersedes=match.covered)
+                self._cache.add(list(prompt) + output[:-1], supersedes=match.covered, salt=params.cache_salt)

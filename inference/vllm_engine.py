@@ -140,12 +140,13 @@ class VllmEngine:
             kwargs["structured_outputs"] = StructuredOutputsParams(**params.structured)
         return VSamplingParams(**kwargs)
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
         """One-token generation whose output is discarded: vLLM keeps the prompt's KV blocks in
         its prefix cache, so the turn after a warm-up prefills only its delta."""
         if self._llm is None or not len(prompt_ids):
             return
-        async for _ in self.generate(request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0)):
+        async for _ in self.generate(request_id, prompt_ids,
+                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)):
             pass
         self.stats.prefills += 1
 
@@ -165,7 +166,7 @@ class VllmEngine:
             stats.running -= 1
             raise EngineError(f"invalid sampling parameters: {exc}") from exc
         # an already-rendered EngineInput: vLLM skips its (deprecated) raw-prompt preprocessing
-        gen = self._llm.generate(tokens_input(ids), sampling, request_id)
+        gen = self._llm.generate(tokens_input(ids, cache_salt=params.cache_salt), sampling, request_id)
         first = True
         finished = False
         try:

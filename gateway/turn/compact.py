@@ -19,6 +19,7 @@ from gateway.turn.classify import ClassifyStage
 from gateway.turn.compaction import Compactor, Summary, SummaryFailed, SummaryTooLong
 from gateway.turn.render import render
 from gateway.turn.resolve import Resolver
+from gateway.turn.sampling import cache_salt_of
 from gateway.turn.types import TurnContext, UsageHook
 from gateway.wire.errors import ApiError, bad_request, missing_parameter, server_error
 from gateway.wire.items import new_id
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 COMPACT_PARAMS = frozenset({
     "model", "input", "instructions", "previous_response_id", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "service_tier", "image",
+    "prompt_cache_retention", "service_tier", "image", "cache_salt",
     # create fields that shape the rendered prompt; clients (Codex) may send them along
     "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text",
 })
@@ -63,7 +64,8 @@ class WindowCompaction:
         self.classify.report(verdicts, turn, ctx, response_id=response_id)
         route = turn.route
         try:
-            summary = await self.compactor.summarize(route, turn.prelude, history, f"{response_id}-compact")
+            summary = await self.compactor.summarize(route, turn.prelude, history, f"{response_id}-compact",
+                                                     cache_salt_of(ctx.tenant, turn.req))
         except SummaryTooLong as exc:
             raise ApiError(400, str(exc), code="context_length_exceeded", param="input") from None
         except SummaryFailed as exc:

@@ -165,7 +165,7 @@ class Compactor:
     # -- summarizing --------------------------------------------------------------------------
 
     async def summarize(self, route: ModelRoute, prelude: Prelude, history: Sequence[int],
-                        request_id: str) -> Summary:
+                        request_id: str, cache_salt: str | None = None) -> Summary:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
         Raises :class:`SummaryFailed` when the engine fails or writes nothing (with the tokens spent,
@@ -181,7 +181,7 @@ class Compactor:
             raise SummaryTooLong(f"The conversation is too long to compact with this model ({len(prompt)} tokens; "
                                  f"the context window is {route.max_context}).", Summary("", 0, 0, 0, 0))
         sampling = SamplingParams(max_tokens=min(self.max_summary_tokens, room), temperature=0.0, top_p=1.0,
-                                  stop_token_ids=tuple(renderer.stop_token_ids))
+                                  stop_token_ids=tuple(renderer.stop_token_ids), cache_salt=cache_salt)
         parser = renderer.parser(prelude)
         message: list[str] = []
         other: list[str] = []
@@ -240,7 +240,9 @@ class Compactor:
     async def compact_turn(self, turn: PreparedTurn, turn_ids: TokenSeq, reason: str) -> TurnCompaction:
         """Summarize the turn's whole context and re-render it pruned (prelude + kept + summary)."""
         route, renderer = turn.route, turn.route.renderer
-        summary = await self.summarize(route, turn.input.prelude, turn_ids, f"{turn.id}-compact")
+        assert turn.sampling is not None
+        summary = await self.summarize(route, turn.input.prelude, turn_ids, f"{turn.id}-compact",
+                                       turn.sampling.cache_salt)
         items = list(turn.input.base_context) + list(turn.input.new_items)  # O(history): a compaction is, by nature
         # kept verbatim: at most a quarter of the threshold, or the pruned context would not shrink
         kept = self.kept_users(renderer, items, contiguous=True,
@@ -252,7 +254,6 @@ class Compactor:
         self.metrics.render_tokens.labels("full").inc(len(ids))
         prompt_ids = TokenSeq(ids).extend(turn.rendered.gen_ids)
         room = route.max_context - len(prompt_ids)
-        assert turn.sampling is not None
         max_out = turn.req.max_output_tokens
         sampling = dataclasses.replace(turn.sampling, max_tokens=room if max_out is None else min(room, max_out))
         self.compactions.labels(reason).inc()

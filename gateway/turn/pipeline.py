@@ -84,7 +84,7 @@ class Pipeline:
         lap.lap("classify")
         rendered = render_stage.render(turn)
         render_stage.observe(self.metrics, rendered)
-        sampling = sampling_for(turn, rendered)
+        sampling = sampling_for(turn, rendered, ctx.tenant)
         response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
                                      tools=list(turn.tools), store=turn.store)
         log_context.response_id.set(response["id"])

@@ -4,7 +4,13 @@
 
 Only now is the parent's shared token buffer extended (at its tip: O(new)). A failure after the
 response exists is a response with status ``failed``, not an exception: the client has already
-seen ``response.created``. When the consumer goes away mid-turn (socket closed, SSE client gone,
+seen ``response.created``.
+
+``parallel_tool_calls: false`` allows one call per response. Harmony models stop at a call by
+themselves (``<|call|>`` is a stop token); a chat-template model may write several
+``<tool_call>`` blocks, so the turn stops the engine once the first call closed and drops what
+followed. Its history is then the canonical rendering of the kept output (what a full render
+would produce: exact), not the sampled tokens that ran past the call. When the consumer goes away mid-turn (socket closed, SSE client gone,
 task cancelled) the generator is closed: the engine request is aborted and a ``cancelled``
 snapshot with the tokens processed so far is finalized (and billed).
 """
@@ -23,11 +29,13 @@ from gateway.base.settings import Settings
 from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
 from gateway.turn.finalize import Finalizer, Outcome
+from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, UsageHook
-from gateway.wire.kinds import ResponseStatus
+from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
 from inference.engine import EngineError
+from inference.parse import ItemEnd, ItemStart, ParseEvent
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,7 @@ class TurnRunner:
         first_token_at: float | None = None
         sampling, summary, compacted = turn.sampling, None, None
         compact = self.compactor.wanted(turn)
+        single = _SingleCall() if turn.req.parallel_tool_calls is False else None
         agen = None
         finished_cleanly = False
 
@@ -102,8 +111,14 @@ class TurnRunner:
                     if delta.num_cached_tokens is not None:
                         cached = delta.num_cached_tokens
                     sampled.extend(delta.token_ids)
-                    for ev in events.feed(parser.feed(delta.token_ids)):
+                    parsed = parser.feed(delta.token_ids)
+                    if single is not None:
+                        parsed = single.keep(parsed)
+                    for ev in events.feed(parsed):
                         yield ev
+                    if single is not None and single.done and delta.finish_reason is None:
+                        finish = "single_call"  # the engine is stopped below (aclose aborts it)
+                        break
                     if delta.finish_reason is not None:
                         finish, stop_token = delta.finish_reason, delta.stop_token_id
                         if finish == "abort":
@@ -120,11 +135,18 @@ class TurnRunner:
             except Exception:
                 log.exception("engine crashed on response %s", turn.id)
                 finish = "error"
-            for ev in (events.feed(parser.finish()) if finish != "error" else []):
+            for ev in (events.feed(parser.finish()) if finish not in ("error", "single_call") else []):
                 yield ev
             usage = spent()
             history: TokenSeq | None = None
-            if finish == "error":
+            exact = finish == "stop" and stop_token is not None
+            if finish == "single_call":
+                history = _canonical_history(turn, prompt_ids, events.output)
+                exact = history is not None
+                if history is None:  # the renderer cannot say: keep what was sampled, re-render next turn
+                    history = prompt_ids.extend(sampled)
+                terminal = events.complete(usage)
+            elif finish == "error":
                 terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
             elif finish == "length":
                 terminal = events.incomplete(usage, "max_output_tokens")
@@ -133,7 +155,7 @@ class TurnRunner:
                 terminal = events.complete(usage)
                 history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
             self.finalizer.finish(turn, Outcome(
-                events.status, events.output, usage, history, exact=finish == "stop" and stop_token is not None,
+                events.status, events.output, usage, history, exact=exact,
                 copied_bytes=copied, compacted=compacted, first_token_at=first_token_at), on_usage)
             finished_cleanly = True
             if turn.input.store and turn.ctx.transport == "http" and getattr(self.store, "shared", False):
@@ -184,7 +206,7 @@ class TurnRunner:
 
         async def prefill() -> None:
             try:
-                await turn.route.engine.prefill(turn.id + "-prefill", ids)
+                await turn.route.engine.prefill(turn.id + "-prefill", ids, cache_salt_of(turn.ctx.tenant, turn.req))
             except Exception:  # a failed warm-up prefill only costs the next turn a longer prefill
                 log.warning("prefill after warm-up %s failed", turn.id, exc_info=True)
 
@@ -197,6 +219,42 @@ class TurnRunner:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+class _SingleCall:
+    """``parallel_tool_calls: false``: passes parse events up to the end of the first tool call."""
+
+    __slots__ = ("_in_call", "done")
+
+    def __init__(self) -> None:
+        self._in_call = False
+        self.done = False
+
+    def keep(self, events: list[ParseEvent]) -> list[ParseEvent]:
+        for i, ev in enumerate(events):
+            if isinstance(ev, ItemStart):
+                if self._in_call:  # a new item closes the call implicitly
+                    self.done = True
+                    return events[:i]
+                self._in_call = ev.kind in CALL_TYPES
+            elif isinstance(ev, ItemEnd) and self._in_call:
+                self.done = True
+                return events[: i + 1]
+        return events
+
+
+def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[dict]) -> TokenSeq | None:
+    """The prompt plus the canonical tokens of ``output`` (by the incremental contract, what a full
+    render of the conversation would give), or None when the renderer's rendering does not start
+    with the generation prompt the turn used."""
+    gen = turn.rendered.gen_ids
+    try:
+        tokens = turn.route.renderer.render_items(output)
+    except ValueError:
+        return None
+    if tokens[:len(gen)] != gen:
+        return None
+    return prompt_ids.extend(tokens[len(gen):])
 
 
 def _partial(exc: EngineError, summary: Summary | None) -> Summary | None:

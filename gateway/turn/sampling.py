@@ -3,10 +3,17 @@
 ``max_tokens`` is whatever room the context leaves, capped by ``max_output_tokens``; structured
 output (``tool_choice`` required or named, ``text.format`` json_schema/json_object) becomes the
 renderer's constraint, because only the renderer knows its tool-call syntax.
+
+**Cache salt.** Every engine request carries a salt derived from the tenant, and from the client's
+``prompt_cache_key`` / ``cache_salt`` when given. vLLM folds the salt into its prefix-cache block
+hashes, so two tenants never share cached KV (a shared block would be a timing signal: one tenant
+could probe what another's prompts contain), while one tenant's chains — same salt every turn —
+reuse theirs. A client that sends a different key or salt asks for a separate cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from gateway.turn.types import Rendered, TurnInput
@@ -14,7 +21,14 @@ from gateway.wire.request import CreateRequest
 from inference.engine import SamplingParams
 
 
-def sampling_for(turn: TurnInput, rendered: Rendered) -> SamplingParams | None:
+def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
+    """The engine's prefix-cache salt for this tenant and request (hex: safe for any engine)."""
+    parts = (b"respgate.salt.v1", (tenant or "").encode(), (req.prompt_cache_key or "").encode(),
+             (req.cache_salt or "").encode())
+    return hashlib.blake2b(b"\0".join(parts), digest_size=16).hexdigest()
+
+
+def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None) -> SamplingParams | None:
     """None for a ``generate: false`` warm-up (nothing is sampled)."""
     if not turn.generate:
         return None
@@ -27,6 +41,7 @@ def sampling_for(turn: TurnInput, rendered: Rendered) -> SamplingParams | None:
         seed=req.seed,
         stop_token_ids=tuple(route.renderer.stop_token_ids),
         structured=route.renderer.constraint(turn.prelude, text_format(req)),
+        cache_salt=cache_salt_of(tenant, req),
     )
 
 

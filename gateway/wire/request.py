@@ -103,7 +103,9 @@ class CreateRequest(_Strict):
     truncation: Literal["auto", "disabled"] | None = None
     include: list[IncludeValue] | None = None
     metadata: dict[str, str] | None = None
-    prompt_cache_key: str | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    #: vLLM's per-request prefix-cache salt (not in OpenAI's schema): separates this client's caches
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: dict[str, Any] | None = None
     safety_identifier: str | None = None
