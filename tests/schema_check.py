@@ -114,6 +114,14 @@ def sdk_check_event(ev: dict[str, Any], *, ws: bool = False) -> list[str]:
     return problems
 
 
+#: our (OpenAI's, the SDK's) event type -> (the document's schema, its type) for events the document
+#: names differently: its raw-reasoning events are ``response.reasoning.delta`` / ``.done``
+RENAMED: dict[str, tuple[str, str]] = {
+    "response.reasoning_text.delta": ("ResponseReasoningDeltaStreamingEvent", "response.reasoning.delta"),
+    "response.reasoning_text.done": ("ResponseReasoningDoneStreamingEvent", "response.reasoning.done"),
+}
+
+
 class OpenResponses:
     """The OpenResponses document as validators, plus a record of what it has no schema for."""
 
@@ -181,6 +189,12 @@ class OpenResponses:
             else:
                 tools.append(t)
         resp["tools"] = tools
+        fmt = (resp.get("text") or {}).get("format") or {}
+        if fmt.get("type") == "json_schema":
+            # the document types JsonSchemaResponseFormat.schema as {"type": "null"}, so no echoed
+            # schema could ever match; the other required keys (name, description, strict) are checked
+            self.gaps["text.format json_schema 'schema' (the document types it as null)"] += 1
+            resp["text"] = dict(resp["text"], format=dict(fmt, schema=None))
         return resp
 
     # -- entry points -------------------------------------------------------------------------------
@@ -193,10 +207,14 @@ class OpenResponses:
         if kind == "error" and ws:
             return self.errors(ev, self.ws_error_schema)
         name = self.event_schemas.get(kind)
-        if name is None:
+        ev = dict(ev)
+        if name is None and kind in RENAMED:
+            # same fields under another name: validate the body against the document's event
+            self.gaps[f"event type {kind!r} (checked as {RENAMED[kind][1]!r})"] += 1
+            name, ev["type"] = RENAMED[kind]
+        elif name is None:
             self.gaps[f"event type {kind!r}"] += 1
             return []
-        ev = dict(ev)
         if ws:
             ev.pop("stream_id", None)
         if "response" in ev:

@@ -13,13 +13,15 @@ back is checked twice (see :mod:`tests.schema_check`):
     object against ``ErrorPayload``, ``/responses/compact`` answers against ``CompactResource``.
 
 What the document (version 2026-04-24) has no schema for, and so is checked with the SDK only:
-the event types ``response.reasoning_text.delta`` / ``.done`` (the document names its raw-reasoning
-events ``response.reasoning.delta`` / ``.done``; ours are the names OpenAI and the SDK use),
-``response.custom_tool_call_input.delta`` / ``.done``; the ``custom_tool_call`` item type (in
-``output`` and in ``output_item.*`` events) and ``custom`` tools in ``Response.tools`` — its
-``ItemField`` and ``Tool`` unions know only message / function_call / function_call_output /
-reasoning / compaction items and function tools. Those are left out of the OpenResponses
-validation, counted, and listed by :func:`test_zz_counts_and_coverage`.
+the event types ``response.custom_tool_call_input.delta`` / ``.done``; the ``custom_tool_call``
+item type (in ``output`` and in ``output_item.*`` events) and ``custom`` tools in
+``Response.tools`` — its ``ItemField`` and ``Tool`` unions know only message / function_call /
+function_call_output / reasoning / compaction items and function tools. Those are left out of
+the OpenResponses validation, counted, and listed by :func:`test_zz_counts_and_coverage`.
+Two more are validated in part: ``response.reasoning_text.delta`` / ``.done`` (the names OpenAI
+and the SDK use) are checked against the document's ``response.reasoning.delta`` / ``.done``
+schemas, which have the same fields; and an echoed ``text.format`` of type ``json_schema`` is
+checked with its ``schema`` blanked, because the document types that field as ``null``.
 
 The count of events validated (per transport) is printed by the last test.
 """
@@ -37,9 +39,7 @@ from websockets.sync.client import ClientConnection, connect
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
-from openai.types.responses.response_compact_params import ResponseCompactParams  # noqa: F401  (SDK present)
 from openai.types.responses.compacted_response import CompactedResponse
-from openai.types.responses.responses_server_event import ResponseWsError
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import parse_sse, post
 from tests.schema_check import OpenResponses, sdk_check, sdk_check_event, sdk_check_response
@@ -77,8 +77,6 @@ def check_events(events: list[dict[str, Any]], transport: str) -> None:
     ws = transport == "ws"
     for ev in events:
         problems = sdk_check_event(ev, ws=ws) + OR.event_errors(ev, ws=ws)
-        if ws and ev["type"] == "error":
-            problems += sdk_check(ev, ResponseWsError, frozenset({"stream_id"}))
         assert not problems, f"{transport} {ev['type']} #{ev.get('sequence_number')}: " + "\n".join(problems)
         COUNTS[transport] += 1
         SEEN[transport].add(ev["type"])
@@ -169,6 +167,15 @@ def test_reasoning_hidden(make_gateway):
     every_transport(live, {"input": "hi"})
 
 
+def test_json_schema_text_format(make_gateway):
+    live = make_gateway(engine=always(Turn(text='{"city": "Paris"}')))
+    fmt = {"type": "json_schema", "name": "place", "schema": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}
+    got = every_transport(live, {"input": "Where?", "text": {"format": fmt, "verbosity": "low"}})
+    echoed = got["json"][0]["text"]["format"]
+    assert echoed["schema"] == fmt["schema"] and echoed["strict"] is False and echoed["description"] is None
+
+
 def test_function_calls(make_gateway):
     live = make_gateway(engine=always(Turn(reasoning="I should look it up.", commentary="Let me check.",
                                            tool_calls=(ToolCall("get_weather", {"city": "Paris"}),))))
@@ -223,7 +230,14 @@ def test_compaction_in_a_create_and_the_compact_endpoint(make_gateway):
     r = post(live, {"model": MODEL, "previous_response_id": first.json()["id"], "input": "and then?"},
              path="/responses/compact")
     assert r.status_code == 200, r.text
-    problems = sdk_check(r.json(), CompactedResponse) + OR.errors(r.json(), "CompactResource")
+    body = r.json()
+    assert body["output"][0]["role"] == "user"
+    # The SDK's CompactedResponse.output union has no input (user) message, though the window
+    # carries the kept user messages first (as OpenAI's does, and OpenResponses' example shows):
+    # the SDK check covers the rest of the body, OpenResponses the whole of it.
+    sdk_view = dict(body, output=[o for o in body["output"] if o.get("role") != "user"])
+    OR.gaps["user message in CompactedResponse.output (the SDK's type)"] += len(body["output"]) - len(sdk_view["output"])
+    problems = sdk_check(sdk_view, CompactedResponse) + OR.errors(body, "CompactResource")
     assert not problems, "\n".join(problems)
     COUNTS["compact"] += 1
 
@@ -298,4 +312,4 @@ def test_zz_counts_and_coverage(capsys):
         print("[schemas] not in the OpenResponses document (SDK-checked only): "
               + "; ".join(f"{g} x{OR.gaps[g]}" for g in lacking))
     assert {"event type 'response.custom_tool_call_input.delta'",
-            "event type 'response.reasoning_text.delta'"} <= set(OR.gaps)
+            "event type 'response.reasoning_text.delta' (checked as 'response.reasoning.delta')"} <= set(OR.gaps)
