@@ -43,6 +43,12 @@ SDK_ABSENT_OK: dict[tuple[str, str], str] = {
     ("ResponseCompactionItem", "created_by"):
         "OpenResponses types CompactionBody.created_by as a (non-null) string and the gateway has no "
         "actor id to put there",
+    # The WebSocket error envelope as the project's spec pins it (spec/ws-mode.md §4.3):
+    ("ResponseWsError", "sequence_number"):
+        "present when the error comes out of a response stream, absent on a request or connection error",
+    ("ResponseWsErrorError", "headers"): "present when the error carries headers (rate limits)",
+    ("ResponseWsErrorError", "misalignment"):
+        "the envelope's error object is exactly type/code/message/param(/headers)",
 }
 #: WebSocket envelope fields the SDK's ``ResponsesServerEvent`` variants declare: ``stream_id`` is
 #: sent only on multiplexed lanes (a create that named one).

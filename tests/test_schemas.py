@@ -278,7 +278,7 @@ def test_sdk_round_trip_of_output_items(make_gateway):
     live = make_gateway(engine=always(Turn(reasoning="r", commentary="c",
                                            tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))))
     first = post(live, {"model": MODEL, "input": "Weather?", "tools": [WEATHER_TOOL]}).json()
-    items = [o.model_dump(mode="json") for o in Response.model_validate(first).output]
+    items = [o.model_dump(mode="json", by_alias=True) for o in Response.model_validate(first).output]
     call = items[-1]
     body = {"model": MODEL, "tools": [WEATHER_TOOL], "store": False,
             "input": [{"type": "message", "role": "user", "content": "Weather?"}, *items,

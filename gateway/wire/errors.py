@@ -34,10 +34,10 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def ws_frame(self, stream_id: str | None = None) -> dict[str, Any]:
-        # every key the SDK's ResponseWsError declares is present (null when it has no value)
-        err: dict[str, Any] = {"type": self.type, "code": self.code, "message": self.message, "param": self.param,
-                               "headers": dict(self.headers) if self.headers else None, "misalignment": None}
-        frame: dict[str, Any] = {"type": "error", "status": self.status, "sequence_number": None, "error": err}
+        err: dict[str, Any] = {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
+        if self.headers:
+            err["headers"] = dict(self.headers)
+        frame: dict[str, Any] = {"type": "error", "status": self.status, "error": err}
         if stream_id is not None:
             frame["stream_id"] = stream_id
         return frame
