@@ -98,7 +98,7 @@ def test_compact_with_previous_response_id_and_usage_is_billed(make_gateway):
              path="/responses/compact")
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"id", "object", "created_at", "output", "usage"}
+    assert set(body) == {"id", "object", "created_at", "output", "usage", "image"}
     assert body["object"] == "response.compaction"
     assert body["output"][-1]["type"] == "compaction"
     prompt = decoded(live.engine.stats.prompts[-1])

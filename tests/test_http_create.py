@@ -418,7 +418,8 @@ def test_reasoning_summary_auto_produces_summary_text(make_gateway):
 def test_reasoning_without_summary_has_empty_summary(make_gateway):
     live = make_gateway(engine=scripted(Turn(reasoning="private thoughts", text="Sunny")))
     body = create(live, input="hi")
-    assert body["reasoning"] == {"effort": None, "summary": None}
+    assert body["reasoning"] == {"effort": None, "summary": None, "context": None, "generate_summary": None,
+                                 "mode": None}
     item = body["output"][0]
     assert item["type"] == "reasoning" and item["summary"] == []
     assert body["usage"]["output_tokens_details"]["reasoning_tokens"] > 0

@@ -80,7 +80,7 @@ class WindowCompaction:
         self.compactor.compactions.labels("endpoint").inc()
         self._bill(route, ctx, response_id, ResponseStatus.COMPLETED, summary, created, t0, on_usage)
         return {"id": response_id, "object": "response.compaction", "created_at": int(created),
-                "output": kept + [item], "usage": usage}
+                "output": kept + [item], "usage": usage, "image": None}  # image: declared by the SDK's type
 
     def _bill(self, route: ModelRoute, ctx: TurnContext, response_id: str, status: str, summary: Summary,
               created: float, t0: float, on_usage: UsageHook | None) -> None:

@@ -100,19 +100,19 @@ class ResponseEvents:
         idx = len(self.output)
         self._text = []
         if start.kind == "message":
+            # phase: the harmony channel as OpenAI names it (OpenResponses types it as a string, so
+            # it is always set; chat-template models only ever write final answers)
             item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress",
-                                    "role": "assistant", "content": []}
-            if start.phase == "commentary":
-                item["phase"] = "commentary"
+                                    "role": "assistant", "content": [],
+                                    "phase": "commentary" if start.phase == "commentary" else "final_answer"}
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
         else:  # a tool call: its shape comes from the kinds map
             kind = call_kind(start.kind)
             assert kind is not None, start.kind
             item = {"id": new_id(kind.id_prefix), "type": kind.call, "status": "in_progress",
-                    "call_id": new_id("call")[:29], "name": start.name or "", kind.payload: ""}
-            if start.namespace:
-                item["namespace"] = start.namespace
+                    "call_id": new_id("call")[:29], "name": start.name or "", kind.payload: "",
+                    "namespace": start.namespace or None, "async": None, "caller": None}
         self._open = item
         self.output.append(item)
         events = [self._ev("response.output_item.added", output_index=idx, item=dict(item, content=list(item["content"]))
@@ -183,7 +183,7 @@ class ResponseEvents:
                 events.append(self._ev("response.reasoning_summary_text.done", item_id=item["id"], output_index=idx,
                                        summary_index=0, text=text))
                 events.append(self._ev("response.reasoning_summary_part.done", item_id=item["id"], output_index=idx,
-                                       summary_index=0, part=part))
+                                       summary_index=0, part=part, status=None if complete else "incomplete"))
                 item["summary"] = [part]
                 item["content"] = [{"type": "reasoning_text", "text": text}]
             else:
@@ -217,7 +217,8 @@ class ResponseEvents:
         return self._terminate(ResponseStatus.INCOMPLETE, usage, incomplete_details={"reason": reason})
 
     def fail(self, usage: dict[str, Any] | None, code: str, message: str) -> list[Event]:
-        return self._terminate(ResponseStatus.FAILED, usage, error={"code": code, "message": message})
+        return self._terminate(ResponseStatus.FAILED, usage, error={
+            "code": code, "message": message, "type": "server_error", "param": None, "misalignment": None})
 
     def cancel(self, usage: dict[str, Any] | None) -> None:
         """Client went away: the snapshot becomes ``cancelled``; no event is sent (nobody listens)."""

@@ -97,6 +97,10 @@ class CreateRequest(_Strict):
     max_output_tokens: int | None = Field(default=None, ge=16)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
+    #: echoed on the Response (OpenResponses requires both); the engines' SamplingParams have no
+    #: penalties yet, so they do not change sampling
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
