@@ -69,6 +69,7 @@ def test_in_flight_turn_completes_then_error_and_1001_and_every_usage_record_is_
     done = next(f for f in frames if f["type"] == "response.completed")["response"]
     assert done["id"] == in_flight and done["output"][-1]["content"][0]["text"] == "slow " * 60
     assert types[-1] == "error" and frames[-1]["status"] == 503 and frames[-1]["error"]["type"] == "server_error"
+    assert frames[-1]["error"]["code"] == "server_shutting_down"
     assert code == 1001
     assert [f["type"] for f in idle_frames] == ["error"] and idle_code == 1001
     assert engine.stats.requests == requests_before and engine.stats.aborts == 0

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
-SHUTTING_DOWN = ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error", code=None)
+SHUTTING_DOWN = ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error",
+                         code="server_shutting_down")  # a string: WebSocketErrorEvent requires one
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 
