@@ -463,6 +463,11 @@ class ChatTemplateRenderer:
             raise ValueError("outputs do not render as one assistant turn")
         return tokens[len(gp): len(tokens) - len(post)]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """UTF-8 of the token's text (a token that is part of a multi-byte character decodes to
+        U+FFFD: the tokenizer's decoder works on whole characters)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def count_text_tokens(self, text: str) -> int:
         return len(self._encode(text))
 

@@ -31,6 +31,19 @@ class SamplingParams:
     #: keeps prefix-cache blocks apart: prompts under different salts never share cached KV
     #: (vLLM folds it into its block hashes); the gateway derives it from the tenant
     cache_salt: str | None = None
+    #: report each sampled token's log probability and this many most likely alternatives
+    #: (None: no logprobs; 0: the sampled token's only)
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The engine's log probability of one sampled token, and its most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    #: (token id, logprob), most likely first
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -46,6 +59,8 @@ class TokenDelta:
     num_cached_tokens: int | None = None
     #: which stop token ended the request (it is included in ``token_ids`` when the engine emits it)
     stop_token_id: int | None = None
+    #: one per token of ``token_ids`` when the request asked for logprobs
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -303,6 +303,11 @@ class HarmonyRenderer:
             out[-1] = self._tok.end
         return out
 
+    def token_bytes(self, token_id: int) -> bytes:
+        vocab = vocab_bytes()
+        special = vocab.specials.get(token_id)
+        return special.encode() if special is not None else vocab.token_bytes(token_id)
+
     def count_text_tokens(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))
 

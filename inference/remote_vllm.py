@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
-from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta
+from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ class RemoteVllmEngine:
             sampling["seed"] = params.seed
         if params.structured:
             sampling["structured_outputs"] = params.structured
+        if params.logprobs is not None:
+            sampling["logprobs"] = params.logprobs
         body: dict[str, Any] = {
             "request_id": request_id,
             "token_ids": prompt_ids,
@@ -231,16 +233,18 @@ class RemoteVllmEngine:
                         toks = list(choice.get("token_ids") or ())
                         stats.generated_tokens += len(toks)
                         reason = choice.get("finish_reason")
+                        lps = _logprobs(choice.get("logprobs"), params.logprobs)
                         if reason is None:
                             if toks:
-                                yield TokenDelta(token_ids=toks)
+                                yield TokenDelta(token_ids=toks, logprobs=lps)
                             continue
                         finished = True
                         stop = choice.get("stop_reason")
                         stop_id = stop if isinstance(stop, int) and not isinstance(stop, bool) else None
                         if reason == "stop" and stop_id is None and toks and toks[-1] in params.stop_token_ids:
                             stop_id = toks[-1]
-                        last = TokenDelta(token_ids=toks, finish_reason=_finish(reason), stop_token_id=stop_id)
+                        last = TokenDelta(token_ids=toks, finish_reason=_finish(reason), stop_token_id=stop_id,
+                                          logprobs=lps)
                 if last is None:
                     failed = True
                     raise EngineError(f"vLLM stream for {request_id} ended without a finish reason")
@@ -306,3 +310,12 @@ def _finish(reason: str) -> FinishReason:
     if reason in ("stop", "length", "abort"):
         return reason  # type: ignore[return-value]
     return "error"
+
+
+def _logprobs(wire: Any, top: int | None) -> list[TokenLogprob] | None:
+    """``GenerateLogProbs`` (``{"content": [{token_id, logprob, top_logprobs: [...]}]}``) -> ours."""
+    if top is None or not isinstance(wire, dict) or not isinstance(wire.get("content"), list):
+        return None
+    return [TokenLogprob(int(c["token_id"]), float(c["logprob"]),
+                         tuple((int(t["token_id"]), float(t["logprob"])) for t in (c.get("top_logprobs") or ())[:top]))
+            for c in wire["content"]]

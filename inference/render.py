@@ -74,6 +74,9 @@ class Renderer(Protocol):
 
     def count_text_tokens(self, text: str) -> int: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (logprobs report them); a special token's own name."""
+
     def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """Structured-output constraint for the engine (vLLM ``StructuredOutputsParams`` fields), or
         None. Only the renderer knows its tool-call syntax, so it turns ``tool_choice`` (required or a

@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Sequence
 
-from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta
+from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
 from inference.harmony_core import harmony_encoding, harmony_tokens
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import Script, Turn, default_script, turn_tokens
@@ -69,6 +69,15 @@ class CacheMatch:
     cached: int
     #: entries that are whole prefixes of the prompt: the request's sequence supersedes them
     covered: tuple[list[int], ...] = ()
+
+
+def synthetic_logprob(token_id: int, position: int, top: int) -> TokenLogprob:
+    """The simulated model's logprobs: made up but deterministic and well formed (the sampled
+    token is the most likely, alternatives are neighbouring ids), so the gateway's logprob path
+    is exercised without weights. Real values come from the real engines."""
+    sampled = -0.05 * (1 + position % 5)
+    alts = tuple((token_id + k, sampled - 1.5 * k) for k in range(1, top))
+    return TokenLogprob(token_id, sampled, ((token_id, sampled), *alts) if top else ())
 
 
 class PrefixCache:
@@ -317,6 +326,9 @@ class SimulatedEngine:
                     finish_reason=finish,
                     num_cached_tokens=cached if first else None,
                     stop_token_id=stop_id,
+                    logprobs=None if params.logprobs is None else [
+                        synthetic_logprob(tok, len(output) - len(chunk) + i, params.logprobs)
+                        for i, tok in enumerate(chunk)],
                 )
                 first = False
                 if fail:

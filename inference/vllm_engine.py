@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
-from inference.engine import EngineError, EngineStats, SamplingParams, TokenDelta
+from inference.engine import EngineError, EngineStats, SamplingParams, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,8 @@ class VllmEngine:
         }
         if params.structured:
             kwargs["structured_outputs"] = StructuredOutputsParams(**params.structured)
+        if params.logprobs is not None:
+            kwargs["logprobs"] = params.logprobs
         return VSamplingParams(**kwargs)
 
     async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
@@ -188,6 +190,7 @@ class VllmEngine:
                     finish_reason=_finish(finish),
                     num_cached_tokens=cached,
                     stop_token_id=stop_id,
+                    logprobs=_logprobs(toks, completion.logprobs, params.logprobs),
                 )
                 if out.finished:
                     finished = True
@@ -211,3 +214,19 @@ def _finish(reason: str | None) -> Any:
     if reason == "abort":
         return "abort"
     return "error"
+
+
+def _logprobs(tokens: list[int], per_token: Any, top: int | None) -> list[TokenLogprob] | None:
+    """vLLM's per-position ``{token id: Logprob}`` dicts -> one :class:`TokenLogprob` per token."""
+    if top is None or per_token is None:
+        return None
+    out: list[TokenLogprob] = []
+    for tok, entry in zip(tokens, per_token):
+        if not entry:
+            out.append(TokenLogprob(tok, float("nan")))
+            continue
+        sampled = entry.get(tok)
+        ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30))
+        out.append(TokenLogprob(tok, float(sampled.logprob) if sampled is not None else float("nan"),
+                                tuple((t, float(lp.logprob)) for t, lp in ranked[:top])))
+    return out

@@ -46,6 +46,7 @@ class ResponseEvents:
         self._seq = 0
         self._open: dict[str, Any] | None = None
         self._text: list[str] = []
+        self._logprobs: list[dict[str, Any]] = []
         self._reasoning_mode = reasoning_mode
         self._seal = seal
 
@@ -71,9 +72,11 @@ class ResponseEvents:
 
     # -- items ----------------------------------------------------------------------------------
 
-    def feed(self, events: list[ParseEvent]) -> list[Event]:
+    def feed(self, events: list[ParseEvent], logprobs: dict[int, list[dict[str, Any]]] | None = None) -> list[Event]:
+        """``logprobs``: for the ``ItemDelta`` at an index of ``events``, the logprob entries of the
+        tokens that wrote it (message text only; ``gateway.turn.logprobs``)."""
         out: list[Event] = []
-        for pe in events:
+        for i, pe in enumerate(events):
             if isinstance(pe, ItemStart):
                 if self._open is not None:
                     out += self._close_item(complete=True)
@@ -81,7 +84,7 @@ class ResponseEvents:
             elif isinstance(pe, ItemDelta):
                 if self._open is None:
                     out += self._open_item(ItemStart("message", phase="final"))
-                out += self._delta(pe.text)
+                out += self._delta(pe.text, logprobs.get(i) if logprobs else None)
             elif isinstance(pe, ItemEnd):
                 if self._open is not None:
                     out += self._close_item(pe.complete)
@@ -99,6 +102,7 @@ class ResponseEvents:
     def _open_item(self, start: ItemStart) -> list[Event]:
         idx = len(self.output)
         self._text = []
+        self._logprobs = []
         if start.kind == "message":
             # phase: the harmony channel as OpenAI names it (OpenResponses types it as a string, so
             # it is always set; chat-template models only ever write final answers)
@@ -128,7 +132,7 @@ class ResponseEvents:
                                    summary_index=0, part={"type": "summary_text", "text": ""}))
         return events
 
-    def _delta(self, text: str) -> list[Event]:
+    def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
         if not text:
             return []
         item = self._open
@@ -137,8 +141,10 @@ class ResponseEvents:
         idx = len(self.output) - 1
         t = item["type"]
         if t == "message":
+            if logprobs:
+                self._logprobs += logprobs
             return [self._ev("response.output_text.delta", item_id=item["id"], output_index=idx, content_index=0,
-                             delta=text, logprobs=[])]
+                             delta=text, logprobs=logprobs or [])]
         kind = call_kind(t)
         if kind is not None:
             return [self._ev(kind.delta_event, item_id=item["id"], output_index=idx, delta=text)]
@@ -160,9 +166,9 @@ class ResponseEvents:
         events: list[Event] = []
         t = item["type"]
         if t == "message":
-            part = _text_part(text)
+            part = _text_part(text, self._logprobs)
             events.append(self._ev("response.output_text.done", item_id=item["id"], output_index=idx,
-                                   content_index=0, text=text, logprobs=[]))
+                                   content_index=0, text=text, logprobs=list(self._logprobs)))
             events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
                                    content_index=0, part=part))
             item["content"] = [part]
@@ -227,5 +233,5 @@ class ResponseEvents:
         self._terminate(ResponseStatus.CANCELLED, usage)
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or ())}

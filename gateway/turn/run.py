@@ -29,6 +29,7 @@ from gateway.base.settings import Settings
 from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
 from gateway.turn.finalize import Finalizer, Outcome
+from gateway.turn.logprobs import LogprobAttribution
 from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, UsageHook
@@ -85,6 +86,7 @@ class TurnRunner:
         sampling, summary, compacted = turn.sampling, None, None
         compact = self.compactor.wanted(turn)
         single = _SingleCall() if turn.req.parallel_tool_calls is False else None
+        attribution = LogprobAttribution(turn.route.renderer) if turn.sampling.logprobs is not None else None
         agen = None
         finished_cleanly = False
 
@@ -111,10 +113,14 @@ class TurnRunner:
                     if delta.num_cached_tokens is not None:
                         cached = delta.num_cached_tokens
                     sampled.extend(delta.token_ids)
-                    parsed = parser.feed(delta.token_ids)
+                    lps = None
+                    if attribution is not None and delta.logprobs:
+                        parsed, lps = attribution.feed(parser, delta.token_ids, delta.logprobs)
+                    else:
+                        parsed = parser.feed(delta.token_ids)
                     if single is not None:
-                        parsed = single.keep(parsed)
-                    for ev in events.feed(parsed):
+                        parsed = single.keep(parsed)  # a prefix: the logprob indices stay valid
+                    for ev in events.feed(parsed, lps):
                         yield ev
                     if single is not None and single.done and delta.finish_reason is None:
                         finish = "single_call"  # the engine is stopped below (aclose aborts it)

@@ -42,7 +42,18 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None) -> Sam
         stop_token_ids=tuple(route.renderer.stop_token_ids),
         structured=route.renderer.constraint(turn.prelude, text_format(req)),
         cache_salt=cache_salt_of(tenant, req),
+        logprobs=logprobs_wanted(req),
     )
+
+
+def logprobs_wanted(req: CreateRequest) -> int | None:
+    """How many alternatives per token the output text's logprobs list (None: no logprobs).
+
+    Asked for by ``include: ["message.output_text.logprobs"]`` or a positive ``top_logprobs``."""
+    top = req.top_logprobs or 0
+    if top > 0 or "message.output_text.logprobs" in (req.include or ()):
+        return top
+    return None
 
 
 def text_format(req: CreateRequest) -> dict[str, Any] | None:
