@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.base.settings import Settings
@@ -44,7 +45,8 @@ class WeatherScript:
     what it said. Each call also snapshots the render counters: the script runs after the step's
     prompt was rendered, so consecutive snapshots give what each step rendered."""
 
-    def __init__(self) -> None:
+    def __init__(self, arguments: Any = None) -> None:
+        self.arguments = {"city": "Oslo"} if arguments is None else arguments
         self.live: LiveGateway | None = None
         self.marks: list[dict[str, float]] = []
 
@@ -55,7 +57,7 @@ class WeatherScript:
         if last is not None and last.role == "tool":
             return Turn(reasoning="The tool answered; report it.", text=f"FINAL ANSWER: {last.text.strip()}")
         if last is not None and last.role == "user":
-            return Turn(reasoning="I need the weather first.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))
+            return Turn(reasoning="I need the weather first.", tool_calls=(ToolCall("get_weather", self.arguments),))
         return None
 
     def step(self, n: int) -> dict[str, float]:
@@ -109,13 +111,17 @@ def run_loop(live: LiveGateway, model: str = MODEL, **opts: Any) -> dict[str, An
     return json.loads(lines[-1])
 
 
-@pytest.fixture
-def sim(make_gateway):
-    script = WeatherScript()
+def sim_gateway(make_gateway: Any, arguments: Any = None) -> tuple[LiveGateway, Any, StatusLog, WeatherScript]:
+    script = WeatherScript(arguments)
     live = make_gateway(engine=SimulatedEngine(record_prompts=True, script=script))
     script.live = live
     wire, statuses = record(live)
     return live, wire, statuses, script
+
+
+@pytest.fixture
+def sim(make_gateway):
+    return sim_gateway(make_gateway)
 
 
 ANSWER = "FINAL ANSWER: sunny, 21C in Oslo"
@@ -176,21 +182,27 @@ def test_default_loop_over_http_appends_on_step_two(sim, mode):
     check_append(script, live)
 
 
-def test_store_false_loop_over_http(sim):
+@pytest.mark.parametrize("transport", ["http", "ws"])
+def test_store_false_loop(sim, transport):
     live, wire, statuses, script = sim
-    out = run_loop(live, mode="stream", store=False)
+    out = run_loop(live, mode="stream", store=False, transport=transport)
     check_tool_loop(out)
-    assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
-    first, second = wire.http_bodies
+    if transport == "http":
+        assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
+        first, second = wire.http_bodies
+    else:
+        assert ("POST", "/v1/responses") not in wire.http and wire.ws_connections == 1
+        first, second = wire.ws_frames
+    assert live.metric("respgate_turns_total", {"transport": transport, "status": "completed"}) == 2
     assert first["store"] is False and second["store"] is False
     assert "previous_response_id" not in second
-    # nothing stored to refer to: the earlier outputs come back whole, and step 2 renders in full
-    assert "item_reference" not in shapes(second["input"]), second["input"]
-    assert "function_call" in shapes(second["input"]) and shapes(second["input"])[-1] == "function_call_output"
+    # nothing stored to refer to: the call comes back whole, the reasoning item not at all (the SDK
+    # has no encrypted_content to send for it), and step 2 renders in full
+    assert shapes(second["input"]) == ["message:user", "function_call", "function_call_output"]
     two = script.step(1)
     assert two["items"] == 0 and two["full"] > 0
-    print(f"\nAI SDK step 2, store:false: rendered {two['full']:.0f} tokens (full) of a "
-          f"{two['prompt']:.0f}-token prompt; input {shapes(second['input'])}")
+    print(f"\nAI SDK step 2, store:false over {transport}: rendered {two['full']:.0f} tokens (full) of a "
+          f"{two['prompt']:.0f}-token prompt")
 
 
 def test_default_loop_over_websocket_appends_on_step_two(sim):
@@ -207,21 +219,49 @@ def test_default_loop_over_websocket_appends_on_step_two(sim):
     check_append(script, live)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "gateway: the implied parent needs the re-sent function_call to equal the stored one byte for "
+    "byte (gateway/turn/resolve.py _same_item); the AI SDK re-serializes the call's arguments "
+    "compactly (JSON.stringify of the parsed input), so a model that samples '{\"city\": \"Oslo\"}' "
+    "gets every AI SDK step after the first rendered in full"))
+def test_default_loop_appends_when_the_model_spaces_its_arguments(make_gateway):
+    live, wire, statuses, script = sim_gateway(make_gateway, arguments='{"city": "Oslo"}')
+    out = run_loop(live, mode="stream")
+    check_tool_loop(out)
+    assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
+    call = wire.http_bodies[1]["input"][2]
+    assert call["type"] == "function_call" and call["arguments"] == '{"city":"Oslo"}'   # not as sampled
+    check_append(script, live)
+
+
 @pytest.mark.timeout(900)   # the first vLLM test of the session loads the engine
 def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
+    """Two steps on SmolLM2 (chat template, no reasoning items): the SDK sends no reference at all on
+    step 2 (the call comes back whole, without its id), so nothing names a stored parent and the
+    step renders in full. (Its prefix-cache hit is 0 here: step 1's ``tool_choice: "required"``
+    puts a line in the system prompt that step 2's "auto" does not have.)"""
     live = vllm_gateway
     wire, statuses = record(live)
-    full0 = live.metric("respgate_render_tokens_total", {"mode": "full"})
-    out = run_loop(live, model=VLLM_MODEL, mode="generate", steps=2, maxOutputTokens=48, temperature=0,
-                   firstToolChoice="required")
     try:
-        print(json.dumps(out, indent=1))
-        print(json.dumps(wire.http_bodies[-1]["input"], indent=1))
+        full0 = live.metric("respgate_render_tokens_total", {"mode": "full"})
+        items0 = live.metric("respgate_parent_resolution_total", {"source": "items"})
+        out = run_loop(live, model=VLLM_MODEL, mode="generate", steps=2, maxOutputTokens=48, temperature=0,
+                       firstToolChoice="required")   # SmolLM2-135M calls no tool under "auto"
         assert out["error"] is None, out["error"]
-        assert len(out["steps"]) == 2 and len(out["executed"]) == 1
-        assert out["steps"][0]["toolCalls"][0]["toolName"] == "get_weather"
-        assert all(s == ("POST", "/v1/responses", 200) for s in statuses.statuses), statuses.statuses
-        assert out["steps"][1]["finishReason"] in ("stop", "length", "tool-calls")
+        assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
+        first, second = out["steps"]
+        assert [c["toolName"] for c in first["toolCalls"]] == ["get_weather"] and len(out["executed"]) == 1
+        assert first["toolResults"][0]["output"].startswith("sunny, 21C in ")
+        assert not second["toolCalls"] and second["text"] and second["text"] == out["text"]
+        body = wire.http_bodies[-1]
+        assert shapes(body["input"]) == ["message:user", "function_call", "function_call_output"]
+        kept = httpx.get(f"{live.base_url}/responses/{first['responseId']}").json()
+        sampled = next(o for o in kept["output"] if o["type"] == "function_call")["arguments"]
+        rendered = live.metric("respgate_render_tokens_total", {"mode": "full"}) - full0
+        usage = second["usage"] or {}
+        print(f"\nAI SDK on the CPU engine: step 1 prompt {first['usage']['inputTokens']} tokens, step 2 prompt "
+              f"{usage.get('inputTokens')} tokens ({usage.get('inputTokenDetails')}); {rendered:.0f} tokens rendered "
+              f"in full over both steps; call arguments sampled {sampled!r}, re-sent {body['input'][1]['arguments']!r}")
+        assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == items0
     finally:
         live.server.config.loaded_app = wire.app   # the session's gateway is shared: unwrap
-    print("full tokens", live.metric("respgate_render_tokens_total", {"mode": "full"}) - full0)

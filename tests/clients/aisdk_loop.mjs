@@ -42,6 +42,7 @@ const tools = {
 
 const call = {
   model: openai.responses(opts.model),
+  ...(opts.system ? { system: opts.system } : {}),
   prompt: opts.prompt ?? 'What is the weather in Oslo?',
   tools,
   stopWhen: stepCountIs(opts.steps ?? 4),
@@ -64,6 +65,7 @@ function summary(steps, text, error) {
       toolCalls: s.toolCalls.map((c) => ({ toolName: c.toolName, toolCallId: c.toolCallId, input: c.input })),
       toolResults: s.toolResults.map((r) => ({ toolName: r.toolName, toolCallId: r.toolCallId, output: r.output })),
       responseId: s.response?.id ?? null,
+      usage: s.usage ?? null,
       warnings: (s.warnings ?? []).map((w) => JSON.stringify(w)),
     })),
     executed,
