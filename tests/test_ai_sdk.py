@@ -3,9 +3,10 @@
 npm ``ai`` + ``@ai-sdk/openai`` (pinned in ``tests/clients/package-lock.json``; ``make test`` runs
 ``npm ci`` there) run ``streamText`` / ``generateText`` with one executed tool (get_weather) and up
 to four steps, through ``tests/clients/aisdk_loop.mjs``, with the provider's defaults untouched:
-``store: true`` and no ``previous_response_id``, so each step re-sends the conversation with the
-earlier outputs as ``item_reference``s, and the gateway must find them among the stored responses
-and continue from the stored parent (an append, not a full render). Also: the
+``store: true`` and no ``previous_response_id``, so each step re-sends the conversation, the
+earlier reasoning items as ``item_reference``s and the function calls whole (without their ids),
+and the gateway must find the references among the stored responses and continue from the stored
+parent (an append, not a full render). Also: the
 ``providerOptions.openai.store = false`` variant (earlier outputs re-sent in full), the WebSocket
 transport (``@ai-sdk/openai`` has none of its own for the Responses API; Vercel's drop-in fetch
 ``@vercel/ai-sdk-openai-websocket-fetch`` routes the SDK's streaming requests over
@@ -26,7 +27,6 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
