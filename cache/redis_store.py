@@ -58,7 +58,7 @@ from redis.exceptions import RedisError
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
-from cache.store import StoredItem, StoreUnavailable, own_items
+from cache.store import StoredItem, StoreUnavailable, index_keys, own_items
 
 #: bytes charged per token id (a pointer in a Python list), as ``gateway.turn.finalize`` counts them
 TOKEN_BYTES = 8
@@ -200,10 +200,8 @@ class RedisStore:
             "delta": orjson.dumps(state.context[start:]),
         })
         tx.pexpire(key, self.ttl_ms)
-        for pos, item in enumerate(own_items(state)):
-            item_id = item.get("id")
-            if isinstance(item_id, str):
-                tx.set(self._item_key(state.tenant, item_id), orjson.dumps([state.id, pos]), nx=True, px=self.ttl_ms)
+        for item_key, pos in index_keys(state):
+            tx.set(self._item_key(state.tenant, item_key), orjson.dumps([state.id, pos]), nx=True, px=self.ttl_ms)
         if ancestors:
             tx.hincrby(self._key(ancestors[-1]), "kids", 1)
         for ancestor in ancestors:  # a chain expires with its newest response
@@ -281,7 +279,7 @@ class RedisStore:
             own = parsed.get(rid)
             if own is None:
                 own = parsed[rid] = [*orjson.loads(inputs), *(orjson.loads(response).get("output") or ())]
-            if pos < len(own) and own[pos].get("id") == item_id:
+            if pos < len(own):
                 found[item_id] = StoredItem(rid, own[pos])
         return found
 

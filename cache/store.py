@@ -46,6 +46,25 @@ def own_items(state: ResponseState) -> Iterable[dict[str, Any]]:
     yield from state.response.get("output") or ()
 
 
+def call_key(call_id: str) -> str:
+    """The index key of a tool call this gateway issued (a response's output item with that
+    ``call_id``): clients that re-send calls whole, without their ids, name them by it."""
+    return "\0call:" + call_id
+
+
+def index_keys(state: ResponseState) -> Iterable[tuple[str, int]]:
+    """(key, position among ``own_items``) of what a store indexes: item ids, and the call ids of
+    the response's output (the calls the gateway issued)."""
+    n_in = len(state.input_items)
+    for pos, item in enumerate(own_items(state)):
+        item_id = item.get("id")
+        if isinstance(item_id, str):
+            yield item_id, pos
+        call_id = item.get("call_id")
+        if pos >= n_in and isinstance(call_id, str):
+            yield call_key(call_id), pos
+
+
 class ResponseStore(Protocol):
     #: other gateway processes read this store: a client may chain its next request through
     #: another replica, so an HTTP response must be written before the client sees it end
@@ -106,9 +125,8 @@ class MemoryStore:
         self._entries[state.id] = (time.monotonic() + self.ttl_s, size, state)
         self._bytes += size
         owned = []
-        for pos, item in enumerate(own_items(state)):
-            item_id = item.get("id")
-            if isinstance(item_id, str) and (key := (state.tenant, item_id)) not in self._items:
+        for item_key, pos in index_keys(state):
+            if (key := (state.tenant, item_key)) not in self._items:
                 self._items[key] = (state.id, pos)
                 owned.append(key)
         self._owned[state.id] = owned

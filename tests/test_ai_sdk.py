@@ -219,11 +219,6 @@ def test_default_loop_over_websocket_appends_on_step_two(sim):
     check_append(script, live)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway: the implied parent needs the re-sent function_call to equal the stored one byte for "
-    "byte (gateway/turn/resolve.py _same_item); the AI SDK re-serializes the call's arguments "
-    "compactly (JSON.stringify of the parsed input), so a model that samples '{\"city\": \"Oslo\"}' "
-    "gets every AI SDK step after the first rendered in full"))
 def test_default_loop_appends_when_the_model_spaces_its_arguments(make_gateway):
     live, wire, statuses, script = sim_gateway(make_gateway, arguments='{"city": "Oslo"}')
     out = run_loop(live, mode="stream")

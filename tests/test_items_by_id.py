@@ -128,3 +128,27 @@ def test_a_changed_prefix_is_not_taken_for_the_stored_one(make_gateway):
     second = create(live, {"input": steps})
     assert second["status"] == "completed" and rendered(live)[1] > full0
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 0
+
+
+def test_a_call_re_sent_whole_names_its_response_by_the_call_id(make_gateway, request):
+    """No reference at all (a model without reasoning items; the AI SDK sends calls back whole, without
+    ids, arguments re-serialized): the call id the gateway issued finds the stored response."""
+    script = turns_in_order([Turn(tool_calls=(ToolCall("get_weather", '{"city": "Oslo"}'),))],
+                            then=lambda view: Turn(text=f"It is {view.last.text}."))
+    live = make_gateway(Settings(), engine=SimulatedEngine(script=script, record_prompts=True))
+    first = create(live, {"input": [QUESTION]})
+    (call,) = first["output"]
+    assert call["type"] == "function_call" and call["arguments"] == '{"city": "Oslo"}'
+    resent = {"type": "function_call", "call_id": call["call_id"], "name": call["name"], "arguments": '{"city":"Oslo"}'}
+    _, full0 = rendered(live)
+    second = create(live, {"input": [QUESTION, resent,
+                                     {"type": "function_call_output", "call_id": call["call_id"], "output": "windy"}]})
+    assert second["output"][-1]["content"][0]["text"] == "It is windy."
+    assert rendered(live)[1] == full0, "the step was rendered in full"
+    assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1
+    # a call whose arguments really differ is not the stored one
+    changed = dict(resent, arguments='{"city":"Bergen"}')
+    third = create(live, {"input": [QUESTION, changed,
+                                    {"type": "function_call_output", "call_id": call["call_id"], "output": "calm"}]})
+    assert third["status"] == "completed" and rendered(live)[1] > full0
+    assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1

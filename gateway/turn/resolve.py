@@ -21,17 +21,20 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
+import orjson
+
 from cache.items import ItemLog
 from cache.state import ResponseState
-from cache.store import ResponseStore, StoredItem, StoreUnavailable
+from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
 from gateway.turn.compaction import Compactor
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
-from gateway.wire.items import Compaction, HostedItem, ItemReference, Message, Reasoning, canonical_item
-from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES
+from gateway.wire.items import (Compaction, CustomToolCall, FunctionCall, HostedItem, ItemReference, Message, Reasoning,
+                                canonical_item)
+from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import parse_create
 from inference.registry import ModelRegistry
 
@@ -119,8 +122,11 @@ class Resolver:
         raise previous_response_not_found(prev)
 
     async def _stored_items(self, raw_items: list[Any], context: ItemLog, ctx: TurnContext) -> dict[str, StoredItem]:
-        """The references the parent's context does not hold, looked up among the tenant's stored items."""
+        """The references the parent's context does not hold, and the re-sent calls it does not hold
+        (by the call id the gateway issued), looked up among the tenant's stored items."""
         wanted = [raw.id for raw in raw_items if isinstance(raw, ItemReference) and not context.has_id(raw.id)]
+        wanted += [call_key(raw.call_id) for raw in raw_items
+                   if isinstance(raw, (FunctionCall, CustomToolCall)) and context.call(raw.call_id) is None]
         if not wanted:
             return {}
         t0 = time.perf_counter()
@@ -134,8 +140,7 @@ class Resolver:
     async def _implied_parent(self, raw_items: list[Any], items: list[Item], stored: dict[str, StoredItem],
                               ctx: TurnContext) -> ResponseState | None:
         """The stored response whose whole context the input begins with (see the module docstring)."""
-        last = next((raw.id for raw in reversed(raw_items) if isinstance(raw, ItemReference) and raw.id in stored),
-                    None)
+        last = next((key for raw in reversed(raw_items) if (key := _index_key(raw)) in stored), None)
         if last is None:
             return None
         home = stored[last].response_id
@@ -203,15 +208,40 @@ class Resolver:
 
 #: keys that differ between an item a client re-sends and the one the server kept (same rendering)
 _VOLATILE = frozenset({"id", "status"})
+#: values a client may leave out that the kept item spells out
+_DEFAULTS = {"phase": "final_answer"}
+
+
+def _index_key(raw: Any) -> str | None:
+    """How the store's index names this input item: a reference by its id, a re-sent call by its call id."""
+    if isinstance(raw, ItemReference):
+        return raw.id
+    if isinstance(raw, (FunctionCall, CustomToolCall)):
+        return call_key(raw.call_id)
+    return None
+
+
+def _view(item: Item) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in _VOLATILE and v is not None and _DEFAULTS.get(k) != v}
 
 
 def _same_item(sent: Item, kept: Item) -> bool:
-    """The re-sent item renders as the kept one: equal but for ids and status."""
+    """The re-sent item stands for the kept one: equal but for ids, status and unset fields; a
+    function call's arguments may be re-serialized (the AI SDK sends ``JSON.stringify`` of the parsed
+    input, not the text the model sampled) — the kept, sampled form is what the model saw."""
     if sent is kept:
         return True
-    if sent.keys() - _VOLATILE != kept.keys() - _VOLATILE:
+    a, b = _view(sent), _view(kept)
+    if a == b:
+        return True
+    if a.get("type") != ItemType.FUNCTION_CALL or a.keys() != b.keys():
         return False
-    return all(sent[k] == kept[k] for k in sent if k not in _VOLATILE)
+    if any(a[k] != b[k] for k in a if k != "arguments"):
+        return False
+    try:
+        return orjson.loads(a["arguments"]) == orjson.loads(b["arguments"])
+    except (orjson.JSONDecodeError, TypeError):
+        return False
 
 
 def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | None,
