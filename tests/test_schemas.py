@@ -149,6 +149,16 @@ def test_text(make_gateway):
     assert (plain["json"][0]["presence_penalty"], plain["json"][0]["frequency_penalty"]) == (0, 0)
 
 
+def test_text_with_logprobs(make_gateway):
+    live = make_gateway(engine=always(Turn(text="Logprobs, please — ünïcode.")))
+    got = every_transport(live, {"input": "hi", "top_logprobs": 2, "include": ["message.output_text.logprobs"]})
+    for resp in (got["json"][0], got["sse"][-1]["response"], got["ws"][-1]["response"]):
+        entries = resp["output"][-1]["content"][0]["logprobs"]
+        assert entries and all(len(e["top_logprobs"]) == 2 for e in entries)
+    deltas = [e for e in got["sse"] if e["type"] == "response.output_text.delta"]
+    assert any(d["logprobs"] for d in deltas)
+
+
 def test_reasoning_raw_summary_and_encrypted(make_gateway):
     live = make_gateway(engine=always(Turn(reasoning="Consider the sky; it is blue.", text="Blue.")))
     raw = every_transport(live, {"input": "Sky colour?"})
