@@ -232,14 +232,16 @@ def test_default_loop_appends_when_the_model_spaces_its_arguments(make_gateway):
 @pytest.mark.timeout(900)   # the first vLLM test of the session loads the engine
 def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
     """Two steps on SmolLM2 (chat template, no reasoning items): the SDK sends no reference at all on
-    step 2 (the call comes back whole, without its id), so nothing names a stored parent and the
-    step renders in full. (Its prefix-cache hit is 0 here: step 1's ``tool_choice: "required"``
-    puts a line in the system prompt that step 2's "auto" does not have.)"""
+    step 2 (the call comes back whole, without its id, arguments re-serialized), so the call id the
+    gateway issued names the stored parent. The step still renders in full here, counted as
+    ``prelude_changed``: step 1's ``tool_choice: "required"`` (SmolLM2-135M calls no tool under
+    "auto") puts a line in the system prompt that step 2's "auto" does not have."""
     live = vllm_gateway
     wire, statuses = record(live)
     try:
         full0 = live.metric("respgate_render_tokens_total", {"mode": "full"})
         items0 = live.metric("respgate_parent_resolution_total", {"source": "items"})
+        fallbacks0 = live.metric("respgate_render_full_fallbacks_total", {"reason": "prelude_changed"})
         out = run_loop(live, model=VLLM_MODEL, mode="generate", steps=2, maxOutputTokens=48, temperature=0,
                        firstToolChoice="required")   # SmolLM2-135M calls no tool under "auto"
         assert out["error"] is None, out["error"]
@@ -257,6 +259,7 @@ def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
         print(f"\nAI SDK on the CPU engine: step 1 prompt {first['usage']['inputTokens']} tokens, step 2 prompt "
               f"{usage.get('inputTokens')} tokens ({usage.get('inputTokenDetails')}); {rendered:.0f} tokens rendered "
               f"in full over both steps; call arguments sampled {sampled!r}, re-sent {body['input'][1]['arguments']!r}")
-        assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == items0
+        assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == items0 + 1
+        assert live.metric("respgate_render_full_fallbacks_total", {"reason": "prelude_changed"}) >= fallbacks0 + 1
     finally:
         live.server.config.loaded_app = wire.app   # the session's gateway is shared: unwrap
