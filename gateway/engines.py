@@ -122,6 +122,7 @@ def model_folder(settings: Settings) -> tuple[Path, str]:
         folder = prepare_model(name, settings.cache_dir, progress=True)
         return Path(folder), _served_name(name)
     folder = locate_model(path)
+    assert folder is not None
     return folder, (folder.name if is_local_path(path) or Path(path).expanduser().is_dir()
                     else path.rsplit("/", 1)[-1])
 
@@ -131,11 +132,12 @@ def is_local_path(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or os.path.isabs(path)
 
 
-def locate_model(path: str, *, download: bool = True) -> Path:
+def locate_model(path: str, *, download: bool = True) -> Path | None:
     """The local folder for a model path: the folder itself, or a Hugging Face snapshot.
 
     Raises :class:`ModelPathError` (with a ``fix``) within seconds when it cannot be had. With
-    ``download=False`` (``respgate check``) a repo id that is not cached yet is only looked up.
+    ``download=False`` (``respgate check``) a repo id that is not cached yet is only looked up on
+    the Hub, and None returned: ``serve`` would download it.
     """
     folder = Path(path).expanduser()
     if folder.is_dir():
@@ -149,7 +151,7 @@ def locate_model(path: str, *, download: bool = True) -> Path:
     return _from_hub(path, download=download)
 
 
-def _from_hub(repo: str, *, download: bool) -> Path:
+def _from_hub(repo: str, *, download: bool) -> Path | None:
     fix_offline = (f"fetch it where there is network (hf download {repo} --local-dir DIR), copy DIR here and "
                    "pass --model-path DIR; a folder path never contacts the Hub")
     try:
@@ -182,7 +184,7 @@ def _from_hub(repo: str, *, download: bool) -> Path:
         raise ModelPathError(f"cannot reach the Hugging Face Hub ({constants.ENDPOINT}) to fetch {repo}: "
                              f"{_first_line(exc) or type(exc).__name__}", fix_offline) from None
     if not download:
-        return Path(constants.HF_HUB_CACHE)
+        return None
     log.info("downloading %s from the Hugging Face Hub into %s", repo, constants.HF_HUB_CACHE)
     return Path(huggingface_hub.snapshot_download(repo))
 
