@@ -70,6 +70,9 @@ def setup_logging(level: str = "info", fmt: str = "json", stream=None) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
+    if root.level >= logging.INFO:  # a line per HTTP request of the Hub client and our own clients
+        for name in ("httpx", "httpx2", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     route_vllm_logs(level, fmt, stream)
 
 
