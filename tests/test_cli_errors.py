@@ -194,6 +194,11 @@ def test_redis_down_is_one_line_with_a_fix(args):
     assert took < 30
 
 
+def test_no_ledger_configured_is_one_line():
+    code, _, err, _ = respgate("usage")
+    assert_one_line(code, err, "no usage ledger configured", "--redis-url")
+
+
 def test_keys_options_work_before_and_after_the_sub_command(redis_url, tmp_path):
     code, out, err, _ = respgate("keys", "create", "--tenant", "acme", "--redis-url", redis_url)
     assert code == 0, err

@@ -193,8 +193,8 @@ def _run(args: argparse.Namespace) -> int:
 
         settings = Settings.load(args.config, redis_url=args.redis_url, usage_stream=args.stream)
         if not settings.redis_url:
-            print("respgate usage: no ledger (set --redis-url or RESPGATE_REDIS_URL)", file=sys.stderr)
-            return 2
+            raise UserError("no usage ledger configured", "pass --redis-url, or set RESPGATE_REDIS_URL / REDIS_URL "
+                            "to the Redis the gateway writes its ledger to")
         print_report(usage_report(settings.redis_url, settings.usage_stream), sys.stdout, as_json=args.json)
         return 0
 
@@ -306,8 +306,7 @@ def keys_command(args: argparse.Namespace) -> int:
     settings = Settings.load(args.config, redis_url=args.redis_url, keys_file=args.keys_file)
     store = build_key_store(settings.redis_url, settings.keys_file)
     if store is None:
-        print("respgate keys: no key store (set --keys-file or --redis-url)", file=sys.stderr)
-        return 2
+        raise UserError("no key store configured", "pass --redis-url (keys shared by every replica) or --keys-file")
     where = "redis" if settings.redis_url else settings.keys_file
 
     async def run() -> int:
