@@ -17,8 +17,6 @@ format as ours. An operator's own file (the variable already set) is left alone.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import logging.config
@@ -95,11 +93,8 @@ def route_vllm_logs(level: str, fmt: str, stream=None) -> str | None:
     if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         return None
     config = vllm_logging_config(level, fmt)
-    fd, path = tempfile.mkstemp(prefix="respgate-vllm-logging-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(config, f)
+    path = _write_config(config, f"vllm-logging-{fmt}-{level.lower()}.json")
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
-    atexit.register(_remove, path)
     if "vllm.logger" in sys.modules:  # imported before us (tests, an embedding application)
         if stream is not None:
             config["handlers"]["respgate"]["stream"] = stream
@@ -107,6 +102,21 @@ def route_vllm_logs(level: str, fmt: str, stream=None) -> str | None:
     return path
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def _write_config(config: dict[str, Any], name: str) -> str:
+    """The config file, in respgate's cache folder (the user's own: a file another user could plant
+    in a shared temp folder would be code vLLM runs), rewritten atomically at each start so no file
+    per process is left behind; a private temp file where the cache folder is not writable."""
+    from gateway.base.settings import default_cache_path
+
+    path = default_cache_path(name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=os.path.dirname(path))
+    except OSError:
+        fd, tmp = tempfile.mkstemp(prefix="respgate-vllm-logging-", suffix=".json")
+        path = tmp
+    with os.fdopen(fd, "w") as f:
+        json.dump(config, f)
+    if tmp != path:
+        os.replace(tmp, path)
+    return path
