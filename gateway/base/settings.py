@@ -33,6 +33,10 @@ class Settings(BaseModel):
     #: prompt format: ``auto`` = harmony for gpt-oss folders, the model's chat template otherwise
     renderer: Literal["auto", "harmony", "chat_template"] = "auto"
     max_context: int = 131_072
+    #: output cap of a request that sets no ``max_output_tokens``; unset: suited to the engine
+    #: (256 on an in-process CPU build, whose small default model would otherwise run to the end of
+    #: its context; none on GPU and remote engines); 0: no cap
+    default_max_output_tokens: int | None = Field(default=None, ge=0)
     # vLLM engine arguments (see inference/vllm_engine.py); CPU builds force fp32 + eager
     dtype: str = "auto"
     max_model_len: int | None = None
@@ -126,6 +130,11 @@ class Settings(BaseModel):
     log_format: Literal["json", "text"] = "json"
     #: label token counters by tenant; one series per tenant, so only for a handful of tenants
     metrics_per_tenant: bool = False
+    #: a second listener serving only ``/metrics``, without authentication, for in-cluster scraping
+    #: (the main port's ``/metrics`` needs a key like every route once keys exist); unset: none
+    metrics_port: int | None = None
+    #: the metrics listener's address; unset: the gateway's ``host``
+    metrics_host: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":

