@@ -47,6 +47,7 @@ from prometheus_client import Counter
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
+from gateway.turn.sampling import output_cap
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, PreparedTurn
 from gateway.wire.errors import bad_request
@@ -254,7 +255,7 @@ class Compactor:
         self.metrics.render_tokens.labels("full").inc(len(ids))
         prompt_ids = TokenSeq(ids).extend(turn.rendered.gen_ids)
         room = route.max_context - len(prompt_ids)
-        max_out = turn.req.max_output_tokens
+        max_out = output_cap(turn.req, route)
         sampling = dataclasses.replace(turn.sampling, max_tokens=room if max_out is None else min(room, max_out))
         self.compactions.labels(reason).inc()
         return TurnCompaction(item, ItemLog(pruned), prompt_ids, sampling, summary)

@@ -1,6 +1,7 @@
 """Sampling: the engine's parameters for a turn, from the request, the model and the prompt's length.
 
-``max_tokens`` is whatever room the context leaves, capped by ``max_output_tokens``; structured
+``max_tokens`` is whatever room the context leaves, capped by ``max_output_tokens`` (or, when the
+request sets none, the served model's default cap: ``ModelRoute.max_output_tokens``); structured
 output (``tool_choice`` required or named, ``text.format`` json_schema/json_object) becomes the
 renderer's constraint, because only the renderer knows its tool-call syntax.
 
@@ -19,6 +20,7 @@ from typing import Any
 from gateway.turn.types import Rendered, TurnInput
 from gateway.wire.request import CreateRequest
 from inference.engine import SamplingParams
+from inference.registry import ModelRoute
 
 
 def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
@@ -34,8 +36,9 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None) -> Sam
         return None
     req, route = turn.req, turn.route
     room = route.max_context - rendered.prompt_len
+    cap = output_cap(req, route)
     return SamplingParams(
-        max_tokens=room if req.max_output_tokens is None else min(room, req.max_output_tokens),
+        max_tokens=room if cap is None else min(room, cap),
         temperature=1.0 if req.temperature is None else float(req.temperature),
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=req.seed,
@@ -44,6 +47,11 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None) -> Sam
         cache_salt=cache_salt_of(tenant, req),
         logprobs=logprobs_wanted(req),
     )
+
+
+def output_cap(req: CreateRequest, route: ModelRoute) -> int | None:
+    """The request's ``max_output_tokens``, else the model's default cap (None: the context's room)."""
+    return req.max_output_tokens if req.max_output_tokens is not None else route.max_output_tokens
 
 
 def logprobs_wanted(req: CreateRequest) -> int | None:
