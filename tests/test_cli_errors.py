@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def respgate(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str, str, float]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "HF_")) and k != "REDIS_URL"}
+    # not the suite's own offline switches (inference.model_assets sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE)
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("RESPGATE_", "HF_", "TRANSFORMERS_")) and k != "REDIS_URL"}
     base.update({"PYTHONPATH": str(REPO), "RESPGATE_KEYS_FILE": os.environ["RESPGATE_KEYS_FILE"],
                  "RESPGATE_USAGE_JOURNAL": os.environ["RESPGATE_USAGE_JOURNAL"]})
     t0 = time.monotonic()

@@ -63,7 +63,9 @@ def test_the_metrics_listener_stops_with_the_gateway():
 
 
 def _serve_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "VLLM_"))}
+    # the suite's own process may have gone offline (inference.model_assets sets HF_HUB_OFFLINE and
+    # TRANSFORMERS_OFFLINE when it prepares a packaged model): children start from a clean environment
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "VLLM_", "HF_", "TRANSFORMERS_"))}
     return {**env, "PYTHONPATH": str(REPO), "RESPGATE_KEYS_FILE": str(tmp_path / "keys.json"),
             "RESPGATE_USAGE_JOURNAL": str(tmp_path / "journal.jsonl")}
 

@@ -123,7 +123,8 @@ class TurnRunner:
                     for ev in events.feed(parsed, lps):
                         yield ev
                     if single is not None and single.done and delta.finish_reason is None:
-                        finish = "single_call"  # the engine is stopped below (aclose aborts it)
+                        finish = "single_call"
+                        await agen.aclose()  # stop the engine now: what follows the call is dropped
                         break
                     if delta.finish_reason is not None:
                         finish, stop_token = delta.finish_reason, delta.stop_token_id
