@@ -139,7 +139,7 @@ def _unescape(body: str) -> list[int]:
             continue
         nxt = body[i + 1]
         if nxt in "xuU":
-            width = {"x": 2, "u": 4, "U": 8}[nxt]
+            width = {"x": 8, "u": 4, "U": 8}[nxt]  # xgrammar reads ``\x`` greedily
             m = re.match(r"[0-9a-fA-F]{1,%d}" % width, body[i + 2:])
             if not m:
                 raise ValueError(f"bad escape in {body!r}")
@@ -162,7 +162,7 @@ def _lit(text: str) -> str:
         if ch in '"\\':
             out.append("\\" + ch)
         elif cp < 0x20 or cp == 0x7F:
-            out.append(f"\\x{cp:02x}")
+            out.append(f"\\u{cp:04x}")  # ``\u`` takes exactly four digits (``\x`` would eat a next hex digit)
         else:
             out.append(ch)
     out.append('"')
@@ -194,7 +194,7 @@ def _contains(ranges: list[tuple[int, int]], cp: int) -> bool:
 def _class_text(ranges: list[tuple[int, int]], negated: bool) -> str:
     def one(cp: int) -> str:
         if chr(cp) in "]\\^-" or cp < 0x20 or cp == 0x7F:
-            return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}"
+            return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
         return chr(cp)
 
     merged: list[list[int]] = []
