@@ -11,6 +11,12 @@ the ``final`` channel.
 The grammar ends where the JSON ends: the terminator (``<|call|>`` / ``<|return|>``) is one of
 gpt-oss's stop tokens, and a structured-output matcher only accepts stop tokens once its grammar
 is complete — so the model ends the message there, and the parser reads the call as usual.
+
+Custom (freeform) tools with a grammar (``inference.tool_grammar``): a forced call's content — the
+raw input after ``<|channel|>commentary to=functions.NAME<|message|>`` up to ``<|call|>`` — follows
+the grammar. Under ``tool_choice: auto`` the whole turn is spelled out as harmony messages whose
+content is free, except a message to a grammar tool's recipient (see :func:`_auto`); with no
+grammar tool offered, ``auto`` stays unconstrained.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ the mapping, so it is computed in one place from the prelude's tools:
   + ``t`` (e.g. ``mcp_fs__read_file``); the parser restores ``(name="read_file", namespace="mcp_fs")``.
 * ``custom`` (freeform, e.g. Codex ``apply_patch``) -> a function with one string parameter
   :data:`CUSTOM_ARG` whose description carries the tool's grammar; a call's arguments are
-  ``{"input": "<raw>"}`` and the parser restores a ``custom_tool_call`` with the raw input.
+  ``{"input": "<raw>"}`` and the parser restores a ``custom_tool_call`` with the raw input. When
+  the tool has a grammar, the engine enforces it on that JSON string (:func:`tool_call_structural_tag`,
+  :func:`triggered_tool_calls_tag`, over the grammar of its escaped spelling).
 
 Two tools that flatten to the same name are rejected with :class:`ToolNameCollision` (a request
 error): the parser could not tell them apart. Hosted tools (``web_search``...) are not exposed.

@@ -35,6 +35,26 @@ NOT_PATCHES = ["", "hello", "*** Begin Patch\n*** End Patch\n", "*** Begin Patch
                "*** Begin Patch\n*** Add File: a\n+x\n*** End Patch\n\n"]
 
 
+_LLG_TOKENIZER = None
+
+
+def llguidance_accepts(lark: str, text: str) -> bool:
+    """Whether ``text`` matches a Lark grammar, by llguidance — the grammar engine this dialect of
+    Lark is written for (zero-width terminals such as Codex's ``/(.*)/``, which the ``lark`` package
+    refuses), and an implementation independent of xgrammar's Lark conversion."""
+    global _LLG_TOKENIZER
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from inference.model_assets import prepare_model
+
+    if _LLG_TOKENIZER is None:
+        _LLG_TOKENIZER = llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(str(prepare_model("smollm2"))))
+    matcher = llguidance.LLMatcher(_LLG_TOKENIZER, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+    return matcher.consume_tokens(_LLG_TOKENIZER.tokenize_str(text)) and matcher.is_accepting()
+
+
 def escaped(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
@@ -48,6 +68,7 @@ def test_the_json_grammar_accepts_exactly_the_escaped_spellings_of_the_raw_gramm
     assert raw is not None and raw.syntax == "lark"
     esc = json_string_ebnf(raw.ebnf)
     want = text in PATCHES
+    assert llguidance_accepts(APPLY_PATCH["format"]["definition"], text) is want  # the samples are right
     assert grammar_accepts(raw.ebnf, text) is want
     assert grammar_accepts(esc, escaped(text)) is want
 
