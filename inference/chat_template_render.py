@@ -92,9 +92,17 @@ from inference.chat_template_profile import (
     probe_template,
 )
 from inference.hermes_parse import HermesStreamParser
-from inference.hermes_tools import CUSTOM_ARG, HermesToolCatalog, flat_name, tool_call_structural_tag, tool_choice_line
+from inference.hermes_tools import (
+    CUSTOM_ARG,
+    HermesToolCatalog,
+    flat_name,
+    tool_call_structural_tag,
+    tool_choice_line,
+    triggered_tool_calls_tag,
+)
 from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import Prelude
+from inference.render import Constraint, Prelude
+from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
 
@@ -471,27 +479,68 @@ class ChatTemplateRenderer:
     def count_text_tokens(self, text: str) -> int:
         return len(self._encode(text))
 
-    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> Constraint | None:
         """vLLM ``StructuredOutputsParams`` fields for this turn, or ``None``.
 
         ``tool_choice: "required"`` -> one Hermes call to one of the offered tools; a named
-        function -> one call to it. Both as a structural tag whose ``arguments`` follow the tool's
-        own JSON schema (the canonical call form, so the parser and contract (c) apply).
-        Otherwise ``text.format`` json_schema -> ``json``, json_object -> ``json_object``.
+        tool -> one call to it. Both as a structural tag whose ``arguments`` follow the tool's
+        own JSON schema (the canonical call form, so the parser and contract (c) apply), and whose
+        ``input`` follows a custom tool's grammar, JSON-escaped (``inference.tool_grammar``).
+        Otherwise ``text.format`` json_schema -> ``json``, json_object -> ``json_object``; else,
+        under ``auto`` with grammar tools, a triggered tag: free text until ``<tool_call>``, then
+        a call whose body is constrained. Grammars that cannot be enforced are left out and named
+        in ``fallbacks`` (their prose stays in the tool descriptions).
         """
         catalog = HermesToolCatalog(prelude.tools)
-        choice = prelude.tool_choice
+        grammars, fallbacks = self._grammars(catalog) if catalog and prelude.tool_choice != "none" else ({}, [])
+        fields = self._constraint_fields(catalog, prelude.tool_choice, text_format, grammars)
+        if grammars and fields and "structural_tag" in fields:
+            try:
+                check_structural_tag(fields["structural_tag"])
+            except GrammarUnavailable:
+                fallbacks += [g.syntax for g in grammars.values()]
+                fields = self._constraint_fields(catalog, prelude.tool_choice, text_format, {})
+        if fields is None and not fallbacks:
+            return None
+        return Constraint(fields, fallbacks)
+
+    @staticmethod
+    def _grammars(catalog: HermesToolCatalog) -> tuple[dict[str, ToolGrammar], list[str]]:
+        found: dict[str, ToolGrammar] = {}
+        fallbacks: list[str] = []
+        for flat in catalog.names():
+            tool = catalog.tool_of(flat)
+            if not tool.custom:
+                continue
+            try:
+                grammar = tool_grammar(tool.tool)
+            except GrammarUnavailable as exc:
+                fallbacks.append(exc.syntax)
+                continue
+            if grammar is None:
+                continue
+            try:  # the call carries the input as a JSON string: the grammar of its escaped spelling
+                found[flat] = ToolGrammar(grammar.syntax, json_string_ebnf(grammar.ebnf))
+            except ValueError:
+                fallbacks.append(grammar.syntax)
+        return found, fallbacks
+
+    @staticmethod
+    def _constraint_fields(catalog: HermesToolCatalog, choice: Any, text_format: Mapping[str, Any] | None,
+                           grammars: Mapping[str, ToolGrammar]) -> dict[str, Any] | None:
         if catalog and choice == "required":
-            return {"structural_tag": tool_call_structural_tag(catalog, catalog.names())}
+            return {"structural_tag": tool_call_structural_tag(catalog, catalog.names(), grammars)}
         if catalog and isinstance(choice, Mapping) and choice.get("name"):
             flat = flat_name(str(choice["name"]), choice.get("namespace"))
             if flat in catalog.names():
-                return {"structural_tag": tool_call_structural_tag(catalog, [flat])}
+                return {"structural_tag": tool_call_structural_tag(catalog, [flat], grammars)}
         if text_format:
             if text_format.get("type") == "json_schema" and isinstance(text_format.get("schema"), Mapping):
                 return {"json": dict(text_format["schema"])}
             if text_format.get("type") == "json_object":
                 return {"json_object": True}
+        if grammars and choice in ("auto", None):
+            return {"structural_tag": triggered_tool_calls_tag(catalog, grammars)}
         return None
 
     def parser(self, prelude: Prelude) -> HermesStreamParser:

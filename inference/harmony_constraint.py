@@ -11,6 +11,12 @@ the ``final`` channel.
 The grammar ends where the JSON ends: the terminator (``<|call|>`` / ``<|return|>``) is one of
 gpt-oss's stop tokens, and a structured-output matcher only accepts stop tokens once its grammar
 is complete — so the model ends the message there, and the parser reads the call as usual.
+
+Custom (freeform) tools with a grammar (``inference.tool_grammar``): a forced call's content — the
+raw input after ``<|channel|>commentary to=functions.NAME<|message|>`` up to ``<|call|>`` — follows
+the grammar. Under ``tool_choice: auto`` the whole turn is spelled out as harmony messages whose
+content is free, except a message to a grammar tool's recipient (see :func:`_auto`); with no
+grammar tool offered, ``auto`` stays unconstrained.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import json
 from typing import Any, Mapping
 
 from inference.harmony_core import ToolCatalog, harmony_tokens, recipient_for
+from inference.kinds import CALLABLE_TOOLS
+from inference.render import Constraint
+from inference.tool_grammar import (GrammarUnavailable, ToolGrammar, check_structural_tag, iter_custom_tools,
+                                    tool_grammar)
 
 
 def _token(tid: int) -> dict[str, Any]:
@@ -47,20 +57,114 @@ def _call(recipient: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     ]}
 
 
-def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: Any,
-                       text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """vLLM ``StructuredOutputsParams`` fields (a ``structural_tag``), or None when unconstrained."""
+def _free_content() -> dict[str, Any]:
     t = harmony_tokens()
+    return {"type": "any_tokens", "exclude_tokens": [t.start, t.end, t.message, t.channel, t.constrain,
+                                                     t.return_, t.call]}
+
+
+def _custom_call(recipient: str, grammar: ToolGrammar | None) -> dict[str, Any]:
+    """A freeform call as the renderer writes it: ``<|channel|>commentary to=R<|message|>RAW``, the
+    raw input following the tool's grammar (free text when it has none or it fell back)."""
+    t = harmony_tokens()
+    content = {"type": "grammar", "grammar": grammar.ebnf} if grammar else _free_content()
+    return {"type": "sequence", "elements": [
+        _token(t.channel), _text(f"commentary to={recipient}"), _token(t.message), content]}
+
+
+def _content_type() -> dict[str, Any]:
+    """What the parser accepts between a recipient and ``<|message|>``: nothing, `` json``,
+    ``<|constrain|>json`` with or without a space before it."""
+    t = harmony_tokens()
+    return {"type": "optional", "content": {"type": "or", "elements": [
+        _text(" json"),
+        {"type": "sequence", "elements": [_token(t.constrain), _text("json")]},
+        {"type": "sequence", "elements": [_text(" "), _token(t.constrain), _text("json")]},
+    ]}}
+
+
+def _auto(catalog: ToolCatalog, grammars: Mapping[tuple[str | None, str], ToolGrammar]) -> dict[str, Any]:
+    """``tool_choice: auto`` with grammar tools: any sequence of messages, except that a message to
+    a grammar tool's recipient must follow its grammar.
+
+    Harmony's structure is spelled out (channel names, the offered recipients) rather than left
+    to ``any_text`` with the grammar recipients excluded: xgrammar 0.2.8 loses the grammar branch
+    after an ``any_text`` header in an earlier message. Messages go to offered tools only (a call
+    to a tool never offered could not be answered anyway); their content is free.
+    """
+    t = harmony_tokens()
+    plain = [recipient_for(name, ns) for ns, name in catalog.callable_names() if (ns, name) not in grammars]
+    recipients = {"type": "or", "elements": [_text(r) for r in plain]} if plain else None
+    headers: list[dict[str, Any]] = [_text("analysis"), _text("final"), _text("commentary")]
+    lead: list[dict[str, Any]] = []
+    if recipients:
+        headers.append({"type": "sequence", "elements": [_text("commentary to="), recipients, _content_type()]})
+        lead = [{"type": "optional", "content": {"type": "sequence", "elements": [_text(" to="), recipients]}}]
+    generic = {"type": "sequence", "elements": [
+        *lead, _token(t.channel), {"type": "or", "elements": headers}, _token(t.message), _free_content()]}
+    calls = []
+    for (ns, name), grammar in grammars.items():
+        recipient, content = recipient_for(name, ns), {"type": "grammar", "grammar": grammar.ebnf}
+        calls += [
+            {"type": "sequence", "elements": [_token(t.channel), _text(f"commentary to={recipient}"),
+                                              _content_type(), _token(t.message), content]},
+            {"type": "sequence", "elements": [_text(f" to={recipient}"), _token(t.channel), _text("commentary"),
+                                              _content_type(), _token(t.message), content]},
+        ]
+    earlier = {"type": "star", "content": {"type": "sequence", "elements": [
+        generic, _token(t.end), _token(t.start), _text("assistant")]}}
+    return {"type": "sequence", "elements": [earlier, {"type": "or", "elements": [generic, *calls]}]}
+
+
+def _grammars(tools: tuple[dict[str, Any], ...]) -> tuple[dict[tuple[str | None, str], ToolGrammar], list[str]]:
+    """Grammars of the offered custom tools by ``(namespace, name)``, and the syntaxes that fell back."""
+    found: dict[tuple[str | None, str], ToolGrammar] = {}
+    fallbacks: list[str] = []
+    for ns, tool in iter_custom_tools(tools):
+        try:
+            grammar = tool_grammar(tool)
+        except GrammarUnavailable as exc:
+            fallbacks.append(exc.syntax)
+            continue
+        if grammar is not None:
+            found[(ns, str(tool["name"]))] = grammar
+    return found, fallbacks
+
+
+def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: Any,
+                       text_format: Mapping[str, Any] | None) -> Constraint | None:
+    """vLLM ``StructuredOutputsParams`` fields (a ``structural_tag``), or None when unconstrained.
+
+    Custom tools' grammars that cannot be enforced are left out and named in ``fallbacks``; so is
+    every grammar when the whole tag does not pass xgrammar's check (then the tag is rebuilt
+    without grammars, as before grammars were enforced)."""
     catalog = ToolCatalog(prelude_tools)
+    grammars, fallbacks = _grammars(prelude_tools) if catalog and tool_choice != "none" else ({}, [])
+    fields = _fields(catalog, tool_choice, text_format, grammars)
+    if grammars and fields:
+        try:
+            check_structural_tag(fields["structural_tag"])
+        except GrammarUnavailable:
+            fallbacks += [g.syntax for g in grammars.values()]
+            fields = _fields(catalog, tool_choice, text_format, {})
+    if fields is None and not fallbacks:
+        return None
+    return Constraint(fields or {}, fallbacks)
+
+
+def _fields(catalog: ToolCatalog, tool_choice: Any, text_format: Mapping[str, Any] | None,
+            grammars: Mapping[tuple[str | None, str], ToolGrammar]) -> dict[str, Any] | None:
+    t = harmony_tokens()
     wanted: list[tuple[str | None, str]] = []
     if catalog and tool_choice == "required":
-        wanted = [(ns, name) for ns, name in catalog.function_names()]
-    elif catalog and isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        wanted = catalog.callable_names()
+    elif catalog and isinstance(tool_choice, Mapping) and tool_choice.get("type") in CALLABLE_TOOLS:
         name, ns = str(tool_choice.get("name")), tool_choice.get("namespace")
-        if (ns, name) in set(catalog.function_names()):
+        if (ns, name) in set(catalog.callable_names()):
             wanted = [(ns, name)]
     if wanted:
-        calls = [_call(recipient_for(name, ns), catalog.parameters(name, ns) or {"type": "object"})
+        calls = [_custom_call(recipient_for(name, ns), grammars.get((ns, name))) if catalog.is_custom(name, ns)
+                 else _call(recipient_for(name, ns), catalog.parameters(name, ns) or {"type": "object"})
                  for ns, name in wanted]
         body = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
     elif text_format and text_format.get("type") in ("json_schema", "json_object"):
@@ -69,6 +173,8 @@ def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: A
             _token(t.channel), _text("final"), _token(t.message),
             {"type": "json_schema", "json_schema": dict(schema or {"type": "object"})},
         ]}
+    elif grammars and tool_choice in ("auto", None):
+        return {"structural_tag": json.dumps({"type": "structural_tag", "format": _auto(catalog, grammars)})}
     else:
         return None
     tag = {"type": "structural_tag",

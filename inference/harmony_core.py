@@ -223,6 +223,11 @@ class ToolCatalog:
         return [(None if ns == FUNCTIONS else ns, t.name)
                 for ns, (_, tools) in self._namespaces.items() for t in tools if not t.custom]
 
+    def callable_names(self) -> list[tuple[str | None, str]]:
+        """``(namespace or None, name)`` of every tool, JSON-argument and freeform, in render order."""
+        return [(None if ns == FUNCTIONS else ns, t.name)
+                for ns, (_, tools) in self._namespaces.items() for t in tools]
+
     def parameters(self, name: str, namespace: str | None) -> dict | None:
         for t in self._namespaces.get(namespace or FUNCTIONS, (None, []))[1]:
             if t.name == name:

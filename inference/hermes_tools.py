@@ -11,7 +11,9 @@ the mapping, so it is computed in one place from the prelude's tools:
   + ``t`` (e.g. ``mcp_fs__read_file``); the parser restores ``(name="read_file", namespace="mcp_fs")``.
 * ``custom`` (freeform, e.g. Codex ``apply_patch``) -> a function with one string parameter
   :data:`CUSTOM_ARG` whose description carries the tool's grammar; a call's arguments are
-  ``{"input": "<raw>"}`` and the parser restores a ``custom_tool_call`` with the raw input.
+  ``{"input": "<raw>"}`` and the parser restores a ``custom_tool_call`` with the raw input. When
+  the tool has a grammar, the engine enforces it on that JSON string (:func:`tool_call_structural_tag`,
+  :func:`triggered_tool_calls_tag`, over the grammar of its escaped spelling).
 
 Two tools that flatten to the same name are rejected with :class:`ToolNameCollision` (a request
 error): the parser could not tell them apart. Hosted tools (``web_search``...) are not exposed.
@@ -19,10 +21,12 @@ error): the parser could not tell them apart. Hosted tools (``web_search``...) a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from inference.kinds import CALLABLE_TOOLS, ToolType
+from inference.tool_grammar import ToolGrammar
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, freeform_description
 from inference.tool_prose import tool_choice_line as _tool_choice_line
 
@@ -38,6 +42,7 @@ __all__ = [
     "ToolNameCollision",
     "flat_name",
     "tool_call_structural_tag",
+    "triggered_tool_calls_tag",
     "tool_choice_line",
 ]
 
@@ -47,7 +52,8 @@ NAMESPACE_SEP = "__"
 CUSTOM_ARG = "input"
 #: sentence every freeform tool description contains (the simulated engine may key on it)
 FREEFORM_NOTE = "This tool takes freeform text: pass the raw text as the `input` argument."
-#: tool_choice instruction lines, appended to the system prompt when tools are present
+#: how a Hermes call is framed (the model writes the call JSON between them)
+CALL_BEGIN, CALL_END = "<tool_call>\n", "\n</tool_call>"
 
 
 class ToolNameCollision(ValueError):
@@ -82,6 +88,8 @@ class HermesTool:
     custom: bool
     #: the HF ``tools`` entry: ``{"type": "function", "function": {name, description, parameters}}``
     schema: dict[str, Any]
+    #: the Responses tool as offered (a custom tool's ``format`` carries its grammar)
+    tool: Mapping[str, Any]
 
 
 class HermesToolCatalog:
@@ -120,7 +128,7 @@ class HermesToolCatalog:
         if namespace and ns_desc:
             desc = f"{ns_desc} {desc}".strip() if desc else str(ns_desc)
         schema = {"type": "function", "function": {"name": flat, "description": desc, "parameters": params}}
-        self._by_flat[flat] = HermesTool(name, namespace, custom, schema)
+        self._by_flat[flat] = HermesTool(name, namespace, custom, schema, tool)
 
     def __bool__(self) -> bool:
         return bool(self._by_flat)
@@ -135,6 +143,9 @@ class HermesToolCatalog:
 
     def schema_of(self, flat: str) -> dict[str, Any]:
         return self._by_flat[flat].schema
+
+    def tool_of(self, flat: str) -> HermesTool:
+        return self._by_flat[flat]
 
     def resolve(self, flat: str) -> tuple[str, str | None, bool]:
         """``"mcp_fs__read_file"`` -> ``("read_file", "mcp_fs", custom?)``.
@@ -151,14 +162,32 @@ class HermesToolCatalog:
         return flat, None, False
 
 
-def tool_call_structural_tag(catalog: "HermesToolCatalog", names: Iterable[str]) -> str:
+def _call_prefix(flat: str) -> str:
+    """The canonical call text up to the arguments (``json.dumps`` spacing, as the renderer writes it)."""
+    return '{"name": ' + json.dumps(flat, ensure_ascii=False) + ', "arguments": '
+
+
+def _grammar_body(flat: str, grammar: ToolGrammar) -> dict[str, Any]:
+    """``{"name": F, "arguments": {"input": "<escaped>"}}`` whose unescaped input follows the grammar."""
+    return {"type": "sequence", "elements": [
+        {"type": "const_string", "value": _call_prefix(flat) + '{"' + CUSTOM_ARG + '": "'},
+        {"type": "grammar", "grammar": grammar.ebnf},
+        {"type": "const_string", "value": '"}}'},
+    ]}
+
+
+def tool_call_structural_tag(catalog: "HermesToolCatalog", names: Iterable[str],
+                             grammars: Mapping[str, ToolGrammar] | None = None) -> str:
     """A vLLM/xgrammar ``structural_tag`` for exactly one Hermes call to one of ``names`` whose
     ``arguments`` follow that tool's own JSON schema (so even a 135M model returns valid calls):
-    ``<tool_call>\n{"name": <name>, "arguments": <schema-valid object>}\n</tool_call>``."""
-    import json
-
+    ``<tool_call>\n{"name": <name>, "arguments": <schema-valid object>}\n</tool_call>``; a custom
+    tool with a grammar (``grammars``, by flat name, each over the *JSON-escaped* input:
+    :func:`inference.tool_grammar.json_string_ebnf`): its ``input`` string follows it."""
+    grammars = grammars or {}
     alternatives = []
     for flat in names:
+        if flat in grammars:
+            continue
         fn = catalog.schema_of(flat)["function"]
         params = fn.get("parameters") or {"type": "object"}
         alternatives.append({
@@ -167,9 +196,31 @@ def tool_call_structural_tag(catalog: "HermesToolCatalog", names: Iterable[str])
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
-    schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    bodies: list[dict[str, Any]] = [_grammar_body(flat, grammars[flat]) for flat in names if flat in grammars]
+    if alternatives:
+        schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+        bodies.insert(0, {"type": "json_schema", "json_schema": schema})
+    content = bodies[0] if len(bodies) == 1 else {"type": "or", "elements": bodies}
     return json.dumps({
         "type": "structural_tag",
-        "format": {"type": "tag", "begin": "<tool_call>\n",
-                   "content": {"type": "json_schema", "json_schema": schema}, "end": "\n</tool_call>"},
+        "format": {"type": "tag", "begin": CALL_BEGIN, "content": content, "end": CALL_END},
     })
+
+
+def triggered_tool_calls_tag(catalog: "HermesToolCatalog", grammars: Mapping[str, ToolGrammar]) -> str:
+    """``tool_choice: auto`` with grammar tools: free text, but once the model opens ``<tool_call>``
+    the call is one of the offered tools — a grammar tool's input follows its grammar, a function's
+    arguments its schema (canonical header spacing, which is how the renderer writes calls)."""
+    tags = []
+    for flat in catalog.names():
+        prefix = CALL_BEGIN + _call_prefix(flat)
+        if flat in grammars:
+            tags.append({"type": "tag", "begin": prefix + '{"' + CUSTOM_ARG + '": "',
+                         "content": {"type": "grammar", "grammar": grammars[flat].ebnf},
+                         "end": '"}}' + CALL_END})
+        else:
+            params = catalog.schema_of(flat)["function"].get("parameters") or {"type": "object"}
+            tags.append({"type": "tag", "begin": prefix, "content": {"type": "json_schema", "json_schema": params},
+                         "end": "}" + CALL_END})
+    return json.dumps({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": [CALL_BEGIN.rstrip("\n")], "tags": tags}})

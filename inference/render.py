@@ -40,6 +40,18 @@ class Prelude:
     reasoning_effort: str | None = None
 
 
+class Constraint(dict):
+    """A renderer's structured-output constraint: the mapping itself is vLLM
+    ``StructuredOutputsParams`` fields (empty: nothing to enforce), ``fallbacks`` the syntaxes of
+    custom-tool grammars it could not enforce (described in prose only; the gateway counts them)."""
+
+    __slots__ = ("fallbacks",)
+
+    def __init__(self, fields: Mapping[str, Any] | None = None, fallbacks: Sequence[str] = ()) -> None:
+        super().__init__(fields or {})
+        self.fallbacks: tuple[str, ...] = tuple(fallbacks)
+
+
 class Renderer(Protocol):
     family: str
     #: tokens that end a generation (e.g. harmony <|return|>, <|call|>)
@@ -77,10 +89,13 @@ class Renderer(Protocol):
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (logprobs report them); a special token's own name."""
 
-    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> Constraint | dict[str, Any] | None:
         """Structured-output constraint for the engine (vLLM ``StructuredOutputsParams`` fields), or
         None. Only the renderer knows its tool-call syntax, so it turns ``tool_choice`` (required or a
-        named function) and ``text.format`` (json_schema / json_object) into a grammar or schema."""
+        named tool), ``text.format`` (json_schema / json_object) and ``custom`` tools' grammars
+        (``inference.tool_grammar``; under ``auto`` they apply once the model calls that tool) into a
+        grammar or schema. A grammar the engine could not enforce is left out and reported in
+        :attr:`Constraint.fallbacks` — the turn runs with the grammar in prose only."""
 
     def parser(self, prelude: Prelude) -> StreamParser:
         """A fresh streaming parser for one generation under ``prelude`` (knows the tool names)."""

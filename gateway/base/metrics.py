@@ -45,6 +45,9 @@ class Metrics:
         self.render_fallbacks = Counter("respgate_render_full_fallbacks",
                                         "Continuations rendered in full because an append was not provably exact",
                                         ["reason"], registry=r)
+        self.grammar_fallbacks = Counter("respgate_grammar_fallbacks",
+                                         "Custom-tool grammars the engine could not enforce (described in prose only)",
+                                         ["syntax"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
         self.rate_limited = Counter("respgate_rate_limit_rejections",
                                     "Requests or connections refused by a rate or connection limit",

@@ -39,6 +39,7 @@ from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import response_skeleton
 from inference.registry import ModelRegistry
+from inference.render import Constraint
 from security.classify import Classifier
 from security.flags import FlagReporter
 
@@ -85,6 +86,9 @@ class Pipeline:
         rendered = render_stage.render(turn)
         render_stage.observe(self.metrics, rendered)
         sampling = sampling_for(turn, rendered, ctx.tenant)
+        if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
+            for syntax in sampling.structured.fallbacks:
+                self.metrics.grammar_fallbacks.labels(syntax).inc()
         response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
                                      tools=list(turn.tools), store=turn.store)
         log_context.response_id.set(response["id"])

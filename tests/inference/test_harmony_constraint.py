@@ -104,3 +104,54 @@ def test_no_constraint_for_auto_or_plain_text(renderer):
     assert renderer.constraint(Prelude(tools=(WEATHER,)), None) is None
     assert renderer.constraint(Prelude(tools=(WEATHER,), tool_choice="none"), None) is None
     assert renderer.constraint(Prelude(), {"type": "text"}) is None
+
+
+# -- custom tools with a grammar (Codex's apply_patch, from a real Codex frame) ------------------
+
+from tests.inference.test_tool_grammar import BAD_LARK, CODEX_TOOLS, NOT_PATCHES, PATCHES  # noqa: E402
+
+PATCH_HEAD = "<|channel|>commentary to=functions.apply_patch<|message|>"
+THINK = "<|channel|>analysis<|message|>The user wants a file.<|end|><|start|>assistant"
+
+
+@pytest.mark.parametrize("choice", [{"type": "custom", "name": "apply_patch"}, "required", "auto"])
+def test_custom_call_content_follows_its_grammar(compiler, renderer, choice):
+    c = renderer.constraint(Prelude(tools=CODEX_TOOLS, tool_choice=choice), None)
+    assert c.fallbacks == ()
+    for patch in PATCHES:
+        assert accepts(compiler, c, PATCH_HEAD + patch + "<|call|>"), patch
+        assert accepts(compiler, c, THINK + PATCH_HEAD + patch + "<|call|>"), patch
+    for bad in NOT_PATCHES:
+        assert not accepts(compiler, c, PATCH_HEAD + bad + "<|call|>"), bad
+        assert not accepts(compiler, c, THINK + PATCH_HEAD + bad + "<|call|>"), bad
+    # the renderer's own tokens for the call (what the history holds) are what the constraint accepts
+    call = {"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": PATCHES[1]}
+    ids, gp = renderer.render_items([call]), renderer.generation_prompt()
+    assert ids[:len(gp)] == gp
+    m = xgr.GrammarMatcher(compiler.compile_structural_tag(c["structural_tag"]))
+    assert all(m.accept_token(t) for t in ids[len(gp):]) and m.is_terminated()
+
+
+def test_auto_with_a_grammar_tool_leaves_everything_else_free(compiler, renderer):
+    c = renderer.constraint(Prelude(tools=CODEX_TOOLS, tool_choice="auto"), None)
+    exec_call = '<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>{"cmd": "ls"}<|call|>'
+    for ok in ["<|channel|>final<|message|>Done, no patch needed.<|return|>",
+               THINK + "<|channel|>final<|message|>Hi<|return|>",
+               exec_call, THINK + exec_call,
+               "<|channel|>commentary<|message|>Patching.<|end|><|start|>assistant" + PATCH_HEAD + PATCHES[0] + "<|call|>",
+               " to=functions.apply_patch<|channel|>commentary<|message|>" + PATCHES[0] + "<|call|>"]:
+        assert accepts(compiler, c, ok), ok
+    assert not accepts(compiler, c, " to=functions.apply_patch<|channel|>commentary<|message|>oops<|call|>")
+    assert not accepts(compiler, c, PATCH_HEAD[:-len("<|message|>")] + " <|constrain|>json<|message|>{}<|call|>")
+    # no grammar tool offered: auto stays unconstrained, as before
+    assert renderer.constraint(Prelude(tools=(WEATHER,), tool_choice="auto"), None) is None
+
+
+def test_a_grammar_that_cannot_be_enforced_falls_back_and_says_so(compiler, renderer):
+    auto = renderer.constraint(Prelude(tools=(WEATHER, BAD_LARK)), None)
+    assert not auto and auto.fallbacks == ("lark",)
+    forced = renderer.constraint(Prelude(tools=(WEATHER, BAD_LARK), tool_choice={"type": "custom", "name": "broken"}),
+                                 None)
+    assert forced.fallbacks == ("lark",)  # still one call to the tool, its content free
+    assert accepts(compiler, forced, "<|channel|>commentary to=functions.broken<|message|>anything at all<|call|>")
+    assert not accepts(compiler, forced, "<|channel|>final<|message|>no call<|return|>")
