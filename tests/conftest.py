@@ -27,6 +27,8 @@ _STATE_DIR = tempfile.mkdtemp(prefix="respgate-tests-")
 os.environ.setdefault("RESPGATE_KEYS_FILE", os.path.join(_STATE_DIR, "keys.json"))
 os.environ.setdefault("RESPGATE_USAGE_JOURNAL", os.path.join(_STATE_DIR, "usage-journal.jsonl"))
 
+from pathlib import Path  # noqa: E402
+
 from gateway.app import create_app, uvicorn_config_kwargs  # noqa: E402
 from gateway.ops.server import GatewayServer  # noqa: E402
 from gateway.base.settings import Settings  # noqa: E402
@@ -34,6 +36,11 @@ from gateway.transport.services import GatewayState  # noqa: E402
 from inference.harmony import HarmonyRenderer  # noqa: E402
 from inference.registry import ModelRegistry, ModelRoute  # noqa: E402
 from inference.simulated import SimulatedEngine  # noqa: E402
+
+#: the team's shared folder: beside the checkout (CI clones elsewhere with a copy of shared/ next to
+#: it), else the workspace's
+SHARED = next((p for p in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared"))
+               if (p / "fixtures").is_dir()), Path("/work/shared"))
 
 MODEL = "gpt-oss-sim"
 

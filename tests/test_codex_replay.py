@@ -28,10 +28,11 @@ from inference.harmony import HarmonyRenderer
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order
+from tests.conftest import SHARED
 
 pytestmark = pytest.mark.timeout(60)
 
-FIXTURES = Path("/work/shared/fixtures/codex")
+FIXTURES = SHARED / "fixtures/codex"
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
 # handshake headers the websockets client sets itself
 HOP_HEADERS = {"host", "connection", "upgrade", "sec-websocket-version", "sec-websocket-key",

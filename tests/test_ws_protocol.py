@@ -28,10 +28,10 @@ from gateway.base.settings import Settings
 from inference.harmony_core import harmony_encoding
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn, turns_in_order
-from tests.conftest import MODEL, LiveGateway
+from tests.conftest import SHARED, MODEL, LiveGateway
 
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
-CODEX_FIXTURES = Path("/work/shared/fixtures/codex/ws-gpt-5.5")
+CODEX_FIXTURES = SHARED / "fixtures/codex/ws-gpt-5.5"
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens: streams for seconds at 100 tok/s
 
 

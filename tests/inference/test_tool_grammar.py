@@ -16,8 +16,9 @@ from xgrammar.testing import _is_grammar_accept_string as grammar_accepts
 from inference.chat_template_render import ChatTemplateRenderer
 from inference.render import Constraint, Prelude
 from inference.tool_grammar import GrammarUnavailable, json_string_ebnf, tool_grammar
+from tests.conftest import SHARED
 
-FRAME = Path("/work/shared/fixtures/codex/ws-apply-patch/002-ws_message.json")
+FRAME = SHARED / "fixtures/codex/ws-apply-patch/002-ws_message.json"
 CODEX_TOOLS = tuple(json.loads(FRAME.read_text())["body"]["tools"])
 APPLY_PATCH = next(t for t in CODEX_TOOLS if t["type"] == "custom" and t["name"] == "apply_patch")
 EXEC = next(t for t in CODEX_TOOLS if t.get("name") == "exec_command")
