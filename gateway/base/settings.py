@@ -69,6 +69,8 @@ class Settings(BaseModel):
     # ---------------------------------------------------------------------------------------------
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
+    #: deepest JSON nesting a body or frame may have (400 beyond; gateway/wire/validation.py)
+    max_json_depth: int = Field(default=64, ge=8, le=200)
     ws_max_age_s: float = 3600.0
     #: on shutdown, how long in-flight WebSocket responses may run before sockets are closed
     shutdown_grace_s: float = 30.0

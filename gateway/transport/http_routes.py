@@ -24,6 +24,7 @@ from gateway.turn.types import TurnContext
 from gateway.wire.errors import (ApiError, bad_request, model_not_found, response_not_found, store_unavailable,
                                  unknown_parameter)
 from gateway.wire.kinds import TERMINAL_EVENT
+from gateway.wire.validation import check_depth
 from inference.registry import ModelRoute
 
 #: the events that end a response stream
@@ -50,9 +51,11 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
         chunks.append(chunk)
     raw = b"".join(chunks)
     try:
-        return orjson.loads(raw)
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise bad_request("We could not parse the JSON body of your request.", code="invalid_json") from None
+    check_depth(body, gw.settings.max_json_depth)
+    return body
 
 
 def _json(data: Any, status: int = 200) -> Response:

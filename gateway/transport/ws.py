@@ -44,6 +44,7 @@ from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
+from gateway.wire.validation import check_depth
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -139,13 +140,19 @@ class WsConnection:
 
     async def _on_frame(self, data: str) -> None:
         limit = self.settings.max_request_bytes
-        if len(data) > limit:
+        # bytes, not characters: a frame of "中" is three bytes a character (count only when it can matter)
+        if len(data) > limit or (len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit):
             await self._send_error(ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large"))
             return
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:
             await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
+            return
+        try:
+            check_depth(event, self.settings.max_json_depth)
+        except ApiError as err:
+            await self._send_error(err)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self._send_error(bad_request("Each frame must be a JSON object with a string 'type'.",

@@ -21,6 +21,35 @@ _TYPE_NAMES = {
 }
 
 
+#: default bound on JSON nesting (setting ``max_json_depth``): far under what any serializer here can
+#: write back (orjson writes 255 levels) or a renderer recurses through, above any real schema
+MAX_JSON_DEPTH = 64
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 when ``value`` (a parsed JSON body or frame) nests deeper than ``limit`` containers.
+
+    Checked before any other work: a deeply nested ``tools[].parameters``, ``text.format`` schema or
+    ``tool_choice`` would otherwise reach code that recurses (serializers, renderers, grammar
+    builders) and fail there as a 500. Iterative and containers only, so the check itself is bounded
+    by the body's size, never by the interpreter's stack."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        node, depth, top = stack.pop()
+        if depth > limit:
+            param = top or "body"
+            raise ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
+                           code="invalid_value", param=param)
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if isinstance(child, (dict, list)):
+                    stack.append((child, depth + 1, top or str(key)))
+        elif isinstance(node, list):
+            for child in node:
+                if isinstance(child, (dict, list)):
+                    stack.append((child, depth + 1, top))
+
+
 def param_path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:

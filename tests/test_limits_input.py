@@ -1,0 +1,76 @@
+"""Input bounds that hold before the work (issue 14, cases 1 and 9): JSON nesting depth, frame size in bytes.
+
+Deep nesting used to reach code that recurses (orjson writes at most 255 levels, the prelude key,
+harmony's constraint builder) and answer a plain-text 500; now every body and frame is checked at
+parse time against ``max_json_depth`` and refused with a 400 naming the parameter. WebSocket frames
+were bounded in characters; now in UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from websockets.sync.client import connect
+
+from gateway.base.settings import Settings
+from tests.conftest import MODEL
+from tests.http_helpers import assert_error, post
+
+
+def nested(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        node = {"type": "object", "properties": {"x": node}}
+    return node
+
+
+def deep_list(depth: int) -> list[Any]:
+    node: list[Any] = []
+    for _ in range(depth):
+        node = [node]
+    return node
+
+
+def tool(depth: int) -> dict[str, Any]:
+    return {"type": "function", "name": "deep", "parameters": nested(depth)}
+
+
+@pytest.mark.parametrize("field,body", [
+    ("tools", {"tools": [tool(130)]}),
+    ("text", {"text": {"format": {"type": "json_schema", "name": "s", "schema": nested(200)}}}),
+    ("tool_choice", {"tool_choice": {"type": "function", "name": "f", "x": deep_list(270)}}),
+    ("input", {"input": [{"role": "user", "content": "hi", "extra": nested(300)}]}),
+])
+def test_deep_nesting_is_a_400_naming_the_parameter(gateway, field, body):
+    r = post(gateway, {"model": MODEL, **body})
+    assert_error(r, 400, code="invalid_value", param=field)
+    assert "nested deeper than 64 levels" in r.json()["error"]["message"]
+    # the same over the other JSON endpoints
+    assert post(gateway, {"model": MODEL, **body}, path="/responses/input_tokens").status_code == 400
+
+
+def test_a_reasonably_nested_schema_is_served(gateway):
+    r = post(gateway, {"model": MODEL, "input": "hi", "tools": [tool(25)]})  # 51 levels of JSON
+    assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+
+
+def test_deep_frames_get_an_error_frame_and_the_socket_lives(gateway):
+    with connect(gateway.ws_url) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "tools": [tool(100)]}))
+        err = json.loads(ws.recv(timeout=10))
+        assert err["type"] == "error" and err["status"] == 400 and err["error"]["param"] == "tools"
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
+        while (ev := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
+            assert ev["type"] != "error", ev
+
+
+def test_frame_limit_counts_bytes_not_characters(make_gateway):
+    live = make_gateway(Settings(max_request_bytes=30_000))
+    text = "中" * 12_000  # 12,000 characters, 36,000 bytes
+    with connect(live.ws_url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": text}, ensure_ascii=False))
+        err = json.loads(ws.recv(timeout=10))
+        assert err["type"] == "error" and err["status"] == 413, err
+        assert err["error"]["code"] == "request_too_large"
