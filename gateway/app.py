@@ -56,7 +56,7 @@ def create_app(
     flags = build_flag_reporter(settings) if flags is None else flags
     metrics.registry.register(FlagCollector(flags))
     pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags)
-    auth, access = build_access(settings, key_store)
+    auth, access = build_access(settings, key_store, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=auth, access=access)
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
@@ -117,7 +117,8 @@ def create_app(
     return app
 
 
-def build_access(settings: Settings, key_store: KeyStore | None = None) -> tuple[KeyAuth, Access]:
+def build_access(settings: Settings, key_store: KeyStore | None = None,
+                 metrics: Metrics | None = None) -> tuple[KeyAuth, Access]:
     """Keys (static + the key store: Redis with ``redis_url``, else the key file) and rate limiters
     (atomic in Redis with ``redis_url``, else in memory)."""
     if key_store is None:
@@ -131,7 +132,7 @@ def build_access(settings: Settings, key_store: KeyStore | None = None) -> tuple
         from security.limits import MemoryRateLimiter
 
         limiter = MemoryRateLimiter()
-    return auth, Access(settings, limiter)
+    return auth, Access(settings, limiter, metrics)
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:

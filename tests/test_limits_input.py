@@ -74,3 +74,44 @@ def test_frame_limit_counts_bytes_not_characters(make_gateway):
         err = json.loads(ws.recv(timeout=10))
         assert err["type"] == "error" and err["status"] == 413, err
         assert err["error"]["code"] == "request_too_large"
+
+
+def test_size_and_depth_refusals_are_counted(make_gateway):
+    live = make_gateway(Settings(max_request_bytes=30_000))
+    assert post(live, {"model": MODEL, "tools": [tool(130)]}).status_code == 400
+    assert post(live, {"model": MODEL, "input": "x" * 40_000}).status_code == 413
+    with connect(live.ws_url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "tools": [tool(100)]}))
+        assert json.loads(ws.recv(timeout=10))["status"] == 400
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "中" * 12_000}, ensure_ascii=False))
+        assert json.loads(ws.recv(timeout=10))["status"] == 413
+    for transport in ("http", "ws"):
+        for reason in ("size", "depth"):
+            assert live.metric("respgate_input_rejections_total", {"transport": transport, "reason": reason}) == 1
+
+
+def test_rate_connection_and_queue_refusals_are_counted(make_gateway):
+    from inference.simulated import SimulatedEngine
+    from inference.simulated_script import Turn, turns_in_order
+
+    slow = SimulatedEngine(script=turns_in_order([], then=lambda v: Turn(text="slow " * 30, delay_per_token_s=0.02)))
+    live = make_gateway(Settings(rate_limit_rpm=2, ws_max_connections_per_key=1, ws_max_queued=1), engine=slow)
+    assert post(live, {"model": MODEL, "input": "one"}).status_code == 200
+    assert post(live, {"model": MODEL, "input": "two"}).status_code == 200
+    assert post(live, {"model": MODEL, "input": "three"}).status_code == 429
+    assert live.metric("respgate_rate_limit_rejections_total", {"transport": "http", "limit": "requests"}) == 1
+    live2 = make_gateway(Settings(ws_max_connections_per_key=1, ws_max_queued=1), engine=slow)
+    with connect(live2.ws_url) as ws:
+        with pytest.raises(Exception):
+            with connect(live2.ws_url):
+                pass
+        assert live2.metric("respgate_rate_limit_rejections_total", {"transport": "ws", "limit": "connections"}) == 1
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "a", "store": False}))
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "b", "store": False}))
+        frames = []
+        while True:
+            frames.append(json.loads(ws.recv(timeout=10)))
+            if frames[-1]["type"] == "response.completed":
+                break
+        assert any(f["type"] == "error" and f["status"] == 429 for f in frames)
+    assert live2.metric("respgate_rate_limit_rejections_total", {"transport": "ws", "limit": "queue"}) == 1

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from gateway.access.auth import Principal
+from gateway.base.metrics import Metrics
 from gateway.wire.errors import ApiError
 from gateway.base.settings import Settings
 from security.limits import Decision, Kind, Quota, RateLimiter, RateLimiterUnavailable
@@ -39,9 +40,11 @@ def duration(seconds: float) -> str:
 
 
 class Access:
-    def __init__(self, settings: Settings, limiter: RateLimiter) -> None:
+    def __init__(self, settings: Settings, limiter: RateLimiter, metrics: Metrics | None = None) -> None:
+        """``metrics``: every refusal counts in ``respgate_rate_limit_rejections_total{transport, limit}``."""
         self.settings = settings
         self.limiter = limiter
+        self.metrics = metrics
         self._ws: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._warned = 0.0
@@ -53,18 +56,23 @@ class Access:
 
     # -- rate limits --------------------------------------------------------------------------------
 
-    async def admit(self, principal: Principal) -> Decision | None:
+    async def admit(self, principal: Principal, transport: str = "http") -> Decision | None:
         """Take one request; 429 when the request or token bucket is empty. None = unlimited."""
-        return await self._step(principal, requests=1, tokens=0)
+        return await self._step(principal, requests=1, tokens=0, transport=transport)
 
-    async def reserve(self, principal: Principal, prompt_tokens: int
+    async def reserve(self, principal: Principal, prompt_tokens: int, transport: str = "http"
                       ) -> tuple[Decision | None, Callable[[Mapping[str, Any]], None] | None]:
         """Take the rendered prompt's tokens. Returns the decision and, when the key is limited, the
         hook that charges the rest once the turn's usage is known (``Pipeline.run(on_usage=...)``)."""
-        decision = await self._step(principal, requests=0, tokens=prompt_tokens)
+        decision = await self._step(principal, requests=0, tokens=prompt_tokens, transport=transport)
         return decision, (self._settler(principal, prompt_tokens) if decision is not None else None)
 
-    async def _step(self, principal: Principal, *, requests: int, tokens: int) -> Decision | None:
+    def rejected(self, transport: str, limit: str) -> None:
+        """Count a refusal by a limit (``requests``, ``tokens``, ``connections``, ``queue``)."""
+        if self.metrics is not None:
+            self.metrics.rate_limited.labels(transport, limit).inc()
+
+    async def _step(self, principal: Principal, *, requests: int, tokens: int, transport: str) -> Decision | None:
         quota = self.quota(principal)
         if quota.unlimited:
             return None
@@ -74,6 +82,7 @@ class Access:
             self._warn(f"rate limiter unavailable, request allowed: {exc}")
             return None
         if not decision.allowed:
+            self.rejected(transport, decision.refused or "requests")
             raise rate_limit_error(self._message(principal, decision), decision.refused or "requests",
                                    self.headers(decision))
         return decision
@@ -141,6 +150,7 @@ class Access:
         limit = principal.limits.ws_connections or self.settings.ws_max_connections_per_key
         n = self._ws.get(principal.subject, 0)
         if limit is not None and n >= limit:
+            self.rejected("ws", "connections")
             raise rate_limit_error(f"Too many concurrent WebSocket connections for this API key (limit {limit}). "
                                    "Close a connection or retry later.", "requests")
         self._ws[principal.subject] = n + 1

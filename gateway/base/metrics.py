@@ -50,8 +50,11 @@ class Metrics:
                                          ["syntax"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
         self.rate_limited = Counter("respgate_rate_limit_rejections",
-                                    "Requests or connections refused by a rate or connection limit",
+                                    "Requests or connections refused by a limit (requests, tokens, connections, queue)",
                                     ["transport", "limit"], registry=r)
+        self.input_rejections = Counter("respgate_input_rejections",
+                                        "Bodies and frames refused before any work (size, depth)",
+                                        ["transport", "reason"], registry=r)
         self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", ["model"],
                                      registry=r)
         self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",

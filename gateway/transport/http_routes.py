@@ -41,12 +41,14 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
     limit = gw.settings.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        gw.metrics.input_rejections.labels("http", "size").inc()
         raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
+            gw.metrics.input_rejections.labels("http", "size").inc()
             raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
         chunks.append(chunk)
     raw = b"".join(chunks)
@@ -54,7 +56,11 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise bad_request("We could not parse the JSON body of your request.", code="invalid_json") from None
-    check_depth(body, gw.settings.max_json_depth)
+    try:
+        check_depth(body, gw.settings.max_json_depth)
+    except ApiError:
+        gw.metrics.input_rejections.labels("http", "depth").inc()
+        raise
     return body
 
 

@@ -142,6 +142,7 @@ class WsConnection:
         limit = self.settings.max_request_bytes
         # bytes, not characters: a frame of "中" is three bytes a character (count only when it can matter)
         if len(data) > limit or (len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit):
+            self.gw.metrics.input_rejections.labels("ws", "size").inc()
             await self._send_error(ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large"))
             return
         try:
@@ -152,6 +153,7 @@ class WsConnection:
         try:
             check_depth(event, self.settings.max_json_depth)
         except ApiError as err:
+            self.gw.metrics.input_rejections.labels("ws", "depth").inc()
             await self._send_error(err)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
@@ -219,6 +221,8 @@ class WsConnection:
             task.add_done_callback(self._turns.pop)
         elif a.kind is Act.REFUSE:
             assert a.refusal is not None
+            if a.refusal is Refusal.QUEUE_FULL:
+                self.gw.access.rejected("ws", "queue")
             await self._send_error(self._refusal(a.refusal), None if a.refusal is Refusal.BAD_LANE else stream_id)
         elif a.kind is Act.ERROR:
             await self._send_error(a.error, stream_id)
@@ -246,7 +250,7 @@ class WsConnection:
             await self._feed(Event(Ev.REVOKED))
             return
         try:
-            await self.gw.access.admit(self.principal)
+            await self.gw.access.admit(self.principal, "ws")
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             await self._feed(Event(Ev.REFUSED, lane=a.lane, previous_response_id=a.previous_response_id, error=err))
@@ -316,7 +320,7 @@ class WsConnection:
         ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane)
         try:
             turn = await self.gw.pipeline.prepare(frame, ctx)
-            _, on_usage = await self.gw.access.reserve(self.principal, turn.prompt_len)
+            _, on_usage = await self.gw.access.reserve(self.principal, turn.prompt_len, "ws")
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             await self._send_error(err, stream_id)
