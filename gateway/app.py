@@ -123,7 +123,8 @@ def build_access(settings: Settings, key_store: KeyStore | None = None,
     (atomic in Redis with ``redis_url``, else in memory)."""
     if key_store is None:
         key_store = build_key_store(settings.redis_url, settings.keys_file)
-    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode)
+    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode,
+                   allowed_origins=settings.allowed_origins)
     if settings.redis_url:
         from security.limits import RedisRateLimiter
 

@@ -72,8 +72,12 @@ class KeyAuth:
     #: how long "are there any keys?" is cached while in open mode with a Redis store
     COUNT_TTL_S = 1.0
 
-    def __init__(self, keys: list[str], store: KeyStore | None = None, *, open_mode: bool = False) -> None:
+    def __init__(self, keys: list[str], store: KeyStore | None = None, *, open_mode: bool = False,
+                 allowed_origins: list[str] | tuple[str, ...] = ()) -> None:
+        """``allowed_origins``: browser origins (``scheme://host[:port]``, or ``*``) whose pages may call
+        the gateway; a request or handshake carrying any other ``Origin`` is refused (403)."""
         self._static: dict[str, Principal] = dict(_static_principal(k) for k in keys if k)
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self._secrets = [k.partition(":")[2] if ":" in k else k for k in keys]
         self.store = store
         self.open_mode = open_mode
@@ -107,8 +111,24 @@ class KeyAuth:
                 pass  # open mode so far and the store is down: stay as we were
         return self._required
 
+    def check_origin(self, headers: Mapping[str, str]) -> None:
+        """Refuse a request a browser page sent from an origin not listed in ``allowed_origins``.
+
+        Why: a page the user opens can make the browser send a WebSocket handshake or a "simple"
+        (no-preflight) POST to a gateway on 127.0.0.1; without keys (the loopback default) nothing
+        else would stop it from driving the gateway. Browsers always send ``Origin`` on those;
+        SDKs, Codex and curl send none, so they are unaffected."""
+        origin = headers.get("origin")
+        if origin is None or "*" in self.allowed_origins or origin.rstrip("/").lower() in self.allowed_origins:
+            return
+        raise ApiError(403, f"Requests from the browser origin '{origin[:200]}' are not allowed. "
+                            "List it in allowed_origins (RESPGATE_ALLOWED_ORIGINS) to let its pages call this gateway.",
+                       type="invalid_request_error", code="origin_not_allowed")
+
     async def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        """The caller's principal, or ``ApiError`` 401 (bad key) / 503 (key store down)."""
+        """The caller's principal, or ``ApiError`` 401 (bad key) / 403 (a browser origin not allowed)
+        / 503 (key store down)."""
+        self.check_origin(headers)
         token = _bearer(headers)
         required = await self.keys_required()
         if token is not None:

@@ -69,6 +69,9 @@ class Settings(BaseModel):
     # ---------------------------------------------------------------------------------------------
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
+    #: browser origins whose pages may call the gateway (``https://app.example``, or ``*``); any other
+    #: ``Origin`` header is refused with 403 (gateway/access/auth.py)
+    allowed_origins: list[str] = Field(default_factory=list)
     #: deepest JSON nesting a body or frame may have (400 beyond; gateway/wire/validation.py)
     max_json_depth: int = Field(default=64, ge=8, le=200)
     ws_max_age_s: float = 3600.0
