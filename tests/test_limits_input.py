@@ -115,3 +115,20 @@ def test_rate_connection_and_queue_refusals_are_counted(make_gateway):
                 break
         assert any(f["type"] == "error" and f["status"] == 429 for f in frames)
     assert live2.metric("respgate_rate_limit_rejections_total", {"transport": "ws", "limit": "queue"}) == 1
+
+
+def test_items_and_tools_per_request_are_capped_before_validation(make_gateway):
+    live = make_gateway(Settings(max_input_items=50, max_tools=4))
+    items = [{"role": "user", "content": "hi"}] * 51
+    r = post(live, {"model": MODEL, "input": items})
+    assert_error(r, 400, code="array_above_max_length", param="input")
+    tools = [{"type": "function", "name": f"t{i}", "parameters": {"type": "object"}} for i in range(5)]
+    assert_error(post(live, {"model": MODEL, "input": "hi", "tools": tools}), 400, code="array_above_max_length",
+                 param="tools")
+    with connect(live.ws_url) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": items}))
+        err = json.loads(ws.recv(timeout=10))
+        assert err["status"] == 400 and err["error"]["param"] == "input"
+    assert post(live, {"model": MODEL, "input": items[:50], "tools": tools[:4]}).status_code == 200
+    assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "count"}) == 2
+    assert live.metric("respgate_input_rejections_total", {"transport": "ws", "reason": "count"}) == 1

@@ -53,7 +53,7 @@ class Metrics:
                                     "Requests or connections refused by a limit (requests, tokens, connections, queue)",
                                     ["transport", "limit"], registry=r)
         self.input_rejections = Counter("respgate_input_rejections",
-                                        "Bodies and frames refused before any work (size, depth)",
+                                        "Bodies and frames refused before any work (size, depth, count)",
                                         ["transport", "reason"], registry=r)
         self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", ["model"],
                                      registry=r)

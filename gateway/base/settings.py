@@ -74,6 +74,9 @@ class Settings(BaseModel):
     allowed_origins: list[str] = Field(default_factory=list)
     #: deepest JSON nesting a body or frame may have (400 beyond; gateway/wire/validation.py)
     max_json_depth: int = Field(default=64, ge=8, le=200)
+    #: most input items / tools one create may list (400 array_above_max_length beyond)
+    max_input_items: int = Field(default=20_000, ge=1)
+    max_tools: int = Field(default=512, ge=1)
     ws_max_age_s: float = 3600.0
     #: on shutdown, how long in-flight WebSocket responses may run before sockets are closed
     shutdown_grace_s: float = 30.0

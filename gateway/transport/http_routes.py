@@ -24,7 +24,7 @@ from gateway.turn.types import TurnContext
 from gateway.wire.errors import (ApiError, bad_request, model_not_found, response_not_found, store_unavailable,
                                  unknown_parameter)
 from gateway.wire.kinds import TERMINAL_EVENT
-from gateway.wire.validation import check_depth
+from gateway.wire.validation import check_counts, check_depth
 from inference.registry import ModelRoute
 
 #: the events that end a response stream
@@ -60,6 +60,11 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
         check_depth(body, gw.settings.max_json_depth)
     except ApiError:
         gw.metrics.input_rejections.labels("http", "depth").inc()
+        raise
+    try:
+        check_counts(body, max_items=gw.settings.max_input_items, max_tools=gw.settings.max_tools)
+    except ApiError:
+        gw.metrics.input_rejections.labels("http", "count").inc()
         raise
     return body
 

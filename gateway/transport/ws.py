@@ -44,7 +44,7 @@ from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
-from gateway.wire.validation import check_depth
+from gateway.wire.validation import check_counts, check_depth
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -155,6 +155,12 @@ class WsConnection:
         except ApiError as err:
             self.gw.metrics.input_rejections.labels("ws", "depth").inc()
             await self._send_error(err)
+            return
+        try:
+            check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools)
+        except ApiError as err:
+            self.gw.metrics.input_rejections.labels("ws", "count").inc()
+            await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self._send_error(bad_request("Each frame must be a JSON object with a string 'type'.",

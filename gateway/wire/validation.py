@@ -50,6 +50,20 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
                     stack.append((child, depth + 1, top))
 
 
+def check_counts(body: Any, *, max_items: int, max_tools: int) -> None:
+    """400 when a create-shaped body lists more input items or tools than allowed: checked on the
+    parsed JSON, before validation, so an allowed-but-huge request costs its parse, not seconds of
+    validation, classification and rendering."""
+    if not isinstance(body, dict):
+        return
+    for key, limit in (("input", max_items), ("tools", max_tools)):
+        value = body.get(key)
+        if isinstance(value, list) and len(value) > limit:
+            raise ApiError(400, f"Invalid '{key}': array too long. Expected an array with maximum length {limit}, "
+                                f"but got an array with length {len(value)} instead.",
+                           code="array_above_max_length", param=key)
+
+
 def param_path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
