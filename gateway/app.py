@@ -182,6 +182,10 @@ def build_flag_reporter(settings: Settings) -> FlagReporter:
     return FlagReporter(sink, buffer=settings.flags_buffer)
 
 
+#: bytes a WebSocket frame may exceed max_request_bytes by and still be answered with a 413 frame
+WS_FRAME_SLACK = 64 * 1024
+
+
 def uvicorn_config_kwargs(settings: Settings) -> dict:
     """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
     and frames of one loop iteration written together (gateway/transport/corked.py)."""
@@ -189,7 +193,11 @@ def uvicorn_config_kwargs(settings: Settings) -> dict:
 
     return {
         "ws": CorkedWebSocketProtocol,
-        "ws_max_size": 2 * settings.max_request_bytes,   # hard cap; frames over max_request_bytes get an error frame
+        # A frame is read (and, with permessage-deflate, inflated: websockets bounds decompression by
+        # max_size) up to max_request_bytes plus a little slack: within it, an oversized frame gets a
+        # 413 error frame and the socket lives; beyond it the protocol closes 1009 without inflating
+        # further, so a compression bomb costs a connection at most this much memory.
+        "ws_max_size": settings.max_request_bytes + WS_FRAME_SLACK,
         "ws_per_message_deflate": True,
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 60.0,

@@ -132,3 +132,24 @@ def test_items_and_tools_per_request_are_capped_before_validation(make_gateway):
     assert post(live, {"model": MODEL, "input": items[:50], "tools": tools[:4]}).status_code == 200
     assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "count"}) == 2
     assert live.metric("respgate_input_rejections_total", {"transport": "ws", "reason": "count"}) == 1
+
+
+def test_a_compression_bomb_is_closed_before_it_inflates(make_gateway):
+    """permessage-deflate: a frame of one repeated byte compresses a thousandfold; the server inflates
+    at most max_request_bytes + 64 KiB of it and closes 1009 (message too big). (It used to read up
+    to twice max_request_bytes: with the default 32 MiB, one 64 KB frame became 63 MiB.)"""
+    from websockets.exceptions import ConnectionClosed
+
+    live = make_gateway(Settings(max_request_bytes=100_000))
+    with connect(live.ws_url, compression="deflate", max_size=None) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "a" * 180_000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    # within the slack an oversized frame is still answered with a 413 frame and the socket lives
+    with connect(live.ws_url, compression="deflate") as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "a" * 120_000}))
+        assert json.loads(ws.recv(timeout=10))["status"] == 413
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
+        while json.loads(ws.recv(timeout=10))["type"] != "response.completed":
+            pass

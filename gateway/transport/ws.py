@@ -140,8 +140,9 @@ class WsConnection:
 
     async def _on_frame(self, data: str) -> None:
         limit = self.settings.max_request_bytes
-        # bytes, not characters: a frame of "中" is three bytes a character (count only when it can matter)
-        if len(data) > limit or (len(data) * 4 > limit and len(data.encode("utf-8", "surrogatepass")) > limit):
+        # bytes, not characters: a frame of "中" is three bytes a character (encoded only when it can matter)
+        if len(data) > limit or (len(data) * 4 > limit and not data.isascii()
+                                 and len(data.encode("utf-8", "surrogatepass")) > limit):
             self.gw.metrics.input_rejections.labels("ws", "size").inc()
             await self._send_error(ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large"))
             return
