@@ -58,7 +58,7 @@ from redis.exceptions import RedisError
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
-from cache.store import StoredItem, StoreUnavailable, index_keys, own_items
+from cache.store import StoredItem, StoreUnavailable, index_keys
 
 #: bytes charged per token id (a pointer in a Python list), as ``gateway.turn.finalize`` counts them
 TOKEN_BYTES = 8

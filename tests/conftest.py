@@ -61,6 +61,18 @@ def wait_until_ready(proc: Any, port: int, log_path: Any, timeout: float, poll: 
         time.sleep(poll)
 
 
+def terminate(proc: Any, timeout: float = 60) -> None:
+    """SIGTERM a child (the gateway's graceful shutdown), SIGKILL it if it does not exit in time."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conftest import free_port, wait_until_ready
+from tests.conftest import terminate, free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 PYPI_FILES = "files.pythonhosted.org"
@@ -197,10 +196,6 @@ def test_pip_install_dot_alone_serves_over_http_and_websocket(tmp_path):
                                capture_output=True, text=True, timeout=120, env=env)
         assert smoke.returncode == 0 and "4 passed, 0 failed" in smoke.stdout, smoke.stdout + smoke.stderr
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc, 60)
         log.close()
     assert "Traceback" not in (tmp_path / "serve.log").read_text()

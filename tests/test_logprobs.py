@@ -17,7 +17,7 @@ from gateway.turn.types import TurnContext
 from inference.remote_vllm import _logprobs as remote_logprobs
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn, turns_in_order
-from tests.conftest import MODEL, VLLM_MODEL, LiveGateway
+from tests.conftest import VLLM_MODEL, LiveGateway
 from tests.http_helpers import create, stream
 
 TEXT = "Grüße aus Bergen — 中文 too!"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 import httpx
 
 from gateway.engines import CPU_MAX_OUTPUT_TOKENS
-from tests.conftest import free_port, wait_until_ready
+from tests.conftest import terminate, free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -54,11 +53,7 @@ def serve(tmp_path: Path, *args: str, timeout: float = 900) -> Iterator[int]:
         wait_until_ready(proc, port, log_path, timeout, poll=1)
         yield port
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        terminate(proc, 120)
         log.close()
 
 

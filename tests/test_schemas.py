@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 

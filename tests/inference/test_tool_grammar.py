@@ -7,7 +7,6 @@ The grammar is Codex's own ``apply_patch`` Lark grammar, from a real Codex CLI f
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import xgrammar as xgr  # vLLM's structured-output backend, installed with the engine
