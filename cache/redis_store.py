@@ -200,8 +200,9 @@ class RedisStore:
             "delta": orjson.dumps(state.context[start:]),
         })
         tx.pexpire(key, self.ttl_ms)
-        for item_key, pos in index_keys(state):
-            tx.set(self._item_key(state.tenant, item_key), orjson.dumps([state.id, pos]), nx=True, px=self.ttl_ms)
+        for item_key, side, pos in index_keys(state):
+            tx.set(self._item_key(state.tenant, item_key), orjson.dumps([state.id, side, pos]), nx=True,
+                   px=self.ttl_ms)
         if ancestors:
             tx.hincrby(self._key(ancestors[-1]), "kids", 1)
         for ancestor in ancestors:  # a chain expires with its newest response
@@ -263,24 +264,24 @@ class RedisStore:
     async def _items(self, item_ids: Sequence[str], tenant: str | None) -> dict[str, StoredItem]:
         homes = await self.redis.mget([self._item_key(tenant, i) for i in item_ids])
         where = {i: orjson.loads(h) for i, h in zip(item_ids, homes) if h is not None}
-        owners = sorted({rid for rid, _ in where.values()})
-        if not owners:
+        # per home response, only the list that holds the items: the Response for outputs
+        wanted = sorted({(rid, "response" if side == "output" else "input") for rid, side, _ in where.values()})
+        if not wanted:
             return {}
         reads = self.redis.pipeline(transaction=False)
-        for rid in owners:
-            reads.hmget(self._key(rid), ("tenant", "deleted", "input", "response"))
-        records = dict(zip(owners, await reads.execute()))
-        found: dict[str, StoredItem] = {}
-        parsed: dict[str, list[dict[str, Any]]] = {}
-        for item_id, (rid, pos) in where.items():
-            raw_tenant, deleted, inputs, response = records[rid]
-            if raw_tenant is None or deleted is not None or inputs is None or orjson.loads(raw_tenant) != tenant:
+        for rid, field in wanted:
+            reads.hmget(self._key(rid), ("tenant", "deleted", field))
+        lists: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (rid, field), (raw_tenant, deleted, raw) in zip(wanted, await reads.execute()):
+            if raw_tenant is None or deleted is not None or raw is None or orjson.loads(raw_tenant) != tenant:
                 continue
-            own = parsed.get(rid)
-            if own is None:
-                own = parsed[rid] = [*orjson.loads(inputs), *(orjson.loads(response).get("output") or ())]
-            if pos < len(own):
-                found[item_id] = StoredItem(rid, own[pos])
+            value = orjson.loads(raw)
+            lists[(rid, field)] = (value.get("output") or []) if field == "response" else value
+        found: dict[str, StoredItem] = {}
+        for item_id, (rid, side, pos) in where.items():
+            items = lists.get((rid, "response" if side == "output" else "input"))
+            if items is not None and pos < len(items):
+                found[item_id] = StoredItem(rid, items[pos])
         return found
 
     async def close(self) -> None:

@@ -52,17 +52,22 @@ def call_key(call_id: str) -> str:
     return "\0call:" + call_id
 
 
-def index_keys(state: ResponseState) -> Iterable[tuple[str, int]]:
-    """(key, position among ``own_items``) of what a store indexes: item ids, and the call ids of
-    the response's output (the calls the gateway issued)."""
-    n_in = len(state.input_items)
-    for pos, item in enumerate(own_items(state)):
-        item_id = item.get("id")
-        if isinstance(item_id, str):
-            yield item_id, pos
-        call_id = item.get("call_id")
-        if pos >= n_in and isinstance(call_id, str):
-            yield call_key(call_id), pos
+Home = tuple[str, str, int]  # (response id, "input" | "output", position there)
+
+
+def index_keys(state: ResponseState) -> Iterable[tuple[str, str, int]]:
+    """(key, "input" | "output", position) of what a store indexes: item ids, and the call ids of
+    the response's output (the calls the gateway issued). The side says which of the response's
+    lists holds the item, so a lookup reads that list only (an output is a handful of items; the
+    input of a client that re-sends its history is the whole conversation)."""
+    for pos, item in enumerate(state.input_items):
+        if isinstance(item_id := item.get("id"), str):
+            yield item_id, "input", pos
+    for pos, item in enumerate(state.response.get("output") or ()):
+        if isinstance(item_id := item.get("id"), str):
+            yield item_id, "output", pos
+        if isinstance(call_id := item.get("call_id"), str):
+            yield call_key(call_id), "output", pos
 
 
 class ResponseStore(Protocol):
@@ -91,9 +96,8 @@ class MemoryStore:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._entries: OrderedDict[str, tuple[float, int, ResponseState]] = OrderedDict()
-        #: (tenant, item id) -> (the response that first held it, position among its own items);
-        #: and each response's index keys
-        self._items: dict[tuple[str | None, str], tuple[str, int]] = {}
+        #: (tenant, item id) -> where the response that first held it keeps it; each response's keys
+        self._items: dict[tuple[str | None, str], Home] = {}
         self._owned: dict[str, list[tuple[str | None, str]]] = {}
         self._bytes = 0
         self.evictions = 0
@@ -125,9 +129,9 @@ class MemoryStore:
         self._entries[state.id] = (time.monotonic() + self.ttl_s, size, state)
         self._bytes += size
         owned = []
-        for item_key, pos in index_keys(state):
+        for item_key, side, pos in index_keys(state):
             if (key := (state.tenant, item_key)) not in self._items:
-                self._items[key] = (state.id, pos)
+                self._items[key] = (state.id, side, pos)
                 owned.append(key)
         self._owned[state.id] = owned
         while self._bytes > self.max_bytes and len(self._entries) > 1:
@@ -149,10 +153,9 @@ class MemoryStore:
             state = await self.get(home[0], tenant) if home is not None else None
             if state is None or home is None:
                 continue
-            pos = home[1]
-            n = len(state.input_items)
-            item = state.input_items[pos] if pos < n else state.response["output"][pos - n]
-            found[item_id] = StoredItem(state.id, item)
+            _, side, pos = home
+            found[item_id] = StoredItem(state.id, state.input_items[pos] if side == "input"
+                                        else state.response["output"][pos])
         return found
 
     async def close(self) -> None:
