@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
@@ -143,3 +144,37 @@ def test_uvicorn_protocol_still_has_what_the_cork_relies_on():
     assert "transport" in inspect.signature(WebSocketsSansIOProtocol.connection_made).parameters
     assert "self.transport.write" in inspect.getsource(WebSocketsSansIOProtocol.send)
 
+
+
+def test_a_refused_handshake_logs_no_error(make_gateway):
+    """A 401 before the upgrade is an answer, not a server error (issue 14, case 10)."""
+    import logging
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    from gateway.base.settings import Settings
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.ERROR)
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    live = make_gateway(Settings(api_keys=["only-key"], keys_file=None))
+    collect = Collect()
+    logger = logging.getLogger("uvicorn.error")  # uvicorn's loggers do not propagate to the root
+    logger.addHandler(collect)
+    try:
+        for _ in range(3):
+            with pytest.raises(InvalidStatus) as refused:
+                with connect(live.ws_url):
+                    pass
+            assert refused.value.response.status_code == 401
+        with connect(live.ws_url, additional_headers={"authorization": "Bearer only-key"}):
+            pass
+    finally:
+        logger.removeHandler(collect)
+    assert not collect.records, [r.getMessage() for r in collect.records]

@@ -110,3 +110,13 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(CorkedTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if (message["type"] == "websocket.http.response.body" and not message.get("more_body", False)
+                and self.initial_response is not None):
+            # The handshake was answered with an HTTP response (a refusal: 401, 403, 429): as far as
+            # the app is concerned it is complete. uvicorn would log "ASGI callable returned without
+            # completing handshake" at ERROR for every refused handshake otherwise — an error line an
+            # unauthenticated client could flood the logs with.
+            self.handshake_complete = True
