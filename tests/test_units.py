@@ -139,3 +139,22 @@ def test_component_counters_are_exported_at_scrape_time(make_gateway):
     for name in ("respgate_usage_records_total", "respgate_usage_pending", "respgate_store_token_cache_total",
                  "respgate_sequence_copies_total"):
         assert name in text, name
+
+
+def test_rate_limited_log_keeps_a_flood_to_a_few_lines_and_counts_the_rest(caplog):
+    import logging
+
+    from gateway.base.log_limit import RateLimitedLog
+
+    now = [0.0]
+    limited = RateLimitedLog(logging.getLogger("t.flood"), period=10, burst=2, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="t.flood"):
+        logged = [limited.warning("size", "frame too large (%d bytes)", i) for i in range(100)]
+        assert logged[:2] == [True, True] and not any(logged[2:])
+        assert limited.info("depth", "too deep")  # another kind has its own budget
+        now[0] = 10.0
+        assert limited.warning("size", "frame too large (%d bytes)", 100)
+    lines = [r.getMessage() for r in caplog.records if r.name == "t.flood"]
+    assert lines == ["frame too large (0 bytes)", "frame too large (1 bytes)", "too deep",
+                     "frame too large (100 bytes) (98 similar line(s) suppressed)"]
+    assert all(r.exc_info is None for r in caplog.records)
