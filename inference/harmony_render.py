@@ -50,6 +50,7 @@ Where it does **not** hold (by design or by nature):
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
@@ -59,11 +60,14 @@ import orjson
 from inference.harmony_content import MessageTokenizer
 from inference.harmony_core import (
     ToolCatalog,
+    content_encoding,
+    encode_text,
     harmony_encoding,
     harmony_tokens,
     recipient_for,
 )
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
+from inference.harmony_prelude import needs_probe, render_developer
 from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Prelude
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
@@ -76,6 +80,8 @@ __all__ = [
     "UnknownCallError",
     "render_completion",
 ]
+
+log = logging.getLogger(__name__)
 
 _KEY_VERSION = b"harmony-v1"
 _EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
@@ -194,13 +200,29 @@ class HarmonyRenderer:
         # ("Calls to these tools must go to the commentary channel: 'functions'.")
         opts = RenderOptions(conversation_has_function_tools=ToolCatalog(prelude.tools).has_functions)
         tokens = self._enc.render(messages[0], opts)
-        for msg in messages[1:]:
-            tokens += self._enc.render(msg)
+        if len(messages) > 1:
+            tokens += self._developer_tokens(prelude, messages[1])
         with self._lock:
             self._prelude_cache[key] = tokens
             if len(self._prelude_cache) > 64:
                 self._prelude_cache.popitem(last=False)
         return list(tokens)
+
+    def _developer_tokens(self, prelude: Prelude, message: Any) -> list[int]:
+        """The developer message's tokens; client text with long runs goes through
+        :mod:`inference.harmony_prelude` (harmony's tokenizer is quadratic in a run's length)."""
+        if needs_probe(prelude.instructions, prelude.tools):
+            def build(instructions: str | None, tools: Any) -> Any:
+                probe = Prelude(instructions=instructions, tools=tools, tool_choice=prelude.tool_choice,
+                                reasoning_effort=prelude.reasoning_effort)
+                return self.prelude_messages(probe)[1]
+
+            fast = render_developer(prelude.instructions, prelude.tools, build, self._enc, content_encoding(),
+                                    harmony_tokens().message)
+            if fast is not None:
+                return fast
+            log.warning("prelude probe check failed; rendering the developer message with harmony")
+        return self._enc.render(message)
 
     # -- items ---------------------------------------------------------------------------------
 
@@ -309,7 +331,8 @@ class HarmonyRenderer:
         return special.encode() if special is not None else vocab.token_bytes(token_id)
 
     def count_text_tokens(self, text: str) -> int:
-        return len(self._enc.encode(text, disallowed_special=()))
+        # tiktoken's ordinary tokens are harmony's (and tiktoken is linear in a run's length)
+        return len(encode_text(text))
 
     def append_break(
         self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]
