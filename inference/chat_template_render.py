@@ -102,6 +102,7 @@ from inference.hermes_tools import (
 )
 from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Constraint, Prelude
+from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
@@ -182,7 +183,15 @@ class ChatTemplateRenderer:
         return self._hf
 
     def _encode(self, text: str) -> list[int]:
-        return self._fast.encode(text, add_special_tokens=False).ids
+        parts = segments(text)
+        if len(parts) == 1:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        # a run longer than MAX_RUN (inference/text_runs.py): cut, and tokenized by encode_batch,
+        # which releases the GIL (encode holds it: 1 MB of "中" froze the event loop 2.7 s)
+        out: list[int] = []
+        for enc in self._fast.encode_batch(parts, add_special_tokens=False):
+            out += enc.ids
+        return out
 
     # -- special-token text in content (see the module docstring) ------------------------------
 

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.text_runs import segments
+
 from inference.kinds import CALLABLE_TOOLS, ToolType
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
@@ -81,39 +83,16 @@ def content_encoding() -> Any:
         return _content
 
 
-#: Longest run of one character class tokenized in one call. tiktoken's pre-tokenizer makes each
-#: run of letters without a break, of whitespace, or of punctuation/symbols one piece; its
-#: byte-pair merge is superlinear in a piece's length (1M "a": 2.1 s) and its regex overflows the
-#: stack on 1M spaces (a Rust panic). Longer runs are tokenized in chunks of this many characters:
-#: the same text, a different split *inside* that run only (no real text has 4,096 letters or 4,096
-#: spaces in a row), deterministic, so prefix caching is unaffected. Up to this length the tokens
-#: are exactly tiktoken's (and harmony's).
-MAX_RUN = 4096
-_LONG_RUN: Any = None
-
-
 def encode_text(text: str, enc: Any = None) -> list[int]:
-    """Ordinary BPE tokens of message text (``encode_ordinary``) at a cost linear in its length."""
+    """Ordinary BPE tokens of message text (``encode_ordinary``) at a cost linear in its length:
+    text with a run longer than :data:`inference.text_runs.MAX_RUN` is tokenized in segments."""
     enc = enc or _content or content_encoding()
-    if len(text) <= MAX_RUN:
+    parts = segments(text)
+    if len(parts) == 1:
         return enc.encode_ordinary(text)
-    global _LONG_RUN
-    if _LONG_RUN is None:
-        import regex
-
-        n = MAX_RUN + 1
-        _LONG_RUN = regex.compile(r"[\p{L}\p{M}]{%d,}|\s{%d,}|[^\s\p{L}\p{N}]{%d,}" % (n, n, n))
     out: list[int] = []
-    pos = 0
-    for m in _LONG_RUN.finditer(text):
-        start, end = m.span()
-        if start > pos:
-            out += enc.encode_ordinary(text[pos:start])
-        for i in range(start, end, MAX_RUN):
-            out += enc.encode_ordinary(text[i:min(i + MAX_RUN, end)])
-        pos = end
-    if pos < len(text):
-        out += enc.encode_ordinary(text[pos:])
+    for part in parts:
+        out += enc.encode_ordinary(part)
     return out
 
 

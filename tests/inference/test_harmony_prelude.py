@@ -3,7 +3,7 @@
 Property: the probe-and-splice rendering equals harmony's own ``enc.render`` of the same developer
 message, for instructions and tools whose strings (descriptions, property names, enum values,
 ``required`` entries) hold long lines and long runs of line breaks of any characters — up to
-:data:`inference.harmony_core.MAX_RUN` characters per run, where harmony's slow tokenizer is still
+:data:`inference.text_runs.MAX_RUN` characters per run, where harmony's slow tokenizer is still
 affordable as the oracle. Beyond that, the bound: a megabyte of any run in any field renders
 (harmony itself panics or takes minutes) and decodes back to the client's text.
 """
@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from openai_harmony import RenderOptions
 
 from inference import harmony_prelude
-from inference.harmony_core import MAX_RUN, ToolCatalog, content_encoding
+from inference.harmony_core import ToolCatalog, content_encoding
 from inference.harmony_render import HarmonyRenderer
 from inference.render import Prelude
+from inference.text_runs import MAX_RUN
 
 PROPS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
