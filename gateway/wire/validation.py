@@ -7,6 +7,7 @@ all) branch on those, so the mapping is explicit here instead of leaking pydanti
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -156,3 +157,37 @@ def to_api_error(exc: ValidationError) -> ApiError:
         msg = str(ctx.get("error") or e["msg"])
         return ApiError(400, msg, code="invalid_value", param=param)
     return ApiError(400, f"Invalid '{param}': {e['msg']}.", code="invalid_value", param=param)
+
+
+#: JSON strings and structural characters (the unrolled string pattern: no per-character alternation)
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def parse_failure(text: str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> ApiError:
+    """The 400 for a body or frame that does not parse.
+
+    orjson refuses documents nested deeper than 1,024 levels with its own "depth limit exceeded"
+    (before check_depth could see them); that is still a depth refusal, so it gets the same answer
+    as a shallower one — ``invalid_value`` naming the top-level parameter that holds the nesting,
+    found by scanning the text up to the failure position (error path only, linear, iterative).
+    Anything else is ``invalid_json``."""
+    from gateway.wire.errors import bad_request
+
+    pos = getattr(exc, "pos", None)
+    if "depth limit" not in str(exc) or not isinstance(pos, int):
+        return bad_request("We could not parse the JSON body of your request.", code="invalid_json")
+    depth, expect_key, top = 0, False, None
+    for m in _JSON_TOKEN.finditer(text, 0, pos):
+        tok = m.group()
+        if tok in "{[":
+            depth += 1
+            expect_key = depth == 1 and tok == "{"
+        elif tok in "}]":
+            depth -= 1
+        elif tok == ",":
+            expect_key = depth == 1
+        elif depth == 1 and expect_key:
+            top, expect_key = tok[1:-1], False
+    param = top or "body"
+    return ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.", code="invalid_value",
+                    param=param)
