@@ -161,9 +161,10 @@ class CorkedTransport:
         self._transport.abort()
 
     def lost(self) -> None:
-        """The connection is gone: drop what is corked, cancel the pending abort."""
+        """The connection is gone: drop what is corked, cancel the pending abort (and arm no other)."""
         self._chunks.clear()
         self._size = 0
+        self._closed = True
         if self._abort_timer is not None:
             self._abort_timer.cancel()
             self._abort_timer = None
