@@ -188,11 +188,13 @@ WS_FRAME_SLACK = 64 * 1024
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:
     """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
-    and frames of one loop iteration written together (gateway/transport/corked.py)."""
+    and frames of one loop iteration written together, with write backpressure and a send deadline
+    (gateway/transport/corked.py)."""
     from gateway.transport.corked import CorkedWebSocketProtocol
 
     return {
-        "ws": CorkedWebSocketProtocol,
+        # pongs and frames written with backpressure; a client that stops reading is closed (1008)
+        "ws": CorkedWebSocketProtocol.configured(send_deadline_s=settings.ws_send_deadline_s),
         # A frame is read (and, with permessage-deflate, inflated: websockets bounds decompression by
         # max_size) up to max_request_bytes plus a little slack: within it, an oversized frame gets a
         # 413 error frame and the socket lives; beyond it the protocol closes 1009 without inflating

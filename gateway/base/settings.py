@@ -66,6 +66,10 @@ class Settings(BaseModel):
     ws_max_queued: int = 256
     #: close a socket that has nothing in flight and sent nothing for this long (error frame + 1000)
     ws_idle_timeout_s: float | None = 900.0
+    #: a socket whose writes make no progress this long (its write buffer above 64 KiB, less than
+    #: 64 KiB taken by the client) is closed with 1008 and its turns aborted, billed as cancelled;
+    #: a closing socket whose client still does not read is reset after as long again
+    ws_send_deadline_s: float = Field(default=10.0, gt=0)
     # ---------------------------------------------------------------------------------------------
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
