@@ -165,6 +165,7 @@ def test_a_client_that_stops_reading_is_closed_1008_its_turn_aborted_and_billed(
     assert 0 < record.output_tokens < 2_000_000
     assert engine.stats.running == 0
     assert live.metric("respgate_generation_aborts_total", {"transport": "ws"}) == 1
+    assert live.metric("respgate_ws_send_stalls_total") == 1
     wait_for(lambda: not live.gw.connections, timeout=30, what="the connection forgotten")
     frames, code, how = read_until_closed(sock, rest)
     sock.close()

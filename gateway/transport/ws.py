@@ -54,7 +54,7 @@ from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
-from gateway.wire.validation import check_counts, check_depth
+from gateway.wire.validation import check_counts, check_depth, parse_failure
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -160,8 +160,13 @@ class WsConnection:
             return
         try:
             event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
+        except orjson.JSONDecodeError as exc:
+            err = parse_failure(data, exc, self.settings.max_json_depth)
+            if err.code == "invalid_json":
+                err = bad_request("Invalid JSON in WebSocket frame.", code="invalid_json")
+            else:
+                self.gw.metrics.input_rejections.labels("ws", "depth").inc()
+            await self._send_error(err)
             return
         try:
             check_depth(event, self.settings.max_json_depth)
@@ -227,6 +232,8 @@ class WsConnection:
     # -- the machine's actions --------------------------------------------------------------------
 
     async def _feed(self, event: Event) -> None:
+        if event.kind is Ev.SEND_STALLED and self.machine.state is not State.CLOSED:
+            self.gw.metrics.ws_send_stalls.inc()  # once: the machine is CLOSED after the first
         for action in self.machine.handle(event):
             await self._perform(action)
 
