@@ -484,3 +484,22 @@ def test_chat_template_rollout_with_a_small_output_cap_appends(make_gateway, ct,
         cut_in = check_rollout(live, ct, engine.stats.prompts, [[ct.profile.end_token, *ct.profile.post_tokens]],
                                run_turn)
     assert cut_in == {"reasoning", "message", "function_call"}
+
+
+def test_a_cut_inside_the_first_header_leaves_no_trace(make_gateway) -> None:
+    """A header longer than the cap (a long tool name): nothing was said, the output is empty, and
+    the history ends before the generation prompt; the next turn appends to that."""
+    name = "look_up_the_current_weather_conditions_for_a_city_by_its_name_x"
+    tool = dict(WEATHER, name=name)
+    script = lambda view: Turn(tool_calls=(ToolCall(name, {"city": "Oslo"}),))  # noqa: E731
+    engine = SimulatedEngine(script=script, record_prompts=True)
+    live = make_gateway(Settings(), engine=engine)
+    r = HarmonyRenderer()
+    first = create(live, input="weather?", tools=[tool], max_output_tokens=CAP)
+    assert first["status"] == "incomplete" and first["output"] == []
+    nxt = create(live, input="and now?", tools=[tool], max_output_tokens=CAP, previous_response_id=first["id"])
+    assert nxt["status"] == "incomplete"
+    p1, p2 = engine.stats.prompts
+    gen = r.generation_prompt()
+    assert p2 == p1[: len(p1) - len(gen)] + r.render_items([user("and now?")]) + gen
+    assert fallbacks(live) == 0
