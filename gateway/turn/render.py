@@ -4,8 +4,8 @@ A continuation appends the new items' tokens to the parent's rendered history (a
 view, no copy), so its cost is O(new input). When an append is not provably exact the turn renders
 in full and says why (``RenderStats.fallback_reason``, counted in
 ``respgate_render_full_fallbacks``). Each reason is a case where no append can be right, and none
-arises in a standard rollout (one prelude, the model's output last in every parent; output caps
-of any size included):
+arises in a standard rollout (the same prelude every turn, the model's output last in every
+parent; output caps of any size included):
 
 =============== ==============================================================================
 reason          why a full render is required
