@@ -157,10 +157,13 @@ class TurnRunner:
                 terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
             elif finish == "length":
                 terminal = events.incomplete(usage, "max_output_tokens")
-                history = prompt_ids.extend(sampled)
+                history, exact = _cut_history(turn, prompt_ids, sampled), True
             else:
                 terminal = events.complete(usage)
-                history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
+                if exact:
+                    history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
+                else:  # stopped without a stop token (a stop string): closed like a cut
+                    history, exact = _cut_history(turn, prompt_ids, sampled), True
             self.finalizer.finish(turn, Outcome(
                 events.status, events.output, usage, history, exact=exact,
                 copied_bytes=copied, compacted=compacted, first_token_at=first_token_at), on_usage)
@@ -262,6 +265,18 @@ def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[di
     if tokens[:len(gen)] != gen:
         return None
     return prompt_ids.extend(tokens[len(gen):])
+
+
+def _cut_history(turn: PreparedTurn, prompt_ids: TokenSeq, sampled: list[int]) -> TokenSeq:
+    """The history after a generation that ended without its stop token: the sampled tokens
+    verbatim, the cut message closed as the format closes one (``Renderer.cut_history``), so the
+    next turn appends to it (``gateway.turn.render``: equal to, or deliberately unlike, a full render)."""
+    kept = turn.route.renderer.cut_history(sampled)
+    if kept is not None:
+        return prompt_ids.extend(kept)
+    # cut inside the generation prompt's own header (harmony, a header longer than the cap):
+    # nothing was said, so the history ends before the generation prompt (a copy: rare)
+    return TokenSeq(prompt_ids[: len(prompt_ids) - len(turn.rendered.gen_ids)])
 
 
 def _partial(exc: EngineError, summary: Summary | None) -> Summary | None:
