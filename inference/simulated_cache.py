@@ -221,7 +221,7 @@ class BlockPrefixCache:
                 return (full, node) if node is not None else (0, None)
             depth, node = known.hit_depth, known.hit
         step = 1
-        hi = full + 1  # lowest depth known not to be cached (full + 1: beyond the prompt)
+        hi = full + 1  # the shallowest depth not known to be cached (none yet: past the prompt)
         while depth < full:  # gallop: depth + 1, + 2, + 4, ... until a miss
             probe = min(depth + step, full)
             found = self._probe(hashes[probe - 1])
@@ -304,8 +304,9 @@ class BlockPrefixCache:
         if tail is not None:
             tail.pins += 1
         self._touch(tail)
-        if known is not None and tail is not None:
-            known.hit, known.hit_depth = tail, full
+        if known is not None and tail is not None and (
+                full >= known.hit_depth or known.hit is None or not known.hit.cached):
+            known.hit, known.hit_depth = tail, full  # a shorter view (a retry) keeps the deeper hit
         self._evict()
         tail_hash = hashes[full - 1] if full else self._root(salt)
         return Admission(max(0, cached), prompt, tail_hash, tail)
