@@ -250,3 +250,38 @@ def test_one_maximal_request_does_not_stop_the_loop(tmp_path: Path):
         assert stall.failures == 0
         assert stall.samples >= 30, f"only {stall.samples} /healthz answers while the big request ran"
         assert peak.growth < 1024 * MiB, str(peak)
+
+
+def test_light_requests_are_prepared_inline_heavy_ones_in_the_pool(make_gateway):
+    """The hot path pays no thread hop: a continuation's few items stay on the loop; a body over
+    inline_prepare_bytes is decoded and prepared in the pool."""
+    live = make_gateway(Settings(inline_prepare_bytes=32 * 1024))
+    offload = live.gw.pipeline.offload
+    first = post(live, {"model": MODEL, "input": "hi", "instructions": "be brief " * 2000}).json()
+    post(live, {"model": MODEL, "input": [{"role": "user", "content": "continue"}],
+                "previous_response_id": first["id"]}).raise_for_status()
+    assert offload.offloaded == 0  # 18 KB of instructions (the cached prelude) count 1/16
+    post(live, {"model": MODEL, "input": "x " * 20_000}).raise_for_status()
+    assert offload.offloaded == 2  # the body's decoding, then its preparation
+
+
+def test_the_pool_prepares_exactly_what_inline_would(make_gateway):
+    inline = make_gateway(Settings(inline_prepare_bytes=10**9))
+    pooled = make_gateway(Settings(inline_prepare_bytes=0))
+    params = {"type": "object", "properties": {"a": {"type": "string"}}}
+    tools = [{"type": "function", "name": f"t{i}", "parameters": params} for i in range(3)]
+    items = [{"role": "user", "content": f"line {i}"} for i in range(200)] + [
+        {"type": "function_call", "call_id": "call_1", "name": "t0", "arguments": "{\"a\": \"b\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "done"}]
+    seen = []
+    for live in (inline, pooled):
+        first = post(live, {"model": MODEL, "input": items, "tools": tools, "instructions": "be brief"}).json()
+        second = post(live, {"model": MODEL, "input": "and now?", "previous_response_id": first["id"],
+                             "tools": tools, "instructions": "be brief"}).json()
+        tokens = post(live, {"model": MODEL, "input": items, "tools": tools}, path="/responses/input_tokens").json()
+        seen.append((first["usage"]["input_tokens"], second["usage"]["input_tokens"],
+                     second["usage"]["input_tokens_details"], tokens["input_tokens"],
+                     [o["type"] for o in second["output"]]))
+        assert second["status"] == "completed"
+    assert seen[0] == seen[1]
+    assert inline.gw.pipeline.offload.offloaded == 0 and pooled.gw.pipeline.offload.offloaded == 6

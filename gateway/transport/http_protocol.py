@@ -78,7 +78,8 @@ class _HeadLimits:
         self._head_bytes = 0  # bytes of the pending head fed to the parser so far
         self._head_timer: asyncio.TimerHandle | None = None
         self._received = False  # any byte on this connection yet
-        self._lingering = 0  # after a refusal: bytes still dropped before closing, plus one (0: not refused)
+        #: after a refusal: bytes still dropped before closing, plus one (0: not refused; -1: all dropped)
+        self._lingering = 0
 
     def _head_pending(self) -> bool:
         raise NotImplementedError
@@ -95,9 +96,10 @@ class _HeadLimits:
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
-            self._lingering = max(1, self._lingering - len(data))
-            if self._lingering == 1:
-                self.transport.close()
+            if self._lingering > 0:  # -1: dropped until the response in flight closes the connection
+                self._lingering = max(1, self._lingering - len(data))
+                if self._lingering == 1:
+                    self.transport.close()
             return
         self._received = True
         limit = self.max_header_bytes
@@ -162,7 +164,7 @@ class _HeadLimits:
             # a pipelined head while the previous response is still being written: that response
             # finishes, then the connection closes (an answer now would land inside it)
             self.cycle.keep_alive = False
-            self.transport.pause_reading()
+            self._lingering = -1
             return
         if not self._received:
             log_rejection(reason, status, self.client, "connected, sent nothing")
