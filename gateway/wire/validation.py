@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
@@ -27,6 +28,27 @@ _TYPE_NAMES = {
 MAX_JSON_DEPTH = 64
 
 
+class InputRejected(ApiError):
+    """A body or frame refused by a bound before any work; ``reason`` labels the rejection counter
+    (``respgate_input_rejections_total{reason}``: size, depth, count, ...)."""
+
+    def __init__(self, reason: str, status: int, message: str, **kwargs: Any) -> None:
+        super().__init__(status, message, **kwargs)
+        self.reason = reason
+
+
+def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int) -> Any:
+    """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
+    in the prepare pool, ``gateway.turn.offload``)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+    check_depth(body, max_depth)
+    check_counts(body, max_items=max_items, max_tools=max_tools)
+    return body
+
+
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
     """400 when ``value`` (a parsed JSON body or frame) nests deeper than ``limit`` containers.
 
@@ -39,8 +61,8 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
         node, depth, top = stack.pop()
         if depth > limit:
             param = top or "body"
-            raise ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
-                           code="invalid_value", param=param)
+            raise InputRejected("depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
+                                code="invalid_value", param=param)
         if isinstance(node, dict):
             for key, child in node.items():
                 if isinstance(child, (dict, list)):
@@ -60,9 +82,9 @@ def check_counts(body: Any, *, max_items: int, max_tools: int) -> None:
     for key, limit in (("input", max_items), ("tools", max_tools)):
         value = body.get(key)
         if isinstance(value, list) and len(value) > limit:
-            raise ApiError(400, f"Invalid '{key}': array too long. Expected an array with maximum length {limit}, "
-                                f"but got an array with length {len(value)} instead.",
-                           code="array_above_max_length", param=key)
+            raise InputRejected("count", 400, f"Invalid '{key}': array too long. Expected an array with maximum "
+                                f"length {limit}, but got an array with length {len(value)} instead.",
+                                code="array_above_max_length", param=key)
 
 
 def param_path(loc: tuple[Any, ...]) -> str:
