@@ -53,10 +53,12 @@ _log = RateLimitedLog(logging.getLogger("respgate"))
 _PHRASES = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
-def log_rejection(reason: str, status: int, client: Any, detail: str) -> None:
-    """One line per kind of HTTP refusal, a few per 10 s (the counters count every one)."""
+def log_rejection(reason: str, status: int, client: Any, detail: str, transport: str = "http") -> None:
+    """One line per kind of refusal (HTTP request or WebSocket frame), a few per 10 s (the counters
+    count every one)."""
     host = client[0] if isinstance(client, (tuple, list)) and client else "-"
-    _log.info(f"http:{reason}", "HTTP request refused with %d (%s) from %s: %s", status, reason, host, detail)
+    what = "HTTP request" if transport == "http" else "WebSocket frame"
+    _log.info(f"{transport}:{reason}", "%s refused with %d (%s) from %s: %s", what, status, reason, host, detail)
 
 
 class _HeadLimits:

@@ -49,12 +49,13 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from cache.connection import ConnectionCache
 from gateway.access.auth import Principal
 from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, SendStalled
+from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
-from gateway.wire.validation import check_counts, check_depth, parse_failure
+from gateway.wire.validation import InputRejected, check_counts, decode_json
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -156,28 +157,26 @@ class WsConnection:
         if len(data) > limit or (len(data) * 4 > limit and not data.isascii()
                                  and len(data.encode("utf-8", "surrogatepass")) > limit):
             self.gw.metrics.input_rejections.labels("ws", "size").inc()
-            await self._send_error(ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large"))
-            return
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            err = parse_failure(data, exc, self.settings.max_json_depth)
-            if err.code == "invalid_json":
-                err = bad_request("Invalid JSON in WebSocket frame.", code="invalid_json")
-            else:
-                self.gw.metrics.input_rejections.labels("ws", "depth").inc()
+            err = ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large")
+            log_rejection("size", 413, self.ws.client, err.message, "ws")
             await self._send_error(err)
             return
+        cpu = self.gw.pipeline.offload.for_size(len(data))  # a big frame is parsed off the loop
         try:
-            check_depth(event, self.settings.max_json_depth)
-        except ApiError as err:
-            self.gw.metrics.input_rejections.labels("ws", "depth").inc()
+            event = await cpu(decode_json, data, self.settings.max_json_depth)
+        except InputRejected as err:
+            self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
+            log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")
             await self._send_error(err)
+            return
+        except ApiError:
+            await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
             return
         try:
             check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools)
         except ApiError as err:
             self.gw.metrics.input_rejections.labels("ws", "count").inc()
+            log_rejection("count", err.status, self.ws.client, err.message, "ws")
             await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):

@@ -40,12 +40,19 @@ class InputRejected(ApiError):
 def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int) -> Any:
     """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
     in the prepare pool, ``gateway.turn.offload``)."""
+    body = decode_json(raw, max_depth)
+    check_counts(body, max_items=max_items, max_tools=max_tools)
+    return body
+
+
+def decode_json(raw: bytes | str, max_depth: int) -> Any:
+    """Parse and check nesting: the 400 for a document too deep is the same whether orjson refused it
+    (over 1,024 levels) or check_depth did (see :func:`parse_failure`)."""
     try:
         body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+    except orjson.JSONDecodeError as exc:
+        raise parse_failure(raw, exc, max_depth) from None
     check_depth(body, max_depth)
-    check_counts(body, max_items=max_items, max_tools=max_tools)
     return body
 
 
@@ -185,7 +192,7 @@ def to_api_error(exc: ValidationError) -> ApiError:
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
 
 
-def parse_failure(text: str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> ApiError:
+def parse_failure(raw: bytes | str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> ApiError:
     """The 400 for a body or frame that does not parse.
 
     orjson refuses documents nested deeper than 1,024 levels with its own "depth limit exceeded"
@@ -193,11 +200,10 @@ def parse_failure(text: str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> Api
     as a shallower one — ``invalid_value`` naming the top-level parameter that holds the nesting,
     found by scanning the text up to the failure position (error path only, linear, iterative).
     Anything else is ``invalid_json``."""
-    from gateway.wire.errors import bad_request
-
     pos = getattr(exc, "pos", None)
     if "depth limit" not in str(exc) or not isinstance(pos, int):
-        return bad_request("We could not parse the JSON body of your request.", code="invalid_json")
+        return ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json")
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
     depth, expect_key, top = 0, False, None
     for m in _JSON_TOKEN.finditer(text, 0, pos):
         tok = m.group()
@@ -211,5 +217,5 @@ def parse_failure(text: str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> Api
         elif depth == 1 and expect_key:
             top, expect_key = tok[1:-1], False
     param = top or "body"
-    return ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.", code="invalid_value",
-                    param=param)
+    return InputRejected("depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
+                         code="invalid_value", param=param)
