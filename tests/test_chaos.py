@@ -285,3 +285,37 @@ def test_fuzz_left_the_gateway_bounded(target: ChaosGateway) -> None:
     """After the fuzz target (same module, same process): resident memory has not run away."""
     assert target.rss() < 1024 * MiB, target.rss() / MiB
     still_serves(target)
+
+
+# -- tokenizer-hostile text -------------------------------------------------------------------------
+
+def test_case7_runs_of_one_character_cost_linear_time_and_never_panic(target: ChaosGateway):
+    """A run of one character is one tokenizer piece: harmony's BPE is quadratic in it (32,000 "中"
+    in instructions took 11.6 s with the GIL held: every client frozen; 1 MB took minutes) and 1 MB
+    of "a" or of spaces overflowed harmony's / tiktoken's stack (a Rust panic: plain-text 500). Now
+    each field is answered, and /healthz keeps answering while they run."""
+    since = len(target.log())
+    answers: Counter[str] = Counter()
+    size = 900_000  # under the gateway's 1 MiB limit with the JSON around it
+    tried = 0
+    with target.rss_peak() as peak, target.healthz_stall() as stall, httpx.Client(timeout=300) as client:
+        for ch in ("a", " ", "\n", "中", "😀", "!"):
+            run = ch * (size // len(json.dumps(ch, ensure_ascii=False).encode()[1:-1]))
+            for body in ({"instructions": run, "input": "hi"}, {"input": run},
+                         {"input": "hi", "tools": [{"type": "function", "name": "f", "description": run,
+                                                    "parameters": {"type": "object"}}]}):
+                r = client.post(target.url + "/v1/responses", headers={"content-type": "application/json"},
+                                content=json.dumps({"model": MODEL, "max_output_tokens": 16, **body},
+                                                   ensure_ascii=False).encode())
+                tried += 1
+                answers[str(r.status_code)] += 1
+                if r.status_code == 400:  # a megabyte of "中" is 900k tokens: more than the context holds
+                    assert r.json()["error"]["code"] == "context_length_exceeded", r.text[:500]
+                else:
+                    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text[:500]
+    report("7 tokenizer-hostile runs (900 KB of one character in instructions / input / a tool description)",
+           tried, answers, peak, stall)
+    assert stall.samples > tried  # the loop kept answering between (and during) the big requests
+    assert peak.growth < 512 * MiB, peak
+    still_serves(target)
+    no_tracebacks(target, since)
