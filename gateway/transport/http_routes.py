@@ -8,7 +8,7 @@ final Response (JSON) or frame each one as SSE. A client that disconnects stops 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -17,13 +17,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
+from gateway.transport.inflight import HttpTurn
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame
-from gateway.turn.events import Event
-from gateway.turn.types import TurnContext
-from gateway.wire.errors import (ApiError, bad_request, model_not_found, response_not_found, store_unavailable,
-                                 unknown_parameter)
-from gateway.wire.kinds import TERMINAL_EVENT
+from gateway.turn.events import Event, late_terminal
+from gateway.turn.types import PreparedTurn, TurnContext
+from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
+                                 shutting_down, store_unavailable, unknown_parameter)
+from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
+from gateway.wire.response import usage_object
 from gateway.wire.validation import check_counts, check_depth
 from inference.registry import ModelRoute
 
@@ -31,6 +33,7 @@ from inference.registry import ModelRoute
 TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def _gw(request: Request) -> GatewayState:
@@ -78,6 +81,8 @@ def _json(data: Any, status: int = 200) -> Response:
 async def create_response(request: Request) -> Response:
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
+    if not gw.accepting:
+        raise shutting_down()  # draining: SDKs retry a 503, on a replica that is still in rotation
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
@@ -87,79 +92,132 @@ async def create_response(request: Request) -> Response:
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        # before the response exists: nothing was generated or billed, and the client gets an
+        # OpenAI-shaped 500, never the traceback
+        log.exception("create crashed before the response existed")
+        gw.metrics.errors.labels("http", "server_error").inc()
+        raise server_error() from None
+    if not gw.accepting:  # the shutdown began while this turn was prepared: it never starts
+        if on_usage is not None:
+            on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
+        raise shutting_down()
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
     if turn.req.stream:
-        return StreamingResponse(_sse(events), media_type="text/event-stream; charset=utf-8",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
-    response = await _collect(request, events)
+        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=64)
+        running = HttpTurn.start(gw.http_turns, turn, events, queue.put)
+        return TurnStream(running, _sse(running, queue), media_type="text/event-stream; charset=utf-8",
+                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
+    response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
     return response
 
 
-async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    """Frame the turn's events; the turn itself runs in its own asyncio task.
+class TurnStream(StreamingResponse):
+    """An SSE response that stops its turn however it ends: Starlette may cancel it before the
+    body iterator ever started (the client left first), and then no ``finally`` of the iterator
+    runs."""
 
-    Starlette cancels a streaming response through an anyio cancel scope when the client leaves,
-    and anyio cancellation is level-triggered: every later ``await`` in the same scope is cancelled
-    again — including the engine's own abort (vLLM awaits ``abort()`` on close). Running the turn in
-    a separate task and cancelling *that* task (edge-triggered) lets the abort and the cancelled
-    snapshot complete.
-    """
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+    def __init__(self, running: HttpTurn, content: AsyncIterator[bytes], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.running = running
 
-    async def pump() -> None:
-        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
-            async for ev in stream:
-                await queue.put(sse_frame(ev))
-        await queue.put(None)
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.running.stop()
 
-    task = asyncio.ensure_future(pump())
-    getter: asyncio.Future[bytes | None] | None = None
+
+async def _sse(running: HttpTurn, queue: asyncio.Queue[Event]) -> AsyncIterator[bytes]:
+    """Frame the turn's events as they come (``HttpTurn`` runs the turn in its own task), and end
+    the stream with a terminal event whatever happened to the turn (see ``_closing``)."""
+    last, ended = -1, False
+    getter: asyncio.Future[Event] | None = None
     try:
-        while True:
+        while not (queue.empty() and running.task.done()):
             getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done() and task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-            frame = await getter  # the pump put its frames (and the final None) before finishing
+            await asyncio.wait({getter, running.task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()  # the turn ended: take what it queued (a cancelled get loses nothing)
+                getter = None
+                continue
+            ev = getter.result()
             getter = None
-            if frame is None:
-                return
+            try:
+                frame = sse_frame(ev)
+            except orjson.JSONEncodeError:
+                log.exception("could not encode %s of response %s", ev.get("type"), running.response.get("id"))
+                yield sse_frame(server_error().sse_event(last + 1))
+                return  # the turn is stopped below: billed as cancelled if it still ran
+            last, ended = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS
             yield frame
+        if not ended:
+            for ev in _closing(running, last):
+                yield sse_frame(ev)
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
-        if not task.done():
-            task.cancel()  # the client left: abort in the turn's own task (not awaited here)
+        running.stop()  # the client left: abort in the turn's own task (not awaited here)
 
 
-async def _collect(request: Request, events: AsyncIterator[Event]) -> Response:
-    """Non-streaming create: run to the terminal event, but abort if the client goes away."""
+def _closing(running: HttpTurn, last: int) -> list[Event]:
+    """The events that end a stream whose turn ended without sending its terminal: an ``error``
+    event saying why (the shutdown deadline, or a fault), then the terminal of the response as it
+    was billed — ``response.failed`` for a ``cancelled`` snapshot — so a stream never just stops.
+    A turn cut after it was billed ``completed`` gets only its own terminal."""
+    task, response = running.task, running.response
+    status = response["status"]
+    out: list[Event] = []
+    if not task.cancelled() and task.exception() is not None:
+        log.error("response %s crashed", response.get("id"), exc_info=task.exception())
+        out.append(server_error().sse_event(last + 1))
+    elif status in (ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED):
+        out.append((shutting_down() if running.cut_short else server_error()).sse_event(last + 1))
+    if status != ResponseStatus.IN_PROGRESS:
+        out.append(late_terminal(response, last + 1 + len(out)))
+    return out
+
+
+async def _collect(request: Request, gw: GatewayState, turn: PreparedTurn, events: AsyncIterator[Event]) -> Response:
+    """Non-streaming create: run to the terminal event, but abort if the client goes away.
+
+    A failure after the response exists is a Response with status ``failed``, not an HTTP error
+    (an HTTP 5xx would make SDKs retry: generated and billed again). The two exceptions bill
+    nothing as ``completed``: the shutdown deadline (503, the turn billed ``cancelled``) and a
+    fault of the gateway itself (500, the turn billed ``cancelled`` or ``failed``)."""
     final: dict[str, Any] | None = None
 
-    async def consume() -> None:
+    async def keep(ev: Event) -> None:
         nonlocal final
-        async for ev in events:
-            if ev["type"] in TERMINAL_EVENTS:
-                final = ev["response"]
+        if ev["type"] in TERMINAL_EVENTS:
+            final = ev["response"]
 
-    task = asyncio.ensure_future(consume())  # its own task: cancelling it aborts the engine request
+    running = HttpTurn.start(gw.http_turns, turn, events, keep)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if task not in done:
-        task.cancel()
+    try:
+        await asyncio.wait({running.task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not running.task.done():  # the client left
+            running.stop()
+            await asyncio.wait({running.task})
+            return Response(status_code=499)
+    finally:
+        watcher.cancel()
+        running.stop()  # this request's task was cancelled: the turn stops in its own task
+    if final is not None:
         try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return Response(status_code=499)
-    watcher.cancel()
-    task.result()
-    assert final is not None
-    # A failure after the response exists is a Response with status "failed", not an HTTP error
-    # (an HTTP 5xx would make SDKs retry: generated and billed again).
-    return _json(final)
+            return _json(final)
+        except orjson.JSONEncodeError:  # the turn was billed failed: the terminal it could not encode never passed
+            log.exception("could not encode response %s", turn.id)
+            raise server_error() from None
+    if running.cut_short:
+        raise shutting_down()
+    if not running.task.cancelled() and running.task.exception() is not None:
+        log.error("response %s crashed", turn.id, exc_info=running.task.exception())
+    raise server_error()
 
 
 async def _wait_disconnect(request: Request) -> None:
