@@ -28,10 +28,13 @@ from websockets.exceptions import ConnectionClosed
 from billing.usage import MemorySink, UsageRecord
 from cache.redis_store import RedisStore
 from gateway.base.settings import Settings
+from inference.harmony_render import HarmonyRenderer
+from inference.parse import ItemDelta, ParseEvent
+from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway, stop_gateway
-from tests.http_helpers import TERMINAL_EVENTS, parse_sse, wait_for
+from tests.http_helpers import TERMINAL_EVENTS, assert_error, parse_sse, wait_for
 from tests.test_ws_lifetime import create, fixed, recv, send, until_terminal, ws_open
 
 TRANSPORTS = ("json", "sse", "ws")
@@ -123,6 +126,55 @@ def test_an_engine_panic_is_a_failed_response_never_a_5xx_and_never_billed_compl
     [record] = billed(live, sink, 1)
     assert record.response_id == response["id"] and record.status == "failed"
     assert record.input_tokens == response["usage"]["input_tokens"] > 0
+
+
+class SurrogateParser:
+    """A parser with a decoding bug: message text comes out with a lone surrogate, which no JSON
+    encoder writes (orjson: "str is not valid UTF-8: surrogates not allowed")."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.inner.reasoning_tokens
+
+    def feed(self, token_ids: Sequence[int]) -> list[ParseEvent]:
+        return [ItemDelta(e.text + "\ud800") if isinstance(e, ItemDelta) else e for e in self.inner.feed(token_ids)]
+
+    def finish(self) -> list[ParseEvent]:
+        return self.inner.finish()
+
+
+class SurrogateRenderer(HarmonyRenderer):
+    def parser(self, prelude: Any) -> Any:
+        return SurrogateParser(super().parser(prelude))
+
+
+@pytest.mark.parametrize("transport", ("json", "sse"))
+def test_a_response_the_gateway_cannot_encode_is_a_5xx_or_an_error_event_and_never_billed_completed(
+        make_gateway, transport):
+    sink = CountingSink()
+    engine = SimulatedEngine(script=fixed(Turn(text="an answer")))
+    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=SurrogateRenderer(),
+                                         max_context=Settings().max_context)])
+    live = make_gateway(engine=engine, registry=registry, usage_sink=sink)
+    if transport == "json":
+        r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, timeout=60)
+        assert_error(r, 500, code="server_error", type_="server_error")
+        assert "Traceback" not in r.text
+    else:
+        try:
+            with httpx.stream("POST", live.base_url + "/responses", timeout=60,
+                              json={"model": MODEL, "input": "hi", "stream": True}) as r:
+                raw = r.read()
+        except httpx.RemoteProtocolError as exc:
+            pytest.fail(f"SSE stream cut without an error event: {exc}")
+        events = parse_sse(raw)
+        assert events[-1]["type"] == "error" and events[-1]["code"] == "server_error", events[-1]
+        assert not {e["type"] for e in events} & set(TERMINAL_EVENTS)
+    [record] = billed(live, sink, 1)
+    assert record.status == ("failed" if transport == "json" else "cancelled")
 
 
 # -- the shutdown deadline: the gateway cuts HTTP turns itself, before uvicorn would -----------------

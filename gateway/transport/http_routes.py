@@ -107,8 +107,14 @@ async def create_response(request: Request) -> Response:
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
     if turn.req.stream:
-        queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=64)
-        running = HttpTurn.start(gw.http_turns, turn, events, queue.put)
+        queue: asyncio.Queue[tuple[Event, bytes]] = asyncio.Queue(maxsize=64)
+
+        async def deliver(ev: Event) -> None:
+            # framed in the turn's task: an event that cannot be encoded ends the turn there,
+            # before it is billed, not after it was billed completed
+            await queue.put((ev, sse_frame(ev)))
+
+        running = HttpTurn.start(gw.http_turns, turn, events, deliver)
         return TurnStream(running, _sse(running, queue), media_type="text/event-stream; charset=utf-8",
                           headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
     response = await _collect(request, gw, turn, events)
@@ -132,11 +138,11 @@ class TurnStream(StreamingResponse):
             self.running.stop()
 
 
-async def _sse(running: HttpTurn, queue: asyncio.Queue[Event]) -> AsyncIterator[bytes]:
-    """Frame the turn's events as they come (``HttpTurn`` runs the turn in its own task), and end
+async def _sse(running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]]) -> AsyncIterator[bytes]:
+    """Send the turn's frames as they come (``HttpTurn`` runs the turn in its own task), and end
     the stream with a terminal event whatever happened to the turn (see ``_closing``)."""
     last, ended = -1, False
-    getter: asyncio.Future[Event] | None = None
+    getter: asyncio.Future[tuple[Event, bytes]] | None = None
     try:
         while not (queue.empty() and running.task.done()):
             getter = asyncio.ensure_future(queue.get())
@@ -145,40 +151,37 @@ async def _sse(running: HttpTurn, queue: asyncio.Queue[Event]) -> AsyncIterator[
                 getter.cancel()  # the turn ended: take what it queued (a cancelled get loses nothing)
                 getter = None
                 continue
-            ev = getter.result()
+            ev, frame = getter.result()
             getter = None
-            try:
-                frame = sse_frame(ev)
-            except orjson.JSONEncodeError:
-                log.exception("could not encode %s of response %s", ev.get("type"), running.response.get("id"))
-                yield sse_frame(server_error().sse_event(last + 1))
-                return  # the turn is stopped below: billed as cancelled if it still ran
             last, ended = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS
             yield frame
         if not ended:
-            for ev in _closing(running, last):
-                yield sse_frame(ev)
+            for frame in _closing(running, last):
+                yield frame
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
         running.stop()  # the client left: abort in the turn's own task (not awaited here)
 
 
-def _closing(running: HttpTurn, last: int) -> list[Event]:
-    """The events that end a stream whose turn ended without sending its terminal: an ``error``
+def _closing(running: HttpTurn, last: int) -> list[bytes]:
+    """The frames that end a stream whose turn ended without sending its terminal: an ``error``
     event saying why (the shutdown deadline, or a fault), then the terminal of the response as it
     was billed — ``response.failed`` for a ``cancelled`` snapshot — so a stream never just stops.
     A turn cut after it was billed ``completed`` gets only its own terminal."""
     task, response = running.task, running.response
     status = response["status"]
-    out: list[Event] = []
+    out: list[bytes] = []
     if not task.cancelled() and task.exception() is not None:
         log.error("response %s crashed", response.get("id"), exc_info=task.exception())
-        out.append(server_error().sse_event(last + 1))
+        out.append(sse_frame(server_error().sse_event(last + 1)))
     elif status in (ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED):
-        out.append((shutting_down() if running.cut_short else server_error()).sse_event(last + 1))
+        out.append(sse_frame((shutting_down() if running.cut_short else server_error()).sse_event(last + 1)))
     if status != ResponseStatus.IN_PROGRESS:
-        out.append(late_terminal(response, last + 1 + len(out)))
+        try:
+            out.append(sse_frame(late_terminal(response, last + 1 + len(out))))
+        except orjson.JSONEncodeError:  # what made the turn fail is in the snapshot: the error event says it
+            pass
     return out
 
 

@@ -90,10 +90,10 @@ class Finalizer:
 
     def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
                stored: ResponseState | None = None) -> ResponseState:
-        """Bill ``outcome`` and keep its state: the usage record, the connection cache and, for
-        ``store=true``, the store (``stored``: already written by ``write``, else written now, off
-        the turn's path). The state is built before anything is billed, so a fault here leaves the
-        turn unbilled for the caller to settle, never billed twice."""
+        """Bill ``outcome`` and keep its state: the connection cache, for ``store=true`` the store
+        (``stored``: already written by ``write``, else written now, off the turn's path), and the
+        usage record — submitted last, so that a fault here leaves the turn unbilled for the caller
+        to bill as cancelled, never billed twice."""
         t0 = time.perf_counter()
         status, usage = outcome.status, outcome.usage
         state = stored if stored is not None else self._state(turn, outcome)
@@ -106,10 +106,7 @@ class Finalizer:
             transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
             ttft_s=ttft, duration_s=duration,
         )
-        self.usage.submit(record)
         self._observe(turn, status, usage, duration, outcome.first_token_at)
-        if on_usage is not None:
-            on_usage(usage)
         cache = turn.ctx.conn_cache
         if cache is not None and status in CHAINABLE:
             evicted = cache.evictions
@@ -117,6 +114,9 @@ class Finalizer:
             self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
         if turn.input.store and stored is None:
             self._persist(state)
+        if on_usage is not None:
+            on_usage(usage)
+        self.usage.submit(record)
         self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
         return state
 

@@ -172,7 +172,8 @@ class TurnRunner:
                     pending = events.incomplete(usage, "max_output_tokens")
                 else:
                     pending = events.complete(usage)
-                _check_writable(pending[-1])
+                if turn.ctx.transport == "http" and not turn.req.stream:
+                    _check_writable(pending[-1])
             except BaseException as exc:
                 if not is_fault(exc):
                     raise
@@ -328,11 +329,14 @@ def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[di
 
 
 def _check_writable(terminal: Event) -> None:
-    """Raise (``orjson.JSONEncodeError``) when no transport could write ``terminal``.
+    """Raise (``orjson.JSONEncodeError``) when the transport could not write ``terminal``.
 
-    The ledger bills what the client is told: a response that cannot be encoded must fail here,
-    before it is billed, not reach the transport as ``completed`` and turn into a 500 there. Every
-    transport encodes with orjson, so this is the same check (one encode of the snapshot)."""
+    The ledger bills what the client is told: a non-streamed response that cannot be encoded must
+    fail here, before it is billed, not reach the route as ``completed`` and turn into a 500
+    there. Streams need no check: every part of their terminal was encoded before it (the
+    skeleton in ``response.created``, each item in its ``output_item.done``), and a failure there
+    ends the turn before it is billed. (One encode of the snapshot: 58 µs for a 38 KB response
+    with thirty tools, under 1 µs for a small one.)"""
     orjson.dumps(terminal)
 
 
