@@ -128,6 +128,20 @@ def test_an_engine_panic_is_a_failed_response_never_a_5xx_and_never_billed_compl
     assert record.input_tokens == response["usage"]["input_tokens"] > 0
 
 
+def test_a_fault_before_the_response_exists_is_an_openai_shaped_500_and_bills_nothing(make_gateway):
+    """The same panic in the prompt's rendering (instructions are rendered whole into the prelude)."""
+    sink = CountingSink()
+    live = make_gateway(usage_sink=sink)
+    for path in ("/responses", "/responses/input_tokens"):
+        r = httpx.post(live.base_url + path, json={"model": MODEL, "instructions": PANIC_TEXT, "input": "hi"},
+                       timeout=60)
+        assert_error(r, 500, code="server_error", type_="server_error")
+        assert "panicked" not in r.text and "Traceback" not in r.text
+    ok = turn_over(live, "json", input="hi")
+    assert ok["status"] == "completed"
+    assert [x.response_id for x in billed(live, sink, 1)] == [ok["id"]]
+
+
 class SurrogateParser:
     """A parser with a decoding bug: message text comes out with a lone surrogate, which no JSON
     encoder writes (orjson: "str is not valid UTF-8: surrogates not allowed")."""
@@ -274,6 +288,59 @@ def test_a_create_sent_while_draining_is_refused_with_503_and_never_reaches_the_
     assert [x.status for x in sink.writes] == ["completed"]
 
 
+@pytest.mark.parametrize("transport", ("json", "ws"))
+def test_a_turn_cut_while_its_store_write_hangs_is_billed_once_as_cancelled_never_completed(
+        make_gateway, redis_url, transport):
+    """Generation is done, the store write blocks (Redis pauses writes), the shutdown deadline
+    passes: the terminal that waited for the write is withdrawn, never sent, and billed cancelled."""
+    import redis
+
+    sink = CountingSink()
+    engine = SimulatedEngine(script=fixed(Turn(text="a short answer")))
+    live = make_gateway(Settings(shutdown_grace_s=0.5), engine=engine, store=RedisStore.from_url(redis_url),
+                        usage_sink=sink)
+    admin = redis.Redis.from_url(redis_url)
+    box: dict[str, Any] = {}
+
+    def json_client() -> None:
+        box["r"] = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+
+    def ws_client() -> None:
+        frames: list[dict[str, Any]] = []
+        with ws_open(live) as ws:
+            send(ws, create(input="hi"))
+            try:
+                while True:
+                    frames.append(recv(ws, timeout=30))
+            except ConnectionClosed as closed:
+                box["code"] = closed.rcvd.code if closed.rcvd is not None else None
+        box["frames"] = frames
+
+    admin.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        client = threading.Thread(target=json_client if transport == "json" else ws_client)
+        client.start()
+        wait_for(lambda: engine.stats.requests == 1 and engine.stats.running == 0, what="generation done")
+        stopper = threading.Thread(target=stop_gateway, args=(live,))
+        stopper.start()
+        client.join(30)
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+    stopper.join(30)
+    assert not client.is_alive() and not stopper.is_alive()
+    if transport == "json":
+        assert box["r"].status_code == 503 and box["r"].json() == {"error": SHUTTING_DOWN}, box["r"].text
+    else:
+        types = [f["type"] for f in box["frames"]]
+        assert not set(types) & set(TERMINAL_EVENTS), types
+        assert types[-1] == "error" and box["frames"][-1]["error"]["code"] == "server_shutting_down"
+        assert box["code"] == 1001
+    [record] = sink.writes
+    assert record.status == "cancelled" and record.output_tokens > 0
+    assert live.metric("respgate_shutdown_cut_turns_total") == 1
+
+
 # -- stored, or not: completed means retrievable and chainable -------------------------------------
 
 
@@ -336,7 +403,7 @@ def test_a_store_outage_mid_turn_fails_the_turn_and_the_client_can_retry_it(make
     (not ``completed`` and later ``previous_response_not_found``), and its retry once Redis is back
     completes and chains."""
     sink = CountingSink()
-    engine = SimulatedEngine(script=fixed(Turn(text="a longer answer " * 20, delay_per_token_s=0.005)))
+    engine = SimulatedEngine(script=fixed(Turn(text="a longer answer " * 100, delay_per_token_s=0.005)))
     live = make_gateway(store=RedisStore.from_url(redis_url), engine=engine, usage_sink=sink)
     box: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: box.update(r=turn_over(live, transport, input="hello")))

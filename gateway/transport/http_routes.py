@@ -95,11 +95,7 @@ async def create_response(request: Request) -> Response:
     except BaseException as exc:
         if not is_fault(exc):
             raise
-        # before the response exists: nothing was generated or billed, and the client gets an
-        # OpenAI-shaped 500, never the traceback
-        log.exception("create crashed before the response existed")
-        gw.metrics.errors.labels("http", "server_error").inc()
-        raise server_error() from None
+        raise _fault(gw, "create") from None  # before the response exists: nothing generated or billed
     if not gw.accepting:  # the shutdown began while this turn was prepared: it never starts
         if on_usage is not None:
             on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
@@ -120,6 +116,15 @@ async def create_response(request: Request) -> Response:
     response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
     return response
+
+
+def _fault(gw: GatewayState, what: str) -> ApiError:
+    """A fault of the gateway (or of native code under it) on a route: logged once with its
+    traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
+    never a plain-text 500 or a traceback on the wire."""
+    log.exception("%s crashed", what)
+    gw.metrics.errors.labels("http", "server_error").inc()
+    return server_error()
 
 
 class TurnStream(StreamingResponse):
@@ -318,7 +323,12 @@ async def count_input_tokens(request: Request) -> Response:
     principal = await gw.auth.authenticate(request.headers)
     await gw.access.admit(principal)
     body = await _json_body(request, gw)
-    n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
+    try:
+        n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
+    except BaseException as exc:
+        if isinstance(exc, ApiError) or not is_fault(exc):
+            raise
+        raise _fault(gw, "input_tokens") from None
     return _json({"object": "response.input_tokens", "input_tokens": n})
 
 
@@ -338,6 +348,10 @@ async def compact_conversation(request: Request) -> Response:
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _fault(gw, "compaction") from None
     response = _json(window)
     response.headers.update(gw.access.headers(reserved or admitted))
     return response
