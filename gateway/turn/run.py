@@ -11,7 +11,7 @@ interpreter exit (``gateway.wire.errors.is_fault``).
 
 **What the client is told is what is billed.** The terminal is built, then (``store=true`` and
 chainable) held until the store write lands — on failure it is withdrawn and the response fails
-with ``store_unavailable`` — then the outcome is billed, then the terminal is sent. A turn that
+("The response could not be stored…") — then the outcome is billed, then the terminal is sent. A turn that
 ends before it is billed (its consumer gone, or cut by the shutdown deadline) is billed as
 ``cancelled``, once, with what it generated.
 
@@ -46,7 +46,7 @@ from gateway.turn.logprobs import LogprobAttribution
 from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, UsageHook
-from gateway.wire.errors import STORE_FAILED_CODE, STORE_FAILED_MESSAGE, is_fault
+from gateway.wire.errors import STORE_FAILED_MESSAGE, is_fault
 from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
 from inference.engine import EngineError
@@ -213,7 +213,7 @@ class TurnRunner:
     async def _store(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event], outcome: Outcome
                      ) -> tuple[list[Event], Outcome, ResponseState | None]:
         """A ``store=true`` response the client may continue from is reported only once it is stored;
-        when the write fails, the turn fails instead (``store_unavailable``), so no client is told
+        when the write fails, the turn fails instead (``STORE_FAILED_MESSAGE``), so no client is told
         ``completed`` about a response it cannot retrieve or chain from. Returns the terminal to
         send, the outcome to bill and the state already written."""
         if not self.finalizer.must_write(turn, outcome):
@@ -221,7 +221,7 @@ class TurnRunner:
         stored = await self.finalizer.write(turn, outcome)
         if stored is not None:
             return pending, outcome, stored
-        pending = events.withdraw(pending) + events.fail(outcome.usage, STORE_FAILED_CODE, STORE_FAILED_MESSAGE)
+        pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error", STORE_FAILED_MESSAGE)
         return pending, Outcome(events.status, events.output, outcome.usage, None, exact=False,
                                 copied_bytes=outcome.copied_bytes, first_token_at=outcome.first_token_at), None
 

@@ -108,8 +108,9 @@ def shutting_down() -> ApiError:
 #: ``shutting_down()`` as a value, for the WebSocket farewell frame (rendered, never raised)
 SHUTTING_DOWN = shutting_down()
 
-#: ``response.error`` of a ``store=true`` response whose store write failed (``gateway.turn.run``)
-STORE_FAILED_CODE = "store_unavailable"
+#: ``response.error.message`` of a ``store=true`` response whose store write failed
+#: (``gateway.turn.run``); its code is ``server_error``, the one the SDKs' ``ResponseError`` type
+#: allows for a server-side failure (their code is a closed enum: no ``store_unavailable``)
 STORE_FAILED_MESSAGE = ("The response could not be stored, so it cannot be retrieved or continued with "
                         "previous_response_id. Please retry your request.")
 
