@@ -177,8 +177,7 @@ def _closing(running: HttpTurn, last: int) -> list[bytes]:
     task, response = running.task, running.response
     status = response["status"]
     out: list[bytes] = []
-    if not task.cancelled() and task.exception() is not None:
-        log.error("response %s crashed", response.get("id"), exc_info=task.exception())
+    if not task.cancelled() and task.exception() is not None:  # logged by HttpTurn
         out.append(sse_frame(server_error().sse_event(last + 1)))
     elif status in (ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED):
         out.append(sse_frame((shutting_down() if running.cut_short else server_error()).sse_event(last + 1)))
@@ -218,14 +217,14 @@ async def _collect(request: Request, gw: GatewayState, turn: PreparedTurn, event
     if final is not None:
         try:
             return _json(final)
-        except orjson.JSONEncodeError:  # the turn was billed failed: the terminal it could not encode never passed
-            log.exception("could not encode response %s", turn.id)
+        except orjson.JSONEncodeError as exc:
+            # the turn found its terminal unencodable and was billed failed (logged there, with the
+            # traceback); what it could not encode is still in the failed snapshot
+            log.error("could not encode response %s: %s", turn.id, exc)
             raise server_error() from None
     if running.cut_short:
         raise shutting_down()
-    if not running.task.cancelled() and running.task.exception() is not None:
-        log.error("response %s crashed", turn.id, exc_info=running.task.exception())
-    raise server_error()
+    raise server_error()  # a fault escaped the turn (logged by HttpTurn); it was billed cancelled
 
 
 async def _wait_disconnect(request: Request) -> None:

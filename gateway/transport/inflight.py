@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from gateway.turn.events import Event
 from gateway.turn.types import PreparedTurn
 from gateway.wire.kinds import ResponseStatus
+
+log = logging.getLogger(__name__)
 
 
 class HttpTurn:
@@ -45,7 +48,14 @@ class HttpTurn:
         running = cls(turn, events, deliver)
         registry.add(running)
         running.task.add_done_callback(lambda _: registry.discard(running))
+        running.task.add_done_callback(running._log_crash)
         return running
+
+    def _log_crash(self, task: asyncio.Task[None]) -> None:
+        """A fault that escaped the turn (the turn itself turns its faults into ``failed``): logged
+        here, once, with its traceback, whether or not a route is still there to answer."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("response %s crashed", self.response.get("id"), exc_info=exc)
 
     @staticmethod
     async def _pump(events: AsyncIterator[Event], deliver: Callable[[Event], Awaitable[None]]) -> None:
