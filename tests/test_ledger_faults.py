@@ -80,6 +80,7 @@ def turn_over(live: LiveGateway, transport: str, **fields: Any) -> dict[str, Any
         events = parse_sse(raw)
         terminals = [e for e in events if e["type"] in TERMINAL_EVENTS]
         assert len(terminals) == 1 and events[-1] is terminals[0], [e["type"] for e in events][-5:]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))  # a withdrawn terminal left no gap
         return terminals[0]["response"]
     with ws_open(live) as ws:
         send(ws, create(**fields))

@@ -81,8 +81,9 @@ def _json(data: Any, status: int = 200) -> Response:
 async def create_response(request: Request) -> Response:
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
-    if not gw.accepting:
-        raise shutting_down()  # draining: SDKs retry a 503, on a replica that is still in rotation
+    if not gw.accepting:  # draining: SDKs retry a 503, on a replica that is still in rotation
+        gw.metrics.errors.labels("http", "server_shutting_down").inc()
+        raise shutting_down()
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
@@ -99,6 +100,7 @@ async def create_response(request: Request) -> Response:
     if not gw.accepting:  # the shutdown began while this turn was prepared: it never starts
         if on_usage is not None:
             on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
+        gw.metrics.errors.labels("http", "server_shutting_down").inc()
         raise shutting_down()
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
