@@ -188,11 +188,16 @@ WS_FRAME_SLACK = 64 * 1024
 
 def uvicorn_config_kwargs(settings: Settings) -> dict:
     """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
-    and frames of one loop iteration written together (gateway/transport/corked.py)."""
+    frames of one loop iteration written together, with write backpressure and a send deadline
+    (gateway/transport/corked.py), and request heads bounded in size and time whichever HTTP parser
+    runs (gateway/transport/http_protocol.py)."""
     from gateway.transport.corked import CorkedWebSocketProtocol
+    from gateway.transport.http_protocol import http_protocol
 
     return {
-        "ws": CorkedWebSocketProtocol,
+        "http": http_protocol(settings),
+        # pongs and frames written with backpressure; a client that stops reading is closed (1008)
+        "ws": CorkedWebSocketProtocol.configured(send_deadline_s=settings.ws_send_deadline_s),
         # A frame is read (and, with permessage-deflate, inflated: websockets bounds decompression by
         # max_size) up to max_request_bytes plus a little slack: within it, an oversized frame gets a
         # 413 error frame and the socket lives; beyond it the protocol closes 1009 without inflating
@@ -201,7 +206,8 @@ def uvicorn_config_kwargs(settings: Settings) -> dict:
         "ws_per_message_deflate": True,
         "ws_ping_interval": 20.0,
         "ws_ping_timeout": 60.0,
-        "h11_max_incomplete_event_size": 1024 * 1024,
+        # h11's own bound sits one byte above ours, so that ours answers first (431, not h11's 400)
+        "h11_max_incomplete_event_size": settings.max_header_bytes + 1,
         # HTTP turns in flight at shutdown get the same grace as WebSocket turns (gateway/ops/server.py)
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
     }

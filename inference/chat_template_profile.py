@@ -3,7 +3,8 @@
 :func:`probe_template` renders small conversations through the template once, at renderer
 construction (a few milliseconds), and records:
 
-* the generation prompt and how an assistant turn ends (end-of-turn token + post-message tokens);
+* the generation prompt and how an assistant turn ends (end-of-turn token + post-message tokens:
+  also how a turn cut off by the output cap is closed, ``ChatTemplateRenderer.cut_history``);
 * capabilities: does the template render ``tools`` / ``tool_calls`` / ``tool`` messages (wrapped
   in ``<tool_response>``?) / a ``developer`` role / ``reasoning_content`` (and does it drop
   reasoning of earlier turns)?

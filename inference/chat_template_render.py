@@ -53,6 +53,20 @@ Let ``R`` be a renderer, ``p`` a prelude, ``a``, ``b`` canonical item lists, ``C
     reasoning when the template has no reasoning field (SmolLM2, Qwen2.5): reasoning is then
     dropped from the prompt, while the model's ``<think>`` tokens stay in the history verbatim.
 
+(d) **A cut generation closes as an assistant message does.** For sampled tokens ``s`` that end
+    without a stop token, ``R.cut_history(s)`` is ``s`` verbatim + the end-of-turn token + the
+    post-message tokens (``<|im_end|>`` ``\\n``), wherever the cut landed: the assistant turn is
+    one message, with no header after the generation prompt. With ``O'`` the items the parser
+    makes of ``s`` (the cut one ``incomplete``), ``R.generation_prompt() + R.cut_history(s)``
+    equals ``R.render_items(O')`` when the cut lands in answer text or right after a
+    ``</tool_call>`` and ``s`` is the tokenizer's own tokenization of the text the parser made of
+    it (for those cuts, if and only if). It deliberately differs when the cut lands inside a
+    ``<tool_call>`` (the full render would close the call and re-serialize its non-JSON
+    arguments as a JSON string), on text the parser treats as format or holds back as a possible
+    tag, or in ``<think>`` reasoning of a template that drops reasoning (both shipped ones): the
+    history keeps what the engine's KV cache holds and what the model wrote. Property tests:
+    ``tests/test_render_cutoff.py``.
+
 Item mapping: user/system messages keep their role; ``developer`` becomes ``system`` unless the
 template mentions ``developer``; a run of assistant-side items ``reasoning* message? calls*``
 becomes one assistant message (reasoning as ``reasoning_content`` where the template renders it,
@@ -102,6 +116,7 @@ from inference.hermes_tools import (
 )
 from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Constraint, Prelude
+from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
@@ -182,7 +197,15 @@ class ChatTemplateRenderer:
         return self._hf
 
     def _encode(self, text: str) -> list[int]:
-        return self._fast.encode(text, add_special_tokens=False).ids
+        parts = segments(text)
+        if len(parts) == 1:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        # a run longer than MAX_RUN (inference/text_runs.py): cut, and tokenized by encode_batch,
+        # which releases the GIL (encode holds it: 1 MB of "中" froze the event loop 2.7 s)
+        out: list[int] = []
+        for enc in self._fast.encode_batch(parts, add_special_tokens=False):
+            out += enc.ids
+        return out
 
     # -- special-token text in content (see the module docstring) ------------------------------
 
@@ -461,6 +484,16 @@ class ChatTemplateRenderer:
             out[-1] = self.profile.end_token
             out += self.profile.post_tokens
         return out
+
+    def cut_history(self, sampled: Sequence[int]) -> list[int]:
+        """A generation cut off before its stop token, closed as the template closes an assistant
+        message: the sampled tokens verbatim, then the end-of-turn token and the post-message
+        tokens (``<|im_end|>`` ``\\n`` for ChatML) — wherever the cut landed (reasoning, text, a
+        ``<tool_call>`` body): the whole assistant turn is one message with no header of its own.
+        Contract (d) in the module docstring says when this equals a full render."""
+        if sampled and sampled[-1] in self.stop_token_ids:
+            return self.history_tokens(sampled)
+        return [*sampled, self.profile.end_token, *self.profile.post_tokens]
 
     def render_completion(self, outputs: Sequence[Mapping[str, Any]]) -> list[int]:
         """The canonical tokens a model samples for ``outputs`` (contract (c)): their rendering

@@ -29,7 +29,7 @@ import logging
 import threading
 from typing import Any
 
-from inference.harmony_core import content_encoding, harmony_encoding, harmony_tokens
+from inference.harmony_core import content_encoding, encode_text, harmony_encoding, harmony_tokens
 
 __all__ = ["FAST_MIN_CHARS", "MessageTokenizer"]
 
@@ -107,7 +107,7 @@ class MessageTokenizer:
         out = list(head)
         for text in texts:
             if text:
-                out += self._text.encode_ordinary(text)
+                out += encode_text(text, self._text)
         out += tail
         self.fast_renders += 1
         return out

@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from inference.text_runs import segments
+
 from inference.kinds import CALLABLE_TOOLS, ToolType
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
@@ -79,6 +81,19 @@ def content_encoding() -> Any:
 
             _content = tiktoken.get_encoding("o200k_base")
         return _content
+
+
+def encode_text(text: str, enc: Any = None) -> list[int]:
+    """Ordinary BPE tokens of message text (``encode_ordinary``) at a cost linear in its length:
+    text with a run longer than :data:`inference.text_runs.MAX_RUN` is tokenized in segments."""
+    enc = enc or _content or content_encoding()
+    parts = segments(text)
+    if len(parts) == 1:
+        return enc.encode_ordinary(text)
+    out: list[int] = []
+    for part in parts:
+        out += enc.encode_ordinary(part)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

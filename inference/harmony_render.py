@@ -40,16 +40,36 @@ Where it does **not** hold (by design or by nature):
   (``<|start|>assistant to=functions.f<|channel|>commentary``), ``json`` without
   ``<|constrain|>``, a different BPE split of the same text. Then (c) fails; this is why the
   pipeline keeps sampled tokens verbatim (``history_tokens``) instead of re-rendering parsed items.
-* A generation cut off mid-message (``finish_reason="length"``) has no terminator; no rendering
-  of its (incomplete) items equals it, so the pipeline re-renders after such a turn.
+* A generation cut off mid-message (``finish_reason="length"``) has no terminator. It is not
+  re-rendered: :meth:`HarmonyRenderer.cut_history` closes it (*Cut-off generations* below) and
+  the next turn appends.
 * A changed prelude (different ``prelude_key``): appending is not exact; the pipeline re-renders.
 * Messages with several text parts render harmony's way (parts back to back, each tokenized on
   its own); parsing returns one part, so such items do not round-trip item-for-item.
+
+Cut-off generations
+-------------------
+(d) **A cut generation closes where harmony closes a message.** For sampled tokens ``s`` that end
+    without a stop token, ``R.cut_history(s)`` is ``s`` verbatim + ``<|end|>`` when the cut is in
+    a message's content — ``<|call|>`` when its header names a recipient, as :meth:`render_items`
+    ends a tool call — ``s`` itself when the cut follows a terminator, ``s`` less a header the
+    model opened but did not finish (no content, no item), and None when the cut is inside the
+    generation prompt's own header. Let ``O'`` be the items the parser makes of ``s`` (the cut one
+    ``incomplete``). Then ``R.generation_prompt() + R.cut_history(s) == R.render_items(O')`` (an
+    empty history when None) **exactly when** the cut is not in content, or the content tokens
+    the cut left are tiktoken's own tokens of their text; otherwise they differ only inside the
+    cut message, because a full render re-tokenizes its decoded text (a multi-byte character split
+    by the cut is dropped, a cut word may split differently). The history keeps the sampled
+    tokens: they are what the engine's KV cache holds, and the model next sees what it wrote.
+    Analysis is kept either way (never dropped, as above). Property tests:
+    ``tests/test_render_cutoff.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
@@ -59,11 +79,14 @@ import orjson
 from inference.harmony_content import MessageTokenizer
 from inference.harmony_core import (
     ToolCatalog,
+    content_encoding,
+    encode_text,
     harmony_encoding,
     harmony_tokens,
     recipient_for,
 )
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
+from inference.harmony_prelude import needs_probe, render_developer
 from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.render import Prelude
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
@@ -77,7 +100,11 @@ __all__ = [
     "render_completion",
 ]
 
+log = logging.getLogger(__name__)
+
 _KEY_VERSION = b"harmony-v1"
+#: a recipient in a message header (in the role part or after the channel, as the parser reads it)
+_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
 _EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 #: tool_choice lines in the developer message (the simulated engine recognises them)
@@ -194,13 +221,29 @@ class HarmonyRenderer:
         # ("Calls to these tools must go to the commentary channel: 'functions'.")
         opts = RenderOptions(conversation_has_function_tools=ToolCatalog(prelude.tools).has_functions)
         tokens = self._enc.render(messages[0], opts)
-        for msg in messages[1:]:
-            tokens += self._enc.render(msg)
+        if len(messages) > 1:
+            tokens += self._developer_tokens(prelude, messages[1])
         with self._lock:
             self._prelude_cache[key] = tokens
             if len(self._prelude_cache) > 64:
                 self._prelude_cache.popitem(last=False)
         return list(tokens)
+
+    def _developer_tokens(self, prelude: Prelude, message: Any) -> list[int]:
+        """The developer message's tokens; client text with long runs goes through
+        :mod:`inference.harmony_prelude` (harmony's tokenizer is quadratic in a run's length)."""
+        if needs_probe(prelude.instructions, prelude.tools):
+            def build(instructions: str | None, tools: Any) -> Any:
+                probe = Prelude(instructions=instructions, tools=tools, tool_choice=prelude.tool_choice,
+                                reasoning_effort=prelude.reasoning_effort)
+                return self.prelude_messages(probe)[1]
+
+            fast = render_developer(prelude.instructions, prelude.tools, build, self._enc, content_encoding(),
+                                    harmony_tokens().message)
+            if fast is not None:
+                return fast
+            log.warning("prelude probe check failed; rendering the developer message with harmony")
+        return self._enc.render(message)
 
     # -- items ---------------------------------------------------------------------------------
 
@@ -303,13 +346,61 @@ class HarmonyRenderer:
             out[-1] = self._tok.end
         return out
 
+    def cut_history(self, sampled: Sequence[int]) -> list[int] | None:
+        """A generation cut off before its stop token, closed as harmony closes a message
+        (contract (d) in the module docstring): O(tokens of the last message), scanned in C.
+
+        * cut inside content (the last structural token is ``<|message|>``): the sampled tokens
+          verbatim + ``<|call|>`` when the header names a recipient (a tool call, as
+          :meth:`render_items` ends one), else ``<|end|>``;
+        * cut right after a terminator: the sampled tokens as :meth:`history_tokens` keeps them;
+        * cut inside a header the model opened (``<|start|>`` after the last terminator): the
+          header is dropped — no content was written, the parser made no item of it;
+        * cut inside the generation prompt's own header (no ``<|message|>`` sampled yet): None.
+        """
+        tok = self._tok
+        if sampled and sampled[-1] in self.stop_token_ids:
+            return self.history_tokens(sampled)
+        rev = list(sampled)
+        rev.reverse()
+        last, kind = len(rev), None
+        for t in (tok.message, tok.start, tok.end, tok.call, tok.return_):
+            try:
+                i = rev.index(t, 0, last)
+            except ValueError:
+                continue
+            last, kind = i, t
+        if kind is None:
+            return None  # still in the header the generation prompt opened: nothing was said
+        at = len(sampled) - 1 - last
+        if kind == tok.start:
+            return list(sampled[:at])
+        if kind != tok.message:
+            return self.history_tokens(sampled[: at + 1])  # a terminator: what follows opens nothing
+        try:  # the header runs from the <|start|> before it, or from the generation prompt's
+            header = len(sampled) - rev.index(tok.start, last)
+        except ValueError:
+            header = 0
+        closing = tok.call if self._header_recipient(sampled[header:at]) else tok.end
+        return [*sampled, closing]
+
+    @staticmethod
+    def _header_recipient(header: Sequence[int]) -> bool:
+        """Whether a message header names a recipient other than ``assistant`` (a tool call)."""
+        vocab = vocab_bytes()
+        text = b"".join(vocab.specials[t].encode() if t in vocab.specials else vocab.token_bytes(t)
+                        for t in header).decode("utf-8", "replace")
+        m = _RECIPIENT.search(text)
+        return m is not None and m.group(1) != "assistant"
+
     def token_bytes(self, token_id: int) -> bytes:
         vocab = vocab_bytes()
         special = vocab.specials.get(token_id)
         return special.encode() if special is not None else vocab.token_bytes(token_id)
 
     def count_text_tokens(self, text: str) -> int:
-        return len(self._enc.encode(text, disallowed_special=()))
+        # tiktoken's ordinary tokens are harmony's (and tiktoken is linear in a run's length)
+        return len(encode_text(text))
 
     def append_break(
         self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]

@@ -8,7 +8,10 @@ tests (property tests over random conversations) is:
 
 and, for the model's own output, ``history_tokens(sampled)`` is what the model's turn looks like in
 the history (token-exact with ``render_items(parsed output items)`` when the model sampled canonical
-tokens; real models may not, which is why the pipeline keeps sampled tokens verbatim).
+tokens; real models may not, which is why the pipeline keeps sampled tokens verbatim). A
+generation cut off before its stop token stays in the history as ``cut_history(sampled)``: verbatim,
+the cut message closed as the format closes one, so the next turn appends too (each renderer
+states when that equals a full render of the cut items).
 
 Anything that is rendered *before* the conversation (instructions, tools, reasoning effort...) is
 the prelude. When a continuation turn has a different prelude than its parent
@@ -83,6 +86,14 @@ class Renderer(Protocol):
 
     def history_tokens(self, sampled: Sequence[int]) -> list[int]:
         """The model's sampled tokens as they stay in the history (e.g. terminal stop normalized)."""
+
+    def cut_history(self, sampled: Sequence[int]) -> list[int] | None:
+        """A generation that ended without its stop token (``max_output_tokens``, the context
+        limit) as it stays in the history so that the next turn can append: the sampled tokens
+        verbatim, then the tokens that close the cut message the way the format closes a message.
+        Only a trailing message *header* that carries no content yet may be dropped; None when
+        that header is the generation prompt's own (the history then ends before the generation
+        prompt). Equals :meth:`history_tokens` when ``sampled`` ends with a stop token."""
 
     def count_text_tokens(self, text: str) -> int: ...
 

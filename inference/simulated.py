@@ -5,8 +5,9 @@ isolate gateway overhead from GPU time. So it must behave like the real thing at
 token ids in, canonical harmony token deltas out, prefix-cache reporting, stop tokens,
 ``max_tokens``, aborts on cancellation — while costing almost nothing itself. In particular a
 turn's cost must not grow with the history (benchmarks send 128k-token prompts): the prompt is
-read through :class:`~inference.simulated_prompt.PromptView` (tail + prelude only) and the prefix
-cache compares list slices in C.
+read through :class:`~inference.simulated_prompt.PromptView` (the newest message; the prelude once
+per sequence), the prefix cache (:mod:`inference.simulated_cache`) hashes each block of a sequence
+once, and nothing copies the prompt (but ``record_prompts``). ``stats`` counts that work.
 
 Timing model (all optional): ``ttft_s`` + uncached prompt tokens / ``prefill_tps`` before the
 first delta, then ``len(delta) / decode_tps`` before each delta. Between deltas the engine always
@@ -17,58 +18,16 @@ gateway's other connections.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Sequence
 
 from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
 from inference.harmony_core import harmony_encoding, harmony_tokens
+from inference.simulated_cache import Admission, BlockPrefixCache, CacheWork, Known, KnownSequences
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import Script, Turn, default_script, turn_tokens
 
-__all__ = ["CacheMatch", "PrefixCache", "SimulatedEngine", "common_prefix_len"]
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int], first_chunk: int = 2048) -> int:
-    """Length of the common prefix of two lists, with every comparison a C-level slice compare.
-
-    The common case — ``a`` continues ``b``, a turn extending a served sequence — is checked
-    first: a 64-token probe at the end of the shorter list, then one whole-prefix compare.
-    Otherwise chunks grow geometrically (galloping), so a mismatch costs O(common prefix + one
-    chunk): sequences of other conversations, which share only the prelude, are rejected after a
-    few thousand tokens. The mismatching chunk is then bisected.
-    """
-    n = min(len(a), len(b))
-    k = max(0, n - 64)
-    if a[k:n] == b[k:n]:
-        short, other = (a, b) if len(a) == n else (b, a)
-        if other[:n] == short:
-            return n
-    lo, step = 0, first_chunk
-    while lo < n:
-        hi = min(lo + step, n)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return n
-    # a[:lo] == b[:lo] and a[lo:hi] != b[lo:hi]: bisect for the first difference
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-@dataclass(frozen=True, slots=True)
-class CacheMatch:
-    """Result of :meth:`PrefixCache.lookup`."""
-
-    #: prompt tokens served from cache (what the engine reports as ``num_cached_tokens``)
-    cached: int
-    #: entries that are whole prefixes of the prompt: the request's sequence supersedes them
-    covered: tuple[list[int], ...] = ()
+__all__ = ["SimulatedEngine", "SimulatedStats"]
 
 
 def synthetic_logprob(token_id: int, position: int, top: int) -> TokenLogprob:
@@ -78,47 +37,6 @@ def synthetic_logprob(token_id: int, position: int, top: int) -> TokenLogprob:
     sampled = -0.05 * (1 + position % 5)
     alts = tuple((token_id + k, sampled - 1.5 * k) for k in range(1, top))
     return TokenLogprob(token_id, sampled, ((token_id, sampled), *alts) if top else ())
-
-
-class PrefixCache:
-    """A small LRU of served sequences (prompt + output but its last token), like the KV blocks
-    a real engine keeps.
-
-    ``lookup`` reports how many prompt tokens a paged-attention engine would serve from cache:
-    the longest common prefix with any entry, rounded down to whole blocks, and never the whole
-    prompt (the last prompt token is always recomputed to produce logits, as in vLLM). ``add``
-    drops the entries the new sequence extends, so an agent loop holds one entry per
-    conversation and a turn costs about one pass over its prompt, in C. Entries are kept per
-    ``cache_salt``, as vLLM folds the salt into its block hashes: a prompt never hits a sequence
-    served under another salt.
-    """
-
-    def __init__(self, entries: int = 8, block_size: int = 16) -> None:
-        self._entries: list[list[int]] = []
-        self._salts: dict[int, str | None] = {}
-        self._max = max(1, entries)
-        self._block = max(1, block_size)
-
-    def lookup(self, prompt: list[int], salt: str | None = None) -> CacheMatch:
-        best = 0
-        covered = []
-        for seq in self._entries:
-            if self._salts.get(id(seq)) != salt:
-                continue
-            n = common_prefix_len(prompt, seq)
-            best = max(best, n)
-            if n == len(seq):
-                covered.append(seq)
-        best = min(best, len(prompt) - 1)
-        return CacheMatch(max(0, best - best % self._block), tuple(covered))
-
-    def add(self, seq: list[int], supersedes: Sequence[list[int]] = (), salt: str | None = None) -> None:
-        gone = {id(s) for s in supersedes}
-        self._entries = [s for s in self._entries if id(s) not in gone]
-        self._entries.append(seq)
-        del self._entries[: -self._max]
-        self._salts = {id(s): self._salts.get(id(s)) for s in self._entries}
-        self._salts[id(seq)] = salt
 
 
 def _chunks(
@@ -157,13 +75,17 @@ def _chunks(
             chunk = []
 
 
-def _as_list(ids: Sequence[int]) -> list[int]:
-    """The prompt as a list, copied in C when it is a list-backed view (``AppendOnlyView``
-    slices its buffer): iterating a 128k-token view in Python would cost milliseconds."""
-    if isinstance(ids, list):
-        return ids
-    got = ids[0 : len(ids)]
-    return got if isinstance(got, list) else list(got)
+@dataclass
+class SimulatedStats(EngineStats):
+    """:class:`EngineStats` plus the emulation's own work, counted in operations (not time), so
+    tests can assert that a turn's work does not grow with its history."""
+
+    #: the prefix cache's hashing and lookups
+    cache: CacheWork = field(default_factory=CacheWork)
+    #: prompt tokens the prompt view read for the script (the newest message, a prelude once)
+    prompt_tokens_read: int = 0
+    #: prompt tokens copied whole (only ``record_prompts`` does)
+    prompt_tokens_copied: int = 0
 
 
 class SimulatedEngine:
@@ -176,9 +98,14 @@ class SimulatedEngine:
         prefill_tps: prompt tokens per second for the *uncached* part of the prompt (0 = free).
         decode_tps: output tokens per second (0/None = no delay).
         tokens_per_delta: tokens per :class:`TokenDelta`.
-        prefix_cache: emulate a prefix cache and report ``num_cached_tokens``.
-        cache_entries, cache_block_size: size of that cache and its block granularity.
-        record_prompts: append every prompt (as a list) to ``stats.prompts``.
+        prefix_cache: emulate vLLM's automatic prefix caching and report ``num_cached_tokens``
+            (:mod:`inference.simulated_cache`: whole blocks, never the whole prompt).
+        cache_block_size: its block size in tokens (vLLM's default is 16).
+        cache_tokens: its capacity in tokens (the KV space), evicted least recently used.
+        cache_entries: how many append-only sequences (conversations) the engine remembers, so
+            a continuation of one hashes only its new blocks and re-reads none of its prelude.
+        record_prompts: append every prompt (as a list) to ``stats.prompts`` — the one whole-prompt
+            copy the engine makes, and only when asked.
         eos_token_ids: tokens that end a generation regardless of ``params`` — by default
             harmony's ``<|return|>`` and ``<|call|>``, like gpt-oss's generation config.
         paced: keep to a wall clock: token *i* is due ``ttft + prefill + i / decode_tps`` after
@@ -198,8 +125,9 @@ class SimulatedEngine:
         decode_tps: float | None = None,
         tokens_per_delta: int = 1,
         prefix_cache: bool = True,
-        cache_entries: int = 8,
+        cache_entries: int = 32,
         cache_block_size: int = 16,
+        cache_tokens: int = 1 << 20,
         record_prompts: bool = False,
         eos_token_ids: Sequence[int] | None = None,
         name: str = "simulated",
@@ -213,8 +141,9 @@ class SimulatedEngine:
         self.tokens_per_delta = max(1, tokens_per_delta)
         self.record_prompts = record_prompts
         self.paced = paced
-        self.stats = EngineStats()
-        self._cache = PrefixCache(cache_entries, cache_block_size) if prefix_cache else None
+        self.stats = SimulatedStats()
+        self._cache = BlockPrefixCache(cache_block_size, cache_tokens, self.stats.cache) if prefix_cache else None
+        self._known = KnownSequences(cache_entries)
         self._eos = eos_token_ids
         self._started = False
 
@@ -236,17 +165,25 @@ class SimulatedEngine:
         """Warm the emulated prefix cache (and pay the emulated prefill time)."""
         if self._cache is None:
             return
-        prompt = _as_list(prompt_ids)
-        cached = self._cache.lookup(prompt, cache_salt)
-        if self.prefill_tps:
-            await asyncio.sleep((len(prompt) - cached.cached) / self.prefill_tps)
-        self._cache.add(list(prompt), supersedes=cached.covered, salt=cache_salt)
+        adm = self._cache.admit(prompt_ids, cache_salt, self._known.find(prompt_ids))
+        try:
+            if self.prefill_tps:
+                await asyncio.sleep((len(prompt_ids) - adm.cached) / self.prefill_tps)
+        finally:
+            self._cache.finish(adm)
         self.stats.prefills += 1
 
-    def _turn(self, prompt: list[int]) -> Turn:
-        view = PromptView(prompt)
-        turn = self.script(view) if self.script is not None else None
-        return turn if turn is not None else default_script(view)
+    def _turn(self, prompt: Sequence[int], known: Known | None) -> Turn:
+        """Run the script on a view of the prompt; a remembered sequence lends its prelude, and
+        learns it when the view read it."""
+        view = PromptView(prompt, prelude=known.notes if known is not None else None)
+        try:
+            turn = self.script(view) if self.script is not None else None
+            return turn if turn is not None else default_script(view)
+        finally:
+            self.stats.prompt_tokens_read += view.tokens_read
+            if known is not None and known.notes is None:
+                known.notes = view.known_prelude
 
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
@@ -255,24 +192,25 @@ class SimulatedEngine:
             raise EngineError("simulated engine is not started")
         clock = asyncio.get_running_loop().time
         t_request = clock()  # paced: the emulation's own work (cache lookup, script) is inside the budget
-        # The script only reads the prompt's tail and prelude, so a list copy (O(history)) is made
-        # only for what needs the whole prompt: prefix-cache emulation and prompt recording.
-        needs_copy = self._cache is not None or self.record_prompts
-        prompt = _as_list(prompt_ids) if needs_copy else prompt_ids
+        # The prompt is never copied or scanned whole (a continuation costs O(new tokens)): the
+        # cache hashes only blocks it has not seen for this sequence, the script reads the tail.
+        prompt = prompt_ids
         if not len(prompt):
             raise EngineError("empty prompt")
         stats = self.stats
         stats.admit(len(prompt))
         if self.record_prompts:
             stats.prompts.append(list(prompt))
+            stats.prompt_tokens_copied += len(prompt)
         output: list[int] = []
-        match = CacheMatch(0)
+        adm: Admission | None = None
         outcome = "aborted"
         try:
-            match = self._cache.lookup(prompt, params.cache_salt) if self._cache is not None else CacheMatch(0)
-            cached = match.cached
+            known = self._known.find(prompt)
+            adm = self._cache.admit(prompt, params.cache_salt, known) if self._cache is not None else None
+            cached = adm.cached if adm is not None else 0
             stats.cached_tokens += cached
-            turn = self._turn(prompt)
+            turn = self._turn(prompt, known)
             delay = self.ttft_s
             if self.prefill_tps:
                 delay += (len(prompt) - cached) / self.prefill_tps
@@ -346,7 +284,7 @@ class SimulatedEngine:
             stats.running -= 1
             if outcome == "aborted":
                 stats.aborts += 1
-            if self._cache is not None:
+            if self._cache is not None and adm is not None:
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
-                self._cache.add(list(prompt) + output[:-1], supersedes=match.covered, salt=params.cache_salt)
+                self._cache.finish(adm, output[:-1])

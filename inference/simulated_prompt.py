@@ -7,9 +7,11 @@ O(newest message + prelude), not O(history):
 
 * the **tail**: search backwards (C-speed, in reversed chunks) for the last ``<|start|>`` before
   the generation prompt, and decode only that message;
-* the **prelude**: the leading system/developer messages, found with ``list.index`` from the
-  front; their tool declarations (harmony's TypeScript-like rendering) are parsed and cached by
-  the prelude's tokens.
+* the **prelude**: the leading system/developer messages, walked from the front reading each
+  message's header first (so a history's first message, which may be one huge item, is never
+  scanned); their tool declarations (harmony's TypeScript-like rendering) are parsed and cached
+  by the developer message's tokens. The engine remembers a sequence's prelude
+  (:attr:`PromptView.known_prelude`): a continuation of it reads none of it again.
 
 :meth:`PromptView.messages` decodes everything, for recall tests that ask for it explicitly.
 """
@@ -27,7 +29,7 @@ from typing import Any, Sequence
 from inference.harmony_core import FREEFORM_NOTE, FUNCTIONS, harmony_encoding, harmony_tokens
 from inference.harmony_render import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED
 
-__all__ = ["MessageView", "PromptView", "ToolSpec", "parse_tool_declarations"]
+__all__ = ["MessageView", "PromptPrelude", "PromptView", "ToolSpec", "parse_tool_declarations"]
 
 _ROLES = frozenset(("system", "developer", "user", "assistant"))
 
@@ -220,19 +222,22 @@ def _decode_message(tokens: Sequence[int]) -> MessageView | None:
     )
 
 
-def _rfind(seq: list[int], value: int, end: int, chunk: int = 512) -> int:
-    """Last index of ``value`` in ``seq[:end]`` (-1 if absent), scanning reversed slices in C so
-    the cost is proportional to the distance from ``end``, not to ``len(seq)``."""
-    hi = end
-    while hi > 0:
-        lo = max(0, hi - chunk)
-        part = seq[lo:hi]
-        part.reverse()
-        try:
-            return hi - 1 - part.index(value)
-        except ValueError:
-            hi = lo
-    return -1
+def _as_list(part: Sequence[int]) -> list[int]:
+    """A slice as a list (an ``AppendOnlyView`` slices its list; tuples, arrays slice as such)."""
+    return part if isinstance(part, list) else list(part)
+
+
+_HEADER_MAX = 64  # tokens from <|start|> to <|message|>: a role, a channel, a recipient, a type
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPrelude:
+    """What the prelude (leading system/developer messages) declares, as the script reads it."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    developer_text: str = ""
+    #: how many leading prompt tokens settle it: any prompt with those tokens has this prelude
+    extent: int = 0
 
 
 _prelude_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSpec, ...], str]] = OrderedDict()
@@ -240,71 +245,133 @@ _prelude_lock = threading.Lock()
 
 
 class PromptView:
-    """Lazy read-only view of a harmony prompt, handed to simulated-engine scripts."""
+    """Lazy read-only view of a harmony prompt, handed to simulated-engine scripts.
 
-    def __init__(self, prompt_ids: list[int]) -> None:
+    Reads only what is asked for: :attr:`last` costs O(the newest message), :attr:`tools`
+    O(the prelude) — and nothing when the engine passes ``prelude`` (it remembers the prelude of
+    a sequence whose prefix cannot change, :attr:`known_prelude`). ``tokens_read`` counts the
+    prompt tokens the view touched, for the engine's work counters.
+    """
+
+    def __init__(self, prompt_ids: Sequence[int], prelude: PromptPrelude | None = None) -> None:
         self.prompt_ids = prompt_ids
         tok = harmony_tokens()
         self._tok = tok
         n = len(prompt_ids)
-        self._body_end = n - 2 if prompt_ids[-2:] == [tok.start, tok.assistant] else n
+        self._body_end = n - 2 if n >= 2 and _as_list(prompt_ids[-2:]) == [tok.start, tok.assistant] else n
+        self.tokens_read = min(n, 2)
+        self._given = prelude if prelude is not None and prelude.extent <= self._body_end else None
+        self._definite: PromptPrelude | None = None
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
+    def _slice(self, lo: int, hi: int) -> list[int]:
+        self.tokens_read += max(0, hi - lo)
+        return _as_list(self.prompt_ids[lo:hi])
+
+    def _find(self, value: int, lo: int, hi: int) -> int:
+        """First index of ``value`` in ``[lo, hi)`` (-1 if absent), searched in C; counts the
+        tokens scanned."""
+        try:
+            at = self.prompt_ids.index(value, lo, hi)
+        except ValueError:
+            self.tokens_read += max(0, hi - lo)
+            return -1
+        self.tokens_read += at + 1 - lo
+        return at
+
+    def _rfind(self, value: int, end: int) -> int:
+        """Last index of ``value`` before ``end`` (-1 if absent), in reversed slices that double
+        from 64 tokens: the cost is proportional to the distance from ``end``, not to the prompt."""
+        hi, chunk = end, 64
+        while hi > 0:
+            lo = max(0, hi - chunk)
+            part = self._slice(lo, hi)
+            part.reverse()
+            try:
+                return hi - 1 - part.index(value)
+            except ValueError:
+                hi, chunk = lo, min(chunk * 2, 8192)
+        return -1
+
     @cached_property
     def last(self) -> MessageView | None:
         """The newest message before the generation prompt (O(its length))."""
-        start = _rfind(self.prompt_ids, self._tok.start, self._body_end)
+        start = self._rfind(self._tok.start, self._body_end)
         if start < 0:
             return None
-        return _decode_message(self.prompt_ids[start : self._body_end])
+        return _decode_message(self._slice(start, self._body_end))
+
+    @property
+    def known_prelude(self) -> PromptPrelude | None:
+        """The prelude, when it was read and is settled by the prompt's prefix alone (a longer
+        prompt with the same prefix has the same prelude), for the engine to remember."""
+        return self._given if self._given is not None else self._definite
 
     @cached_property
-    def _prelude(self) -> tuple[tuple[ToolSpec, ...], str]:
-        ids, tok = self.prompt_ids, self._tok
-        pos, stop = 0, self._body_end
-        dev_text = ""
+    def _prelude(self) -> PromptPrelude:
+        if self._given is not None:
+            return self._given
+        got, definite = self._read_prelude()
+        if definite:
+            self._definite = got
+        return got
+
+    def _read_prelude(self) -> tuple[PromptPrelude, bool]:
+        """(prelude, settled): walk the leading messages, reading each one's header only until
+        it is a system or developer message: a history's first message (which may be one huge
+        item) is never scanned to its end."""
+        ids, tok, stop = self.prompt_ids, self._tok, self._body_end
+        pos = 0
         for _ in range(4):  # system, developer (and a spare): never walk into the history
-            if pos >= stop or ids[pos] != tok.start:
-                break
-            end = _next(ids, tok.end, pos, stop)
-            head = _next(ids, tok.message, pos, end) if end >= 0 else -1
+            if pos >= stop:
+                return PromptPrelude(), False  # the prompt ends here: a longer one may say more
+            self.tokens_read += 1
+            if ids[pos] != tok.start:
+                return PromptPrelude(extent=pos + 1), True
+            head = self._find(tok.message, pos + 1, min(stop, pos + _HEADER_MAX))
             if head < 0:
-                break
-            role = harmony_encoding().decode(ids[pos + 1 : head]).partition("<|")[0].strip()
+                return PromptPrelude(extent=pos + _HEADER_MAX), pos + _HEADER_MAX <= stop
+            role = harmony_encoding().decode(self._slice(pos + 1, head)).partition("<|")[0].strip()
             if role not in ("system", "developer"):
-                break
+                return PromptPrelude(extent=head + 1), True
+            end = self._find(tok.end, head, stop)
+            if end < 0:
+                return PromptPrelude(), False
             if role == "developer":
-                key = tuple(ids[pos : end + 1])
-                with _prelude_lock:
-                    hit = _prelude_cache.get(key)
-                if hit is None:
-                    msg = _decode_message(ids[pos : end + 1])
-                    dev_text = msg.text if msg is not None else ""
-                    hit = (parse_tool_declarations(dev_text), dev_text)
-                    with _prelude_lock:
-                        _prelude_cache[key] = hit
-                        if len(_prelude_cache) > 32:
-                            _prelude_cache.popitem(last=False)
-                return hit
+                return self._developer(pos, end), True
             pos = end + 1
-        return (), dev_text
+        return PromptPrelude(extent=pos), True
+
+    def _developer(self, pos: int, end: int) -> PromptPrelude:
+        key = tuple(self._slice(pos, end + 1))
+        with _prelude_lock:
+            hit = _prelude_cache.get(key)
+        if hit is None:
+            msg = _decode_message(list(key))
+            dev_text = msg.text if msg is not None else ""
+            hit = (parse_tool_declarations(dev_text), dev_text)
+            with _prelude_lock:
+                _prelude_cache[key] = hit
+                if len(_prelude_cache) > 32:
+                    _prelude_cache.popitem(last=False)
+        return PromptPrelude(hit[0], hit[1], extent=end + 1)
 
     @property
     def tools(self) -> tuple[ToolSpec, ...]:
         """Tools declared in the prelude's developer message."""
-        return self._prelude[0]
+        return self._prelude.tools
 
     @property
     def developer_text(self) -> str:
-        return self._prelude[1]
+        return self._prelude.developer_text
 
     @property
     def tool_choice(self) -> str | None:
         """``"none"``, ``"required"``, a forced tool's name, or ``None`` (auto)."""
-        text = self._prelude[1]
+        text = self._prelude.developer_text
         if TOOL_CHOICE_NONE in text:
             return "none"
         if TOOL_CHOICE_REQUIRED in text:
@@ -319,20 +386,13 @@ class PromptView:
 
     def messages(self) -> list[MessageView]:
         """Every message of the prompt, decoded — O(history): only for tests that need recall."""
-        ids, start = self.prompt_ids, self._tok.start
+        start, stop = self._tok.start, self._body_end
         out: list[MessageView] = []
-        pos = _next(ids, start, 0, self._body_end)
-        while 0 <= pos < self._body_end:
-            nxt = _next(ids, start, pos + 1, self._body_end)
-            msg = _decode_message(ids[pos : nxt if nxt >= 0 else self._body_end])
+        pos = self._find(start, 0, stop)
+        while 0 <= pos < stop:
+            nxt = self._find(start, pos + 1, stop)
+            msg = _decode_message(self._slice(pos, nxt if nxt >= 0 else stop))
             if msg is not None:
                 out.append(msg)
             pos = nxt
         return out
-
-
-def _next(ids: list[int], value: int, lo: int, hi: int) -> int:
-    try:
-        return ids.index(value, lo, hi)
-    except ValueError:
-        return -1

@@ -135,6 +135,24 @@ def _snippet(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: the most characters of an input the default script echoes verbatim
+ECHO_LIMIT = 2000
+
+
+def _echo(text: str) -> str:
+    """The input as the answer repeats it: verbatim up to :data:`ECHO_LIMIT` characters, then cut
+    with a note of how much was left out.
+
+    Why bounded: harmony's renderer (Rust, a backtracking regex) takes time quadratic in a run of
+    one repeated character and overflows its stack near a megabyte (a 1 MB string of ``x`` panics
+    the process's render), and an answer as long as the question is no plausible model turn. An
+    engine stand-in must survive any input the gateway accepts, at a cost independent of it.
+    """
+    if len(text) <= ECHO_LIMIT:
+        return text
+    return f"{text[:ECHO_LIMIT]}… ({len(text) - ECHO_LIMIT} more characters)"
+
+
 def _pick_tool(tools: Sequence[ToolSpec], forced: str | None) -> ToolSpec:
     if forced:
         for tool in tools:
@@ -147,7 +165,7 @@ def default_script(view: PromptView) -> Turn:
     """Reason briefly; call the first tool after a user message; otherwise answer from the input.
 
     Reads only ``view.last`` and (when there is a user message) ``view.tools``: O(newest message
-    + prelude), whatever the history length.
+    + prelude), whatever the history length. Echoes are bounded (:func:`_echo`).
     """
     last = view.last
     if last is None:
@@ -169,9 +187,9 @@ def default_script(view: PromptView) -> Turn:
     if last.role == "tool":
         return Turn(
             reasoning=f"The tool {last.tool_name} returned a result. I will report it.",
-            text=f"Tool {last.tool_name} returned: {last.text}",
+            text=f"Tool {last.tool_name} returned: {_echo(last.text)}",
         )
-    return Turn(reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {last.text}")
+    return Turn(reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {_echo(last.text)}")
 
 
 def summary_turn(view: PromptView) -> Turn:

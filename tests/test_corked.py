@@ -11,7 +11,9 @@ import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.transport.corked import FLUSH_BYTES, CorkedTransport, CorkedWebSocketProtocol
+from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, SEND_STALLED_CODE, CorkedTransport,
+                                      CorkedWebSocketProtocol, SendStalled)
+from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
 
 
@@ -80,7 +82,8 @@ def test_close_flushes_and_big_bursts_go_out_at_once():
 def test_gateway_websocket_frames_arrive_whole_and_in_order(make_gateway):
     """Through the real server (uvicorn + CorkedWebSocketProtocol): every event of a turn arrives
     as its own frame, in sequence order, and errors and pings still work on the same socket."""
-    assert uvicorn_config_kwargs(Settings())["ws"] is CorkedWebSocketProtocol
+    ws = uvicorn_config_kwargs(Settings(ws_send_deadline_s=7.5))["ws"]
+    assert issubclass(ws, CorkedWebSocketProtocol) and ws.send_deadline_s == 7.5
     live = make_gateway()
     with connect(live.ws_url, max_size=None, compression=None) as ws:
         ws.send(orjson.dumps({"type": "response.create", "model": "gpt-oss-sim", "input": "hello",
@@ -178,3 +181,105 @@ def test_a_refused_handshake_logs_no_error(make_gateway):
     finally:
         logger.removeHandler(collect)
     assert not collect.records, [r.getMessage() for r in collect.records]
+
+
+def test_reading_stays_paused_while_either_holder_wants_it():
+    """uvicorn pauses reading while a message waits for the app; write flow control holds it while
+    the write buffer is full. Neither may resume what the other paused."""
+    async def main() -> None:
+        transport, _, peer = await _pair()
+        corked = CorkedTransport(transport, asyncio.get_running_loop())
+        corked.pause_reading()
+        corked.hold_reading(True)
+        corked.resume_reading()  # the app took its message; the buffer is still full
+        assert not transport.is_reading()
+        corked.pause_reading()
+        corked.hold_reading(False)  # drained; a message still waits for the app
+        assert not transport.is_reading()
+        corked.resume_reading()
+        assert transport.is_reading()
+        corked.close()
+        peer.close()
+
+    asyncio.run(main())
+
+
+class _Lost(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+
+def test_a_close_whose_bytes_the_client_never_takes_is_reset_after_the_grace():
+    """asyncio's close() waits for the buffer to drain: with a client that does not read, for ever
+    (the keepalive's close, the app's close). The cork aborts it once the grace has passed."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ours, peer = socket.socketpair()
+        transport, proto = await loop.connect_accepted_socket(_Lost, ours)
+        corked = CorkedTransport(transport, loop, close_grace_s=0.05)
+        corked.write(b"x" * (8 * 1024 * 1024))  # far more than the socket pair buffers
+        corked.close()
+        assert transport.is_closing() and transport.get_write_buffer_size() > 0
+        await asyncio.wait_for(proto.lost, 30)  # a safety net: the grace is 50 ms
+        peer.close()
+
+    asyncio.run(main())
+
+
+def _protocol(deadline: float) -> CorkedWebSocketProtocol:
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    async def app(scope, receive, send) -> None:  # never called: no handshake in these tests
+        raise AssertionError
+
+    config = Config(app=app, lifespan="off")
+    config.load()
+    return CorkedWebSocketProtocol.configured(send_deadline_s=deadline)(
+        config=config, server_state=ServerState(), app_state={})
+
+
+def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
+    """While writing is paused, each deadline window must see at least HIGH_WATER bytes taken by
+    the client; a window without is a stall: the app hears 1008 and its blocked send raises. (The
+    windows are ended by hand here; the live cases are in tests/test_ws_backpressure.py.)"""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proto = _protocol(deadline=3600)
+        ours, peer = socket.socketpair()
+        peer.setblocking(False)
+        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+        proto.transport.write(b"x" * (4 * 1024 * 1024))
+        assert not proto.writable.is_set() and not transport.is_reading()  # paused: no sends, no reads
+        blocked = asyncio.create_task(proto.send({"type": "websocket.send", "text": "next event"}))
+        await asyncio.sleep(0)
+        assert not blocked.done()
+
+        await _read(peer, 4 * HIGH_WATER)  # a slow reader, but a reader
+        for _ in range(5):
+            await asyncio.sleep(0)  # the transport refills the socket
+        proto._disarm()
+        proto._deadline_passed()
+        assert not proto.stalled and proto._deadline is not None  # another window
+
+        proto._disarm()
+        proto._deadline_passed()  # a window in which the client took nothing
+        assert proto.stalled and transport.is_closing()
+        assert proto.queue.get_nowait() == {"type": "websocket.disconnect", "code": 1008,
+                                            "reason": "send deadline exceeded"}
+        with pytest.raises(SendStalled):
+            await asyncio.wait_for(blocked, 30)
+        with pytest.raises(SendStalled):
+            await proto.send({"type": "websocket.send", "text": "later"})
+        transport.abort()
+        peer.close()
+
+    asyncio.run(main())
+
+
+def test_the_stall_close_code_is_the_lane_machines():
+    assert Farewell.SEND_STALLED.code == SEND_STALLED_CODE == 1008

@@ -114,13 +114,13 @@ def test_chat_template_model_is_stopped_after_its_first_call(chat_template_gatew
     assert engine.stats.aborts == 1, "the engine must be stopped once the first call closed"
 
     # the next turn appends to the canonical rendering of the kept call (no full-render fallback)
-    fallbacks = live.metric("respgate_render_full_fallbacks_total", {"reason": "cut_off"})
+    fallbacks = live.metric("respgate_render_full_fallbacks_total", {"reason": "not_canonical"})
     full = live.metric("respgate_render_tokens_total", {"mode": "full"})
     call = calls(first)[0]
     nxt = post(live, {"model": "ct", "previous_response_id": first["id"], "tools": TOOLS, "parallel_tool_calls": False,
                       "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]})
     assert nxt.status_code == 200 and nxt.json()["output"][-1]["content"][0]["text"] == "It is sunny."
-    assert live.metric("respgate_render_full_fallbacks_total", {"reason": "cut_off"}) == fallbacks
+    assert live.metric("respgate_render_full_fallbacks_total", {"reason": "not_canonical"}) == fallbacks
     assert live.metric("respgate_render_tokens_total", {"mode": "full"}) == full
     p1, p2 = engine.prompts[-2:]
     assert p2[:len(p1)] == p1  # the first turn's prompt is the second's prefix

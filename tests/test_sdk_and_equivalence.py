@@ -236,7 +236,7 @@ def test_o_new_input_over_64_chained_websocket_turns(make_gateway):
             prev = resp
     assert engine.stats.requests == n
     fallbacks = live.gw.metrics.registry.get_sample_value
-    for reason in ("cut_off", "prelude_changed"):
+    for reason in ("not_canonical", "prelude_changed"):
         assert (fallbacks("respgate_render_full_fallbacks_total", {"reason": reason}) or 0) == 0
     # the last prompt holds the whole conversation
     texts = [m.text for m in PromptView(engine.stats.prompts[-1]).messages()]

@@ -310,6 +310,25 @@ def client_gone_aborts() -> set[Row]:
 
 
 @scenario
+def send_stalled_aborts_and_closes_1008() -> set[Row]:
+    """The client stopped reading: its turns are aborted (each billed as cancelled) and the close is
+    1008, whatever farewell a drain had chosen (none of them could reach it)."""
+    rows: set[Row] = set()
+    m = machine(max_inflight=1)
+    start(m)
+    start(m, "b")  # waits for the slot: dropped, never started
+    actions = applied(m, Event(Ev.SEND_STALLED), rows)
+    assert actions == [Action(Act.ABORT), Action(Act.CLOSE, farewell=Farewell.SEND_STALLED)]
+    assert m.state is State.CLOSED and m.waiting == 0 and Farewell.SEND_STALLED.code == 1008
+    m = draining(machine())
+    assert m.farewell is Farewell.SHUTDOWN
+    actions = applied(m, Event(Ev.SEND_STALLED), rows)
+    assert kinds(actions) == [Act.ABORT, Act.CLOSE] and actions[1].farewell.code == 1008
+    assert m.farewell is Farewell.SEND_STALLED and m.state is State.CLOSED
+    return rows
+
+
+@scenario
 def closed_ignores_late_events() -> set[Row]:
     rows: set[Row] = set()
     m = machine()

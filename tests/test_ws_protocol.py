@@ -480,7 +480,7 @@ def test_warmup_prefix_is_used_by_the_next_turn(make_gateway):
         assert needle in prompt, needle
     # the warmed, rendered prefix was reused as-is (an append, not a re-render)
     assert live.metric("respgate_render_tokens_total", {"mode": "full"}) == full_after_warmup
-    for reason in ("prelude_changed", "cut_off"):
+    for reason in ("prelude_changed", "not_canonical"):
         assert live.metric("respgate_render_full_fallbacks_total", {"reason": reason}) == 0
 
 

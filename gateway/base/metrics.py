@@ -99,6 +99,9 @@ class Metrics:
         self.cancel_latency = Histogram("respgate_abort_seconds",
                                         "From client disconnect to engine abort",
                                         buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)
+        self.ws_send_stalls = Counter("respgate_ws_send_stalls",
+                                      "WebSocket connections closed 1008 because the client stopped reading "
+                                      "(ws_send_deadline_s)", registry=r)
         self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
                                     "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
                                     registry=r)

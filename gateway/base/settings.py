@@ -66,6 +66,10 @@ class Settings(BaseModel):
     ws_max_queued: int = 256
     #: close a socket that has nothing in flight and sent nothing for this long (error frame + 1000)
     ws_idle_timeout_s: float | None = 900.0
+    #: a socket whose writes make no progress this long (its write buffer above 64 KiB, less than
+    #: 64 KiB taken by the client) is closed with 1008 and its turns aborted, billed as cancelled;
+    #: a closing socket whose client still does not read is reset after as long again
+    ws_send_deadline_s: float = Field(default=10.0, gt=0)
     # ---------------------------------------------------------------------------------------------
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
@@ -77,6 +81,22 @@ class Settings(BaseModel):
     #: most input items / tools one create may list (400 array_above_max_length beyond)
     max_input_items: int = Field(default=20_000, ge=1)
     max_tools: int = Field(default=512, ge=1)
+    #: requests heavier than this are parsed, validated, classified and rendered in a worker thread, so
+    #: they cannot stall other connections; lighter ones inline, sparing them the thread hop. Weight:
+    #: the input's JSON bytes + 128 per item and part, other fields at 1/16 (gateway/turn/offload.py).
+    #: 0: every request in a worker
+    inline_prepare_bytes: int = Field(default=32 * 1024, ge=0)
+    #: worker threads for those big requests; more queue for them
+    prepare_threads: int = Field(default=2, ge=1, le=64)
+    # -- HTTP connections (gateway/transport/http_protocol.py), whichever parser runs -------------------
+    #: HTTP parser: ``auto`` = httptools when installed, else h11
+    http_parser: Literal["auto", "httptools", "h11"] = "auto"
+    #: largest request line + header block (beyond: 431 and the connection closed)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    #: from the connection (or a kept-alive request's first byte) to the end of its headers (beyond: 408, closed)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    #: longest wait for the next chunk of a request body (beyond: 408, closed)
+    body_timeout_s: float = Field(default=30.0, gt=0)
     ws_max_age_s: float = 3600.0
     #: on shutdown, how long in-flight WebSocket responses may run before sockets are closed
     shutdown_grace_s: float = 30.0

@@ -1,18 +1,43 @@
-"""WebSocket frames written in one event-loop iteration leave the process in one ``send()``.
+"""uvicorn's WebSocket protocol with corked writes, write backpressure and a send deadline.
 
-Why: a turn is a burst of small frames (``response.created``, ``in_progress``, ``output_item.added``,
-the first delta …; at the end ``*.done`` and ``response.completed``), and uvicorn writes each one to
-the socket as it is sent. On loopback or a virtualised NIC one ``send()`` system call costs tens of
-microseconds and wakes the reader each time: profiled, the writes were ~30% of the gateway's CPU
-for a short WebSocket turn and the largest single cost of a token stream. Frames that become ready
-in the same loop iteration are now joined and written once, at the start of the next iteration
-(``loop.call_soon``): no timer, no added wait beyond the rest of the current iteration, frame order
-kept, and a frame produced on its own (a delta every few milliseconds) is written as before.
+**Cork.** A turn is a burst of small frames (``response.created``, ``in_progress``,
+``output_item.added``, the first delta …; at the end ``*.done`` and ``response.completed``), and
+uvicorn writes each one to the socket as it is sent. On loopback or a virtualised NIC one ``send()``
+system call costs tens of microseconds and wakes the reader each time: profiled, the writes were ~30%
+of the gateway's CPU for a short WebSocket turn and the largest single cost of a token stream.
+Frames that become ready in the same loop iteration are now joined and written once, at the start
+of the next iteration (``loop.call_soon``): no timer, no added wait beyond the rest of the current
+iteration, frame order kept, and a frame produced on its own (a delta every few milliseconds) is
+written as before. ``close()`` flushes first; a buffer past :data:`FLUSH_BYTES` is written at once,
+so a burst never holds more than that; ``get_write_buffer_size`` counts the corked bytes too.
 
-The cork sits under uvicorn's own WebSocket protocol (a subclass that wraps the transport it is
-given), so framing, deflate, pings and close handshakes are uvicorn's and ``websockets``' code,
-unchanged. ``close()`` flushes first; a buffer past :data:`FLUSH_BYTES` is written at once, so a
-burst never holds more than that; ``get_write_buffer_size`` counts the corked bytes too.
+**Backpressure.** Every frame we write is either one the app sent — uvicorn makes ``send()`` wait
+while the transport is paused for writing — or one the protocol writes by itself in reply to what
+it reads: a pong per ping, a close reply. Those used to be written whatever the buffer held, so a
+client that sent millions of pings and never read made the gateway queue every pong (191 → 426 MiB,
+issue 14 case 5). Now the protocol stops *reading* while the write buffer (corked bytes included) is
+above :data:`HIGH_WATER` and reads again once it drained to :data:`LOW_WATER`: a client that does not
+read cannot make us write, and its further frames wait in the kernel's socket buffers and then in
+its own ``send()``. What one read can add is bounded by the read size (one read's pings answered).
+
+**Send deadline.** A client that stops reading used to pin its connection and turn forever: the
+app's ``send()`` waited on the paused transport, the keepalive's close waited for the buffer to
+flush, the engine request kept running (case 6). While writing is paused the protocol now checks,
+every ``send_deadline_s`` (``ws_send_deadline_s``), that at least :data:`HIGH_WATER` bytes left the
+buffer in that window; when not, the connection is failed with close code :data:`SEND_STALLED_CODE`
+(1008): the app gets ``websocket.disconnect`` (1008) and its blocked ``send()`` calls raise, so the
+turns end — the engine requests are aborted and billed as cancelled (gateway/transport/ws.py) — and
+the close frame is queued behind what the client has not read. A socket being closed whose client
+still does not take its bytes within another ``send_deadline_s`` is reset: no close (ours, the
+keepalive's, the app's) waits on an unread buffer forever.
+
+**Rejection logs.** A text frame that is not UTF-8 (1007), a frame too big (1009) or a protocol error
+(1002) is the client's fault: logged at INFO through :class:`~gateway.base.log_limit.RateLimitedLog`,
+not at ERROR with a traceback an unauthenticated client could flood the logs with.
+
+The protocol is uvicorn's sans-I/O ``websockets`` protocol (a subclass; the transport wrapper is
+installed in ``connection_made``), so framing, deflate, pings and close handshakes are uvicorn's and
+``websockets``' code, unchanged.
 """
 
 from __future__ import annotations
@@ -21,31 +46,66 @@ import asyncio
 import logging
 from typing import Any
 
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES"]
+from gateway.base.log_limit import RateLimitedLog
+
+__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LOW_WATER",
+           "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled"]
 
 log = logging.getLogger(__name__)
+rejections = RateLimitedLog(log)
 
 #: corked bytes beyond which a write goes out at once (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
+#: write buffer (corked + transport) above which the protocol stops reading and the app's sends wait
+HIGH_WATER = 64 * 1024
+#: ... and at or below which both go on
+LOW_WATER = 16 * 1024
+#: close code of a connection whose writes made no progress for the send deadline: 1008 (policy
+#: violation: the client broke the rule "read what you asked for"). Not 1011, which says the *server*
+#: failed and is one of the codes openai-python's auto-reconnect replays queued frames on (1001, 1005,
+#: 1006, 1011-1013, 1015): those frames may chain on the response this close cancelled.
+SEND_STALLED_CODE = 1008
+SEND_STALLED_REASON = "send deadline exceeded"
+
+
+class SendStalled(RuntimeError):
+    """The app's ``send()`` after (or blocked when) the send deadline failed the connection.
+
+    Not an ``OSError``: Starlette turns those into a plain ``WebSocketDisconnect(1006)``, and the app
+    should know that its client stopped reading rather than left."""
 
 
 class CorkedTransport:
     """A transport wrapper whose ``write`` is deferred to the end of the loop iteration.
 
-    Everything but writing, EOF and closing is delegated to the real transport. A deferred write
-    that fails (its caller has already returned) aborts the connection and is logged.
+    Everything but writing, reading flow control, EOF and closing is delegated to the real
+    transport. A deferred write that fails (its caller has already returned) aborts the connection
+    and is logged. Reading is paused while any of two holders wants it paused: uvicorn (a message
+    waits for the app: ``pause_reading``/``resume_reading``) and the protocol's write flow control
+    (:meth:`hold_reading`). A ``close()`` that leaves bytes unsent aborts the connection if they are
+    still unsent ``close_grace_s`` later.
     """
 
-    __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled")
+    __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled", "_close_grace_s", "_abort_timer",
+                 "_closed", "_app_hold", "_write_hold", "written")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, *,
+                 close_grace_s: float = 10.0) -> None:
         self._transport = transport
         self._loop = loop
         self._chunks: list[bytes] = []
         self._size = 0
         self._scheduled = False
+        self._close_grace_s = close_grace_s
+        self._abort_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._app_hold = False
+        self._write_hold = False
+        #: bytes handed to the real transport so far (with its buffer size: how much the client took)
+        self.written = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -78,11 +138,18 @@ class CorkedTransport:
         self._chunks.clear()
         self._size = 0
         if not self._transport.is_closing():
+            self.written += len(data)
             self._transport.write(data)
 
     def close(self) -> None:
         self.flush()
+        if self._closed:
+            return
+        self._closed = True
         self._transport.close()
+        if self._transport.get_write_buffer_size():
+            # the close waits for the client to take what is buffered: not for ever
+            self._abort_timer = self._loop.call_later(self._close_grace_s, self._transport.abort)
 
     def write_eof(self) -> None:
         self.flush()
@@ -93,26 +160,181 @@ class CorkedTransport:
         self._size = 0
         self._transport.abort()
 
+    def lost(self) -> None:
+        """The connection is gone: drop what is corked, cancel the pending abort (and arm no other)."""
+        self._chunks.clear()
+        self._size = 0
+        self._closed = True
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
+
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + self._size
 
-    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
+    def buffered(self) -> int:
+        """Bytes the real transport holds (written to it, not yet taken by the socket)."""
+        return self._transport.get_write_buffer_size()
+
+    # -- reading flow control ----------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        self._app_hold = True
+        self._update_reading()
+
+    def resume_reading(self) -> None:
+        self._app_hold = False
+        self._update_reading()
+
+    def hold_reading(self, hold: bool) -> None:
+        """Write flow control: keep reading paused (``True``) until released (``False``)."""
+        self._write_hold = hold
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self._transport.is_closing():
+            return
+        if self._app_hold or self._write_hold:
+            self._transport.pause_reading()   # both idempotent in asyncio and uvloop
+        else:
+            self._transport.resume_reading()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, is_reading, ...
         return getattr(self._transport, name)
 
 
 class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O ``websockets`` protocol, writing through a :class:`CorkedTransport`.
 
-    Pass the class as uvicorn's ``ws`` option. uvicorn's HTTP protocol hands the upgraded
-    connection's transport to ``connection_made``; flow control (``pause_writing``) still comes
-    from the real transport, which calls this protocol.
+    Pass :meth:`configured` (or the class, for the default deadline) as uvicorn's ``ws`` option.
+    uvicorn's HTTP protocol hands the upgraded connection's transport to ``connection_made``; flow
+    control (``pause_writing``/``resume_writing``) comes from the real transport, whose limits are
+    set to :data:`HIGH_WATER`/:data:`LOW_WATER`.
     """
 
+    #: seconds writes may stay paused with less than HIGH_WATER bytes taken by the client
+    send_deadline_s: float = 10.0
+
+    @classmethod
+    def configured(cls, *, send_deadline_s: float) -> type["CorkedWebSocketProtocol"]:
+        """This protocol with the given send deadline (uvicorn instantiates the class it is given)."""
+        return type(cls.__name__, (cls,), {"send_deadline_s": send_deadline_s})
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(CorkedTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)  # type: ignore[attr-defined]
+        self._write_paused = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._window = (0, 0)  # (written, buffered) when the current deadline window began
+        self.stalled = False
+        super().connection_made(CorkedTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                                                close_grace_s=self.send_deadline_s))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.transport.lost()  # type: ignore[attr-defined]
+        super().connection_lost(exc)
+
+    # -- write flow control -----------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed HIGH_WATER: the app's sends wait, reading stops."""
+        super().pause_writing()
+        self._write_paused = True
+        self.transport.hold_reading(True)  # type: ignore[attr-defined]
+        if self._deadline is None and not self.stalled:
+            self._arm()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_paused = False
+        self._disarm()
+        self.transport.hold_reading(False)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # What this read made us write (pongs, a close reply) may still be corked: past the mark,
+        # hand it to the transport now so that its flow control sees it and pauses reading.
+        if not self._write_paused and self.transport.get_write_buffer_size() > HIGH_WATER:
+            self.transport.flush()  # type: ignore[attr-defined]
+
+    def _arm(self) -> None:
+        t: CorkedTransport = self.transport  # type: ignore[assignment]
+        self._window = (t.written, t.buffered())
+        self._deadline = self.loop.call_later(self.send_deadline_s, self._deadline_passed)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        if not self._write_paused:
+            return
+        t: CorkedTransport = self.transport  # type: ignore[assignment]
+        written, buffered = self._window
+        taken = (t.written - written) - (t.buffered() - buffered)
+        if taken >= HIGH_WATER:  # a slow reader, but a reader: another window
+            self._arm()
+            return
+        self._send_stalled(taken)
+
+    def _send_stalled(self, taken: int) -> None:
+        """Fail the connection (1008): the app hears it first, then its blocked sends raise."""
+        if self.close_sent or self.disconnected:  # already closing (keepalive, app), and that is stuck too
+            self.transport.abort()
+            return
+        rejections.warning("ws_send_stalled", "WebSocket client %s took %d bytes in %gs with %d buffered: closing %d (%s)",
+                           _peer(self.client), taken, self.send_deadline_s, self.transport.get_write_buffer_size(),
+                           SEND_STALLED_CODE, SEND_STALLED_REASON)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": SEND_STALLED_CODE,
+                               "reason": SEND_STALLED_REASON})
+        self.stop_keepalive()
+        self.conn.fail(SEND_STALLED_CODE, SEND_STALLED_REASON)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.stalled = True
+        self.disconnected = True  # the app's next (and blocked) sends raise SendStalled
+        self.writable.set()
+        self.transport.close()  # reset if the client still does not read (CorkedTransport.close)
+
+    # -- client faults ----------------------------------------------------------------------------
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type != "text" or self.close_sent:
+            super().send_receive_event_to_app()
+            return
+        # uvicorn's text branch, with a rejection log instead of ERROR + traceback for invalid UTF-8
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as exc:
+            self.conn.fail(1007, f"invalid UTF-8 at position {exc.start}")
+            self.handle_parser_exception()
+            return
+        self.queue.put_nowait({"type": "websocket.receive", "text": text})
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def handle_parser_exception(self) -> None:
+        """A frame the protocol refused (1002 protocol error, 1007 invalid data, 1009 too big)."""
+        sent = self.conn.close_sent
+        if sent is not None:
+            rejections.info(f"ws_refused_{sent.code}", "WebSocket frame from %s refused: closing %d (%s)",
+                            _peer(self.client), sent.code, sent.reason)
+        super().handle_parser_exception()
 
     async def send(self, message: Any) -> None:
-        await super().send(message)
+        if self.stalled:
+            raise SendStalled(SEND_STALLED_REASON)
+        try:
+            await super().send(message)
+        except ClientDisconnected:
+            if self.stalled:  # it waited on the paused transport when the deadline passed
+                raise SendStalled(SEND_STALLED_REASON) from None
+            raise
         if (message["type"] == "websocket.http.response.body" and not message.get("more_body", False)
                 and self.initial_response is not None):
             # The handshake was answered with an HTTP response (a refusal: 401, 403, 429): as far as
@@ -120,3 +342,7 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
             # completing handshake" at ERROR for every refused handshake otherwise — an error line an
             # unauthenticated client could flood the logs with.
             self.handshake_complete = True
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "?"

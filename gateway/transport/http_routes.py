@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
+from gateway.transport.http_protocol import log_rejection
 from gateway.transport.inflight import HttpTurn
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame
@@ -26,7 +27,7 @@ from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_foun
                                  shutting_down, store_unavailable, unknown_parameter)
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
 from gateway.wire.response import usage_object
-from gateway.wire.validation import check_counts, check_depth
+from gateway.wire.validation import InputRejected, decode_body
 from inference.registry import ModelRoute
 
 #: the events that end a response stream
@@ -41,35 +42,47 @@ def _gw(request: Request) -> GatewayState:
 
 
 async def _json_body(request: Request, gw: GatewayState) -> Any:
-    limit = gw.settings.max_request_bytes
+    """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
+    for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``). Each
+    refusal is counted and logged (rate-limited); a 413 or 408 closes the connection, whose unread
+    rest of the body is not worth reading."""
+    s = gw.settings
+    limit = s.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        gw.metrics.input_rejections.labels("http", "size").inc()
-        raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
+        raise _refused(request, gw, InputRejected("size", 413, f"Request body too large (limit {limit} bytes).",
+                                                  code="request_too_large", headers={"connection": "close"}))
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            async with asyncio.timeout(s.body_timeout_s):
+                chunk = await anext(stream)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise _refused(request, gw, InputRejected(
+                "body_timeout", 408, f"The request body stalled: no data for {s.body_timeout_s:g} s.",
+                code="request_timeout", headers={"connection": "close"})) from None
         size += len(chunk)
         if size > limit:
-            gw.metrics.input_rejections.labels("http", "size").inc()
-            raise ApiError(413, f"Request body too large (limit {limit} bytes).", code="request_too_large")
+            raise _refused(request, gw, InputRejected("size", 413, f"Request body too large (limit {limit} bytes).",
+                                                      code="request_too_large", headers={"connection": "close"}))
         chunks.append(chunk)
     raw = b"".join(chunks)
+    cpu = gw.pipeline.offload.for_size(len(raw))
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise bad_request("We could not parse the JSON body of your request.", code="invalid_json") from None
-    try:
-        check_depth(body, gw.settings.max_json_depth)
-    except ApiError:
-        gw.metrics.input_rejections.labels("http", "depth").inc()
-        raise
-    try:
-        check_counts(body, max_items=gw.settings.max_input_items, max_tools=gw.settings.max_tools)
-    except ApiError:
-        gw.metrics.input_rejections.labels("http", "count").inc()
-        raise
-    return body
+        return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
+                         max_tools=s.max_tools)
+    except InputRejected as err:
+        raise _refused(request, gw, err) from None
+
+
+def _refused(request: Request, gw: GatewayState, err: InputRejected) -> InputRejected:
+    gw.metrics.input_rejections.labels("http", err.reason).inc()
+    log_rejection(err.reason, err.status, request.client, err.message)
+    return err
 
 
 def _json(data: Any, status: int = 200) -> Response:

@@ -35,12 +35,17 @@ Read the lifecycle as a table (``TABLE``; the first row whose guard holds applie
     DRAINING  quiet        -              CLOSED    farewell, close   (nothing runs any more)
     DRAINING  deadline     -              CLOSED    abort, farewell, close  (farewell: shutting down)
     DRAINING  age_limit | idle_limit | revoked | shutdown  -> DRAINING   (the first farewell stands)
+    any       send_stalled -              CLOSED    abort, close  (farewell: send deadline, 1008)
     any       client_gone  -              CLOSED    abort
     CLOSED    anything but quiet          CLOSED    -             (late results of aborted turns)
 
 Entering DRAINING drops the creates still queued (none of them started: the client gets the
 farewell instead), and ``quiet`` is fed by the machine itself as soon as DRAINING has nothing
-running. An event the table has no row for raises :class:`LaneError` naming state and event.
+running. ``send_stalled`` is the client that stopped reading: its writes made no progress for the
+send deadline (gateway/transport/corked.py), so the protocol has already failed the socket with
+1008 and no farewell frame could reach it; its turns are aborted, each billed as cancelled with
+what it generated. An event the table has no row for raises :class:`LaneError` naming state and
+event.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class Ev(enum.Enum):
     IDLE_LIMIT = "idle_limit"
     SHUTDOWN = "shutdown"        # the server drains
     DEADLINE = "deadline"        # the shutdown grace passed
+    SEND_STALLED = "send_stalled"  # the client stopped reading: the send deadline closed the socket
     CLIENT_GONE = "client_gone"
     QUIET = "quiet"              # internal: DRAINING with nothing running
 
@@ -95,12 +101,17 @@ class Farewell(enum.Enum):
     IDLE = "idle"
     REVOKED = "revoked"
     SHUTDOWN = "shutting_down"
+    SEND_STALLED = "send_stalled"
 
     @property
     def code(self) -> int:
         """1000 where OpenAI closes normally (age limit, idle) or the key is gone; 1001 "going away"
-        at shutdown, which tells a client's auto-reconnect that another replica is the answer."""
-        return 1001 if self is Farewell.SHUTDOWN else 1000
+        at shutdown, which tells a client's auto-reconnect that another replica is the answer; 1008
+        (policy violation) for a client that stopped reading: its fault, not the server's (1011), and
+        not a code clients auto-reconnect on to replay frames chained to the cancelled response."""
+        if self is Farewell.SHUTDOWN:
+            return 1001
+        return 1008 if self is Farewell.SEND_STALLED else 1000
 
 
 class Refusal(enum.Enum):
@@ -174,6 +185,8 @@ TABLE: tuple[Row, ...] = (
     Row(D, Ev.QUIET, None, C, (A.FAREWELL, A.CLOSE)),
     Row(D, Ev.DEADLINE, None, C, (A.ABORT, A.FAREWELL, A.CLOSE), farewell=Farewell.SHUTDOWN, force_farewell=True),
     *(Row(D, ev, None, D) for ev in (Ev.AGE_LIMIT, Ev.IDLE_LIMIT, Ev.REVOKED, Ev.SHUTDOWN)),
+    *(Row(s, Ev.SEND_STALLED, None, C, (A.ABORT, A.CLOSE), farewell=Farewell.SEND_STALLED, force_farewell=True)
+      for s in (O, D)),
     *(Row(s, Ev.CLIENT_GONE, None, C, (A.ABORT,)) for s in (O, D)),
     *(Row(C, ev, None, C) for ev in Ev if ev is not Ev.QUIET),
 )

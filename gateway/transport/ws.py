@@ -13,7 +13,16 @@ One connection, many turns. The connection owns:
 * its **lifetime**: after ``ws_idle_timeout_s`` without frames or turns it closes (error frame +
   1000); after ``ws_max_age_s`` a ``response.create`` gets
   ``websocket_connection_limit_reached`` and the socket closes with 1000 once in-flight responses
-  reached their terminal events.
+  reached their terminal events; a client that stops reading is closed with 1008 when writes made
+  no progress for ``ws_send_deadline_s`` (gateway/transport/corked.py), its turns aborted and billed
+  as cancelled.
+
+**Backpressure.** Nothing here queues frames: a turn's events are pulled from its generator one at a
+time and each is awaited through ``_send`` (one frame at a time per connection, ``_send_lock``), and
+uvicorn's ``send()`` waits while the transport's write buffer is above its high-water mark. A client
+that reads slowly therefore slows its turns' producers (and the engine requests they pull from);
+one that stops reading holds at most the buffer, one pending frame per running turn and the
+kernel's socket buffers, until the send deadline ends it.
 
 The lifecycle (lanes, queueing, limits, closing) is decided by the sans-I/O machine in
 ``gateway/transport/lanes.py``, read as a table there; this module is its adapter: it parses frames,
@@ -39,12 +48,13 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import ConnectionCache
 from gateway.access.auth import Principal
+from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, SendStalled
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
-from gateway.wire.validation import check_counts, check_depth
+from gateway.wire.validation import check_counts, check_depth, parse_failure
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -112,10 +122,12 @@ class WsConnection:
     async def serve(self) -> None:
         watchdog = asyncio.create_task(self._age_watchdog())
         idle_watchdog = asyncio.create_task(self._idle_watchdog())
+        stalled = False
         try:
             while True:
                 message = await self.ws.receive()
                 if message["type"] == "websocket.disconnect":
+                    stalled = (message.get("code"), message.get("reason")) == (SEND_STALLED_CODE, SEND_STALLED_REASON)
                     break
                 self._last_active = time.monotonic()
                 data = message.get("text")
@@ -134,7 +146,7 @@ class WsConnection:
         finally:
             watchdog.cancel()
             idle_watchdog.cancel()
-            await self._gone()
+            await self._gone(stalled)
 
     async def _on_frame(self, data: str) -> None:
         limit = self.settings.max_request_bytes
@@ -146,8 +158,13 @@ class WsConnection:
             return
         try:
             event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
+        except orjson.JSONDecodeError as exc:
+            err = parse_failure(data, exc, self.settings.max_json_depth)
+            if err.code == "invalid_json":
+                err = bad_request("Invalid JSON in WebSocket frame.", code="invalid_json")
+            else:
+                self.gw.metrics.input_rejections.labels("ws", "depth").inc()
+            await self._send_error(err)
             return
         try:
             check_depth(event, self.settings.max_json_depth)
@@ -207,12 +224,14 @@ class WsConnection:
         self._steer_seq += 1
         try:
             await self._send(frame, stream_id)
-        except ConnectionGone:
-            await self._feed(Event(Ev.CLIENT_GONE))
+        except ConnectionGone as gone:
+            await self._feed(Event(gone.event))
 
     # -- the machine's actions --------------------------------------------------------------------
 
     async def _feed(self, event: Event) -> None:
+        if event.kind is Ev.SEND_STALLED and self.machine.state is not State.CLOSED:
+            self.gw.metrics.ws_send_stalls.inc()  # once: the machine is CLOSED after the first
         for action in self.machine.handle(event):
             await self._perform(action)
 
@@ -241,7 +260,7 @@ class WsConnection:
             self.closed = True
             try:
                 await self.ws.close(code=a.farewell.code)
-            except RuntimeError:
+            except (RuntimeError, WebSocketDisconnect):  # already closed (SendStalled: by the send deadline)
                 pass
             self._done.set()
         elif a.kind is Act.ABORT:
@@ -301,10 +320,12 @@ class WsConnection:
     async def _turn(self, lane: str, frame: dict[str, Any]) -> None:
         """One create, start to terminal event; then the machine hears how it ended."""
         self.gw.metrics.ws_inflight.inc()
+        gone: Ev | None = None  # how the machine hears that the socket went (client_gone, send_stalled)
+        failed = False
         try:
             failed = await self._run_turn(lane, frame)
-        except ConnectionGone:
-            failed = None
+        except ConnectionGone as exc:
+            gone = exc.event
         except Exception:
             log.exception("turn crashed on lane %r", lane)
             failed = True
@@ -313,8 +334,8 @@ class WsConnection:
         finally:
             self.gw.metrics.ws_inflight.dec()
             self._last_active = time.monotonic()
-        if failed is None:
-            await self._feed(Event(Ev.CLIENT_GONE))
+        if gone is not None:
+            await self._feed(Event(gone))
         else:
             await self._feed(Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane,
                                    previous_response_id=_prev(frame)))
@@ -378,12 +399,13 @@ class WsConnection:
         await self._feed(Event(Ev.DEADLINE))
         return running
 
-    async def _gone(self) -> None:
-        """Client gone (or the socket closed): abort every generation, drop queued turns, forget the cache."""
+    async def _gone(self, stalled: bool = False) -> None:
+        """Client gone (or the socket closed; ``stalled``: by the send deadline): abort every
+        generation, drop queued turns, forget the cache."""
         self.closed = True
         t0 = time.perf_counter()
         aborting = bool(self._turns)
-        await self._feed(Event(Ev.CLIENT_GONE))
+        await self._feed(Event(Ev.SEND_STALLED if stalled else Ev.CLIENT_GONE))
         await self._abort()  # whatever still runs once the machine is closed (nothing, normally)
         if aborting:
             self.gw.metrics.cancel_latency.observe(time.perf_counter() - t0)
@@ -393,6 +415,9 @@ class WsConnection:
     # -- writing ----------------------------------------------------------------------------------
 
     async def _send(self, frame: dict[str, Any], stream_id: str | None = None) -> None:
+        """One frame, awaited until the protocol took it: while the socket's write buffer is above
+        the high-water mark this waits (the caller — a turn's event loop, the frame reader — with
+        it), so a slow reader never makes frames pile up here (see "Backpressure" above)."""
         if stream_id is not None:
             frame = dict(frame, stream_id=stream_id)
         payload = orjson.dumps(frame).decode()
@@ -401,6 +426,8 @@ class WsConnection:
                 raise ConnectionGone()
             try:
                 await self.ws.send_text(payload)
+            except SendStalled as exc:
+                raise ConnectionGone(Ev.SEND_STALLED) from exc
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 raise ConnectionGone() from exc
 
@@ -417,4 +444,11 @@ def _prev(frame: dict[str, Any]) -> str | None:
 
 
 class ConnectionGone(Exception):
-    """The client is gone; whatever was being produced for it must stop (and abort its generation)."""
+    """The client is gone; whatever was being produced for it must stop (and abort its generation).
+
+    ``event`` says how the machine hears of it: ``client_gone``, or ``send_stalled`` when the send
+    deadline closed the socket on a client that stopped reading."""
+
+    def __init__(self, event: Ev = Ev.CLIENT_GONE) -> None:
+        super().__init__(event.value)
+        self.event = event

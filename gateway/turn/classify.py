@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gateway.base.metrics import Metrics
+from gateway.turn.offload import INLINE, Cpu
 from gateway.turn.types import TurnContext, TurnInput
 from gateway.wire.errors import ApiError
 from gateway.wire.kinds import OUTPUT_TYPES, ItemType, call_kind
@@ -33,9 +34,12 @@ class ClassifyStage:
         self.metrics = metrics
         self.flags = flags
 
-    async def classify(self, turn: TurnInput, ctx: TurnContext) -> tuple[Verdict, ...]:
-        """The turn's non-allow verdicts; counts items and bytes; a block raises (and is reported)."""
-        texts = texts_of(turn.new_items, known=turn.base_context.has_id)
+    async def classify(self, turn: TurnInput, ctx: TurnContext, cpu: Cpu = INLINE) -> tuple[Verdict, ...]:
+        """The turn's non-allow verdicts; counts items and bytes; a block raises (and is reported).
+
+        ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
+        itself where its scans run (``security.classify.Composite``)."""
+        texts = await cpu(texts_of, turn.new_items, turn.base_context.has_id)
         try:
             verdicts = tuple(v for v in await self.classifier.classify(texts) if v.action != "allow")
         except ClassifierUnavailable:

@@ -176,7 +176,8 @@ class Finalizer:
         return ResponseState(
             id=turn.id, response=turn.response, input_items=ti.input_items, context=context,
             history_ids=history, model=ti.route.name,
-            # a cut-off or failed output has no exact rendering to append to: force a full render
+            # no key, no append: a history that holds sampled tokens its output does not (a cut-off
+            # output is closed by the run stage and appends: ``gateway.turn.render``)
             prelude_key=turn.rendered.prelude_key if (outcome.exact and chainable) else b"",
             store=ti.store, parent_id=ti.parent.id if ti.parent is not None else None, pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,

@@ -11,6 +11,11 @@ prefix cache reuses the history's KV (``gateway.turn.render`` says when an appen
 
 The pipeline knows nothing of SSE or WebSocket framing: it raises ``ApiError`` before a response
 exists and yields event dicts after. Transports decide how to frame them.
+
+A request bigger than ``inline_prepare_bytes`` is prepared in the prepare pool
+(``gateway.turn.offload``): its validation, item building, classification texts and render run in a
+worker thread, its store and connection-cache lookups on the event loop, so one large request does
+not stall every other connection. Smaller requests (every agent continuation) pay no thread hop.
 """
 
 from __future__ import annotations
@@ -30,15 +35,17 @@ from gateway.turn.compact import WindowCompaction
 from gateway.turn.compaction import Compactor
 from gateway.turn.events import Event
 from gateway.turn.finalize import Finalizer
+from gateway.turn.offload import PrepareOffload
 from gateway.turn.resolve import Resolver
 from gateway.turn.run import TurnRunner
 from gateway.turn.sampling import sampling_for
 from gateway.turn.sealing import Sealer
-from gateway.turn.types import PreparedTurn, TurnContext, UsageHook
+from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, UsageHook
 from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import response_skeleton
 from inference.registry import ModelRegistry
+from inference.engine import SamplingParams
 from inference.render import Constraint
 from security.classify import Classifier
 from security.flags import FlagReporter
@@ -68,8 +75,9 @@ class Pipeline:
         sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
         self.finalizer = Finalizer(store, usage, metrics)
         self.compactor = Compactor(sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
+        self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
-                                 hosted_tools=settings.hosted_tools)
+                                 hosted_tools=settings.hosted_tools, offload=self.offload)
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
@@ -79,18 +87,16 @@ class Pipeline:
         t0 = time.perf_counter()
         lap = self.metrics.stage_timer(ctx.transport)
         log_context.response_id.set(None)
-        turn = await self.resolver.resolve(body, ctx, lap=lap.lap)
+        cpu = self.offload.for_body(body)
+        turn = await self.resolver.resolve(body, ctx, lap=lap.lap, cpu=cpu)
         self.metrics.items_validated.inc(len(turn.new_items))
-        verdicts = await self.classify.classify(turn, ctx)
+        verdicts = await self.classify.classify(turn, ctx, cpu)
         lap.lap("classify")
-        rendered = render_stage.render(turn)
+        rendered, sampling, response = await cpu(_shape, turn, ctx.tenant)
         render_stage.observe(self.metrics, rendered)
-        sampling = sampling_for(turn, rendered, ctx.tenant)
         if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
             for syntax in sampling.structured.fallbacks:
                 self.metrics.grammar_fallbacks.labels(syntax).inc()
-        response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
-                                     tools=list(turn.tools), store=turn.store)
         log_context.response_id.set(response["id"])
         lap.lap("render")
         lap.observe()  # accepted turns only: a rejected create is counted in respgate_request_errors
@@ -119,8 +125,9 @@ class Pipeline:
         check_params(body, INPUT_TOKENS_PARAMS)
         body = {k: v for k, v in body.items() if k != "personality"}
         body.setdefault("model", self.registry.names()[0])
-        turn = await self.resolver.resolve(body, ctx, generate=True)
-        return render_stage.render(turn).prompt_len
+        cpu = self.offload.for_body(body)
+        turn = await self.resolver.resolve(body, ctx, generate=True, cpu=cpu)
+        return (await cpu(render_stage.render, turn)).prompt_len
 
     async def compact(self, body: Any, ctx: TurnContext, on_usage: UsageHook | None = None) -> dict[str, Any]:
         """``POST /v1/responses/compact``: the compacted window (``gateway.turn.compact``)."""
@@ -133,3 +140,13 @@ class Pipeline:
         """Shutdown: stop background prefills, wait for pending store writes."""
         await self.runner.close()
         await self.finalizer.flush()
+        self.offload.close()
+
+
+def _shape(turn: TurnInput, tenant: str | None) -> tuple[Rendered, SamplingParams | None, dict[str, Any]]:
+    """The prompt, the sampling parameters and the Response skeleton: CPU only (may run in the pool)."""
+    rendered = render_stage.render(turn)
+    sampling = sampling_for(turn, rendered, tenant)
+    response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
+                                 tools=list(turn.tools), store=turn.store)
+    return rendered, sampling, response

@@ -3,17 +3,63 @@
 A continuation appends the new items' tokens to the parent's rendered history (an append-only
 view, no copy), so its cost is O(new input). When an append is not provably exact the turn renders
 in full and says why (``RenderStats.fallback_reason``, counted in
-``respgate_render_full_fallbacks``):
+``respgate_render_full_fallbacks``). Each reason is a case where no append can be right, and none
+arises in a standard rollout (the same prelude every turn, the model's output last in every
+parent; output caps of any size included):
 
-============== ===============================================================================
-reason         why an append would not be token-exact
-============== ===============================================================================
-tokens_missing the parent came from a shared store written by a process that kept no tokens
-prelude_changed instructions, tools, tool_choice or reasoning effort differ from the parent's
-cut_off        the parent's output was cut off or failed: no exact rendering to append to
-<renderer's>   the renderer knows its template joins items across the boundary
-truncation     ``truncation: "auto"`` and the append does not fit: oldest items are dropped
-============== ===============================================================================
+=============== ==============================================================================
+reason          why a full render is required
+=============== ==============================================================================
+tokens_missing  the parent came from a shared store written by a process that kept no tokens:
+                there is nothing to append to (once per hand-over: the child has tokens)
+prelude_changed instructions, tools, tool_choice or reasoning effort differ from the parent's:
+                they are rendered *first*, so every history token after them moves or changes
+                and no cached KV past the prelude is valid anyway
+not_canonical   the parent's history holds sampled tokens its output does not (a
+                ``parallel_tool_calls: false`` turn stopped after the first call, whose kept
+                output the renderer could not render, ``gateway.turn.run``): appending would show
+                the model a call the client never got
+<renderer's>    the template itself joins items across the boundary (``template``, ``joined``,
+                ``assistant_turn``: ``inference.chat_template_render``): the parent's closing
+                tokens are not where that template puts them
+truncation      ``truncation: "auto"`` and the append does not fit: the oldest items are dropped,
+                so the prompt's prefix changes
+=============== ==============================================================================
+
+Cut-off parents append
+----------------------
+A parent whose generation ended without its stop token — ``incomplete`` by ``max_output_tokens``
+or the context limit, or stopped without a stop token — is not a fallback. The run stage keeps its
+sampled tokens verbatim (they are what the engine's KV cache holds) and closes the cut message the
+way the format closes a message (``Renderer.cut_history``): harmony appends ``<|end|>``, or
+``<|call|>`` inside a tool call, and drops a header cut before its ``<|message|>`` (no content, and
+the parser made no item of it); a chat template appends what it emits after an assistant message
+(end-of-turn + post-message tokens, ``<|im_end|>\\n`` for ChatML) wherever the cut landed. The
+next turn then appends like any other::
+
+    prompt + sampled + closing + render_items(new items) + generation_prompt
+
+**When this equals a full render** of the same items (the prelude and every item, the cut output
+items as the parser made them, status ``incomplete``): when the cut output re-renders to the
+tokens sampled — the cut lands between messages or in a (dropped) harmony header, or inside text,
+reasoning or harmony call arguments whose tokens are the tokenizer's own tokens of their text (no
+character split by the cut, no word the cut left that tokenizes differently on its own), and for
+a chat template not inside a ``<tool_call>``, not on whitespace the parser reads as format, and
+not in reasoning the template drops. Property tests per family check these cases, in both
+directions where the condition is the tokenizer's (``tests/test_render_cutoff.py``; contract (d)
+of ``inference.harmony_render`` and ``inference.chat_template_render``).
+
+**When it deliberately differs**, and why that is right: a full render re-tokenizes the decoded
+text of the cut item — a multi-byte character split by the cut is dropped, a cut word may
+tokenize differently; a chat template re-serializes a cut ``<tool_call>`` body (not JSON) as a JSON
+string (``"arguments": "{\\"city\\": \\"Os"``); templates without a reasoning field (SmolLM2,
+Qwen2.5) drop ``<think>`` reasoning. Each rewrites tokens *inside* the history, so the engine's
+prefix cache misses from there on (at 128k, the whole history is prefilled again) and the model is
+shown a turn it did not write. The append keeps the cache hit, costs O(new input), and the next
+model call sees exactly what it generated, closed. Model behaviour: the model sees its cut turn as
+it wrote it (a cut tool call, closed with ``<|call|>``, is followed by the next input, not by a tool
+output — as in a full render); harmony's reference renderer would drop the analysis of earlier
+turns, which neither path here does (``inference.harmony_render``: history is never rewritten).
 
 Never extends a shared buffer: that happens when the turn runs (``gateway.turn.run``).
 """
@@ -89,7 +135,7 @@ def _render(turn: TurnInput, key: bytes) -> Rendered:
         if parent.prelude_key == b"" and not parent.history_ids:
             reason = "tokens_missing"  # hydrated from a shared store by a process without its tokens
         elif parent.prelude_key != key:
-            reason = "cut_off" if parent.prelude_key == b"" else "prelude_changed"
+            reason = "not_canonical" if parent.prelude_key == b"" else "prelude_changed"
         elif broken:
             reason = broken
         else:

@@ -14,6 +14,10 @@ references and no ``previous_response_id``. When the input begins with exactly t
 stored response that holds its last reference (references by id, other items equal but for their
 ids), that response is the turn's parent: only the rest is new, so the turn is classified and
 rendered as a continuation (an append onto the parent's tokens when this process has them).
+
+**Where the work runs.** Parsing, item building and the implied-parent comparison are CPU work that
+a big request hands to the prepare pool (``gateway.turn.offload``); store and connection-cache
+lookups stay on the event loop between them.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
 from gateway.turn.compaction import Compactor
+from gateway.turn.offload import INLINE, Cpu, PrepareOffload
 from gateway.turn.sealing import SealError, Sealer
-from gateway.turn.types import Item, TurnContext, TurnInput
+from gateway.turn.types import Item, Transport, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
 from gateway.wire.items import (Compaction, CustomToolCall, FunctionCall, HostedItem, ItemReference, Message, Reasoning,
                                 canonical_item)
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
-from gateway.wire.request import parse_create
-from inference.registry import ModelRegistry
+from gateway.wire.request import CreateRequest, parse_create
+from inference.registry import ModelRegistry, ModelRoute
 
 #: a stage boundary for the per-stage timer (``Metrics.stage_timer``); a no-op by default
 Lap = Callable[[str], None]
@@ -49,9 +54,11 @@ def _no_lap(stage: str) -> None:
 class Resolver:
     def __init__(self, registry: ModelRegistry, store: ResponseStore, metrics: Metrics, sealer: Sealer,
                  compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
-                 hosted_tools: HostedToolPolicy = "strip") -> None:
+                 hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
-        request that arrives before its parent landed)."""
+        request that arrives before its parent landed). ``offload`` sizes a request its caller did
+        not size (``resolve(cpu=None)``); without it everything runs inline."""
+        self.offload = offload
         self.registry = registry
         self.store = store
         self.metrics = metrics
@@ -61,12 +68,12 @@ class Resolver:
         self.hosted_tools = hosted_tools
 
     async def resolve(self, body: Any, ctx: TurnContext, *, generate: bool | None = None,
-                      lap: Lap = _no_lap) -> TurnInput:
+                      lap: Lap = _no_lap, cpu: Cpu | None = None) -> TurnInput:
         """``generate`` overrides the request's own (``input_tokens`` counts a generating prompt;
-        ``/responses/compact`` does not generate)."""
-        req, raw_items = parse_create(body, transport=ctx.transport)
-        check_supported(req, ctx.transport)
-        route, tools = route_and_tools(req, self.registry, self.hosted_tools)
+        ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
+        if cpu is None:
+            cpu = self.offload.for_body(body) if self.offload is not None else INLINE
+        req, raw_items, route, tools = await cpu(self._validate, body, ctx.transport)
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
@@ -74,18 +81,18 @@ class Resolver:
         base_context = parent.context if parent is not None else ItemLog()
         stored = await self._stored_items(raw_items, base_context, ctx)
         lap("resolve")
-        new_items, new_calls = self._new_items(raw_items, base_context, stored)
+        new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored)
         resent: list[Item] = []  # the implied parent's context, as the client re-sent it
         if parent is None and stored:
-            implied = await self._implied_parent(raw_items, new_items, stored, ctx)
+            implied = await self._implied_parent(raw_items, new_items, stored, ctx, cpu)
             if implied is not None:
                 parent, base_context = implied, implied.context
                 resent, new_items = new_items[:len(base_context)], new_items[len(base_context):]
                 new_calls = {it["call_id"]: it for it in new_items if it.get("type") in CALL_TYPES}
-        new_items, compacted, trigger = self.compactor.window(new_items)
+        new_items, compacted, trigger = await cpu(self.compactor.window, new_items)
         if compacted and parent is not None:
             parent, base_context, resent = None, ItemLog(), []
-        pending = _check_pairing(new_items, base_context, parent, gen)
+        pending = await cpu(_check_pairing, new_items, base_context, parent, gen)
         lap("validate")  # the new items are validated against the resolved parent
         return TurnInput(
             req=req, route=route, tools=tools, prelude=prelude_of(req, tools), parent=parent,
@@ -93,6 +100,14 @@ class Resolver:
             new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
         )
+
+    def _validate(self, body: Any, transport: Transport) -> tuple[CreateRequest, list[Any], ModelRoute,
+                                                                   tuple[dict[str, Any], ...]]:
+        """The request checked and parsed, its model and tools (CPU only: may run in the pool)."""
+        req, raw_items = parse_create(body, transport=transport)
+        check_supported(req, transport)
+        route, tools = route_and_tools(req, self.registry, self.hosted_tools)
+        return req, raw_items, route, tools
 
     async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
         """The response a continuation names: this connection's cache first, then the shared store."""
@@ -138,7 +153,7 @@ class Resolver:
             self.metrics.store_latency.labels("items").observe(time.perf_counter() - t0)
 
     async def _implied_parent(self, raw_items: list[Any], items: list[Item], stored: dict[str, StoredItem],
-                              ctx: TurnContext) -> ResponseState | None:
+                              ctx: TurnContext, cpu: Cpu = INLINE) -> ResponseState | None:
         """The stored response whose whole context the input begins with (see the module docstring)."""
         last = next((key for raw in reversed(raw_items) if (key := _index_key(raw)) in stored), None)
         if last is None:
@@ -152,7 +167,7 @@ class Resolver:
                 raise store_unavailable() from None
         if state is None or state.status not in CHAINABLE or len(state.context) > len(items):
             return None
-        if not all(_same_item(a, b) for a, b in zip(items, state.context)):
+        if not await cpu(_begins_with, items, state.context):
             return None
         self.metrics.parent_resolution.labels("items").inc()
         return state
@@ -223,6 +238,10 @@ def _index_key(raw: Any) -> str | None:
 
 def _view(item: Item) -> dict[str, Any]:
     return {k: v for k, v in item.items() if k not in _VOLATILE and v is not None and _DEFAULTS.get(k) != v}
+
+
+def _begins_with(items: list[Item], context: ItemLog) -> bool:
+    return all(_same_item(a, b) for a, b in zip(items, context))
 
 
 def _same_item(sent: Item, kept: Item) -> bool:

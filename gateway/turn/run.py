@@ -206,9 +206,10 @@ class TurnRunner:
             if history is None:  # the renderer cannot say: keep what was sampled, re-render next turn
                 return prompt_ids.extend(sampled), False
             return history, True
-        if finish == "length":
-            return prompt_ids.extend(sampled), False
-        return prompt_ids.extend(turn.route.renderer.history_tokens(sampled)), finish == "stop" and stop_token is not None
+        if finish == "length" or not (finish == "stop" and stop_token is not None):
+            # cut at the cap, or stopped without a stop token (a stop string): closed like a cut
+            return _cut_history(turn, prompt_ids, sampled), True
+        return prompt_ids.extend(turn.route.renderer.history_tokens(sampled)), True
 
     async def _store(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event], outcome: Outcome
                      ) -> tuple[list[Event], Outcome, ResponseState | None]:
@@ -338,6 +339,18 @@ def _check_writable(terminal: Event) -> None:
     ends the turn before it is billed. (One encode of the snapshot: 58 µs for a 38 KB response
     with thirty tools, under 1 µs for a small one.)"""
     orjson.dumps(terminal)
+
+
+def _cut_history(turn: PreparedTurn, prompt_ids: TokenSeq, sampled: list[int]) -> TokenSeq:
+    """The history after a generation that ended without its stop token: the sampled tokens
+    verbatim, the cut message closed as the format closes one (``Renderer.cut_history``), so the
+    next turn appends to it (``gateway.turn.render``: equal to, or deliberately unlike, a full render)."""
+    kept = turn.route.renderer.cut_history(sampled)
+    if kept is not None:
+        return prompt_ids.extend(kept)
+    # cut inside the generation prompt's own header (harmony, a header longer than the cap):
+    # nothing was said, so the history ends before the generation prompt (a copy: rare)
+    return TokenSeq(prompt_ids[: len(prompt_ids) - len(turn.rendered.gen_ids)])
 
 
 def _partial(exc: EngineError, summary: Summary | None) -> Summary | None:

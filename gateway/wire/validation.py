@@ -7,8 +7,10 @@ all) branch on those, so the mapping is explicit here instead of leaking pydanti
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
@@ -26,6 +28,27 @@ _TYPE_NAMES = {
 MAX_JSON_DEPTH = 64
 
 
+class InputRejected(ApiError):
+    """A body or frame refused by a bound before any work; ``reason`` labels the rejection counter
+    (``respgate_input_rejections_total{reason}``: size, depth, count, ...)."""
+
+    def __init__(self, reason: str, status: int, message: str, **kwargs: Any) -> None:
+        super().__init__(status, message, **kwargs)
+        self.reason = reason
+
+
+def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int) -> Any:
+    """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
+    in the prepare pool, ``gateway.turn.offload``)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+    check_depth(body, max_depth)
+    check_counts(body, max_items=max_items, max_tools=max_tools)
+    return body
+
+
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
     """400 when ``value`` (a parsed JSON body or frame) nests deeper than ``limit`` containers.
 
@@ -38,8 +61,8 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
         node, depth, top = stack.pop()
         if depth > limit:
             param = top or "body"
-            raise ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
-                           code="invalid_value", param=param)
+            raise InputRejected("depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
+                                code="invalid_value", param=param)
         if isinstance(node, dict):
             for key, child in node.items():
                 if isinstance(child, (dict, list)):
@@ -59,9 +82,9 @@ def check_counts(body: Any, *, max_items: int, max_tools: int) -> None:
     for key, limit in (("input", max_items), ("tools", max_tools)):
         value = body.get(key)
         if isinstance(value, list) and len(value) > limit:
-            raise ApiError(400, f"Invalid '{key}': array too long. Expected an array with maximum length {limit}, "
-                                f"but got an array with length {len(value)} instead.",
-                           code="array_above_max_length", param=key)
+            raise InputRejected("count", 400, f"Invalid '{key}': array too long. Expected an array with maximum "
+                                f"length {limit}, but got an array with length {len(value)} instead.",
+                                code="array_above_max_length", param=key)
 
 
 def param_path(loc: tuple[Any, ...]) -> str:
@@ -156,3 +179,37 @@ def to_api_error(exc: ValidationError) -> ApiError:
         msg = str(ctx.get("error") or e["msg"])
         return ApiError(400, msg, code="invalid_value", param=param)
     return ApiError(400, f"Invalid '{param}': {e['msg']}.", code="invalid_value", param=param)
+
+
+#: JSON strings and structural characters (the unrolled string pattern: no per-character alternation)
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def parse_failure(text: str, exc: Exception, limit: int = MAX_JSON_DEPTH) -> ApiError:
+    """The 400 for a body or frame that does not parse.
+
+    orjson refuses documents nested deeper than 1,024 levels with its own "depth limit exceeded"
+    (before check_depth could see them); that is still a depth refusal, so it gets the same answer
+    as a shallower one — ``invalid_value`` naming the top-level parameter that holds the nesting,
+    found by scanning the text up to the failure position (error path only, linear, iterative).
+    Anything else is ``invalid_json``."""
+    from gateway.wire.errors import bad_request
+
+    pos = getattr(exc, "pos", None)
+    if "depth limit" not in str(exc) or not isinstance(pos, int):
+        return bad_request("We could not parse the JSON body of your request.", code="invalid_json")
+    depth, expect_key, top = 0, False, None
+    for m in _JSON_TOKEN.finditer(text, 0, pos):
+        tok = m.group()
+        if tok in "{[":
+            depth += 1
+            expect_key = depth == 1 and tok == "{"
+        elif tok in "}]":
+            depth -= 1
+        elif tok == ",":
+            expect_key = depth == 1
+        elif depth == 1 and expect_key:
+            top, expect_key = tok[1:-1], False
+    param = top or "body"
+    return ApiError(400, f"Invalid '{param}': JSON nested deeper than {limit} levels.", code="invalid_value",
+                    param=param)

@@ -387,3 +387,16 @@ def test_constraint(ct_renderer: ChatTemplateRenderer) -> None:
     assert r.constraint(Prelude(), {"type": "json_object"}) == {"json_object": True}
     # a forced call wins over a text format (the answer is the call)
     assert "structural_tag" in r.constraint(Prelude(tools=tools, tool_choice="required"), {"type": "json_object"})
+
+
+def test_a_megabyte_run_is_tokenized_in_segments_with_the_same_text(ct_renderer: ChatTemplateRenderer) -> None:
+    """inference/text_runs.py: runs over MAX_RUN are cut (HF tokenizers is superlinear on them and
+    holds the GIL); shorter text tokenizes exactly as one call would."""
+    from inference.text_runs import MAX_RUN
+
+    normal = "Some ordinary text, with punctuation.\n" * 500
+    assert ct_renderer._encode(normal) == ct_renderer._fast.encode(normal, add_special_tokens=False).ids
+    big = "Header " + "中" * 1_000_000 + " tail"
+    ids = ct_renderer._encode(big)
+    assert ct_renderer._fast.decode(ids) == big
+    assert ct_renderer._encode("x" * MAX_RUN) == ct_renderer._fast.encode("x" * MAX_RUN, add_special_tokens=False).ids

@@ -10,11 +10,13 @@ import pytest
 from inference.engine import Engine, EngineError, SamplingParams, TokenDelta
 from inference.harmony import HarmonyRenderer, harmony_tokens
 from inference.render import Prelude
-from inference.simulated import PrefixCache, SimulatedEngine, common_prefix_len
+from inference.simulated import SimulatedEngine
+from inference.simulated_cache import BlockPrefixCache, KnownSequences
 from inference.simulated_prompt import PromptView, parse_tool_declarations
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .harmony_support import APPLY_PATCH, CONVERSATIONS, GET_WEATHER, MCP, NO_PARAMS, PRELUDES, items_from_events
 
@@ -206,39 +208,121 @@ async def test_prefix_cache_reports_the_served_prefix(renderer) -> None:
 
     blocks = SimulatedEngine(cache_block_size=16)
     await blocks.start()
-    await run(blocks, first)
-    assert (await run(blocks, second))[0].num_cached_tokens % 16 == 0
+    d1 = await run(blocks, first)
+    # vLLM's granularity: the parent's prompt + output but the last token, in whole 16-token blocks
+    assert (await run(blocks, second))[0].num_cached_tokens == (len(first) + len(sampled(d1)) - 1) // 16 * 16
     off = SimulatedEngine(prefix_cache=False)
     await off.start()
     await run(off, first)
     assert (await run(off, first))[0].num_cached_tokens == 0
 
 
-def test_common_prefix_len() -> None:
-    a = list(range(10_000))
-    for n in (0, 1, 63, 2047, 2048, 2049, 6143, 9936, 9999):
-        b = a[:n] + [-1] + a[n + 1 :]
-        assert common_prefix_len(a, b) == common_prefix_len(b, a) == n
-    assert common_prefix_len(a, a[:123]) == common_prefix_len(a[:123], a) == 123
-    assert common_prefix_len(a, list(a)) == 10_000
-    assert common_prefix_len([], a) == 0
+class ReferenceKV:
+    """vLLM's prefix caching stated the slow, obvious way, to check the emulation against: every
+    cached block is a whole prefix (salt, tokens[:k * block]); a request touches every block of
+    its chain; eviction takes the least recently touched block that has no cached child, never
+    one of the admitting request's prompt blocks."""
+
+    def __init__(self, block: int, capacity_blocks: int) -> None:
+        self.block, self.capacity = block, capacity_blocks
+        self.stamps: dict[tuple, int] = {}
+        self.clock = 0
+
+    def _keys(self, salt, tokens: list[int]) -> list[tuple]:
+        return [(salt, tuple(tokens[: k * self.block])) for k in range(1, len(tokens) // self.block + 1)]
+
+    def _store(self, keys: list[tuple], pinned: set) -> None:
+        self.clock += 1
+        for key in keys:
+            self.stamps[key] = self.clock
+        while len(self.stamps) > self.capacity:
+            parents = {(s, t[: -self.block]) for s, t in self.stamps}
+            leaves = [k for k in self.stamps if k not in parents and k not in pinned]
+            if not leaves:
+                break
+            del self.stamps[min(leaves, key=self.stamps.__getitem__)]
+
+    def request(self, salt, prompt: list[int], output: list[int]) -> int:
+        keys = self._keys(salt, prompt)
+        hit = 0
+        while hit < len(keys) and keys[hit] in self.stamps:
+            hit += 1
+        self._store(keys, set(keys))
+        self._store(self._keys(salt, prompt + output), set())
+        return min(hit, (len(prompt) - 1) // self.block) * self.block
 
 
-def test_prefix_cache_lru_and_supersede() -> None:
-    cache = PrefixCache(entries=2, block_size=1)
-    one = [1, 2, 3]
-    cache.add(one)
-    match = cache.lookup([1, 2, 3, 4])
-    assert match.cached == 3 and match.covered == (one,)
-    cache.add([1, 2, 3, 4, 5], supersedes=match.covered)  # the chain keeps one entry
-    cache.add([9, 9])
-    assert cache.lookup([1, 2, 3, 4, 5, 6]).cached == 5
-    cache.add([7])  # evicts the oldest entry ([1, 2, 3, 4, 5])
-    assert cache.lookup([1, 2, 3, 4, 5, 6]).cached == 0
-    assert cache.lookup([9, 9]).cached == 1  # never the whole prompt
-    blocks = PrefixCache(block_size=16)
-    blocks.add(list(range(100)))
-    assert blocks.lookup(list(range(100)) + [5]).cached == 96
+def test_block_cache_reports_whole_blocks_never_the_whole_prompt() -> None:
+    """vLLM's ``num_cached_tokens``: the leading full blocks already cached, and at most
+    ``(n - 1) // block`` of them (the last prompt token is computed for its logits)."""
+    cache = BlockPrefixCache(block_size=16)
+
+    def request(prompt: list[int], output: list[int] = (), salt=None) -> int:
+        adm = cache.admit(prompt, salt)
+        cache.finish(adm, output)
+        return adm.cached
+
+    assert request(list(range(100))) == 0
+    assert request(list(range(100)) + [5]) == 96          # 6 full blocks
+    assert request(list(range(96))) == 80                 # 6 cached, but never the whole prompt
+    assert request(list(range(40)) + [-1] * 60) == 32     # a change in block 2 stops the hit there
+    assert request(list(range(100)), salt="t1") == 0      # another salt never hits
+    assert request(list(range(100)), salt="t1") == 96
+    assert request(list(range(10))) == 0                  # no full block
+    # what a request computed after its prompt (output but the last token) is cached too
+    assert request(list(range(200, 220)), output=list(range(220, 250))) == 0
+    assert request(list(range(200, 260))) == 48           # 20 prompt + 29 output tokens held: 3 blocks
+
+
+def test_block_cache_evicts_least_recently_used_leaves() -> None:
+    cache = BlockPrefixCache(block_size=1, capacity_tokens=4)
+    ref = ReferenceKV(1, 4)
+    for prompt in ([1, 2, 3], [9, 9], [1, 2, 3, 4], [1, 2, 3, 4, 5], [9, 9, 1], [1, 2, 7]):
+        adm = cache.admit(prompt)
+        cache.finish(adm)
+        assert adm.cached == ref.request(None, prompt, [])
+        assert len(cache) == len(ref.stamps) <= 4
+    assert cache.work.blocks_evicted > 0
+
+
+OPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["turn", "turn", "turn", "retry", "fork"]),
+                         st.lists(st.integers(0, 2), max_size=12), st.lists(st.integers(0, 2), max_size=6)),
+               min_size=1, max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(block=st.sampled_from([1, 2, 4, 16]), capacity=st.integers(1, 40), ops=OPS,
+       salts=st.tuples(st.sampled_from([None, "a"]), st.sampled_from([None, "b"]), st.sampled_from([None, "a"])))
+def test_block_cache_matches_the_reference_with_lists_and_views(block, capacity, ops, salts) -> None:
+    """Random conversations (continued, retried from an earlier prompt, forked into a fresh
+    buffer) over a tiny alphabet, so chains share prefixes: the emulation — given fresh lists, or
+    append-only views whose old blocks it does not re-hash — reports what the reference does,
+    and stays within its capacity (the admitting prompt's chain aside)."""
+    from cache.seq import TokenSeq
+
+    ref = ReferenceKV(block, capacity)
+    lists = BlockPrefixCache(block, capacity * block)
+    views = BlockPrefixCache(block, capacity * block)
+    known = KnownSequences(limit=2)  # fewer than the conversations: forgotten ones are re-hashed
+    convs: list[TokenSeq] = [TokenSeq([7]) for _ in range(3)]
+    past: list[list[TokenSeq]] = [[] for _ in range(3)]
+    for c, op, new, output in ops:
+        if op == "fork":
+            convs[c] = TokenSeq(convs[(c + 1) % 3].tolist()[: len(new) * 3 + 1])
+        if op == "retry" and past[c]:
+            prompt = past[c][len(new) % len(past[c])]
+        else:
+            prompt = convs[c] = convs[c].extend(new)
+            past[c].append(prompt)
+        expected = ref.request(salts[c], prompt.tolist(), output)
+        for cache, p, memo in ((lists, prompt.tolist(), None), (views, prompt, known.find(prompt))):
+            adm = cache.admit(p, salts[c], memo)
+            cache.finish(adm, output)
+            assert adm.cached == expected
+            assert len(cache) <= max(capacity, len(prompt) // block)
+        if prompt is convs[c] and output:
+            convs[c] = convs[c].extend(output[:-1] + [9])  # the history: the last token as rendered
+    assert views.work.tokens_hashed <= lists.work.tokens_hashed
 
 
 async def test_scripts_and_turn_order(renderer) -> None:
@@ -345,6 +429,16 @@ class CountingList(list):
             CountingList.touched += len(got)
         return got
 
+    def index(self, value, start=0, stop=None):
+        stop = len(self) if stop is None else min(stop, len(self))
+        try:
+            at = super().index(value, start, stop)
+        except ValueError:
+            CountingList.touched += max(0, stop - start)
+            raise
+        CountingList.touched += at + 1 - start
+        return at
+
 
 def test_prompt_view_reads_only_tail_and_prelude(renderer) -> None:
     prelude = Prelude(tools=(GET_WEATHER,))
@@ -360,6 +454,38 @@ def test_prompt_view_reads_only_tail_and_prelude(renderer) -> None:
     # full recall is available, but only when asked for
     assert [m.role for m in view.messages()][:3] == ["system", "developer", "user"]
     assert view.messages()[-1].text == "the question"
+
+
+def test_prompt_view_reads_headers_not_a_huge_first_message(renderer) -> None:
+    """The prelude walk reads a message's header before its body: a history that starts with one
+    huge item (no developer message before it) is not scanned to that item's end."""
+    ids = prompt(renderer, Prelude(), [user("lorem ipsum " * 20_000), user("the question")])
+    view = PromptView(CountingList(ids))
+    CountingList.touched = 0
+    assert view.tools == () and view.tool_choice is None
+    assert view.last is not None and view.last.text == "the question"
+    assert CountingList.touched < 1_000 < len(ids) // 20
+    assert view.tokens_read >= CountingList.touched  # the view's own count covers what it touched
+
+
+async def test_a_megabyte_of_one_character_is_answered_not_a_panic(renderer) -> None:
+    """harmony's renderer (Rust) overflows its stack on a ~1 MB run of one character — a
+    ``PanicException`` out of the default script's echo — and takes quadratic time well before;
+    the echo is cut at ``ECHO_LIMIT`` characters, whatever the input."""
+    from inference.simulated_script import ECHO_LIMIT
+
+    engine = SimulatedEngine()
+    await engine.start()
+    big = "x" * 1_000_000
+    cut = "x" * ECHO_LIMIT + f"… ({len(big) - ECHO_LIMIT} more characters)"
+    deltas = await run(engine, prompt(renderer, Prelude(), [user(big)]))
+    assert parse(renderer, Prelude(), deltas)[-1]["content"][0]["text"] == "You said: " + cut
+    prelude = Prelude(tools=(GET_WEATHER,))
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    history = [user("weather?"), call, {"type": "function_call_output", "call_id": "c1", "output": big}]
+    items = parse(renderer, prelude, await run(engine, prompt(renderer, prelude, history)))
+    assert items[-1]["content"][0]["text"] == "Tool get_weather returned: " + cut
+    assert engine.stats.running == 0 and engine.stats.aborts == 0
 
 
 def test_tool_declarations_parse_back(renderer, enc) -> None:
