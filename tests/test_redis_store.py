@@ -375,9 +375,11 @@ def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_s
         assert "retry" in err["message"].lower()
         assert_error(httpx.get(f"{b.base_url}/responses/{r1['id']}"), 503, code="server_is_overloaded",
                      type_="server_error")
-        # non-chained requests keep being served (their store write fails in the background, logged)
+        # non-chained requests keep being served; a store=true one cannot be kept, so it is never
+        # reported completed (it fails: "could not be stored"), a store=false one completes
         plain = create(b, input="no parent needed")
-        assert plain["status"] == "completed"
+        assert plain["status"] == "failed" and "could not be stored" in plain["error"]["message"]
+        assert create(b, input="not kept", store=False)["status"] == "completed"
         with b.openai().responses.connect() as conn:
             conn.response.create(model=MODEL, input="x", previous_response_id=r1["id"])
             ev = json.loads(conn.recv_bytes())

@@ -1,16 +1,23 @@
 """The uvicorn server with a graceful shutdown: stop accepting, finish turns, say goodbye, drain billing.
 
 uvicorn's own shutdown closes open WebSockets with 1012 ("service restart") right away, cutting
-in-flight responses off mid-stream. Ours, on SIGTERM:
+in-flight responses off mid-stream, and at ``timeout_graceful_shutdown`` cancels the tasks of HTTP
+requests still running — a bare 500, and a turn left running that is never billed. Ours, on
+SIGTERM:
 
 1. stops accepting connections and marks the gateway not ready (``/readyz`` answers 503, so a
-   load balancer stops routing here);
-2. every WebSocket refuses new ``response.create`` frames and lets its in-flight turns reach their
-   terminal events, for up to ``shutdown_grace_s`` seconds in all;
-3. each socket then gets an ``error`` event (503, "The server is shutting down") and a close with
-   **1001 going away**. Turns still running at the deadline are aborted first (the engine request
-   is cancelled and the cancelled response's usage is recorded);
-4. uvicorn finishes HTTP requests in flight with what is left of the same deadline;
+   load balancer stops routing here); a create that still arrives on an open keep-alive connection
+   gets a 503 ``server_shutting_down`` (SDKs retry it, on another replica);
+2. every WebSocket refuses new ``response.create`` frames, and every in-flight turn — on a socket,
+   or an HTTP request's (``gateway.transport.inflight``) — may reach its terminal event, for up to
+   ``shutdown_grace_s`` seconds in all;
+3. at the deadline the gateway cuts what still runs itself: each turn's engine request is
+   aborted and its ``cancelled`` snapshot finalized and billed once, with the tokens it generated.
+   Each socket then gets an ``error`` event (503, "The server is shutting down") and a close with
+   **1001 going away**; an HTTP JSON request gets that error as a 503 body; an SSE stream gets an
+   ``error`` event and then ``response.failed`` carrying the cancelled snapshot;
+4. uvicorn finishes the HTTP requests still open (the answers just decided, and requests that are
+   not turns) with what is left of the same deadline, at least half a second;
 5. the lifespan shutdown flushes pending store writes and drains the billing queue (to the ledger,
    or to the local journal), so no usage record is lost.
 
@@ -113,22 +120,25 @@ class GatewayServer(uvicorn.Server):
         if gw is None:
             await super().shutdown(sockets)
             return
-        gw.accepting = False
+        gw.accepting = False  # from here no HTTP turn starts (http_routes checks it as it registers one)
         grace = gw.settings.shutdown_grace_s
         deadline = time.monotonic() + grace
-        conns = list(gw.connections)
-        if conns:
-            log.info("draining %d WebSocket connection(s) (up to %.0f s)", len(conns), grace)
-            drains = {asyncio.ensure_future(conn.drain()): conn for conn in conns}
+        conns, turns = list(gw.connections), list(gw.http_turns)
+        if conns or turns:
+            log.info("draining %d WebSocket connection(s) and %d HTTP turn(s) (up to %g s)",
+                     len(conns), len(turns), grace)
+            drains = {asyncio.ensure_future(x.drain()): x for x in (*conns, *turns)}
             _, late = await asyncio.wait(drains, timeout=grace)
             if late:
                 cut = await asyncio.gather(*(drains[t].cut() for t in late), return_exceptions=True)
                 n = sum(c for c in cut if isinstance(c, int))
                 gw.metrics.shutdown_cut.inc(n)
-                log.warning("shutdown deadline (%.0f s) passed: aborted %d turn(s) on %d socket(s)",
-                            grace, n, len(late))
+                on_sockets = set(conns)
+                sockets_cut = sum(1 for t in late if drains[t] in on_sockets)
+                log.warning("shutdown deadline (%g s) passed: aborted %d turn(s) on %d socket(s) and %d HTTP "
+                            "request(s)", grace, n, sockets_cut, len(late) - sockets_cut)
                 for t in late:
                     t.cancel()
-        # HTTP turns in flight get what is left of the same deadline
+        # the HTTP answers (and requests that are not turns) get what is left of the same deadline
         self.config.timeout_graceful_shutdown = max(0.5, deadline - time.monotonic())
         await super().shutdown(sockets)

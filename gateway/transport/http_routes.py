@@ -8,7 +8,7 @@ final Response (JSON) or frame each one as SSE. A client that disconnects stops 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from typing import Any, AsyncIterator
 
@@ -18,13 +18,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
 from gateway.transport.http_protocol import log_rejection
+from gateway.transport.inflight import HttpTurn
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame
-from gateway.turn.events import Event
-from gateway.turn.types import TurnContext
-from gateway.wire.errors import (ApiError, bad_request, model_not_found, response_not_found, store_unavailable,
-                                 unknown_parameter)
-from gateway.wire.kinds import TERMINAL_EVENT
+from gateway.turn.events import Event, late_terminal
+from gateway.turn.types import PreparedTurn, TurnContext
+from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
+                                 shutting_down, store_unavailable, unknown_parameter)
+from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
+from gateway.wire.response import usage_object
 from gateway.wire.validation import InputRejected, decode_body
 from inference.registry import ModelRoute
 
@@ -32,6 +34,7 @@ from inference.registry import ModelRoute
 TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def _gw(request: Request) -> GatewayState:
@@ -91,6 +94,9 @@ def _json(data: Any, status: int = 200) -> Response:
 async def create_response(request: Request) -> Response:
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
+    if not gw.accepting:  # draining: SDKs retry a 503, on a replica that is still in rotation
+        gw.metrics.errors.labels("http", "server_shutting_down").inc()
+        raise shutting_down()
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
@@ -100,79 +106,140 @@ async def create_response(request: Request) -> Response:
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _fault(gw, "create") from None  # before the response exists: nothing generated or billed
+    if not gw.accepting:  # the shutdown began while this turn was prepared: it never starts
+        if on_usage is not None:
+            on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
+        gw.metrics.errors.labels("http", "server_shutting_down").inc()
+        raise shutting_down()
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
     if turn.req.stream:
-        return StreamingResponse(_sse(events), media_type="text/event-stream; charset=utf-8",
-                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
-    response = await _collect(request, events)
+        queue: asyncio.Queue[tuple[Event, bytes]] = asyncio.Queue(maxsize=64)
+
+        async def deliver(ev: Event) -> None:
+            # framed in the turn's task: an event that cannot be encoded ends the turn there,
+            # before it is billed, not after it was billed completed
+            await queue.put((ev, sse_frame(ev)))
+
+        running = HttpTurn.start(gw.http_turns, turn, events, deliver)
+        return TurnStream(running, _sse(running, queue), media_type="text/event-stream; charset=utf-8",
+                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
+    response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
     return response
 
 
-async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    """Frame the turn's events; the turn itself runs in its own asyncio task.
+def _fault(gw: GatewayState, what: str) -> ApiError:
+    """A fault of the gateway (or of native code under it) on a route: logged once with its
+    traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
+    never a plain-text 500 or a traceback on the wire."""
+    log.exception("%s crashed", what)
+    gw.metrics.errors.labels("http", "server_error").inc()
+    return server_error()
 
-    Starlette cancels a streaming response through an anyio cancel scope when the client leaves,
-    and anyio cancellation is level-triggered: every later ``await`` in the same scope is cancelled
-    again — including the engine's own abort (vLLM awaits ``abort()`` on close). Running the turn in
-    a separate task and cancelling *that* task (edge-triggered) lets the abort and the cancelled
-    snapshot complete.
-    """
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
 
-    async def pump() -> None:
-        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
-            async for ev in stream:
-                await queue.put(sse_frame(ev))
-        await queue.put(None)
+class TurnStream(StreamingResponse):
+    """An SSE response that stops its turn however it ends: Starlette may cancel it before the
+    body iterator ever started (the client left first), and then no ``finally`` of the iterator
+    runs."""
 
-    task = asyncio.ensure_future(pump())
-    getter: asyncio.Future[bytes | None] | None = None
+    def __init__(self, running: HttpTurn, content: AsyncIterator[bytes], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.running = running
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.running.stop()
+
+
+async def _sse(running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]]) -> AsyncIterator[bytes]:
+    """Send the turn's frames as they come (``HttpTurn`` runs the turn in its own task), and end
+    the stream with a terminal event whatever happened to the turn (see ``_closing``)."""
+    last, ended = -1, False
+    getter: asyncio.Future[tuple[Event, bytes]] | None = None
     try:
-        while True:
+        while not (queue.empty() and running.task.done()):
             getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done() and task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-            frame = await getter  # the pump put its frames (and the final None) before finishing
+            await asyncio.wait({getter, running.task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()  # the turn ended: take what it queued (a cancelled get loses nothing)
+                getter = None
+                continue
+            ev, frame = getter.result()
             getter = None
-            if frame is None:
-                return
+            last, ended = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS
             yield frame
+        if not ended:
+            for frame in _closing(running, last):
+                yield frame
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
-        if not task.done():
-            task.cancel()  # the client left: abort in the turn's own task (not awaited here)
+        running.stop()  # the client left: abort in the turn's own task (not awaited here)
 
 
-async def _collect(request: Request, events: AsyncIterator[Event]) -> Response:
-    """Non-streaming create: run to the terminal event, but abort if the client goes away."""
+def _closing(running: HttpTurn, last: int) -> list[bytes]:
+    """The frames that end a stream whose turn ended without sending its terminal: an ``error``
+    event saying why (the shutdown deadline, or a fault), then the terminal of the response as it
+    was billed — ``response.failed`` for a ``cancelled`` snapshot — so a stream never just stops.
+    A turn cut after it was billed ``completed`` gets only its own terminal."""
+    task, response = running.task, running.response
+    status = response["status"]
+    out: list[bytes] = []
+    if not task.cancelled() and task.exception() is not None:  # logged by HttpTurn
+        out.append(sse_frame(server_error().sse_event(last + 1)))
+    elif status in (ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED):
+        out.append(sse_frame((shutting_down() if running.cut_short else server_error()).sse_event(last + 1)))
+    if status != ResponseStatus.IN_PROGRESS:
+        try:
+            out.append(sse_frame(late_terminal(response, last + 1 + len(out))))
+        except orjson.JSONEncodeError:  # what made the turn fail is in the snapshot: the error event says it
+            pass
+    return out
+
+
+async def _collect(request: Request, gw: GatewayState, turn: PreparedTurn, events: AsyncIterator[Event]) -> Response:
+    """Non-streaming create: run to the terminal event, but abort if the client goes away.
+
+    A failure after the response exists is a Response with status ``failed``, not an HTTP error
+    (an HTTP 5xx would make SDKs retry: generated and billed again). The two exceptions bill
+    nothing as ``completed``: the shutdown deadline (503, the turn billed ``cancelled``) and a
+    fault of the gateway itself (500, the turn billed ``cancelled`` or ``failed``)."""
     final: dict[str, Any] | None = None
 
-    async def consume() -> None:
+    async def keep(ev: Event) -> None:
         nonlocal final
-        async for ev in events:
-            if ev["type"] in TERMINAL_EVENTS:
-                final = ev["response"]
+        if ev["type"] in TERMINAL_EVENTS:
+            final = ev["response"]
 
-    task = asyncio.ensure_future(consume())  # its own task: cancelling it aborts the engine request
+    running = HttpTurn.start(gw.http_turns, turn, events, keep)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if task not in done:
-        task.cancel()
+    try:
+        await asyncio.wait({running.task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not running.task.done():  # the client left
+            running.stop()
+            await asyncio.wait({running.task})
+            return Response(status_code=499)
+    finally:
+        watcher.cancel()
+        running.stop()  # this request's task was cancelled: the turn stops in its own task
+    if final is not None:
         try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return Response(status_code=499)
-    watcher.cancel()
-    task.result()
-    assert final is not None
-    # A failure after the response exists is a Response with status "failed", not an HTTP error
-    # (an HTTP 5xx would make SDKs retry: generated and billed again).
-    return _json(final)
+            return _json(final)
+        except orjson.JSONEncodeError as exc:
+            # the turn found its terminal unencodable and was billed failed (logged there, with the
+            # traceback); what it could not encode is still in the failed snapshot
+            log.error("could not encode response %s: %s", turn.id, exc)
+            raise server_error() from None
+    if running.cut_short:
+        raise shutting_down()
+    raise server_error()  # a fault escaped the turn (logged by HttpTurn); it was billed cancelled
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -270,7 +337,12 @@ async def count_input_tokens(request: Request) -> Response:
     principal = await gw.auth.authenticate(request.headers)
     await gw.access.admit(principal)
     body = await _json_body(request, gw)
-    n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
+    try:
+        n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
+    except BaseException as exc:
+        if isinstance(exc, ApiError) or not is_fault(exc):
+            raise
+        raise _fault(gw, "input_tokens") from None
     return _json({"object": "response.input_tokens", "input_tokens": n})
 
 
@@ -290,6 +362,10 @@ async def compact_conversation(request: Request) -> Response:
     except ApiError as err:
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _fault(gw, "compaction") from None
     response = _json(window)
     response.headers.update(gw.access.headers(reserved or admitted))
     return response

@@ -31,3 +31,5 @@ class GatewayState:
     accepting: bool = False
     #: open WebSocket connections (``gateway.transport.ws.WsConnection``: drained at shutdown)
     connections: set[Any] = field(default_factory=set)
+    #: HTTP turns running (``gateway.transport.inflight.HttpTurn``: drained, then cut, at shutdown)
+    http_turns: set[Any] = field(default_factory=set)

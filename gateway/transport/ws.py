@@ -53,7 +53,7 @@ from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
-from gateway.wire.errors import ApiError, bad_request, invalid_api_key
+from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key
 from gateway.wire.kinds import ResponseStatus
 from gateway.wire.validation import InputRejected, check_counts, decode_json
 
@@ -61,8 +61,6 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
-SHUTTING_DOWN = ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error",
-                         code="server_shutting_down")  # a string: WebSocketErrorEvent requires one
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 

@@ -226,11 +226,37 @@ class ResponseEvents:
         return self._terminate(ResponseStatus.FAILED, usage, error={
             "code": code, "message": message, "type": "server_error", "param": None, "misalignment": None})
 
+    def withdraw(self, pending: list[Event]) -> list[Event]:
+        """Take back a terminal that was built but not sent: the response is in progress again.
+
+        A ``store=true`` response may be reported completed only once it is stored, so its terminal
+        is built (the stored snapshot says ``completed``) and held while the store write runs; when
+        the write fails — or the turn is cut while waiting — another terminal replaces it. Returns
+        ``pending`` without its terminal event (the item events stay, and are sent), and the next
+        terminal takes the withdrawn one's sequence number, so the numbers the client sees stay
+        dense. Only the last event built can be withdrawn."""
+        if not pending or pending[-1]["type"] != TERMINAL_EVENT.get(self.response["status"]) or \
+                pending[-1]["sequence_number"] != self._seq - 1:
+            raise IllegalTransition("only the terminal event built last, and not sent, can be withdrawn")
+        self._seq -= 1
+        self.response.update(status=ResponseStatus.IN_PROGRESS, usage=None, completed_at=None, error=None,
+                             incomplete_details=None)
+        return pending[:-1]
+
     def cancel(self, usage: dict[str, Any] | None) -> None:
         """Client went away: the snapshot becomes ``cancelled``; no event is sent (nobody listens)."""
         if self._open is not None:
             self._close_item(complete=False)
         self._terminate(ResponseStatus.CANCELLED, usage)
+
+
+def late_terminal(response: dict[str, Any], sequence_number: int) -> Event:
+    """The terminal event of a response that ended without one being sent, for a client still
+    listening: an SSE turn cut by the shutdown deadline (its ``cancelled`` snapshot goes out as
+    ``response.failed``, the terminal event of that status), or one cut after it was billed but
+    before its terminal was queued. The snapshot is the response as billed and stored."""
+    return {"type": TERMINAL_EVENT[response["status"]], "sequence_number": sequence_number,
+            "response": dict(response, output=list(response["output"]))}
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

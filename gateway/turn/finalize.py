@@ -1,8 +1,15 @@
-"""After the terminal event: new state -> connection cache, store (async), usage -> billing queue.
+"""After the turn: new state -> store (store=true), connection cache, usage -> billing queue.
 
-Nothing here blocks the turn: the cache update is a dict write, the store write is a task (a
-chained request that arrives before it lands waits for that one write only), and the usage record
-goes on the billing queue whose worker overlaps the client's next turn.
+A ``store=true`` response the client may continue from (``completed`` or ``incomplete``) is written
+*before* its terminal event (``write``): a client told ``completed`` chains its next request at
+once, through any replica, and must not get ``previous_response_not_found``. The wait is one store
+round trip, bounded by the store's own timeouts; when the write fails the turn ends ``failed``
+instead (``gateway.turn.run``) and is billed so. Everything else stays off the turn's path: the
+cache update is a dict write, the store write of a response nobody continues from (``failed``,
+``cancelled``: kept for retrieval) is a task (a request that arrives before it lands waits for that
+one write only), and the usage record goes on the billing queue whose worker overlaps the client's
+next turn. The usage record is submitted once the outcome is final — after the store result — so
+the ledger bills exactly what the client is told.
 """
 
 from __future__ import annotations
@@ -17,12 +24,16 @@ from billing.usage import UsageQueue, UsageRecord
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
-from cache.store import ResponseStore
+from cache.store import ResponseStore, StoreUnavailable
+from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.turn.types import Item, PreparedTurn, UsageHook
+from gateway.wire.errors import is_fault
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE
 
 log = logging.getLogger(__name__)
+#: an outage fails every turn that stores: one line per kind and window, not one per turn
+outage_log = RateLimitedLog(log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,29 +64,59 @@ class Finalizer:
         #: store writes in flight, by response id
         self._writes: dict[str, asyncio.Task[None]] = {}
 
-    def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None) -> ResponseState:
+    def must_write(self, turn: PreparedTurn, outcome: Outcome) -> bool:
+        """Whether the client may be told about ``outcome`` only once it is stored (see the module doc)."""
+        return turn.input.store and outcome.status in CHAINABLE
+
+    async def write(self, turn: PreparedTurn, outcome: Outcome) -> ResponseState | None:
+        """Write the state of ``outcome`` now, before the client is told; None when the write failed.
+
+        A failure is logged here (an outage as a rate-limited warning, anything else as a fault
+        with its traceback) and never raised: the caller ends the turn ``failed`` instead. A
+        cancellation (the turn cut while waiting) propagates."""
+        state = self._state(turn, outcome)
+        try:
+            await self._timed_put(state)
+        except StoreUnavailable as exc:
+            outage_log.warning("store_write", "store write failed for %s, the response fails instead: %s",
+                               turn.id, exc)
+            return None
+        except BaseException as exc:
+            if not is_fault(exc):
+                raise
+            log.exception("store write crashed for %s, the response fails instead", turn.id)
+            return None
+        return state
+
+    def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
+               stored: ResponseState | None = None) -> ResponseState:
+        """Bill ``outcome`` and keep its state: the connection cache, for ``store=true`` the store
+        (``stored``: already written by ``write``, else written now, off the turn's path), and the
+        usage record — submitted last, so that a fault here leaves the turn unbilled for the caller
+        to bill as cancelled, never billed twice."""
         t0 = time.perf_counter()
         status, usage = outcome.status, outcome.usage
+        state = stored if stored is not None else self._state(turn, outcome)
         duration = t0 - turn.started
         ttft = None if outcome.first_token_at is None else outcome.first_token_at - turn.started
-        self._observe(turn, status, usage, duration, outcome.first_token_at)
-        self.usage.submit(UsageRecord(
+        record = UsageRecord(
             response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
             input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
             output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
             transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
             ttft_s=ttft, duration_s=duration,
-        ))
-        if on_usage is not None:
-            on_usage(usage)
-        state = self._state(turn, outcome)
+        )
+        self._observe(turn, status, usage, duration, outcome.first_token_at)
         cache = turn.ctx.conn_cache
         if cache is not None and status in CHAINABLE:
             evicted = cache.evictions
             cache.put(turn.ctx.lane, state)
             self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
-        if turn.input.store:
+        if turn.input.store and stored is None:
             self._persist(state)
+        if on_usage is not None:
+            on_usage(usage)
+        self.usage.submit(record)
         self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
         return state
 
@@ -150,8 +191,11 @@ class Finalizer:
         def done(t: asyncio.Task[None], response_id: str = state.id) -> None:
             if self._writes.get(response_id) is t:
                 del self._writes[response_id]
-            if not t.cancelled() and t.exception() is not None:
-                log.error("store write failed for %s", response_id, exc_info=t.exception())
+            exc = None if t.cancelled() else t.exception()
+            if isinstance(exc, StoreUnavailable):  # an outage: no traceback per response
+                outage_log.warning("store_write_background", "store write failed for %s: %s", response_id, exc)
+            elif exc is not None:
+                log.error("store write failed for %s", response_id, exc_info=exc)
 
         task.add_done_callback(done)
 

@@ -1,18 +1,28 @@
 """Run: a prepared turn -> its events, ending with exactly one terminal event, then finalize.
 
-    engine.generate(ids) -> parser -> ResponseEvents -> Finalizer.finish(Outcome)
+    engine.generate(ids) -> parser -> ResponseEvents -> [store] -> Finalizer.finish(Outcome) -> terminal
 
 Only now is the parent's shared token buffer extended (at its tip: O(new)). A failure after the
 response exists is a response with status ``failed``, not an exception: the client has already
-seen ``response.created``.
+seen ``response.created``. That holds for every fault — an ``EngineError``, output that does not
+parse, any other exception, and the ``BaseException`` subclasses native code raises for its own
+bugs (pyo3's ``PanicException``), logged once with the traceback — but never for cancellation or
+interpreter exit (``gateway.wire.errors.is_fault``).
+
+**What the client is told is what is billed.** The terminal is built, then (``store=true`` and
+chainable) held until the store write lands — on failure it is withdrawn and the response fails
+("The response could not be stored…") — then the outcome is billed, then the terminal is sent. A turn that
+ends before it is billed (its consumer gone, or cut by the shutdown deadline) is billed as
+``cancelled``, once, with what it generated.
 
 ``parallel_tool_calls: false`` allows one call per response. Harmony models stop at a call by
 themselves (``<|call|>`` is a stop token); a chat-template model may write several
 ``<tool_call>`` blocks, so the turn stops the engine once the first call closed and drops what
 followed. Its history is then the canonical rendering of the kept output (what a full render
-would produce: exact), not the sampled tokens that ran past the call. When the consumer goes away mid-turn (socket closed, SSE client gone,
-task cancelled) the generator is closed: the engine request is aborted and a ``cancelled``
-snapshot with the tokens processed so far is finalized (and billed).
+would produce: exact), not the sampled tokens that ran past the call. When the consumer goes away
+mid-turn (socket closed, SSE client gone, task cancelled) the generator is closed: the engine
+request is aborted and a ``cancelled`` snapshot with the tokens processed so far is finalized
+(and billed).
 """
 
 from __future__ import annotations
@@ -22,7 +32,10 @@ import logging
 import time
 from typing import AsyncIterator
 
+import orjson
+
 from cache.seq import TokenSeq
+from cache.state import ResponseState
 from cache.store import ResponseStore
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
@@ -33,6 +46,7 @@ from gateway.turn.logprobs import LogprobAttribution
 from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, UsageHook
+from gateway.wire.errors import STORE_FAILED_MESSAGE, is_fault
 from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
 from inference.engine import EngineError
@@ -88,7 +102,9 @@ class TurnRunner:
         single = _SingleCall() if turn.req.parallel_tool_calls is False else None
         attribution = LogprobAttribution(turn.route.renderer) if turn.sampling.logprobs is not None else None
         agen = None
-        finished_cleanly = False
+        #: the terminal events built and not yet sent (a cut before billing withdraws them)
+        pending: list[Event] | None = None
+        settled = False  # the outcome is billed
 
         def spent() -> dict:
             usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
@@ -100,6 +116,7 @@ class TurnRunner:
             self.metrics.stage.labels("engine_submit", turn.ctx.transport).observe(time.perf_counter() - t_run)
             for ev in created:
                 yield ev
+            tail: list[Event] = []
             try:
                 if compact is not None:  # summarize first, continue on the pruned context
                     done = await self.compactor.compact_turn(turn, turn_ids, compact)
@@ -130,6 +147,8 @@ class TurnRunner:
                         finish, stop_token = delta.finish_reason, delta.stop_token_id
                         if finish == "abort":
                             finish = "error"
+                if finish not in ("error", "single_call"):
+                    tail = events.feed(parser.finish())
             except EngineError as exc:
                 log.warning("engine failed response %s: %s", turn.id, exc)
                 finish = "error"
@@ -137,77 +156,120 @@ class TurnRunner:
             except ValueError as exc:  # the model's output did not parse (malformed format)
                 log.warning("unparseable model output in response %s: %s", turn.id, exc)
                 finish = "error"
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except BaseException as exc:  # pyo3's PanicException is a BaseException, not an Exception
+                if not is_fault(exc):
+                    raise  # cancellation, the generator closed, interpreter exit
                 log.exception("engine crashed on response %s", turn.id)
                 finish = "error"
-            for ev in (events.feed(parser.finish()) if finish not in ("error", "single_call") else []):
+            for ev in tail:
                 yield ev
             usage = spent()
-            history: TokenSeq | None = None
-            exact = finish == "stop" and stop_token is not None
-            if finish == "single_call":
-                history = _canonical_history(turn, prompt_ids, events.output)
-                exact = history is not None
-                if history is None:  # the renderer cannot say: keep what was sampled, re-render next turn
-                    history = prompt_ids.extend(sampled)
-                terminal = events.complete(usage)
-            elif finish == "error":
-                terminal = events.fail(usage, "server_error", "The model backend failed while generating.")
-            elif finish == "length":
-                terminal = events.incomplete(usage, "max_output_tokens")
-                history, exact = _cut_history(turn, prompt_ids, sampled), True
-            else:
-                terminal = events.complete(usage)
-                if exact:
-                    history = prompt_ids.extend(turn.route.renderer.history_tokens(sampled))
-                else:  # stopped without a stop token (a stop string): closed like a cut
-                    history, exact = _cut_history(turn, prompt_ids, sampled), True
-            self.finalizer.finish(turn, Outcome(
-                events.status, events.output, usage, history, exact=exact,
-                copied_bytes=copied, compacted=compacted, first_token_at=first_token_at), on_usage)
-            finished_cleanly = True
-            if turn.input.store and turn.ctx.transport == "http" and getattr(self.store, "shared", False):
-                # An HTTP client may chain its next request through another replica: make the
-                # write land before the client sees the end (one store round trip; WebSocket
-                # continuations resolve from the connection cache and do not wait).
-                await self.finalizer.wait_for(turn.id)
-            for ev in terminal:
+            try:
+                history, exact = self._history(turn, finish, stop_token, prompt_ids, sampled, events)
+                if finish == "error":
+                    pending = events.fail(usage, "server_error", "The model backend failed while generating.")
+                elif finish == "length":
+                    pending = events.incomplete(usage, "max_output_tokens")
+                else:
+                    pending = events.complete(usage)
+                if turn.ctx.transport == "http" and not turn.req.stream:
+                    _check_writable(pending[-1])
+            except BaseException as exc:
+                if not is_fault(exc):
+                    raise
+                log.exception("finishing response %s crashed", turn.id)
+                pending = self._failed(events, pending, usage)
+                history, exact = None, False
+            outcome = Outcome(events.status, events.output, usage, history, exact=exact, copied_bytes=copied,
+                              compacted=compacted, first_token_at=first_token_at)
+            pending, outcome, stored = await self._store(turn, events, pending, outcome)
+            self.finalizer.finish(turn, outcome, on_usage, stored)
+            settled = True
+            for ev in pending:
                 yield ev
         finally:
             if agen is not None:
                 await agen.aclose()  # aborts the engine request if it is still running
-            if not finished_cleanly and events.status == ResponseStatus.IN_PROGRESS:
-                # Nobody listens any more (socket closed, SSE client gone): record what was
-                # processed and persist a terminal snapshot.
-                self.metrics.aborts.labels(turn.ctx.transport).inc()
-                usage = spent()
-                events.cancel(usage)
-                self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False,
-                                                    first_token_at=first_token_at), on_usage)
+            if not settled:
+                # Nobody listens any more (socket closed, SSE client gone, the shutdown deadline):
+                # record what was processed and persist a terminal snapshot.
+                if self._cancel(turn, events, pending, spent(), on_usage, first_token_at):
+                    self.metrics.aborts.labels(turn.ctx.transport).inc()
+
+    def _history(self, turn: PreparedTurn, finish: str | None, stop_token: int | None, prompt_ids: TokenSeq,
+                 sampled: list[int], events: ResponseEvents) -> tuple[TokenSeq | None, bool]:
+        """The rendered history after this turn (None: not chainable), and whether it is exact."""
+        if finish == "error":
+            return None, False
+        if finish == "single_call":
+            history = _canonical_history(turn, prompt_ids, events.output)
+            if history is None:  # the renderer cannot say: keep what was sampled, re-render next turn
+                return prompt_ids.extend(sampled), False
+            return history, True
+        if finish == "length" or not (finish == "stop" and stop_token is not None):
+            # cut at the cap, or stopped without a stop token (a stop string): closed like a cut
+            return _cut_history(turn, prompt_ids, sampled), True
+        return prompt_ids.extend(turn.route.renderer.history_tokens(sampled)), True
+
+    async def _store(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event], outcome: Outcome
+                     ) -> tuple[list[Event], Outcome, ResponseState | None]:
+        """A ``store=true`` response the client may continue from is reported only once it is stored;
+        when the write fails, the turn fails instead (``STORE_FAILED_MESSAGE``), so no client is told
+        ``completed`` about a response it cannot retrieve or chain from. Returns the terminal to
+        send, the outcome to bill and the state already written."""
+        if not self.finalizer.must_write(turn, outcome):
+            return pending, outcome, None
+        stored = await self.finalizer.write(turn, outcome)
+        if stored is not None:
+            return pending, outcome, stored
+        pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error", STORE_FAILED_MESSAGE)
+        return pending, Outcome(events.status, events.output, outcome.usage, None, exact=False,
+                                copied_bytes=outcome.copied_bytes, first_token_at=outcome.first_token_at), None
+
+    @staticmethod
+    def _failed(events: ResponseEvents, pending: list[Event] | None, usage: dict) -> list[Event]:
+        """The turn fails (a fault after generation): whatever terminal was built is replaced."""
+        kept: list[Event] = []
+        if events.status != ResponseStatus.IN_PROGRESS and pending is not None:
+            kept = events.withdraw(pending)
+        return kept + events.fail(usage, "server_error", "The server had an error while finishing the response.")
+
+    def _cancel(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event] | None, usage: dict,
+                on_usage: UsageHook | None, first_token_at: float | None = None) -> bool:
+        """Bill a turn that ends unsent — its consumer went away, or it was cut (a terminal built and
+        held for the store write is withdrawn first) — as a ``cancelled`` response. False when
+        there was nothing to cancel."""
+        if events.status != ResponseStatus.IN_PROGRESS and pending is not None:
+            events.withdraw(pending)
+        if events.status != ResponseStatus.IN_PROGRESS:
+            return False
+        events.cancel(usage)
+        self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False,
+                                            first_token_at=first_token_at), on_usage)
+        return True
 
     async def _warm_up(self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq, copied: int,
                        on_usage: UsageHook | None) -> AsyncIterator[Event]:
         """``generate: false``: a chain node with the new context and no output; no engine call."""
         usage = usage_object(len(turn_ids), 0, 0, 0)
         self.metrics.warmups.labels(turn.ctx.transport).inc()
-        done = False
+        pending: list[Event] | None = None
+        settled = False
         try:
             for ev in events.created():
                 yield ev
-            terminal = events.complete(usage)
-            self.finalizer.finish(turn, Outcome(events.status, events.output, usage, turn_ids, exact=True,
-                                                copied_bytes=copied), on_usage)
-            done = True
-            self._prefill_later(turn, turn_ids)
-            for ev in terminal:
+            pending = events.complete(usage)
+            outcome = Outcome(events.status, events.output, usage, turn_ids, exact=True, copied_bytes=copied)
+            pending, outcome, stored = await self._store(turn, events, pending, outcome)
+            self.finalizer.finish(turn, outcome, on_usage, stored)
+            settled = True
+            if outcome.status == ResponseStatus.COMPLETED:
+                self._prefill_later(turn, turn_ids)
+            for ev in pending:
                 yield ev
         finally:
-            if not done and events.status == ResponseStatus.IN_PROGRESS:
-                events.cancel(usage)
-                self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False),
-                                      on_usage)
+            if not settled:
+                self._cancel(turn, events, pending, usage, on_usage)
 
     def _prefill_later(self, turn: PreparedTurn, ids: TokenSeq) -> None:
         """Warm the engine's prefix cache with the warm-up's context, off the critical path."""
@@ -265,6 +327,18 @@ def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[di
     if tokens[:len(gen)] != gen:
         return None
     return prompt_ids.extend(tokens[len(gen):])
+
+
+def _check_writable(terminal: Event) -> None:
+    """Raise (``orjson.JSONEncodeError``) when the transport could not write ``terminal``.
+
+    The ledger bills what the client is told: a non-streamed response that cannot be encoded must
+    fail here, before it is billed, not reach the route as ``completed`` and turn into a 500
+    there. Streams need no check: every part of their terminal was encoded before it (the
+    skeleton in ``response.created``, each item in its ``output_item.done``), and a failure there
+    ends the turn before it is billed. (One encode of the snapshot: 58 µs for a 38 KB response
+    with thirty tools, under 1 µs for a small one.)"""
+    orjson.dumps(terminal)
 
 
 def _cut_history(turn: PreparedTurn, prompt_ids: TokenSeq, sampled: list[int]) -> TokenSeq:

@@ -8,6 +8,7 @@ which transport will render it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 
@@ -32,6 +33,11 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def sse_event(self, sequence_number: int) -> dict[str, Any]:
+        """The flat SSE ``error`` event (no top-level ``error`` key: openai-python would raise on it)."""
+        return {"type": "error", "code": self.code, "message": self.message, "param": self.param,
+                "sequence_number": sequence_number}
 
     def ws_frame(self, stream_id: str | None = None) -> dict[str, Any]:
         err: dict[str, Any] = {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
@@ -88,3 +94,35 @@ def store_unavailable() -> ApiError:
 
 def server_error(message: str = "The server had an error while processing your request.") -> ApiError:
     return ApiError(500, message, type="server_error", code="server_error")
+
+
+def shutting_down() -> ApiError:
+    """The gateway is shutting down: a create refused while it drains, or a turn cut at its deadline.
+
+    A 503 of type ``server_error``, so SDKs retry it — on another replica, since this one has left
+    the load balancer (``/readyz`` answers 503)."""
+    return ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error",
+                    code="server_shutting_down")  # a string: WebSocketErrorEvent requires one
+
+
+#: ``shutting_down()`` as a value, for the WebSocket farewell frame (rendered, never raised)
+SHUTTING_DOWN = shutting_down()
+
+#: ``response.error.message`` of a ``store=true`` response whose store write failed
+#: (``gateway.turn.run``); its code is ``server_error``, the one the SDKs' ``ResponseError`` type
+#: allows for a server-side failure (their code is a closed enum: no ``store_unavailable``)
+STORE_FAILED_MESSAGE = ("The response could not be stored, so it cannot be retrieved or continued with "
+                        "previous_response_id. Please retry your request.")
+
+#: exceptions that are control flow, not faults: they always propagate
+_CONTROL = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)
+
+
+def is_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a fault to answer as a failure rather than let propagate.
+
+    Any ``Exception``, and the ``BaseException`` subclasses that native extensions raise for their
+    own bugs (pyo3's ``PanicException`` from openai_harmony or tokenizers derives from
+    BaseException so that ``except Exception`` does not swallow a Rust panic). Never interpreter
+    exits, cancellation or a generator being closed."""
+    return not isinstance(exc, _CONTROL)

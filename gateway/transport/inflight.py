@@ -1,0 +1,90 @@
+"""HTTP turns in flight: each runs in a task of its own, and the gateway knows it until it ends.
+
+**A task of its own.** The request's task is not a safe place to run a turn: Starlette cancels a
+streaming response through an anyio cancel scope when the client leaves, and anyio cancellation is
+level-triggered — every later ``await`` in the scope is cancelled again, including the engine's own
+abort (vLLM awaits ``abort()``) and the store write. Cancelling the turn's own task instead is
+edge-triggered: the abort, the ``cancelled`` snapshot and its usage record all complete.
+
+**Known to the gateway** (``GatewayState.http_turns``), as WebSocket connections are
+(``GatewayState.connections``): at shutdown (``gateway/ops/server.py``) the gateway waits for both
+within ``shutdown_grace_s``, then cuts what still runs itself — the engine request is aborted, the
+cancelled snapshot finalized and billed, and the route answers (a 503 ``server_shutting_down``, or
+on SSE an ``error`` event and ``response.failed``) — before uvicorn's own forced cancellation,
+which would cancel only the request's task: the client would get a bare 500 and the turn, left
+running, would never be billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from gateway.turn.events import Event
+from gateway.turn.types import PreparedTurn
+from gateway.wire.kinds import ResponseStatus
+
+log = logging.getLogger(__name__)
+
+
+class HttpTurn:
+    """One HTTP create's turn: its events go to ``deliver``, from the turn's own task."""
+
+    def __init__(self, turn: PreparedTurn, events: AsyncIterator[Event],
+                 deliver: Callable[[Event], Awaitable[None]]) -> None:
+        #: the live Response: once the task ended, the snapshot as it was billed
+        self.response: dict[str, Any] = turn.response
+        #: the shutdown deadline cut the turn while it ran
+        self.cut_short = False
+        self._cancelled = False
+        self.task: asyncio.Task[None] = asyncio.ensure_future(self._pump(events, deliver))
+
+    @classmethod
+    def start(cls, registry: set[Any], turn: PreparedTurn, events: AsyncIterator[Event],
+              deliver: Callable[[Event], Awaitable[None]]) -> "HttpTurn":
+        """Start the turn and keep it in ``registry`` until its task ends."""
+        running = cls(turn, events, deliver)
+        registry.add(running)
+        running.task.add_done_callback(lambda _: registry.discard(running))
+        running.task.add_done_callback(running._log_crash)
+        return running
+
+    def _log_crash(self, task: asyncio.Task[None]) -> None:
+        """A fault that escaped the turn (the turn itself turns its faults into ``failed``): logged
+        here, once, with its traceback, whether or not a route is still there to answer."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("response %s crashed", self.response.get("id"), exc_info=exc)
+
+    @staticmethod
+    async def _pump(events: AsyncIterator[Event], deliver: Callable[[Event], Awaitable[None]]) -> None:
+        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+            async for ev in stream:
+                await deliver(ev)
+
+    async def drain(self) -> None:
+        """Shutdown: let the turn reach its end by itself."""
+        await asyncio.wait({self.task})
+
+    async def cut(self) -> int:
+        """Shutdown deadline: abort the turn (billed as ``cancelled`` with what it generated) and
+        wait until it is billed. Returns how many turns were cut (0: it had ended already)."""
+        if self.task.done():
+            return 0
+        self.cut_short = True
+        self._cancel()
+        await asyncio.wait({self.task})
+        return int(self.response["status"] == ResponseStatus.CANCELLED)
+
+    def stop(self) -> None:
+        """The request is over before the turn (client gone, or the request's task cancelled): abort
+        the turn in its own task, not awaited here (see the module docstring)."""
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """Cancel the turn's task once: a second cancellation would land in the abort or the
+        billing that the first one started."""
+        if not self.task.done() and not self._cancelled:
+            self._cancelled = True
+            self.task.cancel()
