@@ -29,7 +29,9 @@ All chains advance turn for turn, in an order that rotates every round, so machi
 alike; time runs from the first byte sent to the terminal event received (``response.completed``
 or ``response.incomplete``), the rest of the stream is drained untimed. Per turn, outside the timed
 window, each chain also reads its server's counters: respgate's ``/metrics`` (tokens encoded,
-full-render fallbacks by reason), the stub's ``/stats`` (bytes agentic-api sent upstream).
+full-render fallbacks by reason), the stub's ``/stats`` (bytes agentic-api sent upstream, and the
+stub's own busy time reading and answering them — part of agentic-api's measured turn that is the
+stand-in's, not the peer's).
 
 Reported: per-turn median and p90 per chain; respgate / agentic-api per transport, shape, output
 and size; flatness (128k median / 1k median) for both.
@@ -97,7 +99,7 @@ class Server:
         assert self.stub is not None
         s = self.stub.stats()
         return {"upstream_bytes": s["body_bytes"].get("POST /v1/responses", 0),
-                "upstream_requests": s["requests"].get("POST /v1/responses", 0)}
+                "upstream_requests": s["requests"].get("POST /v1/responses", 0), "stub_busy_s": s["busy_s"]}
 
 
 class Chain:
@@ -116,6 +118,7 @@ class Chain:
         self.fallbacks: dict[str, float] = {}
         self.upstream_bytes: list[float] = []
         self.upstream_requests: list[float] = []
+        self.stub_ms: list[float] = []      # the upstream stub's own busy time in the turn
         self.input_tokens = 0
         self.first_input_tokens = 0
         if transport == "ws":
@@ -167,6 +170,7 @@ class Chain:
             else:
                 self.upstream_bytes.append(after["upstream_bytes"] - before["upstream_bytes"])  # type: ignore[index]
                 self.upstream_requests.append(after["upstream_requests"] - before["upstream_requests"])  # type: ignore[index]
+                self.stub_ms.append((after["stub_busy_s"] - before["stub_busy_s"]) * 1e3)  # type: ignore[index]
         return dt
 
     def _send_ws(self, data: bytes, t0: float) -> tuple[dict[str, Any], float, int]:
@@ -225,7 +229,8 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
             history.setdefault(c.shape, {})[str(c.history_tokens)] = c.first_input_tokens
         else:
             row.update(upstream_bytes_per_turn_median=_median(c.upstream_bytes),
-                       upstream_requests_per_turn_median=_median(c.upstream_requests))
+                       upstream_requests_per_turn_median=_median(c.upstream_requests),
+                       upstream_stub_ms_per_turn_median=_median(c.stub_ms))
         rows.setdefault(c.target, {}).setdefault(c.transport, {}).setdefault(c.shape, {}) \
             .setdefault(c.output, {})[str(c.history_tokens)] = row
     flatness: dict[str, Any] = {}
@@ -246,6 +251,7 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
                         n: {"median": x["median_ms"] / theirs[n]["median_ms"],
                             "p90": x["p90_ms"] / theirs[n]["p90_ms"]} for n, x in by_n.items() if n in theirs}
     return {"benchmark": "peer_overhead", "agentic_api_version": AGENTIC_API_VERSION,
+            "written_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "engine": {"respgate": "simulated, zero latency, prefix-cache emulation off",
                        "agentic": "benchmarks/upstream_stub.py: pre-rendered /v1/responses answers"},
             "turns": args.turns, "warmup": args.warmup, "history_tokens": sizes, "item_tokens": ITEM_TOKENS,
@@ -258,6 +264,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     from benchmarks.common import plt
 
     pyplot = plt()
+    from matplotlib.ticker import FuncFormatter
+
     shapes, outputs = result["shapes"], result["outputs"]
     fig, axes = pyplot.subplots(len(shapes), len(outputs), figsize=(6.5 * len(outputs), 4.2 * len(shapes)),
                                 squeeze=False)
@@ -279,6 +287,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xticks(sizes, [f"{max(1, round(n / 1024))}k" for n in sizes])
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
             ax.set_xlabel("history tokens")
             ax.set_ylabel("ms per turn (median, bar to p90)")
             ax.set_title(f"history: {'~800-token items' if shape == 'items' else 'one item'}; "

@@ -234,7 +234,8 @@ def peers_section(r: dict[str, dict[str, Any] | None]) -> list[str]:
                   "`/v1/responses`, pre-rendered answers) against respgate with the simulated engine at zero latency. "
                   f"Continuation turns (`previous_response_id` + one short user message); {p['turns']} measured turns "
                   f"per conversation after {p['warmup']} warm-up, all {sum(_count(p))} conversations interleaved turn "
-                  "for turn. Time: first byte sent → terminal event.", ""]
+                  f"for turn ({p.get('written_utc', 'date not recorded')}). Time: first byte sent → terminal event. "
+                  "The other targets below come from their own benchmarks' JSON in this folder.", ""]
     tg = peer_targets(r)
     if tg:
         lines += ["| target (issue 15) | measured (same run) | met |", "|---|---|---|"]
@@ -287,9 +288,11 @@ def _peer_tables(p: dict[str, Any]) -> list[str]:
                     continue
                 lines.append(f"| {transport.upper()} | {SHAPES[shape]} | {OUTPUTS[output]} | {_f(a)} | {_f(b)} |")
     lines += ["", "What each side did per turn (medians): respgate's tokens encoded by the renderer and full renders; "
-              "the bytes agentic-api sent upstream (its whole conversation, every turn); events per turn.", "",
+              "the bytes agentic-api sent upstream (its whole conversation, every turn) and the stub's own time "
+              "reading and answering them (inside agentic-api's figure: the stand-in's cost, not the peer's); "
+              "events per turn.", "",
               "| transport | history | output | tokens | respgate encoded tok / full renders | agentic-api upstream "
-              "bytes | events respgate / agentic-api |", "|---|---|---|---:|---:|---:|---:|"]
+              "bytes | stub ms | events respgate / agentic-api |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for transport in p["transports"]:
         for shape in p["shapes"]:
             for output in p["outputs"]:
@@ -303,6 +306,7 @@ def _peer_tables(p: dict[str, Any]) -> list[str]:
                                  f"{_f(a['encoded_tokens_per_turn_median'] or 0, 0)} / "
                                  f"{a['full_render_fallbacks_total']:.0f} of {a['turns']} | "
                                  f"{_f(b['upstream_bytes_per_turn_median'] or 0, 0)} | "
+                                 f"{_f(b.get('upstream_stub_ms_per_turn_median') or 0, 3)} | "
                                  f"{_f(a['events_per_turn_median'], 0)} / {_f(b['events_per_turn_median'], 0)} |")
     lines += ["", "Loads and fairness: both gateways and both engines run as their own processes on the same "
               "machine, one request in flight at a time. respgate's engine is in-process (the simulated engine: "

@@ -163,7 +163,7 @@ def _chain(target, transport, shape, output, n, ms, *, fallbacks=None):
     return SimpleNamespace(target=target, transport=transport, shape=shape, output=output, history_tokens=n,
                            times=times, events=[15] * 5, statuses={"completed": 5}, first_input_tokens=n,
                            input_tokens=n, encoded=[9.0] * 5, fallbacks=fallbacks or {}, upstream_bytes=[1.0] * 5,
-                           upstream_requests=[1.0] * 5)
+                           upstream_requests=[1.0] * 5, stub_ms=[0.1] * 5)
 
 
 def test_peer_verdicts_follow_the_figures():
@@ -237,3 +237,26 @@ def test_the_release_binary_runs_continuations_in_front_of_the_stub(stub):
     assert after["requests"][upstream] - mid["requests"][upstream] == 2
     # the whole conversation goes upstream every turn: three 2 KB user items take > 6 KB by the last
     assert mid["body_bytes"][upstream] - before["body_bytes"].get(upstream, 0) > 2000 + 4000 + 6000
+
+
+def test_stub_answers_pipelined_requests_in_order(stub):
+    one = json.dumps({"model": MODEL, "input": "a", "stream": False}).encode()
+    two = json.dumps({"model": MODEL, "input": "b", "stream": True, "max_output_tokens": 3}).encode()
+    raw = b"".join(b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(b), b)
+                   for b in (one, two))
+    with socket.create_connection(("127.0.0.1", stub.port), timeout=10) as s:
+        s.sendall(raw)
+        reader = s.makefile("rb")
+        answers = []
+        for _ in range(2):   # each answer framed by its own content-length
+            assert reader.readline() == b"HTTP/1.1 200 OK\r\n"
+            headers = {}
+            while (line := reader.readline()) != b"\r\n":
+                k, _, v = line.decode().partition(":")
+                headers[k.lower()] = v.strip()
+            answers.append((headers["content-type"], reader.read(int(headers["content-length"]))))
+    (ctype1, body1), (ctype2, body2) = answers
+    assert ctype1 == "application/json" and json.loads(body1)["status"] == "completed"
+    events = _sse(body2.decode())
+    assert ctype2 == "text/event-stream" and events[-1]["response"]["status"] == "incomplete"
+    assert sum(ev["type"] == "response.output_text.delta" for ev in events) == 3
