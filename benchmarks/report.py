@@ -121,7 +121,7 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             f"(median of per-turn ratios, last quarter of the turns)",
             worst <= 0.6,
             "Both servers run the same engine with automatic prefix caching, and the cached share of each "
-            "prompt is the same on all three paths (table below): vLLM's server, re-rendering the whole "
+            "prompt is the same on every path (table below): vLLM's server, re-rendering the whole "
             "conversation each turn, still produces the same token prefix and hits the same cached blocks. So "
             "the engine does the same work on every path, and TTFT is dominated by the CPU prefill of the "
             "new turn's ~200 tokens against a long cached prefix (seconds on two shared cores). What respgate "
@@ -239,7 +239,7 @@ def _peer(pe: dict[str, Any]) -> list[str]:
              f"{pe['model']}, max_model_len {pe['max_model_len']:,}, block 32, prefix caching, greedy; "
              f"{pe['rounds']} rounds: a ~{pe.get('first_turn_tokens', pe['turn_tokens']):,}-token first turn, then "
              f"~{pe['turn_tokens']}-token user turns; {pe['max_output_tokens']} output tokens, "
-             "the three conversations interleaved; one request in flight at a time.", "",
+             f"the {len(modes)} conversations interleaved; one request in flight at a time.", "",
              "| path | TTFT median s | total median s | TTFT, last quarter | total, last quarter | cached share, last quarter | last prompt |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for m in modes:
