@@ -1,7 +1,7 @@
 """A near-instant upstream for a gateway that calls vLLM's stateless ``/v1/responses``.
 
-agentic-api (:mod:`benchmarks.agentic_peer`) owns conversation state and re-sends each turn's whole
-history to vLLM's own Responses API (``store`` off, streamed over SSE), which tokenizes and
+agentic-api (:mod:`benchmarks.agentic_peer`) owns conversation state and sends each turn's whole
+history to vLLM's own Responses API (``"stream":true``, no ``store`` field), which tokenizes and
 generates. To measure *its* per-turn cost the way the simulated engine measures respgate's, this
 server stands where vLLM would and answers at once with a fixed short completion, in the wire
 shape vLLM's server streams: ``event:``/``data:`` SSE frames, ``response.created`` and
@@ -19,8 +19,9 @@ as one placeholder; a request costs reading its body, two ``bytes.find`` for ``"
 with a ``Content-Length`` in a single write — a finished stream, as from an engine that has
 already generated. HTTP/1.1 keep-alive; request bodies with ``Content-Length`` or chunked.
 
-``GET /stats`` answers the counters (requests and body bytes per path), so a benchmark can state what
-the gateway sent upstream per turn; ``GET /health`` and ``GET /v1/models`` answer as vLLM's do.
+``GET /stats`` answers the counters (requests and body bytes per path, and the stub's own busy time),
+so a benchmark can state what the gateway sent upstream per turn and what the stand-in itself cost;
+``GET /health`` and ``GET /v1/models`` answer as vLLM's do.
 
     python -m benchmarks.upstream_stub --port P [--model gpt-oss-sim]
 """
