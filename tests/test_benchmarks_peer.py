@@ -1,0 +1,262 @@
+"""The Rust peer in the benchmarks: the upstream stub, the wheel installer, the report's verdicts.
+
+* the stub (:mod:`benchmarks.upstream_stub`, in its own process on loopback) answers vLLM's
+  stateless ``/v1/responses`` as the openai SDK's types define each event and response, frames
+  keep-alive answers exactly, reads chunked bodies, and cuts off at ``max_output_tokens``;
+* :func:`benchmarks.agentic_peer.install` takes the binary out of a wheel already in its cache
+  without downloading, re-extracts a binary of the wrong version, refuses a wheel whose binary
+  says another version;
+* the Peers section's verdicts follow the figures (a ratio over 0.5 is "not met");
+* with the real release binary (PyPI: ``slow``, skipped where PyPI is unreachable and the
+  binary is not cached): agentic-api in front of the stub completes WS and HTTP continuations,
+  an incomplete one under a cap, and re-sends the whole history upstream every turn.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from benchmarks.agentic_peer import (AGENTIC_API_VERSION, BINARY, AgenticServer, StubUpstream, cache_root,
+                                     find_wheel, install)
+from benchmarks.peer_overhead import summarize
+from benchmarks.report_peers import peer_targets
+from benchmarks.upstream_stub import parse_cap
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+MODEL = "gpt-oss-sim"
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubUpstream(MODEL) as s:
+        yield s
+
+
+def _sse(text: str) -> list[dict]:
+    """Events of an SSE body; each frame's ``event:`` line must name its data's type."""
+    out = []
+    for frame in text.split("\n\n"):
+        if not frame:
+            continue
+        lines = frame.split("\n")
+        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), frame
+        ev = json.loads(lines[1][6:])
+        assert lines[0][7:] == ev["type"]
+        out.append(ev)
+    return out
+
+
+def test_stub_streams_the_short_answer_as_responses_events_on_one_keep_alive_connection(stub):
+    with httpx.Client(base_url=stub.url) as c:
+        assert c.get("/health").status_code == 200
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == [MODEL]
+        bodies = []
+        for i in range(2):
+            r = c.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": f"hi {i}"}],
+                                              "stream": True})
+            assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+            bodies.append(_sse(r.text))
+    for events in bodies:
+        for ev in events:
+            EVENT.validate_python(ev)   # every event as the openai SDK defines it
+        assert [ev["sequence_number"] for ev in events] == list(range(len(events)))
+        assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+        final = Response.model_validate(events[-1]["response"])
+        assert final.status == "completed"
+        assert [o.type for o in final.output] == ["reasoning", "message"]
+        assert final.output[1].content[0].text == "done"
+    first, second = (b[-1]["response"] for b in bodies)
+    assert first["id"] != second["id"] and first["output"][1]["id"] != second["output"][1]["id"]
+
+
+def test_stub_cuts_off_at_max_output_tokens_and_answers_json_when_not_streaming(stub):
+    with httpx.Client(base_url=stub.url) as c:
+        r = c.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": True, "max_output_tokens": 16})
+        events = _sse(r.text)
+        plain = c.post("/v1/responses", json={"model": MODEL, "input": "x", "stream": False})
+    deltas = [ev for ev in events if ev["type"] == "response.output_text.delta"]
+    assert len(deltas) == 16
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"   # vLLM sends completed, status incomplete
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert plain.headers["content-type"] == "application/json"
+    assert Response.model_validate(plain.json()).status == "completed"
+
+
+def test_stub_reads_chunked_bodies_and_counts_the_bytes_it_was_sent(stub):
+    before = stub.stats()["body_bytes"].get("POST /v1/responses", 0)
+    body = json.dumps({"model": MODEL, "input": "y" * 100_000, "stream": True}).encode()
+
+    def chunks():
+        for i in range(0, len(body), 7_000):
+            yield body[i:i + 7_000]
+
+    r = httpx.post(stub.url + "/v1/responses", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 200 and _sse(r.text)[-1]["response"]["status"] == "completed"
+    assert stub.stats()["body_bytes"]["POST /v1/responses"] - before == len(body)
+    assert httpx.get(stub.url + "/v1/chat/completions").status_code == 404
+
+
+def test_parse_cap_reads_the_number_without_parsing_the_body():
+    assert parse_cap(b'{"input":"a","max_output_tokens":16,"stream":true}') == 16
+    assert parse_cap(b'{"max_output_tokens": 2048}') == 2048
+    assert parse_cap(b'{"max_output_tokens":null}') is None
+    assert parse_cap(b'{"input":"no cap"}') is None
+
+
+def _stand_in_wheel(folder: Path, says: str) -> Path:
+    """A wheel laid out as agentic-api's: the binary as a wheel script (here, one that prints ``says``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"agentic_api-{AGENTIC_API_VERSION}-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(f"agentic_api-{AGENTIC_API_VERSION}.data/scripts/{BINARY}", f"#!/bin/sh\necho '{says}'\n")
+        z.writestr(f"agentic_api-{AGENTIC_API_VERSION}.dist-info/METADATA", "Name: agentic-api\n")
+    return wheel
+
+
+def _no_download(folder: Path, version: str) -> None:
+    raise AssertionError("install() went to the network although the wheel was in its cache")
+
+
+def test_install_takes_the_binary_from_a_cached_wheel_without_downloading(tmp_path):
+    folder = tmp_path / f"agentic-api-{AGENTIC_API_VERSION}"
+    wheel = _stand_in_wheel(folder, f"{BINARY} {AGENTIC_API_VERSION}")
+    assert find_wheel(folder) == wheel
+    binary = install(tmp_path, download=_no_download)
+    assert binary == folder / "bin" / BINARY
+    assert binary.stat().st_mode & stat.S_IXUSR
+    wheel.unlink()                      # unpacked once: the wheel is no longer needed
+    assert install(tmp_path, download=_no_download) == binary
+
+
+def test_install_downloads_only_when_no_wheel_is_cached_and_checks_the_version(tmp_path):
+    calls = []
+
+    def download(folder: Path, version: str) -> None:
+        calls.append(version)
+        _stand_in_wheel(folder, f"{BINARY} {version}")
+
+    binary = install(tmp_path, download=download)
+    assert calls == [AGENTIC_API_VERSION] and binary.is_file()
+    binary.write_text("#!/bin/sh\necho 'agentic-server 0.0.1'\n")   # a stale binary is replaced
+    assert install(tmp_path, download=download) == binary and calls == [AGENTIC_API_VERSION]
+    assert "0.0.1" not in binary.read_text()
+
+    other = tmp_path / "other"
+    _stand_in_wheel(other / f"agentic-api-{AGENTIC_API_VERSION}", f"{BINARY} 1.2.3")
+    with pytest.raises(RuntimeError, match="1.2.3"):
+        install(other, download=_no_download)
+
+
+def _chain(target, transport, shape, output, n, ms, *, fallbacks=None):
+    times = [ms / 1e3] * 5
+    return SimpleNamespace(target=target, transport=transport, shape=shape, output=output, history_tokens=n,
+                           times=times, events=[15] * 5, statuses={"completed": 5}, first_input_tokens=n,
+                           input_tokens=n, encoded=[9.0] * 5, fallbacks=fallbacks or {}, upstream_bytes=[1.0] * 5,
+                           upstream_requests=[1.0] * 5, stub_ms=[0.1] * 5)
+
+
+def test_peer_verdicts_follow_the_figures():
+    args = SimpleNamespace(history=[1000, 131072], turns=5, warmup=1, transports=["ws"], shapes=["items"],
+                           outputs=["short"])
+    chains = [_chain("respgate", "ws", "items", "short", 1000, 1.0), _chain("agentic", "ws", "items", "short", 1000, 2.5),
+              _chain("respgate", "ws", "items", "short", 131072, 1.5),
+              _chain("agentic", "ws", "items", "short", 131072, 2.5)]
+    result = summarize(chains, args)
+    assert result["ratio_respgate_over_agentic"]["ws"]["items"]["short"]["1000"]["median"] == pytest.approx(0.4)
+    assert result["flatness_big_over_small"]["respgate"]["ws"]["items"]["short"] == pytest.approx(1.5)
+    verdicts = {t.text.split(" (")[0].split(":")[0]: t.ok for t in peer_targets({"peer_overhead": result})}
+    assert verdicts["WS continuation ≤ 0.5 × agentic-api at 1k"] is True
+    assert verdicts["WS continuation ≤ 0.5 × agentic-api at 128k"] is False   # 1.5 / 2.5 = 0.6
+    assert verdicts["WS flatness 128k / 1k ≤ 1.2"] is False
+    assert verdicts["zero full-render fallbacks in standard continuations, small output caps included"] is True
+
+
+def _pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_release_binary_runs_continuations_in_front_of_the_stub(stub):
+    cached = (cache_root() / f"agentic-api-{AGENTIC_API_VERSION}" / "bin" / BINARY).is_file()
+    if not cached and not _pypi_reachable():
+        pytest.skip("agentic-api's wheel is not cached and PyPI is not reachable from here")
+    from websockets.sync.client import connect
+
+    binary = install()
+    before = stub.stats()
+    with AgenticServer(binary, stub.url) as peer:
+        with connect(peer.ws_url, max_size=None) as ws:
+            prev, finals = None, []
+            for i, cap in enumerate((None, None, 16)):
+                body = {"type": "response.create", "model": MODEL, "store": False,
+                        "input": [{"role": "user", "content": f"turn {i} " + "z" * 2000}]}
+                if cap:
+                    body["max_output_tokens"] = cap
+                if prev:
+                    body["previous_response_id"] = prev
+                ws.send(json.dumps(body))
+                while (ev := json.loads(ws.recv(timeout=30)))["type"] not in (
+                        "response.completed", "response.incomplete", "response.failed", "error"):
+                    pass
+                finals.append(ev)
+                prev = ev["response"]["id"]
+        assert [f["response"]["status"] for f in finals] == ["completed", "completed", "incomplete"]
+        assert finals[1]["response"]["output"][-1]["content"][0]["text"] == "done"
+        mid = stub.stats()
+        with httpx.Client(base_url=peer.url + "/v1", timeout=30) as c:
+            prev = None
+            for i in range(2):
+                body = {"model": MODEL, "store": True, "stream": True, "input": [{"role": "user", "content": f"h{i}"}]}
+                if prev:
+                    body["previous_response_id"] = prev
+                with c.stream("POST", "/responses", json=body) as r:
+                    assert r.status_code == 200
+                    events = [json.loads(line[6:]) for line in r.iter_lines()
+                              if line.startswith("data: ") and line != "data: [DONE]"]
+                assert events[-1]["type"] == "response.completed"
+                prev = events[-1]["response"]["id"]
+    after = stub.stats()
+    upstream = "POST /v1/responses"
+    assert mid["requests"][upstream] - before["requests"].get(upstream, 0) == 3   # one upstream call per turn
+    assert after["requests"][upstream] - mid["requests"][upstream] == 2
+    # the whole conversation goes upstream every turn: three 2 KB user items take > 6 KB by the last
+    assert mid["body_bytes"][upstream] - before["body_bytes"].get(upstream, 0) > 2000 + 4000 + 6000
+
+
+def test_stub_answers_pipelined_requests_in_order(stub):
+    one = json.dumps({"model": MODEL, "input": "a", "stream": False}).encode()
+    two = json.dumps({"model": MODEL, "input": "b", "stream": True, "max_output_tokens": 3}).encode()
+    raw = b"".join(b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(b), b)
+                   for b in (one, two))
+    with socket.create_connection(("127.0.0.1", stub.port), timeout=10) as s:
+        s.sendall(raw)
+        reader = s.makefile("rb")
+        answers = []
+        for _ in range(2):   # each answer framed by its own content-length
+            assert reader.readline() == b"HTTP/1.1 200 OK\r\n"
+            headers = {}
+            while (line := reader.readline()) != b"\r\n":
+                k, _, v = line.decode().partition(":")
+                headers[k.lower()] = v.strip()
+            answers.append((headers["content-type"], reader.read(int(headers["content-length"]))))
+    (ctype1, body1), (ctype2, body2) = answers
+    assert ctype1 == "application/json" and json.loads(body1)["status"] == "completed"
+    events = _sse(body2.decode())
+    assert ctype2 == "text/event-stream" and events[-1]["response"]["status"] == "incomplete"
+    assert sum(ev["type"] == "response.output_text.delta" for ev in events) == 3
