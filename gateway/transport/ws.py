@@ -53,7 +53,7 @@ from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.turn.types import TurnContext
-from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key
+from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
 from gateway.wire.kinds import ResponseStatus
 from gateway.wire.validation import InputRejected, check_counts, decode_json
 
@@ -325,7 +325,9 @@ class WsConnection:
             failed = await self._run_turn(lane, frame)
         except ConnectionGone as exc:
             gone = exc.event
-        except Exception:
+        except BaseException as exc:  # a Rust panic (pyo3's PanicException) too: the lane must hear of it
+            if not is_fault(exc):
+                raise
             log.exception("turn crashed on lane %r", lane)
             failed = True
             await self._send_error(ApiError(500, "The server had an error while processing your request.",
