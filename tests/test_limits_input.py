@@ -153,3 +153,25 @@ def test_a_compression_bomb_is_closed_before_it_inflates(make_gateway):
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
         while json.loads(ws.recv(timeout=10))["type"] != "response.completed":
             pass
+
+
+def test_a_schema_over_max_schema_bytes_is_a_400_naming_it(make_gateway):
+    live = make_gateway(Settings(max_schema_bytes=4096))
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 40} for i in range(100)}}
+    small = {"type": "object", "properties": {"a": {"type": "string"}}}
+    tools = [{"type": "function", "name": "ok", "parameters": small}, {"type": "function", "name": "big", "parameters": big}]
+    r = post(live, {"model": MODEL, "input": "hi", "tools": tools})
+    assert_error(r, 400, code="invalid_value", param="tools[1].parameters")
+    assert "schema too large" in r.json()["error"]["message"]
+    fmt = {"format": {"type": "json_schema", "name": "s", "schema": big}}
+    assert_error(post(live, {"model": MODEL, "input": "hi", "text": fmt}), 400, code="invalid_value",
+                 param="text.format.schema")
+    ns = [{"type": "namespace", "name": "n", "description": "x", "tools": [tools[1]]}]
+    assert post(live, {"model": MODEL, "input": "hi", "tools": ns}).json()["error"]["param"] == "tools[0].tools[0].parameters"
+    with connect(live.ws_url) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "tools": tools}))
+        err = json.loads(ws.recv(timeout=10))
+        assert err["type"] == "error" and err["status"] == 400 and err["error"]["param"] == "tools[1].parameters"
+    assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "schema"}) == 3
+    assert live.metric("respgate_input_rejections_total", {"transport": "ws", "reason": "schema"}) == 1
+    assert post(live, {"model": MODEL, "input": "hi", "tools": tools[:1]}).status_code == 200

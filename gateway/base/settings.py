@@ -81,6 +81,8 @@ class Settings(BaseModel):
     #: most input items / tools one create may list (400 array_above_max_length beyond)
     max_input_items: int = Field(default=20_000, ge=1)
     max_tools: int = Field(default=512, ge=1)
+    #: largest serialized schema one create may carry (each tool's parameters or grammar, text.format's schema)
+    max_schema_bytes: int = Field(default=128 * 1024, ge=1024)
     #: requests heavier than this are parsed, validated, classified and rendered in a worker thread, so
     #: they cannot stall other connections; lighter ones inline, sparing them the thread hop. Weight:
     #: the input's JSON bytes + 128 per item and part, other fields at 1/16 (gateway/turn/offload.py).

@@ -74,7 +74,7 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
     cpu = gw.pipeline.offload.for_size(len(raw))
     try:
         return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
-                         max_tools=s.max_tools)
+                         max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
 

@@ -171,10 +171,11 @@ class WsConnection:
             await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
             return
         try:
-            check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools)
-        except ApiError as err:
-            self.gw.metrics.input_rejections.labels("ws", "count").inc()
-            log_rejection("count", err.status, self.ws.client, err.message, "ws")
+            check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools,
+                         max_schema_bytes=self.settings.max_schema_bytes)
+        except InputRejected as err:
+            self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
+            log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")
             await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):

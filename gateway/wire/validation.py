@@ -8,7 +8,7 @@ all) branch on those, so the mapping is explicit here instead of leaking pydanti
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 from pydantic import ValidationError
@@ -37,11 +37,12 @@ class InputRejected(ApiError):
         self.reason = reason
 
 
-def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int) -> Any:
+def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int,
+                max_schema_bytes: int | None = None) -> Any:
     """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
     in the prepare pool, ``gateway.turn.offload``)."""
     body = decode_json(raw, max_depth)
-    check_counts(body, max_items=max_items, max_tools=max_tools)
+    check_counts(body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes)
     return body
 
 
@@ -80,10 +81,12 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
                     stack.append((child, depth + 1, top))
 
 
-def check_counts(body: Any, *, max_items: int, max_tools: int) -> None:
-    """400 when a create-shaped body lists more input items or tools than allowed: checked on the
-    parsed JSON, before validation, so an allowed-but-huge request costs its parse, not seconds of
-    validation, classification and rendering."""
+def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes: int | None = None) -> None:
+    """400 when a create-shaped body lists more input items or tools than allowed, or carries a
+    schema (a tool's ``parameters``, a custom tool's grammar, ``text.format.schema``) larger than
+    ``max_schema_bytes`` serialized: checked on the parsed JSON, before validation, so an
+    allowed-but-huge request costs its parse, not seconds of validation, classification, rendering
+    and grammar compilation (a structured-output grammar is compiled from the schema)."""
     if not isinstance(body, dict):
         return
     for key, limit in (("input", max_items), ("tools", max_tools)):
@@ -92,6 +95,34 @@ def check_counts(body: Any, *, max_items: int, max_tools: int) -> None:
             raise InputRejected("count", 400, f"Invalid '{key}': array too long. Expected an array with maximum "
                                 f"length {limit}, but got an array with length {len(value)} instead.",
                                 code="array_above_max_length", param=key)
+    if max_schema_bytes is not None:
+        for param, schema in _schemas(body):
+            size = len(schema.encode()) if isinstance(schema, str) else len(orjson.dumps(schema))
+            if size > max_schema_bytes:
+                raise InputRejected("schema", 400, f"Invalid '{param}': schema too large ({size} bytes; the limit "
+                                    f"is {max_schema_bytes}).", code="invalid_value", param=param)
+
+
+def _schemas(body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(param path, schema) of every schema-like value a create carries."""
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                continue
+            subs = tool.get("tools") if tool.get("type") == "namespace" else None
+            pairs = [(f"tools[{i}]", tool)] + ([(f"tools[{i}].tools[{j}]", t) for j, t in enumerate(subs)
+                                                  if isinstance(t, dict)] if isinstance(subs, list) else [])
+            for path, t in pairs:
+                if t.get("parameters") is not None:
+                    yield f"{path}.parameters", t["parameters"]
+                fmt = t.get("format")
+                if isinstance(fmt, dict) and fmt.get("definition") is not None:
+                    yield f"{path}.format.definition", fmt["definition"]
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("schema") is not None:
+        yield "text.format.schema", fmt["schema"]
 
 
 def param_path(loc: tuple[Any, ...]) -> str:
