@@ -15,7 +15,8 @@ Token ids are packed (:class:`TokenSeq`): an ``array('I')`` holds each id in 4 b
 Python list holds an 8-byte pointer to a 28-byte int object (ids above 256 are not cached small
 ints), and idle connections hold their whole histories. Reading a packed view out as a list
 (``tolist``, a slice) builds those int objects again: O(what is read), so the hot path never does
-it for a whole history — only an engine API that takes nothing but a list does (``vllm_engine``).
+it for a whole history — only an engine API that takes nothing but a list does
+(``inference.vllm_engine``, ``inference.remote_vllm``).
 """
 
 from __future__ import annotations
