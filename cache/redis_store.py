@@ -26,8 +26,8 @@ the response's write transaction (O(new items)) and expiring with the store's TT
 The tenant tag (a digest of the tenant) is part of the key, so another tenant's lookup misses like
 an unknown id. A lookup is one pipelined ``GET`` per id plus one read of each home response.
 
-Rendered token ids stay process-local (``TokenCache``): they are large (8 bytes a token in Python
-lists, many per item) and only useful to the process whose renderer made them. A miss hydrates the
+Rendered token ids stay process-local (``TokenCache``): they are large (4 bytes a token packed, many
+per item) and only useful to the process whose renderer made them. A miss hydrates the
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
 (counted), after which this process holds the chain's tokens again.
 
@@ -56,12 +56,9 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.items import ItemLog
-from cache.seq import TokenSeq
+from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.state import ResponseState
 from cache.store import StoredItem, StoreUnavailable, index_keys
-
-#: bytes charged per token id (a pointer in a Python list), as ``gateway.turn.finalize`` counts them
-TOKEN_BYTES = 8
 
 _FIELDS = ("tenant", "deleted", "meta", "response", "input", "delta", "pk")
 

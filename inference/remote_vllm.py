@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 import httpx
+import orjson
 
 from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
 
@@ -44,6 +45,7 @@ ABORT_PATH = "/inference/v1/abort_requests"
 HEALTH_PATH = "/health"
 #: vLLM 0.32's ServingTokens prefixes the caller's request id; used until a chunk echoes the real one
 SERVER_ID_PREFIX = "generate-tokens-"
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass
@@ -198,15 +200,18 @@ class RemoteVllmEngine:
         client = self._client
         if client is None:
             raise EngineError("remote vLLM engine is not started")
+        # The endpoint takes the whole prompt as a JSON list: unpacking the gateway's packed history
+        # (``TokenSeq.tolist``) and encoding it are O(history) by this API, so both are done in C
+        # (at 128k tokens ~3 ms and ~1.5 ms; httpx's ``json=`` would spend ~13 ms in json.dumps).
         ids = prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else list(prompt_ids)
+        payload = orjson.dumps(self.request_body(request_id, ids, params))
         stats = self.stats
         stats.admit(len(ids))
-        body = self.request_body(request_id, ids, params)
         server_id = SERVER_ID_PREFIX + request_id
         finished = False   # the server is done with the request: nothing to abort
         failed = False     # we gave up on it (error): abort it, but it is not a consumer abort
         try:
-            async with client.stream("POST", GENERATE_PATH, json=body) as resp:
+            async with client.stream("POST", GENERATE_PATH, content=payload, headers=_JSON) as resp:
                 if resp.status_code != 200:
                     finished = True  # rejected before it was scheduled
                     raise EngineError(f"vLLM rejected request {request_id}: HTTP {resp.status_code} "

@@ -20,7 +20,7 @@ import redis
 
 from cache.items import ItemLog
 from cache.redis_store import RedisStore, TokenCache
-from cache.seq import TokenSeq
+from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.state import ResponseState
 from cache.store import StoreUnavailable
 from gateway.base.settings import Settings
@@ -162,32 +162,32 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
 
 
 def test_token_cache_charges_shared_buffers_once_and_is_bounded_lru():
-    cache = TokenCache(max_bytes=8 * 100)
+    cache = TokenCache(max_bytes=TOKEN_BYTES * 100)
     root = TokenSeq(list(range(30)))
     child = root.extend(range(30))
     cache.put("a", root)
     cache.put("b", child)
-    assert cache.nbytes == 8 * 60                     # one buffer of 60 tokens, not 30 + 60
+    assert cache.nbytes == TOKEN_BYTES * 60           # one buffer of 60 tokens, not 30 + 60
     other = TokenSeq(list(range(30)))
     cache.put("c", other)
     assert cache.get("a") is root                     # touch: "b" is now the oldest
     cache.put("d", TokenSeq(list(range(20))))         # 60 + 30 + 20 > 100: evict LRU entries
     # "b" goes first but frees nothing ("a" still pins the shared buffer), so "c" goes too
     assert cache.get("b") is None and cache.get("c") is None
-    assert cache.get("a") is root and cache.get("d") is not None and cache.nbytes == 8 * 80
+    assert cache.get("a") is root and cache.get("d") is not None and cache.nbytes == TOKEN_BYTES * 80
     cache.put("huge", TokenSeq(list(range(1000))))    # bigger than the bound: not kept
     assert cache.get("huge") is None and cache.nbytes <= cache.max_bytes
 
 
 async def test_store_token_cache_byte_bound(redis_url):
-    store = RedisStore.from_url(redis_url, token_cache_bytes=8 * 50)
+    store = RedisStore.from_url(redis_url, token_cache_bytes=TOKEN_BYTES * 50)
     try:
         first, second = chain(4), chain(4, name="other")  # each chain: one shared buffer of 40 tokens
         for s in first[:3]:
             await store.put(s)
-        assert store.tokens.nbytes == 8 * 40 and len(store.tokens) == 3
+        assert store.tokens.nbytes == TOKEN_BYTES * 40 and len(store.tokens) == 3
         await store.put(second[0])  # 80 tokens > 50: the first chain's entries are evicted
-        assert store.tokens.nbytes == 8 * 40 and len(store.tokens) == 1
+        assert store.tokens.nbytes == TOKEN_BYTES * 40 and len(store.tokens) == 1
         assert (await store.get("resp_2", "t1")).prelude_key == b"" and store.token_misses == 1
         assert (await store.get("other_0", "t1")).prelude_key != b"" and store.token_hits == 1
     finally:

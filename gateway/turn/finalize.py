@@ -166,7 +166,7 @@ class Finalizer:
                 if item.get("type") in CALL_TYPES and item.get("status") == "completed":
                     pending.add(item["call_id"])
             parent_len = len(ti.parent.history_ids) if ti.parent is not None and compacted is None else 0
-            token_bytes = 8 * (len(history) - parent_len) + outcome.copied_bytes
+            token_bytes = history.itemsize * (len(history) - parent_len) + outcome.copied_bytes
         else:
             # Failed or cancelled: kept for retrieval only, never chained from, so the shared
             # buffers are left alone (no copy for the parent's next continuation).

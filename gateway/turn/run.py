@@ -80,7 +80,7 @@ class TurnRunner:
         copied = 0
         if rendered.base_ids is not None:
             if not rendered.base_ids.is_tip():
-                copied = 8 * len(rendered.base_ids)  # a fork or retry: the prefix is copied, account it
+                copied = rendered.base_ids.itemsize * len(rendered.base_ids)  # a fork or retry: the prefix is copied, account it
             turn_ids = rendered.base_ids.extend(rendered.new_ids)
         else:
             turn_ids = TokenSeq(rendered.new_ids)
