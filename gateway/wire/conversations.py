@@ -35,6 +35,13 @@ _ITEM_KEYS: dict[str, tuple[str, ...]] = {
     "reasoning": ("content", "status"),
 }
 
+#: the same for content parts (of a message's ``content``, a tool output's ``output`` list)
+_PART_KEYS: dict[str, tuple[str, ...]] = {
+    "input_text": ("prompt_cache_breakpoint",),
+    "input_image": ("file_id", "image_url", "prompt_cache_breakpoint"),
+    "input_file": ("detail", "file_data", "file_id", "file_url", "filename", "prompt_cache_breakpoint"),
+}
+
 _LIST_PARAMS = frozenset({"after", "limit", "order", "include", "include[]"})
 
 
@@ -135,6 +142,24 @@ def item_object(item: Mapping[str, Any]) -> dict[str, Any]:
         out["output"] = parts
     for key in _ITEM_KEYS.get(str(out.get("type")), ()):
         out.setdefault(key, None)
+    for field in ("content", "output"):
+        if isinstance(out.get(field), list):
+            out[field] = [_part(p) for p in out[field]]
+    return out
+
+
+def _part(part: Any) -> Any:
+    if not isinstance(part, dict):
+        return part
+    kind = part.get("type")
+    keys = _PART_KEYS.get(str(kind), ())
+    if not keys and kind != "output_text":
+        return part
+    out = dict(part)
+    for key in keys:
+        out.setdefault(key, None)
+    if kind == "output_text":
+        out.setdefault("logprobs", [])  # as the gateway's own output text parts carry them
     return out
 
 

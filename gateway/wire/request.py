@@ -76,6 +76,17 @@ class ConversationParam(_Strict):
     id: str
 
 
+def _conversation_tag(v: Any) -> str:
+    return "<id>" if isinstance(v, str) else "<object>"
+
+
+#: ``conversation``: an id, or ``{"id": ...}`` (tags in ``<>`` stay out of error paths)
+ConversationField = Annotated[
+    Union[Annotated[str, Tag("<id>")], Annotated[ConversationParam, Tag("<object>")]],
+    Discriminator(_conversation_tag),
+]
+
+
 def check_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
     """OpenAI's metadata bounds: at most 16 pairs, keys <= 64 and values <= 512 characters."""
     if v is None:
@@ -104,7 +115,7 @@ class CreateRequest(_Strict):
     instructions: str | None = None
     previous_response_id: str | None = None
     #: the conversation this turn reads and extends (``gateway.turn.conversation``)
-    conversation: Union[str, ConversationParam, None] = None
+    conversation: ConversationField | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
