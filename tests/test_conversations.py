@@ -44,8 +44,8 @@ from openai.types.conversations.conversation_deleted_resource import Conversatio
 from openai.types.conversations.conversation_item import ConversationItem
 from openai.types.conversations.conversation_item_list import ConversationItemList
 from tests.conftest import MODEL, LiveGateway
-from tests.http_helpers import assert_error, post, wait_for
-from tests.schema_check import _variants, sdk_check
+from tests.http_helpers import assert_error, post, stream, wait_for
+from tests.schema_check import OpenResponses, _variants, sdk_check, sdk_check_event, sdk_check_response
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -308,6 +308,30 @@ def test_items_by_reference_and_reasoning_from_a_stored_response(gateway):
     assert_error(r, 400, code="invalid_encrypted_content", param="items[0].encrypted_content")
 
 
+def test_items_added_through_the_api_are_classified_once_as_they_enter(make_gateway):
+    from tests.test_classifiers import GH_TOKEN, PEM
+
+    live = make_gateway(Settings(classifier_block=["private_key"]))
+    client = live.openai()
+    r = raw(live, "POST", "/conversations", {"items": [user("fine"), user(f"my key:\n{PEM}")]})
+    assert_error(r, 400, code="content_policy_violation", param="items[1]")
+    assert PEM not in r.text
+    conv = client.conversations.create()
+    r = raw(live, "POST", f"/conversations/{conv.id}/items", {"items": [user(PEM)]})
+    assert_error(r, 400, code="content_policy_violation", param="items[0]")
+    assert list(client.conversations.items.list(conv.id)) == []  # a block adds nothing
+    classified = metric(live, "respgate_classified_items_total")
+    client.conversations.items.create(conv.id, items=[user(f"token {GH_TOKEN}")])  # a flag: added, reported
+    sink = live.gw.pipeline.flags.sink  # the two blocks are in the review stream too, without the value
+    wait_for(lambda: len(sink.records) == 3, what="three flag records")
+    assert [(f.action, f.category, f.item_index, f.response_id) for f in sink.records] == [
+        ("block", "private_key", 1, None), ("block", "private_key", 0, None), ("flag", "github_token", 0, None)]
+    assert metric(live, "respgate_classified_items_total") == classified + 1
+    # a turn on the conversation classifies its own input only, not the items again
+    client.responses.create(model=MODEL, input="next", conversation=conv.id)
+    assert metric(live, "respgate_classified_items_total") == classified + 2
+
+
 def test_request_errors_are_openais(gateway):
     r = raw(gateway, "POST", "/conversations", {"items": [user(str(i)) for i in range(21)]})
     assert_error(r, 400, code="array_above_max_length", param="items")
@@ -414,6 +438,15 @@ def test_a_turn_reads_the_conversation_and_appends_its_items(gateway):
     r2 = client.responses.create(model=MODEL, input="Again?", conversation={"id": conv.id}, store=False)
     assert r2.conversation.id == conv.id
     assert len(list(client.conversations.items.list(conv.id))) == len(after) + 1 + len(r2.output)
+    # a conversation turn's Response and events against both published schemas (conversation: {id})
+    schemas = OpenResponses()
+    body = post(gateway, {"model": MODEL, "input": "JSON?", "conversation": conv.id}).json()
+    assert body["conversation"] == {"id": conv.id}
+    assert not sdk_check_response(body) + schemas.response_errors(body)
+    _, _, events = stream(gateway, input="SSE?", conversation={"id": conv.id})
+    assert events[-1]["type"] == "response.completed" and events[0]["response"]["conversation"] == {"id": conv.id}
+    for ev in events:
+        assert not sdk_check_event(ev) + schemas.event_errors(ev), ev["type"]
 
 
 def test_conversation_refusals(gateway):

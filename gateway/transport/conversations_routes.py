@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from gateway.transport.http_routes import read_json_body
 from gateway.transport.services import GatewayState
 from gateway.turn.conversation import Conversations
+from gateway.turn.types import TurnContext
 from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, check_include, conversation_not_found,
                                         conversation_object, deleted_object, item_list, item_not_found, item_object,
                                         parse_body, parse_list_query)
@@ -70,12 +71,21 @@ def _only(request: Request, *allowed: str) -> list[str]:
     return values
 
 
+async def _added(request: Request, convs: Conversations, raw_items: list[Any], tenant: str | None) -> list[Any]:
+    """Items a client adds: canonical, then classified once as they enter the conversation (a turn
+    on it treats them as history, as it treats a parent's items)."""
+    gw: GatewayState = request.app.state.gateway
+    items = await convs.new_items(raw_items, tenant)
+    await gw.pipeline.classify.classify_added(items, TurnContext(transport="http", tenant=tenant))
+    return items
+
+
 @router.post("/v1/conversations")
 @router.post("/conversations", include_in_schema=False)
 async def create_conversation(request: Request) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     req: CreateBody = parse_body(CreateBody, body)
-    items = await convs.new_items(parse_items(req.items or [], "items"), tenant)
+    items = await _added(request, convs, parse_items(req.items or [], "items"), tenant)
     conversation_id = new_id("conv")
     conv = await convs.call("create", conversation_id, convs.store.create, conversation_id, tenant,
                             req.metadata or {}, items)
@@ -132,7 +142,7 @@ async def create_items(request: Request, conversation_id: str) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     _only(request, "include", "include[]")
     req: ItemsBody = parse_body(ItemsBody, body)
-    items = await convs.new_items(parse_items(req.items, "items"), tenant)
+    items = await _added(request, convs, parse_items(req.items, "items"), tenant)
     appended = await convs.call("append", conversation_id, convs.store.append, conversation_id, tenant, items)
     return _json(item_list(list(appended.items), False), headers)
 
