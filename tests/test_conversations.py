@@ -433,10 +433,14 @@ def test_a_turn_reads_the_conversation_and_appends_its_items(gateway):
     assert [i.id for i in after] == before + [inputs[0].id] + [o.id for o in resp.output]
     assert after[2].content[0].text == "What is my name?"
     check_list(raw(gateway, "GET", f"/conversations/{conv.id}/items").json())
+    # input_tokens counts the conversation's items too (and appends nothing)
+    counted = client.responses.input_tokens.count(model=MODEL, input="Again?", conversation=conv.id)
+    n_items = len(list(client.conversations.items.list(conv.id)))
     # the stored response echoes the conversation; {"id": ...} is the other accepted form
     assert client.responses.retrieve(resp.id).conversation.id == conv.id
     r2 = client.responses.create(model=MODEL, input="Again?", conversation={"id": conv.id}, store=False)
-    assert r2.conversation.id == conv.id
+    assert r2.conversation.id == conv.id and r2.usage.input_tokens == counted.input_tokens
+    assert n_items == len(after)
     assert len(list(client.conversations.items.list(conv.id))) == len(after) + 1 + len(r2.output)
     # a conversation turn's Response and events against both published schemas (conversation: {id})
     schemas = OpenResponses()
