@@ -497,6 +497,31 @@ def test_a_failed_turn_appends_nothing_and_is_billed_once(make_gateway):
         assert sink.records[resp.id].input_tokens == resp.usage.input_tokens
 
 
+def test_a_turn_whose_conversation_is_deleted_meanwhile_fails_and_is_billed_once(make_gateway):
+    import threading
+
+    sink = MemorySink()
+    engine = SimulatedEngine(record_prompts=True, script=turns_in_order([
+        Turn(text="word " * 60, delay_per_token_s=0.02)]))
+    live = make_gateway(engine=engine, usage_sink=sink)
+    client = live.openai()
+    conv = client.conversations.create(items=[user("hello")])
+    out: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: out.update(r=client.responses.create(
+        model=MODEL, input="talk", conversation=conv.id)))
+    worker.start()
+    wait_for(lambda: engine.stats.running == 1, what="the turn generating")
+    client.conversations.delete(conv.id)
+    worker.join(60)
+    resp = out["r"]
+    assert resp.status == "failed" and "could not be added to its conversation" in resp.error.message
+    assert client.responses.retrieve(resp.id).status == "failed"  # the stored state says so too
+    assert metric(live, "respgate_conversation_append_failures_total") == 1
+    wait_for(lambda: resp.id in sink.records, what="the usage record")
+    assert len(sink.records) == 1 and sink.records[resp.id].status == "failed"
+    assert sink.records[resp.id].output_tokens == resp.usage.output_tokens > 0
+
+
 def _chat_plan(n: int) -> list[Turn]:
     return [Turn(reasoning=f"Thinking about {i}.", text=f"Answer {i}.") for i in range(n)]
 
