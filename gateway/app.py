@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
+from cache.conversations import ConversationStore, Limits, MemoryConversationStore
 from cache.store import MemoryStore, ResponseStore
 from gateway.access.limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
@@ -41,6 +42,7 @@ def create_app(
     usage_sink: UsageSink | None = None,
     flags: FlagReporter | None = None,
     key_store: KeyStore | None = None,
+    conversations: ConversationStore | None = None,
 ) -> FastAPI:
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
@@ -50,12 +52,13 @@ def create_app(
 
         store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
+    conversations = build_conversation_store(settings) if conversations is None else conversations
     metrics = Metrics(per_tenant=settings.metrics_per_tenant)
     usage = build_usage_queue(settings, usage_sink)
     classifier = build_classifier(settings) if classifier is None else classifier
     flags = build_flag_reporter(settings) if flags is None else flags
     metrics.registry.register(FlagCollector(flags))
-    pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags)
+    pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags, conversations)
     auth, access = build_access(settings, key_store, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=auth, access=access)
@@ -81,6 +84,7 @@ def create_app(
             for engine in registry.engines():
                 await engine.shutdown()
             await store.close()
+            await conversations.close()
             await access.flush()
             await access.limiter.close()
             await auth.close()
@@ -89,10 +93,12 @@ def create_app(
     app.state.gateway = gw
     app.add_middleware(RequestIdMiddleware)
 
+    from gateway.transport.conversations_routes import router as conversations_router
     from gateway.transport.http_routes import router as http_router
     from gateway.transport.ws import router as ws_router
 
     app.include_router(http_router)
+    app.include_router(conversations_router)
     app.include_router(ws_router)
 
     @app.exception_handler(ApiError)
@@ -134,6 +140,17 @@ def build_access(settings: Settings, key_store: KeyStore | None = None,
 
         limiter = MemoryRateLimiter()
     return auth, Access(settings, limiter, metrics)
+
+
+def build_conversation_store(settings: Settings) -> ConversationStore:
+    """Conversations in Redis with ``redis_url`` (every replica sees them), else in this process."""
+    limits = Limits(max_items=settings.conversation_max_items, max_bytes=settings.conversation_max_bytes)
+    if settings.redis_url:
+        from cache.redis_conversations import RedisConversationStore
+
+        return RedisConversationStore.from_url(settings.redis_url, limits, ttl_s=settings.conversation_ttl_s)
+    return MemoryConversationStore(limits, max_total_bytes=settings.conversation_store_max_bytes,
+                                   ttl_s=settings.conversation_ttl_s)
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:

@@ -75,6 +75,17 @@ class Metrics:
                                ["stage", "transport"], buckets=STAGE_BUCKETS, registry=r)
         self.store_latency = Histogram("respgate_store_seconds", "Response store operation latency", ["op"],
                                        buckets=STAGE_BUCKETS, registry=r)
+        self.conversation_latency = Histogram("respgate_conversation_store_seconds",
+                                              "Conversation store operation latency", ["op"],
+                                              buckets=STAGE_BUCKETS, registry=r)
+        self.conversation_turns = Counter("respgate_conversation_turns",
+                                          "Conversation turns by where their context came from: this process's "
+                                          "last response on it (tip: an append) or the stored items (a full render)",
+                                          ["context"], registry=r)
+        self.conversation_append_failures = Counter("respgate_conversation_append_failures",
+                                                    "Finished conversation turns whose items could not be appended "
+                                                    "(conversation deleted meanwhile, or the store unavailable)",
+                                                    registry=r)
         self.conn_cache = Counter("respgate_connection_cache_lookups",
                                   "previous_response_id lookups in a WebSocket connection cache", ["outcome"],
                                   registry=r)

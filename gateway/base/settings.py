@@ -109,6 +109,17 @@ class Settings(BaseModel):
     ws_cache_bytes: int = 512 * 1024 * 1024
     store_max_bytes: int = 1024 * 1024 * 1024
     store_ttl_s: float = 24 * 3600.0
+    # -- conversations (cache/conversations.py, gateway/turn/conversation.py) ------------------------
+    #: items and bytes of item JSON one conversation may hold (an addition beyond is a 400; a turn's
+    #: own items are always kept, so a turn may cross the bound once)
+    conversation_max_items: int = Field(default=10_000, ge=1)
+    conversation_max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    #: all conversations of the in-memory store together (least recently used dropped first)
+    conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    #: a conversation expires this long after its last change
+    conversation_ttl_s: float = Field(default=30 * 86400.0, gt=0)
+    #: this process's last response per conversation (its rendered tokens: the next turn appends)
+    conversation_tips_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     #: shared response store (``redis://...``); unset = in-memory. ``REDIS_URL`` is read as a fallback
     redis_url: str | None = None
     #: billing: the local journal (fsync'd JSON lines) that holds usage records while the ledger is

@@ -406,3 +406,7 @@ async def readiness(request: Request) -> Response:
     ready = all(engines.values()) and gw.accepting
     return _json({"status": "ready" if ready else "not_ready", "engines": engines,
                   "uptime_s": round(time.time() - gw.started_at, 3)}, 200 if ready else 503)
+
+
+#: the bounded JSON body reader, shared with the other HTTP route modules (conversations_routes)
+read_json_body = _json_body

@@ -1,6 +1,6 @@
 """Request checks: what a create may ask for before anything is resolved or rendered.
 
-Parameters the gateway does not serve (background mode, conversations, stored prompts), tool
+Parameters the gateway does not serve (background mode, stored prompts), tool
 definitions (hosted tools stripped or refused, asynchronous tools refused) and ``tool_choice``
 against the tools. Each refusal is OpenAI's error for it, naming the parameter. Pure functions of
 the request: no I/O, nothing recorded.
@@ -38,11 +38,23 @@ def check_supported(req: CreateRequest, transport: Transport) -> None:
         if req.previous_response_id is not None:
             raise bad_request("'previous_response_id' and 'conversation' cannot be used together.",
                               code="invalid_request", param="conversation")
-        raise ApiError(400, "The Conversations API is not supported by this gateway.",
-                       code="unsupported_parameter", param="conversation")
+        _check_conversation_input(req.input)
     if req.prompt is not None:
         raise ApiError(400, "Stored prompts are not supported by this gateway.", code="unsupported_parameter",
                        param="prompt")
+
+
+def _check_conversation_input(raw: Any) -> None:
+    """A client's ``compaction`` item replaces everything before it, which in a conversation would be
+    the conversation itself; compaction in a conversation is ``context_management``'s (its output
+    item is appended and windows the conversation's later turns, ``gateway.turn.conversation``)."""
+    if not isinstance(raw, list):
+        return
+    for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("type") == "compaction":
+            raise ApiError(400, "A compaction input item cannot be used with 'conversation': the conversation "
+                           "keeps its own items. Use context_management to compact a conversation.",
+                           code="unsupported_parameter", param=f"input[{i}]")
 
 
 def route_and_tools(req: CreateRequest, registry: ModelRegistry,

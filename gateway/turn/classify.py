@@ -11,7 +11,8 @@ Which text of an item is classified (and counted):
 * ``reasoning``: the reasoning text and summary text.
 
 Items re-included by ``item_reference`` were classified when they entered the conversation and
-are skipped. A block is a 400 naming the category and the item, never the matched value; flags are
+are skipped. Items added to a server-side conversation through the Conversations API enter there
+(:meth:`ClassifyStage.classify_added`), so a turn on the conversation does not see them again. A block is a 400 naming the category and the item, never the matched value; flags are
 reported asynchronously (``security.flags``) once the response id exists.
 """
 
@@ -40,6 +41,32 @@ class ClassifyStage:
         ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
         itself where its scans run (``security.classify.Composite``)."""
         texts = await cpu(texts_of, turn.new_items, turn.base_context.has_id)
+        verdicts = await self._verdicts(texts)
+        blocks = [v for v in verdicts if v.action == "block"]
+        if blocks:
+            self.report(blocks, turn, ctx, response_id=None)
+            first = blocks[0]
+            raise ApiError(400, block_message(first), code="content_policy_violation",
+                           param=f"input[{first.index}]" if first.index is not None else "input")
+        return verdicts
+
+    async def classify_added(self, items: Sequence[Mapping[str, Any]], ctx: TurnContext) -> tuple[Verdict, ...]:
+        """Items a client adds to a conversation (not a turn): classified once as they enter; a block
+        is a 400 naming ``items[i]`` (nothing is added), flags are reported without a response."""
+        verdicts = await self._verdicts(texts_of(items))
+        if self.flags is not None and verdicts:
+            self.flags.report([FlagRecord.of(
+                v, item_type=items[v.index].get("type") if v.index is not None else None, response_id=None,
+                previous_response_id=None, tenant=ctx.tenant, model=None, transport=ctx.transport,
+                flagged_before=False) for v in verdicts])
+        blocks = [v for v in verdicts if v.action == "block"]
+        if blocks:
+            raise ApiError(400, block_message(blocks[0]), code="content_policy_violation",
+                           param=f"items[{blocks[0].index}]" if blocks[0].index is not None else "items")
+        return verdicts
+
+    async def _verdicts(self, texts: list[ItemText]) -> tuple[Verdict, ...]:
+        """The non-allow verdicts on ``texts``, counted."""
         try:
             verdicts = tuple(v for v in await self.classifier.classify(texts) if v.action != "allow")
         except ClassifierUnavailable:
@@ -49,12 +76,6 @@ class ClassifyStage:
         self.metrics.classified_bytes.inc(sum(t.nbytes for t in texts))
         for v in verdicts:
             self.metrics.classifier_verdicts.labels(v.action, (v.category or "")[:64]).inc()
-        blocks = [v for v in verdicts if v.action == "block"]
-        if blocks:
-            self.report(blocks, turn, ctx, response_id=None)
-            first = blocks[0]
-            raise ApiError(400, block_message(first), code="content_policy_violation",
-                           param=f"input[{first.index}]" if first.index is not None else "input")
         return verdicts
 
     def report(self, verdicts: Sequence[Verdict], turn: TurnInput, ctx: TurnContext,

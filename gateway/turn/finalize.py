@@ -10,6 +10,11 @@ cache update is a dict write, the store write of a response nobody continues fro
 one write only), and the usage record goes on the billing queue whose worker overlaps the client's
 next turn. The usage record is submitted once the outcome is final — after the store result — so
 the ledger bills exactly what the client is told.
+
+A ``conversation`` turn that completes appends its input and output items to the conversation in
+the same step, before its terminal event (``store=false`` too: the conversation is its own
+storage), so the client's next turn — and its next ``items.list`` — sees them; when the append
+fails the turn fails, as for a failed store write (``gateway.turn.conversation``).
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
+from gateway.turn.conversation import Conversations
 from gateway.turn.types import Item, PreparedTurn, UsageHook
-from gateway.wire.errors import is_fault
+from gateway.wire.conversations import CONVERSATION_FAILED_MESSAGE
+from gateway.wire.errors import STORE_FAILED_MESSAGE, is_fault
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE
 
 log = logging.getLogger(__name__)
@@ -57,8 +64,10 @@ class Outcome:
 
 
 class Finalizer:
-    def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics) -> None:
+    def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics,
+                 conversations: Conversations | None = None) -> None:
         self.store = store
+        self.conversations = conversations
         self.usage = usage
         self.metrics = metrics
         #: store writes in flight, by response id
@@ -66,7 +75,7 @@ class Finalizer:
 
     def must_write(self, turn: PreparedTurn, outcome: Outcome) -> bool:
         """Whether the client may be told about ``outcome`` only once it is stored (see the module doc)."""
-        return turn.input.store and outcome.status in CHAINABLE
+        return (turn.input.store or turn.input.conversation is not None) and outcome.status in CHAINABLE
 
     async def write(self, turn: PreparedTurn, outcome: Outcome) -> ResponseState | None:
         """Write the state of ``outcome`` now, before the client is told; None when the write failed.
@@ -76,7 +85,12 @@ class Finalizer:
         cancellation (the turn cut while waiting) propagates."""
         state = self._state(turn, outcome)
         try:
-            await self._timed_put(state)
+            if turn.input.store:
+                await self._timed_put(state)
+            if turn.input.conversation is not None and self.conversations is not None:
+                # after the store write: if the append fails, the failed state overwrites the stored one
+                if not await self.conversations.append(turn, state, compacted=outcome.compacted is not None):
+                    return None
         except StoreUnavailable as exc:
             outage_log.warning("store_write", "store write failed for %s, the response fails instead: %s",
                                turn.id, exc)
@@ -87,6 +101,10 @@ class Finalizer:
             log.exception("store write crashed for %s, the response fails instead", turn.id)
             return None
         return state
+
+    def failure_message(self, turn: PreparedTurn) -> str:
+        """What a turn whose ``write`` failed tells the client."""
+        return CONVERSATION_FAILED_MESSAGE if turn.input.conversation is not None else STORE_FAILED_MESSAGE
 
     def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
                stored: ResponseState | None = None) -> ResponseState:

@@ -24,6 +24,7 @@ import time
 from typing import Any, AsyncIterator
 
 from billing.usage import UsageQueue
+from cache.conversations import ConversationStore, MemoryConversationStore
 from cache.store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics
@@ -33,6 +34,7 @@ from gateway.turn.checks import check_params
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.compact import WindowCompaction
 from gateway.turn.compaction import Compactor
+from gateway.turn.conversation import Conversations
 from gateway.turn.events import Event
 from gateway.turn.finalize import Finalizer
 from gateway.turn.offload import PrepareOffload
@@ -67,17 +69,22 @@ class Pipeline:
         usage: UsageQueue,
         metrics: Metrics,
         flags: FlagReporter | None = None,
+        conversations: ConversationStore | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
         self.flags = flags
         sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
-        self.finalizer = Finalizer(store, usage, metrics)
         self.compactor = Compactor(sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
+        self.conversations = Conversations(MemoryConversationStore() if conversations is None else conversations,
+                                           store, metrics, sealer, self.compactor,
+                                           tips_bytes=settings.conversation_tips_bytes)
+        self.finalizer = Finalizer(store, usage, metrics, self.conversations)
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
-                                 hosted_tools=settings.hosted_tools, offload=self.offload)
+                                 hosted_tools=settings.hosted_tools, offload=self.offload,
+                                 conversations=self.conversations)
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)

@@ -15,6 +15,10 @@ stored response that holds its last reference (references by id, other items equ
 ids), that response is the turn's parent: only the rest is new, so the turn is classified and
 rendered as a continuation (an append onto the parent's tokens when this process has them).
 
+**Conversations.** A ``conversation`` create's parent is what ``gateway.turn.conversation`` makes
+of the conversation: this process's last response on it when the conversation is unchanged since
+(an append), else a stand-in holding its stored items (a full render).
+
 **Where the work runs.** Parsing, item building and the implied-parent comparison are CPU work that
 a big request hands to the prepare pool (``gateway.turn.offload``); store and connection-cache
 lookups stay on the event loop between them.
@@ -33,6 +37,7 @@ from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
 from gateway.turn.compaction import Compactor
+from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
@@ -54,7 +59,8 @@ def _no_lap(stage: str) -> None:
 class Resolver:
     def __init__(self, registry: ModelRegistry, store: ResponseStore, metrics: Metrics, sealer: Sealer,
                  compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
-                 hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None) -> None:
+                 hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None,
+                 conversations: Conversations | None = None) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
         not size (``resolve(cpu=None)``); without it everything runs inline."""
@@ -66,6 +72,7 @@ class Resolver:
         self.compactor = compactor
         self.pending_write = pending_write
         self.hosted_tools = hosted_tools
+        self.conversations = conversations
 
     async def resolve(self, body: Any, ctx: TurnContext, *, generate: bool | None = None,
                       lap: Lap = _no_lap, cpu: Cpu | None = None) -> TurnInput:
@@ -77,13 +84,15 @@ class Resolver:
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
-        parent = await self.parent(req.previous_response_id, ctx)
+        cid = req.conversation_id
+        conv = None if cid is None else await self.conversations.base(cid, ctx.tenant)  # type: ignore[union-attr]
+        parent = conv.parent if conv is not None else await self.parent(req.previous_response_id, ctx)
         base_context = parent.context if parent is not None else ItemLog()
         stored = await self._stored_items(raw_items, base_context, ctx)
         lap("resolve")
         new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored)
         resent: list[Item] = []  # the implied parent's context, as the client re-sent it
-        if parent is None and stored:
+        if parent is None and stored and conv is None:
             implied = await self._implied_parent(raw_items, new_items, stored, ctx, cpu)
             if implied is not None:
                 parent, base_context = implied, implied.context
@@ -99,6 +108,7 @@ class Resolver:
             base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
             new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
+            conversation=conv.ref if conv is not None else None,
         )
 
     def _validate(self, body: Any, transport: Transport) -> tuple[CreateRequest, list[Any], ModelRoute,

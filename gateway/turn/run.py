@@ -46,7 +46,7 @@ from gateway.turn.logprobs import LogprobAttribution
 from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, UsageHook
-from gateway.wire.errors import STORE_FAILED_MESSAGE, is_fault
+from gateway.wire.errors import is_fault
 from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
 from inference.engine import EngineError
@@ -222,7 +222,8 @@ class TurnRunner:
         stored = await self.finalizer.write(turn, outcome)
         if stored is not None:
             return pending, outcome, stored
-        pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error", STORE_FAILED_MESSAGE)
+        pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error",
+                                                         self.finalizer.failure_message(turn))
         return pending, Outcome(events.status, events.output, outcome.usage, None, exact=False,
                                 copied_bytes=outcome.copied_bytes, first_token_at=outcome.first_token_at), None
 

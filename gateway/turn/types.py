@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
 from cache.connection import ConnectionCache
+from cache.conversations import ConversationRef
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
@@ -69,6 +70,8 @@ class TurnInput:
     compact_trigger: bool
     generate: bool
     store: bool
+    #: the conversation the turn reads and extends (``gateway.turn.conversation``)
+    conversation: ConversationRef | None = None
 
 
 @dataclass(frozen=True, slots=True)

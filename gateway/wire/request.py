@@ -70,6 +70,35 @@ class ReasoningConfig(_Strict):
     mode: Literal["standard", "pro"] | None = None
 
 
+class ConversationParam(_Strict):
+    """``conversation: {"id": ...}`` (the other accepted form is the bare id string)."""
+
+    id: str
+
+
+def _conversation_tag(v: Any) -> str:
+    return "<id>" if isinstance(v, str) else "<object>"
+
+
+#: ``conversation``: an id, or ``{"id": ...}`` (tags in ``<>`` stay out of error paths)
+ConversationField = Annotated[
+    Union[Annotated[str, Tag("<id>")], Annotated[ConversationParam, Tag("<object>")]],
+    Discriminator(_conversation_tag),
+]
+
+
+def check_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata bounds: at most 16 pairs, keys <= 64 and values <= 512 characters."""
+    if v is None:
+        return v
+    if len(v) > 16:
+        raise ValueError("Invalid 'metadata': too many properties. Expected at most 16.")
+    for k, val in v.items():
+        if len(k) > 64 or len(val) > 512:
+            raise ValueError("Invalid 'metadata': keys must be <= 64 characters and values <= 512 characters.")
+    return v
+
+
 class CompactionConfig(_Strict):
     type: Literal["compaction"]
     compact_threshold: int | None = Field(default=None, ge=1000)
@@ -85,7 +114,8 @@ class CreateRequest(_Strict):
     input: Any = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    conversation: Any = None
+    #: the conversation this turn reads and extends (``gateway.turn.conversation``)
+    conversation: ConversationField | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
@@ -125,14 +155,12 @@ class CreateRequest(_Strict):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        if len(v) > 16:
-            raise ValueError("Invalid 'metadata': too many properties. Expected at most 16.")
-        for k, val in v.items():
-            if len(k) > 64 or len(val) > 512:
-                raise ValueError("Invalid 'metadata': keys must be <= 64 characters and values <= 512 characters.")
-        return v
+        return check_metadata(v)
+
+    @property
+    def conversation_id(self) -> str | None:
+        c = self.conversation
+        return c.id if isinstance(c, ConversationParam) else c
 
 
 _items = TypeAdapter(list[InputItem])
@@ -158,16 +186,22 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"]) -> tuple[Create
             raise bad_request("Invalid 'input': string too long.", code="string_above_max_length", param="input")
         items = [raw]
     elif isinstance(raw, list):
-        try:
-            items = _items.validate_python(raw)
-        except ValidationError as exc:
-            err = to_api_error(exc)
-            err.param = f"input{err.param}" if err.param and err.param.startswith("[") else (err.param or "input")
-            err.message = err.message.replace("'[", "'input[")
-            raise err from None
+        items = parse_items(raw, "input")
     else:
         raise ApiError(
             400, "Invalid type for 'input': expected a string or an array of input items.", code="invalid_type",
             param="input",
         )
     return req, items
+
+
+def parse_items(raw: list[Any], param: str) -> list[Any]:
+    """Validate a list of input items (a create's ``input``, a conversation's ``items``); errors name
+    ``param[i]...``."""
+    try:
+        return _items.validate_python(raw)
+    except ValidationError as exc:
+        err = to_api_error(exc)
+        err.param = f"{param}{err.param}" if err.param and err.param.startswith("[") else (err.param or param)
+        err.message = err.message.replace("'[", f"'{param}[")
+        raise err from None

@@ -44,7 +44,7 @@ def response_skeleton(
         "access_programs": None,
         "background": False,
         "completed_at": None,
-        "conversation": None,  # the Conversations API is refused (gateway/turn/checks.py)
+        "conversation": {"id": req.conversation_id} if req.conversation is not None else None,
         "error": None,
         "frequency_penalty": 0.0 if req.frequency_penalty is None else float(req.frequency_penalty),
         "image": None,

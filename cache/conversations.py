@@ -1,0 +1,362 @@
+"""The conversation store: server-side conversations (OpenAI's Conversations API) and their items.
+
+A conversation is an ordered list of items (the same dicts a turn's context holds: canonical
+input items with ids, and output items as the Response carried them) plus ``metadata`` and a
+**revision**. Every change to the items (an append, a deleted item) bumps the revision, so a
+process that remembers "after my last turn on this conversation the items were exactly my
+response's context, at revision R" (:class:`ConversationTips`) can tell with one small read
+whether anyone changed the conversation since — and if nobody did, continue from its own rendered
+tokens instead of re-rendering the items (the O(new input) rule; ``gateway.turn.conversation``).
+
+One protocol, two implementations: :class:`MemoryConversationStore` here (one process) and
+``cache.redis_conversations.RedisConversationStore`` (shared by every replica). Rules both keep:
+
+* **Tenancy.** A conversation belongs to the tenant that created it; every other tenant gets
+  :class:`ConversationNotFound`, exactly as for an id that never existed.
+* **Bounds in bytes.** A conversation holds at most ``max_items`` items and ``max_bytes`` bytes of
+  item JSON (:func:`item_bytes`); an append beyond either is refused whole
+  (:class:`ConversationFull`). A turn's own append is ``force``d: the turn already ran and was
+  billed, so its items are kept even when they cross the bound (by at most one turn's items; the
+  next addition is refused). The memory store also bounds all conversations together (LRU).
+* **Ids.** Items keep the id they came with; an id may appear once per conversation
+  (:class:`DuplicateItem`). Forced appends skip items whose id is already there.
+* **Expiry.** A conversation expires ``ttl_s`` after its last change.
+
+Backend failures are ``cache.store.StoreUnavailable`` (a retryable 503), never "not found".
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Sequence
+
+import orjson
+
+from cache.state import ResponseState
+
+Item = dict[str, Any]
+Order = Literal["asc", "desc"]
+
+
+class ConversationNotFound(LookupError):
+    """No such conversation for this tenant (missing, expired, deleted, or another tenant's)."""
+
+
+class ConversationFull(Exception):
+    """An append would take the conversation past ``max_items`` or ``max_bytes``."""
+
+
+class DuplicateItem(Exception):
+    """An item's id is already in the conversation (or twice in one append)."""
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(item_id)
+        self.item_id = item_id
+
+
+class UnknownCursor(LookupError):
+    """``after`` names no item of the conversation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int = 10_000
+    max_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    created_at: int
+    metadata: dict[str, str]
+    #: bumped by every change to the items; a remembered tip is current only at its revision
+    revision: int = 0
+    count: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    conversation: Conversation
+    #: the revision just before this append: equal to the one a turn resolved at when nobody
+    #: changed the conversation while the turn ran
+    previous_revision: int
+    #: what was appended (a forced append skips ids already present)
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[Item]
+    has_more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRef:
+    """The conversation a turn runs on, and the revision whose items it was resolved against."""
+
+    id: str
+    revision: int
+
+
+def item_bytes(item: Item) -> int:
+    """What an item counts against a conversation's byte bound: its JSON (as Redis stores it)."""
+    return len(orjson.dumps(item))
+
+
+class ConversationStore(Protocol):
+    #: other gateway processes read this store (a client may call any replica next)
+    shared: bool
+    limits: Limits
+
+    async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
+                     items: Sequence[Item]) -> Conversation:
+        """A new conversation holding ``items`` (bounded like an append; raises ``ConversationFull``,
+        ``DuplicateItem``)."""
+
+    async def get(self, conversation_id: str, tenant: str | None) -> Conversation | None: ...
+
+    async def update(self, conversation_id: str, tenant: str | None, metadata: dict[str, str]) -> Conversation | None:
+        """Replace the metadata (the items and the revision are unchanged)."""
+
+    async def delete(self, conversation_id: str, tenant: str | None) -> bool: ...
+
+    async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
+                     force: bool = False) -> Appended:
+        """Raises ``ConversationNotFound``; unless ``force``d also ``ConversationFull``, ``DuplicateItem``."""
+
+    async def items(self, conversation_id: str, tenant: str | None) -> tuple[Conversation, list[Item]]:
+        """Every item, oldest first, with the conversation at that revision (one consistent read)."""
+
+    async def page(self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int,
+                   order: Order) -> Page:
+        """Up to ``limit`` items after the item ``after`` in ``order``; raises ``UnknownCursor``."""
+
+    async def item(self, conversation_id: str, tenant: str | None, item_id: str) -> Item | None: ...
+
+    async def delete_item(self, conversation_id: str, tenant: str | None, item_id: str) -> Conversation | None:
+        """The conversation after the delete; None when it has no such item."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Record:
+    """One conversation inside the memory store (mutable: the store owns it, nobody else sees it)."""
+
+    tenant: str | None
+    created_at: int
+    metadata: dict[str, str]
+    expires: float
+    revision: int = 0
+    nbytes: int = 0
+    next_seq: int = 0
+    #: ascending sequence numbers of the live items (bisect for cursors), and their items
+    seqs: list[int] = field(default_factory=list)
+    by_seq: dict[int, tuple[Item, int]] = field(default_factory=dict)
+    seq_of: dict[str, int] = field(default_factory=dict)
+
+    def value(self, conversation_id: str) -> Conversation:
+        return Conversation(conversation_id, self.created_at, dict(self.metadata), self.revision, len(self.seqs),
+                            self.nbytes)
+
+
+class MemoryConversationStore:
+    """Conversations in this process: LRU + TTL, bounded in bytes per conversation and in total."""
+
+    shared = False
+
+    def __init__(self, limits: Limits = Limits(), *, max_total_bytes: int = 1024 * 1024 * 1024,
+                 ttl_s: float = 30 * 86400.0) -> None:
+        self.limits = limits
+        self.max_total_bytes = max_total_bytes
+        self.ttl_s = ttl_s
+        self._convs: OrderedDict[str, _Record] = OrderedDict()
+        self.nbytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._convs)
+
+    def _find(self, conversation_id: str, tenant: str | None) -> _Record:
+        rec = self._convs.get(conversation_id)
+        if rec is not None and rec.expires < time.monotonic():
+            self._drop(conversation_id)
+            rec = None
+        if rec is None or rec.tenant != tenant:
+            raise ConversationNotFound(conversation_id)
+        self._convs.move_to_end(conversation_id)
+        return rec
+
+    def _changed(self, conversation_id: str, rec: _Record, *, bump: bool = True) -> None:
+        """After a write: the revision (items changed), the expiry, the total bound (LRU)."""
+        rec.revision += bump
+        rec.expires = time.monotonic() + self.ttl_s
+        while self.nbytes > self.max_total_bytes and len(self._convs) > 1:
+            oldest = next(iter(self._convs))
+            if oldest == conversation_id:
+                self._convs.move_to_end(oldest)
+                continue
+            self._drop(oldest)
+            self.evictions += 1
+
+    def _drop(self, conversation_id: str) -> None:
+        rec = self._convs.pop(conversation_id)
+        self.nbytes -= rec.nbytes
+
+    async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
+                     items: Sequence[Item]) -> Conversation:
+        rec = _Record(tenant, int(time.time()), dict(metadata), time.monotonic() + self.ttl_s)
+        self._add(rec, items, force=False)  # raises before the conversation exists
+        self._convs[conversation_id] = rec
+        self.nbytes += rec.nbytes
+        self._changed(conversation_id, rec, bump=False)  # a new conversation starts at revision 0
+        return rec.value(conversation_id)
+
+    async def get(self, conversation_id: str, tenant: str | None) -> Conversation | None:
+        try:
+            return self._find(conversation_id, tenant).value(conversation_id)
+        except ConversationNotFound:
+            return None
+
+    async def update(self, conversation_id: str, tenant: str | None, metadata: dict[str, str]) -> Conversation | None:
+        try:
+            rec = self._find(conversation_id, tenant)
+        except ConversationNotFound:
+            return None
+        rec.metadata = dict(metadata)
+        return rec.value(conversation_id)
+
+    async def delete(self, conversation_id: str, tenant: str | None) -> bool:
+        try:
+            self._find(conversation_id, tenant)
+        except ConversationNotFound:
+            return False
+        self._drop(conversation_id)
+        return True
+
+    async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
+                     force: bool = False) -> Appended:
+        rec = self._find(conversation_id, tenant)
+        before, nbytes = rec.revision, rec.nbytes
+        added = self._add(rec, items, force=force)
+        self.nbytes += rec.nbytes - nbytes
+        self._changed(conversation_id, rec)
+        return Appended(rec.value(conversation_id), before, added)
+
+    def _add(self, rec: _Record, items: Sequence[Item], *, force: bool) -> tuple[Item, ...]:
+        """Check then add (nothing is added when a check fails); returns what was added."""
+        sizes: list[tuple[Item, int]] = []
+        seen: set[str] = set()
+        for item in items:
+            item_id = item["id"]
+            if item_id in rec.seq_of or item_id in seen:
+                if force:
+                    continue
+                raise DuplicateItem(item_id)
+            seen.add(item_id)
+            sizes.append((item, item_bytes(item)))
+        total = rec.nbytes + sum(n for _, n in sizes)
+        if not force and (len(rec.seqs) + len(sizes) > self.limits.max_items or total > self.limits.max_bytes):
+            raise ConversationFull(f"{len(rec.seqs)} items, {rec.nbytes} bytes")
+        for item, n in sizes:
+            seq = rec.next_seq
+            rec.next_seq += 1
+            rec.seqs.append(seq)
+            rec.by_seq[seq] = (item, n)
+            rec.seq_of[item["id"]] = seq
+        rec.nbytes = total
+        return tuple(item for item, _ in sizes)
+
+    async def items(self, conversation_id: str, tenant: str | None) -> tuple[Conversation, list[Item]]:
+        rec = self._find(conversation_id, tenant)
+        return rec.value(conversation_id), [rec.by_seq[s][0] for s in rec.seqs]
+
+    async def page(self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int,
+                   order: Order) -> Page:
+        rec = self._find(conversation_id, tenant)
+        seqs = rec.seqs
+        if after is None:
+            lo, hi = 0, len(seqs)
+        else:
+            at = rec.seq_of.get(after)
+            if at is None:
+                raise UnknownCursor(after)
+            pos = bisect.bisect_left(seqs, at)
+            lo, hi = (pos + 1, len(seqs)) if order == "asc" else (0, pos)
+        chosen = seqs[lo:min(hi, lo + limit)] if order == "asc" else seqs[max(lo, hi - limit):hi][::-1]
+        return Page([rec.by_seq[s][0] for s in chosen], hi - lo > limit)
+
+    async def item(self, conversation_id: str, tenant: str | None, item_id: str) -> Item | None:
+        rec = self._find(conversation_id, tenant)
+        seq = rec.seq_of.get(item_id)
+        return rec.by_seq[seq][0] if seq is not None else None
+
+    async def delete_item(self, conversation_id: str, tenant: str | None, item_id: str) -> Conversation | None:
+        rec = self._find(conversation_id, tenant)
+        seq = rec.seq_of.pop(item_id, None)
+        if seq is None:
+            return None
+        del rec.seqs[bisect.bisect_left(rec.seqs, seq)]
+        _, n = rec.by_seq.pop(seq)
+        rec.nbytes -= n
+        self.nbytes -= n
+        self._changed(conversation_id, rec)
+        return rec.value(conversation_id)
+
+    async def close(self) -> None:
+        self._convs.clear()
+        self.nbytes = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tip:
+    """This process's last response on a conversation, and the revision the conversation had right
+    after that response's items were appended (when its items were exactly the response's context)."""
+
+    state: ResponseState
+    revision: int
+
+
+class ConversationTips:
+    """Process-local LRU: conversation id -> :class:`Tip`, bounded by the bytes the states keep alive.
+
+    A state's ``nbytes`` counts its whole context and tokens; a state that is also a WebSocket
+    lane's latest response is counted there too (conservative, like the connection cache).
+    """
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._tips: OrderedDict[str, Tip] = OrderedDict()
+        self.nbytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._tips)
+
+    def get(self, conversation_id: str) -> Tip | None:
+        tip = self._tips.get(conversation_id)
+        if tip is not None:
+            self._tips.move_to_end(conversation_id)
+        return tip
+
+    def put(self, conversation_id: str, tip: Tip) -> None:
+        self.discard(conversation_id)
+        self._tips[conversation_id] = tip
+        self.nbytes += tip.state.nbytes
+        while self.nbytes > self.max_bytes and self._tips:
+            _, old = self._tips.popitem(last=False)
+            self.nbytes -= old.state.nbytes
+            self.evictions += 1
+
+    def discard(self, conversation_id: str) -> None:
+        old = self._tips.pop(conversation_id, None)
+        if old is not None:
+            self.nbytes -= old.state.nbytes
+
+    def clear(self) -> None:
+        self._tips.clear()
+        self.nbytes = 0
