@@ -20,7 +20,7 @@ from gateway.access.limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
 from gateway.wire.errors import ApiError
 from gateway.base.log_context import RequestIdMiddleware
-from gateway.base.metrics import ComponentCollector, FlagCollector, Metrics
+from gateway.base.metrics import ComponentCollector, FlagCollector, Metrics, PrefixCacheCollector
 from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings
 from gateway.transport.services import GatewayState
@@ -59,6 +59,8 @@ def create_app(
     flags = build_flag_reporter(settings) if flags is None else flags
     metrics.registry.register(FlagCollector(flags))
     pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags, conversations)
+    if pipeline.prefix is not None:
+        metrics.registry.register(PrefixCacheCollector(pipeline.prefix.cache))
     auth, access = build_access(settings, key_store, metrics)
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=auth, access=access)

@@ -117,6 +117,25 @@ class Metrics:
                                     "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
                                     registry=r)
         self._classifier_metrics(r)
+        self._prefix_metrics(r)
+
+    # -- full-history reuse (gateway/turn/prefix.py): what requests without a parent did not redo --
+    def _prefix_metrics(self, r: CollectorRegistry) -> None:
+        self.prefix_lookups = Counter("respgate_prefix_cache_lookups",
+                                      "Requests without a parent looked up in the prefix cache "
+                                      "(hit, miss, ineligible)", ["outcome"], registry=r)
+        self.prefix_reused_tokens = Counter("respgate_prefix_cache_reused_tokens",
+                                            "Prompt tokens of requests without a parent taken from the prefix "
+                                            "cache instead of rendered", registry=r)
+        self.prefix_checked_tokens = Counter("respgate_prefix_cache_checked_tokens",
+                                             "Tokens of re-sent output items the lookup rendered to compare them "
+                                             "with the model's sampled tokens", registry=r)
+        self.prefix_copied_tokens = Counter("respgate_prefix_cache_copied_tokens",
+                                            "Cached prompt tokens copied to a new buffer because the sampled "
+                                            "tokens after them differ from the canonical rendering", registry=r)
+        self.prefix_skipped_items = Counter("respgate_prefix_cache_skipped_items",
+                                            "Input items not classified again: the tenant's earlier turn sent "
+                                            "them (or they are the model's output)", registry=r)
 
     # -- classifiers (security issue): work on new items only, and what was found ------------------
     def _classifier_metrics(self, r: CollectorRegistry) -> None:
@@ -169,6 +188,25 @@ class FlagCollector:
         pending = GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written")
         pending.add_metric([], getattr(self.reporter, "pending", 0))
         yield pending
+
+
+class PrefixCacheCollector:
+    """The prefix cache's size and evictions, read at scrape time (``cache.prefix_cache``)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Any]:
+        size = GaugeMetricFamily("respgate_prefix_cache_bytes", "Bytes the prefix cache charges (token views)")
+        size.add_metric([], getattr(self.cache, "nbytes", 0))
+        yield size
+        entries = GaugeMetricFamily("respgate_prefix_cache_entries", "Turns the prefix cache holds")
+        entries.add_metric([], getattr(self.cache, "entries", 0))
+        yield entries
+        ev = CounterMetricFamily("respgate_prefix_cache_evictions",
+                                 "Conversations dropped from the prefix cache by its byte bounds")
+        ev.add_metric([], getattr(self.cache, "evictions", 0))
+        yield ev
 
 
 class ComponentCollector:

@@ -108,6 +108,10 @@ class Settings(BaseModel):
     ws_max_lanes: int = 32
     ws_cache_bytes: int = 512 * 1024 * 1024
     store_max_bytes: int = 1024 * 1024 * 1024
+    #: full-history requests (no previous_response_id): the rendered prefixes kept for reuse, in all
+    #: and per tenant (token views, least recently used conversation out); 0 turns the cache off
+    prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    prefix_cache_tenant_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     store_ttl_s: float = 24 * 3600.0
     # -- conversations (cache/conversations.py, gateway/turn/conversation.py) ------------------------
     #: items and bytes of item JSON one conversation may hold (an addition beyond is a 400; a turn's

@@ -12,7 +12,11 @@ Which text of an item is classified (and counted):
 
 Items re-included by ``item_reference`` were classified when they entered the conversation and
 are skipped. Items added to a server-side conversation through the Conversations API enter there
-(:meth:`ClassifyStage.classify_added`), so a turn on the conversation does not see them again. A block is a 400 naming the category and the item, never the matched value; flags are
+(:meth:`ClassifyStage.classify_added`), so a turn on the conversation does not see them again. So
+are the first items of a request with no parent that the tenant's prefix cache knows
+(``gateway.turn.prefix``: classified in the earlier turn that sent them, or the model's own
+output); a flag among them still counts for the conversation (``TurnInput.flagged_before``). A
+block is a 400 naming the category and the item, never the matched value; flags are
 reported asynchronously (``security.flags``) once the response id exists.
 """
 
@@ -40,7 +44,10 @@ class ClassifyStage:
 
         ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
         itself where its scans run (``security.classify.Composite``)."""
-        texts = await cpu(texts_of, turn.new_items, turn.base_context.has_id)
+        seen = turn.prefix.seen if turn.prefix is not None else 0
+        texts = await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen)
+        if seen:
+            self.metrics.prefix_skipped_items.inc(seen)
         verdicts = await self._verdicts(texts)
         blocks = [v for v in verdicts if v.action == "block"]
         if blocks:
@@ -83,20 +90,22 @@ class ClassifyStage:
         """Queue flag records (never awaited: reporting is off the turn's path)."""
         if self.flags is None or not verdicts:
             return
-        parent = turn.parent
         self.flags.report([FlagRecord.of(
             v, item_type=turn.new_items[v.index].get("type") if v.index is not None else None,
             response_id=response_id, previous_response_id=turn.req.previous_response_id, tenant=ctx.tenant,
             model=turn.route.name, transport=ctx.transport,
-            flagged_before=parent.flagged if parent is not None else False,
+            flagged_before=turn.flagged_before,
         ) for v in verdicts])
 
 
-def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None) -> list[ItemText]:
-    """The classifiable text of each new item (see the module docstring), skipping items whose id
-    ``known`` says is already in the conversation (``item_reference`` re-inclusions)."""
+def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None,
+             start: int = 0) -> list[ItemText]:
+    """The classifiable text of each new item from ``start`` on (see the module docstring), skipping
+    items whose id ``known`` says is already in the conversation (``item_reference`` re-inclusions).
+    Indices stay those of ``items``."""
     out: list[ItemText] = []
-    for index, item in enumerate(items):
+    for index in range(start, len(items)):
+        item = items[index]
         item_id = item.get("id")
         if known is not None and isinstance(item_id, str) and known(item_id):
             continue

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from billing.usage import UsageQueue, UsageRecord
 from cache.items import ItemLog
@@ -63,9 +63,15 @@ class Outcome:
     first_token_at: float | None = None
 
 
+#: told of every chainable state a turn leaves (the prefix cache keeps full-history turns)
+StateHook = Callable[[PreparedTurn, "Outcome", ResponseState], None]
+
+
 class Finalizer:
     def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics,
-                 conversations: Conversations | None = None) -> None:
+                 conversations: Conversations | None = None,
+                 on_state: StateHook | None = None) -> None:
+        self.on_state = on_state
         self.store = store
         self.conversations = conversations
         self.usage = usage
@@ -125,6 +131,8 @@ class Finalizer:
             ttft_s=ttft, duration_s=duration,
         )
         self._observe(turn, status, usage, duration, outcome.first_token_at)
+        if self.on_state is not None and status in CHAINABLE:
+            self.on_state(turn, outcome, state)
         cache = turn.ctx.conn_cache
         if cache is not None and status in CHAINABLE:
             evicted = cache.evictions

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator
 
 from billing.usage import UsageQueue
 from cache.conversations import ConversationStore, MemoryConversationStore
+from cache.prefix_cache import PrefixCache
 from cache.store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics
@@ -38,6 +39,7 @@ from gateway.turn.conversation import Conversations
 from gateway.turn.events import Event
 from gateway.turn.finalize import Finalizer
 from gateway.turn.offload import PrepareOffload
+from gateway.turn.prefix import PrefixReuse
 from gateway.turn.resolve import Resolver
 from gateway.turn.run import TurnRunner
 from gateway.turn.sampling import sampling_for
@@ -76,15 +78,19 @@ class Pipeline:
         self.metrics = metrics
         self.flags = flags
         sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
+        #: full-history requests: rendered prefixes per tenant (``gateway.turn.prefix``); None when off
+        self.prefix = (PrefixReuse(PrefixCache(settings.prefix_cache_bytes, settings.prefix_cache_tenant_bytes), metrics)
+                       if settings.prefix_cache_bytes else None)
         self.compactor = Compactor(sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
         self.conversations = Conversations(MemoryConversationStore() if conversations is None else conversations,
                                            store, metrics, sealer, self.compactor,
                                            tips_bytes=settings.conversation_tips_bytes)
-        self.finalizer = Finalizer(store, usage, metrics, self.conversations)
+        self.finalizer = Finalizer(store, usage, metrics, self.conversations,
+                                   on_state=self.prefix.record if self.prefix is not None else None)
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
                                  hosted_tools=settings.hosted_tools, offload=self.offload,
-                                 conversations=self.conversations)
+                                 conversations=self.conversations, prefix=self.prefix)
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
@@ -107,10 +113,9 @@ class Pipeline:
         log_context.response_id.set(response["id"])
         lap.lap("render")
         lap.observe()  # accepted turns only: a rejected create is counted in respgate_request_errors
-        parent = turn.parent
         prepared = PreparedTurn(
             input=turn, ctx=ctx, rendered=rendered, sampling=sampling, response=response, verdicts=verdicts,
-            flagged=(parent.flagged if parent is not None else False) or any(v.action == "flag" for v in verdicts),
+            flagged=turn.flagged_before or any(v.action == "flag" for v in verdicts),
             include_encrypted="reasoning.encrypted_content" in (turn.req.include or []),
             started=t0, created_at=time.time() - (time.perf_counter() - t0),
         )

@@ -1,7 +1,9 @@
 """Render: a :class:`TurnInput` -> :class:`Rendered` token ids, appending to the parent's when exact.
 
 A continuation appends the new items' tokens to the parent's rendered history (an append-only
-view, no copy), so its cost is O(new input). When an append is not provably exact the turn renders
+view, no copy), so its cost is O(new input). So does a request with no parent whose first items the
+tenant's earlier turns rendered (``gateway.turn.prefix``: Codex HTTP, the AI SDK with ``store:
+false``): the cached prefix's view, then the rest. When an append is not provably exact the turn renders
 in full and says why (``RenderStats.fallback_reason``, counted in
 ``respgate_render_full_fallbacks``). Each reason is a case where no append can be right, and none
 arises in a standard rollout (the same prelude every turn, the model's output last in every
@@ -145,6 +147,16 @@ def _render(turn: TurnInput, key: bytes) -> Rendered:
                 check_length(total, route, turn.generate)
                 return Rendered(key, parent.history_ids, new_ids, gen_ids, RenderStats("append", len(new_ids)))
             reason = "truncation"
+    elif turn.prefix is not None and turn.prefix.ids is not None:
+        # No parent, but the tenant's earlier turns rendered the first items (``gateway.turn.prefix``:
+        # a hit is token-exact, its cut checked against the renderer's append contract).
+        hit = turn.prefix
+        rendered = renderer.render_items(new_items[hit.covered:], calls=calls)
+        new_ids = [*hit.lead, *rendered] if hit.lead else rendered
+        total = len(hit.ids) + len(new_ids) + len(gen_ids)
+        if total <= budget or not auto:
+            check_length(total, route, turn.generate)
+            return Rendered(key, hit.ids, new_ids, gen_ids, RenderStats("append", len(new_ids)))
     # Full render (first turn, fallback, or truncation): O(history) by nature, counted.
     items = list(turn.base_context) + list(new_items)
     prelude_ids = renderer.render_prelude(turn.prelude)

@@ -19,6 +19,10 @@ rendered as a continuation (an append onto the parent's tokens when this process
 of the conversation: this process's last response on it when the conversation is unchanged since
 (an append), else a stand-in holding its stored items (a full render).
 
+**No parent at all.** A request that names none and implies none (Codex's HTTP transport, the AI
+SDK with ``store: false``) is looked up in the tenant's prefix cache (``gateway.turn.prefix``): the
+longest prefix an earlier turn rendered is not rendered or classified again.
+
 **Where the work runs.** Parsing, item building and the implied-parent comparison are CPU work that
 a big request hands to the prepare pool (``gateway.turn.offload``); store and connection-cache
 lookups stay on the event loop between them.
@@ -39,6 +43,7 @@ from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, r
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
+from gateway.turn.prefix import PrefixReuse
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
@@ -60,7 +65,8 @@ class Resolver:
     def __init__(self, registry: ModelRegistry, store: ResponseStore, metrics: Metrics, sealer: Sealer,
                  compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
                  hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None,
-                 conversations: Conversations | None = None) -> None:
+                 conversations: Conversations | None = None,
+                 prefix: PrefixReuse | None = None) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
         not size (``resolve(cpu=None)``); without it everything runs inline."""
@@ -73,6 +79,7 @@ class Resolver:
         self.pending_write = pending_write
         self.hosted_tools = hosted_tools
         self.conversations = conversations
+        self.prefix = prefix
 
     async def resolve(self, body: Any, ctx: TurnContext, *, generate: bool | None = None,
                       lap: Lap = _no_lap, cpu: Cpu | None = None) -> TurnInput:
@@ -103,12 +110,18 @@ class Resolver:
             parent, base_context, resent = None, ItemLog(), []
         pending = await cpu(_check_pairing, new_items, base_context, parent, gen)
         lap("validate")  # the new items are validated against the resolved parent
+        prelude = prelude_of(req, tools)
+        prefix = None
+        if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
+            prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt)
+            lap("render")  # the lookup renders what it compares
         return TurnInput(
-            req=req, route=route, tools=tools, prelude=prelude_of(req, tools), parent=parent,
+            req=req, route=route, tools=tools, prelude=prelude, parent=parent,
             base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
             new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
             conversation=conv.ref if conv is not None else None,
+            prefix=prefix,
         )
 
     def _validate(self, body: Any, transport: Transport) -> tuple[CreateRequest, list[Any], ModelRoute,

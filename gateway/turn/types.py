@@ -46,6 +46,28 @@ class TurnContext:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What the prefix cache made of a request that names no parent (``gateway.turn.prefix``).
+
+    ``ids`` + ``lead`` are the tokens of the prelude and of ``new_items[:covered]``, token-exact
+    with a full render; None when no prefix was cached (the turn renders in full). The first
+    ``seen`` items entered the tenant's conversation in an earlier turn (classified then, or the
+    model's own output) and are not classified again."""
+
+    #: the digest of the prelude and all of the request's items: the turn's own entry, once it ran
+    digest: bytes
+    ids: TokenSeq | None = None
+    covered: int = 0
+    seen: int = 0
+    #: tokens the lookup already rendered for the last items of ``covered`` (``ids`` ends before them)
+    lead: tuple[int, ...] = ()
+    #: an item of the cached prefix was flagged (as ``ResponseState.flagged`` is inherited)
+    flagged: bool = False
+    #: the cache's chain the hit came from (the turn's own entry joins it)
+    chain: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class TurnInput:
     """What ``resolve`` makes of a create: the checked request, its model, and the delta to the parent."""
 
@@ -72,6 +94,15 @@ class TurnInput:
     store: bool
     #: the conversation the turn reads and extends (``gateway.turn.conversation``)
     conversation: ConversationRef | None = None
+    #: a request with no parent: its longest prefix already rendered for the tenant (or a miss)
+    prefix: PrefixMatch | None = None
+
+    @property
+    def flagged_before(self) -> bool:
+        """An item the turn continues from was flagged: the parent's chain, or the cached prefix."""
+        if self.parent is not None:
+            return self.parent.flagged
+        return self.prefix is not None and self.prefix.flagged
 
 
 @dataclass(frozen=True, slots=True)
