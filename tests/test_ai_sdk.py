@@ -197,11 +197,13 @@ def test_store_false_loop(sim, transport):
     assert first["store"] is False and second["store"] is False
     assert "previous_response_id" not in second
     # nothing stored to refer to: the call comes back whole, the reasoning item not at all (the SDK
-    # has no encrypted_content to send for it), and step 2 renders in full
+    # has no encrypted_content to send for it); step 1 rendered the question, so step 2 renders the
+    # re-sent call and the tool output after it (the tenant's prefix cache, gateway.turn.prefix)
     assert shapes(second["input"]) == ["message:user", "function_call", "function_call_output"]
     two = script.step(1)
-    assert two["items"] == 0 and two["full"] > 0
-    print(f"\nAI SDK step 2, store:false over {transport}: rendered {two['full']:.0f} tokens (full) of a "
+    assert two["items"] == 0 and two["full"] == 0 and 0 < two["append"] < 80, two
+    assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 1
+    print(f"\nAI SDK step 2, store:false over {transport}: rendered {two['append']:.0f} tokens (append) of a "
           f"{two['prompt']:.0f}-token prompt")
 
 

@@ -150,5 +150,9 @@ def test_a_call_re_sent_whole_names_its_response_by_the_call_id(make_gateway, re
     changed = dict(resent, arguments='{"city":"Bergen"}')
     third = create(live, {"input": [QUESTION, changed,
                                     {"type": "function_call_output", "call_id": call["call_id"], "output": "calm"}]})
-    assert third["status"] == "completed" and rendered(live)[1] > full0
+    assert third["status"] == "completed"
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1
+    # not appended to the stored step (whose history holds the sampled call): the prompt has the
+    # changed call (the prefix before it may come from the tenant's prefix cache, gateway.turn.prefix)
+    p2, p3 = live.engine.stats.prompts[-2:]
+    assert p3[:len(p2)] != p2
