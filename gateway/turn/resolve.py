@@ -19,9 +19,10 @@ rendered as a continuation (an append onto the parent's tokens when this process
 of the conversation: this process's last response on it when the conversation is unchanged since
 (an append), else a stand-in holding its stored items (a full render).
 
-**No parent at all.** A request that names none and implies none (Codex's HTTP transport, the AI
-SDK with ``store: false``) is looked up in the tenant's prefix cache (``gateway.turn.prefix``): the
-longest prefix an earlier turn rendered is not rendered or classified again.
+**No parent at all.** A request that names none, implies none and is on no conversation (Codex's
+HTTP transport, the AI SDK with ``store: false``) is looked up in the tenant's prefix cache
+(``gateway.turn.prefix``): the longest prefix an earlier turn rendered is not rendered or
+classified again.
 
 **Where the work runs.** Parsing, item building and the implied-parent comparison are CPU work that
 a big request hands to the prepare pool (``gateway.turn.offload``); store and connection-cache
