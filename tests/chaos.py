@@ -90,6 +90,8 @@ class ChaosGateway:
         env = {**os.environ, "RESPGATE_LOG_LEVEL": "info"}
         env.pop("RESPGATE_REDIS_URL", None)
         env.pop("REDIS_URL", None)
+        # keyless whatever an earlier test left in the shared keys file (its own, absent, file)
+        env["RESPGATE_KEYS_FILE"] = str(log_dir / f"keys-{self.port}.json")
         for name, value in self.settings.items():
             env[f"RESPGATE_{name.upper()}"] = str(value)
         self.log_path = log_dir / f"gateway-{self.port}.log"
