@@ -48,7 +48,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import ConnectionCache
 from gateway.access.auth import Principal
-from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, SendStalled
+from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, TEXT_FRAMES, SendStalled, TextFrames
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
@@ -105,6 +105,9 @@ class WsConnection:
         self.opened = time.monotonic()
         self.closed = False
         self._send_lock = asyncio.Lock()
+        #: the protocol's direct text-frame writer (gateway/transport/corked.py); None under another server
+        ext = websocket.scope.get("extensions") or {}
+        self._frames: TextFrames | None = (ext.get(TEXT_FRAMES) or {}).get("frames")
         self._steer_seq = 0
         #: response id -> lane name of responses in flight (steer targets the active response's lane)
         self._active: dict[str, str] = {}
@@ -421,12 +424,25 @@ class WsConnection:
         it), so a slow reader never makes frames pile up here (see "Backpressure" above)."""
         if stream_id is not None:
             frame = dict(frame, stream_id=stream_id)
-        payload = orjson.dumps(frame).decode()
+        await self._write(orjson.dumps(frame))
+
+    async def _write(self, payload: bytes) -> None:
+        """``payload`` (JSON) as one text frame. While nobody waits to send and writing is not
+        paused it is written at once (``TextFrames.try_send``: no ASGI round trip); otherwise it
+        waits its turn under the send lock."""
+        if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
+            raise ConnectionGone()
+        frames = self._frames
+        if frames is not None and not self._send_lock.locked() and frames.try_send(payload):
+            return
         async with self._send_lock:
             if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
                 raise ConnectionGone()
             try:
-                await self.ws.send_text(payload)
+                if frames is not None:
+                    await frames.send(payload)
+                else:
+                    await self.ws.send_text(payload.decode())
             except SendStalled as exc:
                 raise ConnectionGone(Ev.SEND_STALLED) from exc
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
