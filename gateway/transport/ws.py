@@ -357,9 +357,12 @@ class WsConnection:
             return True
         events = self.gw.pipeline.run(turn, on_usage)
         self._active[turn.id] = lane
+        dumps, write_now = orjson.dumps, self._write_now
         try:
-            async for ev in events:
-                await self._send(ev, stream_id)
+            async for ev in events:  # the hot loop: one frame per event, written at once when it can be
+                payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
+                if not write_now(payload):
+                    await self._write(payload)
         finally:
             self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
@@ -427,26 +430,31 @@ class WsConnection:
         await self._write(orjson.dumps(frame))
 
     async def _write(self, payload: bytes) -> None:
-        """``payload`` (JSON) as one text frame. While nobody waits to send and writing is not
-        paused it is written at once (``TextFrames.try_send``: no ASGI round trip); otherwise it
-        waits its turn under the send lock."""
-        if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
-            raise ConnectionGone()
-        frames = self._frames
-        if frames is not None and not self._send_lock.locked() and frames.try_send(payload):
+        """``payload`` (JSON) as one text frame: at once when :meth:`_write_now` can, else it
+        waits its turn under the send lock (uvicorn's ``send``: backpressure, closing states)."""
+        if self._write_now(payload):
             return
         async with self._send_lock:
             if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
                 raise ConnectionGone()
             try:
-                if frames is not None:
-                    await frames.send(payload)
+                if self._frames is not None:
+                    await self._frames.send(payload)
                 else:
                     await self.ws.send_text(payload.decode())
             except SendStalled as exc:
                 raise ConnectionGone(Ev.SEND_STALLED) from exc
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                 raise ConnectionGone() from exc
+
+    def _write_now(self, payload: bytes) -> bool:
+        """Write ``payload`` without awaiting anything — no frame waits for the send lock and the
+        protocol's writer takes it now (``TextFrames.try_send``) — or return False. Raises
+        ``ConnectionGone`` once the connection is closed."""
+        if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
+            raise ConnectionGone()
+        frames = self._frames
+        return frames is not None and not self._send_lock.locked() and frames.try_send(payload)
 
     async def _send_error(self, err: ApiError, stream_id: str | None = None) -> None:
         try:
