@@ -84,7 +84,9 @@ SEND_STALLED_CODE = 1008
 SEND_STALLED_REASON = "send deadline exceeded"
 #: the ASGI scope extension under which the protocol offers its :class:`TextFrames`
 TEXT_FRAMES = "respgate.text_frames"
-_SHORT, _MEDIUM, _LONG = struct.Struct("!BB"), struct.Struct("!BBH"), struct.Struct("!BBQ")
+_MEDIUM, _LONG = struct.Struct("!BBH"), struct.Struct("!BBQ")
+#: the header of an unmasked, final text frame of n < 126 bytes, by n
+_SHORT_HEADS = tuple(bytes((0x81, n)) for n in range(126))
 #: payloads up to this size are joined with their header (one write), larger ones written after it
 _JOIN_BYTES = 4096
 
@@ -128,7 +130,7 @@ class CorkedTransport:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        self._chunks.append(bytes(data))
+        self._chunks.append(data if type(data) is bytes else bytes(data))
         self._size += len(data)
         if self._size >= FLUSH_BYTES:
             self.flush()
@@ -236,21 +238,22 @@ class TextFrames:
 
     def try_send(self, payload: bytes) -> bool:
         p = self._protocol
+        if p.close_sent or p.disconnected or not p.handshake_complete or not p.writable.is_set():
+            return False
         conn = p.conn
-        if not p.writable.is_set() or p.close_sent or p.disconnected or conn.state is not OPEN or \
-                not p.handshake_complete:
+        if conn.state is not OPEN:
             return False
         if conn.extensions or conn.expect_continuation_frame:  # deflate: websockets compresses
             conn.send_text(payload)
             p.transport.write(b"".join(conn.data_to_send()))
             return True
         n = len(payload)
-        head = _SHORT.pack(0x81, n) if n < 126 else _MEDIUM.pack(0x81, 126, n) if n < 65536 else \
-            _LONG.pack(0x81, 127, n)
-        if n <= _JOIN_BYTES:
-            p.transport.write(head + payload)
+        if n < 126:
+            p.transport.write(_SHORT_HEADS[n] + payload)
+        elif n <= _JOIN_BYTES:
+            p.transport.write(_MEDIUM.pack(0x81, 126, n) + payload)
         else:
-            p.transport.write(head)
+            p.transport.write(_MEDIUM.pack(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n))
             p.transport.write(payload)
         return True
 

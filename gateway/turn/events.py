@@ -81,6 +81,9 @@ class ResponseEvents:
     def feed(self, events: list[ParseEvent], logprobs: dict[int, list[dict[str, Any]]] | None = None) -> list[Event]:
         """``logprobs``: for the ``ItemDelta`` at an index of ``events``, the logprob entries of the
         tokens that wrote it (message text only; ``gateway.turn.logprobs``)."""
+        if len(events) == 1 and not logprobs and self._open is not None and type(events[0]) is ItemDelta:
+            ev = self._delta(events[0].text)  # a token of the open item: most engine deltas
+            return [] if ev is None else [ev]
         out: list[Event] = []
         for i, pe in enumerate(events):
             if isinstance(pe, ItemDelta):  # the common case: one per engine delta
