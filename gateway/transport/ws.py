@@ -105,6 +105,8 @@ class WsConnection:
         self.opened = time.monotonic()
         self.closed = False
         self._send_lock = asyncio.Lock()
+        #: sends waiting for or holding the lock: while any is, no frame is written past them
+        self._queued_sends = 0
         #: the protocol's direct text-frame writer (gateway/transport/corked.py); None under another server
         ext = websocket.scope.get("extensions") or {}
         self._frames: TextFrames | None = (ext.get(TEXT_FRAMES) or {}).get("frames")
@@ -434,27 +436,32 @@ class WsConnection:
         waits its turn under the send lock (uvicorn's ``send``: backpressure, closing states)."""
         if self._write_now(payload):
             return
-        async with self._send_lock:
-            if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
-                raise ConnectionGone()
-            try:
-                if self._frames is not None:
-                    await self._frames.send(payload)
-                else:
-                    await self.ws.send_text(payload.decode())
-            except SendStalled as exc:
-                raise ConnectionGone(Ev.SEND_STALLED) from exc
-            except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-                raise ConnectionGone() from exc
+        self._queued_sends += 1
+        try:
+            async with self._send_lock:
+                if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
+                    raise ConnectionGone()
+                try:
+                    if self._frames is not None:
+                        await self._frames.send(payload)
+                    else:
+                        await self.ws.send_text(payload.decode())
+                except SendStalled as exc:
+                    raise ConnectionGone(Ev.SEND_STALLED) from exc
+                except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                    raise ConnectionGone() from exc
+        finally:
+            self._queued_sends -= 1
 
     def _write_now(self, payload: bytes) -> bool:
-        """Write ``payload`` without awaiting anything — no frame waits for the send lock and the
-        protocol's writer takes it now (``TextFrames.try_send``) — or return False. Raises
-        ``ConnectionGone`` once the connection is closed."""
+        """Write ``payload`` without awaiting anything — no other frame waits to be sent (none
+        queued for or holding the send lock, so none is overtaken) and the protocol's writer takes
+        it now (``TextFrames.try_send``) — or return False. Raises ``ConnectionGone`` once the
+        connection is closed."""
         if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
             raise ConnectionGone()
         frames = self._frames
-        return frames is not None and not self._send_lock.locked() and frames.try_send(payload)
+        return frames is not None and not self._queued_sends and frames.try_send(payload)
 
     async def _send_error(self, err: ApiError, stream_id: str | None = None) -> None:
         try:
