@@ -94,7 +94,8 @@ def measure(per_delta: int, tokens_one: int, tokens_many: int, connections: int,
                            / sum(s["tokens"] for s in singles)},
         "many": {"connections": connections, "tokens_each": tokens_many, "aggregate_tok_s": total / span,
                  "per_connection_median_tok_s": statistics.median(per_conn),
-                 "per_connection_min_tok_s": min(per_conn), "server_cpu_s": cpu, "wall_s": span},
+                 "per_connection_min_tok_s": min(per_conn), "server_cpu_s": cpu, "wall_s": span,
+                 "server_cpu_s_per_1k_tokens": 1000 * cpu / total},
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
@@ -12,7 +14,7 @@ from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
 from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, SEND_STALLED_CODE, CorkedTransport,
-                                      CorkedWebSocketProtocol, SendStalled)
+                                      CorkedWebSocketProtocol, SendStalled, TextFrames)
 from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
 
@@ -101,6 +103,63 @@ def test_gateway_websocket_frames_arrive_whole_and_in_order(make_gateway):
         err = orjson.loads(ws.recv(timeout=30))
         assert err["type"] == "error" and err["error"]["code"] == "invalid_json"
         ws.ping().wait(timeout=30)
+
+
+def _frame_writer() -> tuple[TextFrames, Any, list[bytes]]:
+    """A TextFrames over a stand-in protocol: an open server-side ``websockets`` connection whose
+    transport keeps what is written."""
+    from websockets.protocol import OPEN
+    from websockets.server import ServerProtocol
+
+    written: list[bytes] = []
+    protocol = SimpleNamespace(writable=asyncio.Event(), close_sent=False, disconnected=False, handshake_complete=True,
+                               conn=ServerProtocol(), transport=SimpleNamespace(write=written.append))
+    protocol.conn.state = OPEN
+    protocol.writable.set()
+    return TextFrames(protocol), protocol, written  # type: ignore[arg-type]
+
+
+def test_text_frames_parse_as_rfc6455_text_frames_at_every_length_boundary():
+    """The direct writer's frames (7-bit, 16-bit and 64-bit lengths; joined or not with their
+    header) are what a client's parser reads back: unmasked, FIN, text, the payload unchanged."""
+    from websockets.frames import Frame, Opcode
+    from websockets.streams import StreamReader
+
+    frames, _, written = _frame_writer()
+    sizes = (0, 1, 125, 126, 127, 4096, 4097, 65535, 65536, 200_000)
+    payloads = [("é" * (n // 2) + "a" * (n % 2)).encode() for n in sizes]  # n bytes of UTF-8 each
+    assert [len(p) for p in payloads] == list(sizes)
+    for payload in payloads:
+        assert frames.try_send(payload)
+    reader = StreamReader()  # what a client reads, parsed by websockets' own frame parser
+    reader.feed_data(b"".join(written))
+    reader.feed_eof()
+    got = []
+    for _ in payloads:
+        parse = Frame.parse(reader.read_exact, mask=False, max_size=None)
+        with pytest.raises(StopIteration) as done:
+            next(parse)
+        got.append(done.value.value)
+    assert reader.at_eof()
+    assert [(f.opcode, f.fin, f.data) for f in got] == [(Opcode.TEXT, True, p) for p in payloads]
+
+
+def test_text_frames_leave_paused_or_closing_connections_to_uvicorn():
+    """Writing paused, a close sent, the client gone, the connection not open: nothing is written
+    and the caller is told to take uvicorn's way (which waits or raises)."""
+    from websockets.protocol import CLOSING
+
+    for spoil in ("paused", "close_sent", "disconnected", "closing", "handshake"):
+        frames, protocol, written = _frame_writer()
+        if spoil == "paused":
+            protocol.writable.clear()
+        elif spoil == "closing":
+            protocol.conn.state = CLOSING
+        elif spoil == "handshake":
+            protocol.handshake_complete = False
+        else:
+            setattr(protocol, spoil, True)
+        assert frames.try_send(b'{"type":"x"}') is False and written == [], spoil
 
 
 def test_socket_wrapper_delegates():

@@ -254,3 +254,29 @@ def test_json_log_lines_carry_request_and_response_ids(make_gateway):
     # a header that could forge log fields is replaced, not echoed
     bad = httpx.get(live.url + "/healthz", headers={"X-Request-Id": 'x", "level": "ERROR'})
     assert bad.headers["x-request-id"].startswith("req_")
+
+
+def test_remembered_label_children_are_the_ones_prometheus_client_gives():
+    """``labels`` is memoized per label values (gateway/base/metrics.py): a remembered child is the
+    very child prometheus_client returns for those values, a StrEnum member finds its value's child,
+    and values that are not their own string (an int) are never remembered yet still counted."""
+    from prometheus_client import generate_latest
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from gateway.base.metrics import Metrics
+    from gateway.wire.kinds import ResponseStatus
+
+    m = Metrics()
+    child = m.turns.labels("ws", "completed")
+    assert m.turns.labels("ws", "completed") is child
+    assert m.turns.labels("ws", ResponseStatus.COMPLETED) is child
+    assert MetricWrapperBase.labels(m.turns, "ws", "completed") is child  # prometheus_client's own lookup
+    assert m.turns.labels(transport="ws", status="completed") is child
+    child.inc()
+    m.turns.labels("ws", ResponseStatus.COMPLETED).inc()
+    m.errors.labels("ws", 429).inc()
+    m.errors.labels("ws", 429).inc()
+    assert ("ws", 429) not in m.errors._memo
+    text = generate_latest(m.registry).decode()
+    assert 'respgate_turns_total{status="completed",transport="ws"} 2.0' in text
+    assert 'respgate_request_errors_total{code="429",transport="ws"} 2.0' in text

@@ -48,7 +48,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from cache.connection import ConnectionCache
 from gateway.access.auth import Principal
-from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, SendStalled
+from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, TEXT_FRAMES, SendStalled, TextFrames
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
@@ -105,6 +105,11 @@ class WsConnection:
         self.opened = time.monotonic()
         self.closed = False
         self._send_lock = asyncio.Lock()
+        #: sends waiting for or holding the lock: while any is, no frame is written past them
+        self._queued_sends = 0
+        #: the protocol's direct text-frame writer (gateway/transport/corked.py); None under another server
+        ext = websocket.scope.get("extensions") or {}
+        self._frames: TextFrames | None = (ext.get(TEXT_FRAMES) or {}).get("frames")
         self._steer_seq = 0
         #: response id -> lane name of responses in flight (steer targets the active response's lane)
         self._active: dict[str, str] = {}
@@ -355,9 +360,12 @@ class WsConnection:
             return True
         events = self.gw.pipeline.run(turn, on_usage)
         self._active[turn.id] = lane
+        dumps, write_now = orjson.dumps, self._write_now
         try:
-            async for ev in events:
-                await self._send(ev, stream_id)
+            async for ev in events:  # the hot loop: one frame per event, written at once when it can be
+                payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
+                if not write_now(payload):
+                    await self._write(payload)
         finally:
             self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
@@ -422,16 +430,39 @@ class WsConnection:
         it), so a slow reader never makes frames pile up here (see "Backpressure" above)."""
         if stream_id is not None:
             frame = dict(frame, stream_id=stream_id)
-        payload = orjson.dumps(frame).decode()
-        async with self._send_lock:
-            if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
-                raise ConnectionGone()
-            try:
-                await self.ws.send_text(payload)
-            except SendStalled as exc:
-                raise ConnectionGone(Ev.SEND_STALLED) from exc
-            except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-                raise ConnectionGone() from exc
+        await self._write(orjson.dumps(frame))
+
+    async def _write(self, payload: bytes) -> None:
+        """``payload`` (JSON) as one text frame: at once when :meth:`_write_now` can, else it
+        waits its turn under the send lock (uvicorn's ``send``: backpressure, closing states)."""
+        if self._write_now(payload):
+            return
+        self._queued_sends += 1
+        try:
+            async with self._send_lock:
+                if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
+                    raise ConnectionGone()
+                try:
+                    if self._frames is not None:
+                        await self._frames.send(payload)
+                    else:
+                        await self.ws.send_text(payload.decode())
+                except SendStalled as exc:
+                    raise ConnectionGone(Ev.SEND_STALLED) from exc
+                except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                    raise ConnectionGone() from exc
+        finally:
+            self._queued_sends -= 1
+
+    def _write_now(self, payload: bytes) -> bool:
+        """Write ``payload`` without awaiting anything — no other frame waits to be sent (none
+        queued for or holding the send lock, so none is overtaken) and the protocol's writer takes
+        it now (``TextFrames.try_send``) — or return False. Raises ``ConnectionGone`` once the
+        connection is closed."""
+        if self.closed or self.ws.application_state != WebSocketState.CONNECTED:
+            raise ConnectionGone()
+        frames = self._frames
+        return frames is not None and not self._queued_sends and frames.try_send(payload)
 
     async def _send_error(self, err: ApiError, stream_id: str | None = None) -> None:
         try:

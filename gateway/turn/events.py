@@ -45,6 +45,12 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = response["output"]
         self._seq = 0
         self._open: dict[str, Any] | None = None
+        #: the open item's delta event: its type (None: no text events) and index field, its id
+        #: and output index, fixed when the item opens so that a delta is one dict literal
+        self._delta_type: str | None = None
+        self._delta_index: str | None = None
+        self._open_id = ""
+        self._open_idx = 0
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
         self._reasoning_mode = reasoning_mode
@@ -75,16 +81,21 @@ class ResponseEvents:
     def feed(self, events: list[ParseEvent], logprobs: dict[int, list[dict[str, Any]]] | None = None) -> list[Event]:
         """``logprobs``: for the ``ItemDelta`` at an index of ``events``, the logprob entries of the
         tokens that wrote it (message text only; ``gateway.turn.logprobs``)."""
+        if len(events) == 1 and not logprobs and self._open is not None and type(events[0]) is ItemDelta:
+            ev = self._delta(events[0].text)  # a token of the open item: most engine deltas
+            return [] if ev is None else [ev]
         out: list[Event] = []
         for i, pe in enumerate(events):
-            if isinstance(pe, ItemStart):
+            if isinstance(pe, ItemDelta):  # the common case: one per engine delta
+                if self._open is None:
+                    out += self._open_item(ItemStart("message", phase="final"))
+                ev = self._delta(pe.text, logprobs.get(i) if logprobs else None)
+                if ev is not None:
+                    out.append(ev)
+            elif isinstance(pe, ItemStart):
                 if self._open is not None:
                     out += self._close_item(complete=True)
                 out += self._open_item(pe)
-            elif isinstance(pe, ItemDelta):
-                if self._open is None:
-                    out += self._open_item(ItemStart("message", phase="final"))
-                out += self._delta(pe.text, logprobs.get(i) if logprobs else None)
             elif isinstance(pe, ItemEnd):
                 if self._open is not None:
                     out += self._close_item(pe.complete)
@@ -118,6 +129,8 @@ class ResponseEvents:
                     "call_id": new_id("call")[:29], "name": start.name or "", kind.payload: "",
                     "namespace": start.namespace or None, "async": None, "caller": None}
         self._open = item
+        self._open_id, self._open_idx = item["id"], idx
+        self._delta_type, self._delta_index = _delta_event(item["type"], self._reasoning_mode)
         self.output.append(item)
         events = [self._ev("response.output_item.added", output_index=idx, item=dict(item, content=list(item["content"]))
                            if "content" in item else dict(item))]
@@ -132,29 +145,27 @@ class ResponseEvents:
                                    summary_index=0, part={"type": "summary_text", "text": ""}))
         return events
 
-    def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
+    def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> Event | None:
+        """The open item's delta event for ``text`` (None: empty text, or hidden reasoning)."""
         if not text:
-            return []
-        item = self._open
-        assert item is not None
+            return None
         self._text.append(text)
-        idx = len(self.output) - 1
-        t = item["type"]
-        if t == "message":
+        type_ = self._delta_type
+        if type_ is None:
+            return None
+        seq = self._seq
+        self._seq = seq + 1
+        index = self._delta_index
+        if index is None:  # a tool call's arguments / input
+            return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
+                    "delta": text}
+        if type_ == _TEXT_DELTA:
             if logprobs:
                 self._logprobs += logprobs
-            return [self._ev("response.output_text.delta", item_id=item["id"], output_index=idx, content_index=0,
-                             delta=text, logprobs=logprobs or [])]
-        kind = call_kind(t)
-        if kind is not None:
-            return [self._ev(kind.delta_event, item_id=item["id"], output_index=idx, delta=text)]
-        if self._reasoning_mode == "raw":
-            return [self._ev("response.reasoning_text.delta", item_id=item["id"], output_index=idx,
-                             content_index=0, delta=text)]
-        if self._reasoning_mode == "summary":
-            return [self._ev("response.reasoning_summary_text.delta", item_id=item["id"], output_index=idx,
-                             summary_index=0, delta=text)]
-        return []
+            return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
+                    "content_index": 0, "delta": text, "logprobs": logprobs or []}
+        return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
+                index: 0, "delta": text}
 
     def _close_item(self, complete: bool) -> list[Event]:
         item = self._open
@@ -257,6 +268,23 @@ def late_terminal(response: dict[str, Any], sequence_number: int) -> Event:
     before its terminal was queued. The snapshot is the response as billed and stored."""
     return {"type": TERMINAL_EVENT[response["status"]], "sequence_number": sequence_number,
             "response": dict(response, output=list(response["output"]))}
+
+
+_TEXT_DELTA = "response.output_text.delta"
+
+
+def _delta_event(item_type: str, reasoning_mode: str) -> tuple[str | None, str | None]:
+    """The delta event of an item type: (event type or None for no text events, its index field)."""
+    if item_type == ItemType.MESSAGE:
+        return _TEXT_DELTA, "content_index"
+    kind = call_kind(item_type)
+    if kind is not None:
+        return kind.delta_event, None
+    if reasoning_mode == "raw":
+        return "response.reasoning_text.delta", "content_index"
+    if reasoning_mode == "summary":
+        return "response.reasoning_summary_text.delta", "summary_index"
+    return None, None
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
