@@ -20,7 +20,8 @@ from gateway.access.limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
 from gateway.wire.errors import ApiError
 from gateway.base.log_context import RequestIdMiddleware
-from gateway.base.metrics import ComponentCollector, FlagCollector, Metrics, PrefixCacheCollector
+from gateway.base.metrics import (BackgroundCollector, ComponentCollector, FlagCollector, Metrics,
+                                  PrefixCacheCollector)
 from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings
 from gateway.transport.services import GatewayState
@@ -65,6 +66,11 @@ def create_app(
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=auth, access=access)
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
+    from gateway.transport.background import BackgroundTurns
+
+    background = gw.background = BackgroundTurns(settings, store, pipeline.finalizer, usage, metrics, access,
+                                                 gw.http_turns)
+    metrics.registry.register(BackgroundCollector(background))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -73,11 +79,13 @@ def create_app(
             await engine.start()
         usage.start()
         flags.start()
+        background.start_loops()
         gw.accepting = True
         try:
             yield
         finally:
             gw.accepting = False
+            await background.close()  # before the store and the billing queue close: it writes to both
             await pipeline.close()
             await usage.drain()
             await flags.drain()

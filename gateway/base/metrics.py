@@ -151,6 +151,13 @@ class Metrics:
         self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
                                     "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
                                     registry=r)
+        self.background_cancels = Counter("respgate_background_cancels",
+                                          "Cancels of running background responses, by where the turn ran "
+                                          "(local: this replica; remote: asked of its owner through Redis)",
+                                          ["where"], registry=r)
+        self.background_reaped = Counter("respgate_background_reaped",
+                                         "Background responses whose replica died (lease lapsed), marked failed and "
+                                         "billed by this replica", registry=r)
         self._classifier_metrics(r)
         self._prefix_metrics(r)
 
@@ -341,3 +348,22 @@ class ComponentCollector:
         lanes.add_metric([], n_lanes)
         queued.add_metric([], n_queued)
         yield from (lanes, queued)
+
+
+class BackgroundCollector:
+    """Background responses this replica runs, by phase, and the bytes their event logs keep, read
+    at scrape time from ``gateway.transport.background.BackgroundTurns``."""
+
+    def __init__(self, background: Any) -> None:
+        self.background = background
+
+    def collect(self) -> Iterator[Any]:
+        turns = GaugeMetricFamily("respgate_background_turns",
+                                  "Background responses queued or running on this replica", labels=["state"])
+        turns.add_metric(["queued"], self.background.queued)
+        turns.add_metric(["running"], self.background.running)
+        yield turns
+        kept = GaugeMetricFamily("respgate_background_event_log_bytes",
+                                 "Bytes of background stream events this replica keeps for resuming")
+        kept.add_metric([], self.background.logs.nbytes)
+        yield kept

@@ -124,6 +124,19 @@ class Settings(BaseModel):
     conversation_ttl_s: float = Field(default=30 * 86400.0, gt=0)
     #: this process's last response per conversation (its rendered tokens: the next turn appends)
     conversation_tips_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    # -- background responses (gateway/transport/background.py, cache/event_log.py, cache/leases.py) ---------
+    #: background responses one tenant may have queued or running on one replica (beyond: 429); None = no limit
+    background_max_per_tenant: int | None = Field(default=32, ge=1)
+    #: bytes of SSE events kept per ``background`` + ``stream`` response for resuming (the newest are kept)
+    background_events_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    #: bytes of kept events in this process in all (finished responses' logs are dropped first, oldest first)
+    background_events_total_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
+    #: how long a background response's events stay resumable after its last event (OpenAI: about 10 minutes)
+    background_events_ttl_s: float = Field(default=600.0, gt=0)
+    #: with Redis: a replica renews the lease of each background response it runs every third of this; one
+    #: whose lease lapsed (its replica died) is marked ``failed`` by another replica. Keep it well above
+    #: any event-loop stall
+    background_lease_s: float = Field(default=30.0, ge=0.3)
     #: shared response store (``redis://...``); unset = in-memory. ``REDIS_URL`` is read as a fallback
     redis_url: str | None = None
     #: billing: the local journal (fsync'd JSON lines) that holds usage records while the ledger is

@@ -2,7 +2,10 @@
 health.
 
 Thin adapters around the pipeline: parse and authenticate, then either collect the events into the
-final Response (JSON) or frame each one as SSE. A client that disconnects stops its generation.
+final Response (JSON) or frame each one as SSE. A client that disconnects stops its generation —
+except a ``background`` one's, which runs detached (``gateway.transport.background``): its create
+answers ``queued`` at once (or streams from its event log), and retrieve, cancel and
+``?stream=true&starting_after=N`` reach it by id.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
 from gateway.transport.http_protocol import log_rejection
-from gateway.transport.inflight import HttpTurn
+from gateway.transport.background_turn import ACTIVE, Slot
+from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame
-from gateway.turn.events import Event, late_terminal
+from gateway.turn.events import Event
 from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
                                  shutting_down, store_unavailable, unknown_parameter)
-from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
+from gateway.wire.kinds import TERMINAL_EVENT
 from gateway.wire.response import usage_object
 from gateway.wire.validation import InputRejected, decode_body
 from inference.registry import ModelRoute
@@ -100,23 +104,34 @@ async def create_response(request: Request) -> Response:
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
+    slot: Slot | None = None
     try:
+        if isinstance(body, dict) and body.get("background") is True:
+            slot = gw.background.admit(principal.tenant)  # 429 before the create is prepared
         turn = await gw.pipeline.prepare(body, ctx)
         reserved, on_usage = await gw.access.reserve(principal, turn.prompt_len)
     except ApiError as err:
+        if slot is not None:
+            slot.release()
         gw.metrics.errors.labels("http", err.code or str(err.status)).inc()
         raise
     except BaseException as exc:
+        if slot is not None:
+            slot.release()
         if not is_fault(exc):
             raise
         raise _fault(gw, "create") from None  # before the response exists: nothing generated or billed
     if not gw.accepting:  # the shutdown began while this turn was prepared: it never starts
+        if slot is not None:
+            slot.release()
         if on_usage is not None:
             on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
         gw.metrics.errors.labels("http", "server_shutting_down").inc()
         raise shutting_down()
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
+    if slot is not None:
+        return await _background(gw, turn, events, slot, on_usage, limit_headers)
     if turn.req.stream:
         queue: asyncio.Queue[tuple[Event, bytes]] = asyncio.Queue(maxsize=64)
 
@@ -131,6 +146,20 @@ async def create_response(request: Request) -> Response:
     response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
     return response
+
+
+async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterator[Event], slot: Slot,
+                      on_usage: Any, headers: dict[str, str]) -> Response:
+    """A background create: the turn starts detached; the answer is its ``queued`` Response, or
+    (``stream: true``) its event log followed from the start — leaving it stops the reading only."""
+    bg = await gw.background.start(turn, events, slot, on_usage)
+    if bg.log is None:
+        response = _json(bg.created)
+        response.headers.update(headers)
+        return response
+    frames = await gw.background.open_stream(bg.state, turn.ctx.tenant, -1)
+    return StreamingResponse(frames, media_type="text/event-stream; charset=utf-8",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
 
 def _fault(gw: GatewayState, what: str) -> ApiError:
@@ -175,33 +204,18 @@ async def _sse(running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]]) -> 
             getter = None
             last, ended = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS
             yield frame
-        if not ended:
-            for frame in _closing(running, last):
+        if not ended:  # the turn ended without its terminal (``closing_events``)
+            task = running.task
+            for ev in closing_events(running, last, not task.cancelled() and task.exception() is not None):
+                try:
+                    frame = sse_frame(ev)
+                except orjson.JSONEncodeError:  # what made the turn fail is in the snapshot: the error event says it
+                    continue
                 yield frame
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
         running.stop()  # the client left: abort in the turn's own task (not awaited here)
-
-
-def _closing(running: HttpTurn, last: int) -> list[bytes]:
-    """The frames that end a stream whose turn ended without sending its terminal: an ``error``
-    event saying why (the shutdown deadline, or a fault), then the terminal of the response as it
-    was billed — ``response.failed`` for a ``cancelled`` snapshot — so a stream never just stops.
-    A turn cut after it was billed ``completed`` gets only its own terminal."""
-    task, response = running.task, running.response
-    status = response["status"]
-    out: list[bytes] = []
-    if not task.cancelled() and task.exception() is not None:  # logged by HttpTurn
-        out.append(sse_frame(server_error().sse_event(last + 1)))
-    elif status in (ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED):
-        out.append(sse_frame((shutting_down() if running.cut_short else server_error()).sse_event(last + 1)))
-    if status != ResponseStatus.IN_PROGRESS:
-        try:
-            out.append(sse_frame(late_terminal(response, last + 1 + len(out))))
-        except orjson.JSONEncodeError:  # what made the turn fail is in the snapshot: the error event says it
-            pass
-    return out
 
 
 async def _collect(request: Request, gw: GatewayState, turn: PreparedTurn, events: AsyncIterator[Event]) -> Response:
@@ -265,17 +279,46 @@ async def _stored(request: Request, response_id: str):
 @router.get("/v1/responses/{response_id}")
 @router.get("/responses/{response_id}", include_in_schema=False)
 async def get_response(request: Request, response_id: str) -> Response:
-    if request.query_params.get("stream") in ("true", "1"):
-        raise bad_request("Streaming retrieval is only available for background responses.",
-                          code="unsupported_parameter", param="stream")
-    _, _, state = await _stored(request, response_id)
-    return _json(state.response)
+    """The stored Response; a background one as it stands (queued, in_progress, then final). With
+    ``stream=true`` a background stream's events after ``starting_after`` (default: all), then
+    the live ones."""
+    q = request.query_params
+    stream = q.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise bad_request(f"Invalid value for 'stream': expected a boolean, but got '{q['stream']}' instead.",
+                          code="invalid_type", param="stream")
+    after = _starting_after(q.get("starting_after"))
+    gw, tenant, state = await _stored(request, response_id)
+    if stream in ("false", "0"):
+        return _json(state.response)
+    frames = await gw.background.open_stream(state, tenant, after)
+    return StreamingResponse(frames, media_type="text/event-stream; charset=utf-8",
+                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+def _starting_after(raw: str | None) -> int:
+    """``starting_after``: the sequence number after which to stream (absent: from the first event)."""
+    if raw is None:
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request("Invalid type for 'starting_after': expected an integer.", code="invalid_type",
+                          param="starting_after") from None
+    if value < 0:
+        raise bad_request(f"Invalid 'starting_after': expected a value >= 0, but got {value} instead.",
+                          code="integer_below_min_value", param="starting_after")
+    return value
 
 
 @router.delete("/v1/responses/{response_id}")
 @router.delete("/responses/{response_id}", include_in_schema=False)
 async def delete_response(request: Request, response_id: str) -> Response:
-    gw, tenant, _ = await _stored(request, response_id)
+    gw, tenant, state = await _stored(request, response_id)
+    if state.response.get("background") and state.status in ACTIVE:
+        # its owner writes the final state when it ends: deleting now would be undone then
+        raise bad_request(f"Response '{response_id}' is still {state.status}; cancel it before deleting it.",
+                          code="invalid_request", param="response_id")
     try:
         await gw.store.delete(response_id, tenant)
     except StoreUnavailable:
@@ -286,9 +329,9 @@ async def delete_response(request: Request, response_id: str) -> Response:
 @router.post("/v1/responses/{response_id}/cancel")
 @router.post("/responses/{response_id}/cancel", include_in_schema=False)
 async def cancel_response(request: Request, response_id: str) -> Response:
-    await _stored(request, response_id)
-    raise bad_request("Only responses created with background=true can be cancelled.", code="invalid_request",
-                      param="response_id")
+    """Cancel a background response: the Response as it ended (one that already ended, unchanged)."""
+    gw, tenant, state = await _stored(request, response_id)
+    return _json(await gw.background.cancel(state, tenant))
 
 
 @router.get("/v1/responses/{response_id}/input_items")

@@ -33,3 +33,5 @@ class GatewayState:
     connections: set[Any] = field(default_factory=set)
     #: HTTP turns running (``gateway.transport.inflight.HttpTurn``: drained, then cut, at shutdown)
     http_turns: set[Any] = field(default_factory=set)
+    #: background responses (``gateway.transport.background.BackgroundTurns``; set by the app factory)
+    background: Any = None

@@ -1,8 +1,8 @@
 """Request checks: what a create may ask for before anything is resolved or rendered.
 
-Parameters the gateway does not serve (background mode, stored prompts), tool
-definitions (hosted tools stripped or refused, asynchronous tools refused) and ``tool_choice``
-against the tools. Each refusal is OpenAI's error for it, naming the parameter. Pure functions of
+Parameters the gateway does not serve (background mode over WebSocket, stored prompts) and what
+background mode needs (``store``), tool definitions (hosted tools stripped or refused, asynchronous
+tools refused) and ``tool_choice`` against the tools. Each refusal is OpenAI's error for it, naming the parameter. Pure functions of
 the request: no I/O, nothing recorded.
 """
 
@@ -31,9 +31,15 @@ def check_params(body: Mapping[str, Any], allowed: Iterable[str]) -> None:
 
 def check_supported(req: CreateRequest, transport: Transport) -> None:
     if req.background:
-        msg = ("background mode is not supported over WebSocket." if transport == "ws"
-               else "background mode is not supported by this gateway.")
-        raise ApiError(400, msg, code="unsupported_parameter", param="background")
+        if transport == "ws":  # the WebSocket-mode spec: background stays an HTTP feature
+            raise ApiError(400, "background mode is not supported over WebSocket.", code="unsupported_parameter",
+                           param="background")
+        if req.store is False:  # polling, cancel and resume all read the stored response
+            raise bad_request("Background mode requires 'store' to be true.", code="invalid_value", param="store")
+    window = req.background_options.completion_window if req.background_options is not None else None
+    if window in ("2h", "8h") and (not req.background or req.stream):
+        raise bad_request(f"The '{window}' completion window requires 'background' to be true and 'stream' to be "
+                          "false.", code="invalid_value", param="background_options.completion_window")
     if req.conversation is not None:
         if req.previous_response_id is not None:
             raise bad_request("'previous_response_id' and 'conversation' cannot be used together.",

@@ -2,6 +2,7 @@
 
 The builder owns the response's status machine (read it as a table)::
 
+    queued ------created()---> in_progress   (background responses only)
     in_progress --complete()--> completed
     in_progress --incomplete()--> incomplete
     in_progress --fail()------> failed
@@ -73,6 +74,11 @@ class ResponseEvents:
         return self.response["status"]
 
     def created(self) -> list[Event]:
+        if self.response["status"] == ResponseStatus.QUEUED:  # background: OpenAI's order, queued first
+            queued = [self._ev("response.created", response=self._snapshot()),
+                      self._ev("response.queued", response=self._snapshot())]
+            self.response["status"] = ResponseStatus.IN_PROGRESS
+            return queued + [self._ev("response.in_progress", response=self._snapshot())]
         return [self._ev("response.created", response=self._snapshot()),
                 self._ev("response.in_progress", response=self._snapshot())]
 

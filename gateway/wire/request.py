@@ -99,6 +99,12 @@ def check_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
     return v
 
 
+class BackgroundOptions(_Strict):
+    #: every window is served as ``soonest``: a background response starts as soon as it is accepted,
+    #: which meets any completion window (there is no discounted tier to wait for)
+    completion_window: Literal["soonest", "2h", "8h"] | None = None
+
+
 class CompactionConfig(_Strict):
     type: Literal["compaction"]
     compact_threshold: int | None = Field(default=None, ge=1000)
@@ -120,6 +126,7 @@ class CreateRequest(_Strict):
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
     background: bool | None = None
+    background_options: BackgroundOptions | None = None
     tools: list[Tool] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None

@@ -18,7 +18,8 @@ from gateway.wire.request import CreateRequest
 def response_skeleton(
     req: CreateRequest, *, response_id: str, model: str, tools: list[dict[str, Any]], store: bool
 ) -> dict[str, Any]:
-    """A Response in status ``in_progress`` with ``output: []`` and ``usage: null``."""
+    """A Response in status ``in_progress`` (``queued`` for a background one) with ``output: []`` and
+    ``usage: null``."""
     text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
     if req.text is not None:
         if req.text.format is not None:
@@ -40,9 +41,9 @@ def response_skeleton(
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
-        "status": "in_progress",
+        "status": "queued" if req.background else "in_progress",
         "access_programs": None,
-        "background": False,
+        "background": bool(req.background),
         "completed_at": None,
         "conversation": {"id": req.conversation_id} if req.conversation is not None else None,
         "error": None,

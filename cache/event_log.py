@@ -1,0 +1,335 @@
+"""Event logs of background streams: the SSE frames a ``background`` + ``stream`` response sent, kept
+for a bounded window so that a client whose connection dropped resumes with
+``GET /v1/responses/{id}?stream=true&starting_after=N`` and gets every event after ``N``, exactly as
+first sent.
+
+A log is a run of ``(sequence_number, frame, terminal)`` entries, dense from the first one kept.
+Two places hold them:
+
+- **this process** (:class:`MemoryEventLogs`): the replica that runs the turn appends each frame as
+  it is produced, and its own readers (the create's stream, a resume that lands here) follow it
+  live. Bounded per response (``max_bytes``: the oldest frames are dropped, so a resume from before
+  the window fails clearly instead of skipping events), in all (finished logs are dropped first,
+  oldest first), and in time (a finished log lives ``ttl_s``).
+- **Redis** (:class:`RedisEventLog`), when configured, so that any replica can serve a resume: one
+  Stream per response, entry id ``0-(sequence_number + 1)`` so that ``XREAD`` after a sequence number
+  is one call, trimmed to the same byte window (``XTRIM MINID``), expiring ``ttl_s`` after its last
+  write. The owner writes in batches from a task of its own (:class:`RedisLogWriter`): a turn never
+  waits for a Redis round trip per event, and a Redis outage costs only cross-replica resumes.
+
+Readers detect a gap (frames dropped by the window before they were read) and raise
+:class:`Truncated` rather than hand a client a stream with holes in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from typing import AsyncIterator, Awaitable, Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[int, bytes, bool]  # (sequence_number, SSE frame, ends the stream)
+
+
+class Truncated(Exception):
+    """The reader asked for events the window no longer holds (``first_kept`` is the oldest kept)."""
+
+    def __init__(self, first_kept: int) -> None:
+        super().__init__(f"events before {first_kept} are no longer kept")
+        self.first_kept = first_kept
+
+
+class LogUnavailable(Exception):
+    """The shared log cannot be read (Redis is down)."""
+
+
+class EventLog:
+    """One response's frames in this process, followed live by any number of readers."""
+
+    def __init__(self, max_bytes: int, on_bytes: Callable[[int], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self._on_bytes = on_bytes
+        self._entries: list[Entry] = []
+        self._head = 0  # entries before it were dropped (compacted away now and then)
+        self._first = 0  # sequence number of the oldest kept entry
+        self._next = 0  # sequence number the next entry must have
+        self.nbytes = 0
+        self.finished_at: float | None = None
+        #: the sequence number of the terminal frame, once appended
+        self.terminal_seq: int | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest sequence number a reader can still get (== ``next_seq`` when empty)."""
+        return self._first
+
+    @property
+    def next_seq(self) -> int:
+        return self._next
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    def append(self, seq: int, frame: bytes, terminal: bool) -> None:
+        if seq != self._next:
+            raise ValueError(f"event {seq} out of order (expected {self._next})")
+        self._entries.append((seq, frame, terminal))
+        self._next = seq + 1
+        if terminal:
+            self.terminal_seq = seq
+        added = len(frame)
+        while self.nbytes + added > self.max_bytes and len(self._entries) - self._head > 1:
+            added -= len(self._entries[self._head][1])
+            self._head += 1
+            self._first += 1
+        if self._head > 1024 and self._head * 2 > len(self._entries):
+            del self._entries[:self._head]
+            self._head = 0
+        self._grow(added)
+        self._notify()
+
+    def finish(self) -> None:
+        if self.finished_at is None:
+            self.finished_at = time.monotonic()
+            self._notify()
+
+    def drop(self) -> None:
+        """Forget every frame (evicted): readers still following stop at once."""
+        self._entries, self._head, self._first = [], 0, self._next
+        self._grow(-self.nbytes)
+        self.finish()
+
+    def _grow(self, delta: int) -> None:
+        self.nbytes += delta
+        if self._on_bytes is not None and delta:
+            self._on_bytes(delta)
+
+    def _notify(self) -> None:
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()  # each reader waits on its own future inside Event.wait: cancelling one is safe
+
+    async def follow(self, after: int) -> AsyncIterator[bytes]:
+        """The frames after sequence number ``after``, then each new one as it comes, until the
+        terminal frame (or the log finishes). Raises :class:`Truncated` when the next frame it
+        should give was dropped, before or while reading (a reader slower than the window)."""
+        cursor = after
+        while True:
+            while cursor + 1 < self._next:
+                if cursor + 1 < self._first:
+                    raise Truncated(self._first)
+                seq, frame, terminal = self._entries[self._head + (cursor + 1 - self._first)]
+                cursor = seq
+                yield frame
+                if terminal:
+                    return
+            if self.finished:
+                return
+            await self._wake.wait()
+
+
+class MemoryEventLogs:
+    """This process's logs by response id, bounded per log, in all and in time (module docstring)."""
+
+    def __init__(self, max_bytes: int, max_total_bytes: int, ttl_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
+        self.ttl_s = ttl_s
+        self._logs: OrderedDict[str, EventLog] = OrderedDict()
+        self.nbytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    def open(self, response_id: str) -> EventLog:
+        self._expire()
+        log_ = EventLog(self.max_bytes, self._count)
+        self._logs[response_id] = log_
+        return log_
+
+    def get(self, response_id: str) -> EventLog | None:
+        self._expire()
+        return self._logs.get(response_id)
+
+    def _count(self, delta: int) -> None:
+        self.nbytes += delta
+        if delta > 0 and self.nbytes > self.max_total_bytes:
+            self._evict()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for rid, log_ in list(self._logs.items()):
+            if log_.finished_at is not None and now - log_.finished_at > self.ttl_s:
+                del self._logs[rid]
+                log_.drop()
+
+    def _evict(self) -> None:
+        """Over the total: finished logs go first, oldest first. Running logs stay (each is bounded
+        by ``max_bytes``, and their number by the per-tenant limit)."""
+        for rid, log_ in list(self._logs.items()):
+            if self.nbytes <= self.max_total_bytes:
+                return
+            if log_.finished:
+                del self._logs[rid]
+                log_.drop()
+                self.evictions += 1
+
+
+def _entry_id(seq: int) -> str:
+    return f"0-{seq + 1}"
+
+
+def _seq_of(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[1]) - 1
+
+
+class RedisEventLog:
+    """The shared copy of the logs: one Redis Stream per response (module docstring)."""
+
+    #: how long one ``XREAD`` blocks before the reader checks whether the response still runs
+    BLOCK_MS = 1000
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "respgate:", max_bytes: int, ttl_s: float) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.max_bytes = max_bytes
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+
+    def key(self, response_id: str) -> str:
+        return f"{self.prefix}bgev:{response_id}"
+
+    def writer(self, response_id: str) -> "RedisLogWriter":
+        return RedisLogWriter(self, response_id)
+
+    async def append(self, response_id: str, entries: list[Entry]) -> None:
+        """Write entries now (the reaper's closing frames for a response whose owner is gone)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for seq, frame, terminal in entries:
+            pipe.xadd(self.key(response_id), _fields(frame, terminal), id=_entry_id(seq))
+        pipe.pexpire(self.key(response_id), self.ttl_ms)
+        await pipe.execute()
+
+    async def bounds(self, response_id: str) -> tuple[int, int, bool] | None:
+        """(first kept, last, whether the last is the terminal) sequence numbers; None when there is
+        no log (never written, or expired)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrange(self.key(response_id), count=1)
+        pipe.xrevrange(self.key(response_id), count=1)
+        first, last = await pipe.execute()
+        if not first or not last:
+            return None
+        return _seq_of(first[0][0]), _seq_of(last[0][0]), bool(last[0][1].get(b"t"))
+
+    async def follow(self, response_id: str, after: int,
+                     ended: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+        """Like :meth:`EventLog.follow`, from Redis. Between entries that do not come, ``ended()``
+        says whether to stop waiting (the response is over, and its log said all it will); two
+        quiet reads after it said so end the stream."""
+        key, cursor, quiet = self.key(response_id), after, 0
+        while True:
+            try:
+                got = await self.redis.xread({key: _entry_id(cursor)}, count=256, block=self.BLOCK_MS)
+            except RedisError as exc:
+                raise LogUnavailable(str(exc)) from exc
+            entries = got[0][1] if got else []
+            if not entries:
+                if await ended():
+                    quiet += 1
+                    if quiet >= 2:
+                        return
+                continue
+            quiet = 0
+            for entry_id, fields in entries:
+                seq = _seq_of(entry_id)
+                if seq != cursor + 1:
+                    raise Truncated(seq)
+                cursor = seq
+                yield fields[b"f"]
+                if fields.get(b"t"):
+                    return
+
+
+def _fields(frame: bytes, terminal: bool) -> dict[str, bytes]:
+    return {"f": frame, "t": b"1"} if terminal else {"f": frame}
+
+
+class RedisLogWriter:
+    """The owner's side of one shared log: ``append`` never waits; a task writes batches.
+
+    The window is kept here, where the sizes are known: entries written are remembered as
+    (sequence number, size), and when they exceed ``max_bytes`` the stream is trimmed to the
+    newest that fit. Frames the writer could not send (Redis down, or more pending than the window)
+    are dropped; a reader then sees the gap and says so."""
+
+    def __init__(self, log_: RedisEventLog, response_id: str) -> None:
+        self.log = log_
+        self.key = log_.key(response_id)
+        self.response_id = response_id
+        self._pending: list[Entry] = []
+        self._pending_bytes = 0
+        self._kept: deque[tuple[int, int]] = deque()
+        self._kept_bytes = 0
+        self._wake = asyncio.Event()
+        self._closed = False
+        self.failures = 0
+        self._task = asyncio.ensure_future(self._run())
+
+    def append(self, seq: int, frame: bytes, terminal: bool) -> None:
+        self._pending.append((seq, frame, terminal))
+        self._pending_bytes += len(frame)
+        while self._pending_bytes > self.log.max_bytes and len(self._pending) > 1:
+            self._pending_bytes -= len(self._pending.pop(0)[1])
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending, self._pending_bytes = self._pending, [], 0
+                try:
+                    await self._write(batch)
+                except RedisError as exc:
+                    self.failures += 1
+                    self._kept.clear()  # what landed is unknown: the window restarts from here
+                    self._kept_bytes = 0
+                    log.warning("background events of %s not written to Redis (%d dropped): %s",
+                                self.response_id, len(batch), exc)
+            if self._closed:
+                return
+
+    async def _write(self, batch: list[Entry]) -> None:
+        pipe = self.log.redis.pipeline(transaction=False)
+        for seq, frame, terminal in batch:
+            pipe.xadd(self.key, _fields(frame, terminal), id=_entry_id(seq))
+            self._kept.append((seq, len(frame)))
+            self._kept_bytes += len(frame)
+        trim = None
+        while self._kept_bytes > self.log.max_bytes and len(self._kept) > 1:
+            self._kept_bytes -= self._kept.popleft()[1]
+            trim = self._kept[0][0]
+        if trim is not None:
+            pipe.xtrim(self.key, minid=_entry_id(trim), approximate=False)
+        pipe.pexpire(self.key, self.log.ttl_ms)
+        await pipe.execute()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is pending and stop (at most ``timeout_s``: a hung Redis must not hold a
+        turn's end, or the shutdown)."""
+        self._closed = True
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        except TimeoutError:
+            log.warning("background events of %s: Redis writes still pending after %g s, dropped",
+                        self.response_id, timeout_s)
+            self._task.cancel()
