@@ -52,9 +52,11 @@ class LogUnavailable(Exception):
 class EventLog:
     """One response's frames in this process, followed live by any number of readers."""
 
-    def __init__(self, max_bytes: int, on_bytes: Callable[[int], None] | None = None) -> None:
+    def __init__(self, max_bytes: int, on_bytes: Callable[[int], None] | None = None,
+                 on_finish: Callable[["EventLog"], None] | None = None) -> None:
         self.max_bytes = max_bytes
         self._on_bytes = on_bytes
+        self._on_finish = on_finish
         self._entries: list[Entry] = []
         self._head = 0  # entries before it were dropped (compacted away now and then)
         self._first = 0  # sequence number of the oldest kept entry
@@ -100,6 +102,8 @@ class EventLog:
         if self.finished_at is None:
             self.finished_at = time.monotonic()
             self._notify()
+            if self._on_finish is not None:
+                self._on_finish(self)
 
     def drop(self) -> None:
         """Forget every frame (evicted): readers still following stop at once."""
@@ -130,7 +134,7 @@ class EventLog:
                 yield frame
                 if terminal:
                     return
-            if self.finished:
+            if self.finished or self.terminal_seq is not None:  # nothing comes after the terminal
                 return
             await self._wake.wait()
 
@@ -142,7 +146,9 @@ class MemoryEventLogs:
         self.max_bytes = max_bytes
         self.max_total_bytes = max_total_bytes
         self.ttl_s = ttl_s
-        self._logs: OrderedDict[str, EventLog] = OrderedDict()
+        self._logs: dict[str, EventLog] = {}
+        #: finished logs in the order they finished (expiry and eviction take the oldest first)
+        self._finished: OrderedDict[str, EventLog] = OrderedDict()
         self.nbytes = 0
         self.evictions = 0
 
@@ -151,7 +157,7 @@ class MemoryEventLogs:
 
     def open(self, response_id: str) -> EventLog:
         self._expire()
-        log_ = EventLog(self.max_bytes, self._count)
+        log_ = EventLog(self.max_bytes, self._count, lambda done: self._finished.__setitem__(response_id, done))
         self._logs[response_id] = log_
         return log_
 
@@ -166,21 +172,24 @@ class MemoryEventLogs:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for rid, log_ in list(self._logs.items()):
-            if log_.finished_at is not None and now - log_.finished_at > self.ttl_s:
-                del self._logs[rid]
-                log_.drop()
+        while self._finished:
+            rid, log_ = next(iter(self._finished.items()))
+            if now - (log_.finished_at or now) <= self.ttl_s:
+                return
+            self._remove(rid)
 
     def _evict(self) -> None:
         """Over the total: finished logs go first, oldest first. Running logs stay (each is bounded
         by ``max_bytes``, and their number by the per-tenant limit)."""
-        for rid, log_ in list(self._logs.items()):
-            if self.nbytes <= self.max_total_bytes:
-                return
-            if log_.finished:
-                del self._logs[rid]
-                log_.drop()
-                self.evictions += 1
+        while self._finished and self.nbytes > self.max_total_bytes:
+            self._remove(next(iter(self._finished)))
+            self.evictions += 1
+
+    def _remove(self, response_id: str) -> None:
+        log_ = self._finished.pop(response_id)
+        if self._logs.get(response_id) is log_:
+            del self._logs[response_id]
+        log_.drop()
 
 
 def _entry_id(seq: int) -> str:

@@ -215,6 +215,40 @@ def test_dropped_stream_resumes_at_any_event_and_the_turn_runs_on(make_gateway):
         assert resumed.get_final_response().output_text == LONG
 
 
+def test_background_objects_match_both_schemas(make_gateway):
+    """The queued create, every streamed event (response.queued included), a resumed stream and a
+    cancelled Response validate against the SDK's types and the OpenResponses document."""
+    from tests.schema_check import OpenResponses, sdk_check_event, sdk_check_response
+
+    doc = OpenResponses()
+    live = make_gateway(engine=engine(0.02, endless=True))
+    queued = post_json(live, {"model": MODEL, "input": "x", "background": True})
+    with httpx.stream("POST", f"{live.base_url}/responses", timeout=30,
+                      json={"model": MODEL, "input": "y", "background": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        head = [next(lines) for _ in range(9)]  # three events: created, queued, in_progress
+    events = parse_sse(("\n".join(head) + "\n").encode())
+    with httpx.stream("GET", f"{live.base_url}/responses/{events[0]['response']['id']}", timeout=30,
+                      params={"stream": "true", "starting_after": 1}) as r:
+        lines = r.iter_lines()
+        resumed = parse_sse(("\n".join(next(lines) for _ in range(3)) + "\n").encode())
+    assert resumed[0]["type"] == "response.in_progress" and resumed[0]["sequence_number"] == 2
+    cancelled = post_json(live, {}, path=f"/responses/{queued['id']}/cancel")
+    post_json(live, {}, path=f"/responses/{events[0]['response']['id']}/cancel")
+    assert (queued["status"], cancelled["status"]) == ("queued", "cancelled")
+    assert [e["type"] for e in events] == ["response.created", "response.queued", "response.in_progress"]
+    for resp in (queued, cancelled):
+        assert not sdk_check_response(resp) and not doc.response_errors(resp)
+    for ev in events + resumed:
+        assert not sdk_check_event(ev) and not doc.event_errors(ev), ev["type"]
+
+
+def post_json(live: Any, body: dict[str, Any], path: str = "/responses") -> dict[str, Any]:
+    r = httpx.post(live.base_url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def test_stream_retrieval_refusals(make_gateway):
     live = make_gateway(engine=engine())
     client = live.openai()
@@ -370,3 +404,53 @@ def _ready(base: str) -> bool:
         return httpx.get(base.removesuffix("/v1") + "/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# -- the pieces ----------------------------------------------------------------------------------------
+
+
+async def test_memory_event_logs_are_bounded_per_log_in_all_and_in_time():
+    from cache.event_log import MemoryEventLogs, Truncated
+
+    logs = MemoryEventLogs(max_bytes=100, max_total_bytes=250, ttl_s=0.05)
+    a = logs.open("a")
+    for i in range(10):
+        a.append(i, b"x" * 30, i == 9)
+    assert (a.first_seq, a.next_seq, a.nbytes, a.terminal_seq) == (7, 10, 90, 9)
+    with pytest.raises(Truncated) as exc:
+        [f async for f in a.follow(0)]
+    assert exc.value.first_kept == 7
+    assert len([f async for f in a.follow(6)]) == 3 and [f async for f in a.follow(9)] == []
+    a.finish()
+    b, c = logs.open("b"), logs.open("c")
+    b.append(0, b"y" * 90, False)
+    c.append(0, b"z" * 90, False)  # 270 bytes in all: the finished log goes, the running ones stay
+    assert logs.get("a") is None and logs.evictions == 1 and logs.nbytes == 180
+    reader = c.follow(-1)
+    assert await anext(reader) == b"z" * 90
+    c.append(1, b"z" * 60, False)
+    c.append(2, b"z" * 60, False)  # the window moved past the reader's next frame
+    with pytest.raises(Truncated):
+        await anext(reader)
+    c.finish()
+    time.sleep(0.06)
+    assert logs.get("c") is None and logs.get("b") is b  # finished and past its ttl: gone
+
+
+def test_shutdown_cuts_a_background_turn_billed_once_cancelled_and_its_stream_ends(make_gateway):
+    from tests.conftest import stop_gateway
+
+    sink = CountingSink()
+    live = make_gateway(Settings(shutdown_grace_s=0.3), engine=engine(0.05, endless=True), usage_sink=sink)
+    client = live.openai()
+    stream = client.responses.create(model=MODEL, input="long", background=True, stream=True)
+    first = next(iter(stream))
+    import threading
+
+    stopper = threading.Thread(target=stop_gateway, args=(live,))
+    stopper.start()
+    rest = [ev.model_dump(mode="json") for ev in stream]
+    stopper.join(30)
+    assert [e["type"] for e in rest[-2:]] == ["error", "response.failed"]
+    assert rest[-2]["code"] == "server_shutting_down" and rest[-1]["response"]["status"] == "cancelled"
+    one_record(sink, first.response.id, "cancelled")

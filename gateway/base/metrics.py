@@ -85,7 +85,7 @@ class Metrics:
                                          ["syntax"], registry=r)
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
         self.rate_limited = Counter("respgate_rate_limit_rejections",
-                                    "Requests or connections refused by a limit (requests, tokens, connections, queue)",
+                                    "Requests or connections refused by a limit (requests, tokens, connections, queue, background)",
                                     ["transport", "limit"], registry=r)
         self.input_rejections = Counter("respgate_input_rejections",
                                         "Bodies and frames refused before any work (size, depth, count)",
