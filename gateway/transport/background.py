@@ -63,7 +63,7 @@ from gateway.turn.events import Event, late_terminal
 from gateway.turn.finalize import Finalizer
 from gateway.turn.types import PreparedTurn, UsageHook
 from gateway.wire.errors import ApiError, bad_request, response_not_found, store_unavailable
-from gateway.wire.kinds import ResponseStatus
+from gateway.wire.kinds import CHAINABLE, ResponseStatus
 from gateway.wire.response import usage_object
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,11 @@ class BackgroundTurns:
         try:
             if response["status"] in ACTIVE:  # its finalize crashed before billing (logged there)
                 await self._abandon(bg.state, bg.state.response, {"model": bg.state.model, "created_at": bg.state.created})
-            else:
+            elif response["status"] not in CHAINABLE:
+                # failed or cancelled: finalize wrote it off the turn's path, maybe not at all (a
+                # completed or incomplete one was stored before it was billed, or it failed instead)
                 stored = await self.store.get(bg.id, bg.tenant)
-                if stored is not None and stored.status in ACTIVE:  # the final write was lost: store the outcome
+                if stored is not None and stored.status in ACTIVE:  # the write was lost: store the outcome
                     await self._timed_put(dataclasses.replace(stored, response=snapshot(response)))
             if self.leases is not None:
                 await self.leases.release(bg.id)
@@ -205,17 +207,23 @@ class BackgroundTurns:
         if self.leases is None:  # one process: it ended while this request read it
             return await self._latest(state.id, tenant, state.response)
         self.metrics.background_cancels.labels("remote").inc()
+        leases = self.leases
         try:
-            await self.leases.request_cancel(state.id)
+            await leases.request_cancel(state.id)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            # the owner releases the lease once the final state is stored: wait on the (small)
+            # lease, then read the state once
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                alive = await leases.alive(state.id)
+                if alive is None:
+                    break
+                if alive is False and await leases.claim(state.id):
+                    await self._reap(state.id)
+                    break
         except RedisError:
             raise store_unavailable() from None
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while True:
-            await asyncio.sleep(0.05)
-            current = await self._get(state.id, tenant)
-            if current.status not in ACTIVE or time.monotonic() > deadline:
-                return current.response
-            await self._reap_if_lapsed(state.id)
+        return (await self._get(state.id, tenant)).response
 
     async def _latest(self, response_id: str, tenant: str | None, fallback: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -296,23 +304,23 @@ class BackgroundTurns:
                 yield sse_frame(late_terminal(state.response, last + 1))
 
     async def _over(self, rid: str, tenant: str | None) -> bool:
-        """For a reader of the Redis log waiting for events: has the response ended? (A lapsed
-        lease is finished here, which appends the closing events the reader then gets.)"""
+        """For a reader of the Redis log waiting for events: has the response ended? Its lease
+        says while it runs (a lapsed one is finished here, which appends the closing events the
+        reader then gets); the stored state says once it is released."""
+        assert self.leases is not None
         try:
+            alive = await self.leases.alive(rid)
+            if alive is False and await self.leases.claim(rid):
+                await self._reap(rid)
+            if alive is not None:
+                return False
             state = await self.store.get(rid, tenant)
-            if state is None or state.status not in ACTIVE:
-                return True
-            await self._reap_if_lapsed(rid)
+            return state is None or state.status not in ACTIVE
         except (StoreUnavailable, RedisError) as exc:
             outage_log.warning("background_follow", "background response %s: cannot check its state: %s", rid, exc)
         return False
 
     # -- replicas that died (Redis) ---------------------------------------------------------------------
-
-    async def _reap_if_lapsed(self, rid: str) -> None:
-        assert self.leases is not None
-        if await self.leases.alive(rid) is False and await self.leases.claim(rid):
-            await self._reap(rid)
 
     async def _reap(self, rid: str) -> None:
         """Finish a response whose owner's lease lapsed, once (this replica claimed it)."""
