@@ -173,7 +173,8 @@ class BackgroundTurns:
         await self.finalizer.wait_for(bg.id)
         try:
             if response["status"] in ACTIVE:  # its finalize crashed before billing (logged there)
-                await self._abandon(bg.state, bg.state.response, {"model": bg.state.model, "created_at": bg.state.created})
+                await self._abandon(bg.state, bg.state.response,
+                                    {"model": bg.state.model, "created_at": bg.state.created})
             elif response["status"] not in CHAINABLE:
                 # failed or cancelled: finalize wrote it off the turn's path, maybe not at all (a
                 # completed or incomplete one was stored before it was billed, or it failed instead)
