@@ -454,3 +454,58 @@ def test_shutdown_cuts_a_background_turn_billed_once_cancelled_and_its_stream_en
     assert [e["type"] for e in rest[-2:]] == ["error", "response.failed"]
     assert rest[-2]["code"] == "server_shutting_down" and rest[-1]["response"]["status"] == "cancelled"
     one_record(sink, first.response.id, "cancelled")
+
+
+async def test_redis_event_log_keeps_the_same_window_and_readers_see_gaps(redis_url):
+    import redis.asyncio as aioredis
+
+    from cache.event_log import RedisEventLog, Truncated
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        shared = RedisEventLog(client, max_bytes=100, ttl_s=60)
+        writer = shared.writer("resp_w")
+        for i in range(10):
+            writer.append(i, b"x" * 30, i == 9)
+        await writer.close()
+        assert await shared.bounds("resp_w") == (7, 9, True)
+        assert 0 < await client.pttl(shared.key("resp_w")) <= 60_000
+        never = lambda: _false()  # noqa: E731
+        with pytest.raises(Truncated) as exc:
+            [f async for f in shared.follow("resp_w", 0, never)]
+        assert exc.value.first_kept == 7
+        assert len([f async for f in shared.follow("resp_w", 6, never)]) == 3
+        assert await shared.bounds("resp_missing") is None
+    finally:
+        await client.aclose()
+
+
+async def _false() -> bool:
+    return False
+
+
+async def test_a_lapsed_lease_is_claimed_by_exactly_one_replica(redis_url):
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from cache.leases import RedisLeases
+
+    clients = [aioredis.Redis.from_url(redis_url) for _ in range(3)]
+    try:
+        owner, *others = [RedisLeases(c, lease_s=0.2) for c in clients]
+        await owner.acquire("resp_l", {"tenant": "t", "model": "m", "stream": False, "created_at": 1.0})
+        assert await others[0].alive("resp_l") is True
+        assert await owner.renew(["resp_l", "resp_gone"]) == ["resp_gone"]
+        await asyncio.sleep(0.3)  # the owner stopped renewing
+        assert await others[0].alive("resp_l") is False and await others[0].expired() == ["resp_l"]
+        claims = await asyncio.gather(*(r.claim("resp_l") for r in (*others, *others)))
+        assert sorted(claims) == [False, False, False, True]
+        assert await others[1].alive("resp_l") is None
+        assert (await others[1].info("resp_l"))["owner"] == owner.owner  # kept for the one that finishes it
+        assert await owner.renew(["resp_l"]) == ["resp_l"]  # the owner learns it lost the lease
+        await others[0].request_cancel("resp_l")
+        assert await owner.next_cancel(0.5) == "resp_l" and await owner.next_cancel(0.1) is None
+    finally:
+        for c in clients:
+            await c.aclose()

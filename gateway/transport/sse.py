@@ -3,7 +3,8 @@
 Responses streams never end with ``[DONE]``: the stream closes after the terminal event. A stream
 whose turn could not send its own terminal (cut by the shutdown deadline, or a fault of the
 gateway) still ends with one: a flat ``error`` event (``ApiError.sse_event``), then the terminal of
-the response as billed (``gateway.turn.events.late_terminal``; see ``gateway.transport.inflight.closing_events``).
+the response as billed (``gateway.turn.events.late_terminal``; see
+``gateway.transport.inflight.closing_events``).
 """
 
 from __future__ import annotations
