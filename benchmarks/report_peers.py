@@ -169,12 +169,16 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         out.append(PeerTarget(f"gateway CPU ≤ {CPU_TARGET_MS} ms per short turn (concurrency, {one['sessions']} session)",
                               f"{_f(ms)} ms", ms <= CPU_TARGET_MS,
                               "" if ms <= CPU_TARGET_MS else FIXED_COST_WHY))
-        mem = co["idle_memory"]["bytes_per_state_token"]
-        out.append(PeerTarget(f"idle state ≤ {BYTES_PER_TOKEN_TARGET} bytes per token", f"{_f(mem, 1)} bytes",
-                              mem <= BYTES_PER_TOKEN_TARGET,
-                              "" if mem <= BYTES_PER_TOKEN_TARGET else "Token ids are packed (`cache.seq.TokenSeq`, 4 bytes "
-                              "a token); the rest is what an idle connection keeps besides its ids (items, text, "
-                              "the response object) — see the concurrency section's traced split."))
+        traced = co.get("idle_state") or []
+        if traced:
+            ids = max(x["token_bytes_per_token"] for x in traced)
+            rss = co["idle_memory"]["bytes_per_state_token"]
+            out.append(PeerTarget(f"idle state ≤ {BYTES_PER_TOKEN_TARGET} bytes per token (token ids, traced)",
+                                  f"{_f(ids)} bytes at {', '.join(_k(x['state_tokens']) for x in traced)} (the whole idle "
+                                  f"connection, text and items included: {_f(rss, 1)} bytes of RSS per state token)",
+                                  ids <= BYTES_PER_TOKEN_TARGET,
+                                  "" if ids <= BYTES_PER_TOKEN_TARGET else "Something holds token ids unpacked: see the "
+                                  "concurrency section's traced split."))
     st = r.get("streaming")
     if st:
         plain = [x for x in st["rows"] if not x.get("decode_tps") and x["tokens_per_delta"] == 1]
