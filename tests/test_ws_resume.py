@@ -323,6 +323,23 @@ def test_a_record_sealed_with_another_secret_does_not_open(make_gateway, redis_u
     assert resumable(b, "failed", "redis") == 1
 
 
+def test_redis_down_at_close_keeps_the_state_in_memory(make_gateway, redis_server, redis_url):
+    """The record cannot be written: the replica that held the socket still resumes it (appending),
+    and the claim does not wait on Redis to decide (nobody else can have taken it)."""
+    a = make_gateway(replica_settings(redis_url), engine=echo_engine())
+    try:
+        with a.openai().responses.connect() as conn:
+            _, r2 = two_turns(conn)
+            redis_server.stop()  # Redis goes before the socket does
+        wait_for(lambda: resumable(a, "failed", "redis") == 1, "the record write to fail")
+        assert resumable(a, "kept", "memory") == 1 and resumable(a, "kept", "redis") == 0
+        with a.openai().responses.connect() as conn:
+            assert output_text(recall(conn, r2["id"])[-1]["response"]).splitlines() == TRANSCRIPT
+    finally:
+        redis_server.start()
+    assert full_renders(a) == 0 and resumable(a, "claimed") == 1
+
+
 def test_shutdown_1001_then_the_second_replica_continues(make_gateway, redis_url):
     a = make_gateway(replica_settings(redis_url), engine=echo_engine())
     b = make_gateway(replica_settings(redis_url), engine=echo_engine())

@@ -121,7 +121,11 @@ class ResumableStates:
             kept.append(entry)
         for entry in kept:  # after every entry is claimable here: a claim waits for the write
             if entry.written is not None:
-                entry.written.set_result(await self._write(entry))
+                ok = False
+                try:
+                    ok = await self._write(entry)
+                finally:  # even cancelled: a claim waiting on it must not wait forever
+                    entry.written.set_result(ok)
         return len(kept)
 
     def _add(self, entry: _Entry) -> bool:
@@ -151,6 +155,10 @@ class ResumableStates:
                 blob = await asyncio.to_thread(remote.seal, state, tenant)
             else:
                 blob = remote.seal(state, tenant)
+        except Exception:  # a state that does not serialize is a bug: logged, kept in memory only
+            log.exception("resumable state %s could not be sealed", state.id)
+            return False
+        try:
             ttl = entry.expires - self._clock()
             if ttl <= 0:
                 return False
