@@ -182,6 +182,22 @@ def test_a_cut_tcp_connection_is_resumable_too(resume_gw):
     assert full_renders(resume_gw) == 0
 
 
+def test_the_connection_age_limit_close_is_resumable(make_gateway):
+    """The 60-minute limit (a fraction of a second here) retires the socket with 1000: the chain goes on."""
+    live = make_gateway(Settings(ws_resume_window_s=60, ws_max_age_s=1.5), engine=echo_engine())
+    with connect(live.ws_url, max_size=None) as ws:
+        r1 = ws_create(ws, PELICAN)
+        farewell = json.loads(ws.recv(timeout=30))  # the idle socket is retired at the limit
+        assert farewell["error"]["code"] == "websocket_connection_limit_reached"
+        with pytest.raises(Exception):
+            ws.recv(timeout=30)
+        assert ws.close_code == 1000
+    wait_for(lambda: r1["id"] in live.gw.resumable, "the retired connection's lane to be parked")
+    with connect(live.ws_url, max_size=None) as ws:
+        r2 = ws_create(ws, RECALL, prev=r1["id"])
+    assert output_text(r2).splitlines()[0] == f"user/-: {PELICAN}" and full_renders(live) == 0
+
+
 def test_every_lane_is_resumable_and_each_is_claimed_once(resume_gw):
     """Two lanes park two states; two reconnects racing for one state: exactly one continues."""
     with connect(resume_gw.ws_url, max_size=None) as ws:
