@@ -278,7 +278,10 @@ def _read_config(path: str) -> dict[str, object]:
 def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
     lines = ["invalid configuration:"]
     for err in exc.errors():
-        name = str(err["loc"][0]) if err["loc"] else "?"
+        if not err["loc"]:  # a rule across fields (``model_validator``): its message names them
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
+        name = str(err["loc"][0])
         where = origin.get(name, "default")
         lines.append(f"  {name} ({where}): {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
