@@ -44,6 +44,11 @@ class ConnectionCache:
     def lane_of(self, response_id: str) -> str | None:
         return self._by_id.get(response_id)
 
+    def states(self) -> list[ResponseState]:
+        """Each lane's latest response, least recently used first (what a closing connection may
+        leave resumable, ``gateway.transport.resumable``)."""
+        return list(self._lanes.values())
+
     def put(self, lane: str, state: ResponseState) -> None:
         old = self._lanes.pop(lane, None)
         if old is not None:

@@ -71,6 +71,9 @@ def create_app(
     background = gw.background = BackgroundTurns(settings, store, pipeline.finalizer, usage, metrics, access,
                                                  gw.http_turns)
     metrics.registry.register(BackgroundCollector(background))
+    from gateway.transport.resumable import ResumableStates
+
+    resumable = gw.resumable = ResumableStates.from_settings(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,6 +89,8 @@ def create_app(
         finally:
             gw.accepting = False
             await background.close()  # before the store and the billing queue close: it writes to both
+            if resumable is not None:  # after the drain: closing connections parked their lanes
+                await resumable.close()
             await pipeline.close()
             await usage.drain()
             await flags.drain()

@@ -148,6 +148,13 @@ class Metrics:
         self.ws_send_stalls = Counter("respgate_ws_send_stalls",
                                       "WebSocket connections closed 1008 because the client stopped reading "
                                       "(ws_send_deadline_s)", registry=r)
+        self.ws_resumable = Counter("respgate_ws_resumable_states",
+                                    "store=false lane states of closed WebSockets kept for a reconnect "
+                                    "(ws_resume_window_s) and what became of them: kept, claimed, expired, "
+                                    "evicted (byte caps), lost (claimed on another replica first), failed (Redis)",
+                                    ["outcome", "where"], registry=r)
+        self.ws_resumable_bytes = Gauge("respgate_ws_resumable_bytes",
+                                        "Bytes of resumable lane states this replica holds in memory", registry=r)
         self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
                                     "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
                                     registry=r)

@@ -13,7 +13,7 @@ import os
 import tomllib
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 
 class Settings(BaseModel):
@@ -107,6 +107,15 @@ class Settings(BaseModel):
     ws_max_inflight: int = 16
     ws_max_lanes: int = 32
     ws_cache_bytes: int = 512 * 1024 * 1024
+    #: resumable store=false chains (gateway/transport/resumable.py): a closed connection's lane
+    #: states stay claimable this long by a reconnect of the same tenant; 0 = off (the default)
+    ws_resume_window_s: float = Field(default=0.0, ge=0, le=3600)
+    #: memory those states may hold on this replica, in all and per tenant (oldest dropped first)
+    ws_resume_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    ws_resume_tenant_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: also leave each state in Redis (``redis_url``) as a sealed record that expires with the
+    #: window, so a reconnect to another replica continues; needs a ``seal_secret`` shared by replicas
+    ws_resume_redis: bool = False
     store_max_bytes: int = 1024 * 1024 * 1024
     #: full-history requests (no previous_response_id): the rendered prefixes kept for reuse, in all
     #: and per tenant (token views, least recently used conversation out); 0 turns the cache off
@@ -194,6 +203,17 @@ class Settings(BaseModel):
     #: the metrics listener's address; unset: the gateway's ``host``
     metrics_host: str | None = None
 
+    @model_validator(mode="after")
+    def _resume_redis_needs(self) -> "Settings":
+        """Records other replicas cannot open (no shared secret) or nowhere to put them are a
+        misconfiguration to refuse at start, not a resume that silently never works."""
+        if self.ws_resume_redis and self.ws_resume_window_s:
+            missing = [n for n in ("redis_url", "seal_secret") if not getattr(self, n)]
+            if missing:
+                raise ValueError(f"ws_resume_redis needs {' and '.join(missing)} (RESPGATE_"
+                                 f"{'/RESPGATE_'.join(m.upper() for m in missing)}) set on every replica")
+        return self
+
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
         """Defaults < ``RESPGATE_CONFIG`` file < ``RESPGATE_*`` environment < ``overrides`` (CLI flags)."""
@@ -258,7 +278,10 @@ def _read_config(path: str) -> dict[str, object]:
 def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
     lines = ["invalid configuration:"]
     for err in exc.errors():
-        name = str(err["loc"][0]) if err["loc"] else "?"
+        if not err["loc"]:  # a rule across fields (``model_validator``): its message names them
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
+        name = str(err["loc"][0])
         where = origin.get(name, "default")
         lines.append(f"  {name} ({where}): {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)

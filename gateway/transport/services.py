@@ -35,3 +35,5 @@ class GatewayState:
     http_turns: set[Any] = field(default_factory=set)
     #: background responses (``gateway.transport.background.BackgroundTurns``; set by the app factory)
     background: Any = None
+    #: closed connections' resumable lane states (``gateway.transport.resumable``); None: off
+    resumable: Any = None

@@ -2,7 +2,10 @@
 
 One connection, many turns. The connection owns:
 
-* a **connection cache** (latest response per lane) that continuations resolve against first;
+* a **connection cache** (latest response per lane) that continuations resolve against first; with
+  ``ws_resume_window_s`` its ``store=false`` states outlive the socket for that window
+  (gateway/transport/resumable.py: parked at close, claimed by a later turn of the same tenant that
+  names one — the only two places this module touches them);
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes: turns in one lane never
   overlap, lanes run concurrently, and at most 16 responses are active at once across lanes (more
   are queued, never rejected, up to ``ws_max_queued``);
@@ -117,6 +120,7 @@ class WsConnection:
         self._turns: dict[asyncio.Task[None], str] = {}
         self._done = asyncio.Event()  # the machine reached CLOSED
         self._last_active = time.monotonic()
+        self._parked = False  # the lanes were handed to ``gw.resumable`` (once, at close)
 
     @property
     def expired(self) -> bool:
@@ -267,6 +271,7 @@ class WsConnection:
                 await self.ws.close(code=a.farewell.code)
             except (RuntimeError, WebSocketDisconnect):  # already closed (SendStalled: by the send deadline)
                 pass
+            await self._park()  # before the drain hears of the close: a 1001's records are written first
             self._done.set()
         elif a.kind is Act.ABORT:
             await self._abort()
@@ -350,6 +355,9 @@ class WsConnection:
     async def _run_turn(self, lane: str, frame: dict[str, Any]) -> bool:
         """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
         stream_id = lane or None
+        prev = frame.get("previous_response_id")
+        if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
+            await self._resume(lane, prev)
         ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane)
         try:
             turn = await self.gw.pipeline.prepare(frame, ctx)
@@ -419,8 +427,29 @@ class WsConnection:
         await self._abort()  # whatever still runs once the machine is closed (nothing, normally)
         if aborting:
             self.gw.metrics.cancel_latency.observe(time.perf_counter() - t0)
+        await self._park()
         self._done.set()
         self.cache.clear()
+
+    # -- resuming across reconnects (gateway/transport/resumable.py) --------------------------------
+
+    async def _park(self) -> None:
+        """The connection closes (nothing runs any more): its lanes' latest ``store=false``
+        states stay claimable for ``ws_resume_window_s`` — not when its key was revoked."""
+        if self._parked:
+            return
+        self._parked = True
+        resumable = self.gw.resumable
+        if resumable is not None and self.machine.farewell is not Farewell.REVOKED and len(self.cache):
+            await resumable.park(self.tenant, self.cache.states())
+
+    async def _resume(self, lane: str, previous_response_id: str) -> None:
+        """A turn names a parent this connection does not hold: a closed connection of the same
+        tenant may have left it resumable. Claimed, it becomes this lane's state and the turn
+        resolves it like any connection-cache parent; not claimed, the resolver answers as ever."""
+        state = await self.gw.resumable.claim(previous_response_id, self.tenant)
+        if state is not None:
+            self.cache.put(lane, state)
 
     # -- writing ----------------------------------------------------------------------------------
 
