@@ -36,8 +36,8 @@ class Sealer:
 
     def seal(self, text: str) -> str:
         nonce = os.urandom(16)
-        body = zlib.compress(text.encode("utf-8"))
-        masked = bytes(a ^ b for a, b in zip(body, self._stream(nonce, len(body))))
+        body = zlib.compress(text.encode("utf-8"), 1)  # level 1: a few times faster, the blob barely larger
+        masked = _xor(body, self._stream(nonce, len(body)))
         mac = hmac.new(self._key, _VERSION + nonce + masked, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(_VERSION + nonce + mac + masked).decode("ascii")
 
@@ -52,8 +52,15 @@ class Sealer:
         expected = hmac.new(self._key, _VERSION + nonce + masked, hashlib.sha256).digest()
         if not hmac.compare_digest(mac, expected):
             raise SealError("encrypted_content could not be verified")
-        body = bytes(a ^ b for a, b in zip(masked, self._stream(nonce, len(masked))))
+        body = _xor(masked, self._stream(nonce, len(masked)))
         try:
             return zlib.decompress(body).decode("utf-8")
         except (zlib.error, UnicodeDecodeError) as exc:
             raise SealError("encrypted_content could not be decoded") from exc
+
+
+def _xor(data: bytes, stream: bytes) -> bytes:
+    """``data`` XOR ``stream`` (equal lengths) as one big-integer operation: a byte-by-byte
+    generator costs ~0.1 µs a byte, seconds for the many-MB states a shutdown seals."""
+    n = len(data)
+    return (int.from_bytes(data, "little") ^ int.from_bytes(stream, "little")).to_bytes(n, "little")
