@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from billing.usage import UsageRecord
+from cache.redis_client import connect
 
 DEFAULT_STREAM = "respgate:usage"
 DEFAULT_MARKER_TTL_S = 7 * 24 * 3600
@@ -84,7 +84,7 @@ class RedisLedger:
         slot_tag(stream)  # refuse a name whose markers could not share its cluster slot
         self.stream = stream
         self.marker_ttl_s = marker_ttl_s
-        self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        self.redis = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                     retry=Retry(NoBackoff(), 0), decode_responses=True)
         self._script = self.redis.register_script(_APPEND_ONCE)
         #: records the ledger actually appended (replays of known records are not counted)

@@ -29,8 +29,9 @@ import time
 from collections import OrderedDict, deque
 from typing import AsyncIterator, Awaitable, Callable
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from cache.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class RedisEventLog:
     #: how long one ``XREAD`` blocks before the reader checks whether the response still runs
     BLOCK_MS = 1000
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "respgate:", max_bytes: int, ttl_s: float) -> None:
+    def __init__(self, client: AsyncClient, *, prefix: str = "respgate:", max_bytes: int, ttl_s: float) -> None:
         self.redis = client
         self.prefix = prefix
         self.max_bytes = max_bytes
