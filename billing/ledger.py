@@ -17,8 +17,8 @@ tag — ``{respgate:usage}:seen:<id>`` hashes exactly like the stream key ``resp
 batch is always single-slot (and all usage lands on one shard: a stream is one key anyway). A
 stream name that has its own tag (``{usage}:stream``) lends that tag to its markers instead. (Before
 this naming, markers were ``<stream>:seen:<id>``: a replay across the upgrade of a record written
-under the old name would be counted again; the stream itself is unchanged.) The client here is the
-standalone one; a Cluster deployment needs a cluster-aware client (``redis.asyncio.RedisCluster``).
+under the old name would be counted again; the stream itself is unchanged.) The client comes from
+``cache.redis_client``: a ``redis+cluster://`` URL gets the cluster client.
 
 Failures are fast on purpose (short socket timeouts, no client-side retries): a failed batch goes
 to the journal at once instead of holding the queue, and the replay loop is the retry.

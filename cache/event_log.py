@@ -16,6 +16,8 @@ Two places hold them:
   is one call, trimmed to the same byte window (``XTRIM MINID``), expiring ``ttl_s`` after its last
   write. The owner writes in batches from a task of its own (:class:`RedisLogWriter`): a turn never
   waits for a Redis round trip per event, and a Redis outage costs only cross-replica resumes.
+  Redis Cluster: every command, and every batch's pipeline, touches that one stream key
+  (``{prefix}bgev:<id>``), so logs spread over the slots by response id and nothing crosses one.
 
 Readers detect a gap (frames dropped by the window before they were read) and raise
 :class:`Truncated` rather than hand a client a stream with holes in it.

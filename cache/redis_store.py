@@ -19,14 +19,16 @@ ids (oldest first) and the context length, which is all a continuation needs of 
 ancestor's delta: with records named by their own id a chain would spread over many slots and
 Cluster would refuse the script (``CROSSSLOT``). Tagged with their root, a chain's records share
 one slot — the write and the read stay on one node — while different chains (random roots) spread
-evenly over every slot. (A script rather than ``MULTI``: see ``cache.redis_client``.) Responses ids stay as they are (``resp_<random>``), so a
-lookup by id first reads the pointer (its own key, any slot); the pointer holds the ancestors, so a
-read is still two round trips whatever the chain's depth: the pointer, then the record with every
-ancestor's delta. A write is also two: the parent's pointer, then the record's script sent
-together with a pipeline of single-key commands (the new pointer, the ancestors' pointer TTLs, the
-item index entries) that the cluster client splits per node. Nothing here is a cross-slot
-transaction, script or multi-key command. Load: a chain's bytes live on one shard, as a
-conversation's do; 100,000 sessions are 100,000 roots spread over 16,384 slots.
+evenly over every slot. (A script rather than ``MULTI``: see ``cache.redis_client``.)
+
+Response ids stay as they are (``resp_<random>``), so a lookup by id first reads the pointer (its
+own key, any slot); the pointer holds the ancestors, so a read is still two round trips whatever
+the chain's depth: the pointer, then the record with every ancestor's delta. A write is also two:
+the parent's pointer, then the record's script sent together with a pipeline of single-key
+commands (the new pointer, the ancestors' pointer TTLs, the item index entries) that the cluster
+client splits per node. Nothing here is a cross-slot transaction, script or multi-key command.
+Load: a chain's bytes live on one shard, as a conversation's do; 100,000 sessions are 100,000
+roots spread over 16,384 slots.
 
 The pointer is written with the record but not in its script (it lives in another slot). Each
 order of failure reads as "not found", never as a wrong context: a pointer whose record is missing
