@@ -47,13 +47,14 @@ class RedisCluster:
         self.ports = [_free_cluster_port() for _ in range(masters)]
         self.url = f"redis+cluster://127.0.0.1:{self.ports[0]}"
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.dir = tempfile.mkdtemp(prefix="respgate-cluster-")
+        self.dir = ""
 
     def start(self, timeout_s: float = 30.0) -> None:
         import redis
 
         from tests.conftest import redis_server_binary
 
+        self.dir = tempfile.mkdtemp(prefix="respgate-cluster-")
         for port in self.ports:
             self.procs.append(subprocess.Popen(
                 [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -98,7 +99,8 @@ class RedisCluster:
         for proc in self.procs:
             proc.wait(10)
         self.procs = []
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _until(deadline: float, check) -> None:  # type: ignore[no-untyped-def]
@@ -117,8 +119,8 @@ def _until(deadline: float, check) -> None:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisCluster]:
     cluster = RedisCluster()
-    cluster.start()
     try:
+        cluster.start()
         yield cluster
     finally:
         cluster.stop()
