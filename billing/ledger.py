@@ -17,8 +17,8 @@ tag — ``{respgate:usage}:seen:<id>`` hashes exactly like the stream key ``resp
 batch is always single-slot (and all usage lands on one shard: a stream is one key anyway). A
 stream name that has its own tag (``{usage}:stream``) lends that tag to its markers instead. (Before
 this naming, markers were ``<stream>:seen:<id>``: a replay across the upgrade of a record written
-under the old name would be counted again; the stream itself is unchanged.) The client here is the
-standalone one; a Cluster deployment needs a cluster-aware client (``redis.asyncio.RedisCluster``).
+under the old name would be counted again; the stream itself is unchanged.) The client comes from
+``cache.redis_client``: a ``redis+cluster://`` URL gets the cluster client.
 
 Failures are fast on purpose (short socket timeouts, no client-side retries): a failed batch goes
 to the journal at once instead of holding the queue, and the replay loop is the retry.
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from billing.usage import UsageRecord
+from cache.redis_client import connect
 
 DEFAULT_STREAM = "respgate:usage"
 DEFAULT_MARKER_TTL_S = 7 * 24 * 3600
@@ -84,7 +84,7 @@ class RedisLedger:
         slot_tag(stream)  # refuse a name whose markers could not share its cluster slot
         self.stream = stream
         self.marker_ttl_s = marker_ttl_s
-        self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        self.redis = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                     retry=Retry(NoBackoff(), 0), decode_responses=True)
         self._script = self.redis.register_script(_APPEND_ONCE)
         #: records the ledger actually appended (replays of known records are not counted)

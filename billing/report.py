@@ -12,10 +12,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterator, TextIO
 
-import redis
-
 from billing.ledger import DEFAULT_STREAM
 from billing.usage import UsageRecord
+from cache.redis_client import connect_sync
 
 
 @dataclass(slots=True)
@@ -32,7 +31,7 @@ class UsageRow:
 
 def iter_ledger(url: str, stream: str = DEFAULT_STREAM, *, page: int = 1000) -> Iterator[UsageRecord]:
     """Every record in the ledger stream, oldest first, fetched ``page`` entries at a time."""
-    client = redis.Redis.from_url(url, decode_responses=True)
+    client = connect_sync(url, decode_responses=True)
     try:
         start = "-"
         while True:

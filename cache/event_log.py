@@ -16,6 +16,8 @@ Two places hold them:
   is one call, trimmed to the same byte window (``XTRIM MINID``), expiring ``ttl_s`` after its last
   write. The owner writes in batches from a task of its own (:class:`RedisLogWriter`): a turn never
   waits for a Redis round trip per event, and a Redis outage costs only cross-replica resumes.
+  Redis Cluster: every command, and every batch's pipeline, touches that one stream key
+  (``{prefix}bgev:<id>``), so logs spread over the slots by response id and nothing crosses one.
 
 Readers detect a gap (frames dropped by the window before they were read) and raise
 :class:`Truncated` rather than hand a client a stream with holes in it.
@@ -29,8 +31,9 @@ import time
 from collections import OrderedDict, deque
 from typing import AsyncIterator, Awaitable, Callable
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from cache.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +210,7 @@ class RedisEventLog:
     #: how long one ``XREAD`` blocks before the reader checks whether the response still runs
     BLOCK_MS = 1000
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "respgate:", max_bytes: int, ttl_s: float) -> None:
+    def __init__(self, client: AsyncClient, *, prefix: str = "respgate:", max_bytes: int, ttl_s: float) -> None:
         self.redis = client
         self.prefix = prefix
         self.max_bytes = max_bytes

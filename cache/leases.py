@@ -16,8 +16,14 @@ tell whether it runs, ask its owner to stop it, and finish it when the owner die
 
 Times come from Redis (``TIME`` inside the scripts), so the replicas' clocks need not agree.
 ``claim`` is atomic: of several replicas that find one lease expired, exactly one gets it, so a
-response whose owner died is finished — and billed — once. The two ``{bg}`` keys share a Redis
-Cluster hash slot; every other command touches one key.
+response whose owner died is finished — and billed — once.
+
+Redis Cluster: every step is one command or one Lua script (no ``MULTI``: see
+``cache.redis_client``). The two ``{bg}`` keys share a hash slot (``release`` and ``acquire`` touch
+both); a cancel list is one key. That slot holds one small entry per *running* background response
+of the whole deployment, so it is one shard's load by design: the lease sweep (``expired``) must see
+every lease in one read, and the entries are bytes, not contexts (those are in the response store,
+spread by chain).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import uuid
 from typing import Any, Sequence
 
 import orjson
-import redis.asyncio as aioredis
+
+from cache.redis_client import AsyncClient
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -61,6 +68,20 @@ end
 return 0
 """
 
+# KEYS run, info; ARGV id
+_RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS the owner's cancel list; ARGV id, TTL (ms)
+_REQUEST_CANCEL = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
 _STATE = _NOW + """
 local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not s then return -1 end
@@ -72,7 +93,7 @@ return 1
 class RedisLeases:
     """One replica's view of the background responses' leases (see the module docstring)."""
 
-    def __init__(self, client: aioredis.Redis, *, lease_s: float, prefix: str = "respgate:",
+    def __init__(self, client: AsyncClient, *, lease_s: float, prefix: str = "respgate:",
                  owner: str | None = None) -> None:
         self.redis = client
         self.lease_ms = max(1, int(lease_s * 1000))
@@ -86,6 +107,8 @@ class RedisLeases:
         self._expired = client.register_script(_EXPIRED)
         self._claim = client.register_script(_CLAIM)
         self._state = client.register_script(_STATE)
+        self._release = client.register_script(_RELEASE)
+        self._request_cancel = client.register_script(_REQUEST_CANCEL)
 
     def _cancel_key(self, owner: str) -> str:
         return f"{self.prefix}bgcancel:{owner}"
@@ -104,10 +127,7 @@ class RedisLeases:
 
     async def release(self, response_id: str) -> None:
         """The response is finished, stored and billed here: no lease, no info."""
-        tx = self.redis.pipeline(transaction=True)
-        tx.zrem(self._run, response_id)
-        tx.hdel(self._info, response_id)
-        await tx.execute()
+        await self._release(keys=[self._run, self._info], args=[response_id])
 
     async def info(self, response_id: str) -> dict[str, Any] | None:
         raw = await self.redis.hget(self._info, response_id)
@@ -135,11 +155,8 @@ class RedisLeases:
         info = await self.info(response_id)
         if info is None:
             return None
-        key = self._cancel_key(info["owner"])
-        tx = self.redis.pipeline(transaction=True)
-        tx.rpush(key, response_id)
-        tx.pexpire(key, 2 * self.lease_ms)  # a dead owner's requests do not outlive its leases by much
-        await tx.execute()
+        # a dead owner's requests do not outlive its leases by much
+        await self._request_cancel(keys=[self._cancel_key(info["owner"])], args=[response_id, 2 * self.lease_ms])
         return info["owner"]
 
     async def next_cancel(self, timeout_s: float) -> str | None:

@@ -28,13 +28,13 @@ import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import orjson
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.conversations import (Appended, Conversation, ConversationFull, ConversationNotFound, DuplicateItem, Item,
                                  Limits, Order, Page, UnknownCursor)
+from cache.redis_client import AsyncClient, check_prefix, connect
 from cache.store import StoreUnavailable
 
 T = TypeVar("T")
@@ -147,12 +147,12 @@ class RedisConversationStore:
 
     shared = True
 
-    def __init__(self, client: aioredis.Redis, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0,
+    def __init__(self, client: AsyncClient, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0,
                  prefix: str = "respgate:") -> None:
         self.redis = client
         self.limits = limits
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self._append = client.register_script(_APPEND_LUA)
         self._items = client.register_script(_ITEMS_LUA)
         self._page = client.register_script(_PAGE_LUA)
@@ -166,7 +166,7 @@ class RedisConversationStore:
         client_kwargs.setdefault("socket_connect_timeout", 2.0)
         client_kwargs.setdefault("socket_timeout", 5.0)
         client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(aioredis.Redis.from_url(url, **client_kwargs), limits, ttl_s=ttl_s, prefix=prefix)
+        return cls(connect(url, **client_kwargs), limits, ttl_s=ttl_s, prefix=prefix)
 
     def keys(self, conversation_id: str, tenant: str | None) -> list[str]:
         """meta, order, items: one hash tag per conversation (Cluster: one slot)."""

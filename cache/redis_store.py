@@ -1,43 +1,66 @@
 """The Redis response store: ``store=true`` responses shared by every replica and connection.
 
-Layout: one hash per response, ``{prefix}r:{id}``, holding everything needed to serve it and to
-chain from it — the Response object, its own input items (``input_items`` pagination), its
-*context delta* (the items it added on top of its parent: its input + its output, never the whole
-context), its tenant, its prelude key, and a small ``meta`` blob (parent, ancestors, model, pending
-calls, flag bit, byte counts). The hash is its own index: ``DELETE`` is one key.
+Layout (``P`` = the prefix, ``respgate:`` by default; ``R`` = the id of the chain's root, the first
+response of the chain that reached the store)::
+
+    P r:{R}:<id>            hash    the record (below); every record of one chain shares the tag {R}
+    P p:<id>                string  the chain pointer: {"root": R, "anc": [ancestor ids], "clen": n}
+    P i:<tenant tag>:<key>  string  items by id: [response id, side, position, R]
+
+The record holds everything needed to serve a response and to chain from it — the Response
+object, its own input items (``input_items`` pagination), its *context delta* (the items it added
+on top of its parent: its input + its output, never the whole context), its tenant, its prelude
+key, a ``kids`` count and a small ``meta`` blob (parent, model, pending calls, flag bit, byte
+counts). The pointer is how a lookup by id finds the record's tag, and it carries the ancestors'
+ids (oldest first) and the context length, which is all a continuation needs of its parent.
+
+**Why chain tags (Redis Cluster).** A write is one atomic step (a Lua script) over the new record
+*and its ancestors* (the parent's ``kids`` count, every ancestor's TTL), and a read pipelines every
+ancestor's delta: with records named by their own id a chain would spread over many slots and
+Cluster would refuse the script (``CROSSSLOT``). Tagged with their root, a chain's records share
+one slot — the write and the read stay on one node — while different chains (random roots) spread
+evenly over every slot. (A script rather than ``MULTI``: see ``cache.redis_client``.)
+
+Response ids stay as they are (``resp_<random>``), so a lookup by id first reads the pointer (its
+own key, any slot); the pointer holds the ancestors, so a read is still two round trips whatever
+the chain's depth: the pointer, then the record with every ancestor's delta. A write is also two:
+the parent's pointer, then the record's script sent together with a pipeline of single-key
+commands (the new pointer, the ancestors' pointer TTLs, the item index entries) that the cluster
+client splits per node. Nothing here is a cross-slot transaction, script or multi-key command.
+Load: a chain's bytes live on one shard, as a conversation's do; 100,000 sessions are 100,000
+roots spread over 16,384 slots.
+
+The pointer is written with the record but not in its script (it lives in another slot). Each
+order of failure reads as "not found", never as a wrong context: a pointer whose record is missing
+(or a record whose pointer is) is a miss; readers validate the record itself (tenant, not deleted).
 
 Why deltas plus an ancestor list: storing each response's full context would make every write
-O(history) bytes and a chain O(n²) in Redis. Each record instead lists its ancestors' ids (oldest
-first), so hydrating a response is two round trips whatever the chain's depth: read the record,
-then pipeline-read every ancestor's delta. O(history) bytes on this path is expected (it is the
-cross-replica path; a WebSocket connection's own cache stays O(new input)).
+O(history) bytes and a chain O(n²) in Redis. O(history) bytes on the read path is expected (it is
+the cross-replica path; a WebSocket connection's own cache stays O(new input)).
 
-Ancestors must outlive descendants, so a write refreshes the TTL of every ancestor (same
-transaction): a chain expires together with its newest response. ``DELETE`` of a response that has
-descendants leaves a tombstone — the Response object and input items are removed, so it can no
-longer be retrieved, listed or chained from, but its delta stays so descendants still hydrate; a
-response without descendants is removed outright. If an ancestor is nonetheless gone (Redis
-evicted it under memory pressure, or a race with a delete) ``get`` returns None: the client gets
-``previous_response_not_found``, never a silently truncated context.
+Ancestors must outlive descendants, so a write refreshes the TTL of every ancestor's record (same
+script) and pointer (same round trip): a chain expires together with its newest response.
+``DELETE`` of a response that has descendants leaves a tombstone — the Response object and input
+items are removed, so it can no longer be retrieved, listed or chained from, but its delta stays so
+descendants still hydrate; a response without descendants is removed outright; either way its
+pointer goes. If an ancestor is nonetheless gone (Redis evicted it under memory pressure, or a
+race with a delete) ``get`` returns None: the client gets ``previous_response_not_found``, never a
+silently truncated context.
 
-Items by id: ``{prefix}i:{tenant tag}:{item id}`` holds ``[response id, position]`` of the stored
-response that first held the item among its own items (input, then output), written with ``NX`` in
-the response's write transaction (O(new items)) and expiring with the store's TTL from that write.
-The tenant tag (a digest of the tenant) is part of the key, so another tenant's lookup misses like
-an unknown id. A lookup is one pipelined ``GET`` per id plus one read of each home response.
+Items by id: the index entry of an item (or of a tool call the gateway issued) names the stored
+response that first held it among its own items (input, then output) and that response's root, so
+the lookup reads the record directly. Written with ``NX`` alongside the record (O(new items)) and
+expiring with the store's TTL from that write. The tenant tag (a digest of the tenant) is part of
+the key, so another tenant's lookup misses like an unknown id. A lookup is one pipelined ``GET`` per
+id (one key each, so any slot) plus one read of each home response.
 
 Rendered token ids stay process-local (``TokenCache``): they are large (4 bytes a token packed, many
 per item) and only useful to the process whose renderer made them. A miss hydrates the
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
 (counted), after which this process holds the chain's tokens again.
 
-Redis Cluster: not supported as is. The one Lua script (``DELETE``) touches a single key, so it is
-slot-safe; but a write is a MULTI transaction over the new record *and its ancestors* (the parent's
-``kids`` count, every ancestor's TTL), and ``get`` reads all ancestors — keys named by response id,
-so a chain spreads over many slots and Cluster would refuse the transaction (CROSSSLOT). Making it
-Cluster-safe means tagging keys with their chain's root (``<prefix>r:{<root id>}:<id>``), which needs
-the root at every lookup by id (another key or an id format change): a format change left for
-when Cluster is needed. Use a standalone Redis/Valkey (with replicas or Sentinel for failover).
+Upgrading from the untagged layout (``P r:<id>``): responses stored before it are not found after
+it (they expire within the store TTL); the ledger and conversations are not affected.
 
 Redis errors become ``StoreUnavailable`` (the gateway answers 503), so an outage is a clear,
 retryable error and never a "not found".
@@ -45,22 +68,34 @@ retryable error and never a "not found".
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import OrderedDict
 from typing import Any, Sequence
 
 import orjson
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.items import ItemLog
+from cache.redis_client import AsyncClient, check_prefix, connect
 from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.state import ResponseState
 from cache.store import StoredItem, StoreUnavailable, index_keys
 
 _FIELDS = ("tenant", "deleted", "meta", "response", "input", "delta", "pk")
+
+# The write, atomically (one slot: every key is tagged with the chain's root). KEYS[1] = the new
+# record, KEYS[2..] = its ancestors' records, oldest first (the parent last). ARGV[1] = TTL (ms), then
+# field/value pairs of the record.
+_PUT_LUA = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+if #KEYS > 1 then redis.call('HINCRBY', KEYS[#KEYS], 'kids', 1) end
+for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+return 1
+"""
 
 # Tenant check and delete (or tombstone) in one atomic step; see the module docstring.
 _DELETE_LUA = """
@@ -137,15 +172,16 @@ class RedisStore:
 
     shared = True
 
-    def __init__(self, client: aioredis.Redis, *, ttl_s: float = 86400.0,
+    def __init__(self, client: AsyncClient, *, ttl_s: float = 86400.0,
                  token_cache_bytes: int = 256 * 1024 * 1024, prefix: str = "respgate:") -> None:
         self.redis = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self.tokens = TokenCache(token_cache_bytes)
         #: hydrations that found / did not find this process's token ids (exported as metrics later)
         self.token_hits = 0
         self.token_misses = 0
+        self._write = client.register_script(_PUT_LUA)
         self._delete = client.register_script(_DELETE_LUA)
 
     @classmethod
@@ -156,15 +192,22 @@ class RedisStore:
         client_kwargs.setdefault("socket_connect_timeout", 2.0)
         client_kwargs.setdefault("socket_timeout", 5.0)
         client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(aioredis.Redis.from_url(url, **client_kwargs), ttl_s=ttl_s,
-                   token_cache_bytes=token_cache_bytes, prefix=prefix)
+        return cls(connect(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes, prefix=prefix)
 
-    def _key(self, response_id: str) -> str:
-        return f"{self.prefix}r:{response_id}"
+    def record_key(self, root: str, response_id: str) -> str:
+        """The record of ``response_id`` in the chain rooted at ``root`` (tag ``{root}``: one slot a chain)."""
+        return f"{self.prefix}r:{{{root}}}:{response_id}"
 
-    def _item_key(self, tenant: str | None, item_id: str) -> str:
+    def pointer_key(self, response_id: str) -> str:
+        return f"{self.prefix}p:{response_id}"
+
+    def item_key(self, tenant: str | None, item_id: str) -> str:
         tag = hashlib.blake2b(orjson.dumps(tenant), digest_size=8).hexdigest()
         return f"{self.prefix}i:{tag}:{item_id}"
+
+    async def _pointer(self, response_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.get(self.pointer_key(response_id))
+        return orjson.loads(raw) if raw is not None else None
 
     async def put(self, state: ResponseState) -> None:
         try:
@@ -175,36 +218,32 @@ class RedisStore:
             self.tokens.put(state.id, state.history_ids)
 
     async def _put(self, state: ResponseState) -> None:
-        ancestors: list[str] = []
-        start = 0
+        root, ancestors, start = state.id, [], 0
         if state.parent_id is not None:
-            raw = await self.redis.hget(self._key(state.parent_id), "meta")
-            parent = orjson.loads(raw) if raw is not None else None
+            parent = await self._pointer(state.parent_id)
             if parent is not None and parent["clen"] <= len(state.context):
-                ancestors, start = [*parent["ancestors"], state.parent_id], parent["clen"]
+                root, ancestors, start = parent["root"], [*parent["anc"], state.parent_id], parent["clen"]
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
-            # record stands alone, its delta is the whole context (rare, and still correct)
+            # record is the root of a new chain, its delta is the whole context (rare, and still correct)
         meta = {
-            "parent_id": state.parent_id, "ancestors": ancestors, "clen": len(state.context), "model": state.model,
-            "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store,
-            "nbytes": state.nbytes, "delta_bytes": state.delta_bytes, "created": state.created,
+            "parent_id": state.parent_id, "model": state.model, "pending_calls": sorted(state.pending_calls),
+            "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
+            "created": state.created,
         }
-        key = self._key(state.id)
-        tx = self.redis.pipeline(transaction=True)
-        tx.hset(key, mapping={
-            "tenant": orjson.dumps(state.tenant), "meta": orjson.dumps(meta), "pk": state.prelude_key,
-            "response": orjson.dumps(state.response), "input": orjson.dumps(list(state.input_items)),
-            "delta": orjson.dumps(state.context[start:]),
-        })
-        tx.pexpire(key, self.ttl_ms)
-        for item_key, side, pos in index_keys(state):
-            tx.set(self._item_key(state.tenant, item_key), orjson.dumps([state.id, side, pos]), nx=True,
-                   px=self.ttl_ms)
-        if ancestors:
-            tx.hincrby(self._key(ancestors[-1]), "kids", 1)
-        for ancestor in ancestors:  # a chain expires with its newest response
-            tx.pexpire(self._key(ancestor), self.ttl_ms)
-        await tx.execute()
+        record = [self.record_key(root, state.id), *(self.record_key(root, a) for a in ancestors)]
+        write = self._write(keys=record, args=[
+            self.ttl_ms, "tenant", orjson.dumps(state.tenant), "meta", orjson.dumps(meta), "pk", state.prelude_key,
+            "response", orjson.dumps(state.response), "input", orjson.dumps(list(state.input_items)),
+            "delta", orjson.dumps(state.context[start:])])
+        side = self.redis.pipeline(transaction=False)  # single-key commands, any slots
+        side.set(self.pointer_key(state.id), orjson.dumps({"root": root, "anc": ancestors, "clen": len(state.context)}),
+                 px=self.ttl_ms)
+        for ancestor in ancestors:
+            side.pexpire(self.pointer_key(ancestor), self.ttl_ms)
+        for item_key, where, pos in index_keys(state):
+            side.set(self.item_key(state.tenant, item_key), orjson.dumps([state.id, where, pos, root]), nx=True,
+                     px=self.ttl_ms)
+        await asyncio.gather(write, side.execute())
 
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None:
         try:
@@ -213,20 +252,23 @@ class RedisStore:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
 
     async def _get(self, response_id: str, tenant: str | None) -> ResponseState | None:
-        raw_tenant, deleted, raw_meta, response, inputs, delta, pk = await self.redis.hmget(
-            self._key(response_id), _FIELDS)
+        pointer = await self._pointer(response_id)
+        if pointer is None:
+            return None
+        root, ancestors = pointer["root"], pointer["anc"]
+        reads = self.redis.pipeline(transaction=False)  # one slot: the chain's
+        reads.hmget(self.record_key(root, response_id), _FIELDS)
+        for ancestor in ancestors:
+            reads.hget(self.record_key(root, ancestor), "delta")
+        (raw_tenant, deleted, raw_meta, response, inputs, delta, pk), *chunks = await reads.execute()
         if raw_meta is None or response is None or deleted is not None or orjson.loads(raw_tenant) != tenant:
             return None
         meta = orjson.loads(raw_meta)
         items: list[dict[str, Any]] = []
-        if meta["ancestors"]:
-            reads = self.redis.pipeline(transaction=False)
-            for ancestor in meta["ancestors"]:
-                reads.hget(self._key(ancestor), "delta")
-            for chunk in await reads.execute():
-                if chunk is None:
-                    return None  # an ancestor is gone: refuse rather than hydrate a truncated context
-                items.extend(orjson.loads(chunk))
+        for chunk in chunks:
+            if chunk is None:
+                return None  # an ancestor is gone: refuse rather than hydrate a truncated context
+            items.extend(orjson.loads(chunk))
         items.extend(orjson.loads(delta))
         history = self.tokens.get(response_id)
         if history is not None:
@@ -243,7 +285,13 @@ class RedisStore:
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
         try:
-            deleted = await self._delete(keys=[self._key(response_id)], args=[orjson.dumps(tenant)])
+            pointer = await self._pointer(response_id)
+            if pointer is None:
+                return False
+            deleted = await self._delete(keys=[self.record_key(pointer["root"], response_id)],
+                                         args=[orjson.dumps(tenant)])
+            if deleted:  # deleted or tombstoned: no longer found by id either way
+                await self.redis.delete(self.pointer_key(response_id))
         except RedisError as exc:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
         if deleted:
@@ -259,23 +307,29 @@ class RedisStore:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
 
     async def _items(self, item_ids: Sequence[str], tenant: str | None) -> dict[str, StoredItem]:
-        homes = await self.redis.mget([self._item_key(tenant, i) for i in item_ids])
-        where = {i: orjson.loads(h) for i, h in zip(item_ids, homes) if h is not None}
+        lookups = self.redis.pipeline(transaction=False)  # one GET per id (not MGET: ids hash anywhere)
+        for item_id in item_ids:
+            lookups.get(self.item_key(tenant, item_id))
+        where: dict[str, tuple[str, str, int, str]] = {}
+        for item_id, home in zip(item_ids, await lookups.execute()):
+            if home is not None and len(entry := orjson.loads(home)) == 4:
+                where[item_id] = tuple(entry)  # type: ignore[assignment]
         # per home response, only the list that holds the items: the Response for outputs
-        wanted = sorted({(rid, "response" if side == "output" else "input") for rid, side, _ in where.values()})
+        wanted = sorted({(rid, root, "response" if side == "output" else "input")
+                         for rid, side, _, root in where.values()})
         if not wanted:
             return {}
         reads = self.redis.pipeline(transaction=False)
-        for rid, field in wanted:
-            reads.hmget(self._key(rid), ("tenant", "deleted", field))
+        for rid, root, field in wanted:
+            reads.hmget(self.record_key(root, rid), ("tenant", "deleted", field))
         lists: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for (rid, field), (raw_tenant, deleted, raw) in zip(wanted, await reads.execute()):
+        for (rid, _, field), (raw_tenant, deleted, raw) in zip(wanted, await reads.execute()):
             if raw_tenant is None or deleted is not None or raw is None or orjson.loads(raw_tenant) != tenant:
                 continue
             value = orjson.loads(raw)
             lists[(rid, field)] = (value.get("output") or []) if field == "response" else value
         found: dict[str, StoredItem] = {}
-        for item_id, (rid, side, pos) in where.items():
+        for item_id, (rid, side, pos, _) in where.items():
             items = lists.get((rid, "response" if side == "output" else "input"))
             if items is not None and pos < len(items):
                 found[item_id] = StoredItem(rid, items[pos])

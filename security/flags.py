@@ -92,9 +92,9 @@ class RedisFlagSink:
     """``XADD <stream> MAXLEN ~ <maxlen> * field value ...`` per record, one pipeline per batch."""
 
     def __init__(self, url: str, stream: str = "respgate:flags", maxlen: int = 1_000_000) -> None:
-        import redis.asyncio as aioredis
+        from cache.redis_client import connect
 
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        self.redis = connect(url, socket_timeout=5.0, socket_connect_timeout=2.0)
         self.stream = stream
         self.maxlen = maxlen
 

@@ -250,6 +250,13 @@ class RedisKeyStore:
 
     ``{prefix}keys`` maps id -> hash (for list and revoke by id); ``{prefix}keys:active`` is the set
     of active ids (its size says whether the gateway has any keys at all).
+
+    Redis Cluster: the three keys hash to different slots, so a change is not one transaction but
+    two steps in the order that fails closed: ``add`` counts the key active before its record makes
+    it valid, ``revoke`` invalidates the record before uncounting it. Interrupted in between, the
+    gateway at worst believes a key exists that does not authenticate (never the open mode with a
+    valid key, never a revoked key that still works). ``list`` reads records with one pipelined
+    ``GET`` each (any slot), not ``MGET``.
     """
 
     def __init__(self, client: Any, prefix: str = "respgate:") -> None:
@@ -258,13 +265,14 @@ class RedisKeyStore:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "respgate:") -> "RedisKeyStore":
-        import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
 
         # like the response store: one quick retry (a stale pooled connection after a Redis restart)
-        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0,
-                                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
+        from cache.redis_client import connect
+
+        return cls(connect(url, socket_connect_timeout=2.0, socket_timeout=5.0,
+                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
 
     def _k(self, key_hash: str) -> str:
         return f"{self.prefix}key:{key_hash}"
@@ -285,17 +293,20 @@ class RedisKeyStore:
         return record if record.active else None
 
     async def add(self, record: KeyRecord) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self._k(record.hash), json.dumps(record.to_json()))
+        pipe = self.redis.pipeline(transaction=False)
         pipe.hset(f"{self.prefix}keys", record.id, record.hash)
         pipe.sadd(f"{self.prefix}keys:active", record.id)
         await self._call(pipe.execute())
+        await self._call(self.redis.set(self._k(record.hash), json.dumps(record.to_json())))
 
     async def list(self) -> list[KeyRecord]:
         index = await self._call(self.redis.hgetall(f"{self.prefix}keys"))
         if not index:
             return []
-        raws = await self._call(self.redis.mget([self._k(h.decode()) for h in index.values()]))
+        pipe = self.redis.pipeline(transaction=False)
+        for key_hash in index.values():
+            pipe.get(self._k(key_hash.decode()))
+        raws = await self._call(pipe.execute())
         records = [KeyRecord.from_json(json.loads(r)) for r in raws if r is not None]
         return sorted(records, key=lambda r: r.created_at)
 
@@ -308,10 +319,8 @@ class RedisKeyStore:
         record = KeyRecord.from_json(json.loads(raw))
         if record.active:
             record = replace(record, revoked_at=time.time())
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.set(self._k(key_hash), json.dumps(record.to_json()))
-            pipe.srem(f"{self.prefix}keys:active", record.id)
-            await self._call(pipe.execute())
+            await self._call(self.redis.set(self._k(key_hash), json.dumps(record.to_json())))
+            await self._call(self.redis.srem(f"{self.prefix}keys:active", record.id))
         return record
 
     async def count_active(self) -> int:

@@ -195,13 +195,14 @@ class RedisRateLimiter:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "respgate:") -> "RedisRateLimiter":
-        import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
 
         # like the response store: one quick retry (a stale pooled connection after a Redis restart)
-        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0,
-                                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
+        from cache.redis_client import connect
+
+        return cls(connect(url, socket_connect_timeout=2.0, socket_timeout=5.0,
+                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
 
     async def _run(self, subject: str, quota: Quota, requests: int, tokens: int, mode: str) -> list[Any]:
         from redis.exceptions import RedisError

@@ -64,7 +64,7 @@ async def test_chain_round_trip_from_a_second_process_hydrates_context_and_misse
         for s in states:
             await a.put(s)
         # each record holds only its delta, never the whole context
-        raw = redis.Redis.from_url(redis_url).hget("respgate:r:resp_3", "delta")
+        raw = redis.Redis.from_url(redis_url).hget("respgate:r:{resp_0}:resp_3", "delta")
         assert [i["id"] for i in json.loads(raw)] == ["msg_in3", "msg_out3"]
 
         got = await b.get("resp_3", "t1")
@@ -108,7 +108,7 @@ async def test_records_expire_after_the_ttl_and_a_write_refreshes_ancestors(redi
         await store.put(s0)
         await asyncio.sleep(0.2)
         await store.put(s1)  # refreshes resp_0's TTL: the chain expires with its newest response
-        ttl = redis.Redis.from_url(redis_url).pttl("respgate:r:resp_0")
+        ttl = redis.Redis.from_url(redis_url).pttl("respgate:r:{resp_0}:resp_0")
         assert ttl > 200, ttl
         assert await store.get("resp_1", "t1") is not None
         deadline = time.monotonic() + 10
@@ -133,11 +133,11 @@ async def test_delete_keeps_descendants_whole_and_removes_leaves_outright(redis_
         got = await store.get("resp_2", "t1")
         assert got is not None and list(got.context) == list(states[2].context)
         # the tombstone keeps only what descendants need (no Response object, no input items)
-        tomb = redis.Redis.from_url(redis_url).hgetall("respgate:r:resp_1")
+        tomb = redis.Redis.from_url(redis_url).hgetall("respgate:r:{resp_0}:resp_1")
         assert b"response" not in tomb and b"input" not in tomb and b"delta" in tomb
 
         assert await store.delete("resp_2", "t1")               # a leaf: removed outright
-        assert b"respgate:r:resp_2" not in redis_keys(redis_url)
+        assert b"respgate:r:{resp_0}:resp_2" not in redis_keys(redis_url)
     finally:
         await store.close()
 
@@ -148,13 +148,13 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         states = chain(3)
         for s in states:
             await store.put(s)
-        redis.Redis.from_url(redis_url).delete("respgate:r:resp_0")  # e.g. evicted under memory pressure
+        redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_0")  # e.g. evicted under memory pressure
         assert await store.get("resp_2", "t1") is None                 # never a truncated context
 
         # a parent that never reached Redis (a store=false WebSocket turn): the whole context is stored
         await store.put(replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
-        meta = json.loads(redis.Redis.from_url(redis_url).hget("respgate:r:resp_orphan", "meta"))
-        assert meta["ancestors"] == []
+        meta = json.loads(redis.Redis.from_url(redis_url).get("respgate:p:resp_orphan"))
+        assert meta["anc"] == [] and meta["root"] == "resp_orphan"  # a new chain
         got = await store.get("resp_orphan", "t1")
         assert got is not None and list(got.context) == list(states[2].context)
     finally:

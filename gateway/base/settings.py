@@ -146,7 +146,8 @@ class Settings(BaseModel):
     #: whose lease lapsed (its replica died) is marked ``failed`` by another replica. Keep it well above
     #: any event-loop stall
     background_lease_s: float = Field(default=30.0, ge=0.3)
-    #: shared response store (``redis://...``); unset = in-memory. ``REDIS_URL`` is read as a fallback
+    #: shared state (``redis://`` / ``rediss://``; a Redis Cluster: ``redis+cluster://host:port``, see
+    #: ``cache.redis_client``); unset = in-memory. ``REDIS_URL`` is read as a fallback
     redis_url: str | None = None
     #: billing: the local journal (fsync'd JSON lines) that holds usage records while the ledger is
     #: unreachable and is replayed at start-up; empty disables it. Default: <cache dir>/usage-journal.jsonl

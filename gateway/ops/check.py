@@ -91,7 +91,9 @@ class Checker:
                           "fine for one replica; set RESPGATE_REDIS_URL (or REDIS_URL) before running replicas")
         import redis
 
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        from cache.redis_client import connect_sync
+
+        client = connect_sync(url, socket_connect_timeout=3, socket_timeout=3)
         try:
             client.ping()
             version = client.info("server").get("redis_version") or client.info("server").get("valkey_version")

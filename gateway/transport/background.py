@@ -42,7 +42,6 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
@@ -50,6 +49,7 @@ from redis.exceptions import RedisError
 from billing.usage import UsageQueue, UsageRecord
 from cache.event_log import LogUnavailable, MemoryEventLogs, RedisEventLog, Truncated
 from cache.leases import RedisLeases
+from cache.redis_client import AsyncClient, connect
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
 from gateway.access.limits import Access, rate_limit_error
@@ -92,11 +92,11 @@ class BackgroundTurns:
         self._local: dict[str, BackgroundTurn] = {}
         self._per_tenant: dict[str | None, int] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self.redis: aioredis.Redis | None = None
+        self.redis: AsyncClient | None = None
         self.leases: RedisLeases | None = None
         self.shared_log: RedisEventLog | None = None
         if settings.redis_url:
-            self.redis = aioredis.Redis.from_url(
+            self.redis = connect(
                 settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0,  # > BLPOP's and XREAD's 1 s
                 retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
             self.leases = RedisLeases(self.redis, lease_s=settings.background_lease_s)
