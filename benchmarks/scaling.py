@@ -492,7 +492,8 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
         in_s, out_s = turns_s * r["net_in_bytes_per_unit"], turns_s * r["net_out_bytes_per_unit"]
         redis_cores = turns_s * r["cpu_s_per_unit"]
         ledger_cores = turns_s * unbatched
-        store_cores = max(0.0, redis_cores - ledger_cores)
+        # a store=false WS turn's only Redis work is its usage record: all of it is the ledger's
+        store_cores = max(0.0, redis_cores - ledger_cores) if t["store"] else 0.0
         stored_per_response = t["redis_data_bytes_per_turn"] if t["store"] else 0.0
         store_mem = turns_s * store_ttl * stored_per_response
         marker_mem = turns_s * marker_ttl * led["marker_bytes_per_record"]
@@ -638,7 +639,11 @@ def render_doc(result: dict[str, Any]) -> str:
           "sessions × RSS per idle connection ÷ (planned memory − base RSS); the replica count is the larger. "
           "Redis: turns/s × each per-turn unit; stored bytes per response = the data a turn added (`MEMORY USAGE`), "
           "its usage record apart; store shards = the largest of CPU ÷ target, memory at retention ÷ shard memory, network ÷ "
-          "shard network (the ledger is not spread: below).", ""]
+          "shard network (the ledger is not spread: below). The per-turn Redis CPU was measured with one client "
+          "turn at a time, so the server also paid a wake-up per request; a busy shard amortizes those (a "
+          f"WS `store=false` turn cost Redis {_n(_row(result, 'ws', 32_768)['redis']['cpu_s_per_unit'] * 1e6)} µs "
+          f"alone, its usage record {_n(result['ledger']['single']['redis']['cpu_s_per_unit'] * 1e6)} µs from "
+          f"{result['ledger']['single']['writers']} writers at once), so the Redis CPU lines err high.", ""]
     # the ledger: one stream, one hash slot, one shard
     ws_min = min(p["replicas"] for p in P)
     L += ["## The ledger is one shard", "",
