@@ -579,9 +579,13 @@ def render_doc(result: dict[str, Any]) -> str:
                  f"{_n(r['cpu_s_per_unit'] * 1e6)} | {_b(t['redis_data_bytes_per_turn'] + t['redis_ledger_bytes_per_turn'])} | "
                  f"{_b(t['redis_ledger_bytes_per_turn'])} | {cmds} |")
     lr = led["redis"]
+    h = _row(result, "http_chained", 32_768)
     L += ["", "Every turn's usage record is part of its row (the ledger's script and its `SET`/`XADD`). "
           "`store=true` chains write one record per response and refresh every ancestor's TTL in the same "
-          "transaction, so calls per turn grow with the chain's depth (its number of responses), not its tokens.", "",
+          "transaction, so calls per turn grow with the chain's depth (its number of responses), not its tokens: "
+          f"here {_n(h['redis']['commands_per_unit'].get('pexpire', 0), 1)} `PEXPIRE` a turn over depths "
+          f"{h['chain_depth_start']} → {h['chain_depth_end']}; an agent session of several hundred turns pays "
+          "several hundred a turn, and the plan below holds for chains of the depths measured.", "",
           "### Ledger", "",
           f"One billing queue (one writer, batches of up to {led['batch_max']}, one in flight) delivered "
           f"{_n(led['records'])} records into the Redis ledger at **{_n(led['records_per_s'])} records/s**; "
