@@ -35,12 +35,12 @@ import hashlib
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.items import ItemLog
+from cache.redis_client import AsyncClient, connect
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 
@@ -92,7 +92,7 @@ def decode(text: str, response_id: str, tenant: str | None) -> ResponseState | N
 class RedisResumable:
     """Sealed resumable states in Redis; see the module docstring for what is kept and for how long."""
 
-    def __init__(self, client: aioredis.Redis, sealer: Seal, *, prefix: str = "respgate:") -> None:
+    def __init__(self, client: AsyncClient, sealer: Seal, *, prefix: str = "respgate:") -> None:
         self.redis = client
         self.sealer = sealer
         self.prefix = prefix
@@ -103,7 +103,7 @@ class RedisResumable:
         client_kwargs.setdefault("socket_connect_timeout", 2.0)
         client_kwargs.setdefault("socket_timeout", 5.0)
         client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(aioredis.Redis.from_url(url, **client_kwargs), sealer, prefix=prefix)
+        return cls(connect(url, **client_kwargs), sealer, prefix=prefix)
 
     def key(self, response_id: str, tenant: str | None) -> str:
         tag = hashlib.blake2b(orjson.dumps(tenant), digest_size=8).hexdigest()

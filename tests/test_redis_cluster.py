@@ -225,7 +225,7 @@ def _b(key: Any) -> bytes:
 #: every module that talks to Redis, each driven by ``exercise`` above (add a new one there)
 CONSUMERS = {"cache/redis_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
              "security/keys.py", "security/limits.py", "security/flags.py", "gateway/transport/background.py",
-             "gateway/ops/check.py"}
+             "gateway/ops/check.py", "cache/redis_resumable.py"}
 
 
 def test_every_redis_client_is_built_by_cache_redis_client():
