@@ -152,6 +152,51 @@ def test_input_items_lists_only_this_requests_items(make_gateway):
     assert [i["type"] for i in items] == ["message"] and items[0]["content"][0]["text"] == "Weather in Oslo?"
 
 
+#: one mistake each in a list query, and the parameter its 400 names
+LIST_MISTAKES = [({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"), ({"limit": "x"}, "limit"),
+                 ({"order": "sideways"}, "order"), ({"after": "msg_nope"}, "after"), ({"foo": "1"}, "foo"),
+                 ([("include[]", "message.output_text.logprobs"), ("include[]", "nope")], "include[1]"),
+                 ({"include": "nope"}, "include[0]")]
+
+
+@pytest.mark.parametrize("params,param", LIST_MISTAKES)
+def test_both_item_lists_answer_the_same_400_for_the_same_mistake(make_gateway, params, param):
+    """A response's input items and a conversation's items share one query parser: the same bad
+    query is the same error body on either (include values checked on both)."""
+    live = make_gateway()
+    rid = create(live, input="hi")["id"]
+    cid = post(live, {}, path="/conversations").json()["id"]
+    on_inputs = assert_error(get(live, f"/responses/{rid}/input_items", params=params), 400, param=param)
+    on_items = assert_error(get(live, f"/conversations/{cid}/items", params=params), 400, param=param)
+    assert on_inputs == on_items
+
+
+def test_before_pages_input_items_backwards_and_only_input_items_take_it(make_gateway):
+    live = make_gateway(engine=SimulatedEngine(script=lambda v: Turn(text="ok")))
+    rid = create(live, input=_many_items(7))["id"]
+    asc = get(live, f"/responses/{rid}/input_items", params={"order": "asc", "limit": 100}).json()["data"]
+    ids = [i["id"] for i in asc]
+
+    def listed(**params) -> dict:
+        r = get(live, f"/responses/{rid}/input_items", params=params)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    # the page next to the cursor, in the order asked; has_more: more lie before that page
+    prev = listed(order="asc", before=ids[5], limit=2)
+    assert [i["id"] for i in prev["data"]] == ids[3:5] and prev["has_more"] is True
+    assert listed(order="asc", before=ids[2], limit=2)["has_more"] is False
+    desc = listed(before=ids[1], limit=3)  # desc: "before" is the newer side
+    assert [i["id"] for i in desc["data"]] == ids[4:1:-1] and desc["has_more"] is True
+    between = listed(order="asc", after=ids[1], before=ids[5])
+    assert [i["id"] for i in between["data"]] == ids[2:5] and between["has_more"] is False
+    assert listed(order="asc", after=ids[3], before=ids[2])["data"] == []
+    assert_error(get(live, f"/responses/{rid}/input_items", params={"before": "msg_nope"}), 400,
+                 code="invalid_value", param="before")
+    cid = post(live, {}, path="/conversations").json()["id"]
+    assert_error(get(live, f"/conversations/{cid}/items", params={"before": ids[0]}), 400, param="before")
+
+
 # ---------------------------------------------------------------------------------------------
 # input_tokens
 # ---------------------------------------------------------------------------------------------
