@@ -91,6 +91,46 @@ def test_cancel_foreground_response_is_400_and_unknown_is_404(make_gateway):
     assert client.responses.retrieve(created.id).status == "completed"
 
 
+def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tracebacks(
+        make_gateway, redis_url, caplog, monkeypatch):
+    """A record that does not decode (or any fault of the store other than an outage) is an
+    OpenAI-shaped 500 on every route that reads it, never Starlette's plain-text one; a client
+    repeating the request gets a few logged tracebacks, and every one is counted."""
+    import logging
+
+    import redis
+
+    from cache.redis_store import RedisStore
+    from gateway.base.log_limit import RateLimitedLog
+    from gateway.transport import http_routes
+
+    monkeypatch.setattr(http_routes, "store_faults", RateLimitedLog(http_routes.log), raising=False)  # fresh budget
+    store = RedisStore.from_url(redis_url)
+    live = make_gateway(store=store)
+    good, bad = create(live, input="kept"), create(live, input="to be corrupted")
+    redis.Redis.from_url(redis_url).hset(store._key(bad["id"]), "response", b"\xff not json")
+    caplog.set_level("ERROR", logger=http_routes.log.name)
+    for _ in range(10):
+        assert_error(get(live, f"/responses/{bad['id']}"), 500, code="server_error", type_="server_error")
+    assert_error(httpx.delete(f"{live.base_url}/responses/{bad['id']}"), 500, code="server_error",
+                 type_="server_error")
+    assert_error(get(live, f"/responses/{bad['id']}/input_items"), 500, code="server_error", type_="server_error")
+    lines = [r for r in caplog.records if "response store get of" in r.getMessage()]
+    assert len(lines) == 5 and all(r.exc_info is not None for r in lines), [r.getMessage() for r in lines]
+    assert live.metric("respgate_request_errors_total", {"transport": "http", "code": "server_error"}) == 12
+    assert get(live, f"/responses/{good['id']}").json() == good
+
+    def broken_delete(*args, **kwargs):
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(store, "delete", broken_delete)
+    assert_error(httpx.delete(f"{live.base_url}/responses/{good['id']}"), 500, code="server_error",
+                 type_="server_error")
+    deleted = [r for r in caplog.records if "response store delete of" in r.getMessage()]
+    assert len(deleted) == 1 and deleted[0].exc_info[0] is RuntimeError
+    assert get(live, f"/responses/{good['id']}").status_code == 200
+
+
 # ---------------------------------------------------------------------------------------------
 # input_items
 # ---------------------------------------------------------------------------------------------

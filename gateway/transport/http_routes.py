@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
+from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
@@ -264,6 +265,20 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+#: store faults on retrieve/delete/cancel/input_items: a client can repeat the request that reads a
+#: corrupt record as often as it likes, so the traceback is logged a few times per window, not each time
+store_faults = RateLimitedLog(log)
+
+
+def _store_fault(gw: GatewayState, op: str, response_id: str) -> ApiError:
+    """A store fault other than an outage (a record that does not decode, a bug): logged with its
+    traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
+    never Starlette's plain-text one."""
+    store_faults.log(logging.ERROR, f"store_{op}", "response store %s of %s crashed", op, response_id, exc_info=True)
+    gw.metrics.errors.labels("http", "server_error").inc()
+    return server_error()
+
+
 async def _stored(request: Request, response_id: str):
     gw = _gw(request)
     tenant = (await gw.auth.authenticate(request.headers)).tenant
@@ -272,6 +287,10 @@ async def _stored(request: Request, response_id: str):
         state = await gw.store.get(response_id, tenant)
     except StoreUnavailable:
         raise store_unavailable() from None
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _store_fault(gw, "get", response_id) from None
     if state is None:
         raise response_not_found(response_id)
     return gw, tenant, state
@@ -324,6 +343,10 @@ async def delete_response(request: Request, response_id: str) -> Response:
         await gw.store.delete(response_id, tenant)
     except StoreUnavailable:
         raise store_unavailable() from None
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _store_fault(gw, "delete", response_id) from None
     return _json({"id": response_id, "object": "response", "deleted": True})
 
 
