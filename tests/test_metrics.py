@@ -18,7 +18,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import wait_for
-from tests.test_ws_lifetime import create, fixed, recv, send, until_terminal, ws_open
+from tests.ws_helpers import create, fixed, recv, send, until_terminal, ws_open
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dashboards" / "respgate.json"
 
