@@ -28,6 +28,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import SHARED
+from tests.turn_helpers import full_render_fallbacks, render_tokens
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,11 +45,6 @@ def load(folder: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     handshake = json.loads((d / "001-ws_handshake.json").read_text())
     frames = [json.loads((d / f"{n:03d}-ws_message.json").read_text())["body"] for n in (2, 3, 4)]
     return handshake, frames
-
-
-def render_counts(live) -> tuple[float, float]:
-    return (live.metric("respgate_render_tokens_total", {"mode": "append"}),
-            live.metric("respgate_render_tokens_total", {"mode": "full"}))
 
 
 def run_turn(ws, frame: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,9 +83,9 @@ def replay(live, folder: str, *, answer_kind: str) -> list[list[dict[str, Any]]]
                 if item.get("type") in ("function_call_output", "custom_tool_call_output"):
                     assert item["call_id"] != call_id
                     item["call_id"] = call_id
-            append0, full0 = render_counts(live)
+            append0, full0 = render_tokens(live)
             events = run_turn(ws, frame)
-            append1, full1 = render_counts(live)
+            append1, full1 = render_tokens(live)
             turns.append(events)
 
             types = [e["type"] for e in events]
@@ -121,9 +117,7 @@ def replay(live, folder: str, *, answer_kind: str) -> list[list[dict[str, Any]]]
                 call_id = call["call_id"]
             prev_id = resp["id"]
 
-    fallbacks = [s.value for m in live.gw.metrics.registry.collect() if m.name == "respgate_render_full_fallbacks"
-                 for s in m.samples if s.name.endswith("_total")]
-    assert sum(fallbacks) == 0
+    assert full_render_fallbacks(live) == 0
     # the engine got turn 3's prompt as an extension of turn 2's prompt + turn 2's output
     p2, p3 = live.engine.stats.prompts
     assert len(p3) == usage[2]["input_tokens"] and p3[: len(p2)] == p2

@@ -25,6 +25,7 @@ from inference.simulated_script import Turn
 from inference.summary import SUMMARY_PREFIX, SUMMARY_REQUEST, is_summary_request
 from tests.conftest import MODEL
 from tests.http_helpers import assert_error, create, post, stream
+from tests.test_ledger_faults import CountingSink, NativePanic, billed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,6 +159,49 @@ def test_summarization_failure_is_a_500_or_a_failed_response_and_billed(make_gat
                for r in sink.records.values())
     # the server is fine afterwards
     assert create(live, input="still alive")["status"] == "completed"
+
+
+class PanicsWhileSummarizing(SimulatedEngine):
+    """A summarization that panics mid-stream: two tokens out, then a ``BaseException`` like pyo3's
+    ``PanicException`` (``except Exception`` does not see it). Keeps what it had yielded."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.summary_tokens: list[int] = []
+
+    async def generate(self, request_id, prompt_ids, params):
+        n = 0
+        async for delta in super().generate(request_id, prompt_ids, params):
+            yield delta
+            n += len(delta.token_ids)
+            if request_id.endswith("-compact") and n >= 2:
+                self.summary_tokens.append(n)
+                raise NativePanic("called `Result::unwrap()` on an `Err` value")
+
+
+def test_an_engine_panic_while_summarizing_is_billed_failed_exactly_once(make_gateway):
+    sink = CountingSink()
+    engine = PanicsWhileSummarizing(record_prompts=True)
+    live = make_gateway(engine=engine, usage_sink=sink)
+    r = post(live, {"model": MODEL, "input": "hi"}, path="/responses/compact")
+    assert_error(r, 500, code="server_error", type_="server_error")
+    assert "Traceback" not in r.text and "unwrap" not in r.text
+    compact_prompt = len(engine.stats.prompts[0])
+    _, _, events = stream(live, input=[user("hello"), {"type": "compaction_trigger"}])
+    final = events[-1]
+    assert final["type"] == "response.failed" and final["response"]["error"]["code"] == "server_error"
+    records = billed(live, sink, 2)
+    assert len(records) == 2 and all(rec.status == "failed" for rec in records), records
+    endpoint, turn = records if records[1].response_id == final["response"]["id"] else records[::-1]
+    assert (endpoint.input_tokens, endpoint.output_tokens) == (compact_prompt, engine.summary_tokens[0])
+    # the compacting turn: what its response says, the summary's prompt and the tokens it wrote included
+    usage = final["response"]["usage"]
+    assert turn.response_id == final["response"]["id"]
+    assert (turn.input_tokens, turn.output_tokens) == (usage["input_tokens"], usage["output_tokens"])
+    assert turn.input_tokens > len(engine.stats.prompts[1]) and turn.output_tokens == engine.summary_tokens[1]
+    assert create(live, input="still alive")["status"] == "completed"
+    records = billed(live, sink, 3)
+    assert len({rec.response_id for rec in records}) == len(records) == 3  # nothing billed twice
 
 
 # -- the compaction input item -------------------------------------------------------------------

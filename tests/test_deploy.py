@@ -52,22 +52,42 @@ def _compose_env(**values: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
-def test_compose_up_without_keys_stops_with_a_message_not_a_restart_loop(compose: Path):
+@pytest.mark.parametrize("keys", [None, ""], ids=["unset", "empty"])
+def test_compose_up_without_keys_stops_with_a_message_not_a_restart_loop(compose: Path, keys: str | None):
     """The gateway binds 0.0.0.0 in its container and refuses to serve there without a key; with
-    `restart: unless-stopped` that was a restart storm. Compose itself now stops before any
-    container starts, and says what to set; an explicit empty value (keys in Redis, or open mode)
-    still goes through."""
+    `restart: unless-stopped` that was a restart storm. Compose itself stops before any container
+    starts, unset or empty alike (a blank line in .env, a $(...) that failed), and says what to set."""
     exe = shutil.which("docker-compose")
     assert exe
+    env = _compose_env() if keys is None else _compose_env(RESPGATE_API_KEYS=keys)
     r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120,
-                       env=_compose_env())
+                       env=env)
     assert r.returncode != 0 and "set RESPGATE_API_KEYS=TENANT:KEY" in r.stderr, r.stderr
-    assert "RESPGATE_OPEN_MODE=true" in r.stderr
+    assert "RESPGATE_OPEN_MODE=true set RESPGATE_API_KEYS=[]" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_without_static_keys_is_said_explicitly_and_reaches_the_gateway_as_none(compose: Path,
+                                                                                        monkeypatch):
+    """Keys issued into Redis, or open mode: RESPGATE_API_KEYS='[]' (the JSON form every list
+    setting takes) passes compose and is no static key at all in the gateway's settings."""
+    import os
+
+    from gateway.base.settings import Settings
+
+    exe = shutil.which("docker-compose")
+    assert exe
     r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
-                       env=_compose_env(RESPGATE_API_KEYS="", RESPGATE_OPEN_MODE="true"))
+                       env=_compose_env(RESPGATE_API_KEYS="[]", RESPGATE_OPEN_MODE="true"))
     assert r.returncode == 0, r.stderr
     env = yaml.safe_load(r.stdout)["services"]["respgate"]["environment"]
-    assert env["RESPGATE_API_KEYS"] == "" and env["RESPGATE_OPEN_MODE"] == "true"
+    assert env["RESPGATE_API_KEYS"] == "[]" and env["RESPGATE_OPEN_MODE"] == "true"
+    for name in [k for k in os.environ if k.startswith("RESPGATE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RESPGATE_API_KEYS", env["RESPGATE_API_KEYS"])
+    monkeypatch.setenv("RESPGATE_OPEN_MODE", env["RESPGATE_OPEN_MODE"])
+    settings = Settings.load(None)
+    assert settings.api_keys == [] and settings.open_mode is True
 
 
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)

@@ -91,6 +91,46 @@ def test_cancel_foreground_response_is_400_and_unknown_is_404(make_gateway):
     assert client.responses.retrieve(created.id).status == "completed"
 
 
+def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tracebacks(
+        make_gateway, redis_url, caplog, monkeypatch):
+    """A record that does not decode (or any fault of the store other than an outage) is an
+    OpenAI-shaped 500 on every route that reads it, never Starlette's plain-text one; a client
+    repeating the request gets a few logged tracebacks, and every one is counted."""
+    import logging
+
+    import redis
+
+    from cache.redis_store import RedisStore
+    from gateway.base.log_limit import RateLimitedLog
+    from gateway.transport import http_routes
+
+    monkeypatch.setattr(http_routes, "store_faults", RateLimitedLog(http_routes.log), raising=False)  # fresh budget
+    store = RedisStore.from_url(redis_url)
+    live = make_gateway(store=store)
+    good, bad = create(live, input="kept"), create(live, input="to be corrupted")
+    redis.Redis.from_url(redis_url).hset(store._key(bad["id"]), "response", b"\xff not json")
+    caplog.set_level("ERROR", logger=http_routes.log.name)
+    for _ in range(10):
+        assert_error(get(live, f"/responses/{bad['id']}"), 500, code="server_error", type_="server_error")
+    assert_error(httpx.delete(f"{live.base_url}/responses/{bad['id']}"), 500, code="server_error",
+                 type_="server_error")
+    assert_error(get(live, f"/responses/{bad['id']}/input_items"), 500, code="server_error", type_="server_error")
+    lines = [r for r in caplog.records if "response store get of" in r.getMessage()]
+    assert len(lines) == 5 and all(r.exc_info is not None for r in lines), [r.getMessage() for r in lines]
+    assert live.metric("respgate_request_errors_total", {"transport": "http", "code": "server_error"}) == 12
+    assert get(live, f"/responses/{good['id']}").json() == good
+
+    def broken_delete(*args, **kwargs):
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(store, "delete", broken_delete)
+    assert_error(httpx.delete(f"{live.base_url}/responses/{good['id']}"), 500, code="server_error",
+                 type_="server_error")
+    deleted = [r for r in caplog.records if "response store delete of" in r.getMessage()]
+    assert len(deleted) == 1 and deleted[0].exc_info[0] is RuntimeError
+    assert get(live, f"/responses/{good['id']}").status_code == 200
+
+
 # ---------------------------------------------------------------------------------------------
 # input_items
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +190,51 @@ def test_input_items_lists_only_this_requests_items(make_gateway):
     assert [(i["type"], i["id"]) for i in items] == [("function_call_output", "fco_client_1")]
     items = get(live, f"/responses/{first['id']}/input_items").json()["data"]
     assert [i["type"] for i in items] == ["message"] and items[0]["content"][0]["text"] == "Weather in Oslo?"
+
+
+#: one mistake each in a list query, and the parameter its 400 names
+LIST_MISTAKES = [({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"), ({"limit": "x"}, "limit"),
+                 ({"order": "sideways"}, "order"), ({"after": "msg_nope"}, "after"), ({"foo": "1"}, "foo"),
+                 ([("include[]", "message.output_text.logprobs"), ("include[]", "nope")], "include[1]"),
+                 ({"include": "nope"}, "include[0]")]
+
+
+@pytest.mark.parametrize("params,param", LIST_MISTAKES)
+def test_both_item_lists_answer_the_same_400_for_the_same_mistake(make_gateway, params, param):
+    """A response's input items and a conversation's items share one query parser: the same bad
+    query is the same error body on either (include values checked on both)."""
+    live = make_gateway()
+    rid = create(live, input="hi")["id"]
+    cid = post(live, {}, path="/conversations").json()["id"]
+    on_inputs = assert_error(get(live, f"/responses/{rid}/input_items", params=params), 400, param=param)
+    on_items = assert_error(get(live, f"/conversations/{cid}/items", params=params), 400, param=param)
+    assert on_inputs == on_items
+
+
+def test_before_pages_input_items_backwards_and_only_input_items_take_it(make_gateway):
+    live = make_gateway(engine=SimulatedEngine(script=lambda v: Turn(text="ok")))
+    rid = create(live, input=_many_items(7))["id"]
+    asc = get(live, f"/responses/{rid}/input_items", params={"order": "asc", "limit": 100}).json()["data"]
+    ids = [i["id"] for i in asc]
+
+    def listed(**params) -> dict:
+        r = get(live, f"/responses/{rid}/input_items", params=params)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    # the page next to the cursor, in the order asked; has_more: more lie before that page
+    prev = listed(order="asc", before=ids[5], limit=2)
+    assert [i["id"] for i in prev["data"]] == ids[3:5] and prev["has_more"] is True
+    assert listed(order="asc", before=ids[2], limit=2)["has_more"] is False
+    desc = listed(before=ids[1], limit=3)  # desc: "before" is the newer side
+    assert [i["id"] for i in desc["data"]] == ids[4:1:-1] and desc["has_more"] is True
+    between = listed(order="asc", after=ids[1], before=ids[5])
+    assert [i["id"] for i in between["data"]] == ids[2:5] and between["has_more"] is False
+    assert listed(order="asc", after=ids[3], before=ids[2])["data"] == []
+    assert_error(get(live, f"/responses/{rid}/input_items", params={"before": "msg_nope"}), 400,
+                 code="invalid_value", param="before")
+    cid = post(live, {}, path="/conversations").json()["id"]
+    assert_error(get(live, f"/conversations/{cid}/items", params={"before": ids[0]}), 400, param="before")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from tests.conftest import MODEL
 from tests.http_helpers import wait_for
 from tests.inference import chat_template_support as cts
 from tests.inference import harmony_support as hs
+from tests.turn_helpers import render_tokens
 
 PROPS = settings(max_examples=150, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
@@ -394,11 +395,6 @@ def post(client: httpx.Client, body: dict, key: str | None = None) -> dict:
     return r.json()
 
 
-def rendered(live: Any) -> float:
-    return (live.metric("respgate_render_tokens_total", {"mode": "append"})
-            + live.metric("respgate_render_tokens_total", {"mode": "full"}))
-
-
 def run_full_history(live: Any, turns: int, style: str = "codex", key: str | None = None,
                      outputs: dict[int, str] | None = None) -> list[dict[str, float]]:
     """A client that keeps the conversation and posts all of it every turn (``store: false``):
@@ -409,9 +405,9 @@ def run_full_history(live: Any, turns: int, style: str = "codex", key: str | Non
     per_turn = []
     with httpx.Client(base_url=live.base_url, timeout=60) as client:
         for n in range(turns):
-            before = rendered(live), live.metric("respgate_classified_items_total")
+            before = sum(render_tokens(live)), live.metric("respgate_classified_items_total")
             resp = post(client, {"model": MODEL, "input": history, "store": False, "tools": [WEATHER]}, key)
-            per_turn.append({"rendered": rendered(live) - before[0],
+            per_turn.append({"rendered": sum(render_tokens(live)) - before[0],
                              "classified": live.metric("respgate_classified_items_total") - before[1]})
             outs = resp["output"]
             if style == "aisdk":

@@ -19,6 +19,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, post
+from tests.turn_helpers import render_tokens
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -45,17 +46,12 @@ def second_step(first: dict[str, Any]) -> list[dict[str, Any]]:
     return [QUESTION, *refs, {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]
 
 
-def rendered(live: LiveGateway) -> tuple[float, float]:
-    return (live.metric("respgate_render_tokens_total", {"mode": "append"}),
-            live.metric("respgate_render_tokens_total", {"mode": "full"}))
-
-
 def run_tool_loop(live: LiveGateway, key: str | None = None) -> tuple[dict[str, Any], float, float]:
     first = create(live, {"input": [QUESTION]}, key)
     assert [o["type"] for o in first["output"]] == ["reasoning", "function_call"]
-    append0, full0 = rendered(live)
+    append0, full0 = render_tokens(live)
     second = create(live, {"input": second_step(first)}, key)
-    append1, full1 = rendered(live)
+    append1, full1 = render_tokens(live)
     assert second["status"] == "completed"
     assert second["output"][-1]["content"][0]["text"] == "It is sunny."
     assert second["previous_response_id"] is None  # the client named none; the gateway found it
@@ -112,10 +108,10 @@ def test_a_reference_outside_any_prefix_still_resolves_and_renders_in_full(make_
     # the question is not re-sent: the input does not begin with the stored context
     body = {"input": [{"type": "item_reference", "id": call["id"]},
                       {"type": "function_call_output", "call_id": call["call_id"], "output": "rainy"}]}
-    _, full0 = rendered(live)
+    _, full0 = render_tokens(live)
     second = create(live, body)
     assert second["output"][-1]["content"][0]["text"] == "It is rainy."
-    assert rendered(live)[1] > full0
+    assert render_tokens(live)[1] > full0
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 0
 
 
@@ -124,9 +120,9 @@ def test_a_changed_prefix_is_not_taken_for_the_stored_one(make_gateway):
     first = create(live, {"input": [QUESTION]})
     steps = second_step(first)
     steps[0] = {"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Bergen?"}]}
-    _, full0 = rendered(live)
+    _, full0 = render_tokens(live)
     second = create(live, {"input": steps})
-    assert second["status"] == "completed" and rendered(live)[1] > full0
+    assert second["status"] == "completed" and render_tokens(live)[1] > full0
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 0
 
 
@@ -140,11 +136,11 @@ def test_a_call_re_sent_whole_names_its_response_by_the_call_id(make_gateway, re
     (call,) = first["output"]
     assert call["type"] == "function_call" and call["arguments"] == '{"city": "Oslo"}'
     resent = {"type": "function_call", "call_id": call["call_id"], "name": call["name"], "arguments": '{"city":"Oslo"}'}
-    _, full0 = rendered(live)
+    _, full0 = render_tokens(live)
     second = create(live, {"input": [QUESTION, resent,
                                      {"type": "function_call_output", "call_id": call["call_id"], "output": "windy"}]})
     assert second["output"][-1]["content"][0]["text"] == "It is windy."
-    assert rendered(live)[1] == full0, "the step was rendered in full"
+    assert render_tokens(live)[1] == full0, "the step was rendered in full"
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1
     # a call whose arguments really differ is not the stored one
     changed = dict(resent, arguments='{"city":"Bergen"}')

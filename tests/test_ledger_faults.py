@@ -36,7 +36,7 @@ from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway, stop_gateway
 from tests.http_helpers import TERMINAL_EVENTS, assert_error, parse_sse, wait_for
 from tests.schema_check import sdk_check_event, sdk_check_response
-from tests.test_ws_lifetime import create, fixed, recv, send, until_terminal, ws_open
+from tests.ws_helpers import create, fixed, recv, send, until_terminal, ws_open
 
 TRANSPORTS = ("json", "sse", "ws")
 SHUTTING_DOWN = {"message": "The server is shutting down. Reconnect to continue.", "type": "server_error",

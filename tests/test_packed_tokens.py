@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-import orjson
 import pytest
 from websockets.sync.client import connect
 
@@ -23,28 +22,12 @@ from cache.seq import TOKEN_BYTES, AppendOnlyView, TokenSeq
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
+from tests.turn_helpers import text_of, ws_turn
 
 pytestmark = pytest.mark.timeout(240)
 
 MODEL = "gpt-oss-sim"
 SETTINGS = Settings(max_context=300_000, max_request_bytes=64 * 1024 * 1024)
-
-
-def text_of(tokens: int) -> str:
-    """About ``tokens`` o200k tokens of words (each ``w<number>`` is ~2 tokens with its space)."""
-    return " ".join(f"w{i % 997}" for i in range(tokens // 2))
-
-
-def ws_turn(ws, items: str | list[dict], prev: str | None) -> dict:
-    body = {"type": "response.create", "model": MODEL, "store": False, "input": items}
-    if prev:
-        body["previous_response_id"] = prev
-    ws.send(orjson.dumps(body).decode())
-    while True:
-        ev = orjson.loads(ws.recv(timeout=120))
-        if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
-            assert ev["type"] == "response.completed", ev
-            return ev["response"]
 
 
 def state_tokens(resp: dict) -> int:
@@ -74,7 +57,7 @@ def test_idle_connections_hold_at_most_8_bytes_per_history_token(make_gateway) -
     live = make_gateway(SETTINGS, engine=engine)
     history = text_of(32_000)
     with connect(live.ws_url, max_size=None, compression=None) as ws:  # one-time allocations first
-        ws_turn(ws, history + " warm", None)
+        ws_turn(ws, MODEL, history + " warm", None)
     gc.collect()
     tracemalloc.start(12)
     sockets = []
@@ -84,8 +67,8 @@ def test_idle_connections_hold_at_most_8_bytes_per_history_token(make_gateway) -
         for i in range(4):
             ws = connect(live.ws_url, max_size=None, compression=None)
             sockets.append(ws)
-            resp = ws_turn(ws, f"{history} session {i}", None)  # a full render
-            resp = ws_turn(ws, [{"role": "user", "content": "and then?"}], resp["id"])  # an append
+            resp = ws_turn(ws, MODEL, f"{history} session {i}", None)  # a full render
+            resp = ws_turn(ws, MODEL, [{"role": "user", "content": "and then?"}], resp["id"])  # an append
             tokens += state_tokens(resp)
         gc.collect()
         held = traced_token_bytes(tracemalloc.take_snapshot()) - before
@@ -144,10 +127,10 @@ class Reads:
 def continuation_reads(live, reads: Reads, history_tokens: int) -> tuple[int, int, dict]:
     """(tokens read, prefix copies) during the third turn of a WS chain, and that turn."""
     with connect(live.ws_url, max_size=None, compression=None) as ws:
-        resp = ws_turn(ws, text_of(history_tokens), None)
-        resp = ws_turn(ws, "And tomorrow?", resp["id"])
+        resp = ws_turn(ws, MODEL, text_of(history_tokens), None)
+        resp = ws_turn(ws, MODEL, "And tomorrow?", resp["id"])
         read0, copies0 = reads.tokens, AppendOnlyView.copies
-        resp = ws_turn(ws, "Weather in Oslo, please?", resp["id"])
+        resp = ws_turn(ws, MODEL, "Weather in Oslo, please?", resp["id"])
         return reads.tokens - read0, AppendOnlyView.copies - copies0, resp
 
 

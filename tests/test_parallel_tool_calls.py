@@ -9,17 +9,17 @@ rendering of that call as the history, so the next turn still appends.
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
 from gateway.base.settings import Settings
-from inference.engine import EngineStats, SamplingParams, TokenDelta
 from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL
 from tests.http_helpers import post
+from tests.turn_helpers import TokenScriptEngine
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -40,42 +40,11 @@ def test_harmony_turn_ends_at_its_first_call(make_gateway):
         assert r.json()["parallel_tool_calls"] is parallel
 
 
-class ChatMLEngine:
+class ChatMLEngine(TokenScriptEngine):
     """Emits a fixed completion (token by token) whatever the prompt: a chat-template model that
     writes two tool calls in one turn. Counts aborts (the consumer closing the stream early)."""
 
     name = "chatml-fake"
-
-    def __init__(self, completions: list[list[int]]) -> None:
-        self.completions = completions
-        self.stats = EngineStats()
-        self.prompts: list[list[int]] = []
-
-    async def start(self) -> None: ...
-
-    async def shutdown(self) -> None: ...
-
-    def ready(self) -> bool:
-        return True
-
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None: ...
-
-    async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        self.stats.admit(len(prompt_ids))
-        self.prompts.append(list(prompt_ids))
-        tokens = self.completions[min(len(self.prompts) - 1, len(self.completions) - 1)]
-        finished = False
-        try:
-            for i, tok in enumerate(tokens):
-                last = i == len(tokens) - 1
-                yield TokenDelta([tok], finish_reason="stop" if last else None,
-                                 stop_token_id=tok if last and tok in params.stop_token_ids else None)
-            finished = True
-        finally:
-            self.stats.running -= 1
-            if not finished:
-                self.stats.aborts += 1
 
 
 @pytest.fixture
@@ -106,7 +75,7 @@ def test_chat_template_model_is_stopped_after_its_first_call(chat_template_gatew
         "Oslo", "Bergen"]
     assert engine.stats.aborts == 0
 
-    engine.prompts.clear()
+    engine.stats.prompts.clear()
     r = post(live, {"model": "ct", "input": "weather?", "tools": TOOLS, "parallel_tool_calls": False, "store": True})
     first = r.json()
     assert r.status_code == 200 and first["status"] == "completed", r.text
@@ -122,5 +91,5 @@ def test_chat_template_model_is_stopped_after_its_first_call(chat_template_gatew
     assert nxt.status_code == 200 and nxt.json()["output"][-1]["content"][0]["text"] == "It is sunny."
     assert live.metric("respgate_render_full_fallbacks_total", {"reason": "not_canonical"}) == fallbacks
     assert live.metric("respgate_render_tokens_total", {"mode": "full"}) == full
-    p1, p2 = engine.prompts[-2:]
+    p1, p2 = engine.stats.prompts[-2:]
     assert p2[:len(p1)] == p1  # the first turn's prompt is the second's prefix

@@ -24,20 +24,21 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.base.settings import Settings
-from inference.engine import EngineStats, SamplingParams, TokenDelta
+from inference.engine import SamplingParams
 from inference.harmony import HarmonyRenderer, harmony_encoding, harmony_tokens
 from inference.render import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
 from tests.conftest import MODEL
 from tests.http_helpers import create
+from tests.turn_helpers import TokenScriptEngine, full_render_fallbacks
 from tests.inference import chat_template_support as cts
 from tests.inference import harmony_support as hs
 
@@ -361,41 +362,15 @@ def cut_script(view: Any) -> Turn:
     return Turn(tool_calls=(ToolCall("get_weather", {"city": long}),))
 
 
-class CappedChatEngine:
+class CappedChatEngine(TokenScriptEngine):
     """A chat-template model that always talks past the cap: turn by turn one of ``completions``
     (long reasoning, a long answer, a call with long arguments), cut at ``max_tokens``."""
 
     name = "capped-chat-fake"
+    finish_reason = "length"
 
-    def __init__(self, completions: list[list[int]]) -> None:
-        self.completions = completions
-        self.stats = EngineStats(prompts=[])
-
-    async def start(self) -> None: ...
-
-    async def shutdown(self) -> None: ...
-
-    def ready(self) -> bool:
-        return True
-
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None: ...
-
-    async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams) -> AsyncIterator[TokenDelta]:
-        self.stats.admit(len(prompt_ids))
-        self.stats.prompts.append(list(prompt_ids))
-        completion = self.completions[(len(self.stats.prompts) - 1) % len(self.completions)]
-        tokens = completion[:params.max_tokens]
-        try:
-            for i, tok in enumerate(tokens):
-                yield TokenDelta([tok], finish_reason="length" if i == len(tokens) - 1 else None)
-        finally:
-            self.stats.running -= 1
-
-
-def fallbacks(live: Any) -> float:
-    return sum(s.value for m in live.gw.metrics.registry.collect() if m.name == "respgate_render_full_fallbacks"
-               for s in m.samples if s.name.endswith("_total"))
+    def completion(self, turn: int, params: SamplingParams) -> list[int]:
+        return self.completions[turn % len(self.completions)][:params.max_tokens]
 
 
 def check_rollout(live: Any, renderer: Any, prompts: list[list[int]], closings: list[list[int]], run_turn: Any,
@@ -423,7 +398,7 @@ def check_rollout(live: Any, renderer: Any, prompts: list[list[int]], closings: 
         tail = now[len(prev) + CAP:]  # after the sampled tokens
         assert any(tail == c + new_ids + renderer.generation_prompt() for c in closings), tail[:8]
         prev = now
-    assert fallbacks(live) == 0
+    assert full_render_fallbacks(live) == 0
     assert live.metric("respgate_render_tokens_total", {"mode": "full"}) == full_after_first
     return cut_in
 
@@ -502,4 +477,4 @@ def test_a_cut_inside_the_first_header_leaves_no_trace(make_gateway) -> None:
     p1, p2 = engine.stats.prompts
     gen = r.generation_prompt()
     assert p2 == p1[: len(p1) - len(gen)] + r.render_items([user("and now?")]) + gen
-    assert fallbacks(live) == 0
+    assert full_render_fallbacks(live) == 0

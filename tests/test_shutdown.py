@@ -21,7 +21,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, free_port, stop_gateway, wait_until_ready
 from tests.http_helpers import wait_for
-from tests.test_ws_lifetime import create, fixed, recv, send, until_terminal, ws_open
+from tests.ws_helpers import create, fixed, recv, send, until_terminal, ws_open
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import orjson
 import pytest
 from websockets.sync.client import connect
 
@@ -26,6 +25,7 @@ from inference.engine import SamplingParams
 from inference.harmony import HarmonyRenderer
 from inference.render import Prelude
 from inference.simulated import SimulatedEngine
+from tests.turn_helpers import text_of, ws_turn
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,11 +34,6 @@ BLOCK = 16
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 SMALL, LARGE = 1_000, 128_000
-
-
-def text_of(tokens: int) -> str:
-    """About ``tokens`` o200k tokens of words (each ``w<number>`` is ~2 tokens with its space)."""
-    return " ".join(f"w{i % 997}" for i in range(tokens // 2))
 
 
 def work(engine: SimulatedEngine) -> dict[str, int]:
@@ -69,18 +64,6 @@ def assert_flat(small: dict[str, int], large: dict[str, int]) -> None:
 # -- through the gateway: WebSocket continuations ------------------------------------------------
 
 
-def ws_turn(ws, items: str | list[dict], prev: str | None) -> dict:
-    body = {"type": "response.create", "model": MODEL, "store": False, "tools": [TOOL], "input": items}
-    if prev:
-        body["previous_response_id"] = prev
-    ws.send(orjson.dumps(body).decode())
-    while True:
-        ev = orjson.loads(ws.recv(timeout=120))
-        if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
-            assert ev["type"] == "response.completed", ev
-            return ev["response"]
-
-
 def answer_call(resp: dict) -> list[dict]:
     """The client's side of the agent loop: the output of the tool the model called."""
     call = resp["output"][-1]
@@ -93,12 +76,12 @@ def ws_continuation_work(live, history_tokens: int) -> tuple[dict[str, int], dic
     tool answers, the model reports); the work of a later user turn. (work, parent, turn)."""
     engine = live.engine
     with connect(live.ws_url, max_size=None) as ws:
-        resp = ws_turn(ws, text_of(history_tokens), None)
-        resp = ws_turn(ws, answer_call(resp), resp["id"])
-        resp = ws_turn(ws, "And tomorrow?", resp["id"])
-        resp = ws_turn(ws, answer_call(resp), resp["id"])
+        resp = ws_turn(ws, MODEL, text_of(history_tokens), None, tools=[TOOL])
+        resp = ws_turn(ws, MODEL, answer_call(resp), resp["id"], tools=[TOOL])
+        resp = ws_turn(ws, MODEL, "And tomorrow?", resp["id"], tools=[TOOL])
+        resp = ws_turn(ws, MODEL, answer_call(resp), resp["id"], tools=[TOOL])
         before = work(engine)
-        parent, resp = resp, ws_turn(ws, "Weather in Oslo, please?", resp["id"])
+        parent, resp = resp, ws_turn(ws, MODEL, "Weather in Oslo, please?", resp["id"], tools=[TOOL])
         return spent(before, work(engine)), parent, resp
 
 

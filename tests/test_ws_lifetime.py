@@ -7,7 +7,6 @@ gateway's connection objects), and slow generations are just long enough to outl
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from typing import Any, Callable
@@ -15,53 +14,17 @@ from typing import Any, Callable
 import pytest
 from openai import NotFoundError
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
+from tests.ws_helpers import TERMINAL, create, fixed, recv, send, until_terminal, ws_open
 
-TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens
-
-
-def ws_open(live: LiveGateway, **kw: Any) -> ClientConnection:
-    kw.setdefault("open_timeout", 10)
-    kw.setdefault("additional_headers", {"Authorization": "Bearer test-key"})
-    return connect(live.ws_url, **kw)
-
-
-def send(ws: ClientConnection, frame: dict[str, Any]) -> None:
-    ws.send(json.dumps(frame))
-
-
-def recv(ws: ClientConnection, timeout: float = 15) -> dict[str, Any]:
-    raw = ws.recv(timeout=timeout)
-    assert isinstance(raw, str)
-    return json.loads(raw)
-
-
-def create(**fields: Any) -> dict[str, Any]:
-    fields.setdefault("model", MODEL)
-    fields.setdefault("input", "hello")
-    return {"type": "response.create", **fields}
-
-
-def until_terminal(ws: ClientConnection, timeout: float = 20) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    out: list[dict[str, Any]] = []
-    while True:
-        ev = recv(ws, timeout=max(0.1, deadline - time.monotonic()))
-        out.append(ev)
-        if ev["type"] in TERMINAL or ev["type"] == "error":
-            return out
-
-
-def fixed(turn: Turn):
-    return lambda view: turn
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -21,49 +21,20 @@ import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.extensions.permessage_deflate import PerMessageDeflate
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
 
 from gateway.base.settings import Settings
 from inference.harmony_core import harmony_encoding
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn, turns_in_order
 from tests.conftest import SHARED, MODEL, LiveGateway
+from tests.ws_helpers import TERMINAL, recv, send, until_terminal, ws_open
 
-TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 CODEX_FIXTURES = SHARED / "fixtures/codex/ws-gpt-5.5"
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens: streams for seconds at 100 tok/s
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-
-def ws_open(live: LiveGateway, path: str = "/v1/responses", **kw: Any) -> ClientConnection:
-    kw.setdefault("open_timeout", 10)
-    kw.setdefault("additional_headers", {"Authorization": "Bearer test-key"})
-    return connect(live.url.replace("http://", "ws://") + path, **kw)
-
-
-def send(ws: ClientConnection, frame: dict[str, Any] | str) -> None:
-    ws.send(frame if isinstance(frame, str) else json.dumps(frame))
-
-
-def recv(ws: ClientConnection, timeout: float = 15) -> dict[str, Any]:
-    raw = ws.recv(timeout=timeout)
-    assert isinstance(raw, str), f"server sent a binary frame: {raw[:80]!r}"
-    ev = json.loads(raw)
-    assert isinstance(ev, dict)
-    return ev
-
-
-def until_terminal(ws: ClientConnection, timeout: float = 20) -> list[dict[str, Any]]:
-    """Frames up to and including the first terminal event or ``error`` frame."""
-    deadline = time.monotonic() + timeout
-    out: list[dict[str, Any]] = []
-    while True:
-        ev = recv(ws, timeout=max(0.1, deadline - time.monotonic()))
-        out.append(ev)
-        if ev["type"] in TERMINAL or ev["type"] == "error":
-            return out
 
 
 def sdk_until_terminal(conn: Any, timeout: float = 20) -> list[dict[str, Any]]:

@@ -29,8 +29,9 @@ class RateLimitedLog:
         #: key -> [window start, lines logged in the window, lines suppressed since the last one logged]
         self._buckets: dict[str, list[float]] = {}
 
-    def log(self, level: int, key: str, msg: str, *args: Any, **extra: Any) -> bool:
-        """Log ``msg % args`` unless ``key`` has used up its lines for this window; True if logged."""
+    def log(self, level: int, key: str, msg: str, *args: Any, exc_info: bool = False, **extra: Any) -> bool:
+        """Log ``msg % args`` unless ``key`` has used up its lines for this window; True if logged.
+        ``exc_info``: with the exception being handled (a fault a client can repeat, not a rejection)."""
         now = self._clock()
         bucket = self._buckets.get(key)
         if bucket is None or now - bucket[0] >= self._period:
@@ -43,7 +44,7 @@ class RateLimitedLog:
         if bucket[2]:
             msg = f"{msg} ({int(bucket[2])} similar line(s) suppressed)"
             bucket[2] = 0
-        self._log.log(level, msg, *args, extra=extra or None)
+        self._log.log(level, msg, *args, exc_info=exc_info or None, extra=extra or None)
         return True
 
     def info(self, key: str, msg: str, *args: Any, **extra: Any) -> bool:

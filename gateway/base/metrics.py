@@ -13,6 +13,10 @@ registry and read component state at scrape time: there is no multiprocess aggre
 **Bounded labels.** Labels are model, transport, status, stage and small fixed enums. Nothing is
 labelled per key or tenant unless ``metrics_per_tenant`` is set (then one tenant-labelled token
 counter, for deployments with a handful of tenants).
+
+**Scrape-time collectors** read component state as families built on the spot; a family of one
+unlabelled sample is one expression (``GaugeMetricFamily(name, doc, value=...)``), so each number
+a component keeps costs one line here.
 """
 
 from __future__ import annotations
@@ -234,9 +238,8 @@ class FlagCollector:
         for outcome in ("reported", "written", "dropped"):
             c.add_metric([outcome], getattr(self.reporter, outcome, 0))
         yield c
-        pending = GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written")
-        pending.add_metric([], getattr(self.reporter, "pending", 0))
-        yield pending
+        yield GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written",
+                                value=getattr(self.reporter, "pending", 0))
 
 
 class PrefixCacheCollector:
@@ -246,16 +249,13 @@ class PrefixCacheCollector:
         self.cache = cache
 
     def collect(self) -> Iterator[Any]:
-        size = GaugeMetricFamily("respgate_prefix_cache_bytes", "Bytes the prefix cache charges (token views)")
-        size.add_metric([], getattr(self.cache, "nbytes", 0))
-        yield size
-        entries = GaugeMetricFamily("respgate_prefix_cache_entries", "Turns the prefix cache holds")
-        entries.add_metric([], getattr(self.cache, "entries", 0))
-        yield entries
-        ev = CounterMetricFamily("respgate_prefix_cache_evictions",
-                                 "Conversations dropped from the prefix cache by its byte bounds")
-        ev.add_metric([], getattr(self.cache, "evictions", 0))
-        yield ev
+        yield GaugeMetricFamily("respgate_prefix_cache_bytes", "Bytes the prefix cache charges (token views)",
+                                value=getattr(self.cache, "nbytes", 0))
+        yield GaugeMetricFamily("respgate_prefix_cache_entries", "Turns the prefix cache holds",
+                                value=getattr(self.cache, "entries", 0))
+        yield CounterMetricFamily("respgate_prefix_cache_evictions",
+                                  "Conversations dropped from the prefix cache by its byte bounds",
+                                  value=getattr(self.cache, "evictions", 0))
 
 
 class ComponentCollector:
@@ -277,48 +277,41 @@ class ComponentCollector:
                             ("replayed", "replayed")):
             c.add_metric([label], getattr(self.usage, attr, 0))
         yield c
-        pending = GaugeMetricFamily("respgate_usage_pending", "Usage records not yet written to a sink")
-        pending.add_metric([], getattr(self.usage, "pending", 0))
-        yield pending
+        yield GaugeMetricFamily("respgate_usage_pending", "Usage records not yet written to a sink",
+                                value=getattr(self.usage, "pending", 0))
         yield from self._billing()
         tokens = CounterMetricFamily("respgate_store_token_cache", "Store reads by token-cache outcome",
                                      labels=["outcome"])
         tokens.add_metric(["hit"], getattr(self.store, "token_hits", 0))
         tokens.add_metric(["miss"], getattr(self.store, "token_misses", 0))
         yield tokens
-        copies = CounterMetricFamily("respgate_sequence_copies",
-                                     "History copies forced by forks or retries (continuations append in place)")
-        copies.add_metric([], AppendOnlyView.copies)
-        yield copies
+        yield CounterMetricFamily("respgate_sequence_copies",
+                                  "History copies forced by forks or retries (continuations append in place)",
+                                  value=AppendOnlyView.copies)
         yield from self._engines()
         yield from self._websockets()
 
     def _billing(self) -> Iterator[Any]:
         """Queue lag (age of the oldest record not yet acknowledged) and the journal's size on disk."""
-        lag = GaugeMetricFamily("respgate_billing_lag_seconds",
-                                "Age of the oldest usage record not yet written to a sink (0 when none)")
         oldest = getattr(self.usage, "oldest_pending_at", None)
-        lag.add_metric([], max(0.0, time.time() - oldest) if oldest is not None else 0.0)
-        yield lag
-        size = GaugeMetricFamily("respgate_billing_journal_bytes",
-                                 "Bytes in the local usage journal waiting for replay (live file + segments)")
+        yield GaugeMetricFamily("respgate_billing_lag_seconds",
+                                "Age of the oldest usage record not yet written to a sink (0 when none)",
+                                value=max(0.0, time.time() - oldest) if oldest is not None else 0.0)
         journal = getattr(self.usage, "journal", None)
-        size.add_metric([], journal.size_bytes() if journal is not None else 0)
-        yield size
+        yield GaugeMetricFamily("respgate_billing_journal_bytes",
+                                "Bytes in the local usage journal waiting for replay (live file + segments)",
+                                value=journal.size_bytes() if journal is not None else 0)
         wal = getattr(self.usage, "wal", None)
         if wal is not None:
-            appended = CounterMetricFamily("respgate_billing_wal_appends",
-                                           "Usage records written ahead to the WAL at submit (SIGKILL safety)")
-            appended.add_metric([], wal.appended)
-            yield appended
-            failures = CounterMetricFamily("respgate_billing_wal_failures",
-                                           "WAL appends that failed (those records relied on the queue alone)")
-            failures.add_metric([], wal.failures)
-            yield failures
-            unacked = GaugeMetricFamily("respgate_billing_wal_unacked",
-                                        "Records in the WAL not yet acknowledged by the ledger or the journal")
-            unacked.add_metric([], wal.unacked)
-            yield unacked
+            yield CounterMetricFamily("respgate_billing_wal_appends",
+                                      "Usage records written ahead to the WAL at submit (SIGKILL safety)",
+                                      value=wal.appended)
+            yield CounterMetricFamily("respgate_billing_wal_failures",
+                                      "WAL appends that failed (those records relied on the queue alone)",
+                                      value=wal.failures)
+            yield GaugeMetricFamily("respgate_billing_wal_unacked",
+                                    "Records in the WAL not yet acknowledged by the ledger or the journal",
+                                    value=wal.unacked)
 
     def _engines(self) -> Iterator[Any]:
         names = CounterMetricFamily("respgate_engine_requests", "Requests submitted to each engine",
@@ -343,18 +336,16 @@ class ComponentCollector:
         yield from (names, aborts, running, cached, ttft)
 
     def _websockets(self) -> Iterator[Any]:
-        lanes = GaugeMetricFamily("respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections")
-        queued = GaugeMetricFamily("respgate_ws_queued_creates",
-                                   "response.create frames waiting in a lane or for a slot")
         n_lanes = n_queued = 0
         for conn in list(self.connections):
             machine = getattr(conn, "machine", None)  # gateway.transport.lanes.LaneMachine
             if machine is not None:
                 n_lanes += machine.lanes
                 n_queued += machine.waiting
-        lanes.add_metric([], n_lanes)
-        queued.add_metric([], n_queued)
-        yield from (lanes, queued)
+        yield GaugeMetricFamily("respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections",
+                                value=n_lanes)
+        yield GaugeMetricFamily("respgate_ws_queued_creates", "response.create frames waiting in a lane or for a slot",
+                                value=n_queued)
 
 
 class BackgroundCollector:
@@ -370,7 +361,6 @@ class BackgroundCollector:
         turns.add_metric(["queued"], self.background.queued)
         turns.add_metric(["running"], self.background.running)
         yield turns
-        kept = GaugeMetricFamily("respgate_background_event_log_bytes",
-                                 "Bytes of background stream events this replica keeps for resuming")
-        kept.add_metric([], self.background.logs.nbytes)
-        yield kept
+        yield GaugeMetricFamily("respgate_background_event_log_bytes",
+                                "Bytes of background stream events this replica keeps for resuming",
+                                value=self.background.logs.nbytes)

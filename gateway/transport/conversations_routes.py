@@ -27,11 +27,11 @@ from gateway.transport.http_routes import read_json_body
 from gateway.transport.services import GatewayState
 from gateway.turn.conversation import Conversations
 from gateway.turn.types import TurnContext
-from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, check_include, conversation_not_found,
-                                        conversation_object, deleted_object, item_list, item_not_found, item_object,
-                                        parse_body, parse_list_query)
+from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, conversation_not_found, conversation_object,
+                                        deleted_object, item_list, item_not_found, item_object, parse_body)
 from gateway.wire.errors import unknown_parameter
 from gateway.wire.items import new_id
+from gateway.wire.listing import check_include, parse_list_query
 from gateway.wire.request import parse_items
 
 router = APIRouter()

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.store import StoreUnavailable
+from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
@@ -28,8 +29,9 @@ from gateway.transport.sse import sse_frame
 from gateway.turn.events import Event
 from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
-                                 shutting_down, store_unavailable, unknown_parameter)
+                                 shutting_down, store_unavailable)
 from gateway.wire.kinds import TERMINAL_EVENT
+from gateway.wire.listing import cursor_page, parse_list_query
 from gateway.wire.response import usage_object
 from gateway.wire.validation import InputRejected, decode_body
 from inference.registry import ModelRoute
@@ -263,6 +265,20 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+#: store faults on retrieve/delete/cancel/input_items: a client can repeat the request that reads a
+#: corrupt record as often as it likes, so the traceback is logged a few times per window, not each time
+store_faults = RateLimitedLog(log)
+
+
+def _store_fault(gw: GatewayState, op: str, response_id: str) -> ApiError:
+    """A store fault other than an outage (a record that does not decode, a bug): logged with its
+    traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
+    never Starlette's plain-text one."""
+    store_faults.log(logging.ERROR, f"store_{op}", "response store %s of %s crashed", op, response_id, exc_info=True)
+    gw.metrics.errors.labels("http", "server_error").inc()
+    return server_error()
+
+
 async def _stored(request: Request, response_id: str):
     gw = _gw(request)
     tenant = (await gw.auth.authenticate(request.headers)).tenant
@@ -271,6 +287,10 @@ async def _stored(request: Request, response_id: str):
         state = await gw.store.get(response_id, tenant)
     except StoreUnavailable:
         raise store_unavailable() from None
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _store_fault(gw, "get", response_id) from None
     if state is None:
         raise response_not_found(response_id)
     return gw, tenant, state
@@ -323,6 +343,10 @@ async def delete_response(request: Request, response_id: str) -> Response:
         await gw.store.delete(response_id, tenant)
     except StoreUnavailable:
         raise store_unavailable() from None
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        raise _store_fault(gw, "delete", response_id) from None
     return _json({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -337,39 +361,17 @@ async def cancel_response(request: Request, response_id: str) -> Response:
 @router.get("/v1/responses/{response_id}/input_items")
 @router.get("/responses/{response_id}/input_items", include_in_schema=False)
 async def list_input_items(request: Request, response_id: str) -> Response:
-    q = request.query_params
-    allowed = {"limit", "order", "after", "include", "include[]", "before"}
-    for key in q:
-        if key not in allowed:
-            raise unknown_parameter(key)
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        raise bad_request("Invalid type for 'limit': expected an integer.", code="invalid_type", param="limit") from None
-    if not 1 <= limit <= 100:
-        raise bad_request(f"Invalid 'limit': expected a value between 1 and 100, but got {limit} instead.",
-                          code="invalid_value", param="limit")
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", code="invalid_value",
-                          param="order")
+    """The items that were this response's input, cursor-paginated like every list
+    (``gateway.wire.listing``); ``before`` too, which this endpoint has in OpenAI's API."""
+    q = parse_list_query(request.query_params, request.query_params.multi_items(), before=True)
     _, _, state = await _stored(request, response_id)
-    items = list(state.input_items)
-    if order == "desc":
-        items.reverse()
-    after = q.get("after")
-    if after is not None:
-        ids = [i.get("id") for i in items]
-        if after not in ids:
-            raise bad_request(f"Item with id '{after}' not found.", code="invalid_value", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
+    page, has_more = cursor_page(state.input_items, q)
     return _json({
         "object": "list",
         "data": page,
         "first_id": page[0].get("id") if page else None,
         "last_id": page[-1].get("id") if page else None,
-        "has_more": len(items) > limit,
+        "has_more": has_more,
     })
 
 

@@ -49,7 +49,7 @@ from gateway.base.metrics import Metrics
 from gateway.turn.sampling import output_cap
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, PreparedTurn
-from gateway.wire.errors import bad_request
+from gateway.wire.errors import bad_request, is_fault
 from gateway.wire.items import new_id
 from gateway.wire.kinds import ItemType
 from gateway.wire.response import usage_object
@@ -168,8 +168,9 @@ class Compactor:
                         request_id: str, cache_salt: str | None = None) -> Summary:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
-        Raises :class:`SummaryFailed` when the engine fails or writes nothing (with the tokens spent,
-        for billing); :class:`SummaryTooLong` when the summarization prompt does not fit the context.
+        Raises :class:`SummaryFailed` when the engine fails, crashes (any fault, ``is_fault``) or
+        writes nothing, with the tokens spent, so that every caller bills them as it bills a failed
+        turn; :class:`SummaryTooLong` when the summarization prompt does not fit the context.
         """
         renderer = route.renderer
         tail = renderer.render_items([summary_request()]) + renderer.generation_prompt()
@@ -212,6 +213,11 @@ class Compactor:
             raise
         except EngineError as exc:
             raise SummaryFailed(str(exc), spent()) from exc
+        except BaseException as exc:  # a fault (pyo3's PanicException is a BaseException): its tokens were spent too
+            if not is_fault(exc):
+                raise  # cancellation, the generator closed, interpreter exit
+            log.exception("engine crashed summarizing %s", request_id)
+            raise SummaryFailed("the engine crashed while summarizing", spent()) from exc
         finally:
             await agen.aclose()
         text = ("".join(message) or "".join(other)).strip()

@@ -9,11 +9,11 @@ is a 404 naming only the id the client sent.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.wire.errors import ApiError, bad_request, unknown_parameter
+from gateway.wire.errors import ApiError, bad_request
 from gateway.wire.request import IncludeValue, check_metadata
 from gateway.wire.validation import to_api_error
 
@@ -41,9 +41,6 @@ _PART_KEYS: dict[str, tuple[str, ...]] = {
     "input_image": ("file_id", "image_url", "prompt_cache_breakpoint"),
     "input_file": ("detail", "file_data", "file_id", "file_url", "filename", "prompt_cache_breakpoint"),
 }
-
-_LIST_PARAMS = frozenset({"after", "limit", "order", "include", "include[]"})
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -84,44 +81,6 @@ def parse_body(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as exc:
         raise to_api_error(exc) from None
-
-
-class ListQuery(NamedTuple):
-    after: str | None
-    limit: int
-    order: Literal["asc", "desc"]
-
-
-def parse_list_query(query: Mapping[str, str], multi: list[tuple[str, str]]) -> ListQuery:
-    """``after``, ``limit`` (1..100, default 20), ``order`` (default ``desc``), ``include`` (checked)."""
-    for key in query:
-        if key not in _LIST_PARAMS:
-            raise unknown_parameter(key)
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        raise bad_request("Invalid type for 'limit': expected an integer.", code="invalid_type", param="limit") from None
-    if not 1 <= limit <= 100:
-        raise bad_request(f"Invalid 'limit': expected a value between 1 and 100, but got {limit} instead.",
-                          code="invalid_value", param="limit")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", code="invalid_value",
-                          param="order")
-    check_include([v for k, v in multi if k in ("include", "include[]")])
-    return ListQuery(query.get("after"), limit, "asc" if order == "asc" else "desc")
-
-
-def check_include(values: list[str]) -> None:
-    """``include`` values are checked; items are kept as they were produced, so none changes them."""
-    try:
-        _Includes.model_validate({"include": values})
-    except ValidationError as exc:
-        raise to_api_error(exc) from None
-
-
-class _Includes(BaseModel):
-    include: list[IncludeValue]
 
 
 def conversation_object(conversation_id: str, created_at: int, metadata: Mapping[str, str]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Shared test support for the harmony family: sample tools, hypothesis strategies, event folding.
+"""Shared test support for the harmony family: sample tools, hypothesis strategies, feeding a
+parser and folding its events.
 
 A plain module (not conftest) because hypothesis strategies are needed at decoration time.
 """
@@ -6,6 +7,7 @@ A plain module (not conftest) because hypothesis strategies are needed at decora
 from __future__ import annotations
 
 import json
+import random
 from typing import Any, Iterable
 
 from hypothesis import strategies as st
@@ -161,6 +163,23 @@ def model_outputs(draw: st.DrawFn) -> list[dict]:
 
 def call_index(items: Iterable[dict]) -> dict[str, dict]:
     return {it["call_id"]: it for it in items if it["type"] in ("function_call", "custom_tool_call")}
+
+
+def feed_all(parser: Any, tokens: list[int], sizes: list[int] | None = None) -> list:
+    """A stream parser's events for ``tokens`` fed in chunks of ``sizes`` (cycled; default one
+    token at a time), then its ``finish``: any renderer family's parser."""
+    events, i, k = [], 0, 0
+    while i < len(tokens):
+        n = sizes[k % len(sizes)] if sizes else 1
+        events += parser.feed(tokens[i : i + n])
+        i, k = i + n, k + 1
+    return events + parser.finish()
+
+
+def random_sizes(seed: int, n: int) -> list[int]:
+    """Chunk sizes of 1 to 7 tokens, as a network delivers a sample (``n`` of them cover n tokens)."""
+    rng = random.Random(seed)
+    return [rng.randint(1, 7) for _ in range(n)]
 
 
 def items_from_events(events: Iterable[ParseEvent]) -> list[dict]:

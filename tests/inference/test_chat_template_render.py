@@ -22,7 +22,7 @@ from inference.hermes_tools import (
 from inference.render import Prelude
 
 from .chat_template_support import ALL_TOOLS, CONVERSATIONS, TEXT, call_index, model_outputs
-from .harmony_support import GET_WEATHER, MCP, items_from_events
+from .harmony_support import GET_WEATHER, MCP, feed_all, items_from_events, random_sizes
 
 PROPS = settings(max_examples=60, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -193,15 +193,7 @@ def test_model_turn_round_trips(ct_renderer: ChatTemplateRenderer, outputs: list
     assume(representable(r, r.render_text(outputs)))
     sampled = r.render_completion(outputs)
     assert sampled[-1] in r.stop_token_ids
-    parser = r.parser(prelude)
-    rng = random.Random(seed)
-    events, i = [], 0
-    while i < len(sampled):
-        n = rng.randint(1, 7)
-        events += parser.feed(sampled[i : i + n])
-        i += n
-    events += parser.finish()
-    parsed = items_from_events(events)
+    parsed = items_from_events(feed_all(r.parser(prelude), sampled, random_sizes(seed, len(sampled))))
     assert parsed == outputs
     turn = r.generation_prompt() + r.history_tokens(sampled)
     assert turn == r.render_items(parsed)

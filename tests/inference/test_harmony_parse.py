@@ -7,22 +7,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.harmony import HarmonyParseError, HarmonyRenderer, HarmonyStreamParser, render_completion
+from inference.harmony import HarmonyParseError, HarmonyRenderer, render_completion
 from inference.parse import ItemDelta, ItemEnd, ItemStart
 from inference.render import Prelude
 
-from .harmony_support import ALL_TOOLS, items_from_events, model_outputs
+from .harmony_support import ALL_TOOLS, feed_all, items_from_events, model_outputs
 
 PRELUDE = Prelude(tools=ALL_TOOLS)
 
 
-def feed_all(parser: HarmonyStreamParser, tokens: list[int], sizes: list[int] | None = None) -> list:
-    events, i, k = [], 0, 0
-    while i < len(tokens):
-        n = sizes[k % len(sizes)] if sizes else 1
-        events += parser.feed(tokens[i : i + n])
-        i, k = i + n, k + 1
-    return events + parser.finish()
 
 
 def sample(enc, text: str) -> list[int]:

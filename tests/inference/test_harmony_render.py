@@ -20,8 +20,10 @@ from .harmony_support import (
     PRELUDES,
     WEB_SEARCH,
     call_index,
+    feed_all,
     items_from_events,
     model_outputs,
+    random_sizes,
 )
 
 PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,15 +83,7 @@ def test_model_turn_round_trips(
     appending that to a rendered history is the full render of history + outputs."""
     prelude = Prelude(tools=ALL_TOOLS)
     sampled = render_completion(renderer.item_messages(outputs))
-    parser = renderer.parser(prelude)
-    rng = random.Random(seed)
-    events, i = [], 0
-    while i < len(sampled):
-        n = rng.randint(1, 7)
-        events += parser.feed(sampled[i : i + n])
-        i += n
-    events += parser.finish()
-    parsed = items_from_events(events)
+    parsed = items_from_events(feed_all(renderer.parser(prelude), sampled, random_sizes(seed, len(sampled))))
     assert parsed == outputs
     turn = renderer.generation_prompt() + renderer.history_tokens(sampled)
     assert turn == renderer.render_items(parsed)

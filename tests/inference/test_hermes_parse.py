@@ -11,20 +11,13 @@ from inference.parse import ItemDelta, ItemEnd, ItemStart
 from inference.render import Prelude
 
 from .chat_template_support import ALL_TOOLS, model_outputs
-from .harmony_support import items_from_events
+from .harmony_support import feed_all, items_from_events
 
 PRELUDE = Prelude(tools=ALL_TOOLS)
 PROPS = settings(max_examples=80, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-def feed_all(parser, tokens: list[int], sizes: list[int] | None = None) -> list:
-    events, i, k = [], 0, 0
-    while i < len(tokens):
-        n = sizes[k % len(sizes)] if sizes else 1
-        events += parser.feed(tokens[i : i + n])
-        i, k = i + n, k + 1
-    return events + parser.finish()
 
 
 def sample(r: ChatTemplateRenderer, text: str, stop: bool = True) -> list[int]:
