@@ -185,7 +185,7 @@ class RedisStore:
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record stands alone, its delta is the whole context (rare, and still correct)
         meta = {
-            "parent_id": state.parent_id, "ancestors": ancestors, "clen": len(state.context), "model": state.model,
+            "parent_id": state.parent_id, "root_id": state.root_id, "ancestors": ancestors, "clen": len(state.context), "model": state.model,
             "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store,
             "nbytes": state.nbytes, "delta_bytes": state.delta_bytes, "created": state.created,
         }
@@ -237,7 +237,9 @@ class RedisStore:
             id=response_id, response=orjson.loads(response), input_items=tuple(orjson.loads(inputs)),
             context=ItemLog(items), history_ids=history if history is not None else TokenSeq(),
             model=meta["model"], prelude_key=pk if history is not None else b"", store=meta["store"],
-            parent_id=meta["parent_id"], pending_calls=frozenset(meta["pending_calls"]), flagged=meta["flagged"],
+            # a record from before roots were kept: its oldest stored ancestor stands in
+            parent_id=meta["parent_id"], root_id=meta.get("root_id") or (meta["ancestors"] or [None])[0],
+            pending_calls=frozenset(meta["pending_calls"]), flagged=meta["flagged"],
             tenant=tenant, nbytes=meta["nbytes"], delta_bytes=meta["delta_bytes"], created=meta["created"],
         )
 

@@ -58,10 +58,11 @@ class ChatMLEngine:
     def ready(self) -> bool:
         return True
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None: ...
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing=None) -> None: ...
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams) -> AsyncIterator[TokenDelta]:
+                       params: SamplingParams, routing=None) -> AsyncIterator[TokenDelta]:
         self.stats.admit(len(prompt_ids))
         self.prompts.append(list(prompt_ids))
         tokens = self.completions[min(len(self.prompts) - 1, len(self.completions) - 1)]

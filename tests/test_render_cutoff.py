@@ -378,10 +378,11 @@ class CappedChatEngine:
     def ready(self) -> bool:
         return True
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None: ...
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing=None) -> None: ...
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams) -> AsyncIterator[TokenDelta]:
+                       params: SamplingParams, routing=None) -> AsyncIterator[TokenDelta]:
         self.stats.admit(len(prompt_ids))
         self.stats.prompts.append(list(prompt_ids))
         completion = self.completions[(len(self.stats.prompts) - 1) % len(self.completions)]
