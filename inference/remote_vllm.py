@@ -30,8 +30,9 @@ another pod, where an unknown id is ignored.
 
 Routing (llm-d and other routers in front of several vLLM pods): every request kind — generate,
 the warm-up prefill, the abort — carries the turn's :class:`inference.engine.RequestRouting`:
-its session key in ``RemoteVllmSettings.session_header`` (``x-session-id``, the header llm-d's
-session-affinity scorer reads), so a chain's turns and its abort go to the pod that holds its KV,
+its session key in ``RemoteVllmSettings.session_header`` (``x-session-id``: llm-d's default
+session-id header, and what ``deploy/k8s/overlays/split-llm-d`` configures its session-affinity
+scorer to read), so a chain's turns and its abort go to the pod that holds its KV,
 and its ``traceparent`` when set. The tenant's ``cache_salt`` rides in the body of each generate
 (the prefill is a one-token generate).
 """
@@ -82,8 +83,8 @@ class RemoteVllmSettings:
     #: period of the background ``/health`` probe behind ``ready()``; 0 disables it
     health_interval_s: float = 5.0
     abort_timeout_s: float = 5.0
-    #: the header carrying ``RequestRouting.session_key`` (llm-d's session-affinity scorer reads
-    #: ``x-session-id`` by default); empty: not sent
+    #: the header carrying ``RequestRouting.session_key`` (the router's session-affinity scorer must
+    #: read the same one: ``deploy/k8s/overlays/split-llm-d``); empty: not sent
     session_header: str = "x-session-id"
 
 

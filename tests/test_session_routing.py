@@ -551,6 +551,7 @@ def test_a_dropped_turn_is_aborted_on_the_pod_that_runs_it(two_pods: TwoPods, po
             assert ev["type"] not in ("error", "response.failed", "response.completed"), ev
             seen += ev["type"] == "response.output_text.delta"
     turn = _generates(router)[-1]
+    assert turn.key == RequestRouting.for_chain(None, root["id"]).session_key
     pod, server_id = turn.backend, SERVER_ID_PREFIX + turn.request_id
     serving, idle = two_pods.servers[pod], two_pods.servers[1 - pod]
     _wait(lambda: f"Request {server_id} aborted." in serving.log_text()

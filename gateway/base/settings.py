@@ -25,7 +25,7 @@ class Settings(BaseModel):
     remote_url: str = "http://127.0.0.1:8001"
     remote_api_key: str | None = None
     #: remote-vllm: the header each engine request carries its chain's session key in, for a router
-    #: in front of several vLLM pods (llm-d's session-affinity scorer reads ``x-session-id``); empty: none
+    #: in front of several vLLM pods (llm-d's session affinity, configured on the same header); empty: none
     remote_session_header: str = "x-session-id"
     #: served model names (empty: the engine's default name). Every name routes to the engine.
     models: list[str] = Field(default_factory=list)
