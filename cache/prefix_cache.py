@@ -69,6 +69,8 @@ class CachedPrefix:
     #: some item of the turn's input, or of a prefix it continued, was flagged by a classifier
     flagged: bool
     chain: Chain
+    #: the root response of the turn's chain (its engine requests' routing: ``ResponseState.root``)
+    root_id: str | None = None
 
 
 class _Tenant:
@@ -110,7 +112,7 @@ class PrefixCache:
                 self._chains.move_to_end(entry.chain)
 
     def put(self, tenant: str | None, key: bytes, ids: TokenSeq, prompt_len: int, outputs: int, flagged: bool,
-            near: Chain | None = None) -> CachedPrefix | None:
+            near: Chain | None = None, root_id: str | None = None) -> CachedPrefix | None:
         """Keep ``ids`` under ``key``; ``near`` is the chain the turn continued from (the entry joins
         it when it reads the same buffer). Returns the entry, or None when it was evicted at once
         (larger than the tenant's budget)."""
@@ -131,7 +133,7 @@ class PrefixCache:
                 self._chains[chain] = None
             elif len(ids) > len(chain.view):
                 chain.view = ids
-            entry = CachedPrefix(ids, prompt_len, outputs, flagged, chain)
+            entry = CachedPrefix(ids, prompt_len, outputs, flagged, chain, root_id)
             t.entries[key] = entry
             chain.keys.add(key)
             self.entries += 1

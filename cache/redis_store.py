@@ -226,7 +226,7 @@ class RedisStore:
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record is the root of a new chain, its delta is the whole context (rare, and still correct)
         meta = {
-            "parent_id": state.parent_id, "model": state.model, "pending_calls": sorted(state.pending_calls),
+            "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model, "pending_calls": sorted(state.pending_calls),
             "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
             "created": state.created,
         }
@@ -279,7 +279,10 @@ class RedisStore:
             id=response_id, response=orjson.loads(response), input_items=tuple(orjson.loads(inputs)),
             context=ItemLog(items), history_ids=history if history is not None else TokenSeq(),
             model=meta["model"], prelude_key=pk if history is not None else b"", store=meta["store"],
-            parent_id=meta["parent_id"], pending_calls=frozenset(meta["pending_calls"]), flagged=meta["flagged"],
+            # the routing root (``ResponseState.root_id``); a record without one: its chain's first
+            # stored response (the storage root of the key layout) stands in
+            parent_id=meta["parent_id"], root_id=meta.get("root_id") or root,
+            pending_calls=frozenset(meta["pending_calls"]), flagged=meta["flagged"],
             tenant=tenant, nbytes=meta["nbytes"], delta_bytes=meta["delta_bytes"], created=meta["created"],
         )
 

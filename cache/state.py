@@ -33,6 +33,10 @@ class ResponseState:
     prelude_key: bytes
     store: bool
     parent_id: str | None = None
+    #: the first response of the chain this one continues (None: this response is the root, or a
+    #: record written before roots were kept). Engine requests of the chain are routed by it
+    #: (``inference.engine.RequestRouting``), so every turn and fork of a chain lands on one pod.
+    root_id: str | None = None
     #: tool calls of the context that have no output yet
     pending_calls: frozenset[str] = frozenset()
     #: this turn's non-allow classifier verdicts (the parent's stay on the parent: no copying)
@@ -45,6 +49,11 @@ class ResponseState:
     #: approximate bytes this snapshot adds on top of its parent (its own items and tokens)
     delta_bytes: int = 0
     created: float = field(default_factory=time.time)
+
+    @property
+    def root(self) -> str:
+        """The id of the chain's root response."""
+        return self.root_id or self.id
 
     @property
     def status(self) -> str:

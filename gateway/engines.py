@@ -214,7 +214,8 @@ def _vllm(settings: Settings) -> ModelRegistry:
         from inference.remote_vllm import RemoteVllmEngine, RemoteVllmSettings
 
         engine: Any = RemoteVllmEngine(RemoteVllmSettings(base_url=settings.remote_url,
-                                                          api_key=settings.remote_api_key))
+                                                          api_key=settings.remote_api_key,
+                                                          session_header=settings.remote_session_header))
         max_len = settings.max_model_len
         cap = output_cap(settings, None)  # a GPU server: its context bounds a turn
     else:

@@ -11,6 +11,7 @@ the request and free its slot. Engines count aborts so tests and metrics can obs
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
 
@@ -34,6 +35,32 @@ class SamplingParams:
     #: report each sampled token's log probability and this many most likely alternatives
     #: (None: no logprobs; 0: the sampled token's only)
     logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRouting:
+    """Where an engine request should run, for engines behind a router (``inference.remote_vllm``).
+
+    Why a session key: a router that scores pods by load alone sends a chain's next turn to a
+    random pod, which holds none of its history's KV. llm-d's session-affinity scorer keeps
+    requests with the same header value on one pod. The key hashes the tenant and the chain's
+    *root* response id, so every turn of a chain, its forks, and both transports (an HTTP chain
+    and a WebSocket lane) share it, while tenants never do. In-process engines ignore it.
+    """
+
+    #: hex digest naming the chain; sent in the configured session header
+    session_key: str
+    #: the W3C trace context of the turn, forwarded as the ``traceparent`` header when set
+    traceparent: str | None = None
+
+    @classmethod
+    def for_chain(cls, tenant: str | None, root_id: str, traceparent: str | None = None) -> "RequestRouting":
+        """The routing of a request on the chain rooted at ``root_id`` of ``tenant``."""
+        h = hashlib.blake2b(digest_size=16, person=b"respgate-sess")
+        h.update((tenant or "").encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+        h.update(root_id.encode("utf-8", "surrogatepass"))
+        return cls(session_key=h.hexdigest(), traceparent=traceparent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +132,15 @@ class Engine(Protocol):
     def ready(self) -> bool: ...
 
     def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
-    ) -> AsyncIterator[TokenDelta]: ...
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        routing: RequestRouting | None = None,
+    ) -> AsyncIterator[TokenDelta]:
+        """Stream the request's tokens. ``routing`` says which chain it belongs to; engines behind a
+        router send it along, in-process ones ignore it."""
+        ...
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing: RequestRouting | None = None) -> None:
         """Compute and cache the KV of ``prompt_ids`` (under ``cache_salt``) without producing output.
 
         A ``generate: false`` warm-up calls it in the background, so the first real turn after

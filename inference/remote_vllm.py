@@ -23,6 +23,18 @@ Abort: closing the generator (``aclose()``, task cancellation, garbage collectio
 HTTP stream and posts ``/inference/v1/abort_requests`` from a detached task, so the abort still
 goes out while the consumer's task is being cancelled. vLLM registers the request under
 ``generate-tokens-<our id>`` (echoed as ``request_id`` in every chunk); that is the id it aborts.
+Closing the stream alone already aborts it: vLLM's streaming response stops its generator when
+the client disconnects (``tests/test_session_routing.py`` checks this on a real server), so behind
+a router the abort reaches the pod that runs the request even when the posted abort lands on
+another pod, where an unknown id is ignored.
+
+Routing (llm-d and other routers in front of several vLLM pods): every request kind — generate,
+the warm-up prefill, the abort — carries the turn's :class:`inference.engine.RequestRouting`:
+its session key in ``RemoteVllmSettings.session_header`` (``x-session-id``: llm-d's default
+session-id header, and what ``deploy/k8s/overlays/split-llm-d`` configures its session-affinity
+scorer to read), so a chain's turns and its abort go to the pod that holds its KV,
+and its ``traceparent`` when set. The tenant's ``cache_salt`` rides in the body of each generate
+(the prefill is a one-token generate).
 """
 
 from __future__ import annotations
@@ -36,7 +48,8 @@ from typing import Any, AsyncIterator, Sequence
 import httpx
 import orjson
 
-from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
+from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
+                              TokenLogprob)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +83,9 @@ class RemoteVllmSettings:
     #: period of the background ``/health`` probe behind ``ready()``; 0 disables it
     health_interval_s: float = 5.0
     abort_timeout_s: float = 5.0
+    #: the header carrying ``RequestRouting.session_key`` (the router's session-affinity scorer must
+    #: read the same one: ``deploy/k8s/overlays/split-llm-d``); empty: not sent
+    session_header: str = "x-session-id"
 
 
 class RemoteVllmEngine:
@@ -152,13 +168,15 @@ class RemoteVllmEngine:
 
     # -- generation --------------------------------------------------------------------------
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing: RequestRouting | None = None) -> None:
         """One-token generation whose output is discarded: the server keeps the prompt's KV blocks
-        in its prefix cache, so the turn after a warm-up prefills only its delta."""
+        in its prefix cache, so the turn after a warm-up prefills only its delta. It is routed
+        like the chain's turns, so the warmed pod is the one the next turn goes to."""
         if self._client is None or not len(prompt_ids):
             return
         async for _ in self.generate(request_id, prompt_ids,
-                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)):
+                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt), routing):
             pass
         self.stats.prefills += 1
 
@@ -194,8 +212,20 @@ class RemoteVllmEngine:
             body["model"] = self.settings.model
         return body
 
+    def headers(self, routing: RequestRouting | None) -> dict[str, str]:
+        """The headers of one request of ``routing``'s chain (the abort's too)."""
+        if routing is None:
+            return _JSON
+        headers = dict(_JSON)
+        if self.settings.session_header:
+            headers[self.settings.session_header] = routing.session_key
+        if routing.traceparent:
+            headers["traceparent"] = routing.traceparent
+        return headers
+
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        routing: RequestRouting | None = None,
     ) -> AsyncIterator[TokenDelta]:
         client = self._client
         if client is None:
@@ -208,10 +238,11 @@ class RemoteVllmEngine:
         stats = self.stats
         stats.admit(len(ids))
         server_id = SERVER_ID_PREFIX + request_id
+        headers = self.headers(routing)
         finished = False   # the server is done with the request: nothing to abort
         failed = False     # we gave up on it (error): abort it, but it is not a consumer abort
         try:
-            async with client.stream("POST", GENERATE_PATH, content=payload, headers=_JSON) as resp:
+            async with client.stream("POST", GENERATE_PATH, content=payload, headers=headers) as resp:
                 if resp.status_code != 200:
                     finished = True  # rejected before it was scheduled
                     raise EngineError(f"vLLM rejected request {request_id}: HTTP {resp.status_code} "
@@ -270,24 +301,24 @@ class RemoteVllmEngine:
             if not finished:
                 if not failed:
                     stats.aborts += 1
-                self._abort_soon(server_id)
+                self._abort_soon(server_id, headers)
 
-    def _abort_soon(self, server_id: str) -> None:
+    def _abort_soon(self, server_id: str, headers: dict[str, str]) -> None:
         """Post the abort from its own task: the caller may be mid-cancellation or being GC'd."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # finalized outside a loop: the closed stream is all we can do
             return
-        task = loop.create_task(self._abort([server_id]), name=f"{self.name}-abort")
+        task = loop.create_task(self._abort([server_id], headers), name=f"{self.name}-abort")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _abort(self, server_ids: list[str]) -> None:
+    async def _abort(self, server_ids: list[str], headers: dict[str, str] = _JSON) -> None:
         client = self._client
         if client is None:
             return
         try:
-            r = await client.post(ABORT_PATH, json={"request_ids": server_ids},
+            r = await client.post(ABORT_PATH, content=orjson.dumps({"request_ids": server_ids}), headers=headers,
                                   timeout=self.settings.abort_timeout_s)
             if r.is_success:
                 self.aborts_delivered += 1

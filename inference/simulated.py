@@ -21,7 +21,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Sequence
 
-from inference.engine import EngineError, EngineStats, FinishReason, SamplingParams, TokenDelta, TokenLogprob
+from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
+                              TokenLogprob)
 from inference.harmony_core import harmony_encoding, harmony_tokens
 from inference.simulated_cache import Admission, BlockPrefixCache, CacheWork, Known, KnownSequences
 from inference.simulated_prompt import PromptView
@@ -161,7 +162,8 @@ class SimulatedEngine:
     def ready(self) -> bool:
         return self._started
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing: RequestRouting | None = None) -> None:
         """Warm the emulated prefix cache (and pay the emulated prefill time)."""
         if self._cache is None:
             return
@@ -186,7 +188,8 @@ class SimulatedEngine:
                 known.notes = view.known_prelude
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        routing: RequestRouting | None = None,  # in-process: nothing to route
     ) -> AsyncIterator[TokenDelta]:
         if not self._started:
             raise EngineError("simulated engine is not started")

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
-from inference.engine import EngineError, EngineStats, SamplingParams, TokenDelta, TokenLogprob
+from inference.engine import EngineError, EngineStats, RequestRouting, SamplingParams, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,8 @@ class VllmEngine:
             kwargs["logprobs"] = params.logprobs
         return VSamplingParams(**kwargs)
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing: RequestRouting | None = None) -> None:
         """One-token generation whose output is discarded: vLLM keeps the prompt's KV blocks in
         its prefix cache, so the turn after a warm-up prefills only its delta."""
         if self._llm is None or not len(prompt_ids):
@@ -178,7 +179,8 @@ class VllmEngine:
         self.stats.prefills += 1
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        routing: RequestRouting | None = None,  # in-process: nothing to route
     ) -> AsyncIterator[TokenDelta]:
         if self._llm is None:
             raise EngineError("vLLM engine is not started")

@@ -30,13 +30,14 @@ class RecordingEngine(SimulatedEngine):
         super().__init__(**kw)
         self.salts: list[tuple[str, str | None]] = []
 
-    def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams):
+    def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, routing=None):
         self.salts.append(("generate", params.cache_salt))
-        return super().generate(request_id, prompt_ids, params)
+        return super().generate(request_id, prompt_ids, params, routing)
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None:
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing=None) -> None:
         self.salts.append(("prefill", cache_salt))
-        await super().prefill(request_id, prompt_ids, cache_salt)
+        await super().prefill(request_id, prompt_ids, cache_salt, routing)
 
 
 def create(live: LiveGateway, key: str, **body: Any) -> dict[str, Any]:

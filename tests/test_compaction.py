@@ -169,9 +169,9 @@ class PanicsWhileSummarizing(SimulatedEngine):
         super().__init__(**kw)
         self.summary_tokens: list[int] = []
 
-    async def generate(self, request_id, prompt_ids, params):
+    async def generate(self, request_id, prompt_ids, params, routing=None):
         n = 0
-        async for delta in super().generate(request_id, prompt_ids, params):
+        async for delta in super().generate(request_id, prompt_ids, params, routing):
             yield delta
             n += len(delta.token_ids)
             if request_id.endswith("-compact") and n >= 2:

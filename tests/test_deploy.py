@@ -485,3 +485,102 @@ def test_model_downloads_keep_the_hub_cache_on_a_volume():
         mounts = {(v.split(":") + [""])[1] if isinstance(v, str) else v["target"]:
                   v.split(":")[0] if isinstance(v, str) else v["source"] for v in svc["volumes"]}
         assert home in mounts and mounts[home] in doc["volumes"], (compose, mounts)
+
+
+# -- split-llm-d: respgate -> llm-d's router -> vLLM pods ------------------------------------------
+#
+# What is checked here, from the rendered overlay: every object against the strict Kubernetes
+# schemas (the parametrized test above; the overlay uses no CRD beyond the base's ServiceMonitor:
+# the router runs in llm-d's standalone form, which needs no Gateway API or InferencePool), every
+# `vllm serve` flag with the pinned vLLM's own parser, and that the pieces agree with each other and
+# with respgate: the router's session header is respgate's, its parser reads the endpoint respgate
+# calls, the KV-event port the EPP subscribes to is the one vLLM publishes on, the EPP selects the
+# vLLM pods and Envoy reaches the EPP. What could not be run here: the EPP and Envoy themselves
+# (no images, no cluster), so their configuration is checked for structure, not executed.
+
+SPLIT = K8S / "overlays" / "split-llm-d"
+
+
+def _split(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    docs = docs if docs is not None else build(SPLIT)
+    by_key = {_key(d): d for d in docs}
+    router_cm = by_key[("ConfigMap", "llm-d-router-config")]["data"]
+    return {"by_key": by_key, "epp": yaml.safe_load(router_cm["epp-config.yaml"]),
+            "envoy": yaml.safe_load(router_cm["envoy.yaml"]),
+            "respgate": by_key[("ConfigMap", "respgate-config")]["data"]}
+
+
+def _check_split(s: dict[str, Any]) -> None:
+    from gateway.base.settings import Settings
+
+    by_key, epp, envoy, cfg = s["by_key"], s["epp"], s["envoy"], s["respgate"]
+    plugins = {p.get("name", p["type"]): p for p in epp["plugins"]}
+    refs = [r["pluginRef"] for prof in epp["schedulingProfiles"] for r in prof["plugins"]]
+    refs += [r["pluginRef"] for r in epp["requestHandler"]["parsers"]]
+    refs += [x["pluginRef"] for src in epp["dataLayer"]["sources"] for x in [src, *src.get("extractors", [])]]
+    assert set(refs) <= set(plugins), f"undeclared plugins referenced: {set(refs) - set(plugins)}"
+    # the parser that reads /inference/v1/generate, the endpoint the remote engine calls
+    assert [plugins[r["pluginRef"]]["type"] for r in epp["requestHandler"]["parsers"]] == ["vllmhttp-parser"]
+    # session affinity on respgate's header, by an opaque id (respgate's key names no pod)
+    (affinity,) = [p for p in plugins.values() if p["type"] == "session-affinity-scorer"]
+    assert affinity["parameters"]["algorithm"] == "session_id_header"
+    header = affinity["parameters"]["headerName"]
+    assert header == cfg["RESPGATE_REMOTE_SESSION_HEADER"] == Settings().remote_session_header
+    # precise prefix cache, fed by the pods' KV events on the port vLLM publishes on
+    (precise,) = [n for n, p in plugins.items() if p["type"] == "precise-prefix-cache-producer"]
+    scorer = next(p for p in plugins.values() if p["type"] == "prefix-cache-scorer")
+    assert scorer["parameters"]["prefixMatchInfoProducerName"] == precise
+    events = plugins[precise]["parameters"]["kvEventsConfig"]
+    profile = {r["pluginRef"] for r in epp["schedulingProfiles"][0]["plugins"]}
+    assert {"prefix-cache-scorer", affinity.get("name", affinity["type"])} <= profile
+
+    vllm_pod = by_key[("Deployment", "vllm")]["spec"]["template"]
+    vllm = next(c for c in vllm_pod["spec"]["containers"] if c["name"] == "vllm")
+    (args,) = _parse_vllm([vllm["command"][1:] + vllm["args"]])
+    assert args["enable_scale_out"] and args["enable_prompt_tokens_details"] and args["enable_prefix_caching"]
+    # vLLM's parser made its KVEventsConfig of the JSON (not a plain value in the parse's output): read the flag
+    kv = json.loads(vllm["args"][vllm["args"].index("--kv-events-config") + 1])
+    assert kv["enable_kv_cache_events"] and kv["publisher"] == "zmq"
+    assert int(kv["endpoint"].rsplit(":", 1)[1]) == events["podDiscoveryConfig"]["socketPort"]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] >= 1
+
+    # the EPP selects the vLLM pods on vLLM's port; Envoy asks the EPP and serves respgate's URL
+    router_pod = by_key[("Deployment", "llm-d-router")]["spec"]["template"]["spec"]
+    epp_c = next(c for c in router_pod["containers"] if c["name"] == "epp")
+    flags = dict(zip(epp_c["args"][::2], epp_c["args"][1::2]))
+    selector = dict(kv_.split("=", 1) for kv_ in flags["--endpoint-selector"].split(","))
+    assert selector.items() <= vllm_pod["metadata"]["labels"].items()
+    assert flags["--endpoint-target-ports"] == str(args["port"])
+    grpc = next(p["containerPort"] for p in epp_c["ports"] if p["name"] == "grpc")
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    epp_addr = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert epp_addr["socket_address"]["port_value"] == grpc
+    assert clusters["picked_endpoint"]["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
+    listener = next(l for l in envoy["static_resources"]["listeners"] if l["name"] == "inference")
+    service = by_key[("Service", "llm-d-router")]
+    envoy_c = next(c for c in router_pod["containers"] if c["name"] == "envoy")
+    target = next(p for p in envoy_c["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"])
+    assert target["containerPort"] == listener["address"]["socket_address"]["port_value"]
+    assert cfg["RESPGATE_ENGINE"] == "remote-vllm"
+    assert cfg["RESPGATE_REMOTE_URL"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    # respgate needs no GPU, and shares vLLM's API key
+    gw = next(c for c in _pod_spec(list(by_key.values()))["containers"] if c["name"] == "respgate")
+    assert "nvidia.com/gpu" not in str(gw.get("resources"))
+    key_ref = next(e for e in gw["env"] if e["name"] == "RESPGATE_REMOTE_API_KEY")["valueFrom"]["secretKeyRef"]
+    vllm_ref = next(e for e in vllm["env"] if e["name"] == "VLLM_API_KEY")["valueFrom"]["secretKeyRef"]
+    assert key_ref == vllm_ref and "$(VLLM_API_KEY)" in vllm["args"]
+
+
+def test_split_llm_d_overlay_hangs_together():
+    _check_split(_split())
+
+
+def test_the_split_llm_d_check_can_fail():
+    s = _split()
+    s["respgate"]["RESPGATE_REMOTE_SESSION_HEADER"] = "x-session-token"
+    with pytest.raises(AssertionError):
+        _check_split(s)
+    s = _split()
+    s["epp"]["plugins"] = [p for p in s["epp"]["plugins"] if p["type"] != "precise-prefix-cache-producer"]
+    with pytest.raises(AssertionError):
+        _check_split(s)

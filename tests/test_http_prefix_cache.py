@@ -95,7 +95,7 @@ class Harness:
         prepared = SimpleNamespace(input=turn, rendered=rendered, flagged=flagged, id="resp_x",
                                    ctx=SimpleNamespace(tenant=tenant))
         outcome = SimpleNamespace(compacted=None, history=history, output=[None] * outputs)
-        self.reuse.record(prepared, outcome, SimpleNamespace(history_ids=history))  # type: ignore[arg-type]
+        self.reuse.record(prepared, outcome, SimpleNamespace(history_ids=history, root="resp_x"))  # type: ignore[arg-type]
         return history
 
     def lookups(self, outcome: str) -> float:

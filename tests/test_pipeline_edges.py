@@ -101,8 +101,8 @@ class SlowAbortEngine(SimulatedEngine):
         super().__init__(**kw)
         self.abort_completed = 0
 
-    async def generate(self, request_id, prompt_ids, params):
-        gen = super().generate(request_id, prompt_ids, params)
+    async def generate(self, request_id, prompt_ids, params, routing=None):
+        gen = super().generate(request_id, prompt_ids, params, routing)
         try:
             async for delta in gen:
                 yield delta

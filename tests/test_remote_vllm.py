@@ -75,18 +75,16 @@ class VllmServer:
                 pass
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+def launch_vllm(log_path: Path, *, env: dict[str, str] | None = None) -> VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` on a free loopback port, sized for a shared
-    2-core machine (1 GiB KV, 4 sequences). ``--enable-scale-out`` mounts /inference/v1/*;
-    ``--enable-prompt-tokens-details`` makes it report cached prompt tokens; ``--enable-log-requests``
-    makes it log the requests it aborts (the abort test reads that)."""
+    2-core machine (1 GiB KV, 4 sequences); not yet healthy (``wait_healthy``). ``--enable-scale-out``
+    mounts /inference/v1/*; ``--enable-prompt-tokens-details`` makes it report cached prompt tokens;
+    ``--enable-log-requests`` makes it log the requests it aborts (the abort tests read that)."""
     from inference.model_assets import prepare_model
 
     folder = prepare_model("smollm2")
     port = free_port()
-    env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    log_path = tmp_path_factory.mktemp("remote-vllm") / "server.log"  # pytest keeps the last runs
+    env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
            "--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "4",
@@ -95,28 +93,42 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     with open(log_path, "wb") as log:
         # own session: teardown and the crash test signal the whole group, never stray children
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = VllmServer(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+    return VllmServer(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+
+
+def wait_healthy(server: VllmServer, timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM server not healthy after {timeout_s} s:\n{server.log_tail()}")
+        time.sleep(0.5)
+
+
+def stop_vllm(server: VllmServer) -> None:
+    server.kill(signal.SIGTERM)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {proc.returncode}:\n{server.log_tail()}")
-            try:
-                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after {START_TIMEOUT_S} s:\n{server.log_tail()}")
-            time.sleep(0.5)
+        server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill(signal.SIGKILL)
+        server.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One server for the session (pytest keeps the last runs' logs)."""
+    server = launch_vllm(tmp_path_factory.mktemp("remote-vllm") / "server.log")
+    try:
+        wait_healthy(server)
         yield server
     finally:
-        server.kill(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill(signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_vllm(server)
 
 
 @pytest.fixture(scope="module")

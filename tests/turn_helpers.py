@@ -82,13 +82,14 @@ class TokenScriptEngine:
     def ready(self) -> bool:
         return True
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None) -> None: ...
+    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
+                      routing: object = None) -> None: ...
 
     def completion(self, turn: int, params: SamplingParams) -> list[int]:
         return self.completions[min(turn, len(self.completions) - 1)]
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams) -> AsyncIterator[TokenDelta]:
+                       params: SamplingParams, routing: object = None) -> AsyncIterator[TokenDelta]:
         self.stats.admit(len(prompt_ids))
         self.stats.prompts.append(list(prompt_ids))
         tokens = self.completion(len(self.stats.prompts) - 1, params)

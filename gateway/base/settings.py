@@ -24,6 +24,9 @@ class Settings(BaseModel):
     #: still needs the model folder (``model_path``) for the tokenizer and prompt format
     remote_url: str = "http://127.0.0.1:8001"
     remote_api_key: str | None = None
+    #: remote-vllm: the header each engine request carries its chain's session key in, for a router
+    #: in front of several vLLM pods (llm-d's session affinity, configured on the same header); empty: none
+    remote_session_header: str = "x-session-id"
     #: served model names (empty: the engine's default name). Every name routes to the engine.
     models: list[str] = Field(default_factory=list)
     #: several models with their own engines: a JSON file (see ``gateway/engines.py::_from_file``)

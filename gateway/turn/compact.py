@@ -25,6 +25,7 @@ from gateway.wire.errors import ApiError, bad_request, missing_parameter, server
 from gateway.wire.items import new_id
 from gateway.wire.kinds import ItemType, ResponseStatus
 from gateway.wire.response import usage_object
+from inference.engine import RequestRouting
 from inference.registry import ModelRoute
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class WindowCompaction:
         route = turn.route
         try:
             summary = await self.compactor.summarize(route, turn.prelude, history, f"{response_id}-compact",
-                                                     cache_salt_of(ctx.tenant, turn.req))
+                                                     cache_salt_of(ctx.tenant, turn.req),
+                                                     RequestRouting.for_chain(ctx.tenant, turn.root_id or response_id))
         except SummaryTooLong as exc:
             raise ApiError(400, str(exc), code="context_length_exceeded", param="input") from None
         except SummaryFailed as exc:

@@ -53,7 +53,7 @@ from gateway.wire.errors import bad_request, is_fault
 from gateway.wire.items import new_id
 from gateway.wire.kinds import ItemType
 from gateway.wire.response import usage_object
-from inference.engine import EngineError, SamplingParams
+from inference.engine import EngineError, RequestRouting, SamplingParams
 from inference.parse import ItemDelta, ItemStart
 from inference.registry import ModelRoute
 from inference.render import Prelude, Renderer
@@ -165,7 +165,8 @@ class Compactor:
     # -- summarizing --------------------------------------------------------------------------
 
     async def summarize(self, route: ModelRoute, prelude: Prelude, history: Sequence[int],
-                        request_id: str, cache_salt: str | None = None) -> Summary:
+                        request_id: str, cache_salt: str | None = None,
+                        routing: RequestRouting | None = None) -> Summary:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
         Raises :class:`SummaryFailed` when the engine fails, crashes (any fault, ``is_fault``) or
@@ -188,7 +189,7 @@ class Compactor:
         other: list[str] = []
         kind = "message"
         sampled = cached = 0
-        agen = route.engine.generate(request_id, prompt, sampling)
+        agen = route.engine.generate(request_id, prompt, sampling, routing)
 
         def spent(text: str = "") -> Summary:
             return Summary(text, len(prompt), cached, sampled, parser.reasoning_tokens)
@@ -248,7 +249,7 @@ class Compactor:
         route, renderer = turn.route, turn.route.renderer
         assert turn.sampling is not None
         summary = await self.summarize(route, turn.input.prelude, turn_ids, f"{turn.id}-compact",
-                                       turn.sampling.cache_salt)
+                                       turn.sampling.cache_salt, turn.routing())
         items = list(turn.input.base_context) + list(turn.input.new_items)  # O(history): a compaction is, by nature
         # kept verbatim: at most a quarter of the threshold, or the pruned context would not shrink
         kept = self.kept_users(renderer, items, contiguous=True,

@@ -205,7 +205,8 @@ class Finalizer:
             # no key, no append: a history that holds sampled tokens its output does not (a cut-off
             # output is closed by the run stage and appends: ``gateway.turn.render``)
             prelude_key=turn.rendered.prelude_key if (outcome.exact and chainable) else b"",
-            store=ti.store, parent_id=ti.parent.id if ti.parent is not None else None, pending_calls=frozenset(pending),
+            store=ti.store, parent_id=ti.parent.id if ti.parent is not None else None, root_id=turn.root_id,
+            pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
             nbytes=inherited + delta, delta_bytes=delta,
         )

@@ -180,7 +180,8 @@ class PrefixReuse:
             ends = j == n or renderer.append_break(items[:j], items[j:]) is None
             if ends and len(mid) == len(ids) - plen and mid == ids[plen:]:
                 self.metrics.prefix_checked_tokens.inc(len(mid))
-                return PrefixMatch(digest, ids=ids, covered=j, seen=j, flagged=entry.flagged, chain=entry.chain)
+                return PrefixMatch(digest, ids=ids, covered=j, seen=j, flagged=entry.flagged, chain=entry.chain,
+                                   root_id=entry.root_id)
             if ends:
                 lead = mid  # canonical, not sampled: the prompt prefix, then these (rendered tokens)
             else:
@@ -193,7 +194,7 @@ class PrefixReuse:
             base, chain = TokenSeq(ids[:plen]), None
             self.metrics.prefix_copied_tokens.inc(plen)
         return PrefixMatch(digest, ids=base, covered=i if lead is None else j, seen=i, lead=tuple(lead or ()),
-                           flagged=entry.flagged, chain=chain)
+                           flagged=entry.flagged, chain=chain, root_id=entry.root_id)
 
     def record(self, turn: "PreparedTurn", outcome: "Outcome", state: "ResponseState") -> None:
         """Keep what the finished turn left (``Finalizer``'s state hook): its history view, under the
@@ -211,6 +212,6 @@ class PrefixReuse:
             return
         try:
             self.cache.put(turn.ctx.tenant, match.digest, ids, prompt_len, len(outcome.output), turn.flagged,
-                           near=match.chain)
+                           near=match.chain, root_id=state.root)
         except Exception:  # a bug here must not fail the turn: the next one only renders more
             log.exception("prefix cache: recording response %s failed", turn.id)

@@ -102,6 +102,7 @@ class TurnRunner:
         single = _SingleCall() if turn.req.parallel_tool_calls is False else None
         attribution = LogprobAttribution(turn.route.renderer) if turn.sampling.logprobs is not None else None
         agen = None
+        routing = turn.routing()
         #: the terminal events built and not yet sent (a cut before billing withdraws them)
         pending: list[Event] | None = None
         settled = False  # the outcome is billed
@@ -123,7 +124,7 @@ class TurnRunner:
                     prompt_ids, sampling, summary, compacted = done.prompt_ids, done.sampling, done.summary, done.context
                     for ev in events.whole_item(done.item):
                         yield ev
-                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling)
+                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling, routing)
                 async for delta in agen:
                     if first_token_at is None and delta.token_ids:
                         first_token_at = time.perf_counter()
@@ -279,7 +280,8 @@ class TurnRunner:
 
         async def prefill() -> None:
             try:
-                await turn.route.engine.prefill(turn.id + "-prefill", ids, cache_salt_of(turn.ctx.tenant, turn.req))
+                await turn.route.engine.prefill(turn.id + "-prefill", ids, cache_salt_of(turn.ctx.tenant, turn.req),
+                                                turn.routing())
             except Exception:  # a failed warm-up prefill only costs the next turn a longer prefill
                 log.warning("prefill after warm-up %s failed", turn.id, exc_info=True)
 

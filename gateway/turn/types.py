@@ -23,7 +23,7 @@ from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from gateway.wire.request import CreateRequest
-from inference.engine import SamplingParams
+from inference.engine import RequestRouting, SamplingParams
 from inference.registry import ModelRoute
 from inference.render import Prelude
 from security.classify import Verdict
@@ -65,6 +65,8 @@ class PrefixMatch:
     flagged: bool = False
     #: the cache's chain the hit came from (the turn's own entry joins it)
     chain: Any = None
+    #: the root response of the conversation the hit continues (None: a miss)
+    root_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,16 @@ class TurnInput:
     conversation: ConversationRef | None = None
     #: a request with no parent: its longest prefix already rendered for the tenant (or a miss)
     prefix: PrefixMatch | None = None
+
+    @property
+    def root_id(self) -> str | None:
+        """The root of the chain the turn continues (None: it starts one). A conversation is one
+        chain whatever this process remembers of it; a compaction item starts a new one."""
+        if self.conversation is not None:
+            return self.conversation.id
+        if self.parent is not None:
+            return self.parent.root
+        return self.prefix.root_id if self.prefix is not None else None
 
     @property
     def flagged_before(self) -> bool:
@@ -168,3 +180,12 @@ class PreparedTurn:
     @property
     def prompt_len(self) -> int:
         return self.rendered.prompt_len
+
+    @property
+    def root_id(self) -> str:
+        """The root of the turn's chain: its parent's root, or the turn itself."""
+        return self.input.root_id or self.id
+
+    def routing(self) -> RequestRouting:
+        """How the turn's engine requests are routed (a router keeps the chain on one pod)."""
+        return RequestRouting.for_chain(self.ctx.tenant, self.root_id)
