@@ -75,6 +75,7 @@ class TurnRunner:
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
         t_run = time.perf_counter()
+        clock = turn.clock  # laps: engine_submit, compact, engine_ttft, streaming (then store, finalize, billing)
         events = self._events(turn)
         rendered = turn.rendered
         copied = 0
@@ -123,10 +124,13 @@ class TurnRunner:
                     prompt_ids, sampling, summary, compacted = done.prompt_ids, done.sampling, done.summary, done.context
                     for ev in events.whole_item(done.item):
                         yield ev
+                    clock.lap("compact")
+                clock.lap("engine_submit")
                 agen = turn.route.engine.generate(turn.id, prompt_ids, sampling)
                 async for delta in agen:
                     if first_token_at is None and delta.token_ids:
                         first_token_at = time.perf_counter()
+                        clock.lap("engine_ttft")
                     if delta.num_cached_tokens is not None:
                         cached = delta.num_cached_tokens
                     sampled.extend(delta.token_ids)
@@ -161,6 +165,7 @@ class TurnRunner:
                     raise  # cancellation, the generator closed, interpreter exit
                 log.exception("engine crashed on response %s", turn.id)
                 finish = "error"
+            clock.lap("streaming" if first_token_at is not None else "engine_ttft")
             for ev in tail:
                 yield ev
             usage = spent()
@@ -219,7 +224,9 @@ class TurnRunner:
         send, the outcome to bill and the state already written."""
         if not self.finalizer.must_write(turn, outcome):
             return pending, outcome, None
+        turn.clock.lap("finalize")
         stored = await self.finalizer.write(turn, outcome)
+        turn.clock.lap("store")
         if stored is not None:
             return pending, outcome, stored
         pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error",

@@ -22,6 +22,7 @@ from cache.conversations import ConversationRef
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
+from gateway.base.metrics import StageTimer
 from gateway.wire.request import CreateRequest
 from inference.engine import SamplingParams
 from inference.registry import ModelRoute
@@ -152,6 +153,8 @@ class PreparedTurn:
     started: float
     #: wall clock at arrival (billing: created_at)
     created_at: float
+    #: the turn's stage clock, lapped on by the run and finalize (Server-Timing, traces)
+    clock: StageTimer
 
     @property
     def id(self) -> str:
