@@ -14,6 +14,7 @@ import gzip
 import json
 import secrets
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, AsyncIterator, Iterator, Sequence
 
@@ -158,7 +159,7 @@ def check_bounded(collector: Collector) -> None:
             assert isinstance(value, (int, str)) and (not isinstance(value, str) or len(value) <= 128), (key, value)
 
 
-def test_http_turn_joins_the_callers_trace_with_a_span_per_stage(make_gateway, collector):
+def test_http_turn_joins_the_callers_trace_with_a_span_per_stage(collector, make_gateway):
     live = traced(make_gateway, collector)
     header, trace_id, parent_id = parent_header()
     r = httpx.post(f"{live.base_url}/responses", headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}",
@@ -195,7 +196,7 @@ def test_http_turn_joins_the_callers_trace_with_a_span_per_stage(make_gateway, c
     check_bounded(collector)
 
 
-def test_websocket_turns_are_spans_under_the_create_or_the_upgrade_traceparent(make_gateway, collector):
+def test_websocket_turns_are_spans_under_the_create_or_the_upgrade_traceparent(collector, make_gateway):
     live = traced(make_gateway, collector)
     upgrade, up_trace, up_span = parent_header()
     per_turn, turn_trace, turn_span = parent_header()
@@ -240,7 +241,7 @@ def test_websocket_turns_are_spans_under_the_create_or_the_upgrade_traceparent(m
     check_bounded(collector)
 
 
-def test_a_turn_without_traceparent_starts_its_own_trace_and_ratio_zero_exports_none(make_gateway, collector):
+def test_a_turn_without_traceparent_starts_its_own_trace_and_ratio_zero_exports_none(collector, make_gateway):
     live = traced(make_gateway, collector)
     key = KEY.split(":", 1)[1]
     r = live.openai(api_key=key).responses.create(model=MODEL, input="hi")
@@ -298,7 +299,7 @@ def _turns(live: Any, headers: dict[str, str]) -> None:
         assert _terminal(ws)["type"] == "response.completed"
 
 
-def test_with_tracing_off_no_span_object_is_made(make_gateway, collector, monkeypatch):
+def test_with_tracing_off_no_span_object_is_made(collector, make_gateway, monkeypatch):
     counts = Counts(monkeypatch)
     auth = {"authorization": f"Bearer {KEY.split(':', 1)[1]}"}
     off = make_gateway(Settings(api_keys=[KEY]), engine=TraceparentEngine())
@@ -318,3 +319,36 @@ def _terminal(ws: Any) -> dict[str, Any]:
         ev = json.loads(ws.recv(timeout=30))
         if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
             return ev
+
+
+def test_the_sdks_otel_variables_choose_the_endpoint_and_service_name(collector, make_gateway, monkeypatch):
+    monkeypatch.setenv("RESPGATE_OTEL_TRACES", "true")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.url)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    settings = Settings.from_env(api_keys=[KEY])
+    assert settings.otel_traces and settings.otel_endpoint is None
+    live = make_gateway(settings)
+    r = live.openai(api_key=KEY.split(":", 1)[1]).responses.create(model=MODEL, input="hi")
+    assert live.gw.metrics.tracing.force_flush()
+    turn_of(collector.spans, r.id)
+    assert {res["service.name"] for res in collector.resources} == {"from-env"}
+
+
+def test_a_turn_whose_client_leaves_ends_cancelled_with_the_cut_as_its_own_stage(collector, make_gateway):
+    live = traced(make_gateway, collector)
+    live.engine.decode_tps = 20  # slow enough to leave mid-stream
+    with connect(live.ws_url, additional_headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False,
+                            "max_output_tokens": 400}))
+        while (ev := json.loads(ws.recv(timeout=30)))["type"] != "response.output_text.delta":
+            pass
+    deadline = time.monotonic() + 30
+    while not (turns := [s for s in collector.spans if s.name == tracing.TURN_SPAN]):  # the turn ends after the close
+        assert time.monotonic() < deadline, "the cut turn was never exported"
+        assert live.gw.metrics.tracing.force_flush()
+        time.sleep(0.05)
+    turn = turns[0]
+    assert attrs(turn)["respgate.status"] == "cancelled"
+    t = tree(collector.spans, turn)
+    assert "cancelled" in t and {"finalize", "billing"} <= set(t), sorted(t)
+    assert "engine/engine_ttft" in t and "engine/streaming" not in t  # cut before the last token

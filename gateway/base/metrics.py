@@ -245,8 +245,9 @@ class StageTimer:
 
 
 #: stages the clock laps after ``prepare``: in the run (``gateway.turn.run``) and finalize
-#: (``gateway.turn.finalize``); ``engine_ttft`` ends at the first token, ``streaming`` at the last
-RUN_STAGES = ("engine_submit", "compact", "engine_ttft", "streaming", "store", "finalize", "billing")
+#: (``gateway.turn.finalize``); ``engine_ttft`` ends at the first token, ``streaming`` at the last;
+#: ``cancelled``: a turn cut or left by its client, from its last stage boundary to the cut
+RUN_STAGES = ("engine_submit", "compact", "engine_ttft", "streaming", "store", "finalize", "billing", "cancelled")
 
 
 class FlagCollector:

@@ -193,6 +193,8 @@ class TurnRunner:
             for ev in pending:
                 yield ev
         finally:
+            if not settled:  # the clock's time since its last stage boundary is the cut's, not finalize's
+                clock.lap("cancelled")
             if agen is not None:
                 await agen.aclose()  # aborts the engine request if it is still running
             if not settled:
