@@ -340,8 +340,8 @@ def test_a_turn_whose_client_leaves_ends_cancelled_with_the_cut_as_its_own_stage
     with connect(live.ws_url, additional_headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}"}) as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False,
                             "max_output_tokens": 400}))
-        while (ev := json.loads(ws.recv(timeout=30)))["type"] != "response.output_text.delta":
-            pass
+        while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
+            pass  # leave mid-stream
     deadline = time.monotonic() + 30
     while not (turns := [s for s in collector.spans if s.name == tracing.TURN_SPAN]):  # the turn ends after the close
         assert time.monotonic() < deadline, "the cut turn was never exported"
