@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -20,6 +21,7 @@ from gateway.access.limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
 from gateway.wire.errors import ApiError
 from gateway.base.log_context import RequestIdMiddleware
+from gateway.base.tracing import Tracing
 from gateway.base.metrics import (BackgroundCollector, ComponentCollector, FlagCollector, Metrics,
                                   PrefixCacheCollector)
 from gateway.turn.pipeline import Pipeline
@@ -55,6 +57,7 @@ def create_app(
     store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
     conversations = build_conversation_store(settings) if conversations is None else conversations
     metrics = Metrics(per_tenant=settings.metrics_per_tenant)
+    metrics.tracing = Tracing.from_settings(settings)  # None unless otel_traces
     usage = build_usage_queue(settings, usage_sink)
     classifier = build_classifier(settings) if classifier is None else classifier
     flags = build_flag_reporter(settings) if flags is None else flags
@@ -103,6 +106,9 @@ def create_app(
             await access.flush()
             await access.limiter.close()
             await auth.close()
+            if metrics.tracing is not None:
+                # the last spans, off the loop (a collector that is down costs the exporter's timeout)
+                await asyncio.to_thread(metrics.tracing.shutdown)
 
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw

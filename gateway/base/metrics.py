@@ -22,7 +22,7 @@ a component keeps costs one line here.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as _Counter
@@ -171,6 +171,8 @@ class Metrics:
                                          "billed by this replica", registry=r)
         self._classifier_metrics(r)
         self._prefix_metrics(r)
+        #: ``gateway.base.tracing.Tracing`` when traces are exported (set by the app factory), else None
+        self.tracing: Any = None
 
     # -- full-history reuse (gateway/turn/prefix.py): what requests without a parent did not redo --
     def _prefix_metrics(self, r: CollectorRegistry) -> None:
@@ -200,20 +202,28 @@ class Metrics:
                                            ["action", "category"], registry=r)
 
     def stage_timer(self, transport: str) -> "StageTimer":
+        """One turn's clock; with tracing on (``gateway.base.tracing``) one that also records spans."""
+        if self.tracing is not None:
+            return self.tracing.timer(self.stage, transport)
         return StageTimer(self.stage, transport)
 
 
 class StageTimer:
     """One turn's stage clock: ``lap(stage)`` adds the time since the previous lap to ``stage``
     (a stage may be entered twice, e.g. validation before and after the parent resolves);
-    ``observe()`` records one sample per stage, so histogram counts equal accepted turns."""
+    ``observe()`` records one sample per stage lapped so far, so histogram counts equal accepted
+    turns. The clock runs on through the turn (``PreparedTurn.clock``): the run and finalize laps
+    (``RUN_STAGES``) feed the ``Server-Timing`` a client may see and, with tracing on, the turn's
+    spans — not ``respgate_stage_seconds``, whose ``engine_submit`` and ``finalize`` samples the
+    run and finalize stages take themselves. ``end`` is told how the turn ended (tracing exports
+    then); a plain timer does nothing with it, so with tracing off a turn creates no span object."""
 
-    __slots__ = ("_hist", "_transport", "_t", "_acc")
+    __slots__ = ("_hist", "_transport", "_t", "_acc", "started")
 
     def __init__(self, hist: Histogram, transport: str) -> None:
         self._hist = hist
         self._transport = transport
-        self._t = time.perf_counter()
+        self._t = self.started = time.perf_counter()
         self._acc: dict[str, float] = {}
 
     def lap(self, stage: str) -> None:
@@ -224,7 +234,31 @@ class StageTimer:
     def observe(self) -> None:
         for stage, seconds in self._acc.items():
             self._hist.labels(stage, self._transport).observe(seconds)
-        self._acc.clear()
+
+    def durations(self) -> dict[str, float]:
+        """Seconds per stage lapped so far, in the order first entered."""
+        return dict(self._acc)
+
+    def server_timing(self) -> str:
+        """The stages as a ``Server-Timing`` header value (W3C Server Timing: ``name;dur=ms``),
+        ending with ``total``: from the start of the clock to now. Stages are contiguous laps of
+        one clock, so their sum never exceeds the total."""
+        total = (time.perf_counter() - self.started) * 1000.0
+        parts = [f"{stage};dur={seconds * 1000.0:.3f}" for stage, seconds in self._acc.items()]
+        parts.append(f"total;dur={total:.3f}")
+        return ", ".join(parts)
+
+    def end(self, status: str, *, response_id: str, model: str, usage: Mapping[str, Any] | None = None,
+            tenant: str | None = None, previous_response_id: str | None = None,
+            error_code: str | None = None) -> None:
+        """The turn ended (``status``: the Response's, or ``rejected`` before one existed)."""
+        return None
+
+
+#: stages the clock laps after ``prepare``: in the run (``gateway.turn.run``) and finalize
+#: (``gateway.turn.finalize``); ``engine_ttft`` ends at the first token, ``streaming`` at the last;
+#: ``cancelled``: a turn cut or left by its client, from its last stage boundary to the cut
+RUN_STAGES = ("engine_submit", "compact", "engine_ttft", "streaming", "store", "finalize", "billing", "cancelled")
 
 
 class FlagCollector:

@@ -206,6 +206,16 @@ class Settings(BaseModel):
     metrics_port: int | None = None
     #: the metrics listener's address; unset: the gateway's ``host``
     metrics_host: str | None = None
+    # -- traces and Server-Timing (gateway/base/tracing.py) ------------------------------------------
+    #: export OpenTelemetry spans (a turn span, a child per stage) over OTLP/HTTP
+    otel_traces: bool = False
+    #: the collector's OTLP/HTTP traces URL (``http://collector:4318/v1/traces``); unset: the SDK's
+    #: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, else localhost:4318
+    otel_endpoint: str | None = None
+    #: the resource's ``service.name``; unset: ``OTEL_SERVICE_NAME``, else ``respgate``
+    otel_service_name: str | None = None
+    #: share of new traces sampled; a caller's ``traceparent`` decides for its own trace
+    otel_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _resume_redis_needs(self) -> "Settings":

@@ -25,7 +25,7 @@ from gateway.transport.http_protocol import log_rejection
 from gateway.transport.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
-from gateway.transport.sse import sse_frame
+from gateway.transport.sse import sse_frame, timing_comment, wants_server_timing
 from gateway.turn.events import Event
 from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
@@ -106,6 +106,8 @@ async def create_response(request: Request) -> Response:
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body = await _json_body(request, gw)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
+    if gw.metrics.tracing is not None:  # the caller's trace (W3C traceparent), for the turn span
+        gw.metrics.tracing.accept(request.headers)
     slot: Slot | None = None
     try:
         if isinstance(body, dict) and body.get("background") is True:
@@ -136,17 +138,23 @@ async def create_response(request: Request) -> Response:
         return await _background(gw, turn, events, slot, on_usage, limit_headers)
     if turn.req.stream:
         queue: asyncio.Queue[tuple[Event, bytes]] = asyncio.Queue(maxsize=64)
+        timing = wants_server_timing(request.headers)
 
         async def deliver(ev: Event) -> None:
             # framed in the turn's task: an event that cannot be encoded ends the turn there,
             # before it is billed, not after it was billed completed
-            await queue.put((ev, sse_frame(ev)))
+            frame = sse_frame(ev)
+            if timing and ev["type"] in TERMINAL_EVENTS:  # opted in: a comment line, in the same write
+                frame = timing_comment(turn.clock.server_timing()) + frame
+            await queue.put((ev, frame))
 
         running = HttpTurn.start(gw.http_turns, turn, events, deliver)
         return TurnStream(running, _sse(running, queue), media_type="text/event-stream; charset=utf-8",
                           headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
     response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
+    if response.status_code == 200:
+        response.headers["server-timing"] = turn.clock.server_timing()
     return response
 
 

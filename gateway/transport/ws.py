@@ -34,6 +34,16 @@ performs the machine's actions (send, start, evict, close).
 
 Stray frames never kill the socket: invalid JSON, unknown event types and bad fields each get one
 ``error`` frame; ``response.processed`` (Codex) is swallowed silently.
+
+**Server-Timing and traces.** A connection opened with ``Respgate-Server-Timing: 1`` on the upgrade
+(or ``?server_timing=1``, for browsers, whose WebSocket API sets no headers) gets each turn's
+stage times as a ``server_timing`` string (the ``Server-Timing`` header's syntax) on the turn's
+terminal event. A field on an existing event, not an event of its own: the spec's events carry
+``sequence_number``s a client may check for gaps, a client reading "until the terminal" would find
+a trailing frame at the start of its next turn, and clients already meet extra fields there (our
+``stream_id``); the SDKs' models keep unknown fields, Codex's serde ignores them. Never sent
+unasked. Each turn is its own trace span (``gateway.base.tracing``), under the create's
+``client_metadata.traceparent``, else the upgrade's ``traceparent``.
 """
 
 from __future__ import annotations
@@ -55,15 +65,17 @@ from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, TEX
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
+from gateway.transport.sse import wants_server_timing
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
-from gateway.wire.kinds import ResponseStatus
+from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
 from gateway.wire.validation import InputRejected, check_counts, decode_json
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
+TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 
@@ -121,6 +133,12 @@ class WsConnection:
         self._done = asyncio.Event()  # the machine reached CLOSED
         self._last_active = time.monotonic()
         self._parked = False  # the lanes were handed to ``gw.resumable`` (once, at close)
+        #: opted in to Server-Timing on terminal events (module docstring)
+        self.server_timing = (wants_server_timing(websocket.headers)
+                              or websocket.query_params.get("server_timing", "").lower() in ("1", "true", "on"))
+        tracing = gw.metrics.tracing
+        #: the upgrade's trace headers: the parent of turns whose create names none
+        self._trace_parent = tracing.parent_of(websocket.headers) if tracing is not None else None
 
     @property
     def expired(self) -> bool:
@@ -359,6 +377,10 @@ class WsConnection:
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
             await self._resume(lane, prev)
         ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane)
+        tracing = self.gw.metrics.tracing
+        if tracing is not None:  # this turn's parent: its create's client_metadata, else the upgrade's
+            meta = frame.get("client_metadata")
+            tracing.accept(meta if isinstance(meta, dict) and "traceparent" in meta else self._trace_parent)
         try:
             turn = await self.gw.pipeline.prepare(frame, ctx)
             _, on_usage = await self.gw.access.reserve(self.principal, turn.prompt_len, "ws")
@@ -368,9 +390,11 @@ class WsConnection:
             return True
         events = self.gw.pipeline.run(turn, on_usage)
         self._active[turn.id] = lane
-        dumps, write_now = orjson.dumps, self._write_now
+        dumps, write_now, timing = orjson.dumps, self._write_now, self.server_timing
         try:
             async for ev in events:  # the hot loop: one frame per event, written at once when it can be
+                if timing and ev["type"] in TERMINAL_EVENTS:
+                    ev = dict(ev, server_timing=turn.clock.server_timing())
                 payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
                 if not write_now(payload):
                     await self._write(payload)

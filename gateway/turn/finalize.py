@@ -142,8 +142,13 @@ class Finalizer:
             self._persist(state)
         if on_usage is not None:
             on_usage(usage)
+        clock = turn.clock
+        clock.lap("finalize")
         self.usage.submit(record)
+        clock.lap("billing")
         self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
+        clock.end(status, response_id=turn.id, model=turn.route.name, usage=usage, tenant=turn.ctx.tenant,
+                  previous_response_id=turn.req.previous_response_id)
         return state
 
     def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float,

@@ -28,7 +28,7 @@ from cache.conversations import ConversationStore, MemoryConversationStore
 from cache.prefix_cache import PrefixCache
 from cache.store import ResponseStore
 from gateway.base import log_context
-from gateway.base.metrics import Metrics
+from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
 from gateway.turn import render as render_stage
 from gateway.turn.checks import check_params
@@ -97,8 +97,19 @@ class Pipeline:
 
     async def prepare(self, body: Any, ctx: TurnContext) -> PreparedTurn:
         """Everything before the response exists; raises ``ApiError``."""
-        t0 = time.perf_counter()
         lap = self.metrics.stage_timer(ctx.transport)
+        try:
+            return await self._prepare(body, ctx, lap)
+        except BaseException as exc:  # the clock hears of a refused create (a traced one ends its span)
+            model = body.get("model") if isinstance(body, dict) else None
+            served = model if isinstance(model, str) and self.registry.get(model) is not None else ""  # bounded
+            code = getattr(exc, "code", None)  # an ApiError's code: one of a fixed set
+            lap.end("rejected", response_id="", model=served, tenant=ctx.tenant,
+                    error_code=code if isinstance(code, str) else type(exc).__name__)
+            raise
+
+    async def _prepare(self, body: Any, ctx: TurnContext, lap: StageTimer) -> PreparedTurn:
+        t0 = lap.started
         log_context.response_id.set(None)
         cpu = self.offload.for_body(body)
         turn = await self.resolver.resolve(body, ctx, lap=lap.lap, cpu=cpu)
@@ -117,7 +128,7 @@ class Pipeline:
             input=turn, ctx=ctx, rendered=rendered, sampling=sampling, response=response, verdicts=verdicts,
             flagged=turn.flagged_before or any(v.action == "flag" for v in verdicts),
             include_encrypted="reasoning.encrypted_content" in (turn.req.include or []),
-            started=t0, created_at=time.time() - (time.perf_counter() - t0),
+            started=t0, created_at=time.time() - (time.perf_counter() - t0), clock=lap,
         )
         self.classify.report(verdicts, turn, ctx, response_id=prepared.id)
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)

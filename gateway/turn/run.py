@@ -75,6 +75,7 @@ class TurnRunner:
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
         t_run = time.perf_counter()
+        clock = turn.clock  # laps: engine_submit, compact, engine_ttft, streaming (then store, finalize, billing)
         events = self._events(turn)
         rendered = turn.rendered
         copied = 0
@@ -102,7 +103,6 @@ class TurnRunner:
         single = _SingleCall() if turn.req.parallel_tool_calls is False else None
         attribution = LogprobAttribution(turn.route.renderer) if turn.sampling.logprobs is not None else None
         agen = None
-        routing = turn.routing()
         #: the terminal events built and not yet sent (a cut before billing withdraws them)
         pending: list[Event] | None = None
         settled = False  # the outcome is billed
@@ -124,10 +124,14 @@ class TurnRunner:
                     prompt_ids, sampling, summary, compacted = done.prompt_ids, done.sampling, done.summary, done.context
                     for ev in events.whole_item(done.item):
                         yield ev
-                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling, routing)
+                    clock.lap("compact")
+                clock.lap("engine_submit")
+                # routed now: with tracing on, the engine span has begun and its context goes along
+                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling, turn.routing())
                 async for delta in agen:
                     if first_token_at is None and delta.token_ids:
                         first_token_at = time.perf_counter()
+                        clock.lap("engine_ttft")
                     if delta.num_cached_tokens is not None:
                         cached = delta.num_cached_tokens
                     sampled.extend(delta.token_ids)
@@ -162,6 +166,7 @@ class TurnRunner:
                     raise  # cancellation, the generator closed, interpreter exit
                 log.exception("engine crashed on response %s", turn.id)
                 finish = "error"
+            clock.lap("streaming" if first_token_at is not None else "engine_ttft")
             for ev in tail:
                 yield ev
             usage = spent()
@@ -189,6 +194,8 @@ class TurnRunner:
             for ev in pending:
                 yield ev
         finally:
+            if not settled:  # the clock's time since its last stage boundary is the cut's, not finalize's
+                clock.lap("cancelled")
             if agen is not None:
                 await agen.aclose()  # aborts the engine request if it is still running
             if not settled:
@@ -220,7 +227,9 @@ class TurnRunner:
         send, the outcome to bill and the state already written."""
         if not self.finalizer.must_write(turn, outcome):
             return pending, outcome, None
+        turn.clock.lap("finalize")
         stored = await self.finalizer.write(turn, outcome)
+        turn.clock.lap("store")
         if stored is not None:
             return pending, outcome, stored
         pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error",

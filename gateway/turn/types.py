@@ -22,6 +22,8 @@ from cache.conversations import ConversationRef
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
+from gateway.base.metrics import StageTimer
+from gateway.base.tracing import current_traceparent
 from gateway.wire.request import CreateRequest
 from inference.engine import RequestRouting, SamplingParams
 from inference.registry import ModelRoute
@@ -164,6 +166,8 @@ class PreparedTurn:
     started: float
     #: wall clock at arrival (billing: created_at)
     created_at: float
+    #: the turn's stage clock, lapped on by the run and finalize (Server-Timing, traces)
+    clock: StageTimer
 
     @property
     def id(self) -> str:
@@ -187,5 +191,6 @@ class PreparedTurn:
         return self.input.root_id or self.id
 
     def routing(self) -> RequestRouting:
-        """How the turn's engine requests are routed (a router keeps the chain on one pod)."""
-        return RequestRouting.for_chain(self.ctx.tenant, self.root_id)
+        """How the turn's engine requests are routed (a router keeps the chain on one pod), with the
+        trace context of the turn's current span when tracing is on (``traceparent`` to vLLM)."""
+        return RequestRouting.for_chain(self.ctx.tenant, self.root_id, current_traceparent())
