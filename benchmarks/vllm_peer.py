@@ -356,8 +356,12 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
                  "vllm_chained": Conversation("vllm_chained", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens,
                                               engine=server_engine()),
                  "vllm_full": Conversation("vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens,
-                                           engine=server_engine())}
-        sessions = [proc.pid, gw_proc.pid]   # both started with start_new_session: pid = session id
+                                           engine=server_engine()),
+                 # agentic-api's WebSocket (store=false: its per-connection session) in front of the same server
+                 "agentic_ws": Conversation("agentic_ws", VLLM_MODEL, ws_url=agentic.ws_url, max_tokens=max_tokens,
+                                            engine=server_engine())}
+        assert set(convs) == set(MODES), "a mode without its conversation"
+        sessions = [proc.pid, gw_proc.pid, agentic.proc.pid]   # each started with start_new_session: pid = session id
         # stop when the next turn would not fit the longest conversation's context
         budget = max_len - int(turn_tokens * 1.6) - max_tokens - 64
         i = 0
