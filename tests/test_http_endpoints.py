@@ -108,7 +108,7 @@ def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tra
     store = RedisStore.from_url(redis_url)
     live = make_gateway(store=store)
     good, bad = create(live, input="kept"), create(live, input="to be corrupted")
-    redis.Redis.from_url(redis_url).hset(store._key(bad["id"]), "response", b"\xff not json")
+    redis.Redis.from_url(redis_url).hset(store.record_key(bad["id"], bad["id"]), "response", b"\xff not json")
     caplog.set_level("ERROR", logger=http_routes.log.name)
     for _ in range(10):
         assert_error(get(live, f"/responses/{bad['id']}"), 500, code="server_error", type_="server_error")
