@@ -90,10 +90,14 @@ def assert_still_serving(live: LiveGateway) -> None:
     assert r.json()["status"] == "completed"
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition") -> None:
-    """Bounded polling (a safety net against hangs, not a timing assertion)."""
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Bounded polling (a safety net against hangs, not a timing assertion): the predicate's first
+    truthy value."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import httpx
 import openai
@@ -27,7 +27,7 @@ from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, free_port
-from tests.http_helpers import assert_error, parse_sse
+from tests.http_helpers import assert_error, parse_sse, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 LONG = " ".join(f"word{i}" for i in range(120))
@@ -52,16 +52,6 @@ def engine(delay: float = 0.0, **turn: Any) -> SimulatedEngine:
     """Every turn: the same scripted answer, ``delay`` seconds per token."""
     script = Turn(**{"text": LONG, "delay_per_token_s": delay, **turn})
     return SimulatedEngine(script=lambda view: script)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def poll_until_done(client: openai.OpenAI, response_id: str) -> tuple[Any, list[str]]:

@@ -33,6 +33,7 @@ from billing.wal import WriteAheadLog, record_line
 from gateway.access.auth import KeyAuth
 from gateway.base.settings import Settings
 from tests.conftest import MODEL, RedisServer, redis_server_binary
+from tests.http_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,18 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-async def await_until(predicate: Callable[[], Any], what: str = "condition", timeout: float = 30.0) -> None:
+async def await_for(predicate: Callable[[], Any], what: str = "condition", timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -95,7 +85,7 @@ class DurableRedis(RedisServer):
                                       "--appendfsync", "always"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)
-        wait_until(lambda: _pings(client), 10, "redis to answer")
+        wait_for(lambda: _pings(client), 10, "redis to answer")
 
 
 def _pings(client: redis.Redis) -> bool:
@@ -181,7 +171,7 @@ class Load:
         self.completed.append(response["id"])
 
     def wait_completed(self, n: int) -> None:
-        wait_until(lambda: len(self.completed) >= n or self.error, 60, f"{n} completed turns")
+        wait_for(lambda: len(self.completed) >= n or self.error, 60, f"{n} completed turns")
         if self.error is not None:
             raise self.error
 
@@ -342,7 +332,7 @@ os.kill(os.getpid(), signal.SIGKILL)
         queue = UsageQueue(sink, Journal(journal_path), retry_s=0.01)
         queue.start()  # recovery runs before the replay loop's first pass
         assert not wal_files(journal_path)
-        await await_until(lambda: len(sink.records) == 5 and not queue.journal.pending(), "the replay")
+        await await_for(lambda: len(sink.records) == 5 and not queue.journal.pending(), "the replay")
         assert sink.records == {f"resp_{i}": record(i) for i in range(5)}
         await queue.drain()
 
@@ -373,10 +363,10 @@ async def test_queue_acknowledges_wal_records_once_the_sink_or_journal_has_them(
     (gen,) = wal_files(journal.path)
     assert [r["response_id"] for r in Journal.read(gen)] == [f"resp_{i}" for i in range(4)]
     queue.start()
-    await await_until(lambda: queue.journaled == 2, "the overflow spilled to the journal")
+    await await_for(lambda: queue.journaled == 2, "the overflow spilled to the journal")
     assert queue.wal.unacked == 2  # the queued pair waits on the blocked sink
     sink.gate.set()
-    await await_until(lambda: queue.wal.unacked == 0, "the sink acknowledged")
+    await await_for(lambda: queue.wal.unacked == 0, "the sink acknowledged")
     assert gen.stat().st_size == 0  # fully acknowledged: truncated
     await queue.drain()
     assert not wal_files(journal.path)
@@ -467,10 +457,10 @@ async def test_queue_overflow_spills_to_the_journal_and_loses_nothing(tmp_path: 
         queue.submit(record(i))
     assert queue.pending == 5 and queue.journaled_sync == 5 and len(journal.records()) == 5
     queue.start()
-    await await_until(lambda: queue.journaled == 8, "the overflow spilled to the journal")
+    await await_for(lambda: queue.journaled == 8, "the overflow spilled to the journal")
     assert not sink.records  # the sink is still blocked; nothing is lost meanwhile
     sink.gate.set()
-    await await_until(lambda: len(sink.records) == 10 and not journal.pending(), "sink + replay")
+    await await_for(lambda: len(sink.records) == 10 and not journal.pending(), "sink + replay")
     await queue.drain()
     assert set(sink.records) == {f"resp_{i}" for i in range(10)}
 
@@ -481,17 +471,17 @@ async def test_queue_journals_while_the_sink_is_down_and_replays_when_it_is_back
     queue = UsageQueue(sink, journal, retry_s=0.01, retry_max_s=0.05)
     queue.start()
     queue.submit(record(1))
-    await await_until(lambda: queue.journaled == 1 and queue.sink_down, "the first batch journaled")
+    await await_for(lambda: queue.journaled == 1 and queue.sink_down, "the first batch journaled")
     for i in range(2, 6):
         queue.submit(record(i))
-    await await_until(lambda: queue.journaled == 5, "later batches journaled")
+    await await_for(lambda: queue.journaled == 5, "later batches journaled")
     sink.up = True
     # the replay clears ``sink_down`` after its segment is discarded: wait for both, or record 6
     # is (correctly, but not what this test checks) journaled for the next replay
-    await await_until(lambda: len(sink.records) == 5 and not journal.pending() and not queue.sink_down,
+    await await_for(lambda: len(sink.records) == 5 and not journal.pending() and not queue.sink_down,
                       "the replay")
     queue.submit(record(6))
-    await await_until(lambda: queue.written == 1, "direct writes once the sink is back")
+    await await_for(lambda: queue.written == 1, "direct writes once the sink is back")
     await queue.drain()
     assert set(sink.records) == {f"resp_{i}" for i in range(1, 7)}
 
@@ -509,7 +499,7 @@ async def test_shutdown_with_a_blocked_sink_journals_and_start_up_replays(tmp_pa
     fresh.gate.set()
     restarted = UsageQueue(fresh, journal, retry_s=0.01)
     restarted.start()
-    await await_until(lambda: len(fresh.records) == 5 and not journal.pending(), "the start-up replay")
+    await await_for(lambda: len(fresh.records) == 5 and not journal.pending(), "the start-up replay")
     await restarted.drain()
 
 
@@ -533,8 +523,8 @@ def test_redis_outage_during_a_load_leaves_exactly_one_record_per_response(
     assert live.gw.usage.journaled > 0  # the outage did go through the journal
 
     expected = set(load.completed)
-    wait_until(lambda: set(stream_ids(durable_redis.url)) == expected, 60, "the ledger to catch up")
-    wait_until(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
+    wait_for(lambda: set(stream_ids(durable_redis.url)) == expected, 60, "the ledger to catch up")
+    wait_for(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
     ids = stream_ids(durable_redis.url)
     assert len(ids) == len(expected) and set(ids) == expected
     by_id = {r.response_id: r for r in iter_ledger(durable_redis.url)}
@@ -554,7 +544,7 @@ def test_a_blocked_sink_never_blocks_turns(make_gateway: Callable[..., Any], tmp
     load.join()  # every turn completed while the sink is blocked
     assert len(load.completed) == 20 and not sink.records
     live.loop.call_soon_threadsafe(sink.gate.set)
-    wait_until(lambda: set(sink.records) == set(load.completed), 60, "every record after release")
+    wait_for(lambda: set(sink.records) == set(load.completed), 60, "every record after release")
 
 
 def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis: DurableRedis,
@@ -576,7 +566,7 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
     def serve() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated",
                                  "--port", str(port)], env=env, cwd=REPO)
-        wait_until(lambda: proc.poll() is not None or _listening(port), 60, "the gateway to listen")
+        wait_for(lambda: proc.poll() is not None or _listening(port), 60, "the gateway to listen")
         assert proc.poll() is None
         return proc
 
@@ -592,12 +582,12 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         load = Load(f"http://127.0.0.1:{port}", [10, 10, 100_000]).start()
         load.wait_completed(10)
         s1 = set(load.completed)
-        wait_until(lambda: s1 <= in_stream(), 30, "phase 1 in the stream")
+        wait_for(lambda: s1 <= in_stream(), 30, "phase 1 in the stream")
         durable_redis.stop()
         load.gates[1].set()
         load.wait_completed(20)
         s2 = set(load.completed[10:20])
-        wait_until(lambda: s2 <= journaled(), 30, "phase 2 in the journal")
+        wait_for(lambda: s2 <= journaled(), 30, "phase 2 in the journal")
         load.gates[2].set()
         kill_mid_load(proc, load, 25)  # kill 1: Redis down, the journal holds the records
         # As if Redis had applied phase 1's batches but their replies timed out: journaled too.
@@ -606,21 +596,21 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         assert s2 <= journaled()
 
         proc = serve()  # start-up replays the journal
-        wait_until(lambda: s1 | s2 <= in_stream(), 60, "journaled records replayed at start-up")
+        wait_for(lambda: s1 | s2 <= in_stream(), 60, "journaled records replayed at start-up")
         load2 = Load(f"http://127.0.0.1:{port}", [10, 100_000]).start()
         load2.wait_completed(10)
         s3 = set(load2.completed)
-        wait_until(lambda: s3 <= in_stream(), 30, "phase 3 in the stream")
+        wait_for(lambda: s3 <= in_stream(), 30, "phase 3 in the stream")
         load2.gates[1].set()
         kill_mid_load(proc, load2, 20)  # kill 2: Redis up, records flowing straight to the stream
 
         proc = serve()
         acknowledged = s1 | s2 | s3
-        wait_until(lambda: acknowledged <= in_stream(), 60, "acknowledged records")
+        wait_for(lambda: acknowledged <= in_stream(), 60, "acknowledged records")
         seen_complete = set(load.completed) | set(load2.completed)
         assert len(seen_complete) > len(acknowledged)  # the kills did land while turns completed
-        wait_until(lambda: seen_complete <= in_stream(), 60, "every response the client saw complete")
-        wait_until(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
+        wait_for(lambda: seen_complete <= in_stream(), 60, "every response the client saw complete")
+        wait_for(lambda: not Journal(journal_path).pending(), 30, "the journal to be replayed")
         assert not wal_files(journal_path), "the killed processes' WAL generations were not recovered"
         ids = stream_ids(durable_redis.url)
         assert len(ids) == len(set(ids)), "a record was counted twice"
@@ -642,7 +632,7 @@ def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], re
     loads = {"k1": Load(live.url, [7], key="k1").start(), "k2": Load(live.url, [5], key="k2", http_every=2).start()}
     for load in loads.values():
         load.join()
-    wait_until(lambda: len(stream_ids(redis_url)) == 12, 30, "12 records in the ledger")
+    wait_for(lambda: len(stream_ids(redis_url)) == 12, 30, "12 records in the ledger")
 
     assert main(["usage", "--redis-url", redis_url, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -703,7 +693,7 @@ async def test_billing_gauges_report_lag_wal_and_journal_from_the_components(tmp
     journal.append([record(9).to_dict()])
     assert sample("respgate_billing_journal_bytes") == journal.path.stat().st_size > 0
     sink.gate.set()
-    await await_until(lambda: {f"resp_{i}" for i in range(3)} <= set(sink.records), "the sink to take the records")
-    await await_until(lambda: sample("respgate_billing_wal_unacked") == 0, "the WAL to be acknowledged")
+    await await_for(lambda: {f"resp_{i}" for i in range(3)} <= set(sink.records), "the sink to take the records")
+    await await_for(lambda: sample("respgate_billing_wal_unacked") == 0, "the WAL to be acknowledged")
     assert sample("respgate_billing_lag_seconds") == 0
     await queue.drain()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from openai import NotFoundError
@@ -21,19 +21,11 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
 from tests.ws_helpers import TERMINAL, create, fixed, recv, send, until_terminal, ws_open
+from tests.http_helpers import wait_for
 
 LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
                  "Create a new websocket connection to continue.")
 LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Bounded poll: fails the test if ``predicate`` does not hold within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def wait_past_age(opened: float, limit: float) -> None:

@@ -19,8 +19,7 @@ import asyncio
 import copy
 import json
 import socket
-import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -37,6 +36,7 @@ from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import LiveGateway, stop_gateway
 from tests.test_codex_replay import GEN_PROMPT, HOP_HEADERS, load, tool_result_reporter
 from tests.test_ws_continuation import MODEL, completed, echo_on_recall, not_found_frame, output_text, turn_events
+from tests.http_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,18 +53,6 @@ TRANSCRIPT = [
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll until the server side caught up (a closed socket is parked after the client left)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def resumable(live: LiveGateway, outcome: str, where: str = "memory") -> float:
@@ -143,7 +131,7 @@ def test_reconnect_continues_on_the_same_replica_without_a_full_render(resume_gw
     client = resume_gw.openai()
     with client.responses.connect() as conn:
         r1, r2 = two_turns(conn)
-    wait_for(lambda: len(resume_gw.gw.resumable) == 1, "the closed connection's lane to be parked")
+    wait_for(lambda: len(resume_gw.gw.resumable) == 1, what="the closed connection's lane to be parked")
     assert resumable(resume_gw, "kept") == 1
     p2 = resume_gw.engine.stats.prompts[-1]
     full0, append0 = render_tokens(resume_gw, "full"), render_tokens(resume_gw, "append")
@@ -164,7 +152,7 @@ def test_reconnect_continues_on_the_same_replica_without_a_full_render(resume_gw
     assert p3[: len(p2)] == p2 and len(p3) == r3["usage"]["input_tokens"]
     assert resumable(resume_gw, "claimed") == 1 and r2["id"] not in resume_gw.gw.resumable
     # the second socket's close parked its own lane (turn 3) in place of the claimed one
-    wait_for(lambda: r3["id"] in resume_gw.gw.resumable, "the second connection's lane to be parked")
+    wait_for(lambda: r3["id"] in resume_gw.gw.resumable, what="the second connection's lane to be parked")
     assert len(resume_gw.gw.resumable) == 1 and resumable(resume_gw, "kept") == 2
 
 
@@ -174,7 +162,7 @@ def test_a_cut_tcp_connection_is_resumable_too(resume_gw):
     r1 = ws_create(ws, PELICAN)
     ws.socket.shutdown(socket.SHUT_RDWR)  # the transport dies under the client; no close handshake
     ws.socket.close()
-    wait_for(lambda: len(resume_gw.gw.resumable) == 1, "the cut connection's lane to be parked")
+    wait_for(lambda: len(resume_gw.gw.resumable) == 1, what="the cut connection's lane to be parked")
     with connect(resume_gw.ws_url, max_size=None) as ws2:
         r2 = ws_create(ws2, RECALL, prev=r1["id"])
     assert output_text(r2).splitlines() == [f"user/-: {PELICAN}", f"assistant/final: ack<{PELICAN}>",
@@ -192,7 +180,7 @@ def test_the_connection_age_limit_close_is_resumable(make_gateway):
         with pytest.raises(Exception):
             ws.recv(timeout=30)
         assert ws.close_code == 1000
-    wait_for(lambda: r1["id"] in live.gw.resumable, "the retired connection's lane to be parked")
+    wait_for(lambda: r1["id"] in live.gw.resumable, what="the retired connection's lane to be parked")
     with connect(live.ws_url, max_size=None) as ws:
         r2 = ws_create(ws, RECALL, prev=r1["id"])
     assert output_text(r2).splitlines()[0] == f"user/-: {PELICAN}" and full_renders(live) == 0
@@ -208,7 +196,7 @@ def test_every_lane_is_resumable_and_each_is_claimed_once(resume_gw):
             ev = json.loads(ws.recv(timeout=30))
             if ev["type"] == "response.completed":
                 done[ev["stream_id"]] = ev["response"]
-    wait_for(lambda: len(resume_gw.gw.resumable) == 2, "both lanes to be parked")
+    wait_for(lambda: len(resume_gw.gw.resumable) == 2, what="both lanes to be parked")
     a_id, b_id = done["a"]["id"], done["b"]["id"]
 
     frame = {"type": "response.create", "model": MODEL, "input": RECALL, "store": False, "previous_response_id": a_id}
@@ -230,7 +218,7 @@ def test_refused_for_another_tenant_and_left_for_its_own(make_gateway):
     alice, bob = {"Authorization": "Bearer key-alice"}, {"Authorization": "Bearer key-bob"}
     with connect(live.ws_url, additional_headers=alice, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
-    wait_for(lambda: len(live.gw.resumable) == 1, "alice's lane to be parked")
+    wait_for(lambda: len(live.gw.resumable) == 1, what="alice's lane to be parked")
     with connect(live.ws_url, additional_headers=bob, max_size=None) as ws:
         ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
                      "previous_response_id": r1["id"]})
@@ -244,9 +232,9 @@ def test_refused_after_the_window(make_gateway):
     live = make_gateway(Settings(ws_resume_window_s=0.2), engine=echo_engine())
     with connect(live.ws_url, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
-    wait_for(lambda: resumable(live, "kept") == 1, "the lane to be parked")
+    wait_for(lambda: resumable(live, "kept") == 1, what="the lane to be parked")
     # the window's timer drops it: no claim needed for the memory to be given back
-    wait_for(lambda: resumable(live, "expired") == 1, "the window to pass")
+    wait_for(lambda: resumable(live, "expired") == 1, what="the window to pass")
     assert len(live.gw.resumable) == 0 and live.gw.resumable.nbytes == 0
     with connect(live.ws_url, max_size=None) as ws:
         ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
@@ -269,7 +257,7 @@ def test_a_stored_response_is_not_parked(resume_gw):
     """store=true resolves from the response store after a reconnect anyway: nothing to keep."""
     with connect(resume_gw.ws_url, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN, store=True)
-    wait_for(lambda: resume_gw.metric("respgate_ws_connections") == 0, "the connection to be closed")
+    wait_for(lambda: resume_gw.metric("respgate_ws_connections") == 0, what="the connection to be closed")
     assert resumable(resume_gw, "kept") == 0 and len(resume_gw.gw.resumable) == 0
     with connect(resume_gw.ws_url, max_size=None) as ws:
         r2 = ws_create(ws, RECALL, prev=r1["id"], store=True)
@@ -284,7 +272,7 @@ def test_reconnect_to_another_replica_continues_from_the_sealed_record(make_gate
     b = make_gateway(replica_settings(redis_url), engine=echo_engine())
     with a.openai().responses.connect() as conn:
         r1, r2 = two_turns(conn)
-    wait_for(lambda: resumable(a, "kept", "redis") == 1, "the record to be written")
+    wait_for(lambda: resumable(a, "kept", "redis") == 1, what="the record to be written")
     r = redis.Redis.from_url(redis_url)
     keys = records(redis_url)
     assert len(keys) == 1 and keys == records(redis_url, r2["id"])
@@ -318,7 +306,7 @@ def test_reconnect_to_the_same_replica_with_redis_still_appends(make_gateway, re
     a = make_gateway(replica_settings(redis_url), engine=echo_engine())
     with a.openai().responses.connect() as conn:
         _, r2 = two_turns(conn)
-    wait_for(lambda: resumable(a, "kept", "redis") == 1, "the record to be written")
+    wait_for(lambda: resumable(a, "kept", "redis") == 1, what="the record to be written")
     with a.openai().responses.connect() as conn:
         assert output_text(recall(conn, r2["id"])[-1]["response"]).splitlines() == TRANSCRIPT
     assert full_renders(a) == 0 and resumable(a, "claimed") == 1
@@ -331,7 +319,7 @@ def test_a_record_sealed_with_another_secret_does_not_open(make_gateway, redis_u
                               seal_secret="another-secret"), engine=echo_engine())
     with connect(a.ws_url, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
-    wait_for(lambda: resumable(a, "kept", "redis") == 1, "the record to be written")
+    wait_for(lambda: resumable(a, "kept", "redis") == 1, what="the record to be written")
     with connect(b.ws_url, max_size=None) as ws:
         ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
                      "previous_response_id": r1["id"]})
@@ -347,7 +335,7 @@ def test_redis_down_at_close_keeps_the_state_in_memory(make_gateway, redis_serve
         with a.openai().responses.connect() as conn:
             _, r2 = two_turns(conn)
             redis_server.stop()  # Redis goes before the socket does
-        wait_for(lambda: resumable(a, "failed", "redis") == 1, "the record write to fail")
+        wait_for(lambda: resumable(a, "failed", "redis") == 1, what="the record write to fail")
         assert resumable(a, "kept", "memory") == 1 and resumable(a, "kept", "redis") == 0
         with a.openai().responses.connect() as conn:
             assert output_text(recall(conn, r2["id"])[-1]["response"]).splitlines() == TRANSCRIPT
@@ -414,7 +402,7 @@ def test_codex_frames_continue_across_a_dropped_socket(make_gateway):
         t1 = ws_turn(ws)[-1]["response"]
         assert t1["status"] == "completed"
         call = next(o for o in t1["output"] if o["type"] == "function_call")
-    wait_for(lambda: len(live.gw.resumable) == 1, "Codex's lane to be parked")
+    wait_for(lambda: len(live.gw.resumable) == 1, what="Codex's lane to be parked")
     p1 = live.engine.stats.prompts[-1]
     full0 = render_tokens(live, "full")
 

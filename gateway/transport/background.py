@@ -60,7 +60,7 @@ from gateway.transport.background_turn import ACTIVE, TERMINAL_EVENTS, Backgroun
 from gateway.transport.inflight import HttpTurn
 from gateway.transport.sse import sse_frame
 from gateway.turn.events import Event, late_terminal
-from gateway.turn.finalize import Finalizer
+from gateway.turn.finalize import Finalizer, timed_put
 from gateway.turn.types import PreparedTurn, UsageHook
 from gateway.wire.errors import ApiError, bad_request, response_not_found, store_unavailable
 from gateway.wire.kinds import CHAINABLE, ResponseStatus
@@ -411,11 +411,7 @@ class BackgroundTurns:
             await self.redis.aclose()
 
     async def _timed_put(self, state: ResponseState) -> None:
-        t0 = time.perf_counter()
-        try:
-            await self.store.put(state)
-        finally:
-            self.metrics.store_latency.labels("put").observe(time.perf_counter() - t0)
+        await timed_put(self.store, self.metrics, state)
 
     async def _release_quietly(self, rid: str) -> None:
         if self.leases is not None:

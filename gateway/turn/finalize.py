@@ -232,11 +232,7 @@ class Finalizer:
         task.add_done_callback(done)
 
     async def _timed_put(self, state: ResponseState) -> None:
-        t0 = time.perf_counter()
-        try:
-            await self.store.put(state)
-        finally:
-            self.metrics.store_latency.labels("put").observe(time.perf_counter() - t0)
+        await timed_put(self.store, self.metrics, state)
 
     async def wait_for(self, response_id: str) -> None:
         """Wait for that response's pending store write, if any (its failure is logged, not raised)."""
@@ -248,6 +244,15 @@ class Finalizer:
         """Wait for every pending store write (shutdown)."""
         while self._writes:
             await asyncio.wait(set(self._writes.values()))
+
+
+async def timed_put(store: ResponseStore, metrics: Metrics, state: ResponseState) -> None:
+    """Write ``state`` to the store, timed in ``respgate_store_seconds{op="put"}`` (failed writes too)."""
+    t0 = time.perf_counter()
+    try:
+        await store.put(state)
+    finally:
+        metrics.store_latency.labels("put").observe(time.perf_counter() - t0)
 
 
 def _approx_bytes(items: Sequence[dict[str, Any]]) -> int:
