@@ -35,8 +35,12 @@ order of failure reads as "not found", never as a wrong context: a pointer whose
 (or a record whose pointer is) is a miss; readers validate the record itself (tenant, not deleted).
 
 Why deltas plus an ancestor list: storing each response's full context would make every write
-O(history) bytes and a chain O(n²) in Redis. O(history) bytes on the read path is expected (it is
-the cross-replica path; a WebSocket connection's own cache stays O(new input)).
+O(history) bytes and a chain O(n²) in Redis. Reading every ancestor's delta is O(history) bytes,
+so it happens once per process and chain: a process keeps the context of every response it wrote
+or read (``ChainCache``: deltas are immutable once written) and from then on reads only the
+record's own fields — one round trip, O(new input) bytes — checked as always (tenant, tombstone,
+present). An HTTP ``store=true`` chain served by one replica is O(new input) per turn, like a
+WebSocket connection's own cache; a replica that takes over a chain pays O(history) once.
 
 Ancestors must outlive descendants, so a write refreshes the TTL of every ancestor's record (same
 script) and pointer (same round trip): a chain expires together with its newest response.
@@ -71,6 +75,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import orjson
@@ -85,6 +90,8 @@ from cache.state import ResponseState
 from cache.store import StoredItem, StoreUnavailable, index_keys
 
 _FIELDS = ("tenant", "deleted", "meta", "response", "input", "delta", "pk")
+#: a record's fields but its delta: what a read of a response whose context this process holds needs
+_HEAD_FIELDS = ("tenant", "deleted", "meta", "response", "input", "pk")
 
 # The write, atomically (one slot: every key is tagged with the chain's root). KEYS[1] = the new
 # record, KEYS[2..] = its ancestors' records, oldest first (the parent last). ARGV[1] = TTL (ms), then
@@ -111,18 +118,18 @@ return 1
 """
 
 
-class TokenCache:
-    """Process-local LRU: response id -> its ``history_ids`` view (no copy), bounded in bytes.
+class SharedBufferLRU:
+    """Process-local LRU of views over shared, append-only buffers, bounded in bytes.
 
-    Views of one chain share one buffer, so charging each entry its own length would count the
-    same tokens many times over. Bytes are charged per distinct buffer instead: a buffer costs its
-    length (measured when an entry over it is added; buffers only grow) until no entry refers to it.
+    Views of one chain share one buffer, so charging each entry its own size would count the same
+    bytes many times over. Bytes are charged per distinct buffer instead: a buffer costs the largest
+    charge any entry over it was put with (buffers only grow) until no entry refers to it.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, TokenSeq] = OrderedDict()
-        #: id(buffer) -> [entries referring to it, tokens charged for it]
+        self._entries: OrderedDict[str, tuple[Any, Any]] = OrderedDict()   # key -> (value, buffer)
+        #: id(buffer) -> [entries referring to it, bytes charged for it]
         self._bufs: dict[int, list[int]] = {}
         self.nbytes = 0
         self.evictions = 0
@@ -130,41 +137,81 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, response_id: str) -> TokenSeq | None:
-        seq = self._entries.get(response_id)
-        if seq is not None:
-            self._entries.move_to_end(response_id)
-        return seq
+    def _get(self, key: str) -> Any:
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        self._entries.move_to_end(key)
+        return hit[0]
 
-    def put(self, response_id: str, seq: TokenSeq) -> None:
-        self.discard(response_id)
-        buf = seq._buf  # the shared buffer: same package, deliberately read for accounting
+    def _put(self, key: str, value: Any, buf: Any, charge: int) -> None:
+        self.discard(key)
         ref = self._bufs.setdefault(id(buf), [0, 0])
         ref[0] += 1
-        self.nbytes += TOKEN_BYTES * (len(buf) - ref[1])
-        ref[1] = len(buf)
-        self._entries[response_id] = seq
+        if charge > ref[1]:
+            self.nbytes += charge - ref[1]
+            ref[1] = charge
+        self._entries[key] = (value, buf)
         while self.nbytes > self.max_bytes and self._entries:
-            self._release(self._entries.popitem(last=False)[1])
+            self._release(self._entries.popitem(last=False)[1][1])
             self.evictions += 1
 
-    def discard(self, response_id: str) -> None:
-        seq = self._entries.pop(response_id, None)
-        if seq is not None:
-            self._release(seq)
+    def discard(self, key: str) -> None:
+        hit = self._entries.pop(key, None)
+        if hit is not None:
+            self._release(hit[1])
 
     def clear(self) -> None:
         self._entries.clear()
         self._bufs.clear()
         self.nbytes = 0
 
-    def _release(self, seq: TokenSeq) -> None:
-        key = id(seq._buf)
-        ref = self._bufs[key]
+    def _release(self, buf: Any) -> None:
+        ref = self._bufs[id(buf)]
         ref[0] -= 1
         if ref[0] == 0:
-            self.nbytes -= TOKEN_BYTES * ref[1]
-            del self._bufs[key]
+            self.nbytes -= ref[1]
+            del self._bufs[id(buf)]
+
+
+class TokenCache(SharedBufferLRU):
+    """Response id -> its ``history_ids`` view (no copy), charged 4 bytes a token of its buffer."""
+
+    def get(self, response_id: str) -> TokenSeq | None:
+        return self._get(response_id)
+
+    def put(self, response_id: str, seq: TokenSeq) -> None:
+        buf = seq._buf  # the shared buffer: same package, deliberately read for accounting
+        self._put(response_id, seq, buf, TOKEN_BYTES * len(buf))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainEntry:
+    """What this process knows of a stored response's place in its chain: the record's tag, the
+    pointer's ancestors and context length, and the context itself (a view, shared with the
+    chain's other entries)."""
+
+    root: str
+    ancestors: tuple[str, ...]
+    context: ItemLog
+
+
+class ChainCache(SharedBufferLRU):
+    """Response id -> :class:`ChainEntry` for responses this process wrote or read.
+
+    Why: a record's context delta is immutable once written, so a process that holds a response's
+    context need not read it back. A continuation's read of its parent is then one round trip for
+    the record's small fields (tenant, tombstone, the Response object, its own input) — O(new
+    input) bytes — instead of the pointer and every ancestor's delta, which is O(history) bytes
+    every turn. The record is still read and checked each time: a response deleted or expired
+    elsewhere, or another tenant's, is not found as before. Charged per distinct item buffer with
+    the largest ``nbytes`` (the state's approximate bytes) of an entry over it."""
+
+    def get(self, response_id: str) -> ChainEntry | None:
+        return self._get(response_id)
+
+    def put(self, response_id: str, entry: ChainEntry, nbytes: int) -> None:
+        self._put(response_id, entry, entry.context._buf, max(1, nbytes))
 
 
 class RedisStore:
@@ -173,7 +220,8 @@ class RedisStore:
     shared = True
 
     def __init__(self, client: AsyncClient, *, ttl_s: float = 86400.0,
-                 token_cache_bytes: int = 256 * 1024 * 1024, prefix: str = "respgate:") -> None:
+                 token_cache_bytes: int = 256 * 1024 * 1024, chain_cache_bytes: int = 256 * 1024 * 1024,
+                 prefix: str = "respgate:") -> None:
         self.redis = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = check_prefix(prefix)
@@ -181,18 +229,24 @@ class RedisStore:
         #: hydrations that found / did not find this process's token ids (exported as metrics later)
         self.token_hits = 0
         self.token_misses = 0
+        self.chains = ChainCache(chain_cache_bytes)
+        #: reads answered from this process's chain cache (one round trip, no ancestor deltas) / not
+        self.chain_hits = 0
+        self.chain_misses = 0
         self._write = client.register_script(_PUT_LUA)
         self._delete = client.register_script(_DELETE_LUA)
 
     @classmethod
     def from_url(cls, url: str, *, ttl_s: float = 86400.0, token_cache_bytes: int = 256 * 1024 * 1024,
-                 prefix: str = "respgate:", **client_kwargs: Any) -> "RedisStore":
+                 chain_cache_bytes: int = 256 * 1024 * 1024, prefix: str = "respgate:",
+                 **client_kwargs: Any) -> "RedisStore":
         # Short timeouts and one quick retry: a stale pooled connection after a Redis restart is
         # retried once, but an outage surfaces in milliseconds (as a 503), not after seconds of backoff.
         client_kwargs.setdefault("socket_connect_timeout", 2.0)
         client_kwargs.setdefault("socket_timeout", 5.0)
         client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(connect(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes, prefix=prefix)
+        return cls(connect(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes,
+                   chain_cache_bytes=chain_cache_bytes, prefix=prefix)
 
     def record_key(self, root: str, response_id: str) -> str:
         """The record of ``response_id`` in the chain rooted at ``root`` (tag ``{root}``: one slot a chain)."""
@@ -220,7 +274,9 @@ class RedisStore:
     async def _put(self, state: ResponseState) -> None:
         root, ancestors, start = state.id, [], 0
         if state.parent_id is not None:
-            parent = await self._pointer(state.parent_id)
+            known = self.chains.get(state.parent_id)
+            parent = ({"root": known.root, "anc": known.ancestors, "clen": len(known.context)} if known is not None
+                      else await self._pointer(state.parent_id))
             if parent is not None and parent["clen"] <= len(state.context):
                 root, ancestors, start = parent["root"], [*parent["anc"], state.parent_id], parent["clen"]
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
@@ -244,6 +300,7 @@ class RedisStore:
             side.set(self.item_key(state.tenant, item_key), orjson.dumps([state.id, where, pos, root]), nx=True,
                      px=self.ttl_ms)
         await asyncio.gather(write, side.execute())
+        self.chains.put(state.id, ChainEntry(root, tuple(ancestors), state.context), state.nbytes)
 
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None:
         try:
@@ -252,6 +309,19 @@ class RedisStore:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
 
     async def _get(self, response_id: str, tenant: str | None) -> ResponseState | None:
+        known = self.chains.get(response_id)
+        if known is not None:  # this process holds the context: read and check the record only
+            self.chain_hits += 1
+            head = await self.redis.hmget(self.record_key(known.root, response_id), _HEAD_FIELDS)
+            raw_tenant, deleted, raw_meta, response, inputs, pk = head
+            if raw_meta is None or response is None or deleted is not None:
+                self.chains.discard(response_id)  # deleted or expired: gone for every reader
+                return None
+            if orjson.loads(raw_tenant) != tenant:
+                return None
+            return self._state(response_id, known.root, orjson.loads(raw_meta), response, inputs, pk,
+                               known.context, tenant)
+        self.chain_misses += 1
         pointer = await self._pointer(response_id)
         if pointer is None:
             return None
@@ -270,6 +340,12 @@ class RedisStore:
                 return None  # an ancestor is gone: refuse rather than hydrate a truncated context
             items.extend(orjson.loads(chunk))
         items.extend(orjson.loads(delta))
+        context = ItemLog(items)
+        self.chains.put(response_id, ChainEntry(root, tuple(ancestors), context), meta["nbytes"])
+        return self._state(response_id, root, meta, response, inputs, pk, context, tenant)
+
+    def _state(self, response_id: str, root: str, meta: dict[str, Any], response: bytes, inputs: bytes,
+               pk: bytes | None, context: ItemLog, tenant: str | None) -> ResponseState:
         history = self.tokens.get(response_id)
         if history is not None:
             self.token_hits += 1
@@ -277,7 +353,7 @@ class RedisStore:
             self.token_misses += 1
         return ResponseState(
             id=response_id, response=orjson.loads(response), input_items=tuple(orjson.loads(inputs)),
-            context=ItemLog(items), history_ids=history if history is not None else TokenSeq(),
+            context=context, history_ids=history if history is not None else TokenSeq(),
             model=meta["model"], prelude_key=pk if history is not None else b"", store=meta["store"],
             # the routing root (``ResponseState.root_id``); a record without one: its chain's first
             # stored response (the storage root of the key layout) stands in
@@ -288,7 +364,8 @@ class RedisStore:
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
         try:
-            pointer = await self._pointer(response_id)
+            known = self.chains.get(response_id)
+            pointer = {"root": known.root} if known is not None else await self._pointer(response_id)
             if pointer is None:
                 return False
             deleted = await self._delete(keys=[self.record_key(pointer["root"], response_id)],
@@ -299,6 +376,7 @@ class RedisStore:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
         if deleted:
             self.tokens.discard(response_id)
+            self.chains.discard(response_id)
         return bool(deleted)
 
     async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:

@@ -47,7 +47,8 @@ from security.limits import Quota, RedisRateLimiter
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import create
 from tests.redis_cluster import RedisCluster, redis_cluster, redis_cluster_url  # noqa: F401 (fixtures)
-from tests.test_background import engine, events_of, poll_until_done, wait_for
+from tests.http_helpers import wait_for
+from tests.test_background import engine, events_of, poll_until_done
 from tests.test_billing import record
 from tests.test_redis_store import chain, item
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from cache.items import ItemLog
-from cache.redis_store import RedisStore, TokenCache
+from cache.redis_store import ChainCache, ChainEntry, RedisStore, TokenCache
 from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.state import ResponseState
 from cache.store import StoreUnavailable
@@ -149,7 +149,13 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         for s in states:
             await store.put(s)
         redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_0")  # e.g. evicted under memory pressure
-        assert await store.get("resp_2", "t1") is None                 # never a truncated context
+        other = RedisStore.from_url(redis_url)  # another replica: it must read the ancestors' deltas
+        try:
+            assert await other.get("resp_2", "t1") is None             # never a truncated context
+        finally:
+            await other.close()
+        # the writer holds resp_2's whole context itself: still exact, and nothing truncated
+        assert list((await store.get("resp_2", "t1")).context) == list(states[2].context)
 
         # a parent that never reached Redis (a store=false WebSocket turn): the whole context is stored
         await store.put(replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
@@ -159,6 +165,83 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         assert got is not None and list(got.context) == list(states[2].context)
     finally:
         await store.close()
+
+
+def commands(r: redis.Redis) -> dict[str, int]:
+    """Data commands since the last ``CONFIG RESETSTAT`` (INFO, CONFIG and a new connection's
+    handshake not counted)."""
+    skip = tuple(f"cmdstat_{c}" for c in ("info", "config", "hello", "client", "select", "ping"))
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()
+            if not k.startswith(skip)}
+
+
+async def test_a_process_reads_a_chain_it_holds_in_one_round_trip_whatever_its_depth(redis_url):
+    """O(new input) on the store=true path: a continuation's read of a parent this process wrote
+    (or read once) is one HMGET of the record's own fields; no pointer, no ancestor deltas.
+    Another process reads the pointer and every ancestor's delta (O(history)), once."""
+    r = redis.Redis.from_url(redis_url)
+    writer, other = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
+    try:
+        states = chain(40)
+        for st in states:
+            await writer.put(st)
+        for depth in (4, 39):
+            r.config_resetstat()
+            got = await writer.get(f"resp_{depth}", "t1")
+            assert list(got.context) == list(states[depth].context)
+            assert commands(r) == {"hmget": 1}, depth
+        r.config_resetstat()
+        cold = await other.get("resp_39", "t1")
+        assert list(cold.context) == list(states[39].context)
+        assert commands(r) == {"get": 1, "hmget": 1, "hget": 39}      # the pointer + every ancestor's delta
+        r.config_resetstat()
+        assert list((await other.get("resp_39", "t1")).context) == list(states[39].context)
+        assert commands(r) == {"hmget": 1}                            # read once: held from then on
+        assert (writer.chain_hits, writer.chain_misses, other.chain_hits, other.chain_misses) == (2, 0, 1, 1)
+        # a child written by a process that holds its parent skips the parent's pointer too
+        r.config_resetstat()
+        child = replace(states[39], id="resp_40", parent_id="resp_39",
+                        context=states[39].context.extend([item("in40"), item("out40", "assistant")]))
+        await writer.put(child)
+        assert "get" not in commands(r)
+        assert list((await other.get("resp_40", "t1")).context) == list(child.context)
+    finally:
+        await writer.close()
+        await other.close()
+
+
+async def test_a_held_chain_is_still_checked_deleted_elsewhere_another_tenant_expired(redis_url):
+    a, b = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
+    try:
+        states = chain(3)
+        for st in states:
+            await a.put(st)
+        assert await a.get("resp_2", "t2") is None                     # another tenant: not found
+        assert await b.get("resp_2", "t1") is not None
+        assert await b.delete("resp_2", "t1")                          # deleted on another replica
+        assert await a.get("resp_2", "t1") is None and a.chains.get("resp_2") is None
+        redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_1")   # expired
+        assert await a.get("resp_1", "t1") is None
+        assert await a.get("resp_0", "t1") is not None
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_chain_cache_charges_a_shared_item_buffer_once_and_is_bounded():
+    cache = ChainCache(max_bytes=1000)
+    root = ItemLog([item("a")])
+    child = root.extend([item("b")])
+    cache.put("r0", ChainEntry("r0", (), root), 300)
+    cache.put("r1", ChainEntry("r0", ("r0",), child), 400)
+    assert cache.nbytes == 400                                          # one buffer, its largest charge
+    cache.put("x", ChainEntry("x", (), ItemLog([item("c")])), 500)
+    assert cache.nbytes == 900
+    cache.put("y", ChainEntry("y", (), ItemLog([item("d")])), 500)    # over: the oldest entries go
+    assert cache.nbytes <= 1000 and cache.get("y") is not None and cache.evictions >= 1
+    cache.discard("y")
+    cache.discard("x")
+    assert cache.nbytes == (400 if cache.get("r1") is not None else 0)
 
 
 def test_token_cache_charges_shared_buffers_once_and_is_bounded_lru():

@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.report import iter_ledger
 from tests.conftest import MODEL, free_port
-from tests.test_billing import REPO, TERMINAL, _listening, wait_until
+from tests.http_helpers import wait_for
+from tests.test_billing import REPO, TERMINAL, _listening
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -75,7 +76,7 @@ def replicas(redis_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica]
                                      "--port", str(port)], env=env, cwd=REPO)
             started.append(Replica(name, port, proc))
         for r in started:
-            wait_until(lambda: r.proc.poll() is not None or _listening(r.port), 60, f"replica {r.name} to listen")
+            wait_for(lambda: r.proc.poll() is not None or _listening(r.port), 60, f"replica {r.name} to listen")
             assert r.proc.poll() is None, f"replica {r.name} exited"
         yield started[0], started[1]
     finally:
@@ -106,7 +107,7 @@ def ws_turn(ws: Any, **fields: Any) -> dict[str, Any]:
 
 def assert_one_ledger_record_each(redis_url: str, ids: set[str]) -> None:
     """Both processes bill into the one ledger: every response once, nothing else."""
-    wait_until(lambda: {r.response_id for r in iter_ledger(redis_url)} >= ids, 30, "every usage record")
+    wait_for(lambda: {r.response_id for r in iter_ledger(redis_url)} >= ids, 30, "every usage record")
     ledger = [r.response_id for r in iter_ledger(redis_url)]
     assert sorted(ledger) == sorted(ids)
 
@@ -158,7 +159,7 @@ def test_ws_turns_on_one_process_continue_on_a_socket_to_the_other(replicas: tup
         t3 = ws_turn(ws, input="kept local", previous_response_id=t2["id"], store=False)
     # A WebSocket turn's store write is not awaited before its terminal event (its continuations
     # come from the connection cache): wait until B can read it
-    wait_until(lambda: httpx.get(f"{b.url}/responses/{t2['id']}", timeout=10).status_code == 200, 30,
+    wait_for(lambda: httpx.get(f"{b.url}/responses/{t2['id']}", timeout=10).status_code == 200, 30,
                "t2 in the shared store")
     assert httpx.get(f"{b.url}/responses/{t3['id']}", timeout=10).status_code == 404  # store=false stays on A
 

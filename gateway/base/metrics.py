@@ -319,6 +319,12 @@ class ComponentCollector:
         tokens.add_metric(["hit"], getattr(self.store, "token_hits", 0))
         tokens.add_metric(["miss"], getattr(self.store, "token_misses", 0))
         yield tokens
+        chains = CounterMetricFamily("respgate_store_chain_cache",
+                                     "Store reads of a response whose context this process holds (hit: one "
+                                     "round trip, no ancestor reads) or not", labels=["outcome"])
+        chains.add_metric(["hit"], getattr(self.store, "chain_hits", 0))
+        chains.add_metric(["miss"], getattr(self.store, "chain_misses", 0))
+        yield chains
         yield CounterMetricFamily("respgate_sequence_copies",
                                   "History copies forced by forks or retries (continuations append in place)",
                                   value=AppendOnlyView.copies)
