@@ -693,6 +693,9 @@ def render_doc(result: dict[str, Any]) -> str:
               "that scale out, below.", ""]
     gw_bound = max(P, key=lambda p: p["replicas"])
     ws32, ws128, h32, h128 = P
+    out32, out128 = h32["out_s"] / h32["turns_s"], h128["out_s"] / h128["turns_s"]
+    #: does a store=true turn read its history back (bytes out of Redis growing with the state)?
+    readback_grows = out128 > 1.5 * out32
     L += ["Gateway: for WebSocket sessions a replica runs out of "
           + ("memory" if ws32["replicas_bound"] == "memory" else "CPU")
           + f" first at 32k ({_n(ws32['replicas'])} replicas) and of "
@@ -702,16 +705,23 @@ def render_doc(result: dict[str, Any]) -> str:
           "state there (a bounded token cache per replica), but each turn costs more CPU "
           f"({_n(h32['gateway_cores'] / h32['turns_s'] * 1e3, 2)} ms at 32k, "
           f"{_n(h128['gateway_cores'] / h128['turns_s'] * 1e3, 2)} ms at 128k, against "
-          f"{_n(ws32['gateway_cores'] / ws32['turns_s'] * 1e3, 2)} ms on WebSocket): the response is read back "
-          f"from Redis every turn, every ancestor's delta of it ({_b(h32['out_s'] / h32['turns_s'])} out of Redis "
-          f"per turn at 32k, {_b(h128['out_s'] / h128['turns_s'])} at 128k), even on the replica that already "
-          f"holds the chain's tokens. The largest count is {_n(gw_bound['replicas'])} replicas "
+          f"{_n(ws32['gateway_cores'] / ws32['turns_s'] * 1e3, 2)} ms on WebSocket): "
+          + (f"the response is read back from Redis every turn, every ancestor's delta of it "
+             f"({_b(out32)} out of Redis per turn at 32k, {_b(out128)} at 128k), even on the replica that "
+             "already holds the chain's tokens." if readback_grows else
+             f"what comes out of Redis per turn stays flat ({_b(out32)} at 32k, {_b(out128)} at 128k: the "
+             "replica holds the chain's context and reads only the parent record's own fields), so the extra "
+             "cost is the turn's own round trips — the parent read, the record written with every ancestor's "
+             "TTL refreshed, the terminal event held until the write lands — and the Response object parsed "
+             "and serialized on each side.")
+          + f" The largest count is {_n(gw_bound['replicas'])} replicas "
           f"({gw_bound['name']}), about {_n(SESSIONS / gw_bound['replicas'])} sessions each.", "",
           f"Store: for `store=true` HTTP the shard count is set by {_store_bound(h32)} at 32k and "
           f"{_store_bound(h128)} at 128k ({_n(h32['shards'])} and {_n(h128['shards'])} shards). Every turn keeps "
           "its response for the store's TTL, so memory is turns/s × TTL × bytes per response, and a shorter "
-          "`store_ttl_s` cuts it in proportion; the read-back above is what makes the network grow with the "
-          "state.", "",
+          "`store_ttl_s` cuts it in proportion"
+          + ("; the read-back above is what makes the network grow with the state." if readback_grows else
+             "; the network per turn does not grow with the state."), "",
           "What this does not cover: the engine (its GPUs are sized by tokens/s, not by the gateway), output "
           "streaming beyond a short answer (each output token costs gateway CPU: `benchmarks/results/REPORT.md`, "
           "(c)), TLS, and a replica rebuilding the tokens of a chain it has not seen (the HTTP `store=true` rows "
