@@ -48,6 +48,9 @@ class ResponseState:
     nbytes: int = 0
     #: approximate bytes this snapshot adds on top of its parent (its own items and tokens)
     delta_bytes: int = 0
+    #: the prefix-cache digest of this turn's input (``gateway.turn.prefix``), which a chained child
+    #: extends by this response's output and its own new items; process-local (never stored)
+    prefix_digest: bytes | None = None
     created: float = field(default_factory=time.time)
 
     @property

@@ -14,10 +14,12 @@ What Codex CLI 0.171 does, on the wire: it opens a new socket for the next turn 
 completes and Codex reports no error. So it never asks to resume: with ``ws_resume_window_s`` on,
 the closed socket's lane is parked and never claimed; with it off there is no
 ``previous_response_not_found`` either. What the retry costs is decided by full-history reuse
-(gateway/turn/prefix.py): its cache holds only requests without a parent — here Codex's warm-up —
-so the reconnect reuses the warm-up's prompt and renders everything after it again (appended, not
-a full render; the engine's KV prefix still matches). With the prefix cache off it renders the
-whole conversation, resume on or not.
+(gateway/turn/prefix.py): every turn — the warm-up (no parent) and each chained turn (its digest
+folded from its parent's) — leaves its token view under the digest of its whole input, so the
+reconnect finds the dropped socket's last turn, checks that the re-sent reasoning and call render
+to the tokens the model sampled, and renders only the tool output that is new: O(new input), and
+the engine's KV prefix still matches. With the prefix cache off it renders the whole conversation,
+resume on or not.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from inference.simulated_script import ToolCall, Turn
 from tests.conftest import LiveGateway, stop_gateway
 from tests.test_codex_replay import GEN_PROMPT
 from tests.test_real_clients import CODEX_MODEL, MARKER, run_codex
-from tests.test_ws_resume import resumable, wait_for
+from tests.http_helpers import wait_for
+from tests.test_ws_resume import resumable
 from tests.turn_helpers import full_render_fallbacks, render_tokens
 
 #: slow: a real external client (pyproject's marker), though the file runs in about 10 s
@@ -206,7 +209,7 @@ def codex_across_a_drop(make_gateway: Any, tmp_path: Path, how: str, steps: int 
                        websockets=True)
     check_task(events, steps)
     assert engine.stats.requests == steps + 1   # the warm-up generates nothing
-    wait_for(lambda: live.metric("respgate_ws_connections") == 0, "both sockets to be closed")
+    wait_for(lambda: live.metric("respgate_ws_connections") == 0, what="both sockets to be closed")
     stop_gateway(live)   # drains the usage queue into the sink
     run = Run(live, wire, list(sink.records), engine.stats.prompts)
     check_wire(run, steps)
@@ -257,19 +260,14 @@ def check_wire(run: Run, steps: int) -> None:
 @pytest.mark.parametrize("how", ["close_1001", "tcp_cut"])
 def test_codex_reconnect_with_resume_on(make_gateway, tmp_path, how):
     """The task completes across the drop; both sockets' lanes are parked and neither is ever
-    claimed; the reconnect renders no history in full: the prefix cache has the warm-up's prompt."""
+    claimed; the reconnect renders only its new item: the prefix cache has the last turn's view."""
     run = codex_across_a_drop(make_gateway, tmp_path, how, ws_resume_window_s=60)
     live = run.live
     # parked at each close (the dropped socket's, then the one Codex closed on exit), never claimed
     assert resumable(live, "kept") == 2 and resumable(live, "claimed") == 0
     moved = run.by_reconnect()
     assert moved["full"] == 0 and full_render_fallbacks(live) == 0 and moved["hits"] == 1
-    # the cached prefix is the warm-up's prompt (the only request without a parent before it) ...
-    warmup, turn1, reconnect = run.billed
-    assert moved["reused"] == warmup.input_tokens
-    # ... so the first turn's items are rendered again, then the new ones, onto it
-    assert moved["appended"] == reconnect.input_tokens - warmup.input_tokens - GEN_PROMPT
-    assert moved["appended"] > turn1.input_tokens - warmup.input_tokens
+    check_only_the_new_item_rendered(run, moved)
 
 
 def test_codex_reconnect_with_resume_off_is_the_same_wire(make_gateway, tmp_path):
@@ -277,20 +275,29 @@ def test_codex_reconnect_with_resume_off_is_the_same_wire(make_gateway, tmp_path
     run = codex_across_a_drop(make_gateway, tmp_path, "close_1001")
     assert run.live.gw.resumable is None
     moved = run.by_reconnect()
-    assert moved["full"] == 0 and moved["hits"] == 1 and full_render_fallbacks(run.live) == 0
+    assert full_render_fallbacks(run.live) == 0
+    check_only_the_new_item_rendered(run, moved)
 
 
-def test_codex_reconnect_late_in_a_long_loop_rerenders_all_but_the_warmup(make_gateway, tmp_path):
-    """Four tool calls chained on one socket, the drop after the fourth: the reconnect's prompt
-    is all history, and everything after the warm-up's prompt is rendered again — O(history), an
-    append in name only. A chained turn leaves no prefix-cache entry (gateway/turn/prefix.py
-    records requests without a parent), and Codex names no parent a resume could find."""
+def check_only_the_new_item_rendered(run: Run, moved: dict[str, float]) -> None:
+    """The reconnect reused the dropped socket's last turn whole — its prompt and the tokens the
+    model sampled — and rendered only what follows: the tool output Codex had not sent yet."""
+    before, reconnect, last_turn = run.prompts[-2], run.billed[-1], run.billed[-2]
+    assert moved["full"] == 0 and moved["hits"] == 1
+    assert moved["reused"] >= len(before) + last_turn.output_tokens - 1   # the last sampled token is fed back
+    assert moved["reused"] + moved["appended"] + GEN_PROMPT == reconnect.input_tokens
+    output = run.reconnect["input"][-1]["output"]
+    assert moved["appended"] < len(output)   # the new tool output's tokens (and its markers), nothing older
+
+
+def test_codex_reconnect_late_in_a_long_loop_renders_only_the_new_item(make_gateway, tmp_path):
+    """Four tool calls chained on one socket, the drop after the fourth: the reconnect's prompt is
+    all history, yet only the last tool output is rendered — each chained turn left a prefix-cache
+    entry under the digest a full-history re-send names (O(new input), not O(history)), though
+    Codex names no parent a resume could find."""
     run = codex_across_a_drop(make_gateway, tmp_path, "close_1001", steps=4, ws_resume_window_s=60)
     assert resumable(run.live, "kept") == 2 and resumable(run.live, "claimed") == 0
-    moved = run.by_reconnect()
-    warmup, reconnect = run.billed[0], run.billed[-1]
-    assert moved["full"] == 0 and moved["reused"] == warmup.input_tokens
-    assert moved["appended"] == reconnect.input_tokens - warmup.input_tokens - GEN_PROMPT
+    check_only_the_new_item_rendered(run, run.by_reconnect())
 
 
 def test_codex_reconnect_without_the_prefix_cache_renders_in_full_even_with_resume(make_gateway, tmp_path):

@@ -43,7 +43,8 @@ from tests.conftest import MODEL
 from tests.http_helpers import wait_for
 from tests.inference import chat_template_support as cts
 from tests.inference import harmony_support as hs
-from tests.turn_helpers import render_tokens
+from tests.turn_helpers import render_tokens, ws_turn
+from tests.ws_helpers import ws_open
 
 PROPS = settings(max_examples=150, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
@@ -95,7 +96,8 @@ class Harness:
         prepared = SimpleNamespace(input=turn, rendered=rendered, flagged=flagged, id="resp_x",
                                    ctx=SimpleNamespace(tenant=tenant))
         outcome = SimpleNamespace(compacted=None, history=history, output=[None] * outputs)
-        self.reuse.record(prepared, outcome, SimpleNamespace(history_ids=history, root="resp_x"))  # type: ignore[arg-type]
+        state = SimpleNamespace(history_ids=history, root="resp_x", prefix_digest=turn.prefix.digest if turn.prefix else None)
+        self.reuse.record(prepared, outcome, state)  # type: ignore[arg-type]
         return history
 
     def lookups(self, outcome: str) -> float:
@@ -507,3 +509,52 @@ def test_the_byte_bounds_hold_on_the_live_gateway(make_gateway):
         assert live.metric("respgate_prefix_cache_bytes") <= 10_000
     assert live.metric("respgate_prefix_cache_evictions_total") >= 1
     assert live.metric("respgate_prefix_cache_entries") >= 1
+
+
+def chained_then_resent(live: Any, turns: int, edit: int | None = None) -> dict[str, float]:
+    """``turns`` tool-loop turns chained on a WebSocket (``store: false``), then the whole history
+    sent once more over HTTP without a parent (as a Codex that lost its WebSocket does), the item
+    at ``edit`` changed when given: the re-send's rendered tokens."""
+    history: list[dict] = [{"role": "user", "content": "What is the weather? Ask city by city."}]
+    prev, new = None, history
+    with ws_open(live) as ws:
+        for n in range(turns):
+            resp = ws_turn(ws, MODEL, new, prev, tools=[WEATHER])
+            fc = next(o for o in resp["output"] if o["type"] == "function_call")
+            new = [{"type": "function_call_output", "call_id": fc["call_id"], "output": f"turn {n}: cloudy. " * 4}]
+            history = history + resp["output"] + new
+            prev = resp["id"]
+    if edit is not None:
+        history = copy.deepcopy(history)
+        item = history[edit]
+        if item.get("type") == "function_call_output":
+            item["output"] += " (edited)"
+        elif item.get("type") == "function_call":
+            item["arguments"] = item["arguments"].replace('"', "'")
+        elif item.get("type") == "reasoning":
+            item["content"][0]["text"] += " (edited)"
+        else:
+            item["content"] = "edited"
+    before = sum(render_tokens(live))
+    with httpx.Client(base_url=live.base_url, timeout=60) as client:
+        post(client, {"model": MODEL, "input": history, "store": False, "tools": [WEATHER]}, "test-key")
+    return {"rendered": sum(render_tokens(live)) - before, "history": len(history)}
+
+
+@pytest.mark.parametrize("edit", [None, 0, 1, 2, 3, 7, -1])
+def test_chained_turns_leave_entries_a_full_history_resend_finds_token_exact(make_gateway, edit):
+    """A chained turn's entry is named by the digest of its whole input (the parent's folded over
+    its outputs and the new items): a full-history re-send of the chain renders only what follows
+    the last turn, and a prompt equal, token for token, to a gateway's that renders it in full —
+    also when an item anywhere in the history was changed (then the hit ends before it)."""
+    live = make_gateway(engine=SimulatedEngine(record_prompts=True, script=tool_loop))
+    off = make_gateway(Settings(prefix_cache_bytes=0), engine=SimulatedEngine(record_prompts=True, script=tool_loop))
+    got = chained_then_resent(live, 4, edit)
+    chained_then_resent(off, 4, edit)
+    assert live.engine.stats.prompts[-1] == off.engine.stats.prompts[-1]   # token-exact
+    # the first item changed: nothing of it was ever rendered (a miss, a full render)
+    assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == (0 if edit == 0 else 1)
+    if edit in (None, -1):   # the last tool output is new anyway: only it is rendered
+        assert 0 < got["rendered"] < 60
+    else:                    # rendered from the edited item on: more than the new item alone
+        assert got["rendered"] >= 60

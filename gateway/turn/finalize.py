@@ -214,6 +214,7 @@ class Finalizer:
             pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
             nbytes=inherited + delta, delta_bytes=delta,
+            prefix_digest=ti.digest if chainable and compacted is None and _prefix_exact(turn) else None,
         )
 
     def _persist(self, state: ResponseState) -> None:
@@ -244,6 +245,14 @@ class Finalizer:
         """Wait for every pending store write (shutdown)."""
         while self._writes:
             await asyncio.wait(set(self._writes.values()))
+
+
+def _prefix_exact(turn: PreparedTurn) -> bool:
+    """The turn's prompt is the exact rendering of its items as a full-history client sends them:
+    a parentless request's (a prefix hit or a full render) or an append to an exact parent (the
+    render stage appends only to a parent whose history is canonical), never a truncated one."""
+    stats = turn.rendered.stats
+    return not stats.truncated_items and (turn.input.prefix is not None or stats.mode == "append")
 
 
 async def timed_put(store: ResponseStore, metrics: Metrics, state: ResponseState) -> None:

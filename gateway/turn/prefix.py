@@ -18,7 +18,8 @@ renderer family and the renderer's own versioned key of instructions, tools, too
 reasoning effort), the tenant and the ``cache_salt``. ``canonical(item)`` is orjson with sorted
 keys of the canonical item (``gateway.wire.items.canonical_item``) less ``id`` and ``status``,
 which no renderer reads (the same two keys ``gateway.turn.resolve`` ignores when it matches re-sent
-items; ids are random for items sent without one). The chain covers every earlier item, so a tool
+items; ids are random for items sent without one), and less null values, which every renderer
+reads as absent. The chain covers every earlier item, so a tool
 output's name — looked up from its call — is covered too; a request in which two calls share a
 ``call_id`` is not cached at all (which call names an output would then depend on where the render
 starts). Where the cut is made, the renderer's append contract must hold: ``append_break`` is
@@ -53,6 +54,16 @@ turn's ``flagged``, and the new turn inherits it as a continuation inherits ``Re
 (``TurnInput.flagged_before``). Wire validation (the request parse) still reads every item: the
 digests are of canonical items, which only exist after it.
 
+**Chained turns leave entries too.** A turn that continues a parent (WebSocket lanes, HTTP
+``previous_response_id``) names the same digest a client re-sending that whole history would:
+the parent's digest (``ResponseState.prefix_digest``) folded over the parent's output items and
+the turn's new items — O(new input) at resolve (``PrefixReuse.extend``). Its entry is exact by
+induction: the render stage appends only to a parent whose history is canonical, and a chain whose
+turn was rendered in full for another reason (a changed prelude) stops leaving entries. This is what
+makes a Codex whose WebSocket dropped cheap: it reconnects and re-sends the whole history without
+``previous_response_id`` (tests/test_codex_reconnect.py), and the lookup finds the last turn before
+the drop, so only the tool output Codex had not sent yet is rendered.
+
 **Bounds.** ``prefix_cache_bytes`` in all, ``prefix_cache_tenant_bytes`` per tenant, least recently
 used conversation out (``cache.prefix_cache``); another tenant's entries are never read.
 """
@@ -83,7 +94,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: bumped whenever the serialization below changes meaning
-VERSION = b"respgate-prefix-v1"
+VERSION = b"respgate-prefix-v2"
 #: item keys no renderer reads (see the module docstring)
 VOLATILE = frozenset({"id", "status"})
 DIGEST_BYTES = 16
@@ -99,9 +110,12 @@ def seed(tenant: str | None, cache_salt: str | None, key: bytes) -> bytes:
 
 
 def canonical_bytes(item: Mapping[str, Any]) -> bytes:
-    """The item as its rendering sees it: sorted keys, ``VOLATILE`` keys left out (raises
+    """The item as its rendering sees it: sorted keys, ``VOLATILE`` keys and keys whose value is
+    null left out — null and absent read the same to every renderer (``item.get``), and the model's
+    own output items carry nulls a client's re-send (``exclude_none``) does not (raises
     ``TypeError``/``orjson.JSONEncodeError`` for what JSON cannot hold)."""
-    return orjson.dumps({k: v for k, v in item.items() if k not in VOLATILE}, option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps({k: v for k, v in item.items() if k not in VOLATILE and v is not None},
+                        option=orjson.OPT_SORT_KEYS)
 
 
 def digests(d0: bytes, items: Sequence[Mapping[str, Any]]) -> list[bytes]:
@@ -196,13 +210,39 @@ class PrefixReuse:
         return PrefixMatch(digest, ids=base, covered=i if lead is None else j, seen=i, lead=tuple(lead or ()),
                            flagged=entry.flagged, chain=chain, root_id=entry.root_id)
 
+    def extend(self, parent: "ResponseState", new_items: Sequence[Item]) -> bytes | None:
+        """The digest of a chained turn's input: the parent's, extended by the parent's output items
+        and the turn's new items — what a client re-sending the whole history sends (a Codex that
+        lost its WebSocket reconnects so). None when the parent has none or a call id repeats."""
+        if parent.prefix_digest is None:
+            return None
+        n_out = len(parent.response.get("output") or ())
+        context = parent.context
+        outputs = context[len(context) - n_out:] if n_out else []
+        for item in outputs:   # already in the parent's context: each must be the first with its id
+            if item.get("type") in CALL_TYPES and context.call(item.get("call_id")) is not item:
+                return None
+        seen: set[Any] = set()
+        for item in new_items:
+            if item.get("type") in CALL_TYPES:
+                cid = item.get("call_id")
+                if cid in seen or context.call(cid) is not None:
+                    return None
+                seen.add(cid)
+        try:
+            ds = digests(parent.prefix_digest, [*outputs, *new_items])
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        return ds[-1] if ds else parent.prefix_digest
+
     def record(self, turn: "PreparedTurn", outcome: "Outcome", state: "ResponseState") -> None:
         """Keep what the finished turn left (``Finalizer``'s state hook): its history view, under the
         digest of its input. Only a turn whose prompt is the exact rendering of its input items
-        qualifies (no truncation, no compaction) and only one that can be continued (a history)."""
-        match = turn.input.prefix
+        qualifies (``ResponseState.prefix_digest`` is set: no truncation, no compaction; a parentless
+        request, or an append to a parent that qualified) and only one that can be continued."""
+        digest = state.prefix_digest
         rendered = turn.rendered
-        if match is None or outcome.compacted is not None or rendered.stats.truncated_items:
+        if digest is None:
             return
         ids = state.history_ids
         # from the lengths fixed at render time: the run stage may have grown ``rendered.new_ids``
@@ -210,8 +250,13 @@ class PrefixReuse:
         prompt_len = (len(rendered.base_ids) if rendered.base_ids is not None else 0) + rendered.stats.new_tokens
         if outcome.history is None or prompt_len <= 0 or len(ids) < prompt_len:
             return
+        match, parent = turn.input.prefix, turn.input.parent
+        near = match.chain if match is not None else None
+        if match is None and parent is not None and parent.prefix_digest is not None:
+            above = self.cache.get(turn.ctx.tenant, parent.prefix_digest)
+            near = above.chain if above is not None else None
         try:
-            self.cache.put(turn.ctx.tenant, match.digest, ids, prompt_len, len(outcome.output), turn.flagged,
-                           near=match.chain, root_id=state.root)
+            self.cache.put(turn.ctx.tenant, digest, ids, prompt_len, len(outcome.output), turn.flagged,
+                           near=near, root_id=state.root)
         except Exception:  # a bug here must not fail the turn: the next one only renders more
             log.exception("prefix cache: recording response %s failed", turn.id)

@@ -116,13 +116,18 @@ class Resolver:
         if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
             prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt)
             lap("render")  # the lookup renders what it compares
+        digest = prefix.digest if prefix is not None else None
+        if parent is not None and conv is None and not resent and self.prefix is not None:
+            # a chained turn names the prefix a client re-sending the whole history would send
+            # (a reconnecting Codex does): O(parent's output + new items)
+            digest = self.prefix.extend(parent, new_items)
         return TurnInput(
             req=req, route=route, tools=tools, prelude=prelude, parent=parent,
             base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
             new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
             conversation=conv.ref if conv is not None else None,
-            prefix=prefix,
+            prefix=prefix, digest=digest,
         )
 
     def _validate(self, body: Any, transport: Transport) -> tuple[CreateRequest, list[Any], ModelRoute,

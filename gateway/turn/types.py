@@ -100,6 +100,10 @@ class TurnInput:
     conversation: ConversationRef | None = None
     #: a request with no parent: its longest prefix already rendered for the tenant (or a miss)
     prefix: PrefixMatch | None = None
+    #: the prefix-cache digest of the turn's whole input as a full-history client would send it
+    #: (``gateway.turn.prefix``): a parentless request's, or a chained turn's folded from its
+    #: parent's; None when the turn cannot leave a prefix-cache entry
+    digest: bytes | None = None
 
     @property
     def root_id(self) -> str | None:
