@@ -497,10 +497,12 @@ def test_a_20_turn_chain_stays_on_one_pod_and_reuses_its_kv(two_pods: TwoPods, p
     after = [s.metric("vllm:request_success_total") for s in two_pods.servers]
     assert after[pod] - done[pod] == 20 and after[1 - pod] == done[1 - pod], (done, after)
 
-    # new chains spread: some root hashes to the other pod, which serves it
+    # new chains spread: some root hashes to the other pod, which serves it. Each opens with its own
+    # words: a request whose items the tenant sent before is a prefix-cache hit and continues that
+    # conversation's root (and pod) — prefix-aware by design (gateway.turn.prefix)
     for attempt in range(16):
-        other = httpx.post(live.base_url + "/responses", json={**base, "store": False, "input": "Hello."},
-                           timeout=120).json()
+        other = httpx.post(live.base_url + "/responses",
+                           json={**base, "store": False, "input": f"Hello, chain {attempt}."}, timeout=120).json()
         if _generates(router)[-1].backend != pod:
             break
     else:
