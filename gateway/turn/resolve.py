@@ -119,8 +119,9 @@ class Resolver:
         digest = prefix.digest if prefix is not None else None
         if parent is not None and conv is None and not resent and self.prefix is not None:
             # a chained turn names the prefix a client re-sending the whole history would send
-            # (a reconnecting Codex does): O(parent's output + new items)
-            digest = self.prefix.extend(parent, new_items)
+            # (a reconnecting Codex does): O(parent's output + new items), which may be a 10 MB tool
+            # output: hashed where the lookup is (the prepare pool for big bodies), not on the loop
+            digest = await cpu(self.prefix.extend, parent, new_items)
         return TurnInput(
             req=req, route=route, tools=tools, prelude=prelude, parent=parent,
             base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
