@@ -1,5 +1,6 @@
 """The corked transport under uvicorn's WebSocket protocol (gateway/transport/corked.py): frames of one loop
-iteration leave in one write, in order; close flushes; big bursts are not held back."""
+iteration, and of consecutive iterations while the producer keeps producing (up to LINGER_S), leave in one
+write, in order; close flushes; big bursts are not held back."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, SEND_STALLED_CODE, CorkedTransport,
+from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, SEND_STALLED_CODE, CorkedTransport,
                                       CorkedWebSocketProtocol, SendStalled, TextFrames)
 from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
@@ -51,12 +52,67 @@ def test_one_iteration_one_write_in_order():
         for chunk in (b"one,", b"two,", b"three"):
             corked.write(chunk)
         assert writes == [] and corked.get_write_buffer_size() == len(b"one,two,three")
-        await asyncio.sleep(0)  # the flush runs at the start of the next iteration
-        assert writes == [len(b"one,two,three")]
+        await asyncio.sleep(0)  # the producer wrote in the iteration before: one more iteration
+        assert writes == []
+        await asyncio.sleep(0)  # an iteration without a new frame: the producer paused, written
+        assert writes == [len(b"one,two,three")] and corked.flushes == 1
         assert await _read(peer, 13) == b"one,two,three"
         corked.write(b"later")
         await asyncio.sleep(0)
+        await asyncio.sleep(0)
         assert writes == [13, 5] and await _read(peer, 5) == b"later"
+        corked.close()
+        peer.close()
+
+    asyncio.run(main())
+
+
+def test_frames_of_consecutive_iterations_leave_in_one_write():
+    """A zero-latency engine hands over a delta per loop iteration: the run is one write."""
+    async def main() -> None:
+        transport, writes, peer = await _pair()
+        corked = CorkedTransport(transport, asyncio.get_running_loop())
+        sent = b""
+        for i in range(8):
+            frame = f"delta {i};".encode()
+            corked.write(frame)
+            sent += frame
+            await asyncio.sleep(0)
+        assert writes == []
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert writes == [len(sent)] and await _read(peer, len(sent)) == sent
+        corked.close()
+        peer.close()
+
+    asyncio.run(main())
+
+
+def test_a_producer_that_never_pauses_is_written_within_the_linger_bound():
+    """Frames every iteration, for ever: each write goes out once its oldest frame is LINGER_S old
+    (the transport's clock is a fake one here, so the bound is checked without timing anything)."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport, writes, peer = await _pair()
+        corked = CorkedTransport(transport, loop)
+        now = [0.0]
+        corked._loop = SimpleNamespace(time=lambda: now[0], call_soon=loop.call_soon)  # type: ignore[assignment]
+        for i in range(30):
+            corked.write(b"x")
+            await asyncio.sleep(0)
+        assert writes == []  # the clock stood still: still lingering
+        now[0] += LINGER_S
+        corked.write(b"x")
+        await asyncio.sleep(0)
+        assert writes == [31]  # due: written although the producer did not pause
+        for i in range(3):
+            corked.write(b"y")
+            await asyncio.sleep(0)
+        assert writes == [31]  # a new linger began with the next frame
+        now[0] += LINGER_S
+        await asyncio.sleep(0)
+        assert writes == [31, 3]
+        assert await _read(peer, 34) == b"x" * 31 + b"yyy"
         corked.close()
         peer.close()
 

@@ -5,11 +5,17 @@
 uvicorn writes each one to the socket as it is sent. On loopback or a virtualised NIC one ``send()``
 system call costs tens of microseconds and wakes the reader each time: profiled, the writes were ~30%
 of the gateway's CPU for a short WebSocket turn and the largest single cost of a token stream.
-Frames that become ready in the same loop iteration are now joined and written once, at the start
-of the next iteration (``loop.call_soon``): no timer, no added wait beyond the rest of the current
-iteration, frame order kept, and a frame produced on its own (a delta every few milliseconds) is
-written as before. ``close()`` flushes first; a buffer past :data:`FLUSH_BYTES` is written at once,
-so a burst never holds more than that; ``get_write_buffer_size`` counts the corked bytes too.
+Frames are joined and written once the connection's producer pauses: the flush is a ``call_soon``
+callback, and when it finds that a frame was added during the iteration before it (the turn is
+still producing: a zero-latency engine hands over a token per loop iteration, and a turn's opening
+and closing events come in runs of iterations) it waits one more iteration, up to
+:data:`LINGER_S` after the oldest corked frame. So a burst spread over consecutive iterations is one
+``send()`` (a short WebSocket turn went from 7 writes to 1–2), while a frame produced on its own (a
+real engine's delta, which arrives from the engine's thread into an otherwise idle loop) is written
+one idle iteration later — microseconds — and never later than :data:`LINGER_S` however busy the
+loop is. No timer, frame order kept. ``close()`` flushes first; a buffer past :data:`FLUSH_BYTES`
+is written at once, so a burst never holds more than that; ``get_write_buffer_size`` counts the
+corked bytes too.
 
 **Backpressure.** Every frame we write is either one the app sent — uvicorn makes ``send()`` wait
 while the transport is paused for writing — or one the protocol writes by itself in reply to what
@@ -64,7 +70,7 @@ from websockets.protocol import OPEN
 
 from gateway.base.log_limit import RateLimitedLog
 
-__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LOW_WATER",
+__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LINGER_S", "LOW_WATER",
            "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,8 @@ rejections = RateLimitedLog(log)
 
 #: corked bytes beyond which a write goes out at once (asyncio's default high-water mark)
 FLUSH_BYTES = 64 * 1024
+#: the longest a corked frame waits for its producer to pause (seconds; see the module docstring)
+LINGER_S = 0.0005
 #: write buffer (corked + transport) above which the protocol stops reading and the app's sends wait
 HIGH_WATER = 64 * 1024
 #: ... and at or below which both go on
@@ -109,8 +117,8 @@ class CorkedTransport:
     still unsent ``close_grace_s`` later.
     """
 
-    __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled", "_close_grace_s", "_abort_timer",
-                 "_closed", "_app_hold", "_write_hold", "written")
+    __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled", "_fresh", "_since", "_close_grace_s",
+                 "_abort_timer", "_closed", "_app_hold", "_write_hold", "written", "flushes")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, *,
                  close_grace_s: float = 10.0) -> None:
@@ -119,6 +127,8 @@ class CorkedTransport:
         self._chunks: list[bytes] = []
         self._size = 0
         self._scheduled = False
+        self._fresh = False     # a frame was corked since the last flush callback ran
+        self._since = 0.0       # loop time of the oldest corked frame
         self._close_grace_s = close_grace_s
         self._abort_timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -126,16 +136,20 @@ class CorkedTransport:
         self._write_hold = False
         #: bytes handed to the real transport so far (with its buffer size: how much the client took)
         self.written = 0
+        #: writes handed to the real transport (tests and benchmarks read it)
+        self.flushes = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         self._chunks.append(data if type(data) is bytes else bytes(data))
         self._size += len(data)
+        self._fresh = True
         if self._size >= FLUSH_BYTES:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
+            self._since = self._loop.time()
             self._loop.call_soon(self._flush_soon)
 
     def writelines(self, lines: Any) -> None:
@@ -143,6 +157,10 @@ class CorkedTransport:
             self.write(data)
 
     def _flush_soon(self) -> None:
+        if self._fresh and self._chunks and self._loop.time() - self._since < LINGER_S:
+            self._fresh = False  # the producer is still going: one more iteration
+            self._loop.call_soon(self._flush_soon)
+            return
         self._scheduled = False
         try:
             self.flush()
@@ -157,8 +175,10 @@ class CorkedTransport:
         data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._size = 0
+        self._fresh = False
         if not self._transport.is_closing():
             self.written += len(data)
+            self.flushes += 1
             self._transport.write(data)
 
     def close(self) -> None:
