@@ -245,7 +245,8 @@ class BlockPrefixCache:
         """Cache blocks ``hashes[start:stop]`` below ``parent`` (the block at depth ``start``);
         the deepest block. Existing blocks are reused (another request computed them)."""
         blocks = self._blocks
-        for key in itertools.islice(hashes, start, stop):
+        for i in range(start, stop):  # not islice: it would step over the first ``start`` hashes
+            key = hashes[i]
             node = blocks.get(key)
             if node is None:
                 node = _Block(key, parent)
