@@ -140,8 +140,10 @@ for _ = 0, tonumber(ARGV[2]) do
   if cur == '' then return false end
   local link = redis.call('HGET', KEYS[2], 'd:' .. cur)
   if not link then return false end
+  local nl = string.find(link, '\\n', 1, true)
+  if not nl then return false end
   head[#head + 1] = link
-  cur = string.sub(link, string.find(link, '\\n', 1, true) + 1)
+  cur = string.sub(link, nl + 1)
 end
 if cur ~= '' then return false end
 return head
@@ -159,7 +161,8 @@ if tonumber(redis.call('HGET', KEYS[2], 'k:' .. ARGV[2]) or '0') > 0 then return
 local link = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2])
 if not link then return 1 end
 redis.call('HDEL', KEYS[2], 'd:' .. ARGV[2], 'k:' .. ARGV[2])
-local parent = string.sub(link, string.find(link, '\\n', 1, true) + 1)
+local nl = string.find(link, '\\n', 1, true)
+local parent = nl and string.sub(link, nl + 1) or ''
 if parent ~= '' and redis.call('HEXISTS', KEYS[2], 'k:' .. parent) == 1 then
   if redis.call('HINCRBY', KEYS[2], 'k:' .. parent, -1) <= 0 then redis.call('HDEL', KEYS[2], 'k:' .. parent) end
 end

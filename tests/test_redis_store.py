@@ -227,8 +227,9 @@ async def load_scripts(url: str) -> None:
     from cache import redis_store
 
     r = redis.Redis.from_url(url)
-    for script in (redis_store._PUT_LUA, redis_store._READ_LUA, redis_store._DELETE_LUA):
-        r.script_load(script)
+    for name, script in vars(redis_store).items():
+        if name.endswith("_LUA"):
+            r.script_load(script)
 
 
 def sent_bytes(r: redis.Redis) -> int:
