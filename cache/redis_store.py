@@ -3,53 +3,69 @@
 Layout (``P`` = the prefix, ``respgate:`` by default; ``R`` = the id of the chain's root, the first
 response of the chain that reached the store)::
 
-    P r:{R}:<id>            hash    the record (below); every record of one chain shares the tag {R}
-    P p:<id>                string  the chain pointer: {"root": R, "anc": [ancestor ids], "clen": n}
+    P r:{R}:<id>            hash    the record: what serving this response needs (below)
+    P c:{R}                 hash    the chain: per response ``d:<id>`` = its context delta and its
+                                    parent in the chain, and ``k:<id>`` = its number of children
+    P p:<id>                string  the pointer: {"root": R, "depth": n, "clen": n}
     P i:<tenant tag>:<key>  string  items by id: [response id, side, position, R]
 
-The record holds everything needed to serve a response and to chain from it — the Response
-object, its own input items (``input_items`` pagination), its *context delta* (the items it added
-on top of its parent: its input + its output, never the whole context), its tenant, its prelude
-key, a ``kids`` count and a small ``meta`` blob (parent, model, pending calls, flag bit, byte
-counts). The pointer is how a lookup by id finds the record's tag, and it carries the ancestors'
-ids (oldest first) and the context length, which is all a continuation needs of its parent.
+The record holds what serving the response needs — the Response object, its own input items
+(``input_items`` pagination), its tenant, its prelude key and a small ``meta`` blob (parent,
+model, pending calls, flag bit, byte counts). The chain hash holds, per response, its *context
+delta* (the items it added on top of its parent: its input + its output, never the whole context)
+followed by a newline and the id of its parent in the chain (empty for the root; orjson never writes
+a raw newline, so the first one is the separator). The pointer is how a lookup by id finds the
+tag; its depth (0 for the root) and context length let a reader check a hydrated chain is whole.
 
-**Why chain tags (Redis Cluster).** A write is one atomic step (a Lua script) over the new record
-*and its ancestors* (the parent's ``kids`` count, every ancestor's TTL), and a read pipelines every
-ancestor's delta: with records named by their own id a chain would spread over many slots and
-Cluster would refuse the script (``CROSSSLOT``). Tagged with their root, a chain's records share
-one slot — the write and the read stay on one node — while different chains (random roots) spread
-evenly over every slot. (A script rather than ``MULTI``: see ``cache.redis_client``.)
+**Why a chain key: a write is O(new input) whatever the depth.** Ancestors' deltas must outlive
+every descendant (a descendant is hydrated from them), and with a record per response holding its
+delta that meant refreshing every ancestor's TTL on each write: one ``PEXPIRE`` per ancestor
+record and per ancestor pointer, plus the ancestor id list in every pointer — calls and bytes per
+turn grew with the chain's depth (an agent session of several hundred turns paid several hundred
+Redis calls a turn). Every delta of a chain lives in one hash instead, so one ``PEXPIRE`` of
+``c:{R}`` keeps the whole chain alive as long as its newest response; the pointer holds no
+ancestor list. A write is the parent's pointer (only when this process does not hold the parent)
+and then one script (the new record, its delta, the parent's child count, two ``PEXPIRE``) sent
+together with a pipeline of single-key commands (the pointer, the item index entries): a fixed
+number of calls, O(new input) bytes, at depth 2 or 2,000.
 
-Response ids stay as they are (``resp_<random>``), so a lookup by id first reads the pointer (its
-own key, any slot); the pointer holds the ancestors, so a read is still two round trips whatever
-the chain's depth: the pointer, then the record with every ancestor's delta. A write is also two:
-the parent's pointer, then the record's script sent together with a pipeline of single-key
-commands (the new pointer, the ancestors' pointer TTLs, the item index entries) that the cluster
-client splits per node. Nothing here is a cross-slot transaction, script or multi-key command.
-Load: a chain's bytes live on one shard, as a conversation's do; 100,000 sessions are 100,000
-roots spread over 16,384 slots.
+**Retention.** A response's own record and pointer expire with the store's TTL from its own
+write (standard: a response is kept for the TTL after it was created), so ``GET`` by id, listing
+its input items and chaining from it (a fork from an old ancestor) work for that long. Its delta
+lives as long as its chain — the TTL from the chain's newest write — so the hydration of a live
+descendant never breaks; an old ancestor whose record expired costs only its delta. Nothing is
+stored twice across records: each delta is in the chain hash once, each Response object in its
+own record once.
 
-The pointer is written with the record but not in its script (it lives in another slot). Each
-order of failure reads as "not found", never as a wrong context: a pointer whose record is missing
-(or a record whose pointer is) is a miss; readers validate the record itself (tenant, not deleted).
+**Why chain tags (Redis Cluster).** The write script touches the new record and the chain hash,
+and the cold read walks the chain hash: both tagged with the root, they share one slot — the
+write and the read stay on one node — while different chains (random roots) spread evenly over
+every slot. (A script rather than ``MULTI``: see ``cache.redis_client``.) The pointer lives in
+another slot and is written beside the script, not in it; each order of failure reads as "not
+found", never as a wrong context: a pointer whose record is missing (or a record whose pointer
+is) is a miss, and readers validate the record itself (tenant, present).
 
-Why deltas plus an ancestor list: storing each response's full context would make every write
-O(history) bytes and a chain O(n²) in Redis. Reading every ancestor's delta is O(history) bytes,
-so it happens once per process and chain: a process keeps the context of every response it wrote
-or read (``ChainCache``: deltas are immutable once written) and from then on reads only the
-record's own fields — one round trip, O(new input) bytes — checked as always (tenant, tombstone,
-present). An HTTP ``store=true`` chain served by one replica is O(new input) per turn, like a
-WebSocket connection's own cache; a replica that takes over a chain pays O(history) once.
+**Reads.** A process keeps the context of every response it wrote or read (``ChainCache``: deltas
+are immutable once written) and from then on reads only the record's own fields — one round
+trip, O(new input) bytes — checked as always (tenant, present). A process that does not hold the
+chain reads the pointer, then one script in the chain's slot that checks the record's tenant and
+walks from the response to the root through the chain hash, returning every delta: O(history)
+bytes once per process and chain (the hydration), two round trips whatever the depth. The walk
+takes exactly ``depth + 1`` steps and must end at the root, and the deltas must add up to the
+pointer's context length; a missing link (an ancestor's delta evicted under memory pressure, the
+chain expired or deleted) is None — the client gets ``previous_response_not_found``, never a
+silently truncated context. An HTTP ``store=true`` chain served by one replica is O(new input) per
+turn, like a WebSocket connection's own cache; a replica that takes over a chain pays O(history)
+once.
 
-Ancestors must outlive descendants, so a write refreshes the TTL of every ancestor's record (same
-script) and pointer (same round trip): a chain expires together with its newest response.
-``DELETE`` of a response that has descendants leaves a tombstone — the Response object and input
-items are removed, so it can no longer be retrieved, listed or chained from, but its delta stays so
-descendants still hydrate; a response without descendants is removed outright; either way its
-pointer goes. If an ancestor is nonetheless gone (Redis evicted it under memory pressure, or a
-race with a delete) ``get`` returns None: the client gets ``previous_response_not_found``, never a
-silently truncated context.
+If the parent's delta is gone when a child is written (its chain was evicted, or expired or the
+parent was deleted while the turn ran), the script writes nothing and the child is written again
+as the root of a new chain with its whole context as its delta (O(history), rare), so it stays
+readable everywhere rather than being an orphan no other process could hydrate.
+
+``DELETE`` removes the response's record and pointer: it can no longer be retrieved, listed or
+chained from. Its delta is removed too when it has no children; a response with children leaves
+its delta in the chain as a tombstone, so descendants still hydrate (it goes with the chain's TTL).
 
 Items by id: the index entry of an item (or of a tool call the gateway issued) names the stored
 response that first held it among its own items (input, then output) and that response's root, so
@@ -63,8 +79,10 @@ per item) and only useful to the process whose renderer made them. A miss hydrat
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
 (counted), after which this process holds the chain's tokens again.
 
-Upgrading from the untagged layout (``P r:<id>``): responses stored before it are not found after
-it (they expire within the store TTL); the ledger and conversations are not affected.
+Upgrading from an earlier layout (records holding their own delta, pointers listing ancestors, or
+the untagged ``P r:<id>``): responses stored before it are not found after it (a pointer without a
+depth reads as missing; they expire within the store TTL); the ledger and conversations are not
+affected.
 
 Redis errors become ``StoreUnavailable`` (the gateway answers 503), so an outage is a clear,
 retryable error and never a "not found".
@@ -89,30 +107,64 @@ from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.state import ResponseState
 from cache.store import StoredItem, StoreUnavailable, index_keys
 
-_FIELDS = ("tenant", "deleted", "meta", "response", "input", "delta", "pk")
-#: a record's fields but its delta: what a read of a response whose context this process holds needs
-_HEAD_FIELDS = ("tenant", "deleted", "meta", "response", "input", "pk")
+#: the record's fields: what a read of a response whose context this process holds needs
+_FIELDS = ("tenant", "meta", "response", "input", "pk")
 
-# The write, atomically (one slot: every key is tagged with the chain's root). KEYS[1] = the new
-# record, KEYS[2..] = its ancestors' records, oldest first (the parent last). ARGV[1] = TTL (ms), then
-# field/value pairs of the record.
+# The write, atomically, in the chain's slot. KEYS[1] = the new record, KEYS[2] = the chain hash.
+# ARGV[1] = TTL (ms), ARGV[2] = the response id, ARGV[3] = its parent in the chain ('' for a root),
+# ARGV[4] = its chain entry (delta, '\n', parent), then the record's field/value pairs. Returns 0,
+# writing nothing, when the parent's delta is not in the chain (see the module docstring).
+# Fixed work whatever the chain's depth: the chain's one PEXPIRE keeps every ancestor's delta alive.
 _PUT_LUA = """
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+local parent = ARGV[3]
+if parent ~= '' and redis.call('HEXISTS', KEYS[2], 'd:' .. parent) == 0 then return 0 end
+if redis.call('HSET', KEYS[2], 'd:' .. ARGV[2], ARGV[4]) == 1 and parent ~= '' then
+  redis.call('HINCRBY', KEYS[2], 'k:' .. parent, 1)
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-if #KEYS > 1 then redis.call('HINCRBY', KEYS[#KEYS], 'kids', 1) end
-for i = 2, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 return 1
 """
 
-# Tenant check and delete (or tombstone) in one atomic step; see the module docstring.
+# A cold read, in the chain's slot: the record's fields (tenant-checked), then the chain entries
+# from the response up to the root. KEYS[1] = the record, KEYS[2] = the chain hash; ARGV[1] = the
+# response id, ARGV[2] = its depth (the pointer's), ARGV[3] = the tenant. Exactly depth + 1 links
+# that must end at the root: anything else (a link missing, a chain longer or shorter than its
+# pointer says) is a miss, never a truncated context — and the walk is bounded by the pointer.
+_READ_LUA = """
+local head = redis.call('HMGET', KEYS[1], 'tenant', 'meta', 'response', 'input', 'pk')
+if not head[1] or head[1] ~= ARGV[3] or not head[2] or not head[3] then return false end
+local cur = ARGV[1]
+for _ = 0, tonumber(ARGV[2]) do
+  if cur == '' then return false end
+  local link = redis.call('HGET', KEYS[2], 'd:' .. cur)
+  if not link then return false end
+  local nl = string.find(link, '\\n', 1, true)
+  if not nl then return false end
+  head[#head + 1] = link
+  cur = string.sub(link, nl + 1)
+end
+if cur ~= '' then return false end
+return head
+"""
+
+# Tenant check and delete in one atomic step. KEYS[1] = the record, KEYS[2] = the chain hash;
+# ARGV[1] = the tenant, ARGV[2] = the response id. The record goes; the delta too unless the
+# response has children (then it stays as the tombstone descendants hydrate from), and a removed
+# leaf no longer counts as its parent's child. O(1): nothing cascades up the chain.
 _DELETE_LUA = """
-local r = redis.call('HMGET', KEYS[1], 'tenant', 'deleted', 'kids')
-if not r[1] or r[1] ~= ARGV[1] or r[2] then return 0 end
-if r[3] and tonumber(r[3]) > 0 then
-  redis.call('HDEL', KEYS[1], 'response', 'input')
-  redis.call('HSET', KEYS[1], 'deleted', '1')
-else
-  redis.call('DEL', KEYS[1])
+local r = redis.call('HMGET', KEYS[1], 'tenant', 'response')
+if not r[1] or r[1] ~= ARGV[1] or not r[2] then return 0 end
+redis.call('DEL', KEYS[1])
+if tonumber(redis.call('HGET', KEYS[2], 'k:' .. ARGV[2]) or '0') > 0 then return 1 end
+local link = redis.call('HGET', KEYS[2], 'd:' .. ARGV[2])
+if not link then return 1 end
+redis.call('HDEL', KEYS[2], 'd:' .. ARGV[2], 'k:' .. ARGV[2])
+local nl = string.find(link, '\\n', 1, true)
+local parent = nl and string.sub(link, nl + 1) or ''
+if parent ~= '' and redis.call('HEXISTS', KEYS[2], 'k:' .. parent) == 1 then
+  if redis.call('HINCRBY', KEYS[2], 'k:' .. parent, -1) <= 0 then redis.call('HDEL', KEYS[2], 'k:' .. parent) end
 end
 return 1
 """
@@ -187,12 +239,13 @@ class TokenCache(SharedBufferLRU):
 
 @dataclass(frozen=True, slots=True)
 class ChainEntry:
-    """What this process knows of a stored response's place in its chain: the record's tag, the
-    pointer's ancestors and context length, and the context itself (a view, shared with the
-    chain's other entries)."""
+    """What this process knows of a stored response's place in its chain: the chain's root (the
+    keys' tag), the response's depth in it, and its context (a view, shared with the chain's other
+    entries; its length is the pointer's context length). O(1) besides the shared view: no
+    ancestor list, so a chain's entries cost the chain's items once, not its depth squared."""
 
     root: str
-    ancestors: tuple[str, ...]
+    depth: int
     context: ItemLog
 
 
@@ -201,17 +254,29 @@ class ChainCache(SharedBufferLRU):
 
     Why: a record's context delta is immutable once written, so a process that holds a response's
     context need not read it back. A continuation's read of its parent is then one round trip for
-    the record's small fields (tenant, tombstone, the Response object, its own input) — O(new
-    input) bytes — instead of the pointer and every ancestor's delta, which is O(history) bytes
-    every turn. The record is still read and checked each time: a response deleted or expired
-    elsewhere, or another tenant's, is not found as before. Charged per distinct item buffer with
-    the largest ``nbytes`` (the state's approximate bytes) of an entry over it."""
+    the record's small fields (tenant, the Response object, its own input) — O(new input) bytes —
+    instead of the pointer and the walk over every ancestor's delta, which is O(history) bytes
+    every turn; and its write skips the parent's pointer. The record is still read and checked
+    each time: a response deleted or expired elsewhere, or another tenant's, is not found as
+    before. Charged per distinct item buffer with the largest ``nbytes`` (the state's approximate
+    bytes) of an entry over it."""
 
     def get(self, response_id: str) -> ChainEntry | None:
         return self._get(response_id)
 
     def put(self, response_id: str, entry: ChainEntry, nbytes: int) -> None:
         self._put(response_id, entry, entry.context._buf, max(1, nbytes))
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    """Where a write goes in the store: the chain (``root``), the parent there ('' for the chain's
+    root), the response's depth and the start of its delta in its context."""
+
+    root: str
+    parent: str
+    depth: int
+    start: int
 
 
 class RedisStore:
@@ -233,7 +298,10 @@ class RedisStore:
         #: reads answered from this process's chain cache (one round trip, no ancestor deltas) / not
         self.chain_hits = 0
         self.chain_misses = 0
+        #: writes whose parent's delta was gone from its chain, written again as a new chain's root
+        self.rerooted = 0
         self._write = client.register_script(_PUT_LUA)
+        self._read = client.register_script(_READ_LUA)
         self._delete = client.register_script(_DELETE_LUA)
 
     @classmethod
@@ -252,6 +320,10 @@ class RedisStore:
         """The record of ``response_id`` in the chain rooted at ``root`` (tag ``{root}``: one slot a chain)."""
         return f"{self.prefix}r:{{{root}}}:{response_id}"
 
+    def chain_key(self, root: str) -> str:
+        """The chain rooted at ``root``: every delta of it, and the one TTL that keeps them."""
+        return f"{self.prefix}c:{{{root}}}"
+
     def pointer_key(self, response_id: str) -> str:
         return f"{self.prefix}p:{response_id}"
 
@@ -261,7 +333,9 @@ class RedisStore:
 
     async def _pointer(self, response_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(self.pointer_key(response_id))
-        return orjson.loads(raw) if raw is not None else None
+        pointer = orjson.loads(raw) if raw is not None else None
+        # a pointer of an earlier layout (no depth: its chain is not in a chain hash) is not found
+        return pointer if isinstance(pointer, dict) and isinstance(pointer.get("depth"), int) else None
 
     async def put(self, state: ResponseState) -> None:
         try:
@@ -272,35 +346,52 @@ class RedisStore:
             self.tokens.put(state.id, state.history_ids)
 
     async def _put(self, state: ResponseState) -> None:
-        root, ancestors, start = state.id, [], 0
+        link = _Link(state.id, "", 0, 0)
         if state.parent_id is not None:
             known = self.chains.get(state.parent_id)
-            parent = ({"root": known.root, "anc": known.ancestors, "clen": len(known.context)} if known is not None
+            parent = ({"root": known.root, "depth": known.depth, "clen": len(known.context)} if known is not None
                       else await self._pointer(state.parent_id))
             if parent is not None and parent["clen"] <= len(state.context):
-                root, ancestors, start = parent["root"], [*parent["anc"], state.parent_id], parent["clen"]
+                link = _Link(parent["root"], state.parent_id, parent["depth"] + 1, parent["clen"])
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record is the root of a new chain, its delta is the whole context (rare, and still correct)
-        meta = {
+        meta = orjson.dumps({
             "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model, "pending_calls": sorted(state.pending_calls),
             "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
             "created": state.created,
-        }
-        record = [self.record_key(root, state.id), *(self.record_key(root, a) for a in ancestors)]
-        write = self._write(keys=record, args=[
-            self.ttl_ms, "tenant", orjson.dumps(state.tenant), "meta", orjson.dumps(meta), "pk", state.prelude_key,
-            "response", orjson.dumps(state.response), "input", orjson.dumps(list(state.input_items)),
-            "delta", orjson.dumps(state.context[start:])])
-        side = self.redis.pipeline(transaction=False)  # single-key commands, any slots
-        side.set(self.pointer_key(state.id), orjson.dumps({"root": root, "anc": ancestors, "clen": len(state.context)}),
-                 px=self.ttl_ms)
-        for ancestor in ancestors:
-            side.pexpire(self.pointer_key(ancestor), self.ttl_ms)
-        for item_key, where, pos in index_keys(state):
-            side.set(self.item_key(state.tenant, item_key), orjson.dumps([state.id, where, pos, root]), nx=True,
-                     px=self.ttl_ms)
-        await asyncio.gather(write, side.execute())
-        self.chains.put(state.id, ChainEntry(root, tuple(ancestors), state.context), state.nbytes)
+        })
+        record = ["tenant", orjson.dumps(state.tenant), "meta", meta, "pk", state.prelude_key,
+                  "response", orjson.dumps(state.response), "input", orjson.dumps(list(state.input_items))]
+        index = [(self.item_key(state.tenant, item_key), where, pos) for item_key, where, pos in index_keys(state)]
+        wrote, claimed = await self._send(state, link, record, index, None)
+        if not wrote:
+            # the parent's delta is gone from its chain (evicted, or the chain expired or the parent
+            # was deleted while this turn ran): this response starts a chain of its own, whole; the
+            # pointer and the index entries the first attempt claimed are written again for it
+            self.rerooted += 1
+            link = _Link(state.id, "", 0, 0)
+            await self._send(state, link, record, index, claimed)
+        self.chains.put(state.id, ChainEntry(link.root, link.depth, state.context), state.nbytes)
+
+    async def _send(self, state: ResponseState, link: _Link, record: list[Any], index: list[tuple[str, str, int]],
+                    again: list[bool] | None) -> tuple[Any, list[bool]]:
+        """The write's script and, beside it, a pipeline of single-key commands (the pointer, the
+        item index entries: any slots). Index entries are set ``NX`` (the first response to hold an
+        item keeps it), or with ``again`` (a second attempt) exactly those the first attempt
+        claimed, overwritten. Returns the script's result and which index entries were set."""
+        entry = orjson.dumps(state.context[link.start:]) + b"\n" + link.parent.encode()
+        write = self._write(keys=[self.record_key(link.root, state.id), self.chain_key(link.root)],
+                            args=[self.ttl_ms, state.id, link.parent, entry, *record])
+        side = self.redis.pipeline(transaction=False)
+        side.set(self.pointer_key(state.id),
+                 orjson.dumps({"root": link.root, "depth": link.depth, "clen": len(state.context)}), px=self.ttl_ms)
+        sent = [again is None or again[n] for n in range(len(index))]
+        for (key, where, pos), send in zip(index, sent):
+            if send:
+                side.set(key, orjson.dumps([state.id, where, pos, link.root]), nx=again is None, px=self.ttl_ms)
+        wrote, results = await asyncio.gather(write, side.execute())
+        replies = iter(results[1:])
+        return wrote, [send and bool(next(replies)) for send in sent]
 
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None:
         try:
@@ -312,9 +403,9 @@ class RedisStore:
         known = self.chains.get(response_id)
         if known is not None:  # this process holds the context: read and check the record only
             self.chain_hits += 1
-            head = await self.redis.hmget(self.record_key(known.root, response_id), _HEAD_FIELDS)
-            raw_tenant, deleted, raw_meta, response, inputs, pk = head
-            if raw_meta is None or response is None or deleted is not None:
+            raw_tenant, raw_meta, response, inputs, pk = await self.redis.hmget(
+                self.record_key(known.root, response_id), _FIELDS)
+            if raw_meta is None or response is None:
                 self.chains.discard(response_id)  # deleted or expired: gone for every reader
                 return None
             if orjson.loads(raw_tenant) != tenant:
@@ -325,23 +416,20 @@ class RedisStore:
         pointer = await self._pointer(response_id)
         if pointer is None:
             return None
-        root, ancestors = pointer["root"], pointer["anc"]
-        reads = self.redis.pipeline(transaction=False)  # one slot: the chain's
-        reads.hmget(self.record_key(root, response_id), _FIELDS)
-        for ancestor in ancestors:
-            reads.hget(self.record_key(root, ancestor), "delta")
-        (raw_tenant, deleted, raw_meta, response, inputs, delta, pk), *chunks = await reads.execute()
-        if raw_meta is None or response is None or deleted is not None or orjson.loads(raw_tenant) != tenant:
+        root, depth = pointer["root"], pointer["depth"]
+        found = await self._read(keys=[self.record_key(root, response_id), self.chain_key(root)],
+                                 args=[response_id, depth, orjson.dumps(tenant)])
+        if not found:
+            return None  # missing, another tenant's, or a link of its chain gone: never a truncated context
+        _, raw_meta, response, inputs, pk, *links = found
+        items: list[dict[str, Any]] = []
+        for link in reversed(links):  # the walk went from the response up to the root
+            items.extend(orjson.loads(link[:link.index(b"\n")]))
+        if len(items) != pointer["clen"]:
             return None
         meta = orjson.loads(raw_meta)
-        items: list[dict[str, Any]] = []
-        for chunk in chunks:
-            if chunk is None:
-                return None  # an ancestor is gone: refuse rather than hydrate a truncated context
-            items.extend(orjson.loads(chunk))
-        items.extend(orjson.loads(delta))
         context = ItemLog(items)
-        self.chains.put(response_id, ChainEntry(root, tuple(ancestors), context), meta["nbytes"])
+        self.chains.put(response_id, ChainEntry(root, depth, context), meta["nbytes"])
         return self._state(response_id, root, meta, response, inputs, pk, context, tenant)
 
     def _state(self, response_id: str, root: str, meta: dict[str, Any], response: bytes, inputs: bytes,
@@ -368,9 +456,10 @@ class RedisStore:
             pointer = {"root": known.root} if known is not None else await self._pointer(response_id)
             if pointer is None:
                 return False
-            deleted = await self._delete(keys=[self.record_key(pointer["root"], response_id)],
-                                         args=[orjson.dumps(tenant)])
-            if deleted:  # deleted or tombstoned: no longer found by id either way
+            root = pointer["root"]
+            deleted = await self._delete(keys=[self.record_key(root, response_id), self.chain_key(root)],
+                                         args=[orjson.dumps(tenant), response_id])
+            if deleted:  # no longer found by id either way
                 await self.redis.delete(self.pointer_key(response_id))
         except RedisError as exc:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
@@ -402,10 +491,10 @@ class RedisStore:
             return {}
         reads = self.redis.pipeline(transaction=False)
         for rid, root, field in wanted:
-            reads.hmget(self.record_key(root, rid), ("tenant", "deleted", field))
+            reads.hmget(self.record_key(root, rid), ("tenant", field))
         lists: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for (rid, _, field), (raw_tenant, deleted, raw) in zip(wanted, await reads.execute()):
-            if raw_tenant is None or deleted is not None or raw is None or orjson.loads(raw_tenant) != tenant:
+        for (rid, _, field), (raw_tenant, raw) in zip(wanted, await reads.execute()):
+            if raw_tenant is None or raw is None or orjson.loads(raw_tenant) != tenant:
                 continue
             value = orjson.loads(raw)
             lists[(rid, field)] = (value.get("output") or []) if field == "response" else value

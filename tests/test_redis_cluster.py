@@ -207,14 +207,16 @@ def test_every_multi_key_operation_names_keys_of_one_slot(redis_url, monkeypatch
     assert not crossing, "multi-key operations across slots:\n" + "\n".join(f"{w}: {k}" for w, k in crossing)
     # no MULTI anywhere (cache.redis_client: atomic steps are scripts)
     assert not [c for kind, c in recorder.groups if kind == "multi"]
-    # and the enumeration really covered the multi-key steps: the chain write with its ancestors
-    # (4 records), the conversation's three keys, the ledger's stream + markers, both lease keys
+    # and the enumeration really covered the multi-key steps: the chain write and read (a record
+    # and its chain), the conversation's three keys, the ledger's stream + markers, both lease keys
     widest = Counter()
     for what, keys in spans:
         widest[what.split()[1]] = max(widest[what.split()[1]], len(keys))
-    assert widest["EVALSHA"] >= 4 and widest["DEL"] == 3, widest
+    assert widest["EVALSHA"] >= 2 and widest["DEL"] == 3, widest
     joined = [b"|".join(_b(k) for k in keys) for _, keys in spans]
-    assert any(b"{resp_0}:resp_3" in j and b"{resp_0}:resp_2" in j for j in joined)  # a chain write
+    assert any(b"r:{resp_0}:resp_3" in j and b"c:{resp_0}" in j for j in joined)     # a chain write / read
+    # a store write is O(1) keys whatever the chain's depth: no script names an ancestor's record
+    assert not [j for j in joined if j.count(b"respgate:r:") > 1]
     assert any(b"{respgate:usage}:seen:" in j for j in joined)                       # ledger batch
     assert any(b"{bg}:run" in j and b"{bg}:info" in j for j in joined)               # lease release
 
@@ -261,9 +263,9 @@ def test_cluster_urls_and_the_prefix_rule():
 def test_every_operation_runs_on_a_three_master_cluster(redis_cluster_url, redis_cluster):
     asyncio.run(exercise(redis_cluster_url))
     keys = redis_cluster.keys()
-    # a chain's records share their root's slot; the ledger's markers the stream's
-    chain_keys = [k for k in keys if k.startswith(b"respgate:r:")]
-    assert chain_keys and len({key_slot(k) for k in chain_keys}) == 1
+    # a chain's records and its chain hash share their root's slot; the ledger's markers the stream's
+    chain_keys = [k for k in keys if k.startswith((b"respgate:r:", b"respgate:c:"))]
+    assert len(chain_keys) == 3 and len({key_slot(k) for k in chain_keys}) == 1, chain_keys
     markers = [k for k in keys if b":seen:" in k]
     assert len(markers) == 3 and {key_slot(k) for k in markers} == {key_slot(b"respgate:usage")}
 

@@ -34,20 +34,32 @@ def item(text: str, role: str = "user") -> dict[str, Any]:
     return {"type": "message", "role": role, "id": f"msg_{text}", "content": [{"type": "input_text", "text": text}]}
 
 
-def chain(n: int, tenant: str | None = "t1", name: str = "resp") -> list[ResponseState]:
-    """n chained states as the finalizer builds them: shared item and token buffers, each a delta."""
+def chain(n: int, tenant: str | None = "t1", name: str = "resp", width: int = 0) -> list[ResponseState]:
+    """n chained states as the finalizer builds them: shared item and token buffers, each a delta.
+    ``width``: zero-padded numbers, so every state of the chain has fields of the same sizes."""
     states: list[ResponseState] = []
     context, ids = ItemLog(), TokenSeq()
     for i in range(n):
-        new, out = [item(f"in{i}")], [item(f"out{i}", "assistant")]
+        k = f"{i:0{width}d}"
+        new, out = [item(f"in{k}")], [item(f"out{k}", "assistant")]
         context = context.extend(new + out)
         ids = ids.extend(range(10 * i, 10 * i + 10))
         states.append(ResponseState(
-            id=f"{name}_{i}", response={"id": f"{name}_{i}", "status": "completed", "output": out},
+            id=f"{name}_{k}", response={"id": f"{name}_{k}", "status": "completed", "output": out},
             input_items=tuple(new), context=context, history_ids=ids, model="m", prelude_key=b"\x00pk\xff",
-            store=True, parent_id=states[-1].id if states else None, pending_calls=frozenset({f"call_{i}"}),
-            flagged=i == 1, tenant=tenant, nbytes=100 * (i + 1), delta_bytes=100))
+            store=True, parent_id=states[-1].id if states else None, pending_calls=frozenset({f"call_{k}"}),
+            flagged=i == 1, tenant=tenant, nbytes=100 * (i + 1) if not width else 10 ** width,
+            delta_bytes=100, **({"created": 1.5} if width else {})))
     return states
+
+
+def link(url: str, root: str, response_id: str) -> tuple[list[dict[str, Any]], str] | None:
+    """A response's entry in its chain hash: (its delta, its parent in the chain)."""
+    raw = redis.Redis.from_url(url).hget(f"respgate:c:{{{root}}}", f"d:{response_id}")
+    if raw is None:
+        return None
+    delta, _, parent = raw.partition(b"\n")
+    return json.loads(delta), parent.decode()
 
 
 def redis_keys(url: str) -> list[bytes]:
@@ -63,9 +75,14 @@ async def test_chain_round_trip_from_a_second_process_hydrates_context_and_misse
         states = chain(4)
         for s in states:
             await a.put(s)
-        # each record holds only its delta, never the whole context
-        raw = redis.Redis.from_url(redis_url).hget("respgate:r:{resp_0}:resp_3", "delta")
-        assert [i["id"] for i in json.loads(raw)] == ["msg_in3", "msg_out3"]
+        # the chain holds each response's delta once (never the whole context), the record none
+        delta, parent = link(redis_url, "resp_0", "resp_3")
+        assert [i["id"] for i in delta] == ["msg_in3", "msg_out3"] and parent == "resp_2"
+        assert link(redis_url, "resp_0", "resp_0")[1] == ""
+        record = redis.Redis.from_url(redis_url).hgetall("respgate:r:{resp_0}:resp_3")
+        assert sorted(record) == [b"input", b"meta", b"pk", b"response", b"tenant"]
+        assert json.loads(redis.Redis.from_url(redis_url).get("respgate:p:resp_3")) == {
+            "root": "resp_0", "depth": 3, "clen": 8}
 
         got = await b.get("resp_3", "t1")
         assert got is not None
@@ -101,22 +118,42 @@ async def test_tenant_isolation(redis_url):
         await store.close()
 
 
-async def test_records_expire_after_the_ttl_and_a_write_refreshes_ancestors(redis_url):
-    store = RedisStore.from_url(redis_url, ttl_s=0.3)
+async def until(check: Any, what: str) -> None:
+    """Bounded polling for a state of Redis (not a timing assertion)."""
+    deadline = time.monotonic() + 15
+    while not await check():
+        assert time.monotonic() < deadline, f"never {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_response_expires_from_its_own_write_its_chain_from_the_newest(redis_url):
+    """Retention: a response's record lives for the TTL from its own write; the chain's deltas for
+    the TTL from the chain's newest write, so a live descendant always hydrates whole."""
+    r = redis.Redis.from_url(redis_url)
+    store = RedisStore.from_url(redis_url, ttl_s=2.0)
     try:
         s0, s1 = chain(2)
         await store.put(s0)
-        await asyncio.sleep(0.2)
-        await store.put(s1)  # refreshes resp_0's TTL: the chain expires with its newest response
-        ttl = redis.Redis.from_url(redis_url).pttl("respgate:r:{resp_0}:resp_0")
-        assert ttl > 200, ttl
-        assert await store.get("resp_1", "t1") is not None
-        deadline = time.monotonic() + 10
-        while await store.get("resp_1", "t1") is not None:  # bounded polling, not a timing assertion
-            assert time.monotonic() < deadline, "never expired"
-            await asyncio.sleep(0.05)
-        assert await store.get("resp_0", "t1") is None
-        assert redis_keys(redis_url) == []
+        await asyncio.sleep(1.2)
+        await store.put(s1)  # one PEXPIRE of the chain: resp_0's delta lives as long as resp_1
+        assert r.pttl("respgate:c:{resp_0}") > r.pttl("respgate:r:{resp_0}:resp_0")
+
+        async def root_gone() -> bool:
+            return await store.get("resp_0", "t1") is None
+
+        await until(root_gone, "expired resp_0")                 # its own TTL, from its own write
+        assert r.exists("respgate:r:{resp_0}:resp_0", "respgate:p:resp_0") == 0
+        cold = RedisStore.from_url(redis_url)  # a replica that never saw the chain: hydrates whole
+        try:
+            got = await cold.get("resp_1", "t1")
+            assert got is not None and list(got.context) == list(s1.context)
+        finally:
+            await cold.close()
+
+        async def all_gone() -> bool:
+            return await store.get("resp_1", "t1") is None and redis_keys(redis_url) == []
+
+        await until(all_gone, "expired the chain")               # and nothing is left behind
     finally:
         await store.close()
 
@@ -132,12 +169,22 @@ async def test_delete_keeps_descendants_whole_and_removes_leaves_outright(redis_
         assert not await store.delete("resp_1", "t1")           # a second delete is a miss
         got = await store.get("resp_2", "t1")
         assert got is not None and list(got.context) == list(states[2].context)
-        # the tombstone keeps only what descendants need (no Response object, no input items)
-        tomb = redis.Redis.from_url(redis_url).hgetall("respgate:r:{resp_0}:resp_1")
-        assert b"response" not in tomb and b"input" not in tomb and b"delta" in tomb
+        # the tombstone keeps only what descendants need: its delta (no record, no pointer)
+        keys = redis_keys(redis_url)
+        assert b"respgate:r:{resp_0}:resp_1" not in keys and b"respgate:p:resp_1" not in keys
+        assert link(redis_url, "resp_0", "resp_1")[0] == list(states[1].context[2:])
+        cold = RedisStore.from_url(redis_url)  # another replica walks through the tombstone
+        try:
+            got = await cold.get("resp_2", "t1")
+            assert got is not None and list(got.context) == list(states[2].context)
+        finally:
+            await cold.close()
 
         assert await store.delete("resp_2", "t1")               # a leaf: removed outright
-        assert b"respgate:r:{resp_0}:resp_2" not in redis_keys(redis_url)
+        keys = redis_keys(redis_url)
+        assert b"respgate:r:{resp_0}:resp_2" not in keys and link(redis_url, "resp_0", "resp_2") is None
+        # and no longer counts as its parent's child
+        assert redis.Redis.from_url(redis_url).hget("respgate:c:{resp_0}", "k:resp_1") is None
     finally:
         await store.close()
 
@@ -148,7 +195,7 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         states = chain(3)
         for s in states:
             await store.put(s)
-        redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_0")  # e.g. evicted under memory pressure
+        redis.Redis.from_url(redis_url).hdel("respgate:c:{resp_0}", "d:resp_0")  # e.g. lost in a failover
         other = RedisStore.from_url(redis_url)  # another replica: it must read the ancestors' deltas
         try:
             assert await other.get("resp_2", "t1") is None             # never a truncated context
@@ -160,7 +207,7 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         # a parent that never reached Redis (a store=false WebSocket turn): the whole context is stored
         await store.put(replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
         meta = json.loads(redis.Redis.from_url(redis_url).get("respgate:p:resp_orphan"))
-        assert meta["anc"] == [] and meta["root"] == "resp_orphan"  # a new chain
+        assert meta == {"root": "resp_orphan", "depth": 0, "clen": 6}  # a new chain
         got = await store.get("resp_orphan", "t1")
         assert got is not None and list(got.context) == list(states[2].context)
     finally:
@@ -169,22 +216,167 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
 
 def commands(r: redis.Redis) -> dict[str, int]:
     """Data commands since the last ``CONFIG RESETSTAT`` (INFO, CONFIG and a new connection's
-    handshake not counted)."""
+    handshake not counted); a script's own commands count, each."""
     skip = tuple(f"cmdstat_{c}" for c in ("info", "config", "hello", "client", "select", "ping"))
     return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()
             if not k.startswith(skip)}
 
 
+async def load_scripts(url: str) -> None:
+    """Load the store's scripts, so that a count does not include a first use's ``NOSCRIPT`` retry."""
+    from cache import redis_store
+
+    r = redis.Redis.from_url(url)
+    for name, script in vars(redis_store).items():
+        if name.endswith("_LUA"):
+            r.script_load(script)
+
+
+def sent_bytes(r: redis.Redis) -> int:
+    return r.info("stats")["total_net_input_bytes"]
+
+
+async def measure_write(r: redis.Redis, store: RedisStore, state: ResponseState) -> tuple[dict[str, int], int]:
+    """The Redis commands and the bytes clients sent for one ``put`` (the measuring INFO's own
+    request is in both readings of the byte count, alike at every depth)."""
+    # the two connections a write uses (script and pipeline go together) opened before counting
+    await asyncio.gather(store.redis.ping(), store.redis.ping())
+    r.config_resetstat()
+    before = sent_bytes(r)
+    await store.put(state)
+    after = sent_bytes(r)
+    return commands(r), after - before
+
+
+async def test_a_write_costs_the_same_calls_and_bytes_at_depth_2_and_40(redis_url):
+    """O(new input) writes: one script (the record, the delta, the parent's child count, one TTL
+    for the whole chain) beside the pointer and the item index — no per-ancestor TTL, no ancestor
+    list — for the writer that holds the parent and for another replica (+ the parent's pointer)."""
+    r = redis.Redis.from_url(redis_url)
+    writer, other, cold = (RedisStore.from_url(redis_url) for _ in range(3))
+    try:
+        states = chain(42, width=2)  # ids, items and meta of one size at every depth
+        await load_scripts(redis_url)
+        for st in states[:2]:
+            await writer.put(st)
+        warm_2 = await measure_write(r, writer, states[2])
+        cold_3 = await measure_write(r, other, states[3])
+        for st in states[4:40]:
+            await writer.put(st)
+        warm_40 = await measure_write(r, writer, states[40])
+        cold_41 = await measure_write(r, other, states[41])
+        assert warm_2[0] == warm_40[0] and cold_3[0] == cold_41[0], (warm_2, warm_40, cold_3, cold_41)
+        # the bytes too, but for the digits of two numbers in the pointer (depth, context length)
+        digits = len("40") - len("2") + len(str(len(states[40].context))) - len(str(len(states[2].context)))
+        assert (warm_40[1] - warm_2[1], cold_41[1] - cold_3[1]) == (digits, digits), (warm_2, warm_40, cold_3, cold_41)
+        assert warm_40[0] == {"evalsha": 1, "hexists": 1, "hset": 2, "hincrby": 1, "pexpire": 2, "set": 3}
+        assert cold_41[0] == {**warm_40[0], "get": 1}                  # + the parent's pointer
+        # what stays in Redis per response is O(1) too: the pointer has no ancestor list
+        assert len(r.get("respgate:p:resp_40")) - len(r.get("respgate:p:resp_02")) == digits
+        for st in states[:3] + states[38:]:
+            got = await cold.get(st.id, "t1")
+            assert got is not None and list(got.context) == list(st.context), st.id
+    finally:
+        await writer.close()
+        await other.close()
+        await cold.close()
+
+
+async def test_a_cold_read_hydrates_a_deep_chain_exactly_in_two_round_trips(redis_url):
+    """Another replica's first read of a 200-deep chain: the pointer, then one script that walks
+    the chain in its slot; every item comes back as written (newlines, non-ASCII, nesting)."""
+    r = redis.Redis.from_url(redis_url)
+    writer, cold = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
+    try:
+        states, context = [], ItemLog()
+        for i in range(200):
+            new = [{"type": "message", "role": "user", "id": f"msg_u{i}",
+                    "content": [{"type": "input_text", "text": f"line one\nline {i} — 日本語 ✓ \"q\"\\"}]}]
+            out = [{"type": "function_call", "id": f"fc_{i}", "call_id": f"call_{i}", "name": "f",
+                    "arguments": json.dumps({"n": i, "nested": {"list": [1, 2.5, None, True]}})}]
+            context = context.extend(new + out)
+            states.append(ResponseState(
+                id=f"resp_{i}", response={"id": f"resp_{i}", "output": out}, input_items=tuple(new),
+                context=context, history_ids=TokenSeq(), model="m", prelude_key=b"", store=True,
+                parent_id=f"resp_{i - 1}" if i else None, tenant="t1", nbytes=i + 1))
+            await writer.put(states[-1])
+        await load_scripts(redis_url)
+        r.config_resetstat()
+        got = await cold.get("resp_199", "t1")
+        assert got is not None and list(got.context) == list(states[199].context)
+        assert json.dumps(list(got.context)) == json.dumps(list(states[199].context))  # byte for byte
+        assert got.context.call("call_7") == states[7].response["output"][0]
+        assert commands(r) == {"get": 1, "evalsha": 1, "hmget": 1, "hget": 200}
+        assert await cold.get("resp_199", "t2") is None            # another tenant's: not walked
+    finally:
+        await writer.close()
+        await cold.close()
+
+
+async def test_a_lost_chain_is_not_found_never_truncated_and_a_holder_starts_a_new_one(redis_url):
+    """The chain key gone (expired, evicted): another replica's read is None, not the record's own
+    delta; the writer still holds the context whole, and its next turn is written as the root of a
+    new chain with the whole context (its pointer and index entries too), readable everywhere."""
+    r = redis.Redis.from_url(redis_url)
+    writer = RedisStore.from_url(redis_url)
+    try:
+        states = chain(5)
+        for st in states[:4]:
+            await writer.put(st)
+        r.delete("respgate:c:{resp_0}")
+        for rid in ("resp_3", "resp_1", "resp_0"):
+            cold = RedisStore.from_url(redis_url)
+            try:
+                assert await cold.get(rid, "t1") is None, rid
+            finally:
+                await cold.close()
+        assert list((await writer.get("resp_3", "t1")).context) == list(states[3].context)
+        await writer.put(states[4])
+        assert writer.rerooted == 1
+        assert json.loads(r.get("respgate:p:resp_4")) == {"root": "resp_4", "depth": 0, "clen": 10}
+        assert link(redis_url, "resp_4", "resp_4")[0] == list(states[4].context)
+        cold = RedisStore.from_url(redis_url)
+        try:
+            got = await cold.get("resp_4", "t1")
+            assert got is not None and list(got.context) == list(states[4].context)
+            assert got.parent_id == "resp_3"  # the client's chain, unchanged
+            found = await cold.items(["msg_in4", "msg_out4", "msg_in0"], "t1")
+            assert {k: v.response_id for k, v in found.items()} == {"msg_in4": "resp_4", "msg_out4": "resp_4",
+                                                                  "msg_in0": "resp_0"}
+        finally:
+            await cold.close()
+    finally:
+        await writer.close()
+
+
+async def test_a_pointer_of_the_previous_layout_is_not_found(redis_url):
+    """Upgrade: a response stored by the previous layout (its pointer lists ancestors, its record
+    holds its delta) is not found — not read as a chain of one."""
+    r = redis.Redis.from_url(redis_url)
+    r.set("respgate:p:resp_old", json.dumps({"root": "resp_old", "anc": [], "clen": 2}))
+    r.hset("respgate:r:{resp_old}:resp_old", mapping={
+        "tenant": json.dumps("t1"), "meta": "{}", "response": "{}", "input": "[]", "delta": "[]", "pk": ""})
+    store = RedisStore.from_url(redis_url)
+    try:
+        assert await store.get("resp_old", "t1") is None and not await store.delete("resp_old", "t1")
+        child = replace(chain(1)[0], id="resp_new", parent_id="resp_old")
+        await store.put(child)                                     # its parent is unknown: a new chain
+        assert json.loads(r.get("respgate:p:resp_new"))["root"] == "resp_new"
+    finally:
+        await store.close()
+
+
 async def test_a_process_reads_a_chain_it_holds_in_one_round_trip_whatever_its_depth(redis_url):
     """O(new input) on the store=true path: a continuation's read of a parent this process wrote
     (or read once) is one HMGET of the record's own fields; no pointer, no ancestor deltas.
-    Another process reads the pointer and every ancestor's delta (O(history)), once."""
+    Another process reads the pointer and walks every ancestor's delta (O(history)), once."""
     r = redis.Redis.from_url(redis_url)
     writer, other = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
     try:
         states = chain(40)
         for st in states:
             await writer.put(st)
+        await load_scripts(redis_url)
         for depth in (4, 39):
             r.config_resetstat()
             got = await writer.get(f"resp_{depth}", "t1")
@@ -193,7 +385,8 @@ async def test_a_process_reads_a_chain_it_holds_in_one_round_trip_whatever_its_d
         r.config_resetstat()
         cold = await other.get("resp_39", "t1")
         assert list(cold.context) == list(states[39].context)
-        assert commands(r) == {"get": 1, "hmget": 1, "hget": 39}      # the pointer + every ancestor's delta
+        # the pointer, then one script in the chain's slot: the record + a walk over 40 deltas
+        assert commands(r) == {"get": 1, "evalsha": 1, "hmget": 1, "hget": 40}
         r.config_resetstat()
         assert list((await other.get("resp_39", "t1")).context) == list(states[39].context)
         assert commands(r) == {"hmget": 1}                            # read once: held from then on
@@ -232,12 +425,12 @@ def test_chain_cache_charges_a_shared_item_buffer_once_and_is_bounded():
     cache = ChainCache(max_bytes=1000)
     root = ItemLog([item("a")])
     child = root.extend([item("b")])
-    cache.put("r0", ChainEntry("r0", (), root), 300)
-    cache.put("r1", ChainEntry("r0", ("r0",), child), 400)
+    cache.put("r0", ChainEntry("r0", 0, root), 300)
+    cache.put("r1", ChainEntry("r0", 1, child), 400)
     assert cache.nbytes == 400                                          # one buffer, its largest charge
-    cache.put("x", ChainEntry("x", (), ItemLog([item("c")])), 500)
+    cache.put("x", ChainEntry("x", 0, ItemLog([item("c")])), 500)
     assert cache.nbytes == 900
-    cache.put("y", ChainEntry("y", (), ItemLog([item("d")])), 500)    # over: the oldest entries go
+    cache.put("y", ChainEntry("y", 0, ItemLog([item("d")])), 500)    # over: the oldest entries go
     assert cache.nbytes <= 1000 and cache.get("y") is not None and cache.evictions >= 1
     cache.discard("y")
     cache.discard("x")
