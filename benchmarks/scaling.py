@@ -804,9 +804,10 @@ def _sharded_units(result: dict[str, Any]) -> list[str]:
             f"calls); one record per call from {one['writers']} clients cost Redis "
             f"{_n(one['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record into one stream "
             f"({_n(one['records_per_s'])} records/s) and {_n(many['redis']['cpu_s_per_unit'] * 1e6, 1)} µs into "
-            f"{sh['shards']} ({_n(many['records_per_s'])} records/s): all on this one server, so what the shards "
-            "show is the cost per record, the same for a shard as for one stream; on a cluster each shard is "
-            f"its own node's. Memory per record across {sh['shards']} shards: {_b(sh['stream_bytes_per_record'])} "
+            f"{sh['shards']} ({_n(many['records_per_s'])} records/s). All of it on this one server: the shards "
+            "do not add capacity here, they show what a record costs a shard (a record is one script on one "
+            "stream either way; the plan takes the dearer of the two figures), and on a cluster each shard "
+            f"is its own node's. Memory per record across {sh['shards']} shards: {_b(sh['stream_bytes_per_record'])} "
             f"in the streams, {_b(sh['marker_bytes_per_record'])} for the marker.", ""]
 
 
