@@ -23,10 +23,12 @@ with the parts that pay it running for real:
   subtracted too.
 * **ledger** — usage records per second one replica's billing queue sustains into Redis
   (:class:`billing.usage.UsageQueue` + :class:`billing.ledger.RedisLedger`, one batch in flight),
-  the Redis CPU per record in such batches and in single-record calls from many clients (a fleet's
-  shape: each replica's share of the turns is a few hundred a second), the memory per record
-  (stream entry vs dedup marker, ``MEMORY USAGE`` of the stream), and the WAL's cost per record
-  on the turn's path (:func:`benchmarks.usage_submit.run`).
+  into one stream and into ``LEDGER_SHARDS`` stream shards (the batch split per shard), the Redis
+  CPU per record in such batches and in single-record calls from many clients (a fleet's shape:
+  each replica's share of the turns is a few hundred a second), with one and with several shards,
+  the memory per record (stream entry vs dedup marker, ``MEMORY USAGE`` of the stream), and the
+  WAL's cost per record on the turn's path (:func:`benchmarks.usage_submit.run`). The plan sizes
+  the ledger's shard count like the store's, from these units.
 
 Results go to ``results/scaling.json``; :func:`write_doc` (the runner calls it after the benchmark
 and on ``--report-only``) renders ``deploy/SCALING.md`` from that JSON alone — the workload model
@@ -56,6 +58,9 @@ RESULTS = Path(__file__).parent / "results"
 NEW_TOKENS = 256
 #: the usage stream the ledger phase writes (not the gateway's, so its figures are its own)
 LEDGER_STREAM = "respgate-bench:usage"
+#: stream shards of the ledger phase's sharded runs (all on the one server: what they show is that a
+#: shard costs Redis what one stream does, per record, so shards add capacity in proportion)
+LEDGER_SHARDS = 8
 
 # -- measuring ------------------------------------------------------------------------------------
 
@@ -99,11 +104,11 @@ class RedisProbe:
                 "net_in": info["total_net_input_bytes"], "net_out": info["total_net_output_bytes"],
                 "used_memory": info["used_memory"]}
 
-    def data_bytes(self, ledger_stream: str = "respgate:usage") -> dict[str, int]:
-        """``MEMORY USAGE`` summed over every key, split into the usage ledger's (its stream and
+    def data_bytes(self, ledger_stream: str = "respgate:usage", shards: int = 1) -> dict[str, int]:
+        """``MEMORY USAGE`` summed over every key, split into the usage ledger's (its streams and
         dedup markers) and the rest: what the data takes, without the allocator's and the keyspace
         table's steps that make ``used_memory`` deltas of a few dozen turns noisy."""
-        from billing.ledger import slot_tag
+        from billing.ledger import shard_streams, slot_tag
 
         keys = list(self.r.scan_iter(count=1000))
         sizes: list[int] = []
@@ -112,8 +117,9 @@ class RedisProbe:
             for k in keys[start:start + 1000]:
                 pipe.memory_usage(k, samples=0)
             sizes += [int(x or 0) for x in pipe.execute()]
-        markers = slot_tag(ledger_stream) + ":seen:"
-        ledger = sum(n for k, n in zip(keys, sizes) if k == ledger_stream or k.startswith(markers))
+        streams = shard_streams(ledger_stream, shards)
+        markers = tuple(slot_tag(s) + ":seen:" for s in streams)
+        ledger = sum(n for k, n in zip(keys, sizes) if k in streams or k.startswith(markers))
         return {"ledger": ledger, "other": sum(sizes) - ledger, "keys": len(keys)}
 
     def delta(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -263,15 +269,18 @@ async def idle_cpu(url: str, conns: int, seconds: float, gw: Any) -> dict[str, A
             "cpu_s_per_connection_second": max(0.0, busy - base) / conns / seconds}
 
 
-async def ledger(url: str, probe: RedisProbe, records: int) -> dict[str, Any]:
-    """Records per second one billing queue sustains into the Redis ledger, and what each costs Redis."""
+async def ledger(url: str, probe: RedisProbe, records: int, shards: int = 1, *,
+                 sharded: bool = True) -> dict[str, Any]:
+    """Records per second one billing queue sustains into the Redis ledger (``shards`` streams), and
+    what each costs Redis; with ``sharded``, the same into ``LEDGER_SHARDS`` shards too."""
     from benchmarks.usage_submit import make_record
     from billing.journal import Journal
-    from billing.ledger import RedisLedger, marker_key
+    from billing.ledger import RedisLedger, marker_key, shard_of, shard_streams
     from billing.usage import UsageQueue
 
+    probe.r.flushdb()  # each run's memory figures are its own records'
     with tempfile.TemporaryDirectory() as tmp:
-        sink = RedisLedger(url, LEDGER_STREAM)
+        sink = RedisLedger(url, LEDGER_STREAM, shards=shards)
         queue = UsageQueue(sink, Journal(Path(tmp) / "usage-journal.jsonl"), maxsize=records, wal=False)
         batch = [make_record(i) for i in range(records)]
         probe.reset()
@@ -286,14 +295,19 @@ async def ledger(url: str, probe: RedisProbe, records: int) -> dict[str, Any]:
             await asyncio.sleep(0.002)
         wall = time.perf_counter() - t0
         b = probe.snap()
-        stream_bytes = int(probe.r.memory_usage(LEDGER_STREAM, samples=0) or 0)
-        sample = [marker_key(LEDGER_STREAM, r.response_id) for r in batch[::max(1, records // 200)]]
+        stream_bytes = sum(int(probe.r.memory_usage(s, samples=0) or 0) for s in sink.streams)
+        sample = [marker_key(sink.streams[shard_of(r.response_id, shards)], r.response_id)
+                  for r in batch[::max(1, records // 200)]]
         marker_bytes = sum(int(probe.r.memory_usage(k, samples=0) or 0) for k in sample) / len(sample)
         await queue.drain()
     d = probe.delta(a, b)
     unit = _per_unit(d, None, records)
-    single = await ledger_single(url, probe, records // 5, writers=32)
-    return {"single": single, "records": records, "batch_max": queue.batch_max, "wall_s": wall, "records_per_s": records / wall,
+    single = await ledger_single(url, probe, records // 5, writers=32, shards=shards)
+    more: dict[str, Any] = {}
+    if sharded:
+        more["sharded"] = await ledger(url, probe, records, LEDGER_SHARDS, sharded=False)
+    return {**more, "single": single, "shards": shards, "streams": shard_streams(LEDGER_STREAM, shards),
+            "records": records, "batch_max": queue.batch_max, "wall_s": wall, "records_per_s": records / wall,
             "appended": sink.appended, "redis": unit,
             "redis_records_per_cpu_s": 1 / unit["cpu_s_per_unit"] if unit["cpu_s_per_unit"] > 0 else None,
             "stream_bytes_per_record": stream_bytes / records,
@@ -303,14 +317,14 @@ async def ledger(url: str, probe: RedisProbe, records: int) -> dict[str, Any]:
             "used_memory_bytes_per_record": d["used_memory"] / records}
 
 
-async def ledger_single(url: str, probe: RedisProbe, records: int, writers: int) -> dict[str, Any]:
+async def ledger_single(url: str, probe: RedisProbe, records: int, writers: int, shards: int = 1) -> dict[str, Any]:
     """A fleet's shape: many replicas, each with a few records per second, so each batch holds one
     record; ``writers`` concurrent clients keep Redis busy, so its CPU per call is that of a loaded
     shard (an idle one also pays a wake-up per call)."""
     from benchmarks.usage_submit import make_record
     from billing.ledger import RedisLedger
 
-    sinks = [RedisLedger(url, LEDGER_STREAM) for _ in range(writers)]
+    sinks = [RedisLedger(url, LEDGER_STREAM, shards=shards) for _ in range(writers)]
     batch = [make_record(10_000_000 + i) for i in range(records)]
     for i, s in enumerate(sinks):  # connections made (HELLO, CLIENT SETINFO) and the script loaded first
         await s.write_batch([make_record(20_000_000 + i)])
@@ -328,7 +342,7 @@ async def ledger_single(url: str, probe: RedisProbe, records: int, writers: int)
     for s in sinks:
         await s.close()
     unit = _per_unit(d, None, records)
-    return {"records": records, "writers": writers, "wall_s": wall, "records_per_s": records / wall,
+    return {"records": records, "writers": writers, "shards": shards, "wall_s": wall, "records_per_s": records / wall,
             "appended": sum(s.appended for s in sinks), "redis": unit}
 
 
@@ -336,7 +350,6 @@ def run(quick: bool) -> dict[str, Any]:
     from benchmarks.common import ChildGateway
     from benchmarks.concurrency import idle_memory
     from benchmarks.usage_submit import run as usage_submit
-    from billing.ledger import DEFAULT_MARKER_TTL_S
     from gateway.base.settings import Settings
     from tests.conftest import RedisServer
 
@@ -376,7 +389,8 @@ def run(quick: bool) -> dict[str, Any]:
     result["usage_wal"] = {"submit_us_per_record_wal": wal["submit_us_per_record_median"]["wal"],
                            "wal_cost_us_per_record": wal["wal_cost_us_per_record"]}
     defaults = Settings()
-    result["retention"] = {"store_ttl_s": defaults.store_ttl_s, "ledger_marker_ttl_s": DEFAULT_MARKER_TTL_S}
+    result["retention"] = {"store_ttl_s": defaults.store_ttl_s, "ledger_marker_ttl_s": defaults.usage_marker_ttl_s,
+                           "ledger_stream_shards": defaults.usage_stream_shards}
     return result
 
 
@@ -416,6 +430,11 @@ SHARD_CPU_TARGET = 0.5
 SHARD_MEMORY_GIB = 24.0
 #: network per Redis primary to plan for, bytes per second each way (2 Gbit/s of a 10 Gbit/s NIC)
 SHARD_NET_BYTES_S = 250e6
+#: how long the plan keeps ledger records in the streams (``usage_stream_retention_s``, off by default:
+#: the plan assumes billing exports the day's records and the streams are trimmed to a day)
+LEDGER_RETENTION_PLAN_S = 86400.0
+#: the marker TTL before it became a setting (for the "before" line of the first-bottleneck section)
+OLD_MARKER_TTL_S = 7 * 86400
 
 
 def doc_path(out: Path, result: dict[str, Any]) -> Path:
@@ -471,7 +490,14 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
     marker_ttl = result["retention"]["ledger_marker_ttl_s"]
     # at a fleet's rate per replica (turns/s ÷ replicas, a few hundred) a queue finds one record per
     # batch, not 256: the shard's CPU per record is that of single-record calls from many clients
-    unbatched = led["single"]["redis"]["cpu_s_per_unit"]
+    # (the dearer of one stream and several shards: a shard costs what a stream does)
+    single = [led["single"]] + ([led["sharded"]["single"]] if "sharded" in led else [])
+    unbatched = max(x["redis"]["cpu_s_per_unit"] for x in single)
+    net_per_record = max(max(x["redis"]["net_in_bytes_per_unit"], x["redis"]["net_out_bytes_per_unit"]) for x in single)
+    # what one ledger shard holds per record/s: markers over their TTL, entries over the retention
+    held_per_record_s = marker_ttl * led["marker_bytes_per_record"] + LEDGER_RETENTION_PLAN_S * led["stream_bytes_per_record"]
+    ledger_ceiling = {"CPU": SHARD_CPU_TARGET / unbatched, "memory": shard_mem / held_per_record_s,
+                      "network": SHARD_NET_BYTES_S / net_per_record}
     out = []
     for mode, size in (("ws", 32_768), ("ws", 131_072), ("http_chained", 32_768), ("http_chained", 131_072)):
         t = _row(result, mode, size)
@@ -501,6 +527,11 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
         shards = max(math.ceil(store_cores / SHARD_CPU_TARGET), math.ceil(store_mem / shard_mem),
                      math.ceil(max(in_s, out_s) / SHARD_NET_BYTES_S), 1) if t["store"] else 0
         ledger_cpu_ceiling = SHARD_CPU_TARGET / unbatched  # records/s one shard takes, a record per call
+        # the ledger's shards, sized like the store's: CPU, memory (markers + retained entries), network
+        stream_mem = turns_s * LEDGER_RETENTION_PLAN_S * led["stream_bytes_per_record"]
+        ledger_need = {"CPU": ledger_cores / SHARD_CPU_TARGET, "memory": (marker_mem + stream_mem) / shard_mem,
+                       "network": turns_s * net_per_record / SHARD_NET_BYTES_S}
+        ledger_shards = max(max(math.ceil(v) for v in ledger_need.values()), 1)
         out.append({
             "mode": mode, "label": t["label"], "name": f"{SHORT[mode]}, {_k(size)}", "state_k": _k(size), "ws": ws, "turns_s": turns_s,
             "state_tokens": t["state_tokens_start"],
@@ -514,6 +545,11 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
             "ledger_cpu_ceiling": ledger_cpu_ceiling, "ledger_cpu_per_record": unbatched,
             "ledger_cpu_ceiling_batched": SHARD_CPU_TARGET / led["redis"]["cpu_s_per_unit"],
             "ledger_mem_ceiling_s": shard_mem / (marker_ttl * led["marker_bytes_per_record"]),
+            "ledger_stream_mem": stream_mem, "ledger_net_s": turns_s * net_per_record,
+            "ledger_shards": ledger_shards, "ledger_bound": max(ledger_need, key=lambda k: ledger_need[k]),
+            "ledger_shard_ceiling": ledger_ceiling, "ledger_shard_records_s": min(ledger_ceiling.values()),
+            "ledger_shard_bound": min(ledger_ceiling, key=lambda k: ledger_ceiling[k]),
+            "ledger_old_mem_ceiling_s": shard_mem / (OLD_MARKER_TTL_S * led["marker_bytes_per_record"]),
         })
     return out
 
@@ -592,7 +628,8 @@ def render_doc(result: dict[str, Any]) -> str:
           f"Redis spent {_n(lr['cpu_s_per_unit'] * 1e6, 1)} µs of CPU per record "
           f"({_n(lr['calls_per_unit'], 2)} calls, {_b(lr['net_in_bytes_per_unit'])} in per record). Memory per record: "
           f"{_b(led['stream_bytes_per_record'])} in the stream, {_b(led['marker_bytes_per_record'])} for its "
-          f"dedup marker ({_b(led['marker_key_bytes'])} the key itself, the rest the keyspace's tables; kept {_n(result['retention']['ledger_marker_ttl_s'] / 86400)} days).", "",
+          f"dedup marker ({_b(led['marker_key_bytes'])} the key itself, the rest the keyspace's tables; kept "
+          f"{_dur(result['retention']['ledger_marker_ttl_s'])}).", ""] + _sharded_units(result) + [
           "## Workload", "",
           f"**{_n(SESSIONS)} concurrent agent sessions, each taking one turn every {_n(TURN_EVERY_S)} s** "
           f"({_n(SESSIONS / TURN_EVERY_S)} turns/s in all). A coding agent's turn is one model call ending in a "
@@ -612,7 +649,9 @@ def render_doc(result: dict[str, Any]) -> str:
           f"on one thread, planned at {_n(100 * SHARD_CPU_TARGET)}% of it, with {_n(SHARD_MEMORY_GIB)} GiB for data "
           f"and {_b(SHARD_NET_BYTES_S)}/s of network each way. Retention: stored responses "
           f"{_n(result['retention']['store_ttl_s'] / 3600)} h (`store_ttl_s`'s default), ledger markers "
-          f"{_n(result['retention']['ledger_marker_ttl_s'] / 86400)} days. Replicas of each primary (failover) "
+          f"{_dur(result['retention']['ledger_marker_ttl_s'])} (`usage_marker_ttl_s`'s default), ledger records "
+          f"{_dur(LEDGER_RETENTION_PLAN_S)} in the streams (`usage_stream_retention_s`, off by default: billing "
+          "exports the day's records, then the streams are trimmed). Replicas of each primary (failover) "
           "double the Redis nodes, not the shard count.", "",
           "## What 100,000 sessions need", "",
           "| | " + " | ".join(p["name"] for p in plan(result)) + " |",
@@ -634,8 +673,10 @@ def render_doc(result: dict[str, Any]) -> str:
     row("store memory at retention", [_b(p["store_mem"]) if p["store_mem"] else "—" for p in P])
     row("**store shards**", [f"**{_n(p['shards'])}**" if p["shards"] else "none (ledger only)" for p in P])
     row("ledger records/s needed", [_n(p["ledger_needed"]) for p in P])
-    row("ledger marker memory (one shard)", [_b(p["marker_mem"]) for p in P])
-    row("ledger stream growth per day", [_b(p["stream_day"]) for p in P])
+    row(f"ledger marker memory ({_dur(result['retention']['ledger_marker_ttl_s'])} TTL)", [_b(p["marker_mem"]) for p in P])
+    row(f"ledger streams at retention ({_dur(LEDGER_RETENTION_PLAN_S)})", [_b(p["ledger_stream_mem"]) for p in P])
+    row("ledger network per s", [_b(p["ledger_net_s"]) for p in P])
+    row("**ledger shards**", [f"**{_n(p['ledger_shards'])}** ({p['ledger_bound']})" for p in P])
     L += [""]
     p0 = P[0]
     L += ["How each line is computed: gateway cores = turns/s × CPU per turn (+ sessions × idle CPU per "
@@ -643,54 +684,62 @@ def render_doc(result: dict[str, Any]) -> str:
           "sessions × RSS per idle connection ÷ (planned memory − base RSS); the replica count is the larger. "
           "Redis: turns/s × each per-turn unit; stored bytes per response = the data a turn added (`MEMORY USAGE`), "
           "its usage record apart; store shards = the largest of CPU ÷ target, memory at retention ÷ shard memory, network ÷ "
-          "shard network (the ledger is not spread: below). The per-turn Redis CPU was measured with one client "
+          "shard network; ledger shards likewise from the ledger's own units (below). The per-turn Redis CPU was measured with one client "
           "turn at a time, so the server also paid a wake-up per request; a busy shard amortizes those (a "
           f"WS `store=false` turn cost Redis {_n(_row(result, 'ws', 32_768)['redis']['cpu_s_per_unit'] * 1e6)} µs "
           f"alone, its usage record {_n(result['ledger']['single']['redis']['cpu_s_per_unit'] * 1e6)} µs from "
           f"{result['ledger']['single']['writers']} writers at once), so the Redis CPU lines err high.", ""]
-    # the ledger: one stream, one hash slot, one shard
+    # the ledger: N streams, a hash tag each, sized like the store
     ws_min = min(p["replicas"] for p in P)
-    L += ["## The ledger is one shard", "",
-          "The usage ledger is one Redis Stream, and each record's dedup marker carries the stream's hash tag "
-          "(`billing/ledger.py`), so all billing lands on one shard however large the cluster is. "
-          f"{_n(SESSIONS)} sessions need **{_n(p0['ledger_needed'])} records/s**. Measured: one replica's queue "
-          f"delivers {_n(led['records_per_s'])} records/s on its own, so the fleet's "
+    ceil = p0["ledger_shard_ceiling"]
+    ttl = result["retention"]["ledger_marker_ttl_s"]
+    L += ["## The ledger's shards", "",
+          "The usage ledger is `usage_stream_shards` Redis Streams, each with its own hash tag and its records' "
+          "dedup markers in its slot, a record's shard chosen by a hash of its response id (`billing/ledger.py`), "
+          "so shards spread over the cluster's nodes like the store's chains, and a replay always meets its "
+          f"record's marker. {_n(SESSIONS)} sessions need **{_n(p0['ledger_needed'])} records/s**. Measured: one "
+          f"replica's queue delivers {_n(led['records_per_s'])} records/s on its own, so the fleet's "
           f"{_n(ws_min)}+ replicas together have "
           f"{'ample' if led['records_per_s'] * ws_min > 2 * p0['ledger_needed'] else 'too little'} "
-          f"writer capacity. The shard's CPU: a replica at the fleet's rate ({_n(p0['turns_s'] / ws_min)} turns/s "
-          "or fewer) finds about one record per batch, and "
-          f"{led['single']['writers']} clients writing one record per call (the fleet's shape, Redis kept busy) cost "
-          f"Redis {_n(p0['ledger_cpu_per_record'] * 1e6, 1)} µs per record "
-          f"({_n(led['single']['records_per_s'])} records/s from this one machine's clients), "
-          f"so the shard takes {_n(p0['ledger_cpu_ceiling'])} records/s at the {_n(100 * SHARD_CPU_TARGET)}% target "
-          f"({_n(100 * p0['ledger_cores'] / SHARD_CPU_TARGET)}% of that budget at {_n(SESSIONS)} sessions); in full "
-          f"batches it would take {_n(p0['ledger_cpu_ceiling_batched'])}. Its memory holds the markers of "
-          f"{_n(p0['ledger_mem_ceiling_s'])} records/s over their "
-          f"{_n(result['retention']['ledger_marker_ttl_s'] / 86400)}-day TTL — {_b(p0['marker_mem'])} of markers at "
-          f"{_n(SESSIONS)} sessions against {_n(SHARD_MEMORY_GIB)} GiB. The stream itself grows "
-          f"{_b(p0['stream_day'])} a day until billing trims it.", ""]
-    # where the first bottleneck is
-    limits = [("the ledger shard's memory (dedup markers over their TTL)", p0["ledger_mem_ceiling_s"]),
-              ("the ledger shard's CPU (one record per call)", p0["ledger_cpu_ceiling"])]
-    first_name, first_rate = min(limits, key=lambda x: x[1])
-    sessions_cap = first_rate * TURN_EVERY_S
-    other_name, other_rate = max(limits, key=lambda x: x[1])
-    second = (f"; next, {other_name} caps it at {_n(other_rate * TURN_EVERY_S)}"
-              if other_rate * TURN_EVERY_S < SESSIONS else "")
+          f"writer capacity. A replica at the fleet's rate ({_n(p0['turns_s'] / ws_min)} turns/s or fewer) finds "
+          f"about one record per batch, and {led['single']['writers']} clients writing one record per call (the "
+          f"fleet's shape, Redis kept busy) cost Redis {_n(p0['ledger_cpu_per_record'] * 1e6, 1)} µs per record "
+          "(the dearer of one stream and of several shards), so one shard takes "
+          f"{_n(ceil['CPU'])} records/s at the {_n(100 * SHARD_CPU_TARGET)}% CPU target (in full batches "
+          f"{_n(p0['ledger_cpu_ceiling_batched'])}); its memory holds {_n(ceil['memory'])} records/s "
+          f"({_b(led['marker_bytes_per_record'])} of marker for {_dur(ttl)} and "
+          f"{_b(led['stream_bytes_per_record'])} of entry for {_dur(LEDGER_RETENTION_PLAN_S)} each, in "
+          f"{_n(SHARD_MEMORY_GIB)} GiB), and its network {_n(ceil['network'])} records/s. A shard is therefore "
+          f"**{ceil_name(p0)}-bound at {_n(p0['ledger_shard_records_s'])} records/s**, and "
+          f"{_n(SESSIONS)} sessions need **{_n(p0['ledger_shards'])} shards** "
+          f"(`RESPGATE_USAGE_STREAM_SHARDS={_n(p0['ledger_shards'])}` or more): "
+          f"{_b(p0['marker_mem'])} of markers and {_b(p0['ledger_stream_mem'])} of retained entries, "
+          f"{_n(100 * p0['ledger_cores'] / SHARD_CPU_TARGET / p0['ledger_shards'])}% of each shard's CPU budget. "
+          "Without a retention (the default) nothing trims the streams: together they grow "
+          f"{_b(p0['stream_day'])} a day, and the shards' memory runs out within days unless billing trims them.", ""]
+    # where the first bottleneck is: the default layout (one stream) first, then the sharded plan
+    one = p0["ledger_shard_records_s"] * TURN_EVERY_S  # sessions one ledger shard carries
+    old = min(p0["ledger_old_mem_ceiling_s"], p0["ledger_cpu_ceiling"]) * TURN_EVERY_S
     L += ["## Where the first bottleneck is", ""]
-    if sessions_cap < SESSIONS:
-        L += [f"**{first_name[0].upper() + first_name[1:]}.** Gateway replicas and store shards scale out by "
-              f"adding more of them; the ledger does not. At one turn every {_n(TURN_EVERY_S)} s it caps the "
-              f"deployment at about **{_n(sessions_cap)} sessions**, below the {_n(SESSIONS)} asked for, "
-              f"whatever the transport{second}. What would lift it: a shorter marker TTL (it bounds how late a journal "
-              "replay can still be recognised; replays run as soon as Redis answers again, so hours rather than "
-              "a week cover most outages), or a ledger of several streams, each with its own hash tag (by "
-              "tenant hash, say), that billing reads together; batching records across a replica's turns (a short "
-              "linger before each write) cuts the CPU per record.", ""]
+    if one < SESSIONS:
+        L += [f"**With the default one ledger stream: the ledger shard's {ceil_name(p0)}.** At one turn every "
+              f"{_n(TURN_EVERY_S)} s one stream (its markers for {_dur(ttl)}, its entries trimmed to "
+              f"{_dur(LEDGER_RETENTION_PLAN_S)}) carries about **{_n(one)} sessions**, whatever the transport "
+              f"(with the week-long markers of earlier releases its memory capped it at {_n(old)}), below the "
+              f"{_n(SESSIONS)} asked for. Sharded as above ({_n(p0['ledger_shards'])} streams), the ledger "
+              "scales out by adding shards like the store, and no single node caps the deployment: every "
+              "part grows by adding units of it; batching records across a replica's turns (a short linger "
+              "before each write) would cut the ledger's CPU per record, not its memory.", ""]
     else:
-        L += [f"Not the ledger: its one shard holds {_n(sessions_cap)} sessions at this turn rate before "
-              f"{first_name} runs out, above the {_n(SESSIONS)} asked for. The first limits are then the parts "
+        L += [f"Not the ledger: its one stream carries {_n(one)} sessions at this turn rate before its "
+              f"{ceil_name(p0)} runs out, above the {_n(SESSIONS)} asked for. The first limits are then the parts "
               "that scale out, below.", ""]
+    big = max(P[2:], key=lambda p: p["shards"])
+    L += [f"What then sizes the deployment is Redis memory for `store=true` (the store's "
+          f"{_n(big['shards'])} shards at {big['state_k']}, set by {_store_bound(big)}, against the ledger's "
+          f"{_n(p0['ledger_shards'])}) and gateway replicas for WebSocket sessions (below). The one slot "
+          "still shared by the whole deployment is the background responses' leases (`{bg}`), which only "
+          "background responses touch.", ""]
     gw_bound = max(P, key=lambda p: p["replicas"])
     ws32, ws128, h32, h128 = P
     out32, out128 = h32["out_s"] / h32["turns_s"], h128["out_s"] / h128["turns_s"]
@@ -727,6 +776,39 @@ def render_doc(result: dict[str, Any]) -> str:
           "(c)), TLS, and a replica rebuilding the tokens of a chain it has not seen (the HTTP `store=true` rows "
           "are chains the replica already holds tokens for).", ""]
     return "\n".join(L)
+
+
+def ceil_name(p: dict[str, Any]) -> str:
+    """What binds one ledger shard: ``CPU``, ``memory`` or ``network``."""
+    return p["ledger_shard_bound"]
+
+
+def _dur(seconds: float) -> str:
+    """A retention in words: whole days as days, else hours."""
+    if seconds >= 86400 and seconds % 86400 == 0:
+        days = seconds / 86400
+        return f"{_n(days)} day{'s' if days != 1 else ''}"
+    return f"{_n(seconds / 3600, 1 if seconds % 3600 else 0)} h"
+
+
+def _sharded_units(result: dict[str, Any]) -> list[str]:
+    """The measured-units paragraph of the sharded ledger runs (absent from runs before shards)."""
+    led = result["ledger"]
+    sh = led.get("sharded")
+    if sh is None:
+        return []
+    one, many = led["single"], sh["single"]
+    return [f"Into {sh['shards']} stream shards (the batch split per shard, the shards' scripts concurrent) the "
+            f"same queue delivered {_n(sh['records_per_s'])} records/s, Redis spending "
+            f"{_n(sh['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record ({_n(sh['redis']['calls_per_unit'], 2)} "
+            f"calls); one record per call from {one['writers']} clients cost Redis "
+            f"{_n(one['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record into one stream "
+            f"({_n(one['records_per_s'])} records/s) and {_n(many['redis']['cpu_s_per_unit'] * 1e6, 1)} µs into "
+            f"{sh['shards']} ({_n(many['records_per_s'])} records/s). All of it on this one server: the shards "
+            "do not add capacity here, they show what a record costs a shard (a record is one script on one "
+            "stream either way; the plan takes the dearer of the two figures), and on a cluster each shard "
+            f"is its own node's. Memory per record across {sh['shards']} shards: {_b(sh['stream_bytes_per_record'])} "
+            f"in the streams, {_b(sh['marker_bytes_per_record'])} for the marker.", ""]
 
 
 def _store_bound(p: dict[str, Any]) -> str:

@@ -1,18 +1,21 @@
 """Usage reports from the ledger: per tenant (key), model and UTC day.
 
-The stream is read with ``XRANGE`` in pages (``count`` entries, resuming after the last id seen), so
-a report over months of records never asks Redis for one huge reply and never blocks it for long.
-The ledger is already deduplicated by response id (see ``billing.ledger``), so every entry counts.
+Each of the ledger's stream shards is read with ``XRANGE`` in pages (``count`` entries, resuming
+after the last id seen), so a report over months of records never asks Redis for one huge reply and
+never blocks it for long; the shards are merged by entry id (the server's milliseconds), so records
+come out in about the order they were written. The ledger is already deduplicated by response id
+(see ``billing.ledger``: a record lives on one shard, chosen by its id), so every entry counts.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import json
 from dataclasses import asdict, dataclass
-from typing import Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
-from billing.ledger import DEFAULT_STREAM
+from billing.ledger import DEFAULT_STREAM, shard_streams
 from billing.usage import UsageRecord
 from cache.redis_client import connect_sync
 
@@ -29,26 +32,34 @@ class UsageRow:
     reasoning_tokens: int = 0
 
 
-def iter_ledger(url: str, stream: str = DEFAULT_STREAM, *, page: int = 1000) -> Iterator[UsageRecord]:
-    """Every record in the ledger stream, oldest first, fetched ``page`` entries at a time."""
+def iter_ledger(url: str, stream: str = DEFAULT_STREAM, *, shards: int = 1, page: int = 1000) -> Iterator[UsageRecord]:
+    """Every record in the ledger's ``shards`` streams, oldest first, fetched ``page`` entries at a time."""
     client = connect_sync(url, decode_responses=True)
     try:
-        start = "-"
-        while True:
-            entries = client.xrange(stream, min=start, max="+", count=page)
-            for _id, fields in entries:
-                yield UsageRecord.from_fields(fields)
-            if len(entries) < page:
-                return
-            start = "(" + entries[-1][0]  # exclusive: resume after the last entry
+        pages = [_entries(client, name, page) for name in shard_streams(stream, shards)]
+        for _key, fields in heapq.merge(*pages, key=lambda e: e[0]):
+            yield UsageRecord.from_fields(fields)
     finally:
         client.close()
 
 
-def usage_report(url: str, stream: str = DEFAULT_STREAM, *, page: int = 1000) -> list[UsageRow]:
-    """Aggregate the ledger per (tenant, model, day); sorted by day, tenant, model."""
+def _entries(client: Any, stream: str, page: int) -> Iterator[tuple[tuple[int, int], dict[str, str]]]:
+    """One shard's entries as (id as numbers, fields), a page at a time."""
+    start = "-"
+    while True:
+        entries = client.xrange(stream, min=start, max="+", count=page)
+        for entry_id, fields in entries:
+            ms, _, seq = entry_id.partition("-")
+            yield (int(ms), int(seq or 0)), fields
+        if len(entries) < page:
+            return
+        start = "(" + entries[-1][0]  # exclusive: resume after the last entry
+
+
+def usage_report(url: str, stream: str = DEFAULT_STREAM, *, shards: int = 1, page: int = 1000) -> list[UsageRow]:
+    """Aggregate the ledger (every shard) per (tenant, model, day); sorted by day, tenant, model."""
     rows: dict[tuple[str, str, str], UsageRow] = {}
-    for r in iter_ledger(url, stream, page=page):
+    for r in iter_ledger(url, stream, shards=shards, page=page):
         day = dt.datetime.fromtimestamp(r.created_at, dt.timezone.utc).strftime("%Y-%m-%d")
         key = (r.tenant or "-", r.model, day)
         row = rows.get(key)

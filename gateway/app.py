@@ -180,7 +180,8 @@ def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> Usag
     if sink is None and settings.redis_url:
         from billing.ledger import RedisLedger
 
-        sink = RedisLedger(settings.redis_url, settings.usage_stream)
+        sink = RedisLedger(settings.redis_url, settings.usage_stream, shards=settings.usage_stream_shards,
+                           marker_ttl_s=settings.usage_marker_ttl_s, retention_s=settings.usage_stream_retention_s)
     journal = Journal(settings.usage_journal) if settings.usage_journal else None
     return UsageQueue(MemorySink() if sink is None else sink, journal)
 

@@ -26,7 +26,8 @@ import pytest
 import redis
 
 from billing.journal import Journal
-from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key
+from billing.ledger import (DEFAULT_MARKER_TTL_S, DEFAULT_STREAM, RedisLedger, marker_key, shard_of, shard_stream,
+                            shard_streams)
 from billing.report import iter_ledger, usage_report
 from billing.usage import UsageQueue, UsageRecord
 from billing.wal import WriteAheadLog, record_line
@@ -65,9 +66,9 @@ def wal_files(journal_path: Path) -> list[Path]:
     return sorted(journal_path.parent.glob(journal_path.name + ".wal-*"))
 
 
-def stream_ids(url: str, stream: str = DEFAULT_STREAM) -> list[str]:
+def stream_ids(url: str, stream: str = DEFAULT_STREAM, shards: int = 1) -> list[str]:
     try:
-        return [r.response_id for r in iter_ledger(url, stream)]
+        return [r.response_id for r in iter_ledger(url, stream, shards=shards)]
     except redis.ConnectionError:
         return []
 
@@ -392,7 +393,7 @@ async def test_ledger_is_idempotent_by_response_id(redis_url: str) -> None:
         await ledger.write_batch([record(2), record(4), record(4)])  # known + new + a duplicate in one batch
         assert ledger.appended == 4
         assert await ledger.redis.xlen("test:usage") == 4
-        assert await ledger.redis.ttl(marker_key("test:usage", "resp_1")) > 24 * 3600
+        assert DEFAULT_MARKER_TTL_S - 60 < await ledger.redis.ttl(marker_key("test:usage", "resp_1")) <= DEFAULT_MARKER_TTL_S
     finally:
         await ledger.close()
     # the stream round-trips the records exactly (None fields included)
@@ -412,6 +413,97 @@ def test_ledger_keys_of_one_batch_share_a_cluster_slot() -> None:
     for bad in ("a{}b", "a}b", "x{y"):
         with pytest.raises(ValueError, match="hash tag"):
             RedisLedger("redis://127.0.0.1:1", bad)
+
+
+def test_one_shard_is_the_layout_before_shards_and_more_shards_spread_over_slots() -> None:
+    from redis.crc import key_slot
+
+    assert shard_streams(DEFAULT_STREAM, 1) == [DEFAULT_STREAM]  # today's stream and markers, unchanged
+    assert all(shard_of(f"resp_{i}", 1) == 0 for i in range(100))
+    streams = shard_streams(DEFAULT_STREAM, 8)
+    assert streams[:3] == ["respgate:usage", "respgate:usage:1", "respgate:usage:2"]
+    assert marker_key(streams[1], "resp_1") == "{respgate:usage:1}:seen:resp_1"
+    assert shard_streams("{usage}:s", 3) == ["{usage}:s", "{usage:1}:s", "{usage:2}:s"]
+    for base in (DEFAULT_STREAM, "{usage}:s"):
+        names = shard_streams(base, 8)
+        assert len({key_slot(n.encode()) for n in names}) == 8, names  # each shard its own slot
+        for n in names:  # and each shard's script is single-slot
+            assert {key_slot(k.encode()) for k in [n, *(marker_key(n, f"resp_{i}") for i in range(20))]} == {
+                key_slot(n.encode())}
+    # a record's shard is a function of its id alone (the same in every process), and ids spread
+    spread = Counter(shard_of(f"resp_{i:04x}", 8) for i in range(4000))
+    assert set(spread) == set(range(8)) and min(spread.values()) > 4000 / 8 * 0.8
+    assert shard_of("resp_abc", 8) == 2  # crc32: no per-process salt, the same on every replica
+    with pytest.raises(ValueError, match="at least 1"):
+        RedisLedger("redis://127.0.0.1:1", shards=0)
+    assert shard_stream("a:b", 0) == "a:b"
+
+
+async def test_a_sharded_ledger_counts_each_record_once_across_shards_replays_and_restarts(
+        redis_url: str, tmp_path: Path) -> None:
+    """Each record goes to its id's shard only; replays of a batch that every shard, or only some
+    shards, took (a reply lost, a batch cut off at one shard) append nothing twice — through the
+    same ledger, a fresh one (a restart), and the journal's start-up replay of a real queue."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    streams = shard_streams("test:usage", 4)
+    batch = [record(i) for i in range(40)]
+    taken = [r for r in batch if shard_of(r.response_id, 4) in (0, 1)]  # as if shards 2 and 3 had failed
+    ledger = RedisLedger(redis_url, "test:usage", shards=4, marker_ttl_s=600)
+    try:
+        await ledger.write_batch(taken)
+        assert ledger.appended == len(taken) and 0 < len(taken) < 40
+        assert [client.xlen(s) for s in streams[2:]] == [0, 0]
+        await ledger.write_batch(batch)  # the retry: only the other shards' records are new
+        await ledger.write_batch(batch[::-1])  # and again, in another order
+        assert ledger.appended == 40
+        assert client.ttl(marker_key(streams[shard_of("resp_7", 4)], "resp_7")) <= 600
+    finally:
+        await ledger.close()
+    lengths = [client.xlen(s) for s in streams]
+    assert sum(lengths) == 40 and all(n > 0 for n in lengths), lengths
+    for s in streams:  # every record on its id's shard, nowhere else
+        assert {f["response_id"] for _, f in client.xrange(s)} == {
+            r.response_id for r in batch if streams[shard_of(r.response_id, 4)] == s}
+
+    # a restart: the batch sat in the journal (its reply timed out), and a new process replays it
+    journal = Journal(tmp_path / "j.jsonl")
+    journal.append(r.to_dict() for r in batch)
+    restarted = RedisLedger(redis_url, "test:usage", shards=4)
+    queue = UsageQueue(restarted, journal, retry_s=0.01, wal=False)
+    queue.start()
+    await await_for(lambda: not journal.pending(), "the start-up replay")
+    await queue.drain()
+    assert queue.replayed == 40 and restarted.appended == 0
+    assert sum(client.xlen(s) for s in streams) == 40
+    # every shard read back, oldest first; one shard's worth when only one is asked for
+    got = list(iter_ledger(redis_url, "test:usage", shards=4, page=3))
+    assert sorted(got, key=lambda r: r.response_id) == sorted(batch, key=lambda r: r.response_id)
+    for s in streams:  # a merge: each shard's own order is kept
+        assert [r.response_id for r in got if streams[shard_of(r.response_id, 4)] == s] == [
+            f["response_id"] for _, f in client.xrange(s)]
+    assert len(list(iter_ledger(redis_url, "test:usage", page=3))) == lengths[0]
+    assert usage_report(redis_url, "test:usage", shards=4)[0].responses == 40
+
+
+async def test_ledger_retention_trims_old_records_and_their_replays_still_count_once(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    kept = RedisLedger(redis_url, "test:kept")  # no retention: the stream only grows
+    trimmed = RedisLedger(redis_url, "test:trim", retention_s=0.05)
+    try:
+        old = [record(i) for i in range(300)]  # three of the stream's 100-entry nodes
+        for ledger in (kept, trimmed):
+            await ledger.write_batch(old)
+        await asyncio.sleep(0.2)  # the old records are now older than the retention
+        for ledger in (kept, trimmed):
+            await ledger.write_batch([record(1000)])
+        assert client.xlen("test:kept") == 301
+        left = [f["response_id"] for _, f in client.xrange("test:trim")]
+        assert left[-1] == "resp_1000" and len(left) < 301 - 100  # whole nodes of old records went
+        await trimmed.write_batch(old)  # a late replay of trimmed records: their markers still live
+        assert trimmed.appended == 301 and client.xlen("test:trim") == len(left)
+    finally:
+        await kept.close()
+        await trimmed.close()
 
 
 # -- queue ---------------------------------------------------------------------------------------
@@ -624,17 +716,22 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         proc.wait(30)
 
 
+@pytest.mark.parametrize("shards", [1, 4])
 def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], redis_url: str, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                            capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                            shards: int) -> None:
     from gateway.ops.cli import main
 
-    live = make_gateway(Settings(redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j")))
+    live = make_gateway(Settings(redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j"),
+                                 usage_stream_shards=shards))
     loads = {"k1": Load(live.url, [7], key="k1").start(), "k2": Load(live.url, [5], key="k2", http_every=2).start()}
     for load in loads.values():
         load.join()
-    wait_for(lambda: len(stream_ids(redis_url)) == 12, 30, "12 records in the ledger")
+    wait_for(lambda: len(stream_ids(redis_url, shards=shards)) == 12, 30, "12 records in the ledger")
+    lengths = [redis.Redis.from_url(redis_url).xlen(s) for s in shard_streams(DEFAULT_STREAM, shards)]
+    assert sum(lengths) == 12 and (shards == 1 or sum(1 for n in lengths if n) > 1), lengths
 
-    assert main(["usage", "--redis-url", redis_url, "--json"]) == 0
+    assert main(["usage", "--redis-url", redis_url, "--json", "--shards", str(shards)]) == 0
     rows = json.loads(capsys.readouterr().out)
     auth = KeyAuth(["k1", "k2"])
     for key, load in loads.items():
@@ -647,8 +744,9 @@ def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], re
         assert total("input_tokens") == sum(u["input_tokens"] for u in load.usage.values())
         assert total("cached_tokens") == sum(u["input_tokens_details"]["cached_tokens"] for u in load.usage.values())
         assert total("output_tokens") == sum(u["output_tokens"] for u in load.usage.values())
-    assert usage_report(redis_url, page=5) == usage_report(redis_url)  # paging changes nothing
+    assert usage_report(redis_url, shards=shards, page=5) == usage_report(redis_url, shards=shards)  # paging changes nothing
 
+    monkeypatch.setenv("RESPGATE_USAGE_STREAM_SHARDS", str(shards))  # the setting, as the gateway reads it
     assert main(["usage", "--redis-url", redis_url]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["day", "tenant", "model", "responses", "input_tokens", "cached_tokens",

@@ -31,7 +31,7 @@ import redis
 import redis.asyncio.client as aioclient
 from redis.crc import key_slot
 
-from billing.ledger import RedisLedger, marker_key
+from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key, shard_of, shard_streams
 from billing.report import iter_ledger
 from billing.usage import MemorySink
 from cache.conversations import Limits
@@ -128,6 +128,13 @@ async def exercise(url: str) -> None:
         assert ledger.appended == 3
     finally:
         await ledger.close()
+    sharded = RedisLedger(url, "respgate:usage-sharded", shards=4, retention_s=3600)  # a script per shard
+    try:
+        await sharded.write_batch([record(i) for i in range(10)])
+        await sharded.write_batch([record(i) for i in range(12)])
+        assert sharded.appended == 12
+    finally:
+        await sharded.close()
 
     keys = RedisKeyStore.from_url(url)
     try:
@@ -266,7 +273,7 @@ def test_every_operation_runs_on_a_three_master_cluster(redis_cluster_url, redis
     # a chain's records and its chain hash share their root's slot; the ledger's markers the stream's
     chain_keys = [k for k in keys if k.startswith((b"respgate:r:", b"respgate:c:"))]
     assert len(chain_keys) == 3 and len({key_slot(k) for k in chain_keys}) == 1, chain_keys
-    markers = [k for k in keys if b":seen:" in k]
+    markers = [k for k in keys if k.startswith(b"{respgate:usage}:seen:")]
     assert len(markers) == 3 and {key_slot(k) for k in markers} == {key_slot(b"respgate:usage")}
 
 
@@ -423,3 +430,35 @@ def test_ledger_counts_a_record_once_on_the_cluster(redis_cluster_url):
     assert [r.response_id for r in iter_ledger(redis_cluster_url)] == ["resp_1", "resp_2", "resp_3"]
     assert key_slot(marker_key("respgate:usage", "resp_1").encode()) == key_slot(b"respgate:usage")
 
+
+
+async def _sharded_ledger_twice(url: str) -> tuple[int, int]:
+    first, again = RedisLedger(url, shards=4), RedisLedger(url, shards=4)  # two replicas, or a restart
+    try:
+        batch = [record(i) for i in range(40)]
+        await first.write_batch(batch)
+        await again.write_batch([*batch[::3], record(100), record(100)])  # a replay, one new record twice
+        return first.appended, again.appended
+    finally:
+        await first.close()
+        await again.close()
+
+
+def test_a_sharded_ledger_spreads_over_the_cluster_nodes_and_counts_a_record_once(redis_cluster_url, redis_cluster):
+    """Four shards land on all three masters (each with its own markers, so every shard's script is
+    one slot on one node: the server would refuse it otherwise), and a replay counts nothing twice."""
+    assert asyncio.run(_sharded_ledger_twice(redis_cluster_url)) == (40, 1)
+    streams = shard_streams(DEFAULT_STREAM, 4)
+    on_node: dict[int, set[str]] = {}
+    for port in redis_cluster.ports:
+        with redis.Redis(host="127.0.0.1", port=port, decode_responses=True) as node:
+            held = set(node.keys("*"))  # what this node holds (asking for another node's key is MOVED)
+            for stream in streams:
+                if stream in held:
+                    on_node.setdefault(port, set()).add(stream)
+                    assert {marker_key(stream, f["response_id"]) for _, f in node.xrange(stream)} <= held
+    assert set(on_node) == set(redis_cluster.ports), on_node  # every node holds a shard
+    assert sum(len(v) for v in on_node.values()) == 4
+    ids = [r.response_id for r in iter_ledger(redis_cluster_url, shards=4)]
+    assert sorted(ids) == sorted([f"resp_{i}" for i in range(40)] + ["resp_100"])
+    assert len({shard_of(i, 4) for i in ids}) == 4

@@ -45,10 +45,12 @@ def test_the_plan_follows_the_measured_units(result):
     ws = [p for p in plan if p["ws"]]
     assert ws and all(p["mem_replicas"] == 0 and p["replicas_bound"] == "CPU" for p in ws)
     assert all(p["cpu_replicas"] > b["cpu_replicas"] for p, b in zip(plan, base))
+    assert all(p["ledger_shards"] > b["ledger_shards"] for p, b in zip(plan, base))  # markers are memory
     # and the figures reach the text
     doc = scaling.render_doc(changed)
     assert doc != scaling.render_doc(result)
     assert f"**{plan[0]['replicas']:,}** (CPU)" in doc
+    assert f"**{plan[0]['ledger_shards']:,}** ({plan[0]['ledger_bound']})" in doc
 
 
 def test_only_a_full_run_into_results_writes_the_committed_document(result, tmp_path):

@@ -155,8 +155,17 @@ class Settings(BaseModel):
     #: billing: the local journal (fsync'd JSON lines) that holds usage records while the ledger is
     #: unreachable and is replayed at start-up; empty disables it. Default: <cache dir>/usage-journal.jsonl
     usage_journal: str | None = Field(default_factory=lambda: default_usage_journal())
-    #: billing: the Redis Stream that is the usage ledger (used when ``redis_url`` is set)
+    #: billing: the Redis Stream that is the usage ledger (used when ``redis_url`` is set); shard 0's name
     usage_stream: str = "respgate:usage"
+    #: billing: streams the ledger is spread over, each its own hash tag (a Cluster shard each), a record's
+    #: chosen by its response id. 1 = one stream, the layout before shards; change it only with empty
+    #: journals (see ``billing.ledger``)
+    usage_stream_shards: int = Field(default=1, ge=1, le=4096)
+    #: billing: how long a record's dedup marker lives: a journal replay later than this counts it again
+    usage_marker_ttl_s: int = Field(default=24 * 3600, ge=60)
+    #: billing: trim each ledger stream to the records of this many seconds (``XADD MINID ~``); unset = never
+    #: (billing must have read a record before it goes)
+    usage_stream_retention_s: float | None = Field(default=None, gt=0)
     #: what to do with hosted tool types we do not run (web_search, tool_search ...)
     hosted_tools: Literal["strip", "reject"] = "strip"
     #: how reasoning reaches clients: raw reasoning_text, or only as the item (no text events)

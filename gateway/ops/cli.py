@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--config", default=None, help=CONFIG_HELP)
     usage.add_argument("--redis-url", default=None, help=REDIS_HELP)
     usage.add_argument("--stream", default=None, help="ledger stream (default: RESPGATE_USAGE_STREAM or respgate:usage)")
+    usage.add_argument("--shards", type=int, default=None,
+                       help="ledger stream shards to read (default: RESPGATE_USAGE_STREAM_SHARDS or 1)")
     usage.add_argument("--json", action="store_true", help="JSON rows instead of a table")
 
     check = sub.add_parser(
@@ -191,11 +193,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "usage":
         from billing.report import print_report, usage_report
 
-        settings = Settings.load(args.config, redis_url=args.redis_url, usage_stream=args.stream)
+        settings = Settings.load(args.config, redis_url=args.redis_url, usage_stream=args.stream,
+                                 usage_stream_shards=args.shards)
         if not settings.redis_url:
             raise UserError("no usage ledger configured", "pass --redis-url, or set RESPGATE_REDIS_URL / REDIS_URL "
                             "to the Redis the gateway writes its ledger to")
-        print_report(usage_report(settings.redis_url, settings.usage_stream), sys.stdout, as_json=args.json)
+        print_report(usage_report(settings.redis_url, settings.usage_stream, shards=settings.usage_stream_shards),
+                     sys.stdout, as_json=args.json)
         return 0
 
     if args.command == "smoke":
