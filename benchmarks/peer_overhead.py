@@ -13,6 +13,11 @@ Both gateways get the same conversations and the same continuation turn (``previ
   stub reads it and answers pre-rendered bytes, so what grows with history on that side is the
   peer's own work (state, serialization, the upstream request) plus reading the body.
 
+* **floor** — :mod:`benchmarks.floor_server`: respgate's own frames for the turn (recorded from it
+  at the start), replayed in one write by a server that does nothing else; WebSocket chains at the
+  smallest history only (it answers alike whatever the history). What no server can take away from
+  this client's measurement: a ratio target below it cannot be met by any server.
+
 Conversations (chains), every combination of:
 
 * transport: ``ws`` (WebSocket, ``store=false``, parent from the connection's state) and ``http``
@@ -56,9 +61,13 @@ from websockets.sync.client import connect
 
 from benchmarks.agentic_peer import AGENTIC_API_VERSION, AgenticServer, StubUpstream, install
 from benchmarks.common import MODEL, ChildGateway, filler, machine, pct
+from benchmarks.floor_server import FloorServer, recorded_turn
 
 RESULTS = Path(__file__).parent / "results"
 TARGETS = ("respgate", "agentic")
+#: the no-work floor (benchmarks/floor_server.py): WebSocket only, at the smallest history (it
+#: replays the same frames whatever the history)
+FLOOR = "floor"
 TRANSPORTS = ("ws", "http")
 SHAPES = ("items", "one")
 OUTPUTS = ("short", "cap16")
@@ -66,7 +75,7 @@ ITEM_TOKENS = 800
 CAP = 16
 TERMINAL = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
-LABELS = {"respgate": "respgate", "agentic": f"agentic-api {AGENTIC_API_VERSION}"}
+LABELS = {"respgate": "respgate", "agentic": f"agentic-api {AGENTIC_API_VERSION}", FLOOR: "no-work floor"}
 
 
 def _fallbacks(text: str) -> dict[str, float]:
@@ -96,7 +105,8 @@ class Server:
             return {"encoded": metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
                     + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
                     "fallbacks": _fallbacks(text)}
-        assert self.stub is not None
+        if self.stub is None:
+            return {}  # the floor server: nothing to count
         s = self.stub.stats()
         return {"upstream_bytes": s["body_bytes"].get("POST /v1/responses", 0),
                 "upstream_requests": s["requests"].get("POST /v1/responses", 0), "stub_busy_s": s["busy_s"]}
@@ -167,7 +177,7 @@ class Chain:
                     d = v - before["fallbacks"].get(reason, 0.0)  # type: ignore[index]
                     if d:
                         self.fallbacks[reason] = self.fallbacks.get(reason, 0.0) + d
-            else:
+            elif "upstream_bytes" in after:
                 self.upstream_bytes.append(after["upstream_bytes"] - before["upstream_bytes"])  # type: ignore[index]
                 self.upstream_requests.append(after["upstream_requests"] - before["upstream_requests"])  # type: ignore[index]
                 self.stub_ms.append((after["stub_busy_s"] - before["stub_busy_s"]) * 1e3)  # type: ignore[index]
@@ -227,7 +237,7 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
                        encoded_tokens_per_turn_median=_median(c.encoded), full_render_fallbacks=c.fallbacks,
                        full_render_fallbacks_total=sum(c.fallbacks.values()))
             history.setdefault(c.shape, {})[str(c.history_tokens)] = c.first_input_tokens
-        else:
+        elif c.target == "agentic":
             row.update(upstream_bytes_per_turn_median=_median(c.upstream_bytes),
                        upstream_requests_per_turn_median=_median(c.upstream_requests),
                        upstream_stub_ms_per_turn_median=_median(c.stub_ms))
@@ -250,14 +260,18 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
                     ratio.setdefault(transport, {}).setdefault(shape, {})[output] = {
                         n: {"median": x["median_ms"] / theirs[n]["median_ms"],
                             "p90": x["p90_ms"] / theirs[n]["p90_ms"]} for n, x in by_n.items() if n in theirs}
+    floor = {shape: {output: by_n[small]["median_ms"] for output, by_n in by_o.items() if small in by_n}
+             for shape, by_o in rows.get(FLOOR, {}).get("ws", {}).items()}
     return {"benchmark": "peer_overhead", "agentic_api_version": AGENTIC_API_VERSION,
             "written_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "engine": {"respgate": "simulated, zero latency, prefix-cache emulation off",
-                       "agentic": "benchmarks/upstream_stub.py: pre-rendered /v1/responses answers"},
+                       "agentic": "benchmarks/upstream_stub.py: pre-rendered /v1/responses answers",
+                       FLOOR: "benchmarks/floor_server.py: respgate's recorded frames, one write a turn"},
             "turns": args.turns, "warmup": args.warmup, "history_tokens": sizes, "item_tokens": ITEM_TOKENS,
             "cap": CAP, "transports": list(args.transports), "shapes": list(args.shapes),
             "outputs": list(args.outputs), "history_input_tokens": history, "chains": rows,
-            "flatness_big_over_small": flatness, "ratio_respgate_over_agentic": ratio}
+            "flatness_big_over_small": flatness, "ratio_respgate_over_agentic": ratio,
+            "floor_ws_ms": floor}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -301,6 +315,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     pyplot.close(fig)
 
 
+def record_frames(respgate: dict[str, ChildGateway]) -> dict[str, list[str]]:
+    """respgate's frames for one WebSocket continuation turn of each output kind (the floor replays them)."""
+    frames: dict[str, list[str]] = {}
+    for output, gateway in respgate.items():
+        with connect(gateway.ws_url, max_size=None, compression=None, open_timeout=60) as ws:
+            body: dict[str, Any] = {"type": "response.create", "model": MODEL, "store": False,
+                                    "input": [{"role": "user", "content": filler(64, seed=3)}]}
+            if output == "cap16":
+                body["max_output_tokens"] = CAP
+            first = recorded_turn(ws, body)
+            body["previous_response_id"] = orjson.loads(first[-1])["response"]["id"]
+            body["input"] = [{"role": "user", "content": "step 0: continue"}]
+            frames[output] = recorded_turn(ws, body)
+    return frames
+
+
 def run_chains(args: argparse.Namespace) -> list[Chain]:
     binary = install()
     max_context = str(max(args.history) * 2)
@@ -315,16 +345,22 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
         opened.append(stub)
         agentic = AgenticServer(binary, stub.url)
         opened.append(agentic)
+        floor = FloorServer(record_frames(respgate))
+        opened.append(floor)
         servers = {("agentic", o): Server("agentic", agentic.url, agentic.ws_url, stub=stub) for o in args.outputs}
         for o in args.outputs:
             g = respgate[o]
             servers[("respgate", o)] = Server("respgate", g.url, g.ws_url, gateway=g)
+            servers[(FLOOR, o)] = Server(FLOOR, floor.url, floor.ws_url)
+        smallest = min(args.history)
         for shape in args.shapes:
             for output in args.outputs:
                 for transport in args.transports:
                     for n in args.history:
                         for target in TARGETS:
                             chains.append(Chain(servers[(target, output)], transport, shape, n, output))
+                        if transport == "ws" and n == smallest:
+                            chains.append(Chain(servers[(FLOOR, output)], transport, shape, n, output))
                 print(f"  built {shape}/{output}: {len(chains)} chains", file=sys.stderr)
         for i in range(args.warmup + args.turns):
             k = i % len(chains)

@@ -21,16 +21,17 @@ TTFT_TARGET = 1.0
 #: why a short turn still costs what it does (from a cProfile of the gateway process over 3,000 short WS
 #: continuation turns, session 6; the figures themselves come from the run)
 FIXED_COST_WHY = (
-    "Where a short turn's time goes, by cProfile of the gateway process over 3,000 short WS continuation turns "
-    "(profiled times are inflated ~2×, the shares are what to read): validate + resolve + classify + render of "
-    "the new item 0.75 ms, the socket writes 0.70 ms (7 per turn: one per loop iteration that produced an event, "
-    "each a system call that also runs the loopback receiver's TCP path), finalize (state, usage record, metrics, "
-    "the turn log line) 0.25 ms, the simulated engine's own work 0.19 ms, of ~2 ms. A short answer is ~13 engine "
-    "deltas at one token each (harmony's channel and message markers are tokens too), each a pass through the "
-    "event loop and the stacked async generators. What would close it: merging the deltas an engine has ready "
-    "into one pass (vLLM's output collector does this per engine step; the simulated engine at one token per "
-    "delta defeats it by design), one write per turn phase, a compiled event encoder and WebSocket framer, and "
-    "pydantic-free validation of the continuation's new items.")
+    "Where a short turn's time goes (py-spy sampling of the gateway process over thousands of short WS "
+    "continuation turns, shares of its busy time): the socket writes ~30% (3 a turn — corked across the loop "
+    "iterations of a burst; on loopback each send() also runs the receiver's TCP path and wakes it), prepare "
+    "(validate, resolve, classify, render the new item) ~17%, the run loop (engine deltas, harmony parser, "
+    "events, frames) ~15%, finalize (state, usage record, metrics) ~8%, the simulated engine ~5%, WebSocket, "
+    "ASGI and lane machinery ~10%, the event loop itself the rest. The same pipeline without sockets (prepare, "
+    "run, finalize in one process) is ~0.5 ms of CPU a turn, a long tail of 1–10 µs steps (pydantic request "
+    "and item models, ids, metrics, dataclasses) with no single one above a few percent. What would close it: "
+    "a compiled event encoder and WebSocket framer, one write per turn (the flush cannot tell an engine that "
+    "answers next iteration from one that answers in 20 ms without the engine saying so), and fewer Python "
+    "steps per turn — the fixed cost of a Python gateway against a compiled one that does not tokenize.")
 SHAPES = {"items": "~800-token items", "one": "one item"}
 OUTPUTS = {"short": "short answer", "cap16": "16-token cap"}
 
@@ -85,11 +86,36 @@ def _ratio_why(p: dict[str, Any], n: str) -> str:
     if fixed and theirs:
         text.append(f"Uncapped, a respgate WS turn costs {_f(min(fixed))}-{_f(max(fixed))} ms against agentic-api's "
                     f"{_f(min(theirs))}-{_f(max(theirs))} ms at {_k(n)}: the fixed per-turn cost of a Python gateway "
-                    "against a compiled one that does not tokenize. " + FIXED_COST_WHY)
+                    "against a compiled one. " + FIXED_COST_WHY)
+    floor = _floor_why(p, n)
+    if floor:
+        text.append(floor)
     capped = _fallback_share(p, "ws", "cap16", n)
     if capped:
         text.append(f"With 16-token caps some turns are still rendered in full — {capped}.")
     return " ".join(text)
+
+
+def _floor_why(p: dict[str, Any], n: str) -> str:
+    """What the no-work floor (benchmarks/floor_server.py) says about the target at ``n``, or ''."""
+    floor = p.get("floor_ws_ms") or {}
+    cells = []
+    for shape, by_o in floor.items():
+        for output, ms in by_o.items():
+            theirs = p["chains"]["agentic"]["ws"].get(shape, {}).get(output, {}).get(n)
+            ours = p["chains"]["respgate"]["ws"].get(shape, {}).get(output, {}).get(n)
+            if theirs is None or ours is None:
+                continue
+            budget = RATIO_TARGET * theirs["median_ms"]
+            cells.append(f"{SHAPES[shape]}, {OUTPUTS[output]}: floor {_f(ms)} ms, target {_f(budget)} ms, "
+                         f"respgate {_f(ours['median_ms'] - ms)} ms above the floor against agentic-api's "
+                         f"{_f(theirs['median_ms'] - ms)}")
+    if not cells:
+        return ""
+    return ("The same client against a server that does no work — respgate's own frames for the turn replayed in "
+            "one write (`benchmarks/floor_server.py`) — measures what no server can take away (the client's Python, "
+            "loopback wake-ups, the frames' bytes): " + "; ".join(cells) + ". A target below its floor could not "
+            "be met by any server measured this way.")
 
 
 def _fallback_share(p: dict[str, Any], transport: str, output: str, n: str, shapes: tuple[str, ...] = ()) -> str:

@@ -6,7 +6,10 @@
 * :func:`benchmarks.agentic_peer.install` takes the binary out of a wheel already in its cache
   without downloading, re-extracts a binary of the wrong version, refuses a wheel whose binary
   says another version;
-* the Peers section's verdicts follow the figures (a ratio over 0.5 is "not met");
+* the Peers section's verdicts follow the figures (a ratio over 0.5 is "not met"), and a missed
+  ratio target says where the no-work floor puts it;
+* the floor server (:mod:`benchmarks.floor_server`) replays recorded frames per turn, the
+  capped kind for a capped create, with a fresh response id each turn;
 * with the real release binary (PyPI: ``slow``, skipped where PyPI is unreachable and the
   binary is not cached): agentic-api in front of the stub completes WS and HTTP continuations,
   an incomplete one under a cap, and re-sends the whole history upstream every turn.
@@ -28,6 +31,7 @@ from pydantic import TypeAdapter
 
 from benchmarks.agentic_peer import (AGENTIC_API_VERSION, BINARY, AgenticServer, StubUpstream, cache_root,
                                      find_wheel, install)
+from benchmarks.floor_server import FloorServer
 from benchmarks.peer_overhead import summarize
 from benchmarks.report_peers import peer_targets
 from benchmarks.upstream_stub import parse_cap
@@ -181,6 +185,46 @@ def test_peer_verdicts_follow_the_figures():
     assert verdicts["WS flatness 128k / 1k ≤ 1.2"] is False
     assert verdicts["zero full-render fallbacks in standard continuations, small output caps included"] is True
 
+
+
+def test_a_missed_ratio_target_is_read_against_the_floor():
+    args = SimpleNamespace(history=[1000], turns=5, warmup=1, transports=["ws"], shapes=["items"], outputs=["short"])
+    chains = [_chain("respgate", "ws", "items", "short", 1000, 2.0), _chain("agentic", "ws", "items", "short", 1000, 2.5),
+              _chain("floor", "ws", "items", "short", 1000, 0.8)]
+    result = summarize(chains, args)
+    assert result["floor_ws_ms"] == {"items": {"short": pytest.approx(0.8)}}
+    assert "floor" not in result["ratio_respgate_over_agentic"]["ws"]["items"]
+    (target,) = [t for t in peer_targets({"peer_overhead": result}) if t.text.startswith("WS continuation ≤")]
+    assert target.ok is False
+    assert "floor 0.80 ms, target 1.25 ms, respgate 1.20 ms above the floor against agentic-api's 1.70" in target.why
+
+
+def test_the_floor_server_replays_the_recorded_turn_with_a_fresh_id():
+    from websockets.sync.client import connect
+
+    def frame(kind, **fields):
+        return json.dumps({"type": kind, **fields})
+
+    frames = {"short": [frame("response.created", n=1), frame("response.output_text.delta", delta="ok"),
+                        frame("response.completed", response={"id": "resp_recorded", "status": "completed"})],
+              "cap16": [frame("response.created", n=2),
+                        frame("response.incomplete", response={"id": "resp_recorded", "status": "incomplete"})]}
+    floor = FloorServer(frames)
+    try:
+        with connect(floor.ws_url) as ws:
+            seen = []
+            for body in ({"type": "response.create"}, {"type": "response.create", "max_output_tokens": 16},
+                         {"type": "response.create"}):
+                ws.send(json.dumps(body))
+                got = [json.loads(ws.recv(timeout=10)) for _ in range(3 if "max_output_tokens" not in body else 2)]
+                seen.append(got)
+        assert [e["type"] for e in seen[0]] == ["response.created", "response.output_text.delta", "response.completed"]
+        assert [e["type"] for e in seen[1]] == ["response.created", "response.incomplete"]
+        ids = [turn[-1]["response"]["id"] for turn in seen]
+        assert len(set(ids)) == 3 and "resp_recorded" not in ids   # a fresh id per turn to chain from
+        assert seen[0][1] == seen[2][1] == {"type": "response.output_text.delta", "delta": "ok"}
+    finally:
+        floor.close()
 
 
 def _vllm_turns(ttft, engine):
