@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -36,8 +37,10 @@ __all__ = [
     "GrammarUnavailable",
     "ToolGrammar",
     "check_structural_tag",
+    "grammar_library_ready",
     "iter_custom_tools",
     "json_string_ebnf",
+    "needs_grammar_library",
     "tool_grammar",
 ]
 
@@ -60,10 +63,31 @@ class ToolGrammar:
     ebnf: str
 
 
+#: set once xgrammar has been imported in full (by whichever thread got there first)
+_LOADED = threading.Event()
+
+
 def _xgr() -> Any:
     import xgrammar
 
+    _LOADED.set()
     return xgrammar
+
+
+def grammar_library_ready() -> bool:
+    """Whether xgrammar is imported. The first import takes seconds (it brings in torch): a caller
+    on the event loop sends the turn that would pay it to a worker thread instead (the pipeline
+    does), so one client's first custom tool does not stall every other client's stream."""
+    return _LOADED.is_set()
+
+
+def needs_grammar_library(tools: Any) -> bool:
+    """Whether building these tools' constraint imports xgrammar: a ``custom`` tool with a grammar."""
+    for _, tool in iter_custom_tools(tools):
+        fmt = tool.get("format")
+        if isinstance(fmt, Mapping) and fmt.get("type") == "grammar":
+            return True
+    return False
 
 
 def tool_grammar(tool: Mapping[str, Any]) -> ToolGrammar | None:

@@ -70,3 +70,77 @@ def test_cpu_engine_turn_with_an_uncompilable_grammar_answers_in_prose(vllm_gate
     if r.status == "completed":  # the forced call still holds (its input is any JSON string)
         assert len(calls) == 1 and isinstance(calls[0].input, str), r.output
     json.dumps(r.model_dump())  # a well-formed Response either way
+
+
+# -- the constraint is built once per tenant and tool set, and its first build is off the loop ----
+
+
+def test_a_chain_re_sending_codex_tools_builds_their_constraint_once(gateway: LiveGateway):
+    """Codex re-sends its tools (apply_patch's grammar among them) with every turn: the grammar is
+    compiled and checked on the first turn only (it was ~2 ms of every continuation turn)."""
+    import uuid
+
+    cache = gateway.gw.pipeline.constraints
+    client = gateway.openai()
+    # a tool set no other test of this gateway sends, so its first turn must be the one that builds
+    tools = [*codex_tools(), {"type": "function", "name": f"probe_{uuid.uuid4().hex[:8]}", "parameters": {"type": "object"}}]
+    hits, misses = cache.hits, cache.misses
+    for i in range(4):  # (the simulated model answers with a call, so each turn starts a chain of its own)
+        r = client.responses.create(model="gpt-oss-sim", input=f"step {i}", tools=tools, store=False)
+        assert r.status == "completed"
+    assert (cache.misses - misses, cache.hits - hits) == (1, 3)
+    # what the turns got is what a fresh build gives
+    from inference.harmony import HarmonyRenderer
+    from inference.render import Prelude
+
+    cached = next(reversed(cache._entries.values()))   # the most recently used: this test's
+    assert cached == HarmonyRenderer().constraint(Prelude(tools=tuple(tools)), None)
+
+
+def test_constraints_are_kept_per_tenant_model_and_tool_set():
+    from types import SimpleNamespace
+
+    from gateway.turn.sampling import ConstraintCache
+    from inference.render import Prelude
+
+    built = []
+
+    class Renderer:
+        def constraint(self, prelude, text_format):
+            built.append((prelude.tools, text_format))
+            return {"n": len(built)}
+
+    cache = ConstraintCache(max_entries=3)
+    route = SimpleNamespace(name="m", renderer=Renderer())
+    turn = lambda tools: SimpleNamespace(prelude=Prelude(tools=tools))  # noqa: E731
+    t1, t2 = ({"type": "function", "name": "a"},), ({"type": "function", "name": "b"},)
+    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 1}
+    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 1}      # hit
+    assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}      # another tenant builds its own
+    assert cache.constraint(route, turn(t2), None, "tenant-a") == {"n": 3}      # other tools
+    assert cache.constraint(route, turn(t1), {"type": "json_object"}, "tenant-a") == {"n": 4}  # other format
+    assert len(cache._entries) == 3                                              # bounded: the oldest went
+    assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}
+    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 5}      # evicted: built again
+    assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 6}      # no tools: not cached
+    assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 7}
+
+
+def test_the_first_grammar_turn_is_prepared_off_the_event_loop(gateway: LiveGateway, monkeypatch):
+    """Importing xgrammar takes seconds (torch): a small body that would pay it is prepared in the
+    worker pool, not inline on the loop that streams every other client's tokens."""
+    import threading
+
+    from inference import tool_grammar
+
+    monkeypatch.setattr(tool_grammar, "_LOADED", threading.Event())  # as if no grammar was built yet
+    offload = gateway.gw.pipeline.offload
+    client = gateway.openai()
+    before = offload.offloaded
+    assert client.responses.create(model="gpt-oss-sim", input="hi", tools=codex_tools()).status == "completed"
+    assert offload.offloaded == before + 1 and tool_grammar.grammar_library_ready()
+    assert client.responses.create(model="gpt-oss-sim", input="hi", tools=[BAD_LARK]).status == "completed"
+    assert client.responses.create(model="gpt-oss-sim", input="hi").status == "completed"
+    assert offload.offloaded == before + 1   # loaded now, and a turn without grammars never needed it
+    assert tool_grammar.needs_grammar_library(codex_tools())
+    assert not tool_grammar.needs_grammar_library([t for t in codex_tools() if t["type"] == "function"])

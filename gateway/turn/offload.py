@@ -134,6 +134,11 @@ class PrepareOffload:
         self.offloaded += 1
         return self._offloaded
 
+    def pooled(self) -> Cpu:
+        """The pool whatever the size: work known to be slow (a first import) stays off the loop."""
+        self.offloaded += 1
+        return self._offloaded
+
     def for_body(self, body: Any) -> Cpu:
         """By a parsed body's :func:`weight`."""
         return self.for_size(weight(body, self.inline_bytes))

@@ -42,7 +42,7 @@ from gateway.turn.offload import PrepareOffload
 from gateway.turn.prefix import PrefixReuse
 from gateway.turn.resolve import Resolver
 from gateway.turn.run import TurnRunner
-from gateway.turn.sampling import sampling_for
+from gateway.turn.sampling import ConstraintCache, sampling_for
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, UsageHook
 from gateway.wire.errors import bad_request
@@ -51,6 +51,7 @@ from gateway.wire.response import response_skeleton
 from inference.registry import ModelRegistry
 from inference.engine import SamplingParams
 from inference.render import Constraint
+from inference.tool_grammar import grammar_library_ready, needs_grammar_library
 from security.classify import Classifier
 from security.flags import FlagReporter
 
@@ -88,6 +89,8 @@ class Pipeline:
         self.finalizer = Finalizer(store, usage, metrics, self.conversations,
                                    on_state=self.prefix.record if self.prefix is not None else None)
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
+        #: structured-output constraints by tenant, model and tools (``gateway.turn.sampling``)
+        self.constraints = ConstraintCache()
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
                                  hosted_tools=settings.hosted_tools, offload=self.offload,
                                  conversations=self.conversations, prefix=self.prefix)
@@ -116,7 +119,10 @@ class Pipeline:
         self.metrics.items_validated.inc(len(turn.new_items))
         verdicts = await self.classify.classify(turn, ctx, cpu)
         lap.lap("classify")
-        rendered, sampling, response = await cpu(_shape, turn, ctx.tenant)
+        shape_cpu = cpu
+        if cpu.inline and not grammar_library_ready() and needs_grammar_library(turn.prelude.tools):
+            shape_cpu = self.offload.pooled()  # the first grammar imports xgrammar (seconds): not on the loop
+        rendered, sampling, response = await shape_cpu(_shape, turn, ctx.tenant, self.constraints)
         render_stage.observe(self.metrics, rendered)
         if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
             for syntax in sampling.structured.fallbacks:
@@ -166,10 +172,11 @@ class Pipeline:
         self.offload.close()
 
 
-def _shape(turn: TurnInput, tenant: str | None) -> tuple[Rendered, SamplingParams | None, dict[str, Any]]:
+def _shape(turn: TurnInput, tenant: str | None,
+           constraints: ConstraintCache) -> tuple[Rendered, SamplingParams | None, dict[str, Any]]:
     """The prompt, the sampling parameters and the Response skeleton: CPU only (may run in the pool)."""
     rendered = render_stage.render(turn)
-    sampling = sampling_for(turn, rendered, tenant)
+    sampling = sampling_for(turn, rendered, tenant, constraints)
     response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
                                  tools=list(turn.tools), store=turn.store)
     return rendered, sampling, response
