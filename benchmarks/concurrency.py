@@ -8,6 +8,11 @@ without the load generator's. Per N (sessions open at once, all driving turns ba
   every chained turn of every session (the first, unchained turn is excluded);
 * gateway CPU seconds per turn (process CPU delta over the phase / turns).
 
+One more one-session phase sends **Codex-shaped** continuations: every create carries what the
+real Codex CLI sends with each turn (recorded frame: its ten tools — ``apply_patch``'s Lark grammar
+among them — ``include``, ``reasoning``, ``text``, ``tool_choice``, ``prompt_cache_key``), so the
+gateway's per-turn cost for its main client is measured, not only for a bare message.
+
 Memory: K sessions each create one response from a ~32k-token input (``store=false``, so the
 state lives only in the connection cache), then stay open and idle; (RSS after - RSS before) / K
 is the memory one idle connection with a 32k-token state holds (again with ~128k-token states).
@@ -30,6 +35,11 @@ from websockets.asyncio.client import connect
 
 from benchmarks.common import ChildGateway, filler, pct
 
+#: the recorded Codex CLI continuation whose fields the Codex-shaped phase sends
+CODEX_FRAME = "fixtures/codex/ws-gpt-5.5/004-ws_message.json"
+#: what a Codex continuation re-sends every turn, beside its new input and previous_response_id
+CODEX_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "reasoning", "include", "text", "prompt_cache_key")
+
 MODEL = "gpt-oss-sim"
 
 
@@ -45,24 +55,35 @@ async def create(ws, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             raise RuntimeError(msg[:500])
 
 
-async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int]) -> list[float]:
+def codex_fields() -> dict[str, Any]:
+    """The fields a recorded Codex CLI continuation re-sends with every turn."""
+    from tests.conftest import SHARED
+
+    body = orjson.loads((SHARED / CODEX_FRAME).read_bytes())["body"]
+    return {k: body[k] for k in CODEX_FIELDS if k in body}
+
+
+async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int],
+                  extra: dict[str, Any] | None = None) -> list[float]:
+    extra = extra or {}
     async with connect(url, max_size=None, compression=None, open_timeout=300, ping_interval=None) as ws:
-        _, resp = await create(ws, {"input": history})
+        _, resp = await create(ws, {"input": history, **extra})
         ready.append(1)
         await start.wait()
         times = []
         for i in range(turns):
-            dt, resp = await create(ws, {"previous_response_id": resp["id"],
+            dt, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
                                          "input": [{"role": "user", "content": f"step {i}: continue"}]})
             times.append(dt)
         return times
 
 
-async def phase(url: str, sessions: int, turns: int, gw: ChildGateway) -> dict[str, Any]:
+async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
     start = asyncio.Event()
     history = filler(1000)
     ready: list[int] = []
-    tasks = [asyncio.create_task(session(url, turns, start, history, ready)) for _ in range(sessions)]
+    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra)) for _ in range(sessions)]
     # every session has connected and made its first turn before the clock starts
     deadline = time.monotonic() + 300
     while len(ready) < sessions:
@@ -186,13 +207,15 @@ def run(quick: bool) -> dict[str, Any]:
             each = turns * 50 if n == 1 else turns
             rows.append(asyncio.run(phase(gw.ws_url, n, each, gw)))
             gc.collect()
+        codex = asyncio.run(phase(gw.ws_url, 1, turns * 25, gw, codex_fields()))
     with ChildGateway("--script", "short") as gw:
         memory = asyncio.run(idle_memory(gw.ws_url, 8 if quick else 32, 32_768, gw))
     with ChildGateway("--script", "short") as gw:
         memory_128k = asyncio.run(idle_memory(gw.ws_url, 2 if quick else 8, 131_072, gw))
     traced = [idle_state(2 if quick else 4, n) for n in (32_768, 131_072)]
     return {"benchmark": "concurrency", "engine": "simulated, zero latency, short turns",
-            "rows": rows, "idle_memory": memory, "idle_memory_128k": memory_128k, "idle_state": traced}
+            "rows": rows, "codex_one_session": codex, "idle_memory": memory, "idle_memory_128k": memory_128k,
+            "idle_state": traced}
 
 
 def plot(result: dict[str, Any], path) -> None:

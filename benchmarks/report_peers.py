@@ -195,6 +195,12 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         out.append(PeerTarget(f"gateway CPU ≤ {CPU_TARGET_MS} ms per short turn (concurrency, {one['sessions']} session)",
                               f"{_f(ms)} ms", ms <= CPU_TARGET_MS,
                               "" if ms <= CPU_TARGET_MS else FIXED_COST_WHY))
+        codex = co.get("codex_one_session")
+        if codex:
+            out.append(PeerTarget("gateway CPU per Codex-shaped turn (its recorded tools, grammar, include, reasoning "
+                                  "and text fields re-sent with every continuation; 1 session)",
+                                  f"{_f(codex['server_cpu_s_per_turn'] * 1e3)} ms (p50 {_f(codex['p50_ms'])} ms a turn)",
+                                  None))
         traced = co.get("idle_state") or []
         if traced:
             ids = max(x["token_bytes_per_token"] for x in traced)
