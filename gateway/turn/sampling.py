@@ -57,12 +57,15 @@ class ConstraintCache:
         self.misses = 0
 
     def constraint(self, route: ModelRoute, turn: TurnInput, text_format: dict[str, Any] | None,
-                   tenant: str | None) -> Any:
+                   tenant: str | None, prelude_key: bytes = b"") -> Any:
+        """``prelude_key``: the render's digest of the prelude (model, renderer, tools verbatim,
+        ``tool_choice`` …), which the key then uses instead of hashing the tools a second time."""
         prelude = turn.prelude
         if not prelude.tools and text_format is None:
             return route.renderer.constraint(prelude, None)  # nothing to build: no hashing either
-        key = hashlib.blake2b(orjson.dumps([tenant, route.name, prelude.tools, prelude.tool_choice, text_format],
-                                           option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        what: Any = prelude_key.hex() if prelude_key else [route.name, prelude.tools, prelude.tool_choice]
+        key = hashlib.blake2b(orjson.dumps([tenant, what, text_format], option=orjson.OPT_SORT_KEYS),
+                              digest_size=16).digest()
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -93,7 +96,7 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=req.seed,
         stop_token_ids=tuple(route.renderer.stop_token_ids),
-        structured=(constraints.constraint(route, turn, fmt, tenant) if constraints is not None
+        structured=(constraints.constraint(route, turn, fmt, tenant, rendered.prelude_key) if constraints is not None
                     else route.renderer.constraint(turn.prelude, fmt)),
         cache_salt=cache_salt_of(tenant, req),
         logprobs=logprobs_wanted(req),
