@@ -269,5 +269,25 @@ async def timed_put(store: ResponseStore, metrics: Metrics, state: ResponseState
 
 def _approx_bytes(items: Sequence[dict[str, Any]]) -> int:
     """What ``items`` weigh in the state caches: their JSON size (the form the store keeps them
-    in) plus a fixed overhead per item. One C call, not a walk of every field in Python."""
-    return len(orjson.dumps(items)) + 64 * len(items) if items else 0
+    in) plus a fixed overhead per item — one C call, not a walk of every field in Python. Items
+    that are not JSON (a model's lone surrogate, which the turn then fails on) are walked instead."""
+    if not items:
+        return 0
+    try:
+        return len(orjson.dumps(items)) + 64 * len(items)
+    except orjson.JSONEncodeError:
+        return _walked_bytes(items)
+
+
+def _walked_bytes(items: Sequence[dict[str, Any]]) -> int:
+    total = 0
+    for item in items:
+        for v in item.values():
+            if isinstance(v, str):
+                total += len(v)
+            elif isinstance(v, list):
+                for p in v:
+                    if isinstance(p, dict):
+                        total += sum(len(x) for x in p.values() if isinstance(x, str))
+        total += 64
+    return total
