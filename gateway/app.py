@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -29,6 +30,8 @@ from gateway.base.settings import Settings
 from gateway.transport.services import GatewayState
 from gateway.engines import build_registry
 from inference.registry import ModelRegistry
+from inference.simulated import SimulatedEngine
+from inference.tool_grammar import preload_grammar_library
 from security.classify import Action, Classifier, Composite
 from security.flags import FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.keys import KeyStore
@@ -83,6 +86,10 @@ def create_app(
         await auth.check_startup(settings.host)  # before any engine loads: refuse open mode off loopback
         for engine in registry.engines():
             await engine.start()
+        if not all(isinstance(e, SimulatedEngine) for e in registry.engines()):
+            # in front of a real model custom-tool grammars are the rule (Codex's apply_patch): import
+            # xgrammar (~3 s, torch) in the background now, not under the first such turn
+            threading.Thread(target=preload_grammar_library, name="respgate-grammar-preload", daemon=True).start()
         usage.start()
         flags.start()
         background.start_loops()

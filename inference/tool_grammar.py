@@ -41,6 +41,7 @@ __all__ = [
     "iter_custom_tools",
     "json_string_ebnf",
     "needs_grammar_library",
+    "preload_grammar_library",
     "tool_grammar",
 ]
 
@@ -79,6 +80,17 @@ def grammar_library_ready() -> bool:
     on the event loop sends the turn that would pay it to a worker thread instead (the pipeline
     does), so one client's first custom tool does not stall every other client's stream."""
     return _LOADED.is_set()
+
+
+def preload_grammar_library() -> bool:
+    """Import xgrammar now (a gateway in front of a real model calls this in a thread at start-up:
+    its first Codex turn would otherwise pay the import while other streams wait on the GIL).
+    False when it is not installed (grammars then fall back to prose, as ever)."""
+    try:
+        _xgr()
+    except ImportError:
+        return False
+    return True
 
 
 def needs_grammar_library(tools: Any) -> bool:

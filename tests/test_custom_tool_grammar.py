@@ -144,3 +144,23 @@ def test_the_first_grammar_turn_is_prepared_off_the_event_loop(gateway: LiveGate
     assert offload.offloaded == before + 1   # loaded now, and a turn without grammars never needed it
     assert tool_grammar.needs_grammar_library(codex_tools())
     assert not tool_grammar.needs_grammar_library([t for t in codex_tools() if t["type"] == "function"])
+
+
+def test_a_gateway_in_front_of_a_real_model_imports_the_grammar_library_at_start(make_gateway, monkeypatch):
+    """Not under its first Codex turn: the import runs in a background thread from start-up (the
+    simulated engine's gateways — tests, benchmarks — leave it to the first grammar)."""
+    import threading
+    import time
+
+    from inference import tool_grammar
+    from tests.turn_helpers import TokenScriptEngine
+
+    monkeypatch.setattr(tool_grammar, "_LOADED", threading.Event())
+    make_gateway()  # simulated: nothing preloaded
+    assert not any(t.name == "respgate-grammar-preload" for t in threading.enumerate())
+    assert not tool_grammar.grammar_library_ready()
+    make_gateway(engine=TokenScriptEngine([[1]]))
+    deadline = time.monotonic() + 120
+    while not tool_grammar.grammar_library_ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tool_grammar.grammar_library_ready()
