@@ -285,3 +285,34 @@ def test_fuzz_http_bodies(live: LiveGateway) -> None:
     assert http_answers.get("http:200:", 0) > 15, http_answers
     client.close()
     assert httpx.get(live.url + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+@pytest.mark.parametrize("where", ["item", "tool"])
+def test_a_type_that_is_a_list_is_a_400_not_a_crash(where: str, transport: str) -> None:
+    """``"type": []`` on an input item or a tool reached a set lookup (unhashable: TypeError), which
+    the gateway answered as a 500 / a failed turn; it is refused like any other unknown type (found
+    by a property test over create bodies, not by the random fuzz above)."""
+    from tests.conftest import MODEL
+    from tests.ws_helpers import send, until_terminal, ws_open
+
+    body: dict[str, Any] = {"model": MODEL, "input": "x"}
+    if where == "item":
+        body["input"] = [{"type": [], "role": "user", "content": "x"}]
+    else:
+        body["tools"] = [{"type": [], "name": "a"}]
+    live = start_gateway(Settings(usage_journal=None))
+    try:
+        if transport == "http":
+            r = httpx.post(live.url + "/v1/responses", json=body, timeout=30)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+        else:
+            with ws_open(live) as ws:
+                send(ws, {"type": "response.create", **body})
+                ev = until_terminal(ws)[-1]
+            assert ev["type"] == "error" and ev["status"] == 400, ev
+            error = ev["error"]
+        assert error["type"] == "invalid_request_error" and error["param"].startswith("input[0]" if where == "item" else "tools[0]")
+    finally:
+        stop_gateway(live)

@@ -218,6 +218,8 @@ def _item_tag(v: Any) -> str:
         return "message"
     if t is None and "id" in v:
         return "item_reference"
+    if not isinstance(t, str):  # a list or object is unhashable: looked up below it would raise, not refuse
+        return "<invalid>"
     if t in KNOWN_ITEM_TYPES:
         return t
     if t in HOSTED_ITEM_TYPES:

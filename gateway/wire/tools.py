@@ -72,6 +72,8 @@ class _UnknownTool(BaseModel):
 
 def _tool_tag(v: Any) -> str:
     t = v.get("type") if isinstance(v, dict) else None
+    if not isinstance(t, str):  # a list or object is unhashable: the set lookup below would raise, not refuse
+        return "<unknown>"
     if t in ("function", "custom", "namespace"):
         return t
     if t in HOSTED_TOOL_TYPES:
