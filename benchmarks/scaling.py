@@ -616,12 +616,18 @@ def render_doc(result: dict[str, Any]) -> str:
                  f"{_b(t['redis_ledger_bytes_per_turn'])} | {cmds} |")
     lr = led["redis"]
     h = _row(result, "http_chained", 32_768)
+    pexpire = h["redis"]["commands_per_unit"].get("pexpire", 0)
+    depths = f"{h['chain_depth_start']} → {h['chain_depth_end']}"
     L += ["", "Every turn's usage record is part of its row (the ledger's script and its `SET`/`XADD`). "
-          "`store=true` chains write one record per response and refresh every ancestor's TTL in the same "
-          "transaction, so calls per turn grow with the chain's depth (its number of responses), not its tokens: "
-          f"here {_n(h['redis']['commands_per_unit'].get('pexpire', 0), 1)} `PEXPIRE` a turn over depths "
-          f"{h['chain_depth_start']} → {h['chain_depth_end']}; an agent session of several hundred turns pays "
-          "several hundred a turn, and the plan below holds for chains of the depths measured.", "",
+          + ("`store=true` chains write one record per response and keep the whole chain alive with one "
+             "`PEXPIRE` of its chain hash (and one of the record), whatever the chain's depth: here "
+             f"{_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}, so calls and bytes per turn do not grow "
+             "with the session's length." if pexpire <= 3 else
+             "`store=true` chains write one record per response and refresh every ancestor's TTL in the same "
+             "transaction, so calls per turn grow with the chain's depth (its number of responses), not its "
+             f"tokens: here {_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}; an agent session of several "
+             "hundred turns pays several hundred a turn, and the plan below holds for chains of the depths "
+             "measured."), "",
           "### Ledger", "",
           f"One billing queue (one writer, batches of up to {led['batch_max']}, one in flight) delivered "
           f"{_n(led['records'])} records into the Redis ledger at **{_n(led['records_per_s'])} records/s**; "
@@ -760,8 +766,8 @@ def render_doc(result: dict[str, Any]) -> str:
              "already holds the chain's tokens." if readback_grows else
              f"what comes out of Redis per turn stays flat ({_b(out32)} at 32k, {_b(out128)} at 128k: the "
              "replica holds the chain's context and reads only the parent record's own fields), so the extra "
-             "cost is the turn's own round trips — the parent read, the record written with every ancestor's "
-             "TTL refreshed, the terminal event held until the write lands — and the Response object parsed "
+             "cost is the turn's own round trips — the parent read, the record written (one script in the "
+             "chain's slot), the terminal event held until the write lands — and the Response object parsed "
              "and serialized on each side.")
           + f" The largest count is {_n(gw_bound['replicas'])} replicas "
           f"({gw_bound['name']}), about {_n(SESSIONS / gw_bound['replicas'])} sessions each.", "",
