@@ -164,3 +164,34 @@ def test_a_gateway_in_front_of_a_real_model_imports_the_grammar_library_at_start
     while not tool_grammar.grammar_library_ready() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert tool_grammar.grammar_library_ready()
+
+
+def test_the_constraint_cache_is_bounded_in_bytes():
+    """A constraint embeds its tools' schemas and grammars (up to 512 × 128 KiB): the cache holds at
+    most max_bytes of them, and keeps none bigger than a quarter of that."""
+    from types import SimpleNamespace
+
+    from gateway.turn.sampling import ConstraintCache
+    from inference.render import Prelude
+
+    class Renderer:
+        def constraint(self, prelude, text_format):
+            return {"structural_tag": "x" * prelude.tools[0]["size"]}
+
+    cache = ConstraintCache(max_entries=100, max_bytes=40_000)
+    route = SimpleNamespace(name="m", renderer=Renderer())
+
+    def ask(i, size):
+        return cache.constraint(route, SimpleNamespace(prelude=Prelude(tools=({"name": f"t{i}", "size": size},))),
+                                None, "tenant")
+
+    for i in range(10):
+        ask(i, 5_000)
+    assert cache.nbytes <= 40_000 and len(cache._entries) == 7          # the oldest went, by bytes
+    ask(99, 20_000)                                                      # over a quarter: not kept
+    assert cache.nbytes <= 40_000 and len(cache._entries) == 7
+    misses = cache.misses
+    ask(99, 20_000)
+    assert cache.misses == misses + 1                                    # built again, every time
+    ask(9, 5_000)
+    assert cache.misses == misses + 1                                    # a kept one is still a hit

@@ -45,12 +45,17 @@ def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
 
 class ConstraintCache:
     """The renderers' structured-output constraints by what they are built from (see the module
-    docstring); bounded by entries, least recently used first out. Thread-safe: the prepare pool's
-    threads shape turns too (two threads may build the same entry once each; both are equal)."""
+    docstring); bounded by entries and by bytes (a constraint embeds the tools' schemas and grammars:
+    up to 512 tools of 128 KiB each), least recently used first out, and one bigger than a quarter
+    of the budget is built every time rather than kept. Thread-safe: the prepare pool's threads shape
+    turns too (two threads may build the same entry once each; both are equal)."""
 
-    def __init__(self, max_entries: int = 128) -> None:
+    def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self._entries: OrderedDict[bytes, Any] = OrderedDict()
+        self._sizes: dict[bytes, int] = {}
         self._lock = threading.Lock()
         #: constraints found / built (tests and the note read them)
         self.hits = 0
@@ -72,12 +77,17 @@ class ConstraintCache:
                 self.hits += 1
                 return self._entries[key]
         built = route.renderer.constraint(prelude, text_format)
+        size = len(orjson.dumps(built)) + 64 if built else 64  # what vLLM is sent: JSON
         with self._lock:
             self.misses += 1
+            if size > self.max_bytes // 4 or key in self._entries:
+                return built
             self._entries[key] = built
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._sizes[key] = size
+            self.nbytes += size
+            while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+                old, _ = self._entries.popitem(last=False)
+                self.nbytes -= self._sizes.pop(old)
         return built
 
 
