@@ -137,7 +137,7 @@ def test_component_counters_are_exported_at_scrape_time(make_gateway):
         time.sleep(0.02)
     text = httpx.get(live.url + "/metrics").text
     for name in ("respgate_usage_records_total", "respgate_usage_pending", "respgate_store_token_cache_total",
-                 "respgate_store_chain_cache_total", "respgate_sequence_copies_total"):
+                 "respgate_store_chain_cache_total", "respgate_store_rerooted_total", "respgate_sequence_copies_total"):
         assert name in text, name
 
 

@@ -325,6 +325,10 @@ class ComponentCollector:
         chains.add_metric(["hit"], getattr(self.store, "chain_hits", 0))
         chains.add_metric(["miss"], getattr(self.store, "chain_misses", 0))
         yield chains
+        yield CounterMetricFamily("respgate_store_rerooted",
+                                  "Responses stored as the root of a new chain because their parent's chain was "
+                                  "gone when they were written (evicted, expired or deleted mid-turn)",
+                                  value=getattr(self.store, "rerooted", 0))
         yield CounterMetricFamily("respgate_sequence_copies",
                                   "History copies forced by forks or retries (continuations append in place)",
                                   value=AppendOnlyView.copies)
