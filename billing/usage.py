@@ -275,7 +275,7 @@ class UsageQueue:
             while True:
                 if not self.sink_down or self.journal is None:
                     try:
-                        await asyncio.wait_for(self.sink.write_batch(batch), self.write_timeout_s)
+                        await self._write(batch)
                         self.written += len(batch)
                         self._ack(batch)
                         return
@@ -297,6 +297,14 @@ class UsageQueue:
                 delay = min(delay * 2, self.retry_max_s)
         finally:
             self._batch = []
+
+    async def _write(self, batch: list[UsageRecord]) -> None:
+        """One batch to the sink within ``write_timeout_s`` (a slow ledger is a down ledger).
+        ``asyncio.timeout`` rather than ``wait_for``: the write runs in the worker's own task instead of
+        a new task per batch (and one more loop iteration) — the writer delivers a batch per turn when
+        turns come one at a time."""
+        async with asyncio.timeout(self.write_timeout_s):
+            await self.sink.write_batch(batch)
 
     async def _spill(self, batch: list[UsageRecord]) -> None:
         """Overflow goes to the journal; if the disk fails, back to the sink path."""
@@ -348,7 +356,7 @@ class UsageQueue:
                 try:
                     while chunk := await asyncio.to_thread(lambda: list(itertools.islice(records, self.batch_max))):
                         batch = _parse(chunk, segment)
-                        await asyncio.wait_for(self.sink.write_batch(batch), self.write_timeout_s)
+                        await self._write(batch)
                         self.replayed += len(batch)
                 finally:
                     records.close()
