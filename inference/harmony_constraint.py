@@ -138,6 +138,8 @@ def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: A
     Custom tools' grammars that cannot be enforced are left out and named in ``fallbacks``; so is
     every grammar when the whole tag does not pass xgrammar's check (then the tag is rebuilt
     without grammars, as before grammars were enforced)."""
+    if not prelude_tools and not text_format:
+        return None  # nothing to constrain (what the steps below conclude, without building them)
     catalog = ToolCatalog(prelude_tools)
     grammars, fallbacks = _grammars(prelude_tools) if catalog and tool_choice != "none" else ({}, [])
     fields = _fields(catalog, tool_choice, text_format, grammars)
