@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 from inference.harmony_core import content_encoding, encode_text, harmony_encoding, harmony_tokens
 
-__all__ = ["FAST_MIN_CHARS", "MessageTokenizer"]
+__all__ = ["FAST_MIN_CHARS", "Header", "MessageTokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ FAST_MIN_CHARS = 0
 _MAX_SKELETONS = 1024
 _NO_SKELETON = (None, None)
 _NEVER = 1 << 62  # min_chars that turns the fast path off
+
+#: a message's header: (role, author name, channel, recipient, content type), the skeleton's key
+Header = tuple[str, "str | None", "str | None", "str | None", "str | None"]
 
 
 def _utf8_ok(text: str) -> bool:
@@ -112,6 +115,37 @@ class MessageTokenizer:
         self.fast_renders += 1
         return out
 
+    def render_header(self, header: Header, texts: Sequence[str]) -> list[int] | None:
+        """:meth:`render` of the message with this header and these text parts, without building
+        it (an item is rendered straight from its dict: building harmony's pydantic message cost
+        more than tokenizing a short one). None when that message would not take the fast path —
+        the caller then builds it and calls :meth:`render`, so harmony decides (and raises)."""
+        size = 0
+        for text in texts:
+            if not _utf8_ok(text):
+                return None
+            size += len(text)
+        if size < self.min_chars:
+            return None
+        with self._lock:
+            parts = self._skeletons.get(header)
+        if parts is None:
+            from openai_harmony import Author, Message, Role
+
+            role, name, channel, recipient, content_type = header
+            parts = self._skeleton(Message(author=Author(role=Role(role), name=name), content=[], channel=channel,
+                                           recipient=recipient, content_type=content_type))
+        head, tail = parts
+        if head is None or tail is None:
+            return None
+        out = list(head)
+        for text in texts:
+            if text:
+                out += encode_text(text, self._text)
+        out += tail
+        self.fast_renders += 1
+        return out
+
     def _plain_texts(self, msg: Any) -> list[str] | None:
         """The message's text parts, or None when it must take harmony's own path."""
         from openai_harmony import TextContent
@@ -131,7 +165,7 @@ class MessageTokenizer:
     def _skeleton(self, msg: Any) -> tuple[list[int] | None, list[int] | None]:
         """``(tokens up to and including <|message|>, [terminator])`` of ``msg`` without content."""
         author = msg.author
-        key = (author.role.value, author.name, msg.channel, msg.recipient, msg.content_type)
+        key: Header = (author.role.value, author.name, msg.channel, msg.recipient, msg.content_type)
         with self._lock:
             hit = self._skeletons.get(key)
         if hit is not None:

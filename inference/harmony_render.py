@@ -75,8 +75,9 @@ from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 import orjson
+from openai_harmony import Role
 
-from inference.harmony_content import MessageTokenizer
+from inference.harmony_content import Header, MessageTokenizer
 from inference.harmony_core import (
     ToolCatalog,
     content_encoding,
@@ -318,6 +319,34 @@ class HarmonyRenderer:
             raise UnknownCallError(call_id)
         return str(call["name"]), call.get("namespace")
 
+    def _item_header(
+        self,
+        item: Mapping[str, Any],
+        kind: str,
+        local: Mapping[str, Mapping[str, Any]],
+        calls: Mapping[str, Mapping[str, Any]] | None,
+    ) -> tuple[Header, list[str]] | None:
+        """The header and text parts of the message :meth:`_item_message` builds for ``item``
+        (None: it builds none), read from the dict alone."""
+        if kind == "message":
+            role = Role(item.get("role", "user")).value  # an unknown role: harmony's ValueError, as there
+            channel = ("commentary" if item.get("phase") == "commentary" else "final") if role == "assistant" else None
+            return (role, None, channel, None, None), _texts(item.get("content"))
+        if kind == "reasoning":
+            texts = _texts(item.get("content")) or _texts(item.get("summary"))
+            return (("assistant", None, "analysis", None, None), texts) if texts else None
+        if kind in CALL_TYPES:
+            body = item.get(CALL_PAYLOAD[kind])
+            ctype = "<|constrain|>json" if kind == ItemType.FUNCTION_CALL else None
+            recipient = recipient_for(str(item["name"]), item.get("namespace"))
+            return ("assistant", None, "commentary", recipient, ctype), [str(body or "")]
+        if kind in OUTPUT_TYPES:
+            name, namespace = self._call_name(item, local, calls)
+            output = item.get("output")
+            text = output if isinstance(output, str) else "".join(_texts(output))
+            return ("tool", recipient_for(name, namespace), "commentary", "assistant", None), [text]
+        return None
+
     def render_items(
         self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
     ) -> list[int]:
@@ -326,10 +355,25 @@ class HarmonyRenderer:
         ``calls`` maps ``call_id`` -> the ``function_call``/``custom_tool_call`` item, for tool
         outputs whose call was made in an earlier turn (the gateway passes the chain's index).
         Raises :class:`UnknownCallError` when an output's call cannot be found.
+
+        Each item goes straight from its header and texts to tokens (``MessageTokenizer.render_header``);
+        one that cannot (text harmony must judge: lone surrogates) is built as :meth:`item_messages`
+        builds it and rendered by harmony. Equal to rendering :meth:`item_messages` (property tests).
         """
         out: list[int] = []
-        for msg in self.item_messages(items, calls):
-            out += self._messages.render(msg)
+        local: dict[str, Mapping[str, Any]] = {}
+        messages = self._messages
+        for item in items:
+            kind = item.get("type", "message")
+            if kind in CALL_TYPES:
+                local[str(item.get("call_id"))] = item
+            spec = self._item_header(item, kind, local, calls)
+            if spec is None:
+                continue
+            ids = messages.render_header(*spec)
+            if ids is None:
+                ids = messages.render(self._item_message(item, kind, local, calls))
+            out += ids
         return out
 
     # -- generation ----------------------------------------------------------------------------
