@@ -315,3 +315,49 @@ def test_remembered_label_children_are_the_ones_prometheus_client_gives():
     text = generate_latest(m.registry).decode()
     assert 'respgate_turns_total{status="completed",transport="ws"} 2.0' in text
     assert 'respgate_request_errors_total{code="429",transport="ws"} 2.0' in text
+
+
+def test_the_lean_inc_and_observe_export_what_prometheus_client_would():
+    """``Counter.inc`` and ``Histogram.observe`` take a shorter way (gateway/base/metrics.py): the
+    same values go in the exposition as through prometheus_client's own methods, for every bucket
+    edge, +Inf, negatives and NaN; a labelled parent and a negative increment still raise."""
+    import math
+    import random
+
+    import pytest
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import Counter as PlainCounter
+    from prometheus_client import Histogram as PlainHistogram
+
+    from gateway.base.metrics import STAGE_BUCKETS, Counter, Histogram
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    hist = Histogram("h", "h", ["k"], buckets=STAGE_BUCKETS, registry=ours)
+    plain_hist = PlainHistogram("h", "h", ["k"], buckets=STAGE_BUCKETS, registry=theirs)
+    count = Counter("c", "c", ["k"], registry=ours)
+    plain_count = PlainCounter("c", "c", ["k"], registry=theirs)
+    bare, plain_bare = Counter("b", "b", registry=ours), PlainCounter("b", "b", registry=theirs)
+    rng = random.Random(7)
+    values = [*STAGE_BUCKETS, 0.0, -1.0, math.inf, math.nan, 2.0, 1e-9]
+    values += [b * f for b in STAGE_BUCKETS for f in (0.999999, 1.000001)]
+    values += [rng.expovariate(1000) for _ in range(500)]
+    for i, v in enumerate(values):
+        key = "ab"[i % 2]
+        hist.labels(key).observe(v)
+        plain_hist.labels(key).observe(v)
+        if v >= 0 and not math.isinf(v):
+            count.labels(key).inc(v)
+            plain_count.labels(key).inc(v)
+            bare.inc(v)
+            plain_bare.inc(v)
+
+    def lines(registry):  # creation times differ between the two registries
+        return sorted(x for x in generate_latest(registry).decode().splitlines() if "_created" not in x)
+
+    assert lines(ours) == lines(theirs)
+    with pytest.raises(ValueError):
+        count.inc()  # a labelled parent is not observable
+    with pytest.raises(ValueError):
+        hist.observe(1.0)
+    with pytest.raises(ValueError):
+        count.labels("a").inc(-1)

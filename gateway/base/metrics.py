@@ -22,6 +22,7 @@ a component keeps costs one line here.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Any, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
@@ -60,7 +61,14 @@ class _MemoLabels:
 
 
 class Counter(_MemoLabels, _Counter):
-    pass
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        """prometheus_client's ``inc`` in fewer Python steps (a turn makes ~30 of them): the value
+        exists only on an observable metric (``_metric_init``), so its presence is the check."""
+        value = getattr(self, "_value", None)
+        if value is None or exemplar or not amount >= 0:
+            return super().inc(amount, exemplar)  # its errors, its exemplars
+        value.inc(amount)
+        return None
 
 
 class Gauge(_MemoLabels, _Gauge):
@@ -68,7 +76,17 @@ class Gauge(_MemoLabels, _Gauge):
 
 
 class Histogram(_MemoLabels, _Histogram):
-    pass
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """prometheus_client's ``observe`` finds the bucket by walking every bound in Python (~76
+        steps, a dozen observations a turn); the first bound ``>= amount`` by bisection is the same
+        bucket (the bounds are sorted and end in +Inf). NaN, exemplars and a labelled parent take
+        its way."""
+        buckets = getattr(self, "_buckets", None)
+        if buckets is None or exemplar or amount != amount:
+            return super().observe(amount, exemplar)
+        self._sum.inc(amount)
+        buckets[bisect_left(self._upper_bounds, amount)].inc(1)
+        return None
 
 
 class Metrics:
