@@ -175,3 +175,39 @@ def test_a_schema_over_max_schema_bytes_is_a_400_naming_it(make_gateway):
     assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "schema"}) == 3
     assert live.metric("respgate_input_rejections_total", {"transport": "ws", "reason": "schema"}) == 1
     assert post(live, {"model": MODEL, "input": "hi", "tools": tools[:1]}).status_code == 200
+
+
+def test_the_bracket_count_shortcut_refuses_exactly_what_the_walk_refuses():
+    """``decode_json`` walks the document only when it has more opening brackets than the limit
+    allows levels: a document is refused by it exactly when ``check_depth`` refuses it, whatever
+    its brackets in strings, its shape, and whether it came as text or bytes."""
+    import random
+
+    import orjson
+    import pytest
+
+    from gateway.wire.validation import InputRejected, check_depth, decode_json
+
+    rng = random.Random(5)
+
+    def doc(depth: int) -> Any:
+        if depth == 0:
+            return rng.choice(["{[", "x", 1, None, "]]}"])
+        kids = [doc(depth - 1) for _ in range(rng.randint(1, 2))]
+        return kids if rng.random() < 0.5 else {str(i): k for i, k in enumerate(kids)}
+
+    for _ in range(400):
+        limit = rng.randint(1, 8)
+        body = doc(rng.randint(0, 10))
+        for raw in (orjson.dumps(body), orjson.dumps(body).decode()):
+            try:
+                check_depth(body, limit)
+                walked = None
+            except InputRejected as err:
+                walked = err.message
+            if walked is None:
+                assert decode_json(raw, limit) == body
+            else:
+                with pytest.raises(InputRejected) as caught:
+                    decode_json(raw, limit)
+                assert caught.value.message == walked
