@@ -168,10 +168,9 @@ def _frame_writer() -> tuple[TextFrames, Any, list[bytes]]:
     from websockets.server import ServerProtocol
 
     written: list[bytes] = []
-    protocol = SimpleNamespace(writable=asyncio.Event(), close_sent=False, disconnected=False, handshake_complete=True,
+    protocol = SimpleNamespace(_write_paused=False, close_sent=False, disconnected=False, handshake_complete=True,
                                conn=ServerProtocol(), transport=SimpleNamespace(write=written.append))
     protocol.conn.state = OPEN
-    protocol.writable.set()
     return TextFrames(protocol), protocol, written  # type: ignore[arg-type]
 
 
@@ -208,7 +207,7 @@ def test_text_frames_leave_paused_or_closing_connections_to_uvicorn():
     for spoil in ("paused", "close_sent", "disconnected", "closing", "handshake"):
         frames, protocol, written = _frame_writer()
         if spoil == "paused":
-            protocol.writable.clear()
+            protocol._write_paused = True  # what CorkedWebSocketProtocol.pause_writing sets
         elif spoil == "closing":
             protocol.conn.state = CLOSING
         elif spoil == "handshake":

@@ -258,7 +258,9 @@ class TextFrames:
 
     def try_send(self, payload: bytes) -> bool:
         p = self._protocol
-        if p.close_sent or p.disconnected or not p.handshake_complete or not p.writable.is_set():
+        # ``_write_paused`` is ``writable`` cleared (pause_writing); set again by a resume, or by a
+        # loss or a stall, which set ``disconnected`` too
+        if p.close_sent or p.disconnected or not p.handshake_complete or p._write_paused:
             return False
         conn = p.conn
         if conn.state is not OPEN:

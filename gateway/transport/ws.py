@@ -390,13 +390,16 @@ class WsConnection:
             return True
         events = self.gw.pipeline.run(turn, on_usage)
         self._active[turn.id] = lane
-        dumps, write_now, timing = orjson.dumps, self._write_now, self.server_timing
+        dumps, timing = orjson.dumps, self.server_timing
+        try_send = self._frames.try_send if self._frames is not None else None
         try:
             async for ev in events:  # the hot loop: one frame per event, written at once when it can be
                 if timing and ev["type"] in TERMINAL_EVENTS:
                     ev = dict(ev, server_timing=turn.clock.server_timing())
                 payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
-                if not write_now(payload):
+                # at once when no frame waits ahead of it and the protocol takes it (``_write_now``,
+                # inlined: one call a frame); else in turn — ``_write`` raises once the socket closed
+                if self.closed or self._queued_sends or try_send is None or not try_send(payload):
                     await self._write(payload)
         finally:
             self._active.pop(turn.id, None)
