@@ -717,3 +717,24 @@ def test_compact_endpoint_classifies_its_new_items_like_a_create(make_gateway):
     assert [(x.action, x.category) for x in sink.records] == [("block", "private_key"), ("flag", "github_token")]
     assert sink.records[1].response_id == r.json()["id"]
     assert live.metric("respgate_classified_items_total") == 2
+
+
+def test_the_needle_prefilter_finds_what_every_rule_would(monkeypatch):
+    """``find_secrets`` skips its rules when no rule's needle occurs (security/secrets.py): for text
+    assembled from needles, secrets, case changes and length-changing Unicode, the findings equal
+    those with the prefilter off (every rule run)."""
+    import random
+    import re
+
+    from security import secrets as mod
+
+    rng = random.Random(11)
+    pieces = ["ghp_" + "aB3" * 12, "AKIA" + "ABCDEFGHIJKLMNOP", "sk-" + "x9Y" * 10, "xoxb-12345abcdeXYZ",
+              "AIza" + "b" * 35, "password = 'hunter2Hunter2!'", "-----BEGIN PRIVATE KEY-----", "İ", "ß",
+              "private key", "secret", "token: Zq8#kL2@pW9!", " ", "\n", "plain words", "GHP_", "Sk-", "eyJ"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(300)]
+    texts += ["step 3: continue", "", "ok"]
+    with_filter = [list(mod.find_secrets(t)) for t in texts]
+    monkeypatch.setattr(mod, "_ANY_NEEDLE", re.compile(""))
+    assert [list(mod.find_secrets(t)) for t in texts] == with_filter
+    assert any(with_filter)
