@@ -209,6 +209,7 @@ class LaneMachine:
         self._waiting: deque[str] = deque()   # lanes with a queued create and no slot, in arrival order
         self._running = 0
         self._queued = 0                      # accepted and unfinished (queued or running), across lanes
+        self._named = 0                       # lanes other than the default one (lanes are never removed)
         #: the rows the last ``handle`` applied (tests check every row is exercised)
         self.applied: list[Row] = []
         self._rows: dict[tuple[State, Ev], list[Row]] = {}
@@ -278,8 +279,7 @@ class LaneMachine:
         if name == "bad_lane":
             return not event.valid_lane
         if name == "lane_limit":
-            named = sum(1 for n in self._lanes if n != DEFAULT_LANE)
-            return event.lane != DEFAULT_LANE and lane is None and named >= self.max_lanes
+            return event.lane != DEFAULT_LANE and lane is None and self._named >= self.max_lanes
         if name == "queue_full":
             return self._queued >= self.max_queued
         if name == "slot_free":
@@ -291,7 +291,10 @@ class LaneMachine:
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _admit(self, event: Event, *, start: bool) -> Action:
-        lane = self._lanes.setdefault(event.lane, _Lane())
+        lane = self._lanes.get(event.lane)
+        if lane is None:
+            lane = self._lanes[event.lane] = _Lane()
+            self._named += event.lane != DEFAULT_LANE
         self._queued += 1
         if start:
             lane.running = True
