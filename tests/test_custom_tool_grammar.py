@@ -93,7 +93,7 @@ def test_a_chain_re_sending_codex_tools_builds_their_constraint_once(gateway: Li
     from inference.harmony import HarmonyRenderer
     from inference.render import Prelude
 
-    cached = next(reversed(cache._entries.values()))   # the most recently used: this test's
+    cached = list(cache.lru.values())[-1]   # the most recently used: this test's
     assert cached == HarmonyRenderer().constraint(Prelude(tools=tuple(tools)), None)
 
 
@@ -119,7 +119,7 @@ def test_constraints_are_kept_per_tenant_model_and_tool_set():
     assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}      # another tenant builds its own
     assert cache.constraint(route, turn(t2), None, "tenant-a") == {"n": 3}      # other tools
     assert cache.constraint(route, turn(t1), {"type": "json_object"}, "tenant-a") == {"n": 4}  # other format
-    assert len(cache._entries) == 3                                              # bounded: the oldest went
+    assert len(cache.lru) == 3                                              # bounded: the oldest went
     assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}
     assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 5}      # evicted: built again
     assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 6}      # no tools: not cached
@@ -187,9 +187,9 @@ def test_the_constraint_cache_is_bounded_in_bytes():
 
     for i in range(10):
         ask(i, 5_000)
-    assert cache.nbytes <= 40_000 and len(cache._entries) == 7          # the oldest went, by bytes
+    assert cache.nbytes <= 40_000 and len(cache.lru) == 7          # the oldest went, by bytes
     ask(99, 20_000)                                                      # over a quarter: not kept
-    assert cache.nbytes <= 40_000 and len(cache._entries) == 7
+    assert cache.nbytes <= 40_000 and len(cache.lru) == 7
     misses = cache.misses
     ask(99, 20_000)
     assert cache.misses == misses + 1                                    # built again, every time

@@ -33,7 +33,7 @@ from cache.seq import TokenSeq
 from cache.state import ResponseState
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.sse import sse_frame
-from gateway.turn.events import Event
+from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
 
@@ -82,6 +82,7 @@ class BackgroundTurn:
         self.owner = owner
         self.id = turn.id
         self.tenant = turn.ctx.tenant
+        self.tools_json = turn.tools_json
         self.slot = slot
         #: the stored ``queued`` state (later rewrites replace its Response only)
         self.state = state
@@ -104,7 +105,7 @@ class BackgroundTurn:
 
     async def deliver(self, ev: Event) -> None:
         if self.log is not None or self.writer is not None:
-            self._record(ev, sse_frame(ev))  # framed in the turn's task, once for every reader
+            self._record(ev, sse_frame(wire_event(ev, self.tools_json)))  # framed in the turn's task, once for every reader
         if ev["type"] == "response.in_progress":
             self.phase = "running"
             await self.owner.put_quietly(dataclasses.replace(self.state, response=snapshot(ev["response"])))

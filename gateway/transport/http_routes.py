@@ -26,7 +26,7 @@ from gateway.transport.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame, timing_comment, wants_server_timing
-from gateway.turn.events import Event
+from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
                                  shutting_down, store_unavailable)
@@ -143,7 +143,7 @@ async def create_response(request: Request) -> Response:
         async def deliver(ev: Event) -> None:
             # framed in the turn's task: an event that cannot be encoded ends the turn there,
             # before it is billed, not after it was billed completed
-            frame = sse_frame(ev)
+            frame = sse_frame(wire_event(ev, turn.tools_json))
             if timing and ev["type"] in TERMINAL_EVENTS:  # opted in: a comment line, in the same write
                 frame = timing_comment(turn.clock.server_timing()) + frame
             await queue.put((ev, frame))

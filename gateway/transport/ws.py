@@ -66,6 +66,7 @@ from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import wants_server_timing
+from gateway.turn.events import wire_event
 from gateway.turn.types import TurnContext
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
@@ -390,12 +391,14 @@ class WsConnection:
             return True
         events = self.gw.pipeline.run(turn, on_usage)
         self._active[turn.id] = lane
-        dumps, timing = orjson.dumps, self.server_timing
+        dumps, timing, tools_json = orjson.dumps, self.server_timing, turn.tools_json
         try_send = self._frames.try_send if self._frames is not None else None
         try:
             async for ev in events:  # the hot loop: one frame per event, written at once when it can be
                 if timing and ev["type"] in TERMINAL_EVENTS:
                     ev = dict(ev, server_timing=turn.clock.server_timing())
+                if tools_json is not None:
+                    ev = wire_event(ev, tools_json)
                 payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
                 # at once when no frame waits ahead of it and the protocol takes it (``_write_now``,
                 # inlined: one call a frame); else in turn — ``_write`` raises once the socket closed

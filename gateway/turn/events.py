@@ -27,6 +27,18 @@ from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 Event = dict[str, Any]
 
 
+def wire_event(ev: Event, tools_json: Any) -> Event:
+    """``ev`` as a transport serializes it: a Response it carries names its ``tools`` by their JSON,
+    built once per tool set (``PreparedTurn.tools_json``, an ``orjson.Fragment``) instead of three
+    times a turn. The event itself is not changed: readers and stores keep the list."""
+    if tools_json is None:
+        return ev
+    response = ev.get("response")
+    if response is None:
+        return ev
+    return dict(ev, response=dict(response, tools=tools_json))
+
+
 class IllegalTransition(RuntimeError):
     pass
 

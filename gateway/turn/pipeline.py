@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator
 
 from billing.usage import UsageQueue
 from cache.conversations import ConversationStore, MemoryConversationStore
+from cache.lru import BoundedLRU
 from cache.prefix_cache import PrefixCache
 from cache.store import ResponseStore
 from gateway.base import log_context
@@ -47,7 +48,7 @@ from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, UsageHook
 from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
-from gateway.wire.response import response_skeleton
+from gateway.wire.response import EchoedTools, response_skeleton
 from inference.registry import ModelRegistry
 from inference.engine import SamplingParams
 from inference.render import Constraint
@@ -91,6 +92,8 @@ class Pipeline:
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         #: structured-output constraints by tenant, model and tools (``gateway.turn.sampling``)
         self.constraints = ConstraintCache()
+        #: the echoed tool lists and their JSON, by tenant and prelude (``gateway.wire.response.EchoedTools``)
+        self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(64, 16 * 1024 * 1024)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
                                  hosted_tools=settings.hosted_tools, offload=self.offload,
                                  conversations=self.conversations, prefix=self.prefix)
@@ -122,7 +125,8 @@ class Pipeline:
         shape_cpu = cpu
         if cpu.inline and not grammar_library_ready() and needs_grammar_library(turn.prelude.tools):
             shape_cpu = self.offload.pooled()  # the first grammar imports xgrammar (seconds): not on the loop
-        rendered, sampling, response = await shape_cpu(_shape, turn, ctx.tenant, self.constraints)
+        rendered, sampling, response, echo = await shape_cpu(_shape, turn, ctx.tenant, self.constraints,
+                                                             self.tool_echoes)
         render_stage.observe(self.metrics, rendered)
         if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
             for syntax in sampling.structured.fallbacks:
@@ -135,6 +139,7 @@ class Pipeline:
             flagged=turn.flagged_before or any(v.action == "flag" for v in verdicts),
             include_encrypted="reasoning.encrypted_content" in (turn.req.include or []),
             started=t0, created_at=time.time() - (time.perf_counter() - t0), clock=lap,
+            tools_json=echo.json if echo is not None else None,
         )
         self.classify.report(verdicts, turn, ctx, response_id=prepared.id)
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)
@@ -172,11 +177,22 @@ class Pipeline:
         self.offload.close()
 
 
-def _shape(turn: TurnInput, tenant: str | None,
-           constraints: ConstraintCache) -> tuple[Rendered, SamplingParams | None, dict[str, Any]]:
-    """The prompt, the sampling parameters and the Response skeleton: CPU only (may run in the pool)."""
+def _shape(turn: TurnInput, tenant: str | None, constraints: ConstraintCache,
+           echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools],
+           ) -> tuple[Rendered, SamplingParams | None, dict[str, Any], EchoedTools | None]:
+    """The prompt, the sampling parameters, the Response skeleton and its echoed tools: CPU only
+    (may run in the pool). A turn whose tools an earlier one offered (a coding agent re-sends the
+    same tools every turn) takes that turn's echoed tools: found by the prelude's digest, used only
+    when the tools compare equal."""
     rendered = render_stage.render(turn)
     sampling = sampling_for(turn, rendered, tenant, constraints)
+    echo = None
+    if turn.tools:
+        key = (tenant, rendered.prelude_key)
+        echo = echoes.get(key)
+        if echo is None or not echo.echoes(turn.tools):
+            echo = EchoedTools(turn.tools)
+            echoes.put(key, echo, echo.nbytes)
     response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
-                                 tools=list(turn.tools), store=turn.store)
-    return rendered, sampling, response
+                                 tools=echo, store=turn.store)
+    return rendered, sampling, response, echo

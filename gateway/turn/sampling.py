@@ -24,12 +24,11 @@ cannot time whether another sent the same tools.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import orjson
 
+from cache.lru import BoundedLRU
 from gateway.turn.types import Rendered, TurnInput
 from gateway.wire.request import CreateRequest
 from inference.engine import SamplingParams
@@ -45,21 +44,25 @@ def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
 
 class ConstraintCache:
     """The renderers' structured-output constraints by what they are built from (see the module
-    docstring); bounded by entries and by bytes (a constraint embeds the tools' schemas and grammars:
-    up to 512 tools of 128 KiB each), least recently used first out, and one bigger than a quarter
-    of the budget is built every time rather than kept. Thread-safe: the prepare pool's threads shape
-    turns too (two threads may build the same entry once each; both are equal)."""
+    docstring), in a :class:`~cache.lru.BoundedLRU`: bounded by entries and by bytes (a constraint
+    embeds the tools' schemas and grammars: up to 512 tools of 128 KiB each), and one bigger than a
+    quarter of the budget is built every time rather than kept. Thread-safe: the prepare pool's
+    threads shape turns too (two threads may build the same entry once each; both are equal)."""
 
     def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._entries: OrderedDict[bytes, Any] = OrderedDict()
-        self._sizes: dict[bytes, int] = {}
-        self._lock = threading.Lock()
-        #: constraints found / built (tests and the note read them)
-        self.hits = 0
-        self.misses = 0
+        self.lru: BoundedLRU[bytes, Any] = BoundedLRU(max_entries, max_bytes)
+
+    @property
+    def hits(self) -> int:
+        return self.lru.hits
+
+    @property
+    def misses(self) -> int:
+        return self.lru.misses
+
+    @property
+    def nbytes(self) -> int:
+        return self.lru.nbytes
 
     def constraint(self, route: ModelRoute, turn: TurnInput, text_format: dict[str, Any] | None,
                    tenant: str | None, prelude_key: bytes = b"") -> Any:
@@ -71,24 +74,15 @@ class ConstraintCache:
         what: Any = prelude_key.hex() if prelude_key else [route.name, prelude.tools, prelude.tool_choice]
         key = hashlib.blake2b(orjson.dumps([tenant, what, text_format], option=orjson.OPT_SORT_KEYS),
                               digest_size=16).digest()
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return self._entries[key]
+        found = self.lru.get(key, _MISSING)
+        if found is not _MISSING:
+            return found
         built = route.renderer.constraint(prelude, text_format)
-        size = len(orjson.dumps(built)) + 64 if built else 64  # what vLLM is sent: JSON
-        with self._lock:
-            self.misses += 1
-            if size > self.max_bytes // 4 or key in self._entries:
-                return built
-            self._entries[key] = built
-            self._sizes[key] = size
-            self.nbytes += size
-            while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
-                old, _ = self._entries.popitem(last=False)
-                self.nbytes -= self._sizes.pop(old)
+        self.lru.put(key, built, len(orjson.dumps(built)) + 64 if built else 64)  # what vLLM is sent: JSON
         return built
+
+
+_MISSING = object()
 
 
 def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,

@@ -172,6 +172,9 @@ class PreparedTurn:
     created_at: float
     #: the turn's stage clock, lapped on by the run and finalize (Server-Timing, traces)
     clock: StageTimer
+    #: the JSON of ``response["tools"]``, built once per tool set (``gateway.wire.response.EchoedTools``):
+    #: what the transports write for it (``gateway.turn.events.wire_event``); None without tools
+    tools_json: Any = None
 
     @property
     def id(self) -> str:

@@ -10,16 +10,43 @@ and what OpenResponses types as a plain number or string (``presence_penalty``, 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
+
+import orjson
 
 from gateway.wire.request import CreateRequest
 
 
+class EchoedTools:
+    """A tool set as Responses echo it, and that list's JSON, built once for every turn that offers it.
+
+    Why: a coding agent re-sends the same ~40 KB of tools with every continuation, and its Response
+    carries them in three events of every turn (``created``, ``in_progress``, the terminal): three
+    serializations of the same list a turn. The transports write :attr:`json` in their place
+    (``gateway.turn.events.wire_event``); the Response dict itself keeps the list (:attr:`tools`,
+    shared by the turns of that tool set and never changed), so everything that reads or stores
+    Responses sees what it always did."""
+
+    __slots__ = ("source", "tools", "json", "nbytes")
+
+    def __init__(self, tools: Sequence[dict[str, Any]]) -> None:
+        #: the tools it was built from: a cached echo is used only for tools equal to these
+        self.source = tuple(tools)
+        self.tools = [echoed_tool(t) for t in tools]
+        raw = orjson.dumps(self.tools)
+        self.json = orjson.Fragment(raw)
+        self.nbytes = 3 * len(raw) + 256  # the source, the list and its JSON, roughly
+
+    def echoes(self, tools: Sequence[dict[str, Any]]) -> bool:
+        """Whether these are the tools it echoes (a deep comparison in C, no serialization)."""
+        return self.source == tuple(tools)
+
+
 def response_skeleton(
-    req: CreateRequest, *, response_id: str, model: str, tools: list[dict[str, Any]], store: bool
+    req: CreateRequest, *, response_id: str, model: str, tools: EchoedTools | None, store: bool
 ) -> dict[str, Any]:
     """A Response in status ``in_progress`` (``queued`` for a background one) with ``output: []`` and
-    ``usage: null``."""
+    ``usage: null``; ``tools`` as :class:`EchoedTools` builds them (None: no tools)."""
     text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
     if req.text is not None:
         if req.text.format is not None:
@@ -72,7 +99,7 @@ def response_skeleton(
         "temperature": 1.0 if req.temperature is None else float(req.temperature),
         "text": text,
         "tool_choice": "auto" if req.tool_choice is None else req.tool_choice,
-        "tools": [echoed_tool(t) for t in tools],
+        "tools": tools.tools if tools is not None else [],
         "tool_usage": None,
         "top_logprobs": req.top_logprobs or 0,
         "top_p": 1.0 if req.top_p is None else float(req.top_p),
