@@ -61,7 +61,10 @@ class Renderer(Protocol):
     stop_token_ids: tuple[int, ...]
 
     def prelude_key(self, prelude: Prelude) -> bytes:
-        """Equal keys imply identical prelude tokens (cheap: hashes settings, not the history)."""
+        """Equal keys imply identical prelude tokens (cheap: hashes settings, not the history) and
+        the same tools: their JSON is in the key verbatim (values and types; key order aside), as
+        the gateway's caches of what it builds from the tools rely on (the echoed tools, the
+        constraints: ``gateway.turn.pipeline``, ``gateway.turn.sampling``)."""
 
     def render_prelude(self, prelude: Prelude) -> list[int]: ...
 

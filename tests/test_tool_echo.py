@@ -83,3 +83,20 @@ def test_sse_frames_carry_the_echoed_tools(gateway: LiveGateway):
                       headers={"Authorization": "Bearer test-key"}, timeout=30) as r:
         frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert _tools_of(frames) == [[echoed_tool(t) for t in tools]] * 3
+
+
+def test_tools_that_are_equal_in_python_but_not_in_json_are_echoed_as_sent(gateway: LiveGateway):
+    """``1``, ``1.0`` and ``true`` compare equal in Python; the echo is found by the prelude's
+    digest, which is of the tools' JSON (every renderer's ``prelude_key`` hashes them verbatim), so
+    each of these tool sets is echoed with its own values."""
+    def tools(value):
+        return [{"type": "function", "name": "f", "description": "d", "strict": False,
+                 "parameters": {"type": "object", "properties": {"n": {"type": "integer", "default": value}}}}]
+
+    with ws_open(gateway) as ws:
+        seen = []
+        for value in (1, True, 1.0):
+            send(ws, create(input="hi", tools=tools(value), tool_choice="none", store=False))
+            frames = until_terminal(ws)
+            seen.append({json.dumps(t[0]["parameters"]["properties"]["n"]["default"]) for t in _tools_of(frames)})
+    assert seen == [{"1"}, {"true"}, {"1.0"}]

@@ -182,8 +182,8 @@ def _shape(turn: TurnInput, tenant: str | None, constraints: ConstraintCache,
            ) -> tuple[Rendered, SamplingParams | None, dict[str, Any], EchoedTools | None]:
     """The prompt, the sampling parameters, the Response skeleton and its echoed tools: CPU only
     (may run in the pool). A turn whose tools an earlier one offered (a coding agent re-sends the
-    same tools every turn) takes that turn's echoed tools: found by the prelude's digest, used only
-    when the tools compare equal."""
+    same tools every turn) takes that turn's echoed tools: found by the prelude's digest (of the
+    tools' JSON: ``Renderer.prelude_key``), used only when the tools also compare equal."""
     rendered = render_stage.render(turn)
     sampling = sampling_for(turn, rendered, tenant, constraints)
     echo = None
