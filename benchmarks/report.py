@@ -307,7 +307,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 
 def write_report(out: Path) -> Path:
     # peer_overhead and http_prefix have no section of their own: they are in the "Peers" section
-    r = {name: _load(out, name) for name in [n for n, _ in SECTIONS] + ["peer_overhead", "http_prefix"]}
+    r = {name: _load(out, name) for name in [n for n, _ in SECTIONS] + ["peer_overhead", "http_prefix", "work_count"]}
     machines = [x["machine"] for x in r.values() if x and "machine" in x]
     quick = any(x.get("quick") for x in r.values() if x)
     lines = ["# respgate benchmarks", "",

@@ -20,18 +20,30 @@ BYTES_PER_TOKEN_TARGET = 8
 TTFT_TARGET = 1.0
 #: why a short turn still costs what it does (from a cProfile of the gateway process over 3,000 short WS
 #: continuation turns, session 6; the figures themselves come from the run)
-FIXED_COST_WHY = (
-    "Where a short turn's time goes (py-spy sampling of the gateway process over thousands of short WS "
-    "continuation turns, shares of its busy time): the socket writes ~30% (3 a turn — corked across the loop "
-    "iterations of a burst; on loopback each send() also runs the receiver's TCP path and wakes it), prepare "
-    "(validate, resolve, classify, render the new item) ~17%, the run loop (engine deltas, harmony parser, "
-    "events, frames) ~15%, finalize (state, usage record, metrics) ~8%, the simulated engine ~5%, WebSocket, "
-    "ASGI and lane machinery ~10%, the event loop itself the rest. The same pipeline without sockets (prepare, "
-    "run, finalize in one process) is ~0.5 ms of CPU a turn, a long tail of 1–10 µs steps (pydantic request "
-    "and item models, ids, metrics, dataclasses) with no single one above a few percent. What would close it: "
-    "a compiled event encoder and WebSocket framer, one write per turn (the flush cannot tell an engine that "
-    "answers next iteration from one that answers in 20 ms without the engine saying so), and fewer Python "
-    "steps per turn — the fixed cost of a Python gateway against a compiled one that does not tokenize.")
+FIXED_COST_CLOSE = (
+    "What would close it: fewer Python steps per turn — a compiled event encoder and WebSocket framer, one "
+    "write per turn (the flush cannot tell an engine that answers next iteration from one that answers in 20 ms "
+    "without the engine saying so), request and item models validated in C — the fixed cost of a Python "
+    "gateway against a compiled one that does not tokenize.")
+
+
+def fixed_cost_why(r: dict[str, dict[str, Any] | None]) -> str:
+    """Where a short turn's work goes, from this run's ``work_count.json`` (counted, not sampled)."""
+    w = (r.get("work_count") or {}).get("short")
+    if not w:
+        return ("The same pipeline without sockets (prepare, run, finalize in one process) is ~0.5 ms of CPU a "
+                "turn, a long tail of 1–10 µs steps with no single one above a few percent. " + FIXED_COST_CLOSE)
+    total = w["bytecodes_per_turn"]
+    shares = ", ".join(f"{stage} {100 * n / total:.0f}%" for stage, n in w["stages"].items())
+    top_fn, top_n = w["top"][0]
+    return (f"Where a short turn's work goes, counted rather than timed (every Python bytecode the gateway process "
+            f"executes over {w['turns']} short WS continuation turns, `benchmarks/work_count.py`; the count does not "
+            f"move with the machine's load): {_f(total, 0)} a turn — {shares}; no single function above "
+            f"{100 * top_n / total:.0f}% (`{top_fn.split(':')[-1]}`). What runs in C (orjson, tiktoken, pydantic-core, "
+            "uvloop, the socket's system calls) comes on top; without sockets the same pipeline is ~0.5 ms of CPU a "
+            "turn. " + FIXED_COST_CLOSE)
+
+
 SHAPES = {"items": "~800-token items", "one": "one item"}
 OUTPUTS = {"short": "short answer", "cap16": "16-token cap"}
 
@@ -53,7 +65,7 @@ def _verdict(ok: bool | None) -> str:
     return "—" if ok is None else ("yes" if ok else "**no**")
 
 
-def _ws_ratio_targets(p: dict[str, Any]) -> list[PeerTarget]:
+def _ws_ratio_targets(p: dict[str, Any], why: str) -> list[PeerTarget]:
     ratio = p["ratio_respgate_over_agentic"].get("ws")
     if not ratio:
         return []
@@ -73,11 +85,11 @@ def _ws_ratio_targets(p: dict[str, Any]) -> list[PeerTarget]:
             continue
         ok = worst <= RATIO_TARGET
         out.append(PeerTarget(f"WS continuation ≤ {RATIO_TARGET} × agentic-api at {_k(n)} (median per turn)",
-                              "; ".join(cells), ok, "" if ok else _ratio_why(p, n)))
+                              "; ".join(cells), ok, "" if ok else _ratio_why(p, n, why)))
     return out
 
 
-def _ratio_why(p: dict[str, Any], n: str) -> str:
+def _ratio_why(p: dict[str, Any], n: str, why: str) -> str:
     ws = p["chains"]["respgate"]["ws"]
     fixed = [ws[s]["short"][n]["median_ms"] for s in ws if "short" in ws[s] and n in ws[s]["short"]]
     theirs = [p["chains"]["agentic"]["ws"][s]["short"][n]["median_ms"] for s in ws
@@ -86,7 +98,7 @@ def _ratio_why(p: dict[str, Any], n: str) -> str:
     if fixed and theirs:
         text.append(f"Uncapped, a respgate WS turn costs {_f(min(fixed))}-{_f(max(fixed))} ms against agentic-api's "
                     f"{_f(min(theirs))}-{_f(max(theirs))} ms at {_k(n)}: the fixed per-turn cost of a Python gateway "
-                    "against a compiled one. " + FIXED_COST_WHY)
+                    "against a compiled one. " + why)
     floor = _floor_why(p, n)
     if floor:
         text.append(floor)
@@ -194,13 +206,24 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         ms = one["server_cpu_s_per_turn"] * 1e3
         out.append(PeerTarget(f"gateway CPU ≤ {CPU_TARGET_MS} ms per short turn (concurrency, {one['sessions']} session)",
                               f"{_f(ms)} ms", ms <= CPU_TARGET_MS,
-                              "" if ms <= CPU_TARGET_MS else FIXED_COST_WHY))
+                              "" if ms <= CPU_TARGET_MS else fixed_cost_why(r)))
         codex = co.get("codex_one_session")
         if codex:
             out.append(PeerTarget("gateway CPU per Codex-shaped turn (its recorded tools, grammar, include, reasoning "
                                   "and text fields re-sent with every continuation; 1 session)",
                                   f"{_f(codex['server_cpu_s_per_turn'] * 1e3)} ms (p50 {_f(codex['p50_ms'])} ms a turn)",
                                   None))
+    w = r.get("work_count")
+    if w and "short" in w:
+        def stages(x: dict[str, Any]) -> str:
+            return ", ".join(f"{k} {_f(v, 0)}" for k, v in x["stages"].items())
+
+        text = f"short: {_f(w['short']['bytecodes_per_turn'], 0)} ({stages(w['short'])})"
+        if "codex" in w:
+            text += f"; Codex-shaped: {_f(w['codex']['bytecodes_per_turn'], 0)} ({stages(w['codex'])})"
+        out.append(PeerTarget("gateway work per WS continuation turn, counted: Python bytecodes the gateway process "
+                              "executes (load-independent; C work not included)", text, None))
+    if co:
         traced = co.get("idle_state") or []
         if traced:
             ids = max(x["token_bytes_per_token"] for x in traced)
@@ -325,7 +348,7 @@ def peer_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
     out: list[PeerTarget] = []
     p = r.get("peer_overhead")
     if p:
-        out += _ws_ratio_targets(p)
+        out += _ws_ratio_targets(p, fixed_cost_why(r))
         out += _flatness_targets(p)
         fb = _fallback_target(p)
         if fb:

@@ -8,7 +8,7 @@ Scripts (``--script``):
 * ``rollout`` — the coding-agent trajectory of :mod:`benchmarks.rollout` (``--calls`` tool calls),
   on a paced engine with a prefix cache (``--decode-tps`` / ``--prefill-tps``).
 
-    python -m benchmarks.sim_server --port P [--script short|stream] [--tokens-per-delta 1]
+    python -m benchmarks.sim_server --port P [--script short|stream] [--tokens-per-delta 1] [--count-bytecodes F]
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)")
     ap.add_argument("--max-context", type=int, default=300_000)
     ap.add_argument("--redis-url", help="shared store, conversations and usage ledger in this Redis (default: memory)")
+    ap.add_argument("--count-bytecodes", metavar="FILE",
+                    help="count bytecodes between SIGUSR1 and SIGUSR2, then write them to FILE (benchmarks.work_count)")
     args = ap.parse_args(argv)
+    if args.count_bytecodes:
+        from benchmarks.work_count import install_counter
+
+        install_counter(args.count_bytecodes)
 
     # a load-test deployment: one key drives hundreds of sessions
     settings = Settings(port=args.port, max_context=args.max_context, max_request_bytes=64 * 1024 * 1024,

@@ -324,3 +324,22 @@ def test_stub_answers_pipelined_requests_in_order(stub):
     events = _sse(body2.decode())
     assert ctype2 == "text/event-stream" and events[-1]["response"]["status"] == "incomplete"
     assert sum(ev["type"] == "response.output_text.delta" for ev in events) == 3
+
+
+def test_the_work_count_counts_a_turn_and_the_report_reads_it():
+    """``benchmarks/work_count.py`` counts the gateway's bytecodes for two turn shapes: the counts
+    are repeatable to a few percent (they do not move with load), a Codex-shaped turn does more work
+    than a short one, the stages add up to the total, and the report's why-text is built from them."""
+    from benchmarks import work_count
+    from benchmarks.report_peers import fixed_cost_why
+
+    a, b = work_count.run(turns=20), work_count.run(turns=20)
+    for r in (a, b):
+        short, codex = r["short"], r["codex"]
+        assert 5_000 < short["bytecodes_per_turn"] < codex["bytecodes_per_turn"]
+        assert abs(sum(short["stages"].values()) - short["bytecodes_per_turn"]) < 1
+        assert {"transport and event loop", "prepare", "run", "finalize"} <= set(short["stages"])
+    assert abs(a["short"]["bytecodes_per_turn"] / b["short"]["bytecodes_per_turn"] - 1) < 0.03
+    why = fixed_cost_why({"work_count": a})
+    assert f"{a['short']['bytecodes_per_turn']:,.0f} a turn" in why and "transport and event loop" in why
+    assert "counted" not in fixed_cost_why({})
