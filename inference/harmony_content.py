@@ -107,13 +107,7 @@ class MessageTokenizer:
         head, tail = self._skeleton(msg)
         if head is None or tail is None:
             return self._enc.render(msg)
-        out = list(head)
-        for text in texts:
-            if text:
-                out += encode_text(text, self._text)
-        out += tail
-        self.fast_renders += 1
-        return out
+        return self._splice(head, tail, texts)
 
     def render_header(self, header: Header, texts: Sequence[str]) -> list[int] | None:
         """:meth:`render` of the message with this header and these text parts, without building
@@ -138,6 +132,10 @@ class MessageTokenizer:
         head, tail = parts
         if head is None or tail is None:
             return None
+        return self._splice(head, tail, texts)
+
+    def _splice(self, head: list[int], tail: list[int], texts: Sequence[str]) -> list[int]:
+        """The skeleton's head, each text part's ordinary tokens, the terminator."""
         out = list(head)
         for text in texts:
             if text:
