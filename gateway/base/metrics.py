@@ -84,8 +84,8 @@ class Histogram(_MemoLabels, _Histogram):
         steps, a dozen observations a turn); the first bound ``>= amount`` by bisection is the same
         bucket (the bounds are sorted and end in +Inf). NaN, exemplars and a labelled parent take
         its way."""
-        total = getattr(self, "_sum", None)
-        if type(total) is not MutexValue or exemplar or amount != amount:
+        total = getattr(self, "_sum", None)  # only an observable histogram has one
+        if not _LEAN_HISTOGRAM or total is None or exemplar or amount != amount:
             return super().observe(amount, exemplar)
         bucket = self._buckets[bisect_left(self._upper_bounds, amount)]
         with total._lock:
@@ -93,6 +93,17 @@ class Histogram(_MemoLabels, _Histogram):
         with bucket._lock:
             bucket._value += 1
         return None
+
+
+def _lean_histogram() -> bool:
+    """Whether this prometheus_client keeps a histogram as :meth:`Histogram.observe` reads it (sorted
+    ``_upper_bounds``, one ``MutexValue`` per bucket and the sum); another one takes its own way."""
+    h = _Histogram("probe", "probe", registry=None, buckets=(1.0,))
+    return (type(getattr(h, "_sum", None)) is MutexValue and isinstance(getattr(h, "_upper_bounds", None), list)
+            and [type(b) for b in getattr(h, "_buckets", ())] == [MutexValue, MutexValue])
+
+
+_LEAN_HISTOGRAM = _lean_histogram()
 
 
 class Metrics:
