@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from inference.harmony_core import content_encoding, encode_text, harmony_encoding, harmony_tokens
 
-__all__ = ["FAST_MIN_CHARS", "Header", "MessageTokenizer"]
+__all__ = ["FAST_MIN_CHARS", "Header", "MessageTokenizer", "message_of"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ _NEVER = 1 << 62  # min_chars that turns the fast path off
 
 #: a message's header: (role, author name, channel, recipient, content type), the skeleton's key
 Header = tuple[str, "str | None", "str | None", "str | None", "str | None"]
+
+
+def message_of(header: Header, texts: Sequence[str]) -> Any:
+    """harmony's ``Message`` with this header and these text parts."""
+    from openai_harmony import Author, Message, Role, TextContent
+
+    role, name, channel, recipient, content_type = header
+    return Message(author=Author(role=Role(role), name=name), content=[TextContent(text=t) for t in texts],
+                   channel=channel, recipient=recipient, content_type=content_type)
 
 
 def _utf8_ok(text: str) -> bool:
@@ -124,11 +133,7 @@ class MessageTokenizer:
         with self._lock:
             parts = self._skeletons.get(header)
         if parts is None:
-            from openai_harmony import Author, Message, Role
-
-            role, name, channel, recipient, content_type = header
-            parts = self._skeleton(Message(author=Author(role=Role(role), name=name), content=[], channel=channel,
-                                           recipient=recipient, content_type=content_type))
+            parts = self._skeleton(message_of(header, ()))
         head, tail = parts
         if head is None or tail is None:
             return None

@@ -72,12 +72,12 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 from openai_harmony import Role
 
-from inference.harmony_content import Header, MessageTokenizer
+from inference.harmony_content import Header, MessageTokenizer, message_of
 from inference.harmony_core import (
     ToolCatalog,
     content_encoding,
@@ -252,58 +252,21 @@ class HarmonyRenderer:
         self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
     ) -> list[Any]:
         """The harmony messages of ``items`` (unknown item types contribute none)."""
+        return [message_of(header, texts) for header, texts in self._item_specs(items, calls)]
+
+    def _item_specs(
+        self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None
+    ) -> Iterator[tuple[Header, list[str]]]:
+        """Each item's message as its header and text parts, in order; an output's call is found
+        among the earlier items first, then in ``calls``."""
         local: dict[str, Mapping[str, Any]] = {}
-        out: list[Any] = []
         for item in items:
             kind = item.get("type", "message")
             if kind in CALL_TYPES:
                 local[str(item.get("call_id"))] = item
-            msg = self._item_message(item, kind, local, calls)
-            if msg is not None:
-                out.append(msg)
-        return out
-
-    def _item_message(
-        self,
-        item: Mapping[str, Any],
-        kind: str,
-        local: Mapping[str, Mapping[str, Any]],
-        calls: Mapping[str, Mapping[str, Any]] | None,
-    ) -> Any:
-        from openai_harmony import Author, Message, Role, TextContent
-
-        if kind == "message":
-            role = Role(item.get("role", "user"))
-            contents = [TextContent(text=t) for t in _texts(item.get("content"))]
-            msg = Message.from_role_and_contents(role, contents)
-            if role == Role.ASSISTANT:
-                msg = msg.with_channel("commentary" if item.get("phase") == "commentary" else "final")
-            return msg
-        if kind == "reasoning":
-            texts = _texts(item.get("content")) or _texts(item.get("summary"))
-            if not texts:
-                return None  # e.g. encrypted reasoning only: nothing the model can read
-            contents = [TextContent(text=t) for t in texts]
-            return Message.from_role_and_contents(Role.ASSISTANT, contents).with_channel("analysis")
-        if kind in CALL_TYPES:
-            body = item.get(CALL_PAYLOAD[kind])
-            msg = (
-                Message.from_role_and_content(Role.ASSISTANT, str(body or ""))
-                .with_channel("commentary")
-                .with_recipient(recipient_for(str(item["name"]), item.get("namespace")))
-            )
-            return msg.with_content_type("<|constrain|>json") if kind == ItemType.FUNCTION_CALL else msg
-        if kind in OUTPUT_TYPES:
-            name, namespace = self._call_name(item, local, calls)
-            output = item.get("output")
-            text = output if isinstance(output, str) else "".join(_texts(output))
-            author = Author.new(Role.TOOL, recipient_for(name, namespace))
-            return (
-                Message.from_author_and_content(author, text)
-                .with_channel("commentary")
-                .with_recipient("assistant")
-            )
-        return None
+            spec = self._item_header(item, kind, local, calls)
+            if spec is not None:
+                yield spec
 
     @staticmethod
     def _call_name(
@@ -326,10 +289,10 @@ class HarmonyRenderer:
         local: Mapping[str, Mapping[str, Any]],
         calls: Mapping[str, Mapping[str, Any]] | None,
     ) -> tuple[Header, list[str]] | None:
-        """The header and text parts of the message :meth:`_item_message` builds for ``item``
-        (None: it builds none), read from the dict alone."""
+        """The header and text parts of ``item``'s message (None: it makes none, e.g. a reasoning
+        item with encrypted content only: nothing the model can read)."""
         if kind == "message":
-            role = Role(item.get("role", "user")).value  # an unknown role: harmony's ValueError, as there
+            role = Role(item.get("role", "user")).value  # an unknown role: ValueError (a 400: gateway.turn.render)
             channel = ("commentary" if item.get("phase") == "commentary" else "final") if role == "assistant" else None
             return (role, None, channel, None, None), _texts(item.get("content"))
         if kind == "reasoning":
@@ -357,23 +320,14 @@ class HarmonyRenderer:
         Raises :class:`UnknownCallError` when an output's call cannot be found.
 
         Each item goes straight from its header and texts to tokens (``MessageTokenizer.render_header``);
-        one that cannot (text harmony must judge: lone surrogates) is built as :meth:`item_messages`
-        builds it and rendered by harmony. Equal to rendering :meth:`item_messages` (property tests).
+        one that cannot (text harmony must judge: lone surrogates) is built as a message and rendered by
+        harmony. Equal to rendering :meth:`item_messages` (property tests).
         """
         out: list[int] = []
-        local: dict[str, Mapping[str, Any]] = {}
         messages = self._messages
-        for item in items:
-            kind = item.get("type", "message")
-            if kind in CALL_TYPES:
-                local[str(item.get("call_id"))] = item
-            spec = self._item_header(item, kind, local, calls)
-            if spec is None:
-                continue
-            ids = messages.render_header(*spec)
-            if ids is None:
-                ids = messages.render(self._item_message(item, kind, local, calls))
-            out += ids
+        for header, texts in self._item_specs(items, calls):
+            ids = messages.render_header(header, texts)
+            out += ids if ids is not None else messages.render(message_of(header, texts))
         return out
 
     # -- generation ----------------------------------------------------------------------------
