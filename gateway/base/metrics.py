@@ -67,7 +67,7 @@ class Counter(_MemoLabels, _Counter):
         exists only on an observable metric (``_metric_init``), so its presence is the check, and
         only prometheus_client's single-process value (``MutexValue``) is updated in place."""
         value = getattr(self, "_value", None)
-        if type(value) is not MutexValue or exemplar or not amount >= 0:
+        if not _LEAN_HISTOGRAM or type(value) is not MutexValue or exemplar or not amount >= 0:
             return super().inc(amount, exemplar)  # its errors, its exemplars, another value class
         with value._lock:  # MutexValue.inc, inlined: one Python frame less
             value._value += amount
@@ -96,10 +96,13 @@ class Histogram(_MemoLabels, _Histogram):
 
 
 def _lean_histogram() -> bool:
-    """Whether this prometheus_client keeps a histogram as :meth:`Histogram.observe` reads it (sorted
-    ``_upper_bounds``, one ``MutexValue`` per bucket and the sum); another one takes its own way."""
+    """Whether this prometheus_client keeps its values as :meth:`Counter.inc` and
+    :meth:`Histogram.observe` read them (a ``MutexValue``'s ``_lock`` and ``_value``; sorted
+    ``_upper_bounds``, one value per bucket and the sum); another release takes its own way."""
     h = _Histogram("probe", "probe", registry=None, buckets=(1.0,))
-    return (type(getattr(h, "_sum", None)) is MutexValue and isinstance(getattr(h, "_upper_bounds", None), list)
+    value = getattr(h, "_sum", None)
+    return (type(value) is MutexValue and hasattr(value, "_lock") and isinstance(getattr(value, "_value", None), float)
+            and isinstance(getattr(h, "_upper_bounds", None), list)
             and [type(b) for b in getattr(h, "_buckets", ())] == [MutexValue, MutexValue])
 
 
