@@ -67,7 +67,7 @@ class Counter(_MemoLabels, _Counter):
         exists only on an observable metric (``_metric_init``), so its presence is the check, and
         only prometheus_client's single-process value (``MutexValue``) is updated in place."""
         value = getattr(self, "_value", None)
-        if not _LEAN_HISTOGRAM or type(value) is not MutexValue or exemplar or not amount >= 0:
+        if not _LEAN_VALUES or type(value) is not MutexValue or exemplar or not amount >= 0:
             return super().inc(amount, exemplar)  # its errors, its exemplars, another value class
         with value._lock:  # MutexValue.inc, inlined: one Python frame less
             value._value += amount
@@ -85,7 +85,7 @@ class Histogram(_MemoLabels, _Histogram):
         bucket (the bounds are sorted and end in +Inf). NaN, exemplars and a labelled parent take
         its way."""
         total = getattr(self, "_sum", None)  # only an observable histogram has one
-        if not _LEAN_HISTOGRAM or total is None or exemplar or amount != amount:
+        if not _LEAN_VALUES or total is None or exemplar or amount != amount:
             return super().observe(amount, exemplar)
         bucket = self._buckets[bisect_left(self._upper_bounds, amount)]
         with total._lock:
@@ -95,7 +95,7 @@ class Histogram(_MemoLabels, _Histogram):
         return None
 
 
-def _lean_histogram() -> bool:
+def _lean_values() -> bool:
     """Whether this prometheus_client keeps its values as :meth:`Counter.inc` and
     :meth:`Histogram.observe` read them (a ``MutexValue``'s ``_lock`` and ``_value``; sorted
     ``_upper_bounds``, one value per bucket and the sum); another release takes its own way."""
@@ -106,7 +106,7 @@ def _lean_histogram() -> bool:
             and [type(b) for b in getattr(h, "_buckets", ())] == [MutexValue, MutexValue])
 
 
-_LEAN_HISTOGRAM = _lean_histogram()
+_LEAN_VALUES = _lean_values()
 
 
 class Metrics:
