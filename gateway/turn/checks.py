@@ -4,12 +4,24 @@ Parameters the gateway does not serve (background mode over WebSocket, stored pr
 background mode needs (``store``), tool definitions (hosted tools stripped or refused, asynchronous
 tools refused) and ``tool_choice`` against the tools. Each refusal is OpenAI's error for it, naming the parameter. Pure functions of
 the request: no I/O, nothing recorded.
+
+**Tool lists checked once.** A coding agent re-sends the same tools with every turn (Codex: ~10 KB
+of JSON schemas); validating them, building the tools the turn uses and echoes, and their names
+cost ~0.25 ms a turn, more than the rest of a short continuation's checks. :class:`ToolChecks`
+keeps what the checks made of a tool list under its exact JSON (orjson's bytes of the parsed list:
+C speed, and different for ``1``, ``1.0`` and ``true``, or for another key order, where ``==`` would
+not be), per tenant, so a turn offering byte-identical tools takes the earlier turn's result: the
+same objects, which nothing downstream changes (the renderers, the parsers and the Response echo
+only read them). A check that failed is never kept.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Mapping
 
+import orjson
+
+from cache.lru import BoundedLRU
 from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.request import CreateRequest
@@ -63,15 +75,60 @@ def _check_conversation_input(raw: Any) -> None:
                            code="unsupported_parameter", param=f"input[{i}]")
 
 
-def route_and_tools(req: CreateRequest, registry: ModelRegistry,
-                    hosted: HostedToolPolicy) -> tuple[ModelRoute, tuple[dict[str, Any], ...]]:
-    """The served model and the tools as the Response echoes them (``tool_choice`` checked against them)."""
+class CheckedTools:
+    """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
+    the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
+
+    __slots__ = ("models", "tools", "names")
+
+    def __init__(self, models: list[Any], tools: tuple[dict[str, Any], ...]) -> None:
+        self.models = models
+        self.tools = tools
+        self.names = tool_names(tools)
+
+
+NO_TOOLS = CheckedTools([], ())
+
+
+class ToolChecks:
+    """Checked tool lists by tenant and exact JSON (see the module docstring), bounded by entries and
+    bytes (``cache.lru``); another tenant's entries are never read."""
+
+    def __init__(self, hosted: HostedToolPolicy, max_entries: int = 64, max_bytes: int = 16 * 1024 * 1024) -> None:
+        self.hosted = hosted
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(max_entries, max_bytes)
+
+    @staticmethod
+    def key(body: Mapping[str, Any]) -> bytes | None:
+        """The create's tools as the cache names them: their JSON, when they are a non-empty list."""
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return None
+        try:
+            return orjson.dumps(tools)
+        except (orjson.JSONEncodeError, TypeError):  # nothing a parsed body holds; checked the long way
+            return None
+
+    def get(self, tenant: str | None, key: bytes) -> CheckedTools | None:
+        return self.lru.get((tenant, key))
+
+    def check(self, req: CreateRequest, tenant: str | None, key: bytes | None) -> CheckedTools:
+        """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
+        if not req.tools:
+            return NO_TOOLS
+        checked = CheckedTools(req.tools or [], _tools(req, self.hosted))
+        if key is not None:
+            # the key, the models, the dicts: each about the JSON's size
+            self.lru.put((tenant, key), checked, 4 * len(key) + 256)
+        return checked
+
+
+def route_of(req: CreateRequest, registry: ModelRegistry) -> ModelRoute:
+    """The served model the create names."""
     route = registry.get(req.model)
     if route is None:
         raise model_not_found(req.model)
-    tools = _tools(req, hosted)
-    _check_tool_choice(req, tools)
-    return route, tools
+    return route
 
 
 def prelude_of(req: CreateRequest, tools: tuple[dict[str, Any], ...]) -> Prelude:
@@ -99,14 +156,15 @@ def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any]
     return tuple(out)
 
 
-def _check_tool_choice(req: CreateRequest, tools: tuple[dict[str, Any], ...]) -> None:
+def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str], str]) -> None:
+    """``tool_choice`` against the tools offered (their :func:`tool_names`)."""
     tc = req.tool_choice
     if not isinstance(tc, dict):
         return
     kind = tc.get("type")
     if kind in (ToolType.FUNCTION, ToolType.CUSTOM):
         name = tc.get("name")
-        if not isinstance(name, str) or not any(n == name for (_, n) in tool_names(tools)):
+        if not isinstance(name, str) or not any(n == name for (_, n) in names):
             raise bad_request(f"Tool choice '{name}' not found in 'tools' parameter.", code="invalid_value",
                               param="tool_choice")
     elif kind == "allowed_tools":

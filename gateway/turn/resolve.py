@@ -40,7 +40,8 @@ from cache.items import ItemLog
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
-from gateway.turn.checks import HostedToolPolicy, check_supported, prelude_of, route_and_tools
+from gateway.turn.checks import (HostedToolPolicy, ToolChecks, check_supported, check_tool_choice, prelude_of,
+                                 route_of)
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
@@ -78,7 +79,8 @@ class Resolver:
         self.sealer = sealer
         self.compactor = compactor
         self.pending_write = pending_write
-        self.hosted_tools = hosted_tools
+        #: tool lists already checked (``gateway.turn.checks.ToolChecks``)
+        self.tool_checks = ToolChecks(hosted_tools)
         self.conversations = conversations
         self.prefix = prefix
 
@@ -88,7 +90,7 @@ class Resolver:
         ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
         if cpu is None:
             cpu = self.offload.for_body(body) if self.offload is not None else INLINE
-        req, raw_items, route, tools = await cpu(self._validate, body, ctx.transport)
+        req, raw_items, route, tools = await cpu(self._validate, body, ctx.transport, ctx.tenant)
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
@@ -131,13 +133,23 @@ class Resolver:
             prefix=prefix, digest=digest,
         )
 
-    def _validate(self, body: Any, transport: Transport) -> tuple[CreateRequest, list[Any], ModelRoute,
-                                                                   tuple[dict[str, Any], ...]]:
-        """The request checked and parsed, its model and tools (CPU only: may run in the pool)."""
-        req, raw_items = parse_create(body, transport=transport)
+    def _validate(self, body: Any, transport: Transport, tenant: str | None,
+                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...]]:
+        """The request checked and parsed, its model and tools (CPU only: may run in the pool). Tools
+        byte-identical to a list this tenant offered before are not validated again: the rest of
+        the body is, and the request gets that list's models (``ToolChecks``)."""
+        key = ToolChecks.key(body) if isinstance(body, dict) else None
+        known = self.tool_checks.get(tenant, key) if key is not None else None
+        if known is None:
+            req, raw_items = parse_create(body, transport=transport)
+        else:
+            req, raw_items = parse_create({k: v for k, v in body.items() if k != "tools"}, transport=transport)
+            req.tools = known.models
         check_supported(req, transport)
-        route, tools = route_and_tools(req, self.registry, self.hosted_tools)
-        return req, raw_items, route, tools
+        route = route_of(req, self.registry)
+        checked = known if known is not None else self.tool_checks.check(req, tenant, key)
+        check_tool_choice(req, checked.names)
+        return req, raw_items, route, checked.tools
 
     async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
         """The response a continuation names: this connection's cache first, then the shared store."""

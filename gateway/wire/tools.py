@@ -71,7 +71,8 @@ class _UnknownTool(BaseModel):
 
 
 def _tool_tag(v: Any) -> str:
-    t = v.get("type") if isinstance(v, dict) else None
+    # dicts when validating, model instances when a request is serialized (as _nested_tag)
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
     if not isinstance(t, str):  # a list or object is unhashable: the set lookup below would raise, not refuse
         return "<unknown>"
     if t in ("function", "custom", "namespace"):

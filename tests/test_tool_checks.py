@@ -1,0 +1,160 @@
+"""Tool lists checked once per tenant and exact JSON (``gateway.turn.checks.ToolChecks``).
+
+A turn whose tools are byte-identical to an earlier turn's takes that turn's checked tools instead
+of validating them again. What must not change: the request, the tools and every refusal are what
+a fresh check gives; tools that differ in any byte (``1`` / ``1.0`` / ``true``, key order) are
+checked as new; a failed check is never kept; another tenant's entries are never read; and the
+shared tools are never changed by the turns that use them.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.turn.checks import ToolChecks
+from gateway.turn.resolve import Resolver
+from gateway.wire.errors import ApiError
+from gateway.wire.response import echoed_tool
+from tests.conftest import MODEL, LiveGateway
+from tests.test_custom_tool_grammar import CODEX_TOOLS, codex_tools
+from tests.ws_helpers import create, send, until_terminal, ws_open
+
+
+def _body(tools: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    # a parsed frame: fresh objects each turn, as the transport hands them over
+    return orjson.loads(orjson.dumps({"type": "response.create", "model": MODEL, "store": False,
+                                      "input": [{"role": "user", "content": "hi"}], "tools": tools, **kw}))
+
+
+def _fresh(resolver: Resolver, hosted: str = "strip") -> Resolver:
+    resolver.tool_checks = ToolChecks(hosted)  # type: ignore[arg-type]
+    return resolver
+
+
+def _validated(resolver: Resolver, body: dict[str, Any], tenant: str | None = None) -> tuple[Any, ...]:
+    req, raw_items, route, tools = resolver._validate(body, "ws", tenant)
+    return req.model_dump(), [r.model_dump() if hasattr(r, "model_dump") else r for r in raw_items], route.name, tools
+
+
+def _tool_lists(rng: random.Random) -> list[list[dict[str, Any]]]:
+    """Codex's tools (hosted ones included), shuffled, cut, and with a changed description or default."""
+    out = []
+    for _ in range(25):
+        tools = list(copy.deepcopy(CODEX_TOOLS))
+        rng.shuffle(tools)
+        tools = tools[:rng.randint(1, len(tools))]
+        t = rng.choice(tools)
+        if rng.random() < 0.5 and t["type"] == "function":
+            t["description"] = f"variant {rng.randint(0, 3)}"
+        out.append(tools)
+    return out
+
+
+def test_a_known_tool_list_checks_as_a_fresh_one(gateway: LiveGateway):
+    """Second sight of a tool list: the same request, items, route and tools as the first check
+    gave, and the tools are the first check's own objects."""
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    rng = random.Random(11)
+    for tools in _tool_lists(rng):
+        choice = rng.choice(["auto", "none", "required", None])
+        kw = {"tool_choice": choice} if choice else {}
+        first = _validated(resolver, _body(tools, **kw))
+        hits = resolver.tool_checks.lru.hits
+        second = _validated(resolver, _body(tools, **kw))
+        assert resolver.tool_checks.lru.hits == hits + 1
+        assert second == first
+        assert second[3] is first[3]  # the same tuple: nothing rebuilt
+        assert first[3] == tuple(t for t in _validated(_fresh(_other_resolver(gateway)), _body(tools))[3])
+
+
+def _other_resolver(gateway: LiveGateway) -> Resolver:
+    """Another resolver on the same registry (its own, empty tool checks)."""
+    p = gateway.gw.pipeline
+    return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor,
+                    p.finalizer.wait_for)
+
+
+def test_tools_that_differ_in_any_byte_are_checked_as_new(gateway: LiveGateway):
+    """``1``, ``1.0`` and ``true`` are equal to Python's ``==``, and so are two key orders; their JSON
+    is not, and each list is checked and echoed as it was sent."""
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+
+    def tool(default: Any, flip: bool = False) -> list[dict[str, Any]]:
+        props = {"n": {"type": "integer", "default": default}}
+        params = {"properties": props, "type": "object"} if flip else {"type": "object", "properties": props}
+        return [{"type": "function", "name": "count", "parameters": params}]
+
+    lists = [tool(1), tool(1.0), tool(True), tool(1, flip=True)]
+    assert all(t == lists[0] for t in lists)  # what == would have kept as one entry
+    seen = []
+    for tools in lists:
+        misses = resolver.tool_checks.lru.misses
+        _, _, _, checked = _validated(resolver, _body(tools))
+        assert resolver.tool_checks.lru.misses == misses + 1
+        assert orjson.dumps(checked[0]["parameters"]) == orjson.dumps(tools[0]["parameters"])
+        seen.append(checked)
+    assert len(resolver.tool_checks.lru) == 4
+    for tools, checked in zip(lists, seen):  # and each is found again under its own bytes
+        assert _validated(resolver, _body(tools))[3] is checked
+
+
+def test_a_failed_check_is_never_kept_and_tool_choice_is_checked_every_turn(gateway: LiveGateway):
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    async_tool = [{"type": "function", "name": "later", "async": True, "parameters": {"type": "object"}}]
+    bad_name = [{"type": "function", "name": "no spaces allowed"}]
+    for tools, param in ((async_tool, "tools[0].async"), (bad_name, "tools[0].name")):
+        for _ in range(2):
+            with pytest.raises(ApiError) as caught:
+                _validated(resolver, _body(tools))
+            assert caught.value.param == param
+    assert len(resolver.tool_checks.lru) == 0
+    tools = codex_tools()
+    _validated(resolver, _body(tools, tool_choice={"type": "function", "name": tools[0]["name"]}))
+    with pytest.raises(ApiError) as caught:  # known tools, a tool_choice naming none of them
+        _validated(resolver, _body(tools, tool_choice={"type": "function", "name": "absent"}))
+    assert caught.value.param == "tool_choice" and resolver.tool_checks.lru.hits == 1
+
+
+def test_hosted_tools_refused_by_policy_are_refused_every_time(gateway: LiveGateway):
+    resolver = _fresh(_other_resolver(gateway), hosted="reject")
+    for _ in range(2):
+        with pytest.raises(ApiError) as caught:
+            _validated(resolver, _body(list(CODEX_TOOLS)))
+        assert caught.value.code == "unsupported_value"
+    assert len(resolver.tool_checks.lru) == 0
+
+
+def test_another_tenants_tools_are_never_read(gateway: LiveGateway):
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    tools = codex_tools()
+    a = _validated(resolver, _body(tools), tenant="a")
+    b = _validated(resolver, _body(tools), tenant="b")
+    assert resolver.tool_checks.lru.hits == 0 and len(resolver.tool_checks.lru) == 2
+    assert a == b and a[3] is not b[3]
+
+
+def test_turns_that_share_checked_tools_leave_them_as_checked(gateway: LiveGateway):
+    """A WebSocket chain re-sending Codex's tools: every turn after the first takes the checked
+    tools, every frame echoes them as sent, and after the turns (rendered, parsed, echoed, stored)
+    the shared tools still equal a fresh check of the same JSON."""
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    tools = codex_tools()
+    prev = None
+    with ws_open(gateway) as ws:
+        for i in range(4):
+            extra = {"previous_response_id": prev} if prev else {}
+            send(ws, create(input=f"turn {i}", tools=tools, tool_choice="none", store=False, **extra))
+            frames = until_terminal(ws)
+            assert frames[-1]["type"] == "response.completed"
+            for f in frames:
+                if f["type"] in ("response.created", "response.in_progress", "response.completed"):
+                    assert f["response"]["tools"] == [echoed_tool(t) for t in tools]
+            prev = frames[-1]["response"]["id"]
+    assert resolver.tool_checks.lru.hits == 3
+    (shared,) = list(resolver.tool_checks.lru.values())
+    assert shared.tools == _validated(_fresh(_other_resolver(gateway)), _body(tools))[3]
