@@ -115,7 +115,7 @@ from inference.hermes_tools import (
     triggered_tool_calls_tag,
 )
 from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import Constraint, Prelude
+from inference.render import Constraint, PerToolSet, Prelude
 from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
@@ -189,6 +189,8 @@ class ChatTemplateRenderer:
         self._gp_tokens = self._encode(p.generation_prompt)
         self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._lock = threading.Lock()
+        #: each turn's parser reads the tools' catalog: built once per tool set
+        self._catalogs = PerToolSet(HermesToolCatalog)
         self._template_hash = hashlib.blake2b(template.encode(), digest_size=8).digest()
         self._init_specials()
 
@@ -578,6 +580,6 @@ class ChatTemplateRenderer:
 
     def parser(self, prelude: Prelude) -> HermesStreamParser:
         return HermesStreamParser(
-            self._fast, HermesToolCatalog(prelude.tools), stop_token_ids=self.stop_token_ids,
+            self._fast, self._catalogs(prelude.tools), stop_token_ids=self.stop_token_ids,
         )
 

@@ -89,7 +89,7 @@ from inference.harmony_core import (
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.harmony_prelude import needs_probe, render_developer
 from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import Prelude
+from inference.render import PerToolSet, Prelude
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
 __all__ = [
@@ -170,6 +170,8 @@ class HarmonyRenderer:
         self.stop_token_ids: tuple[int, ...] = tuple(self._enc.stop_tokens_for_assistant_actions())
         self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
         self._lock = threading.Lock()
+        #: each turn's parser reads the tools' catalog: built once per tool set
+        self._catalogs = PerToolSet(ToolCatalog)
         vocab_bytes()  # the parser's vocabulary (~1 s to load): now, not in the first turn
 
     # -- prelude -------------------------------------------------------------------------------
@@ -414,4 +416,4 @@ class HarmonyRenderer:
         return harmony_constraint(prelude.tools, prelude.tool_choice, text_format)
 
     def parser(self, prelude: Prelude) -> HarmonyStreamParser:
-        return HarmonyStreamParser(ToolCatalog(prelude.tools))
+        return HarmonyStreamParser(self._catalogs(prelude.tools))

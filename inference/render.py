@@ -27,8 +27,9 @@ as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
 
 from inference.parse import StreamParser
 
@@ -41,6 +42,39 @@ class Prelude:
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: Any = "auto"
     reasoning_effort: str | None = None
+
+
+T = TypeVar("T")
+
+
+class PerToolSet(Generic[T]):
+    """``build(tools)`` kept for the tools tuple it was built from, found again by identity.
+
+    Why: the gateway hands every turn that offers byte-identical tools the same tuple
+    (``gateway.turn.checks.ToolChecks``), and a renderer builds a catalog of them for each turn's
+    parser (~40 us for a coding agent's tools). Identity is exact and costs nothing: an equal tuple
+    that is another object is built anew, never confused with this one; the memo holds the tuple it
+    names, so an id is not reused while it is kept. The last ``size`` tool sets are kept, for
+    tuples only (a list could change after it was built from)."""
+
+    def __init__(self, build: Callable[[tuple[dict[str, Any], ...]], T], size: int = 64) -> None:
+        self._build = build
+        self._size = size
+        self._memo: dict[int, tuple[tuple[dict[str, Any], ...], T]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, tools: Sequence[dict[str, Any]]) -> T:
+        if type(tools) is not tuple:
+            return self._build(tuple(tools))
+        hit = self._memo.get(id(tools))
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        value = self._build(tools)
+        with self._lock:
+            while len(self._memo) >= self._size:
+                del self._memo[next(iter(self._memo))]  # the oldest first
+            self._memo[id(tools)] = (tools, value)
+        return value
 
 
 class Constraint(dict):
