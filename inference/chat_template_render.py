@@ -115,13 +115,13 @@ from inference.hermes_tools import (
     triggered_tool_calls_tag,
 )
 from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import Constraint, PerToolSet, Prelude
+from inference.render import Constraint, PerToolSet, Prelude, tools_digest
 from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
 
-_KEY_VERSION = b"chat-template-v1"
+_KEY_VERSION = b"chat-template-v2"
 _PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 #: assistant-side item -> its place in one assistant message (reasoning, text, calls)
 _STAGE = {ItemType.REASONING: 1, ItemType.MESSAGE: 2, ItemType.FUNCTION_CALL: 3, ItemType.CUSTOM_TOOL_CALL: 3}
@@ -269,11 +269,9 @@ class ChatTemplateRenderer:
     def prelude_key(self, prelude: Prelude) -> bytes:
         """blake2b of the template and the settings that reach the prompt (reasoning effort does
         not: these templates have no place for it, so changing it needs no re-render)."""
-        payload = orjson.dumps(
-            [prelude.instructions, list(prelude.tools), prelude.tool_choice],
-            option=orjson.OPT_SORT_KEYS, default=str,
-        )
-        return hashlib.blake2b(_KEY_VERSION + self._template_hash + payload, digest_size=16).digest()
+        payload = orjson.dumps([prelude.instructions, prelude.tool_choice], option=orjson.OPT_SORT_KEYS, default=str)
+        return hashlib.blake2b(_KEY_VERSION + self._template_hash + payload + tools_digest(prelude.tools),
+                               digest_size=16).digest()
 
     def prelude_messages(self, prelude: Prelude) -> list[dict[str, Any]]:
         """The system message built from the prelude (none when it would be empty: the template

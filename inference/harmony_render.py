@@ -89,7 +89,7 @@ from inference.harmony_core import (
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.harmony_prelude import needs_probe, render_developer
 from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import PerToolSet, Prelude
+from inference.render import PerToolSet, Prelude, tools_digest
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
 __all__ = [
@@ -103,7 +103,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_KEY_VERSION = b"harmony-v1"
+_KEY_VERSION = b"harmony-v2"
 #: a recipient in a message header (in the role part or after the channel, as the parser reads it)
 _RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
 _EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
@@ -177,13 +177,11 @@ class HarmonyRenderer:
     # -- prelude -------------------------------------------------------------------------------
 
     def prelude_key(self, prelude: Prelude) -> bytes:
-        """blake2b of every prelude field (tools verbatim, so equal keys imply equal tokens)."""
-        payload = orjson.dumps(
-            [prelude.instructions, list(prelude.tools), prelude.tool_choice, prelude.reasoning_effort],
-            option=orjson.OPT_SORT_KEYS,
-            default=str,
-        )
-        return hashlib.blake2b(_KEY_VERSION + payload, digest_size=16).digest()
+        """blake2b of every prelude field (tools verbatim, through their own digest, so equal keys
+        imply equal tokens)."""
+        payload = orjson.dumps([prelude.instructions, prelude.tool_choice, prelude.reasoning_effort],
+                               option=orjson.OPT_SORT_KEYS, default=str)
+        return hashlib.blake2b(_KEY_VERSION + payload + tools_digest(prelude.tools), digest_size=16).digest()
 
     def prelude_messages(self, prelude: Prelude) -> list[Any]:
         """System message (no date: rendering must be deterministic) + developer message.

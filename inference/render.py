@@ -27,9 +27,12 @@ as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
+
+import orjson
 
 from inference.parse import StreamParser
 
@@ -75,6 +78,16 @@ class PerToolSet(Generic[T]):
                 del self._memo[next(iter(self._memo))]  # the oldest first
             self._memo[id(tools)] = (tools, value)
         return value
+
+
+def _digest_of_tools(tools: tuple[dict[str, Any], ...]) -> bytes:
+    payload = orjson.dumps(list(tools), option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+#: blake2b of a tool set's JSON (sorted keys), for the renderers' ``prelude_key``: a coding agent's
+#: ~10 KB of tools serialized and hashed once per tool set instead of every turn
+tools_digest: PerToolSet[bytes] = PerToolSet(_digest_of_tools)
 
 
 class Constraint(dict):
