@@ -62,6 +62,10 @@ class BoundedLRU(Generic[K, V]):
                 self.nbytes -= size
         return True
 
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is held; neither a use (the order stays) nor a hit or a miss."""
+        return key in self._entries
+
     def __len__(self) -> int:
         return len(self._entries)
 

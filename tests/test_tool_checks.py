@@ -158,3 +158,93 @@ def test_turns_that_share_checked_tools_leave_them_as_checked(gateway: LiveGatew
     assert resolver.tool_checks.lru.hits == 3
     (shared,) = list(resolver.tool_checks.lru.values())
     assert shared.tools == _validated(_fresh(_other_resolver(gateway)), _body(tools))[3]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {"type": "string"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"x": value}}
+    return value
+
+
+def test_the_bounds_checks_skip_only_tools_that_passed_them(gateway: LiveGateway):
+    """A frame's depth and schema-size checks leave out tools this tenant offered and passed
+    before (``ToolChecks.known_for``): never tools that differ by a byte, another tenant's, or a
+    list that failed; and the rest of the frame is still checked."""
+    from gateway.wire.validation import InputRejected, check_counts, decode_json
+
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    checks = resolver.tool_checks
+    limit = gateway.gw.settings.max_json_depth
+    tools = codex_tools()
+    assert not checks.known_for("a")(orjson.loads(orjson.dumps(tools)))
+    _validated(resolver, _body(tools), tenant="a")
+    assert checks.known_for("a")(orjson.loads(orjson.dumps(tools)))
+    assert not checks.known_for("b")(orjson.loads(orjson.dumps(tools)))
+    assert not checks.known_for("a")(orjson.loads(orjson.dumps(tools[:-1])))
+    assert checks.lru.hits == 0  # asking is not a use
+
+    deep_tool = [{"type": "function", "name": "deep", "parameters": _nested(limit)}]
+    for tenant in ("a", "b"):
+        for _ in range(2):  # refused, so never known: refused again
+            raw = orjson.dumps(_body(deep_tool))
+            with pytest.raises(InputRejected) as caught:
+                decode_json(raw, limit, checks.known_for(tenant))
+            assert caught.value.param == "tools"
+    raw = orjson.dumps(_body(tools, metadata={"k": "v"}, text={"format": {"type": "json_schema", "name": "o",
+                                                                          "schema": _nested(limit)}}))
+    with pytest.raises(InputRejected) as caught:  # known tools, a deep schema elsewhere
+        decode_json(raw, limit, checks.known_for("a"))
+    assert caught.value.param == "text"
+    big = _body(tools, text={"format": {"type": "json_schema", "name": "o",
+                                        "schema": {"description": "x" * 70_000}}})
+    with pytest.raises(InputRejected) as caught:
+        check_counts(big, max_items=100, max_tools=128, max_schema_bytes=65_536, known_tools=checks.known_for("a"))
+    assert caught.value.param == "text.format.schema"
+
+
+def test_the_known_answer_is_serialized_once_per_frame(gateway: LiveGateway, monkeypatch: pytest.MonkeyPatch):
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    tools = codex_tools()
+    _validated(resolver, _body(tools))
+    calls = []
+    real = ToolChecks.key
+    monkeypatch.setattr(ToolChecks, "key", staticmethod(lambda body: calls.append(1) or real(body)))
+    known = resolver.tool_checks.known_for(None)
+    frame = _body(tools)
+    assert known(frame["tools"]) and known(frame["tools"]) and len(calls) == 1
+    assert not known(frame["tools"][:-1]) and len(calls) == 2
+
+
+def test_a_deep_frame_after_known_tools_is_refused_over_the_socket(gateway: LiveGateway):
+    tools = codex_tools()
+    limit = gateway.gw.settings.max_json_depth
+    with ws_open(gateway) as ws:
+        send(ws, create(input="hi", tools=tools, tool_choice="none", store=False))
+        prev = until_terminal(ws)[-1]["response"]["id"]
+        send(ws, create(input="again", tools=tools, tool_choice="none", store=False, previous_response_id=prev,
+                        metadata=None, text={"format": {"type": "json_schema", "name": "o",
+                                                        "schema": _nested(limit)}}))
+        err = until_terminal(ws)[-1]
+        assert err["type"] == "error" and err["error"]["param"] == "text", err
+        deeper = [dict(tools[0], parameters=_nested(limit))] + tools[1:]
+        send(ws, create(input="again", tools=deeper, tool_choice="none", store=False, previous_response_id=prev))
+        err = until_terminal(ws)[-1]
+        assert err["type"] == "error" and err["error"]["param"] == "tools", err
+
+
+def test_known_tools_are_not_walked_again(gateway: LiveGateway, monkeypatch: pytest.MonkeyPatch):
+    from gateway.wire import validation
+
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    tools = codex_tools()
+    walked: list[Any] = []
+    real = validation.check_depth
+    monkeypatch.setattr(validation, "check_depth", lambda body, limit: walked.append(body) or real(body, limit))
+    raw = orjson.dumps(_body(tools))
+    limit = gateway.gw.settings.max_json_depth
+    validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
+    assert "tools" in walked[-1]                    # not known yet: walked whole
+    _validated(resolver, _body(tools))
+    validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
+    assert "tools" not in walked[-1] and walked[-1]["input"]  # known: the rest is walked

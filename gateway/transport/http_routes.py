@@ -47,7 +47,7 @@ def _gw(request: Request) -> GatewayState:
     return request.app.state.gateway
 
 
-async def _json_body(request: Request, gw: GatewayState) -> Any:
+async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> Any:
     """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
     for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``). Each
     refusal is counted and logged (rate-limited); a 413 or 408 closes the connection, whose unread
@@ -80,7 +80,8 @@ async def _json_body(request: Request, gw: GatewayState) -> Any:
     cpu = gw.pipeline.offload.for_size(len(raw))
     try:
         return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
-                         max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes)
+                         max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes,
+                         known_tools=gw.pipeline.resolver.tool_checks.known_for(tenant))
     except InputRejected as err:
         raise _refused(request, gw, err) from None
 
@@ -104,7 +105,7 @@ async def create_response(request: Request) -> Response:
         gw.metrics.errors.labels("http", "server_shutting_down").inc()
         raise shutting_down()
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
-    body = await _json_body(request, gw)
+    body = await _json_body(request, gw, principal.tenant)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
     if gw.metrics.tracing is not None:  # the caller's trace (W3C traceparent), for the turn span
         gw.metrics.tracing.accept(request.headers)
@@ -389,7 +390,7 @@ async def count_input_tokens(request: Request) -> Response:
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
     await gw.access.admit(principal)
-    body = await _json_body(request, gw)
+    body = await _json_body(request, gw, principal.tenant)
     try:
         n = await gw.pipeline.input_tokens(body, TurnContext(transport="http", tenant=principal.tenant))
     except BaseException as exc:
@@ -406,7 +407,7 @@ async def compact_conversation(request: Request) -> Response:
     gw = _gw(request)
     principal = await gw.auth.authenticate(request.headers)
     admitted = await gw.access.admit(principal)
-    body = await _json_body(request, gw)
+    body = await _json_body(request, gw, principal.tenant)
     ctx = TurnContext(transport="http", tenant=principal.tenant)
     try:
         # the summary's tokens are known only at the end: reserve none, charge them all then

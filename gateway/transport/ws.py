@@ -188,8 +188,9 @@ class WsConnection:
             await self._send_error(err)
             return
         cpu = self.gw.pipeline.offload.for_size(len(data))  # a big frame is parsed off the loop
+        known_tools = self.gw.pipeline.resolver.tool_checks.known_for(self.tenant)
         try:
-            event = await cpu(decode_json, data, self.settings.max_json_depth)
+            event = await cpu(decode_json, data, self.settings.max_json_depth, known_tools)
         except InputRejected as err:
             self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
             log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")
@@ -200,7 +201,7 @@ class WsConnection:
             return
         try:
             check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools,
-                         max_schema_bytes=self.settings.max_schema_bytes)
+                         max_schema_bytes=self.settings.max_schema_bytes, known_tools=known_tools)
         except InputRejected as err:
             self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
             log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")

@@ -17,7 +17,7 @@ only read them). A check that failed is never kept.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import orjson
 
@@ -108,6 +108,21 @@ class ToolChecks:
             return orjson.dumps(tools)
         except (orjson.JSONEncodeError, TypeError):  # nothing a parsed body holds; checked the long way
             return None
+
+    def known_for(self, tenant: str | None) -> Callable[[Any], bool]:
+        """For one frame's bounds checks (``gateway.wire.validation``), before it is parsed into a
+        request: whether a parsed ``tools`` value is a list this tenant offered and passed before,
+        so its depth and schema sizes were checked then (the same bounds: they are settings).
+        The answer is kept for the object asked about: a frame's checks serialize its tools once."""
+        asked: list[Any] = [None, False]
+
+        def known(tools: Any) -> bool:
+            if tools is not asked[0]:
+                key = self.key({"tools": tools})
+                asked[:] = [tools, key is not None and (tenant, key) in self.lru]
+            return asked[1]
+
+        return known
 
     def get(self, tenant: str | None, key: bytes) -> CheckedTools | None:
         return self.lru.get((tenant, key))

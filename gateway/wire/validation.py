@@ -8,7 +8,7 @@ all) branch on those, so the mapping is explicit here instead of leaking pydanti
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 from pydantic import ValidationError
@@ -37,16 +37,22 @@ class InputRejected(ApiError):
         self.reason = reason
 
 
+#: whether a parsed ``tools`` value is a list that passed these checks before (``gateway.turn.checks.
+#: ToolChecks.known_for``): its nesting and schema sizes are not checked again
+KnownTools = Callable[[Any], bool]
+
+
 def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int,
-                max_schema_bytes: int | None = None) -> Any:
+                max_schema_bytes: int | None = None, known_tools: KnownTools | None = None) -> Any:
     """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
     in the prepare pool, ``gateway.turn.offload``)."""
-    body = decode_json(raw, max_depth)
-    check_counts(body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes)
+    body = decode_json(raw, max_depth, known_tools)
+    check_counts(body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes,
+                 known_tools=known_tools)
     return body
 
 
-def decode_json(raw: bytes | str, max_depth: int) -> Any:
+def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None = None) -> Any:
     """Parse and check nesting: the 400 for a document too deep is the same whether orjson refused it
     (over 1,024 levels) or check_depth did (see :func:`parse_failure`)."""
     try:
@@ -57,7 +63,14 @@ def decode_json(raw: bytes | str, max_depth: int) -> Any:
     # a short frame — every agent continuation — is cleared by two scans in C instead of a walk.
     opens = raw.count("{") + raw.count("[") if isinstance(raw, str) else raw.count(b"{") + raw.count(b"[")
     if opens > max_depth:
-        check_depth(body, max_depth)
+        # a coding agent's frame has hundreds of containers, nearly all in the tools it re-sends
+        check_depth(_without_known_tools(body, known_tools), max_depth)
+    return body
+
+
+def _without_known_tools(body: Any, known_tools: KnownTools | None) -> Any:
+    if known_tools is not None and isinstance(body, dict) and known_tools(body.get("tools")):
+        return {k: v for k, v in body.items() if k != "tools"}
     return body
 
 
@@ -85,7 +98,8 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
                     stack.append((child, depth + 1, top))
 
 
-def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes: int | None = None) -> None:
+def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes: int | None = None,
+                 known_tools: KnownTools | None = None) -> None:
     """400 when a create-shaped body lists more input items or tools than allowed, or carries a
     schema (a tool's ``parameters``, a custom tool's grammar, ``text.format.schema``) larger than
     ``max_schema_bytes`` serialized: checked on the parsed JSON, before validation, so an
@@ -100,7 +114,7 @@ def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes:
                                 f"length {limit}, but got an array with length {len(value)} instead.",
                                 code="array_above_max_length", param=key)
     if max_schema_bytes is not None:
-        for param, schema in _schemas(body):
+        for param, schema in _schemas(_without_known_tools(body, known_tools)):
             size = len(schema.encode()) if isinstance(schema, str) else len(orjson.dumps(schema))
             if size > max_schema_bytes:
                 raise InputRejected("schema", 400, f"Invalid '{param}': schema too large ({size} bytes; the limit "
