@@ -57,7 +57,7 @@ async def _writer(request: Request) -> tuple[GatewayState, Conversations, str | 
     gw, convs = _conversations(request)
     principal = await gw.auth.authenticate(request.headers)
     admitted = await gw.access.admit(principal)
-    body = await read_json_body(request, gw)
+    body = await read_json_body(request, gw, principal.tenant)
     return gw, convs, principal.tenant, gw.access.headers(admitted), body
 
 
