@@ -13,6 +13,15 @@ C speed, and different for ``1``, ``1.0`` and ``true``, or for another key order
 not be), per tenant, so a turn offering byte-identical tools takes the earlier turn's result: the
 same objects, which nothing downstream changes (the renderers, the parsers and the Response echo
 only read them). A check that failed is never kept.
+
+**Items checked once.** A request that re-sends the whole conversation (Codex's HTTP transport,
+the AI SDK with ``store: false``) re-sends every earlier item too; :class:`ItemChecks` keeps, per
+tenant and exact JSON of an item, its validated model and canonical item (reasoning unsealed), so
+such a request validates and builds only the items it had not sent before. An item's check is a
+pure function of its JSON (for the item types kept here: a reference resolves against the
+conversation, a compaction against the compactor, so neither is kept); what depends on the rest of
+the request (duplicate ids, call pairing, the parent) is still checked every turn. An id the gateway
+gave an item sent without one is not kept: each turn gives its own.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import HostedTool, canonical_tool, tool_names
-from inference.kinds import ToolType
+from inference.kinds import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
 from inference.render import Prelude
 
@@ -136,6 +145,55 @@ class ToolChecks:
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
         return checked
+
+
+#: items whose checked form depends on their JSON alone (see the module docstring)
+KEPT_ITEM_TYPES = frozenset({ItemType.MESSAGE, ItemType.FUNCTION_CALL, ItemType.FUNCTION_CALL_OUTPUT,
+                             ItemType.CUSTOM_TOOL_CALL, ItemType.CUSTOM_TOOL_CALL_OUTPUT, ItemType.REASONING})
+
+
+class CheckedItem:
+    """An input item as the checks made it: the validated model, the canonical item (without an id
+    the gateway gave it) and, when it had to be given one, the id's prefix."""
+
+    __slots__ = ("model", "item", "id_prefix")
+
+    def __init__(self, model: Any, item: dict[str, Any], id_prefix: str | None) -> None:
+        self.model = model
+        self.item = item
+        self.id_prefix = id_prefix
+
+
+class ItemChecks:
+    """Checked input items by tenant and exact JSON, bounded by entries and bytes (``cache.lru``)."""
+
+    def __init__(self, max_entries: int = 65_536, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes)
+
+    @staticmethod
+    def keys(raw: list[Any]) -> list[bytes | None]:
+        """Each raw item's name here: its JSON, for an object of a kept type (else None)."""
+        out: list[bytes | None] = []
+        for item in raw:
+            key = None
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind is None and isinstance(item, dict) and "role" in item:
+                kind = ItemType.MESSAGE
+            if isinstance(kind, str) and kind in KEPT_ITEM_TYPES:
+                try:
+                    key = orjson.dumps(item)
+                except (orjson.JSONEncodeError, TypeError):
+                    key = None
+            out.append(key)
+        return out
+
+    def found(self, tenant: str | None, keys: list[bytes | None]) -> list[CheckedItem | None]:
+        get = self.lru.get
+        return [get((tenant, key)) if key is not None else None for key in keys]
+
+    def keep(self, tenant: str | None, key: bytes, checked: CheckedItem) -> None:
+        # the key, the model and the canonical item: each about the JSON's size
+        self.lru.put((tenant, key), checked, 3 * len(key) + 512)
 
 
 def route_of(req: CreateRequest, registry: ModelRegistry) -> ModelRoute:

@@ -40,8 +40,8 @@ from cache.items import ItemLog
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
-from gateway.turn.checks import (HostedToolPolicy, ToolChecks, check_supported, check_tool_choice, prelude_of,
-                                 route_of)
+from gateway.turn.checks import (CheckedItem, HostedToolPolicy, ItemChecks, ToolChecks, check_supported,
+                                 check_tool_choice, prelude_of, route_of)
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
@@ -50,7 +50,7 @@ from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
 from gateway.wire.items import (Compaction, CustomToolCall, FunctionCall, HostedItem, ItemReference, Message, Reasoning,
-                                canonical_item)
+                                canonical_item, new_id)
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
 from inference.registry import ModelRegistry, ModelRoute
@@ -81,6 +81,8 @@ class Resolver:
         self.pending_write = pending_write
         #: tool lists already checked (``gateway.turn.checks.ToolChecks``)
         self.tool_checks = ToolChecks(hosted_tools)
+        #: input items already checked, for requests that re-send the conversation (``ItemChecks``)
+        self.item_checks = ItemChecks()
         self.conversations = conversations
         self.prefix = prefix
 
@@ -90,7 +92,7 @@ class Resolver:
         ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
         if cpu is None:
             cpu = self.offload.for_body(body) if self.offload is not None else INLINE
-        req, raw_items, route, tools = await cpu(self._validate, body, ctx.transport, ctx.tenant)
+        req, raw_items, route, tools, seen = await cpu(self._validate, body, ctx.transport, ctx.tenant)
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
@@ -100,7 +102,7 @@ class Resolver:
         base_context = parent.context if parent is not None else ItemLog()
         stored = await self._stored_items(raw_items, base_context, ctx)
         lap("resolve")
-        new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored)
+        new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored, seen, ctx.tenant)
         resent: list[Item] = []  # the implied parent's context, as the client re-sent it
         if parent is None and stored and conv is None:
             implied = await self._implied_parent(raw_items, new_items, stored, ctx, cpu)
@@ -134,22 +136,26 @@ class Resolver:
         )
 
     def _validate(self, body: Any, transport: Transport, tenant: str | None,
-                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...]]:
+                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _Seen | None]:
         """The request checked and parsed, its model and tools (CPU only: may run in the pool). Tools
         byte-identical to a list this tenant offered before are not validated again: the rest of
-        the body is, and the request gets that list's models (``ToolChecks``)."""
+        the body is, and the request gets that list's models (``ToolChecks``); so are the items a
+        request re-sending its conversation sent before (``ItemChecks``)."""
         key = ToolChecks.key(body) if isinstance(body, dict) else None
         known = self.tool_checks.get(tenant, key) if key is not None else None
+        seen = _resent(body, self.item_checks, tenant)
+        models = seen.found if seen is not None else None
         if known is None:
-            req, raw_items = parse_create(body, transport=transport)
+            req, raw_items = parse_create(body, transport=transport, known=models)
         else:
-            req, raw_items = parse_create({k: v for k, v in body.items() if k != "tools"}, transport=transport)
+            req, raw_items = parse_create({k: v for k, v in body.items() if k != "tools"}, transport=transport,
+                                          known=models)
             req.tools = known.models
         check_supported(req, transport)
         route = route_of(req, self.registry)
         checked = known if known is not None else self.tool_checks.check(req, tenant, key)
         check_tool_choice(req, checked.names)
-        return req, raw_items, route, checked.tools
+        return req, raw_items, route, checked.tools, seen
 
     async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
         """The response a continuation names: this connection's cache first, then the shared store."""
@@ -214,13 +220,18 @@ class Resolver:
         self.metrics.parent_resolution.labels("items").inc()
         return state
 
-    def _new_items(self, raw_items: list[Any], context: ItemLog,
-                   stored: dict[str, StoredItem]) -> tuple[list[Item], dict[str, Item]]:
+    def _new_items(self, raw_items: list[Any], context: ItemLog, stored: dict[str, StoredItem],
+                   resent: _Seen | None = None, tenant: str | None = None) -> tuple[list[Item], dict[str, Item]]:
         items: list[Item] = []
         seen: set[str] = set()
         calls: dict[str, Item] = {}
         for i, raw in enumerate(raw_items):
-            if isinstance(raw, str):
+            hit = resent.checked[i] if resent is not None else None
+            if hit is not None:  # checked before: its canonical item, with an id of this turn's if it had none
+                item = dict(hit.item)
+                if hit.id_prefix is not None:
+                    item["id"] = new_id(hit.id_prefix)
+            elif isinstance(raw, str):
                 item = canonical_item(Message(role="user", content=raw))
             elif isinstance(raw, ItemReference):
                 ref = context.get(raw.id)
@@ -238,6 +249,11 @@ class Resolver:
                     item = self._unseal(item, i)
                 elif isinstance(raw, Compaction):
                     item = self.compactor.input_item(item, i)
+                if resent is not None and resent.keys[i] is not None:
+                    given = raw.id is None and isinstance(item.get("id"), str)
+                    self.item_checks.keep(tenant, resent.keys[i], CheckedItem(
+                        raw, {k: v for k, v in item.items() if k != "id"} if given else dict(item),
+                        item["id"].rsplit("_", 1)[0] if given else None))
             item_id = item.get("id")
             if item_id and not isinstance(raw, ItemReference):
                 if item_id in seen or context.has_id(item_id):
@@ -261,6 +277,31 @@ class Resolver:
             raise bad_request(f"Invalid 'input[{i}].encrypted_content': {exc}.", code="invalid_encrypted_content",
                               param=f"input[{i}].encrypted_content") from None
         return dict(item, content=[{"type": "reasoning_text", "text": text}])
+
+
+class _Seen:
+    """A request's input items as :class:`ItemChecks` names them (``keys``) and what it found."""
+
+    __slots__ = ("keys", "checked", "found")
+
+    def __init__(self, keys: list[bytes | None], checked: list[CheckedItem | None]) -> None:
+        self.keys = keys
+        self.checked = checked
+        #: the validated models found, for ``parse_create(known=...)``
+        self.found = [c.model if c is not None else None for c in checked]
+
+
+def _resent(body: Any, checks: ItemChecks, tenant: str | None) -> _Seen | None:
+    """The items of a request that re-sends its conversation — no ``previous_response_id`` and no
+    ``conversation``, more than one item — as the item checks know them; None for any other
+    (a continuation's new items were never sent before: looking them up would only cost)."""
+    if not isinstance(body, dict) or body.get("previous_response_id") is not None or body.get("conversation") is not None:
+        return None
+    raw = body.get("input")
+    if not isinstance(raw, list) or len(raw) < 2:
+        return None
+    keys = checks.keys(raw)
+    return _Seen(keys, checks.found(tenant, keys))
 
 
 #: keys that differ between an item a client re-sends and the one the server kept (same rendering)

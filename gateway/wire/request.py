@@ -7,7 +7,7 @@ rejected on HTTP. ``parse_create`` is the single entry point both transports use
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
@@ -173,8 +173,11 @@ class CreateRequest(_Strict):
 _items = TypeAdapter(list[InputItem])
 
 
-def parse_create(body: Any, *, transport: Literal["http", "ws"]) -> tuple[CreateRequest, list[Any]]:
-    """Validate a create body; returns the request and its validated input items (models)."""
+def parse_create(body: Any, *, transport: Literal["http", "ws"],
+                 known: Sequence[Any] | None = None) -> tuple[CreateRequest, list[Any]]:
+    """Validate a create body; returns the request and its validated input items (models).
+    ``known[i]``, when not None, is ``input[i]`` validated before (``gateway.turn.checks.ItemChecks``):
+    only the others are validated."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_type")
     if transport == "http":
@@ -193,13 +196,29 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"]) -> tuple[Create
             raise bad_request("Invalid 'input': string too long.", code="string_above_max_length", param="input")
         items = [raw]
     elif isinstance(raw, list):
-        items = parse_items(raw, "input")
+        items = parse_items(raw, "input") if known is None else _parse_unknown(raw, known)
     else:
         raise ApiError(
             400, "Invalid type for 'input': expected a string or an array of input items.", code="invalid_type",
             param="input",
         )
     return req, items
+
+
+def _parse_unknown(raw: list[Any], known: Sequence[Any]) -> list[Any]:
+    """``raw`` validated where ``known`` has no model; a refusal is the whole list's (the same
+    error and ``param`` as without ``known``: the known items have none)."""
+    todo = [i for i, model in enumerate(known) if model is None]
+    if len(todo) == len(raw):
+        return parse_items(raw, "input")
+    try:
+        fresh = _items.validate_python([raw[i] for i in todo])
+    except ValidationError:
+        return parse_items(raw, "input")  # raises, naming input[i] as a whole-list check does
+    items = list(known)
+    for i, model in zip(todo, fresh):
+        items[i] = model
+    return items
 
 
 def parse_items(raw: list[Any], param: str) -> list[Any]:
