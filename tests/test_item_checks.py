@@ -144,3 +144,25 @@ def test_only_requests_that_resend_their_conversation_use_the_checks(gateway: Li
     assert resolver._validate({"model": MODEL, "input": items, "previous_response_id": "resp_x"}, "http", "t")[4] is None
     assert resolver._validate({"model": MODEL, "input": items, "conversation": "conv_x"}, "http", "t")[4] is None
     assert resolver._validate({"model": MODEL, "input": items}, "http", "t")[4] is not None
+
+
+def test_kept_digests_are_the_digests_of_the_items(gateway: LiveGateway):
+    """The prefix digests of a re-sent conversation, from the links kept with the checks, equal
+    those computed from the items (``gateway.turn.prefix.digests``); a link is used only for the
+    very item object it was found for."""
+    from gateway.turn.prefix import digests, item_digest
+
+    rng = random.Random(4)
+    resolver = _resolver(gateway)
+    history = _conversation(rng, resolver, 10)
+    for n in (4, len(history)):
+        body = orjson.loads(orjson.dumps({"model": MODEL, "input": history[:n]}))
+        _, raw_items, _, _, seen = resolver._validate(body, "http", "t")
+        items, _ = resolver._new_items(raw_items, ItemLog(), {}, seen, "t")
+        assert digests(b"d0", items, seen.digests) == digests(b"d0", items)
+    assert len(seen.digests) >= 4
+    item, link = next(iter(seen.digests.values()))
+    assert link == item_digest(item)
+    assert digests(b"d0", [dict(item)], seen.digests) == digests(b"d0", [item])  # an equal copy: computed
+    forged = {id(dict(item)): (dict(item), b"x" * 16)}
+    assert digests(b"d0", [item], forged) == digests(b"d0", [item])  # another object's entry: not used

@@ -156,12 +156,14 @@ class CheckedItem:
     """An input item as the checks made it: the validated model, the canonical item (without an id
     the gateway gave it) and, when it had to be given one, the id's prefix."""
 
-    __slots__ = ("model", "item", "id_prefix")
+    __slots__ = ("model", "item", "id_prefix", "digest")
 
-    def __init__(self, model: Any, item: dict[str, Any], id_prefix: str | None) -> None:
+    def __init__(self, model: Any, item: dict[str, Any], id_prefix: str | None, digest: bytes | None) -> None:
         self.model = model
         self.item = item
         self.id_prefix = id_prefix
+        #: the item's link in the prefix digests (``gateway.turn.prefix.item_digest``: ids left out)
+        self.digest = digest
 
 
 class ItemChecks:

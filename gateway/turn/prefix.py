@@ -4,9 +4,11 @@ Codex's HTTP transport and the AI SDK with ``store: false`` send the whole conve
 and name no ``previous_response_id``: without this stage each such turn renders (and classifies)
 its whole history, O(history) per turn. Here each request's items get a rolling digest
 
-    d_0 = H(version ‖ tenant ‖ cache_salt ‖ prelude key)      d_i = H(d_{i-1} ‖ canonical(item_i))
+    d_0 = H(version ‖ tenant ‖ cache_salt ‖ prelude key)      d_i = H(d_{i-1} ‖ H(canonical(item_i)))
 
-(blake2b, 128 bits), and the turn, once it ran, leaves its token view in a per-tenant cache
+(blake2b, 128 bits; an item's own digest ``H(canonical(item))`` is kept with its check,
+``gateway.turn.checks.ItemChecks``, so a re-sent conversation hashes only the items it had not sent
+before, then 32 bytes an item), and the turn, once it ran, leaves its token view in a per-tenant cache
 (``cache.prefix_cache``) under the digest of its whole input. The next request walks its own
 digests from the longest down; the first one cached names a prefix whose tokens are known, and
 only the items after it are rendered (``gateway.turn.render``) and classified
@@ -94,7 +96,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: bumped whenever the serialization below changes meaning
-VERSION = b"respgate-prefix-v2"
+VERSION = b"respgate-prefix-v3"
 #: item keys no renderer reads (see the module docstring)
 VOLATILE = frozenset({"id", "status"})
 DIGEST_BYTES = 16
@@ -118,17 +120,25 @@ def canonical_bytes(item: Mapping[str, Any]) -> bytes:
                         option=orjson.OPT_SORT_KEYS)
 
 
-def digests(d0: bytes, items: Sequence[Mapping[str, Any]]) -> list[bytes]:
+def item_digest(item: Mapping[str, Any]) -> bytes:
+    """``H(canonical(item))``: the item's link in the chain (raises as :func:`canonical_bytes`)."""
+    return hashlib.blake2b(canonical_bytes(item), digest_size=DIGEST_BYTES).digest()
+
+
+#: item digests already known, by the item object they were computed for: ``id(item) -> (item, digest)``
+#: (the item is held, so an id is not reused while the mapping lives)
+KnownDigests = Mapping[int, "tuple[Mapping[str, Any], bytes]"]
+
+
+def digests(d0: bytes, items: Sequence[Mapping[str, Any]], known: KnownDigests | None = None) -> list[bytes]:
     """``[d_1 .. d_n]``: ``d_i`` names ``items[:i]`` after ``d0``."""
     out: list[bytes] = []
     d = d0
     blake2b = hashlib.blake2b
     for item in items:
-        body = canonical_bytes(item)
-        h = blake2b(d, digest_size=DIGEST_BYTES)
-        h.update(len(body).to_bytes(8, "big"))
-        h.update(body)
-        d = h.digest()
+        hit = known.get(id(item)) if known else None
+        link = hit[1] if hit is not None and hit[0] is item else item_digest(item)
+        d = blake2b(d + link, digest_size=DIGEST_BYTES).digest()
         out.append(d)
     return out
 
@@ -153,7 +163,7 @@ class PrefixReuse:
         self.metrics = metrics
 
     def match(self, items: Sequence[Item], new_calls: Mapping[str, Item], route: ModelRoute, prelude: Prelude,
-              tenant: str | None, cache_salt: str | None) -> PrefixMatch | None:
+              tenant: str | None, cache_salt: str | None, known: KnownDigests | None = None) -> PrefixMatch | None:
         """The longest cached prefix of ``items`` (a request with no parent), or a miss carrying the
         request's digest; None when the request cannot be cached (empty, unserializable, shared call ids)."""
         lookups = self.metrics.prefix_lookups
@@ -161,7 +171,7 @@ class PrefixReuse:
             lookups.labels("ineligible").inc()
             return None
         try:
-            ds = digests(seed(tenant, cache_salt, prelude_key(route, prelude)), items)
+            ds = digests(seed(tenant, cache_salt, prelude_key(route, prelude)), items, known)
         except (TypeError, orjson.JSONEncodeError):
             lookups.labels("ineligible").inc()
             return None

@@ -45,7 +45,7 @@ from gateway.turn.checks import (CheckedItem, HostedToolPolicy, ItemChecks, Tool
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
-from gateway.turn.prefix import PrefixReuse
+from gateway.turn.prefix import PrefixReuse, item_digest
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
@@ -118,7 +118,8 @@ class Resolver:
         prelude = prelude_of(req, tools)
         prefix = None
         if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
-            prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt)
+            prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt,
+                               seen.digests if seen is not None else None)
             lap("render")  # the lookup renders what it compares
         digest = prefix.digest if prefix is not None else None
         if parent is not None and conv is None and not resent and self.prefix is not None:
@@ -231,6 +232,8 @@ class Resolver:
                 item = dict(hit.item)
                 if hit.id_prefix is not None:
                     item["id"] = new_id(hit.id_prefix)
+                if hit.digest is not None:
+                    resent.digests[id(item)] = (item, hit.digest)
             elif isinstance(raw, str):
                 item = canonical_item(Message(role="user", content=raw))
             elif isinstance(raw, ItemReference):
@@ -251,9 +254,13 @@ class Resolver:
                     item = self.compactor.input_item(item, i)
                 if resent is not None and resent.keys[i] is not None:
                     given = raw.id is None and isinstance(item.get("id"), str)
+                    try:
+                        link: bytes | None = item_digest(item)
+                    except (TypeError, orjson.JSONEncodeError):
+                        link = None  # not hashable as the prefix cache hashes: it never caches this request
                     self.item_checks.keep(tenant, resent.keys[i], CheckedItem(
                         raw, {k: v for k, v in item.items() if k != "id"} if given else dict(item),
-                        item["id"].rsplit("_", 1)[0] if given else None))
+                        item["id"].rsplit("_", 1)[0] if given else None, link))
             item_id = item.get("id")
             if item_id and not isinstance(raw, ItemReference):
                 if item_id in seen or context.has_id(item_id):
@@ -282,13 +289,15 @@ class Resolver:
 class _Seen:
     """A request's input items as :class:`ItemChecks` names them (``keys``) and what it found."""
 
-    __slots__ = ("keys", "checked", "found")
+    __slots__ = ("keys", "checked", "found", "digests")
 
     def __init__(self, keys: list[bytes | None], checked: list[CheckedItem | None]) -> None:
         self.keys = keys
         self.checked = checked
         #: the validated models found, for ``parse_create(known=...)``
         self.found = [c.model if c is not None else None for c in checked]
+        #: the found items' prefix-digest links, by the item built from each (``prefix.digests(known=...)``)
+        self.digests: dict[int, tuple[Item, bytes]] = {}
 
 
 def _resent(body: Any, checks: ItemChecks, tenant: str | None) -> _Seen | None:
