@@ -100,11 +100,11 @@ def _edit(rng: random.Random, items: list[dict[str, Any]]) -> list[dict[str, Any
 def test_resent_conversations_resolve_as_without_the_checks(gateway: LiveGateway):
     rng = random.Random(21)
     kept, fresh = _resolver(gateway), _resolver(gateway)
+    fresh.item_checks = ItemChecks(0)  # off: the path without the checks
     for _ in range(6):
         history = _conversation(rng, kept, 12)
         for n in range(2, len(history) + 1, 2):  # the conversation grows, re-sent whole each turn
             body = {"model": MODEL, "store": False, "input": _edit(rng, history[:n]) if rng.random() < 0.4 else history[:n]}
-            fresh.item_checks = ItemChecks()  # keeps nothing
             a, b = _resolve(kept, body), _resolve(fresh, body)
             assert _normalized(a) == _normalized(b)
     assert kept.item_checks.lru.hits > 200
@@ -166,3 +166,14 @@ def test_kept_digests_are_the_digests_of_the_items(gateway: LiveGateway):
     assert digests(b"d0", [dict(item)], seen.digests) == digests(b"d0", [item])  # an equal copy: computed
     forged = {id(dict(item)): (dict(item), b"x" * 16)}
     assert digests(b"d0", [item], forged) == digests(b"d0", [item])  # another object's entry: not used
+
+
+def test_off_keeps_and_looks_up_nothing(make_gateway):
+    from gateway.base.settings import Settings
+
+    live = make_gateway(Settings(item_checks_bytes=0))
+    resolver = live.gw.pipeline.resolver
+    items = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    for _ in range(2):
+        assert resolver._validate({"model": MODEL, "input": items}, "http", None)[4] is None
+    assert len(resolver.item_checks.lru) == 0 and resolver.item_checks.lru.misses == 0

@@ -124,6 +124,9 @@ class Settings(BaseModel):
     #: and per tenant (token views, least recently used conversation out); 0 turns the cache off
     prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     prefix_cache_tenant_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: full-history requests: input items already validated, kept by exact JSON per tenant
+    #: (``gateway.turn.checks.ItemChecks``; least recently used out); 0 turns it off
+    item_checks_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     store_ttl_s: float = 24 * 3600.0
     # -- conversations (cache/conversations.py, gateway/turn/conversation.py) ------------------------
     #: items and bytes of item JSON one conversation may hold (an addition beyond is a 400; a turn's

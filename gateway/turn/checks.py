@@ -2,8 +2,9 @@
 
 Parameters the gateway does not serve (background mode over WebSocket, stored prompts) and what
 background mode needs (``store``), tool definitions (hosted tools stripped or refused, asynchronous
-tools refused) and ``tool_choice`` against the tools. Each refusal is OpenAI's error for it, naming the parameter. Pure functions of
-the request: no I/O, nothing recorded.
+tools refused) and ``tool_choice`` against the tools. Each refusal is OpenAI's error for it, naming
+the parameter. The checks are pure functions of the request, with no I/O; the two caches below keep
+what they made of the parts a client re-sends.
 
 **Tool lists checked once.** A coding agent re-sends the same tools with every turn (Codex: ~10 KB
 of JSON schemas); validating them, building the tools the turn uses and echoes, and their names
@@ -169,7 +170,9 @@ class CheckedItem:
 class ItemChecks:
     """Checked input items by tenant and exact JSON, bounded by entries and bytes (``cache.lru``)."""
 
-    def __init__(self, max_entries: int = 65_536, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_entries: int = 65_536) -> None:
+        #: off (0 bytes): nothing is looked up or kept
+        self.on = max_bytes > 0
         self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes)
 
     @staticmethod

@@ -96,7 +96,8 @@ class Pipeline:
         self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(64, 16 * 1024 * 1024)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
                                  hosted_tools=settings.hosted_tools, offload=self.offload,
-                                 conversations=self.conversations, prefix=self.prefix)
+                                 conversations=self.conversations, prefix=self.prefix,
+                                 item_checks_bytes=settings.item_checks_bytes)
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)

@@ -68,7 +68,7 @@ class Resolver:
                  compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
                  hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None,
                  conversations: Conversations | None = None,
-                 prefix: PrefixReuse | None = None) -> None:
+                 prefix: PrefixReuse | None = None, item_checks_bytes: int = 64 * 1024 * 1024) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
         not size (``resolve(cpu=None)``); without it everything runs inline."""
@@ -82,7 +82,7 @@ class Resolver:
         #: tool lists already checked (``gateway.turn.checks.ToolChecks``)
         self.tool_checks = ToolChecks(hosted_tools)
         #: input items already checked, for requests that re-send the conversation (``ItemChecks``)
-        self.item_checks = ItemChecks()
+        self.item_checks = ItemChecks(item_checks_bytes)
         self.conversations = conversations
         self.prefix = prefix
 
@@ -304,7 +304,8 @@ def _resent(body: Any, checks: ItemChecks, tenant: str | None) -> _Seen | None:
     """The items of a request that re-sends its conversation — no ``previous_response_id`` and no
     ``conversation``, more than one item — as the item checks know them; None for any other
     (a continuation's new items were never sent before: looking them up would only cost)."""
-    if not isinstance(body, dict) or body.get("previous_response_id") is not None or body.get("conversation") is not None:
+    if (not checks.on or not isinstance(body, dict) or body.get("previous_response_id") is not None
+            or body.get("conversation") is not None):
         return None
     raw = body.get("input")
     if not isinstance(raw, list) or len(raw) < 2:
