@@ -15,9 +15,11 @@ tokenizes the same way and appends stay exact.
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import regex
 
-__all__ = ["MAX_RUN", "segments"]
+__all__ = ["MAX_RUN", "cut", "segments"]
 
 #: longest run of one character class handed to a tokenizer in one piece
 MAX_RUN = 4096
@@ -40,9 +42,14 @@ def segments(text: str) -> list[str]:
     """``text`` in tokenizer-safe segments (``[text]`` itself when it has no long run)."""
     if len(text) <= MAX_RUN or not _may_run_long(text):
         return [text]
+    return cut(text, _LONG_RUN.finditer(text, concurrent=True))  # the GIL is let go while it reads
+
+
+def cut(text: str, runs: Iterable[Any]) -> list[str]:
+    """``text`` cut around ``runs`` (matches of long runs, in order): each run in ``MAX_RUN`` chunks."""
     out: list[str] = []
     pos = 0
-    for m in _LONG_RUN.finditer(text, concurrent=True):  # the GIL is let go while it reads
+    for m in runs:
         start, end = m.span()
         if start > pos:
             out.append(text[pos:start])

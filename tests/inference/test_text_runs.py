@@ -32,19 +32,7 @@ _PLAIN = regex.compile(r"[\p{L}\p{M}]{%d,}|\s{%d,}|[^\s\p{L}\p{N}]{%d,}" % (_N, 
 
 
 def reference(text: str) -> list[str]:
-    if len(text) <= MAX_RUN:
-        return [text]
-    out: list[str] = []
-    pos = 0
-    for m in _PLAIN.finditer(text):
-        start, end = m.span()
-        if start > pos:
-            out.append(text[pos:start])
-        out.extend(text[i:min(i + MAX_RUN, end)] for i in range(start, end, MAX_RUN))
-        pos = end
-    if pos < len(text):
-        out.append(text[pos:])
-    return out or [text]
+    return [text] if len(text) <= MAX_RUN else text_runs.cut(text, _PLAIN.finditer(text))
 
 
 def _text(rng: random.Random) -> str:
