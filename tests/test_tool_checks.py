@@ -37,7 +37,7 @@ def _fresh(resolver: Resolver, hosted: str = "strip") -> Resolver:
 
 
 def _validated(resolver: Resolver, body: dict[str, Any], tenant: str | None = None) -> tuple[Any, ...]:
-    req, raw_items, route, tools = resolver._validate(body, "ws", tenant)
+    req, raw_items, route, tools, _ = resolver._validate(body, "ws", tenant)
     return req.model_dump(), [r.model_dump() if hasattr(r, "model_dump") else r for r in raw_items], route.name, tools
 
 
