@@ -10,6 +10,7 @@ starts and ends at every offset a window can have.
 
 from __future__ import annotations
 
+import base64
 import random
 
 import regex
@@ -77,7 +78,8 @@ def test_runs_of_two_classes_that_share_marks_and_runs_just_under_the_limit():
     """Combining marks belong to the letter class and to the symbol class: a symbol run may start
     right after a letter run that ended in marks (the search's ``\\G``), and a run may begin with
     marks; runs one short of the limit are read once each (the input that was quadratic)."""
-    cases = ["a" * 5000 + "\u0301" + "-" * 5000, "-" * 3000 + "\u0301" * 3000 + "a" * 5000,
+    cases = [base64.b64encode(random.Random(1).randbytes(9000)).decode() + "A" * _N,
+             "a" * 5000 + "\u0301" + "-" * 5000, "-" * 3000 + "\u0301" * 3000 + "a" * 5000,
              "x" + "\u0301" * MAX_RUN, "-" + "\u0301" * MAX_RUN + "a" * _N, " " * 5000 + "a" * _N + "!" * _N,
              ("a" * MAX_RUN + " ") * 3, ("-" * MAX_RUN + "a") * 3, ("\u3000" * MAX_RUN + "z") * 3]
     for text in cases:
@@ -96,5 +98,9 @@ def test_real_text_is_not_searched(monkeypatch):
             return iter(())
 
     monkeypatch.setattr(text_runs, "_LONG_RUN", Spy())
-    text = "def f(x):\n    return x + 1  # a comment\n" * 2000
-    assert segments(text) == [text] and calls == []
+    code = "def f(x):\n    return x + 1  # a comment\n" * 2000
+    blob = base64.b64encode(random.Random(3).randbytes(60_000)).decode()  # no whitespace at all
+    minified = '{"a":[1,2,{"b":"xyz"}],"c":"hello_world"},' * 2000
+    for text in (code, blob, minified):
+        assert segments(text) == [text]
+    assert calls == []
