@@ -13,7 +13,6 @@ import random
 from typing import Any
 
 import orjson
-import pytest
 
 from cache.items import ItemLog
 from gateway.turn.checks import ItemChecks
@@ -24,8 +23,7 @@ from tests.conftest import MODEL, LiveGateway
 
 def _resolver(gateway: LiveGateway) -> Resolver:
     p = gateway.gw.pipeline
-    r = Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor, p.finalizer.wait_for)
-    return r
+    return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor, p.finalizer.wait_for)
 
 
 def _resolve(resolver: Resolver, body: dict[str, Any], tenant: str | None = "t") -> Any:

@@ -69,7 +69,7 @@ def test_a_known_tool_list_checks_as_a_fresh_one(gateway: LiveGateway):
         assert resolver.tool_checks.lru.hits == hits + 1
         assert second == first
         assert second[3] is first[3]  # the same tuple: nothing rebuilt
-        assert first[3] == tuple(t for t in _validated(_fresh(_other_resolver(gateway)), _body(tools))[3])
+        assert first[3] == _validated(_fresh(_other_resolver(gateway)), _body(tools))[3]
 
 
 def _other_resolver(gateway: LiveGateway) -> Resolver:

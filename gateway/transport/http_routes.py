@@ -81,7 +81,7 @@ async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> 
     try:
         return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
                          max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes,
-                         known_tools=gw.pipeline.resolver.tool_checks.known_for(tenant))
+                         known_tools=gw.pipeline.known_tools(tenant))
     except InputRejected as err:
         raise _refused(request, gw, err) from None
 

@@ -188,7 +188,7 @@ class WsConnection:
             await self._send_error(err)
             return
         cpu = self.gw.pipeline.offload.for_size(len(data))  # a big frame is parsed off the loop
-        known_tools = self.gw.pipeline.resolver.tool_checks.known_for(self.tenant)
+        known_tools = self.gw.pipeline.known_tools(self.tenant)
         try:
             event = await cpu(decode_json, data, self.settings.max_json_depth, known_tools)
         except InputRejected as err:

@@ -124,13 +124,15 @@ class ToolChecks:
         request: whether a parsed ``tools`` value is a list this tenant offered and passed before,
         so its depth and schema sizes were checked then (the same bounds: they are settings).
         The answer is kept for the object asked about: a frame's checks serialize its tools once."""
-        asked: list[Any] = [None, False]
+        asked: Any = None
+        answer = False
 
         def known(tools: Any) -> bool:
-            if tools is not asked[0]:
+            nonlocal asked, answer
+            if tools is not asked:
                 key = self.key({"tools": tools})
-                asked[:] = [tools, key is not None and (tenant, key) in self.lru]
-            return asked[1]
+                asked, answer = tools, key is not None and (tenant, key) in self.lru
+            return answer
 
         return known
 
@@ -141,7 +143,7 @@ class ToolChecks:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
         if not req.tools:
             return NO_TOOLS
-        checked = CheckedTools(req.tools or [], _tools(req, self.hosted))
+        checked = CheckedTools(req.tools, _tools(req, self.hosted))
         if key is not None:
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)

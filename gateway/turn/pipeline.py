@@ -49,6 +49,7 @@ from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, U
 from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import EchoedTools, response_skeleton
+from gateway.wire.validation import KnownTools
 from inference.registry import ModelRegistry
 from inference.engine import SamplingParams
 from inference.render import Constraint
@@ -145,6 +146,11 @@ class Pipeline:
         self.classify.report(verdicts, turn, ctx, response_id=prepared.id)
         self.metrics.turn_overhead.observe(time.perf_counter() - t0)
         return prepared
+
+    def known_tools(self, tenant: str | None) -> KnownTools:
+        """For a body's bounds checks (``gateway.wire.validation``): tools this tenant offered and
+        passed before are not walked again (``gateway.turn.checks.ToolChecks.known_for``)."""
+        return self.resolver.tool_checks.known_for(tenant)
 
     def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
         """The turn's events, ending with exactly one terminal event (``gateway.turn.run``)."""

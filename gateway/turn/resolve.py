@@ -92,7 +92,7 @@ class Resolver:
         ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
         if cpu is None:
             cpu = self.offload.for_body(body) if self.offload is not None else INLINE
-        req, raw_items, route, tools, seen = await cpu(self._validate, body, ctx.transport, ctx.tenant)
+        req, raw_items, route, tools, known = await cpu(self._validate, body, ctx.transport, ctx.tenant)
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
@@ -102,7 +102,7 @@ class Resolver:
         base_context = parent.context if parent is not None else ItemLog()
         stored = await self._stored_items(raw_items, base_context, ctx)
         lap("resolve")
-        new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored, seen, ctx.tenant)
+        new_items, new_calls = await cpu(self._new_items, raw_items, base_context, stored, known, ctx.tenant)
         resent: list[Item] = []  # the implied parent's context, as the client re-sent it
         if parent is None and stored and conv is None:
             implied = await self._implied_parent(raw_items, new_items, stored, ctx, cpu)
@@ -119,7 +119,7 @@ class Resolver:
         prefix = None
         if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
             prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt,
-                               seen.digests if seen is not None else None)
+                               known.digests if known is not None else None)
             lap("render")  # the lookup renders what it compares
         digest = prefix.digest if prefix is not None else None
         if parent is not None and conv is None and not resent and self.prefix is not None:
@@ -137,26 +137,26 @@ class Resolver:
         )
 
     def _validate(self, body: Any, transport: Transport, tenant: str | None,
-                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _Seen | None]:
+                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _KnownItems | None]:
         """The request checked and parsed, its model and tools (CPU only: may run in the pool). Tools
         byte-identical to a list this tenant offered before are not validated again: the rest of
         the body is, and the request gets that list's models (``ToolChecks``); so are the items a
         request re-sending its conversation sent before (``ItemChecks``)."""
         key = ToolChecks.key(body) if isinstance(body, dict) else None
-        known = self.tool_checks.get(tenant, key) if key is not None else None
-        seen = _resent(body, self.item_checks, tenant)
-        models = seen.found if seen is not None else None
-        if known is None:
+        known_tools = self.tool_checks.get(tenant, key) if key is not None else None
+        known = _known_items(body, self.item_checks, tenant)
+        models = [c.model if c is not None else None for c in known.checked] if known is not None else None
+        if known_tools is None:
             req, raw_items = parse_create(body, transport=transport, known=models)
         else:
             req, raw_items = parse_create({k: v for k, v in body.items() if k != "tools"}, transport=transport,
                                           known=models)
-            req.tools = known.models
+            req.tools = known_tools.models
         check_supported(req, transport)
         route = route_of(req, self.registry)
-        checked = known if known is not None else self.tool_checks.check(req, tenant, key)
+        checked = known_tools if known_tools is not None else self.tool_checks.check(req, tenant, key)
         check_tool_choice(req, checked.names)
-        return req, raw_items, route, checked.tools, seen
+        return req, raw_items, route, checked.tools, known
 
     async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
         """The response a continuation names: this connection's cache first, then the shared store."""
@@ -222,18 +222,19 @@ class Resolver:
         return state
 
     def _new_items(self, raw_items: list[Any], context: ItemLog, stored: dict[str, StoredItem],
-                   resent: _Seen | None = None, tenant: str | None = None) -> tuple[list[Item], dict[str, Item]]:
+                   known: _KnownItems | None = None, tenant: str | None = None,
+                   ) -> tuple[list[Item], dict[str, Item]]:
         items: list[Item] = []
         seen: set[str] = set()
         calls: dict[str, Item] = {}
         for i, raw in enumerate(raw_items):
-            hit = resent.checked[i] if resent is not None else None
+            hit = known.checked[i] if known is not None else None
             if hit is not None:  # checked before: its canonical item, with an id of this turn's if it had none
                 item = dict(hit.item)
                 if hit.id_prefix is not None:
                     item["id"] = new_id(hit.id_prefix)
                 if hit.digest is not None:
-                    resent.digests[id(item)] = (item, hit.digest)
+                    known.digests[id(item)] = (item, hit.digest)
             elif isinstance(raw, str):
                 item = canonical_item(Message(role="user", content=raw))
             elif isinstance(raw, ItemReference):
@@ -252,13 +253,13 @@ class Resolver:
                     item = self._unseal(item, i)
                 elif isinstance(raw, Compaction):
                     item = self.compactor.input_item(item, i)
-                if resent is not None and resent.keys[i] is not None:
+                if known is not None and known.keys[i] is not None:
                     given = raw.id is None and isinstance(item.get("id"), str)
                     try:
                         link: bytes | None = item_digest(item)
                     except (TypeError, orjson.JSONEncodeError):
                         link = None  # not hashable as the prefix cache hashes: it never caches this request
-                    self.item_checks.keep(tenant, resent.keys[i], CheckedItem(
+                    self.item_checks.keep(tenant, known.keys[i], CheckedItem(
                         raw, {k: v for k, v in item.items() if k != "id"} if given else dict(item),
                         item["id"].rsplit("_", 1)[0] if given else None, link))
             item_id = item.get("id")
@@ -286,21 +287,19 @@ class Resolver:
         return dict(item, content=[{"type": "reasoning_text", "text": text}])
 
 
-class _Seen:
-    """A request's input items as :class:`ItemChecks` names them (``keys``) and what it found."""
+class _KnownItems:
+    """A request's input items as :class:`ItemChecks` names them (``keys``) and what it found there."""
 
-    __slots__ = ("keys", "checked", "found", "digests")
+    __slots__ = ("keys", "checked", "digests")
 
     def __init__(self, keys: list[bytes | None], checked: list[CheckedItem | None]) -> None:
         self.keys = keys
         self.checked = checked
-        #: the validated models found, for ``parse_create(known=...)``
-        self.found = [c.model if c is not None else None for c in checked]
         #: the found items' prefix-digest links, by the item built from each (``prefix.digests(known=...)``)
         self.digests: dict[int, tuple[Item, bytes]] = {}
 
 
-def _resent(body: Any, checks: ItemChecks, tenant: str | None) -> _Seen | None:
+def _known_items(body: Any, checks: ItemChecks, tenant: str | None) -> _KnownItems | None:
     """The items of a request that re-sends its conversation — no ``previous_response_id`` and no
     ``conversation``, more than one item — as the item checks know them; None for any other
     (a continuation's new items were never sent before: looking them up would only cost)."""
@@ -311,7 +310,7 @@ def _resent(body: Any, checks: ItemChecks, tenant: str | None) -> _Seen | None:
     if not isinstance(raw, list) or len(raw) < 2:
         return None
     keys = checks.keys(raw)
-    return _Seen(keys, checks.found(tenant, keys))
+    return _KnownItems(keys, checks.found(tenant, keys))
 
 
 #: keys that differ between an item a client re-sends and the one the server kept (same rendering)
