@@ -11,15 +11,15 @@ digest the renderer produced, compared for equality only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from cache.items import ItemLog
 from cache.seq import TokenSeq
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseState:
+class ResponseState(msgspec.Struct, frozen=True):
     id: str
     #: the final Response object as sent to the client (JSON-ready dict)
     response: dict[str, Any]
@@ -51,7 +51,7 @@ class ResponseState:
     #: the prefix-cache digest of this turn's input (``gateway.turn.prefix``), which a chained child
     #: extends by this response's output and its own new items; process-local (never stored)
     prefix_digest: bytes | None = None
-    created: float = field(default_factory=time.time)
+    created: float = msgspec.field(default_factory=time.time)
 
     @property
     def root(self) -> str:

@@ -15,11 +15,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
 
+import msgspec
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(msgspec.Struct, frozen=True):
     """Engine-level sampling settings, already resolved from the request."""
 
     max_tokens: int | None = None
@@ -37,8 +38,7 @@ class SamplingParams:
     logprobs: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRouting:
+class RequestRouting(msgspec.Struct, frozen=True):
     """Where an engine request should run, for engines behind a router (``inference.remote_vllm``).
 
     Why a session key: a router that scores pods by load alone sends a chain's next turn to a
@@ -63,8 +63,7 @@ class RequestRouting:
         return cls(session_key=h.hexdigest(), traceparent=traceparent)
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
+class TokenLogprob(msgspec.Struct, frozen=True):
     """The engine's log probability of one sampled token, and its most likely alternatives."""
 
     token_id: int
@@ -73,8 +72,7 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(slots=True)
-class TokenDelta:
+class TokenDelta(msgspec.Struct):
     """New tokens of one request since the previous delta.
 
     ``finish_reason`` is set on the last delta only. ``num_cached_tokens`` is the number of

@@ -7,14 +7,14 @@ sequence numbers or transports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence, Union
+
+import msgspec
 
 from inference.kinds import OutputKind as ItemKind
 
 
-@dataclass(frozen=True, slots=True)
-class ItemStart:
+class ItemStart(msgspec.Struct, frozen=True):
     kind: ItemKind
     #: tool name as the client knows it (flattened names already restored)
     name: str | None = None
@@ -23,15 +23,13 @@ class ItemStart:
     phase: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ItemDelta:
+class ItemDelta(msgspec.Struct, frozen=True):
     """More text of the open item: message text, reasoning text, JSON arguments, custom tool input."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class ItemEnd:
+class ItemEnd(msgspec.Struct, frozen=True):
     """The open item is complete (``complete=False`` when the stream ended mid-item)."""
 
     complete: bool = True

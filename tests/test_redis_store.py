@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import redis
 
@@ -112,7 +112,7 @@ async def test_tenant_isolation(redis_url):
         assert await store.get("resp_1", None) is None
         assert not await store.delete("resp_1", "t2")
         assert await store.get("resp_1", "t1") is not None
-        await store.put(replace(chain(1, tenant=None)[0], id="x"))
+        await store.put(msgspec.structs.replace(chain(1, tenant=None)[0], id="x"))
         assert await store.get("x", None) is not None and await store.get("x", "t1") is None
     finally:
         await store.close()
@@ -205,7 +205,7 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         assert list((await store.get("resp_2", "t1")).context) == list(states[2].context)
 
         # a parent that never reached Redis (a store=false WebSocket turn): the whole context is stored
-        await store.put(replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
+        await store.put(msgspec.structs.replace(states[2], id="resp_orphan", parent_id="resp_ws_only"))
         meta = json.loads(redis.Redis.from_url(redis_url).get("respgate:p:resp_orphan"))
         assert meta == {"root": "resp_orphan", "depth": 0, "clen": 6}  # a new chain
         got = await store.get("resp_orphan", "t1")
@@ -359,7 +359,7 @@ async def test_a_pointer_of_the_previous_layout_is_not_found(redis_url):
     store = RedisStore.from_url(redis_url)
     try:
         assert await store.get("resp_old", "t1") is None and not await store.delete("resp_old", "t1")
-        child = replace(chain(1)[0], id="resp_new", parent_id="resp_old")
+        child = msgspec.structs.replace(chain(1)[0], id="resp_new", parent_id="resp_old")
         await store.put(child)                                     # its parent is unknown: a new chain
         assert json.loads(r.get("respgate:p:resp_new"))["root"] == "resp_new"
     finally:
@@ -393,7 +393,7 @@ async def test_a_process_reads_a_chain_it_holds_in_one_round_trip_whatever_its_d
         assert (writer.chain_hits, writer.chain_misses, other.chain_hits, other.chain_misses) == (2, 0, 1, 1)
         # a child written by a process that holds its parent skips the parent's pointer too
         r.config_resetstat()
-        child = replace(states[39], id="resp_40", parent_id="resp_39",
+        child = msgspec.structs.replace(states[39], id="resp_40", parent_id="resp_39",
                         context=states[39].context.extend([item("in40"), item("out40", "assistant")]))
         await writer.put(child)
         assert "get" not in commands(r)

@@ -37,11 +37,11 @@ marked it failed (and billed it, first).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import msgspec
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
@@ -180,7 +180,7 @@ class BackgroundTurns:
                 # completed or incomplete one was stored before it was billed, or it failed instead)
                 stored = await self.store.get(bg.id, bg.tenant)
                 if stored is not None and stored.status in ACTIVE:  # the write was lost: store the outcome
-                    await self._timed_put(dataclasses.replace(stored, response=snapshot(response)))
+                    await self._timed_put(msgspec.structs.replace(stored, response=snapshot(response)))
             if self.leases is not None:
                 await self.leases.release(bg.id)
         except (StoreUnavailable, RedisError) as exc:  # the lease lapses; another replica finishes it
@@ -341,7 +341,7 @@ class BackgroundTurns:
         failed = dict(response, status=ResponseStatus.FAILED.value, completed_at=None, usage=usage_object(0, 0, 0, 0),
                       error={"code": "server_error", "message": OWNER_LOST_MESSAGE, "type": "server_error",
                              "param": None, "misalignment": None})
-        await self._timed_put(dataclasses.replace(state, response=failed))
+        await self._timed_put(msgspec.structs.replace(state, response=failed))
         if self.shared_log is not None and info.get("stream"):
             bounds = await self.shared_log.bounds(state.id)
             if bounds is None or not bounds[2]:  # (an owner that wrote its terminal before dying: left as is)

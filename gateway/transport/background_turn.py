@@ -21,10 +21,10 @@ finishes the response as one whose owner died (``gateway.transport.background``)
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+import msgspec
 import orjson
 
 from cache.event_log import EventLog, RedisLogWriter
@@ -108,7 +108,7 @@ class BackgroundTurn:
             self._record(ev, sse_frame(wire_event(ev, self.tools_json)))  # framed in the turn's task, once for every reader
         if ev["type"] == "response.in_progress":
             self.phase = "running"
-            await self.owner.put_quietly(dataclasses.replace(self.state, response=snapshot(ev["response"])))
+            await self.owner.put_quietly(msgspec.structs.replace(self.state, response=snapshot(ev["response"])))
 
     def _record(self, ev: Event, frame: bytes) -> None:
         seq, terminal = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS

@@ -55,6 +55,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 DEFAULT_LANE = ""
 
 
@@ -120,8 +122,7 @@ class Refusal(enum.Enum):
     QUEUE_FULL = "queue_full"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     kind: Ev
     lane: str = DEFAULT_LANE
     frame: Any = None                     # the create frame (CREATE, ADMITTED)
@@ -131,8 +132,7 @@ class Event:
     valid_lane: bool = True               # CREATE: the stream_id is well formed
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(msgspec.Struct, frozen=True):
     kind: Act
     lane: str = DEFAULT_LANE
     frame: Any = None

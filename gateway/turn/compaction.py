@@ -35,11 +35,11 @@ reports and bills its own usage under the window's ``resp_…`` id.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import msgspec
 import orjson
 from prometheus_client import Counter
 
@@ -262,7 +262,7 @@ class Compactor:
         prompt_ids = TokenSeq(ids).extend(turn.rendered.gen_ids)
         room = route.max_context - len(prompt_ids)
         max_out = output_cap(turn.req, route)
-        sampling = dataclasses.replace(turn.sampling, max_tokens=room if max_out is None else min(room, max_out))
+        sampling = msgspec.structs.replace(turn.sampling, max_tokens=room if max_out is None else min(room, max_out))
         self.compactions.labels(reason).inc()
         return TurnCompaction(item, ItemLog(pruned), prompt_ids, sampling, summary)
 

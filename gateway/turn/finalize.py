@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import msgspec
 import orjson
 
 from billing.usage import UsageQueue, UsageRecord
@@ -45,8 +45,7 @@ log = logging.getLogger(__name__)
 outage_log = RateLimitedLog(log)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """How a turn ended, as the run loop hands it over."""
 
     status: str
