@@ -32,13 +32,13 @@ at all (logged at start).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence
+
+import msgspec
 
 from billing.journal import Journal
 from billing.wal import WriteAheadLog, record_line
@@ -46,8 +46,7 @@ from billing.wal import WriteAheadLog, record_line
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+class UsageRecord(msgspec.Struct, frozen=True):
     """One finished response (completed, incomplete, failed or cancelled), as billed."""
 
     response_id: str
@@ -61,8 +60,8 @@ class UsageRecord:
     reasoning_tokens: int
     transport: str
     #: wall-clock seconds (epoch) when the request arrived and when the response finished
-    created_at: float = field(default_factory=time.time)
-    finished_at: float = field(default_factory=time.time)
+    created_at: float = msgspec.field(default_factory=time.time)
+    finished_at: float = msgspec.field(default_factory=time.time)
     #: seconds from arrival to the first output token (``None``: no token was produced)
     ttft_s: float | None = None
     duration_s: float = 0.0
@@ -70,7 +69,7 @@ class UsageRecord:
     FIELDS: ClassVar[tuple[str, ...]]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return msgspec.structs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "UsageRecord":
@@ -84,24 +83,24 @@ class UsageRecord:
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "UsageRecord":
         data: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            raw = fields.get(f.name)
+        for name in cls.FIELDS:
+            raw = fields.get(name)
             if raw is None:
                 continue
-            if f.name.endswith("_tokens"):
-                data[f.name] = int(raw)
-            elif f.name in ("created_at", "finished_at", "duration_s"):
-                data[f.name] = float(raw)
-            elif f.name == "ttft_s":
-                data[f.name] = float(raw) if raw else None
-            elif f.name == "tenant":
-                data[f.name] = raw or None
+            if name.endswith("_tokens"):
+                data[name] = int(raw)
+            elif name in ("created_at", "finished_at", "duration_s"):
+                data[name] = float(raw)
+            elif name == "ttft_s":
+                data[name] = float(raw) if raw else None
+            elif name == "tenant":
+                data[name] = raw or None
             else:
-                data[f.name] = raw
+                data[name] = raw
         return cls(**data)
 
 
-UsageRecord.FIELDS = tuple(f.name for f in dataclasses.fields(UsageRecord))
+UsageRecord.FIELDS = UsageRecord.__struct_fields__
 
 
 class UsageSink(Protocol):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import orjson
+import msgspec
 
 from billing.journal import Journal, _fsync_dir
 
@@ -224,5 +224,5 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def record_line(record: object) -> bytes:
-    """A usage record (a dataclass) as one JSON line, the journal's format."""
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    """A usage record (a ``msgspec.Struct``) as one JSON line, the journal's format."""
+    return msgspec.json.encode(record) + b"\n"
