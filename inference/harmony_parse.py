@@ -40,8 +40,8 @@ give the same events (``tests/inference/test_harmony_fast_parse.py``).
 
 from __future__ import annotations
 
-import codecs
 import re
+from codecs import utf_8_decode as _utf_8_decode
 import threading
 from typing import Any, Sequence
 
@@ -66,10 +66,13 @@ class HarmonyParseError(ValueError):
 
 
 class _Vocab:
-    """Token id -> bytes (o200k's ordinary tokens via tiktoken; harmony's specials by name)."""
+    """Token id -> bytes (o200k's ordinary tokens via tiktoken; harmony's specials by name), and
+    the text of each ordinary token whose bytes are whole UTF-8 on their own (``texts``: filled as
+    tokens are first decoded, so at most the vocabulary; a dict write is atomic, so threads share it)."""
 
     def __init__(self) -> None:
         self.token_bytes = content_encoding().decode_single_token_bytes
+        self.texts: dict[int, str] = {}
         enc = harmony_encoding()
         self.specials: dict[int, str] = {}
         for name in enc.special_tokens_set:
@@ -113,7 +116,10 @@ class HarmonyStreamParser:
         self._header: list[int] = []
         self._expect_role = False  # the generation prompt already said <|start|>assistant
         self._expect_start = False  # after a terminator: only <|start|> may follow
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        #: bytes of a character split across tokens, not decoded yet (``codecs.utf_8_decode`` with
+        #: ``final=False`` keeps an incomplete trailing sequence back, as an incremental decoder does)
+        self._pending = b""
+        self._texts = self._vocab.texts
         self._in_content = False
         self._reasoning = False
         self._header_tokens = 0
@@ -127,6 +133,15 @@ class HarmonyStreamParser:
         return self._parser is not None
 
     def feed(self, token_ids: Sequence[int]) -> list[ParseEvent]:
+        if len(token_ids) == 1 and self._in_content and not self._pending and self._parser is None:
+            # most engine deltas: one ordinary token of an open item, its text known whole (a
+            # terminator, a special token or a split character is not in ``texts``)
+            text = self._texts.get(token_ids[0])
+            if text is not None:
+                self._seen.append(token_ids[0])
+                if self._reasoning:
+                    self.reasoning_tokens += 1
+                return [ItemDelta(text)]
         events: list[ParseEvent] = []
         if self._parser is None:
             for i, tok in enumerate(token_ids):
@@ -150,17 +165,23 @@ class HarmonyStreamParser:
                 if self._reasoning:
                     self.reasoning_tokens += 1
                 self._end(events)
-                self._decoder.reset()
+                self._pending = b""
                 self._expect_start = True
                 self._seen.clear()
                 self._first_message = False
                 return
             if tok in self._vocab.specials:
                 raise _Fallback
-            try:
-                text = self._decoder.decode(self._vocab.token_bytes(tok))
-            except (KeyError, UnicodeDecodeError) as e:
-                raise _Fallback from e
+            text = self._texts.get(tok) if not self._pending else None
+            if text is None:
+                try:
+                    data = self._vocab.token_bytes(tok)
+                    text, used = _utf_8_decode(self._pending + data, "strict", False)
+                except (KeyError, UnicodeDecodeError) as e:
+                    raise _Fallback from e
+                if not self._pending and used == len(data) and text:
+                    self._texts[tok] = text  # whole on its own: the next time, a lookup
+                self._pending = (self._pending + data)[used:]
             if self._reasoning:
                 self.reasoning_tokens += 1
             if text:

@@ -153,3 +153,24 @@ def test_unusual_header_is_handed_over_and_still_parsed() -> None:
     enc = harmony_encoding()
     tokens = enc.encode("<|channel|>final extra words<|message|>x<|return|>", allowed_special="all")
     assert not same_as_harmony(tokens, [2])
+
+
+def test_one_token_deltas_read_known_texts_from_the_memo_and_split_characters_whole(monkeypatch) -> None:
+    """A one-token delta of an ordinary token whose text was decoded before is a memo lookup; a
+    character split across tokens (emoji, CJK) is still emitted whole, once, as harmony does."""
+    enc = harmony_encoding()
+    text = "<|channel|>final<|message|>héllo 世界 🎉👩‍👩‍👧 done<|return|>"
+    tokens = enc.encode(text, allowed_special="all")
+    assert same_as_harmony(tokens, [1])  # fills the memo for the whole tokens
+    from inference import harmony_parse
+
+    vocab = harmony_parse.vocab_bytes()
+    calls: list[int] = []
+    original = vocab.token_bytes
+    monkeypatch.setattr(vocab, "token_bytes", lambda t: calls.append(t) or original(t))
+    parser = HarmonyStreamParser(CATALOG)
+    events = [ev for tok in tokens for ev in parser.feed([tok])] + parser.finish()
+    assert "".join(e.text for e in events if hasattr(e, "text")) == "héllo 世界 🎉👩‍👩‍👧 done"
+    split = [t for t in tokens if t not in vocab.texts and t not in vocab.specials]
+    assert split, "the text has tokens that are not whole UTF-8 on their own"
+    assert sorted(set(calls)) == sorted(set(split))  # only those were decoded again
