@@ -66,6 +66,7 @@ from typing import Any
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import apply_mask
 from websockets.protocol import OPEN
 
 from gateway.base.log_limit import RateLimitedLog
@@ -341,12 +342,55 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._disarm()
         self.transport.hold_reading(False)  # type: ignore[attr-defined]
 
+    #: read a read that is exactly one masked, unfragmented text frame without ``websockets``' parser
+    #: (:meth:`_one_text_frame`); tests switch it off to compare with the parser's answers
+    fast_text_frames: bool = True
+
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        if not (self.fast_text_frames and self._one_text_frame(data)):
+            super().data_received(data)
         # What this read made us write (pongs, a close reply) may still be corked: past the mark,
         # hand it to the transport now so that its flow control sees it and pauses reading.
         if not self._write_paused and self.transport.get_write_buffer_size() > HIGH_WATER:
             self.transport.flush()  # type: ignore[attr-defined]
+
+    def _one_text_frame(self, data: bytes) -> bool:
+        """Hand ``data`` to the app as uvicorn would when it is one whole client text frame, and
+        return True; else return False (and ``websockets`` parses it).
+
+        Why: a client's ``response.create`` is one small text frame per read, and ``websockets``
+        parses every frame through generator coroutines (its reader, ``Frame.parse``,
+        ``recv_frame``, then uvicorn's event loop over the results): ~450 Python bytecodes, 2% of a
+        short WebSocket turn. Only the plainest case is read here — the connection open, no
+        extension, no fragmented message in progress, the parser's buffer empty (so it waits for a
+        frame header and stays in step), and ``data`` exactly one frame: FIN, no RSV bits, opcode
+        text, masked (a client must mask), its length within ``max_size`` — and the payload goes the
+        way uvicorn's ``handle_text`` sends it (``send_receive_event_to_app``: UTF-8 checked, 1007
+        otherwise; reading paused until the app takes it). Anything else — several frames or part
+        of one in a read, control frames, binary, continuation, an oversized or unmasked frame — is
+        ``websockets``' to read and answer, exactly as before."""
+        n = len(data)
+        if n < 6 or data[0] != 0x81 or self.frames or self.close_sent:
+            return False
+        conn = self.conn
+        if conn.state is not OPEN or conn.extensions or conn.cur_size is not None or conn.reader.buffer \
+                or conn.parser_exc is not None:
+            return False
+        length = data[1] ^ 0x80  # the mask bit set: the length below 128
+        if length < 126:
+            head = 6
+        elif length == 126:
+            head, length = 8, int.from_bytes(data[2:4], "big")
+        elif length == 127:
+            head, length = 14, int.from_bytes(data[2:10], "big")
+        else:  # not masked
+            return False
+        if n != head + length or (conn.max_size is not None and length > conn.max_size):
+            return False
+        self.curr_msg_data_type = "text"
+        self.frames = [apply_mask(data[head:], data[head - 4:head])]
+        self.send_receive_event_to_app()
+        return True
 
     def _arm(self) -> None:
         t: CorkedTransport = self.transport  # type: ignore[assignment]
