@@ -169,14 +169,17 @@ def _frame_writer() -> tuple[TextFrames, Any, list[bytes]]:
 
     written: list[bytes] = []
     protocol = SimpleNamespace(_write_paused=False, close_sent=False, disconnected=False, handshake_complete=True,
-                               conn=ServerProtocol(), transport=SimpleNamespace(write=written.append))
+                               conn=ServerProtocol(), transport=SimpleNamespace(write=written.append,
+                                                                                 cork=written.extend))
     protocol.conn.state = OPEN
     return TextFrames(protocol), protocol, written  # type: ignore[arg-type]
 
 
-def test_text_frames_parse_as_rfc6455_text_frames_at_every_length_boundary():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_text_frames_parse_as_rfc6455_text_frames_at_every_length_boundary(grouped):
     """The direct writer's frames (7-bit, 16-bit and 64-bit lengths; joined or not with their
-    header) are what a client's parser reads back: unmasked, FIN, text, the payload unchanged."""
+    header; one by one or as a group) are what a client's parser reads back: unmasked, FIN, text,
+    the payload unchanged."""
     from websockets.frames import Frame, Opcode
     from websockets.streams import StreamReader
 
@@ -184,7 +187,9 @@ def test_text_frames_parse_as_rfc6455_text_frames_at_every_length_boundary():
     sizes = (0, 1, 125, 126, 127, 4096, 4097, 65535, 65536, 200_000)
     payloads = [("é" * (n // 2) + "a" * (n % 2)).encode() for n in sizes]  # n bytes of UTF-8 each
     assert [len(p) for p in payloads] == list(sizes)
-    for payload in payloads:
+    if grouped:
+        assert frames.try_send_many(payloads[:3]) and frames.try_send_many(payloads[3:])
+    for payload in payloads if not grouped else ():
         assert frames.try_send(payload)
     reader = StreamReader()  # what a client reads, parsed by websockets' own frame parser
     reader.feed_data(b"".join(written))
@@ -215,6 +220,7 @@ def test_text_frames_leave_paused_or_closing_connections_to_uvicorn():
         else:
             setattr(protocol, spoil, True)
         assert frames.try_send(b'{"type":"x"}') is False and written == [], spoil
+        assert frames.try_send_many([b'{"type":"x"}', b'{"type":"y"}']) is False and written == [], spoil
 
 
 def test_socket_wrapper_delegates():

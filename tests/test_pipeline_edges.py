@@ -163,3 +163,30 @@ def test_tool_names_that_collide_in_the_prompt_format_are_a_400(make_gateway):
     r = post(live, {"model": "ct", "input": "hi", "tools": tools})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert create(live, model="ct", input="hi")["status"] in ("completed", "failed")
+
+
+def test_a_turns_event_groups_are_never_empty_and_flatten_to_its_events(make_gateway):
+    """``Pipeline.batches`` (what the WebSocket transport writes a group at a time) gives the same
+    events as ``Pipeline.run``, in groups as produced: created with in_progress first, the
+    terminal group last, no empty group; a warm-up too."""
+    from gateway.turn.types import TurnContext
+
+    live = make_gateway(engine=SimulatedEngine(script=lambda view: Turn(reasoning="think", text="two words")))
+    pipeline = live.gw.pipeline
+
+    async def both(body):
+        groups = []
+        async for g in pipeline.batches(await pipeline.prepare(dict(body), TurnContext(transport="ws"))):
+            groups.append(g)
+        flat = [ev async for ev in pipeline.run(await pipeline.prepare(dict(body), TurnContext(transport="ws")))]
+        return groups, flat
+
+    for body in ({"model": MODEL, "input": "hi", "store": False},
+                 {"model": MODEL, "input": "hi", "store": False, "generate": False}):
+        groups, flat = live.call(both(body))
+        assert all(groups), groups
+        assert [e["type"] for e in groups[0]] == ["response.created", "response.in_progress"]
+        assert groups[-1][-1]["type"] == "response.completed"
+        strip = lambda evs: [(e["type"], e["sequence_number"]) for e in evs]  # noqa: E731 (ids differ)
+        assert strip([e for g in groups for e in g]) == strip(flat)
+        assert len(groups) < len(flat) or body.get("generate") is False

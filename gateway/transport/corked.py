@@ -100,6 +100,11 @@ _SHORT_HEADS = tuple(bytes((0x81, n)) for n in range(126))
 _JOIN_BYTES = 4096
 
 
+def _header(n: int) -> bytes:
+    """The header of an unmasked, final text frame of ``n`` bytes."""
+    return _SHORT_HEADS[n] if n < 126 else _MEDIUM.pack(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n)
+
+
 class SendStalled(RuntimeError):
     """The app's ``send()`` after (or blocked when) the send deadline failed the connection.
 
@@ -156,6 +161,18 @@ class CorkedTransport:
     def writelines(self, lines: Any) -> None:
         for data in lines:
             self.write(data)
+
+    def cork(self, frames: list[bytes]) -> None:
+        """:meth:`write` for several non-empty ``bytes`` at once (a group of frames)."""
+        self._chunks += frames
+        self._size += sum(map(len, frames))
+        self._fresh = True
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._since = self._loop.time()
+            self._loop.call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
         if self._fresh and self._chunks and self._loop.time() - self._since < LINGER_S:
@@ -278,6 +295,25 @@ class TextFrames:
         else:
             p.transport.write(_MEDIUM.pack(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n))
             p.transport.write(payload)
+        return True
+
+    def try_send_many(self, payloads: list[bytes]) -> bool:
+        """:meth:`try_send` for a group of frames, all or none: the connection's state is checked
+        once, and the frames are corked with one call (a turn's events come in groups:
+        ``gateway.turn.run.TurnRunner.batches``)."""
+        p = self._protocol
+        if p.close_sent or p.disconnected or not p.handshake_complete or p._write_paused:
+            return False
+        conn = p.conn
+        if conn.state is not OPEN:
+            return False
+        if conn.extensions or conn.expect_continuation_frame:  # deflate: websockets compresses
+            for payload in payloads:
+                conn.send_text(payload)
+            p.transport.write(b"".join(conn.data_to_send()))
+            return True
+        heads = _SHORT_HEADS
+        p.transport.cork([heads[len(x)] + x if len(x) < 126 else _header(len(x)) + x for x in payloads])
         return True
 
     async def send(self, payload: bytes) -> None:

@@ -390,21 +390,28 @@ class WsConnection:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             await self._send_error(err, stream_id)
             return True
-        events = self.gw.pipeline.run(turn, on_usage)
+        events = self.gw.pipeline.batches(turn, on_usage)
         self._active[turn.id] = lane
         dumps, timing, tools_json = orjson.dumps, self.server_timing, turn.tools_json
-        try_send = self._frames.try_send if self._frames is not None else None
+        plain = stream_id is None and not timing and tools_json is None
+        try_send = self._frames.try_send_many if self._frames is not None else None
         try:
-            async for ev in events:  # the hot loop: one frame per event, written at once when it can be
-                if timing and ev["type"] in TERMINAL_EVENTS:
-                    ev = dict(ev, server_timing=turn.clock.server_timing())
-                if tools_json is not None:
-                    ev = wire_event(ev, tools_json)
-                payload = dumps(ev if stream_id is None else dict(ev, stream_id=stream_id))
-                # at once when no frame waits ahead of it and the protocol takes it (``_write_now``,
-                # inlined: one call a frame); else in turn — ``_write`` raises once the socket closed
-                if self.closed or self._queued_sends or try_send is None or not try_send(payload):
-                    await self._write(payload)
+            async for batch in events:  # the hot loop: a group of events, framed and written at once
+                if plain:
+                    payloads = [dumps(ev) for ev in batch]
+                else:
+                    payloads = []
+                    for ev in batch:
+                        if timing and ev["type"] in TERMINAL_EVENTS:
+                            ev = dict(ev, server_timing=turn.clock.server_timing())
+                        if tools_json is not None:
+                            ev = wire_event(ev, tools_json)
+                        payloads.append(dumps(ev if stream_id is None else dict(ev, stream_id=stream_id)))
+                # at once when no frame waits ahead of them and the protocol takes them (``_write_now``,
+                # inlined); else one by one in turn — ``_write`` raises once the socket closed
+                if self.closed or self._queued_sends or try_send is None or not try_send(payloads):
+                    for payload in payloads:
+                        await self._write(payload)
         finally:
             self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).

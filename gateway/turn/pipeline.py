@@ -156,6 +156,10 @@ class Pipeline:
         """The turn's events, ending with exactly one terminal event (``gateway.turn.run``)."""
         return self.runner.run(turn, on_usage)
 
+    def batches(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[list[Event]]:
+        """The same events in the groups they are produced in (``TurnRunner.batches``)."""
+        return self.runner.batches(turn, on_usage)
+
     async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
         """``POST /v1/responses/input_tokens``: the prompt length the same create would have.
 
