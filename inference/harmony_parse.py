@@ -61,6 +61,14 @@ _HEADER = re.compile(
 _ROLE = "assistant"
 
 
+#: (role expected, header token ids) -> (channel, recipient), for headers the fast path read before:
+#: a turn's headers are the same few (``<|channel|>analysis``, ``<|channel|>final``, a call to a
+#: known tool), and reading one decodes and matches its tokens. Bounded: a model writing odd
+#: headers fills it once and then reads them each time. Only headers that read (no fallback) go in.
+_HEADERS: dict[tuple[Any, ...], tuple[str, str | None]] = {}
+_MAX_HEADERS = 4096
+
+
 class HarmonyParseError(ValueError):
     """The sampled tokens are not valid harmony."""
 
@@ -195,7 +203,15 @@ class HarmonyStreamParser:
             self._header_tokens += 1
             return
         if tok == self._tok.message:
-            channel, recipient = self._read_header()
+            key = (self._expect_role, *self._header)
+            known = _HEADERS.get(key)
+            if known is None:
+                known = self._read_header()
+                if len(_HEADERS) < _MAX_HEADERS:
+                    _HEADERS[key] = known
+            else:
+                self._expect_role = False  # what reading it sets
+            channel, recipient = known
             self._header_tokens += 1
             self._header.clear()
             events.append(self._open(channel, recipient))

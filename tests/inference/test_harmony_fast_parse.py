@@ -176,3 +176,17 @@ def test_one_token_deltas_read_known_texts_from_the_memo_and_split_characters_wh
     split = [t for t in content if t not in vocab.texts]
     assert split, "the text has tokens that are not whole UTF-8 on their own"
     assert sorted(set(calls)) == sorted(set(split))  # only those were decoded again
+
+
+def test_headers_read_once_are_remembered_within_a_bound(monkeypatch) -> None:
+    """A header the fast path read is a lookup the next time (same events as harmony's parser);
+    the memo stops growing at its bound and headers past it are still read."""
+    from inference import harmony_parse
+
+    monkeypatch.setattr(harmony_parse, "_HEADERS", {})
+    monkeypatch.setattr(harmony_parse, "_MAX_HEADERS", 3)
+    enc = harmony_encoding()
+    for name in ["a", "b", "c", "d", "e", "a", "e"]:
+        text = f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{{}}<|call|>"
+        assert same_as_harmony(enc.encode(text, allowed_special="all"), [1, 3])
+    assert len(harmony_parse._HEADERS) == 3
