@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -212,9 +212,12 @@ class LaneMachine:
         self._named = 0                       # lanes other than the default one (lanes are never removed)
         #: the rows the last ``handle`` applied (tests check every row is exercised)
         self.applied: list[Row] = []
-        self._rows: dict[tuple[State, Ev], list[Row]] = {}
+        #: (state, event) -> its rows in table order, each with its guard bound to this machine
+        #: (found once here: a create is checked against four guards)
+        self._rows: dict[tuple[State, Ev], list[tuple[Row, Callable[[Event], bool] | None]]] = {}
         for row in TABLE:
-            self._rows.setdefault((row.state, row.event), []).append(row)
+            guard = getattr(self, f"_guard_{row.guard}") if row.guard is not None else None
+            self._rows.setdefault((row.state, row.event), []).append((row, guard))
 
     @property
     def running(self) -> int:
@@ -246,10 +249,11 @@ class LaneMachine:
     # -- the table --------------------------------------------------------------------------------
 
     def _apply(self, event: Event) -> list[Action]:
-        rows = self._rows.get((self.state, event.kind))
-        if not rows:
+        for row, guard in self._rows.get((self.state, event.kind), ()):
+            if guard is None or guard(event):
+                break
+        else:
             raise LaneError(f"event {event.kind.value!r} is not allowed in state {self.state.value!r}")
-        row = next(r for r in rows if r.guard is None or self._guard(r.guard, event))
         self.applied.append(row)
         if self.state is not State.CLOSED and event.kind in (Ev.TURN_DONE, Ev.TURN_FAILED):
             self._finished(event.lane)
@@ -272,21 +276,26 @@ class LaneMachine:
                                   refusal=row.refusal))
         return out
 
-    def _guard(self, name: str, event: Event) -> bool:
+    # -- guards (the table names them) -------------------------------------------------------------
+
+    def _guard_aged(self, event: Event) -> bool:
+        return event.aged
+
+    def _guard_bad_lane(self, event: Event) -> bool:
+        return not event.valid_lane
+
+    def _guard_lane_limit(self, event: Event) -> bool:
+        return event.lane != DEFAULT_LANE and event.lane not in self._lanes and self._named >= self.max_lanes
+
+    def _guard_queue_full(self, event: Event) -> bool:
+        return self._queued >= self.max_queued
+
+    def _guard_slot_free(self, event: Event) -> bool:
         lane = self._lanes.get(event.lane)
-        if name == "aged":
-            return event.aged
-        if name == "bad_lane":
-            return not event.valid_lane
-        if name == "lane_limit":
-            return event.lane != DEFAULT_LANE and lane is None and self._named >= self.max_lanes
-        if name == "queue_full":
-            return self._queued >= self.max_queued
-        if name == "slot_free":
-            return (lane is None or (not lane.running and not lane.queue)) and self._running < self.max_inflight
-        if name == "busy":
-            return self._queued > 0
-        raise LaneError(f"unknown guard {name!r}")
+        return (lane is None or (not lane.running and not lane.queue)) and self._running < self.max_inflight
+
+    def _guard_busy(self, event: Event) -> bool:
+        return self._queued > 0
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
