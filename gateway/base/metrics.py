@@ -62,12 +62,22 @@ class _MemoLabels:
 
 
 class Counter(_MemoLabels, _Counter):
+    #: the value :meth:`inc` updates in place: set by ``_metric_init`` (an observable metric: a
+    #: child, or one without labels) when it is prometheus_client's single-process ``MutexValue``;
+    #: None on a labelled parent and for any other value class
+    _lean: MutexValue | None = None
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        value = self._value
+        self._lean = value if _LEAN_VALUES and type(value) is MutexValue else None
+
     def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
         """prometheus_client's ``inc`` in fewer Python steps (a turn makes ~30 of them): the value
-        exists only on an observable metric (``_metric_init``), so its presence is the check, and
-        only prometheus_client's single-process value (``MutexValue``) is updated in place."""
-        value = getattr(self, "_value", None)
-        if not _LEAN_VALUES or type(value) is not MutexValue or exemplar or not amount >= 0:
+        to update was found once (``_lean``), and only prometheus_client's single-process value
+        (``MutexValue``) is updated in place."""
+        value = self._lean
+        if value is None or exemplar or not amount >= 0:
             return super().inc(amount, exemplar)  # its errors, its exemplars, another value class
         with value._lock:  # MutexValue.inc, inlined: one Python frame less
             value._value += amount
@@ -79,13 +89,22 @@ class Gauge(_MemoLabels, _Gauge):
 
 
 class Histogram(_MemoLabels, _Histogram):
+    #: the sum :meth:`observe` updates in place (set by ``_metric_init`` when the sum and every
+    #: bucket are ``MutexValue``s; None on a labelled parent and for any other value class)
+    _lean_sum: MutexValue | None = None
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        lean = _LEAN_VALUES and type(self._sum) is MutexValue and all(type(b) is MutexValue for b in self._buckets)
+        self._lean_sum = self._sum if lean else None
+
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         """prometheus_client's ``observe`` finds the bucket by walking every bound in Python (~76
         steps, a dozen observations a turn); the first bound ``>= amount`` by bisection is the same
         bucket (the bounds are sorted and end in +Inf). NaN, exemplars and a labelled parent take
         its way."""
-        total = getattr(self, "_sum", None)  # only an observable histogram has one
-        if not _LEAN_VALUES or total is None or exemplar or amount != amount:
+        total = self._lean_sum
+        if total is None or exemplar or amount != amount:
             return super().observe(amount, exemplar)
         bucket = self._buckets[bisect_left(self._upper_bounds, amount)]
         with total._lock:
