@@ -149,4 +149,9 @@ class TokenSeq(AppendOnlyView[int]):
             buf = self._buf[: self._n]
             AppendOnlyView.copies += 1
         buf.extend(packed)
-        return TokenSeq(buf, self._n + len(packed))
+        seq = _new_token_seq(TokenSeq)  # the buffer is packed already: no __init__ chain to check it
+        seq._buf, seq._n = buf, self._n + len(packed)
+        return seq
+
+
+_new_token_seq = object.__new__
