@@ -32,11 +32,14 @@ Conversations (chains), every combination of:
 
 All chains advance turn for turn, in an order that rotates every round, so machine noise hits all
 alike; time runs from the first byte sent to the terminal event received (``response.completed``
-or ``response.incomplete``), the rest of the stream is drained untimed. Per turn, outside the timed
-window, each chain also reads its server's counters: respgate's ``/metrics`` (tokens encoded,
-full-render fallbacks by reason), the stub's ``/stats`` (bytes agentic-api sent upstream, and the
-stub's own busy time reading and answering them — part of agentic-api's measured turn that is the
-stand-in's, not the peer's).
+or ``response.incomplete``), the rest of the stream is drained untimed. Rounds alternate between
+timed and counted (``--turns`` of each after the warm-up): in a counted round each chain reads its
+server's counters before and after its turn — respgate's ``/metrics`` (tokens encoded, full-render
+fallbacks by reason), the stub's ``/stats`` (bytes agentic-api sent upstream, and the stub's own
+busy time reading and answering them — part of agentic-api's measured turn that is the stand-in's,
+not the peer's) — and in a timed round nobody reads counters, so no timed turn follows a scrape
+of its own server (a whole ``/metrics`` exposition in Python just before the turn, against a few
+numbers from the stub: it cost respgate's turns ~1 ms each, measured).
 
 Reported: per-turn median and p90 per chain; respgate / agentic-api per transport, shape, output
 and size; flatness (128k median / 1k median) for both.
@@ -122,6 +125,7 @@ class Chain:
         self.key = (self.target, transport, shape, output, history_tokens)
         self.prev: str | None = None
         self.times: list[float] = []
+        self.counted = 0  # turns whose server counters were read
         self.events: list[int] = []
         self.statuses: dict[str, int] = {}
         self.encoded: list[float] = []
@@ -157,20 +161,24 @@ class Chain:
             body["previous_response_id"] = self.prev
         return body
 
-    def turn(self, item: dict[str, Any], record: bool = False) -> float:
+    def turn(self, item: dict[str, Any], timed: bool = False, counted: bool = False) -> float:
+        """One turn; ``timed``: its time, event count and status are recorded; ``counted``: its
+        server's counters are read before and after it (never both: see :func:`run_chains`)."""
         data = orjson.dumps(self._body(item))
-        before = self.server.counters() if record else None
+        before = self.server.counters() if counted else None
         t0 = time.perf_counter()
         ev, dt, n = self._send_ws(data, t0) if self.transport == "ws" else self._send_http(data, t0)
         response = ev["response"]
         self.prev = response["id"]
         usage = response.get("usage") or {}
         self.input_tokens = usage.get("input_tokens") or 0
-        if record:
-            after = self.server.counters()
+        if timed:
             self.times.append(dt)
             self.events.append(n)
             self.statuses[response["status"]] = self.statuses.get(response["status"], 0) + 1
+        if counted:
+            after = self.server.counters()
+            self.counted += 1
             if "encoded" in after:
                 self.encoded.append(after["encoded"] - before["encoded"])  # type: ignore[index]
                 for reason, v in after["fallbacks"].items():
@@ -235,7 +243,7 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
         if c.target == "respgate":
             row.update(input_tokens_first=c.first_input_tokens, input_tokens_last=c.input_tokens,
                        encoded_tokens_per_turn_median=_median(c.encoded), full_render_fallbacks=c.fallbacks,
-                       full_render_fallbacks_total=sum(c.fallbacks.values()))
+                       full_render_fallbacks_total=sum(c.fallbacks.values()), counted_turns=c.counted)
             history.setdefault(c.shape, {})[str(c.history_tokens)] = c.first_input_tokens
         elif c.target == "agentic":
             row.update(upstream_bytes_per_turn_median=_median(c.upstream_bytes),
@@ -362,12 +370,19 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
                         if transport == "ws" and n == smallest:
                             chains.append(Chain(servers[(FLOOR, output)], transport, shape, n, output))
                 print(f"  built {shape}/{output}: {len(chains)} chains", file=sys.stderr)
-        for i in range(args.warmup + args.turns):
+        # Timed and counted rounds alternate: reading a server's counters right before a timed turn
+        # would time that turn after the reader's request (respgate's /metrics is a whole
+        # exposition in Python, the stub's /stats a few numbers: unequal), so no counter is read in
+        # a timed round, and no turn of a counted round is timed.
+        rounds = args.warmup + 2 * args.turns
+        for i in range(rounds):
             k = i % len(chains)
+            measured = i >= args.warmup
+            timed, counted = measured and (i - args.warmup) % 2 == 0, measured and (i - args.warmup) % 2 == 1
             for chain in chains[k:] + chains[:k]:
-                chain.turn({"role": "user", "content": f"step {i}: continue"}, record=i >= args.warmup)
+                chain.turn({"role": "user", "content": f"step {i}: continue"}, timed=timed, counted=counted)
             if (i + 1) % 10 == 0:
-                print(f"  round {i + 1}/{args.warmup + args.turns}", file=sys.stderr)
+                print(f"  round {i + 1}/{rounds}", file=sys.stderr)
     finally:
         for c in chains:
             c.close()

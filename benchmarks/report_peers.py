@@ -138,7 +138,7 @@ def _fallback_share(p: dict[str, Any], transport: str, output: str, n: str, shap
         if (shapes and shape not in shapes) or not row or not row.get("full_render_fallbacks_total"):
             continue
         reasons = ", ".join(sorted(row["full_render_fallbacks"]))
-        parts.append(f"{SHAPES[shape]}: {row['full_render_fallbacks_total']:.0f} of {row['turns']} turns rendered in "
+        parts.append(f"{SHAPES[shape]}: {row['full_render_fallbacks_total']:.0f} of {row.get('counted_turns', row['turns'])} turns rendered in "
                      f"full at {_k(n)} (reason {reasons}; {row['encoded_tokens_per_turn_median']:,.0f} tokens encoded "
                      "per turn)")
     return "; ".join(parts)
@@ -185,7 +185,7 @@ def _fallback_target(p: dict[str, Any]) -> PeerTarget | None:
         for output in p["outputs"]:
             n_fb = sum(x.get("full_render_fallbacks_total", 0) for by_o in by_s.values()
                        for x in by_o.get(output, {}).values())
-            turns = sum(x["turns"] for by_o in by_s.values() for x in by_o.get(output, {}).values())
+            turns = sum(x.get("counted_turns", x["turns"]) for by_o in by_s.values() for x in by_o.get(output, {}).values())
             reasons = sorted({r for by_o in by_s.values() for x in by_o.get(output, {}).values()
                               for r in x.get("full_render_fallbacks", {})})
             total += n_fb
@@ -368,7 +368,8 @@ def peers_section(r: dict[str, dict[str, Any] | None]) -> list[str]:
                   "`/v1/responses`, pre-rendered answers) against respgate with the simulated engine at zero latency. "
                   f"Continuation turns (`previous_response_id` + one short user message); {p['turns']} measured turns "
                   f"per conversation after {p['warmup']} warm-up, all {sum(_count(p))} conversations interleaved turn "
-                  f"for turn ({p.get('written_utc', 'date not recorded')}). Time: first byte sent → terminal event. "
+                  f"for turn ({p.get('written_utc', 'date not recorded')}), timed and counted rounds alternating (no "
+                  "counters are read in a timed round). Time: first byte sent → terminal event. "
                   "The other targets below come from their own benchmarks' JSON in this folder.", ""]
     tg = peer_targets(r)
     if tg:
@@ -438,7 +439,7 @@ def _peer_tables(p: dict[str, Any]) -> list[str]:
                     tokens = hist.get(shape, {}).get(n, int(n))
                     lines.append(f"| {transport.upper()} | {SHAPES[shape]} | {OUTPUTS[output]} | {tokens:,} | "
                                  f"{_f(a['encoded_tokens_per_turn_median'] or 0, 0)} / "
-                                 f"{a['full_render_fallbacks_total']:.0f} of {a['turns']} | "
+                                 f"{a['full_render_fallbacks_total']:.0f} of {a.get('counted_turns', a['turns'])} | "
                                  f"{_f(b['upstream_bytes_per_turn_median'] or 0, 0)} | "
                                  f"{_f(b.get('upstream_stub_ms_per_turn_median') or 0, 3)} | "
                                  f"{_f(a['events_per_turn_median'], 0)} / {_f(b['events_per_turn_median'], 0)} |")
