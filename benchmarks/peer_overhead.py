@@ -44,6 +44,9 @@ numbers from the stub: it cost respgate's turns ~1 ms each, measured).
 Reported: per-turn median and p90 per chain; respgate / agentic-api per transport, shape, output
 and size; flatness (128k median / 1k median) for both.
 
+Then a back-to-back phase (:func:`back_to_back`): the smallest WebSocket chains, a block of turns
+in a row per chain, blocks rotating — each server warm — reported beside the interleaved figures.
+
     python -m benchmarks.peer_overhead [--turns 100] [--history 1000 32768 131072] [--transports ws http]
 """
 
@@ -126,6 +129,7 @@ class Chain:
         self.prev: str | None = None
         self.times: list[float] = []
         self.counted = 0  # turns whose server counters were read
+        self.burst_times: list[float] = []  # back-to-back turns (:func:`back_to_back`)
         self.events: list[int] = []
         self.statuses: dict[str, int] = {}
         self.encoded: list[float] = []
@@ -270,6 +274,15 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
                             "p90": x["p90_ms"] / theirs[n]["p90_ms"]} for n, x in by_n.items() if n in theirs}
     floor = {shape: {output: by_n[small]["median_ms"] for output, by_n in by_o.items() if small in by_n}
              for shape, by_o in rows.get(FLOOR, {}).get("ws", {}).items()}
+    burst: dict[str, Any] = {}
+    for c in chains:
+        if c.burst_times:
+            burst.setdefault(c.shape, {})[c.target] = {"median_ms": statistics.median(c.burst_times) * 1e3,
+                                                       "p90_ms": pct(c.burst_times, 90) * 1e3,
+                                                       "turns": len(c.burst_times)}
+    for by_target in burst.values():
+        if "respgate" in by_target and "agentic" in by_target:
+            by_target["ratio"] = by_target["respgate"]["median_ms"] / by_target["agentic"]["median_ms"]
     return {"benchmark": "peer_overhead", "agentic_api_version": AGENTIC_API_VERSION,
             "written_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "engine": {"respgate": "simulated, zero latency, prefix-cache emulation off",
@@ -279,7 +292,9 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
             "cap": CAP, "transports": list(args.transports), "shapes": list(args.shapes),
             "outputs": list(args.outputs), "history_input_tokens": history, "chains": rows,
             "flatness_big_over_small": flatness, "ratio_respgate_over_agentic": ratio,
-            "floor_ws_ms": floor}
+            "floor_ws_ms": floor,
+            "back_to_back": {"history_tokens": small, "blocks": args.burst_blocks, "per_block": args.burst_turns,
+                             "by_shape": burst}}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -383,6 +398,7 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
                 chain.turn({"role": "user", "content": f"step {i}: continue"}, timed=timed, counted=counted)
             if (i + 1) % 10 == 0:
                 print(f"  round {i + 1}/{rounds}", file=sys.stderr)
+        back_to_back(chains, args.burst_blocks, args.burst_turns)
     finally:
         for c in chains:
             c.close()
@@ -391,8 +407,26 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
     return chains
 
 
+def back_to_back(chains: list[Chain], blocks: int, per_block: int) -> None:
+    """The smallest WebSocket chains of each target (short answers, both history shapes) again,
+    this time ``per_block`` turns in a row on one chain before the next chain's block (blocks
+    rotate, ``blocks`` each): the server's process is warm, as one that serves many sessions at
+    once always is. The interleaved rounds measure the other case — every turn finds its server
+    idle since its previous turn, caches cold — which a Python process (a larger working set per
+    turn) pays more for than a compiled one; the report gives both."""
+    smallest = min(c.history_tokens for c in chains)
+    picked = [c for c in chains if c.transport == "ws" and c.output == "short" and c.history_tokens == smallest]
+    for b in range(blocks):
+        k = b % len(picked) if picked else 0
+        for chain in picked[k:] + picked[:k]:
+            for j in range(per_block + 1):  # the block's first turn wakes the server: not timed
+                dt = chain.turn({"role": "user", "content": f"burst {b}.{j}: continue"})
+                if j:
+                    chain.burst_times.append(dt)
+
+
 def run(quick: bool, argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse(argv or (["--turns", "20", "--warmup", "3"] if quick else []))
+    args = parse(argv or (["--turns", "20", "--warmup", "3", "--burst-blocks", "3"] if quick else []))
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     chains = run_chains(args)
     out = summarize(chains, args)
@@ -404,6 +438,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peer_overhead")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--burst-blocks", type=int, default=10, help="back-to-back blocks per chain (0: none)")
+    ap.add_argument("--burst-turns", type=int, default=20, help="timed turns in a back-to-back block")
     ap.add_argument("--history", type=int, nargs="+", default=[1000, 32768, 131072])
     ap.add_argument("--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS))
     ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))

@@ -102,6 +102,9 @@ def _ratio_why(p: dict[str, Any], n: str, why: str) -> str:
     floor = _floor_why(p, n)
     if floor:
         text.append(floor)
+    warm = _warm_why(p)
+    if warm:
+        text.append(warm)
     capped = _fallback_share(p, "ws", "cap16", n)
     if capped:
         text.append(f"With 16-token caps some turns are still rendered in full — {capped}.")
@@ -128,6 +131,25 @@ def _floor_why(p: dict[str, Any], n: str) -> str:
             "one write (`benchmarks/floor_server.py`) — measures what no server can take away (the client's Python, "
             "loopback wake-ups, the frames' bytes): " + "; ".join(cells) + ". A target below its floor could not "
             "be met by any server measured this way.")
+
+
+def _warm_why(p: dict[str, Any]) -> str:
+    """The back-to-back phase (each server warm) against the interleaved rounds, or ''."""
+    bb = (p.get("back_to_back") or {}).get("by_shape") or {}
+    cells = []
+    for shape, t in bb.items():
+        if "ratio" not in t:
+            continue
+        floor = t.get("floor", {}).get("median_ms")
+        cells.append(f"{SHAPES[shape]}: respgate {_f(t['respgate']['median_ms'])} ms, agentic-api "
+                     f"{_f(t['agentic']['median_ms'])} ms" + (f", floor {_f(floor)} ms" if floor else "") +
+                     f" (ratio **{_f(t['ratio'])}**)")
+    if not cells:
+        return ""
+    return ("Interleaved, every turn finds its server idle since its previous turn, its caches taken by the other "
+            "servers and the client; a Python process touches far more code and data per turn than a compiled one "
+            "and pays more for that. The same smallest WebSocket chains turn after turn on one server (each server "
+            f"warm, as one serving many sessions is; `back_to_back` in the JSON): " + "; ".join(cells) + ".")
 
 
 def _fallback_share(p: dict[str, Any], transport: str, output: str, n: str, shapes: tuple[str, ...] = ()) -> str:
@@ -386,6 +408,26 @@ def peers_section(r: dict[str, dict[str, Any] | None]) -> list[str]:
     return lines
 
 
+def _back_to_back_table(p: dict[str, Any]) -> list[str]:
+    bb = p.get("back_to_back") or {}
+    by_shape = bb.get("by_shape") or {}
+    if not by_shape:
+        return []
+    lines = ["### Back-to-back turns: each server warm", "",
+             f"The smallest WebSocket chains (short answers, {_k(bb['history_tokens'])} of history) after the "
+             f"interleaved rounds, {bb['per_block']} timed turns in a row per chain (the block's first, which wakes "
+             f"the server, untimed), {bb['blocks']} blocks per chain in rotation.", "",
+             "| history | respgate median / p90 ms | agentic-api median / p90 ms | floor median ms | "
+             "respgate / agentic-api |", "|---|---:|---:|---:|---:|"]
+    for shape, t in by_shape.items():
+        a, b, fl = t.get("respgate"), t.get("agentic"), t.get("floor")
+        if not a or not b:
+            continue
+        lines.append(f"| {SHAPES[shape]} | {_f(a['median_ms'])} / {_f(a['p90_ms'])} | {_f(b['median_ms'])} / "
+                     f"{_f(b['p90_ms'])} | {_f(fl['median_ms']) if fl else '—'} | {_f(t['ratio'])} |")
+    return lines + [""]
+
+
 def _count(p: dict[str, Any]) -> list[int]:
     return [len(by_n) for by_t in p["chains"].values() for by_s in by_t.values() for by_o in by_s.values()
             for by_n in by_o.values()]
@@ -394,7 +436,7 @@ def _count(p: dict[str, Any]) -> list[int]:
 def _peer_tables(p: dict[str, Any]) -> list[str]:
     sizes = [str(n) for n in p["history_tokens"]]
     hist = p.get("history_input_tokens", {})
-    lines = ["### Per-turn latency, respgate vs agentic-api", "",
+    lines = _back_to_back_table(p) + ["### Per-turn latency, respgate vs agentic-api", "",
              "| transport | history | output | tokens | respgate median / p90 ms | agentic-api median / p90 ms | "
              "respgate / agentic-api (median) |", "|---|---|---|---:|---:|---:|---:|"]
     ours, theirs = p["chains"].get("respgate", {}), p["chains"].get("agentic", {})

@@ -33,7 +33,7 @@ from benchmarks.agentic_peer import (AGENTIC_API_VERSION, BINARY, AgenticServer,
                                      find_wheel, install)
 from benchmarks.floor_server import FloorServer
 from benchmarks.peer_overhead import summarize
-from benchmarks.report_peers import peer_targets
+from benchmarks.report_peers import peer_targets, peers_section
 from benchmarks.upstream_stub import parse_cap
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -162,17 +162,18 @@ def test_install_downloads_only_when_no_wheel_is_cached_and_checks_the_version(t
         install(other, download=_no_download)
 
 
-def _chain(target, transport, shape, output, n, ms, *, fallbacks=None):
+def _chain(target, transport, shape, output, n, ms, *, fallbacks=None, burst_ms=None):
     times = [ms / 1e3] * 5
     return SimpleNamespace(target=target, transport=transport, shape=shape, output=output, history_tokens=n,
                            times=times, events=[15] * 5, statuses={"completed": 5}, first_input_tokens=n,
                            input_tokens=n, encoded=[9.0] * 5, fallbacks=fallbacks or {}, upstream_bytes=[1.0] * 5,
-                           upstream_requests=[1.0] * 5, stub_ms=[0.1] * 5)
+                           upstream_requests=[1.0] * 5, stub_ms=[0.1] * 5, counted=5,
+                           burst_times=[burst_ms / 1e3] * 4 if burst_ms else [])
 
 
 def test_peer_verdicts_follow_the_figures():
     args = SimpleNamespace(history=[1000, 131072], turns=5, warmup=1, transports=["ws"], shapes=["items"],
-                           outputs=["short"])
+                           outputs=["short"], burst_blocks=0, burst_turns=0)
     chains = [_chain("respgate", "ws", "items", "short", 1000, 1.0), _chain("agentic", "ws", "items", "short", 1000, 2.5),
               _chain("respgate", "ws", "items", "short", 131072, 1.5),
               _chain("agentic", "ws", "items", "short", 131072, 2.5)]
@@ -188,7 +189,8 @@ def test_peer_verdicts_follow_the_figures():
 
 
 def test_a_missed_ratio_target_is_read_against_the_floor():
-    args = SimpleNamespace(history=[1000], turns=5, warmup=1, transports=["ws"], shapes=["items"], outputs=["short"])
+    args = SimpleNamespace(history=[1000], turns=5, warmup=1, transports=["ws"], shapes=["items"], outputs=["short"],
+                           burst_blocks=0, burst_turns=0)
     chains = [_chain("respgate", "ws", "items", "short", 1000, 2.0), _chain("agentic", "ws", "items", "short", 1000, 2.5),
               _chain("floor", "ws", "items", "short", 1000, 0.8)]
     result = summarize(chains, args)
@@ -197,6 +199,21 @@ def test_a_missed_ratio_target_is_read_against_the_floor():
     (target,) = [t for t in peer_targets({"peer_overhead": result}) if t.text.startswith("WS continuation ≤")]
     assert target.ok is False
     assert "floor 0.80 ms, target 1.25 ms, respgate 1.20 ms above the floor against agentic-api's 1.70" in target.why
+    assert "back_to_back" not in target.why  # no back-to-back turns in this run: nothing said of them
+
+
+def test_back_to_back_turns_are_summarized_and_read_in_the_why():
+    args = SimpleNamespace(history=[1000], turns=5, warmup=1, transports=["ws"], shapes=["items"], outputs=["short"],
+                           burst_blocks=2, burst_turns=2)
+    chains = [_chain("respgate", "ws", "items", "short", 1000, 2.0, burst_ms=0.8),
+              _chain("agentic", "ws", "items", "short", 1000, 2.5, burst_ms=1.0),
+              _chain("floor", "ws", "items", "short", 1000, 0.8, burst_ms=0.3)]
+    result = summarize(chains, args)
+    bb = result["back_to_back"]["by_shape"]["items"]
+    assert bb["ratio"] == pytest.approx(0.8) and bb["floor"]["median_ms"] == pytest.approx(0.3)
+    (target,) = [t for t in peer_targets({"peer_overhead": result}) if t.text.startswith("WS continuation ≤")]
+    assert "respgate 0.80 ms, agentic-api 1.00 ms, floor 0.30 ms (ratio **0.80**)" in target.why
+    assert any("Back-to-back" in line for line in peers_section({"peer_overhead": result}))
 
 
 def test_the_floor_server_replays_the_recorded_turn_with_a_fresh_id():
