@@ -9,6 +9,13 @@ read through :class:`~inference.simulated_prompt.PromptView` (the newest message
 per sequence), the prefix cache (:mod:`inference.simulated_cache`) hashes each block of a sequence
 once, and nothing copies the prompt (but ``record_prompts``). ``stats`` counts that work.
 
+Per delta it must cost almost nothing too: the zero-latency benchmarks count this process's
+bytecodes, and the stand-in's share is not the gateway's. So a turn whose answer is finite and
+can neither fail nor wait (nearly all: no pacing, no decode delay, no logprobs) is cut into its
+deltas at once, in C (:func:`_plan`), and each delta then costs a count, a hand-over and one bare
+yield to the loop; the rest (endless answers, failures, pacing, logprobs) walk the plan a token at
+a time (:func:`_chunks`). Both give the same deltas, stats and cache state.
+
 Timing model (all optional): ``ttft_s`` + uncached prompt tokens / ``prefill_tps`` before the
 first delta, then ``len(delta) / decode_tps`` before each delta. Between deltas the engine always
 yields to the event loop (``asyncio.sleep(0)``) so a fast simulated model never starves the
@@ -26,7 +33,7 @@ from inference.engine import (EngineError, EngineStats, FinishReason, RequestRou
 from inference.harmony_core import harmony_encoding, harmony_tokens
 from inference.simulated_cache import Admission, BlockPrefixCache, CacheWork, Known, KnownSequences
 from inference.simulated_prompt import PromptView
-from inference.simulated_script import Script, Turn, default_script, turn_tokens
+from inference.simulated_script import Script, Turn, completion_tokens, default_script, turn_tokens
 
 __all__ = ["SimulatedEngine", "SimulatedStats"]
 
@@ -74,6 +81,48 @@ def _chunks(
             sent += len(chunk)
             yield chunk, None, None, False
             chunk = []
+
+
+def _plan(
+    tokens: Sequence[int], stops: frozenset[int], max_tokens: int | None, per_delta: int,
+) -> tuple[list[list[int]], int, FinishReason | None, int | None]:
+    """The deltas of a finite plan that cannot fail, cut at once: ``(chunks, end, finish_reason,
+    stop_token_id)``, where ``end`` is how many tokens the chunks hold.
+
+    The same cut as :func:`_chunks` (the first stop token or the plan's last token ends it with
+    ``"stop"``; ``max_tokens``, at least one token, ends it earlier with ``"length"``), found with
+    C-level searches instead of a Python step and a look-ahead per token: a zero-latency turn's
+    deltas are what the benchmarks count, and this is the plan of nearly every turn.
+    """
+    n = len(tokens)
+    if not n:
+        return [], 0, None, None
+    hit = stops.intersection(tokens)
+    end = min(map(tokens.index, hit)) + 1 if hit else n
+    if max_tokens is not None and (max_tokens if max_tokens > 1 else 1) < end:
+        end, finish, stop_id = (max_tokens if max_tokens > 1 else 1), "length", None
+    else:
+        finish, stop_id = "stop", tokens[end - 1]
+    cut = tokens[:end] if end < n else tokens
+    b = per_delta
+    if b == 1:
+        return list(map(list, zip(cut))), end, finish, stop_id
+    return list(map(list, map(cut.__getitem__, map(slice, range(0, end, b), range(b, end + b, b))))), \
+        end, finish, stop_id
+
+
+class _YieldNow:
+    """``await _yield_now`` is ``await asyncio.sleep(0)`` at the least cost per delta: one bare
+    ``yield`` to the task, which reschedules itself behind the loop's other ready callbacks (what
+    ``asyncio.sleep(0)`` does through two Python frames). ``__await__`` is a C-level one-item
+    iterator, fresh per await, so waiting costs no Python frame; a cancellation or ``aclose``
+    lands at the ``await`` as at any other."""
+
+    __slots__ = ()
+    __await__ = (None,).__iter__
+
+
+_yield_now = _YieldNow()
 
 
 @dataclass
@@ -146,6 +195,8 @@ class SimulatedEngine:
         self._cache = BlockPrefixCache(cache_block_size, cache_tokens, self.stats.cache) if prefix_cache else None
         self._known = KnownSequences(cache_entries)
         self._eos = eos_token_ids
+        #: the stop tokens every request has (``params.stop_token_ids`` add to them), set once
+        self._stops: frozenset[int] = frozenset(eos_token_ids or ())
         self._started = False
 
     async def start(self) -> None:
@@ -154,6 +205,7 @@ class SimulatedEngine:
         tok = harmony_tokens()
         if self._eos is None:
             self._eos = (tok.return_, tok.call)
+        self._stops = frozenset(self._eos)
         self._started = True
 
     async def shutdown(self) -> None:
@@ -178,9 +230,10 @@ class SimulatedEngine:
     def _turn(self, prompt: Sequence[int], known: Known | None) -> Turn:
         """Run the script on a view of the prompt; a remembered sequence lends its prelude, and
         learns it when the view read it."""
-        view = PromptView(prompt, prelude=known.notes if known is not None else None)
+        view = PromptView(prompt, known.notes if known is not None else None)
+        script = self.script
         try:
-            turn = self.script(view) if self.script is not None else None
+            turn = script(view) if script is not None else None
             return turn if turn is not None else default_script(view)
         finally:
             self.stats.prompt_tokens_read += view.tokens_read
@@ -193,41 +246,84 @@ class SimulatedEngine:
     ) -> AsyncIterator[TokenDelta]:
         if not self._started:
             raise EngineError("simulated engine is not started")
-        clock = asyncio.get_running_loop().time
-        t_request = clock()  # paced: the emulation's own work (cache lookup, script) is inside the budget
+        paced = self.paced
+        if paced:  # the emulation's own work (cache lookup, script) is inside the budget
+            clock = asyncio.get_running_loop().time
+            t_request = clock()
         # The prompt is never copied or scanned whole (a continuation costs O(new tokens)): the
         # cache hashes only blocks it has not seen for this sequence, the script reads the tail.
         prompt = prompt_ids
-        if not len(prompt):
+        n_prompt = len(prompt)
+        if not n_prompt:
             raise EngineError("empty prompt")
         stats = self.stats
-        stats.admit(len(prompt))
+        stats.admit(n_prompt)
         if self.record_prompts:
             stats.prompts.append(list(prompt))
-            stats.prompt_tokens_copied += len(prompt)
+            stats.prompt_tokens_copied += n_prompt
         output: list[int] = []
+        planned: Sequence[int] | None = None  # the fast path's plan: its first ``sent`` tokens went out
+        sent = 0
+        cache = self._cache
         adm: Admission | None = None
         outcome = "aborted"
         try:
             known = self._known.find(prompt)
-            adm = self._cache.admit(prompt, params.cache_salt, known) if self._cache is not None else None
-            cached = adm.cached if adm is not None else 0
-            stats.cached_tokens += cached
+            if cache is not None:
+                adm = cache.admit(prompt, params.cache_salt, known)
+                cached = adm.cached
+                stats.cached_tokens += cached
+            else:
+                cached = 0
             turn = self._turn(prompt, known)
             delay = self.ttft_s
             if self.prefill_tps:
-                delay += (len(prompt) - cached) / self.prefill_tps
-            if self.paced:
+                delay += (n_prompt - cached) / self.prefill_tps
+            if paced:
                 due = t_request + delay
                 await asyncio.sleep(max(0.0, due - clock()))
-            else:
+            elif delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                await _yield_now
             per_token = turn.delay_per_token_s
             if per_token is None:
                 per_token = 1.0 / self.decode_tps if self.decode_tps else 0.0
+            stops = self._stops
+            if params.stop_token_ids:
+                stops = stops.union(params.stop_token_ids)
+            top = params.logprobs
+            if not (paced or per_token or top is not None or turn.endless or turn.fail_after_tokens is not None):
+                # Nearly every turn (and every zero-latency benchmark turn): a finite plan that
+                # cannot fail, with nothing to time and no logprobs. Cut once, then per delta only
+                # count, hand over and yield to the loop — the same deltas as the general path.
+                planned = completion_tokens(turn)
+                b = self.tokens_per_delta
+                chunks, end, finish, stop_id = _plan(planned, stops, params.max_tokens, b)
+                await _yield_now  # the first delta's own (zero) decode time, as below
+                if len(chunks) == 1:
+                    sent = end
+                    stats.generated_tokens += end
+                    yield TokenDelta(chunks[0], finish, cached, stop_id, None)
+                elif chunks:
+                    sent = b
+                    stats.generated_tokens += b
+                    yield TokenDelta(chunks[0], None, cached, None, None)
+                    await _yield_now
+                    # ``sent`` moves with the delta handed over: an abort at the yield, or at the
+                    # wait after it, finds it counted, as the general path's ``output``
+                    for sent, chunk in zip(range(b + b, end, b), chunks[1:-1]):
+                        stats.generated_tokens += b
+                        yield TokenDelta(chunk, None, None, None, None)
+                        await _yield_now
+                    stats.generated_tokens += end - sent
+                    sent = end
+                    yield TokenDelta(chunks[-1], finish, None, stop_id, None)
+                outcome = "finished"
+                return
             deltas = _chunks(
                 turn_tokens(turn),
-                stops=frozenset(params.stop_token_ids) | frozenset(self._eos or ()),
+                stops=stops,
                 max_tokens=params.max_tokens,
                 per_delta=self.tokens_per_delta,
                 fail_after=turn.fail_after_tokens,
@@ -235,7 +331,7 @@ class SimulatedEngine:
             first = True
             # the loop runs once a delta: what it reads is local (the stand-in's own cost is what
             # the zero-latency benchmarks must not measure)
-            paced, sleep, top = self.paced, asyncio.sleep, params.logprobs
+            sleep = asyncio.sleep
             ahead = next(deltas, None)
             while ahead is not None:
                 chunk, finish, stop_id, fail = ahead
@@ -283,7 +379,7 @@ class SimulatedEngine:
             stats.running -= 1
             if outcome == "aborted":
                 stats.aborts += 1
-            if self._cache is not None and adm is not None:
+            if adm is not None:
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
-                self._cache.finish(adm, output[:-1])
+                cache.finish(adm, output[:-1] if planned is None else planned[:sent - 1] if sent > 1 else ())

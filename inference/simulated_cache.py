@@ -104,22 +104,32 @@ class KnownSequences:
     def __init__(self, limit: int = 32) -> None:
         self._limit = max(1, limit)
         self._seqs: OrderedDict[int, Known] = OrderedDict()
+        #: the most recently used sequence (the last of ``_seqs``), asked first and alone: a
+        #: connection's next turn continues it, so a turn usually costs one compare
+        self._mru: Known | None = None
 
     def find(self, prompt: Sequence[int]) -> Known | None:
         """The remembered sequence ``prompt`` continues (or is a prefix of); remembered anew when
         ``prompt`` is an append-only view; None for other sequences (a list may change)."""
-        if not callable(getattr(prompt, "shares_prefix_with", None)):
+        shares = getattr(prompt, "shares_prefix_with", None)
+        if not callable(shares):
             return None
         kind = type(prompt)
-        for key in reversed(self._seqs):
-            known = self._seqs[key]
-            if type(known.view) is kind and prompt.shares_prefix_with(known.view):  # type: ignore[attr-defined]
-                self._seqs.move_to_end(key)
+        mru = self._mru
+        if mru is not None and type(mru.view) is kind and shares(mru.view):
+            return mru  # already the most recent: nothing to move
+        seqs = self._seqs
+        for key in reversed(seqs):
+            known = seqs[key]
+            if type(known.view) is kind and shares(known.view):
+                seqs.move_to_end(key)
+                self._mru = known
                 return known
         known = Known(prompt)  # type: ignore[arg-type]
-        self._seqs[id(known)] = known
-        while len(self._seqs) > self._limit:
-            self._seqs.popitem(last=False)
+        seqs[id(known)] = known
+        self._mru = known
+        while len(seqs) > self._limit:
+            seqs.popitem(last=False)
         return known
 
     def __len__(self) -> int:

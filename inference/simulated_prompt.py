@@ -258,8 +258,10 @@ class PromptView:
         tok = harmony_tokens()
         self._tok = tok
         n = len(prompt_ids)
-        self._body_end = n - 2 if n >= 2 and _as_list(prompt_ids[-2:]) == [tok.start, tok.assistant] else n
-        self.tokens_read = min(n, 2)
+        # (a slice shorter than two never equals the two-token generation prompt; ``list`` of a
+        # two-token slice is cheaper than asking whether it is one already)
+        self._body_end = n - 2 if list(prompt_ids[-2:]) == [tok.start, tok.assistant] else n
+        self.tokens_read = 2 if n > 2 else n
         self._given = prelude if prelude is not None and prelude.extent <= self._body_end else None
         self._definite: PromptPrelude | None = None
 

@@ -24,7 +24,9 @@ from inference.harmony_render import render_completion
 from inference.simulated_prompt import PromptView, ToolSpec
 from inference.summary import SUMMARY_PREFIX, is_summary_request
 
-__all__ = ["Script", "ToolCall", "Turn", "default_script", "summary_turn", "turn_tokens", "turns_in_order"]
+__all__ = [
+    "Script", "ToolCall", "Turn", "completion_tokens", "default_script", "summary_turn", "turn_tokens", "turns_in_order",
+]
 
 _FILLER = " lorem ipsum dolor sit amet"
 
@@ -98,18 +100,27 @@ def _messages(turn: Turn) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _completion(turn: Turn) -> tuple[int, ...]:
+def _completion(reasoning: str | None, commentary: str | None, tool_calls: tuple[ToolCall, ...],
+                text: str | None, endless: bool) -> tuple[int, ...]:
     """Rendered once per distinct turn: a script that answers alike every time (the benchmarks'
-    zero-latency engine) should cost the engine emulation nothing per request."""
-    return tuple(render_completion(_messages(turn)))
+    zero-latency engine) should cost the engine emulation nothing per request. Keyed by the
+    fields the rendering reads (not the :class:`Turn`, whose generated ``__hash__`` and ``__eq__``
+    ran as Python on every lookup; the fields hash and compare in C), bounded like any cache."""
+    return tuple(render_completion(_messages(Turn(reasoning, commentary, tool_calls, text, endless=endless))))
+
+
+def completion_tokens(turn: Turn) -> Sequence[int]:
+    """The canonical completion of ``turn`` as a sequence (with its final message's terminator
+    even when ``turn.endless``: :func:`turn_tokens` drops that)."""
+    try:
+        return _completion(turn.reasoning, turn.commentary, turn.tool_calls, turn.text, turn.endless)
+    except TypeError:  # unhashable: a tool call's arguments given as a dict
+        return render_completion(_messages(turn))
 
 
 def turn_tokens(turn: Turn) -> Iterator[int]:
     """The canonical completion of ``turn`` (infinite when ``turn.endless``)."""
-    try:
-        tokens: Sequence[int] = _completion(turn)
-    except TypeError:  # unhashable: a tool call's arguments given as a dict
-        tokens = render_completion(_messages(turn))
+    tokens = completion_tokens(turn)
     if not turn.endless:
         return iter(tokens)
     # drop the final message's terminator: the answer never ends
