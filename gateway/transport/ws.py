@@ -54,6 +54,7 @@ import re
 import time
 from typing import Any
 
+import msgspec
 import orjson
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import Response
@@ -216,7 +217,7 @@ class WsConnection:
             stream_id = event.get("stream_id")
             valid = stream_id is None or (isinstance(stream_id, str) and STREAM_ID.fullmatch(stream_id) is not None)
             await self._feed(Event(Ev.CREATE, lane=stream_id if valid and stream_id is not None else DEFAULT_LANE,
-                                   frame=event, previous_response_id=_prev(event), valid_lane=valid,
+                                   frame=Create(event, len(data)), previous_response_id=_prev(event), valid_lane=valid,
                                    aged=self._age() >= self.settings.ws_max_age_s))
         elif kind == "response.processed":
             return  # Codex acknowledges consumed responses; any reply would fail its next turn
@@ -347,7 +348,7 @@ class WsConnection:
 
     # -- turns ------------------------------------------------------------------------------------
 
-    async def _turn(self, lane: str, frame: dict[str, Any]) -> None:
+    async def _turn(self, lane: str, frame: Create) -> None:
         """One create, start to terminal event; then the machine hears how it ended."""
         self.gw.metrics.ws_inflight.inc()
         gone: Ev | None = None  # how the machine hears that the socket went (client_gone, send_stalled)
@@ -370,15 +371,17 @@ class WsConnection:
             await self._feed(Event(gone))
         else:
             await self._feed(Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane,
-                                   previous_response_id=_prev(frame)))
+                                   previous_response_id=_prev(frame.body)))
 
-    async def _run_turn(self, lane: str, frame: dict[str, Any]) -> bool:
+    async def _run_turn(self, lane: str, create: Create) -> bool:
         """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
         stream_id = lane or None
+        frame = create.body
         prev = frame.get("previous_response_id")
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
             await self._resume(lane, prev)
-        ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane)
+        ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane,
+                          body_bytes=create.nbytes)
         tracing = self.gw.metrics.tracing
         if tracing is not None:  # this turn's parent: its create's client_metadata, else the upgrade's
             meta = frame.get("client_metadata")
@@ -536,6 +539,14 @@ class WsConnection:
             await self._send(err.ws_frame(stream_id))
         except ConnectionGone:
             pass
+
+
+class Create(msgspec.Struct, frozen=True):
+    """A ``response.create`` frame as the lanes carry it: the parsed body and the length of the text
+    it was parsed from (which sizes its prepare work without a walk: ``TurnContext.body_bytes``)."""
+
+    body: dict[str, Any]
+    nbytes: int
 
 
 def _prev(frame: dict[str, Any]) -> str | None:

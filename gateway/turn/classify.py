@@ -22,7 +22,7 @@ reported asynchronously (``security.flags``) once the response id exists.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gateway.base.metrics import Metrics
 from gateway.turn.offload import INLINE, Cpu
@@ -45,7 +45,8 @@ class ClassifyStage:
         ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
         itself where its scans run (``security.classify.Composite``)."""
         seen = turn.prefix.seen if turn.prefix is not None else 0
-        texts = await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen)
+        texts = (texts_of(turn.new_items, turn.base_context.has_id, seen) if cpu.inline
+                 else await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen))
         if seen:
             self.metrics.prefix_skipped_items.inc(seen)
         verdicts = await self._verdicts(texts)
@@ -104,32 +105,45 @@ def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | 
     items whose id ``known`` says is already in the conversation (``item_reference`` re-inclusions).
     Indices stay those of ``items``."""
     out: list[ItemText] = []
+    message = ItemType.MESSAGE
     for index in range(start, len(items)):
         item = items[index]
         item_id = item.get("id")
-        if known is not None and isinstance(item_id, str) and known(item_id):
+        if not isinstance(item_id, str):
+            item_id = None
+        elif known is not None and known(item_id):
             continue
-        t = str(item.get("type", ItemType.MESSAGE))
-        out.append(ItemText(index, item_id if isinstance(item_id, str) else None, t,
-                            item.get("role") if t == ItemType.MESSAGE else None, "\n".join(_texts(t, item)),
+        t = str(item.get("type", message))
+        out.append(ItemText(index, item_id, t, item.get("role") if t == message else None, _text(t, item),
                             tool_output=t in OUTPUT_TYPES))
     return out
 
 
-def _texts(t: str, item: Mapping[str, Any]) -> Iterable[str]:
+def _text(t: str, item: Mapping[str, Any]) -> str:
+    """An item's classifiable text: its texts joined by newlines."""
     if t == ItemType.MESSAGE or t == ItemType.REASONING:
+        content = item.get("content")
+        if item.get("summary") is None:  # a message: one text, or one text part (the usual ones)
+            if type(content) is str:
+                return content
+            if type(content) is list and len(content) == 1 and type(content[0]) is dict:
+                text = content[0].get("text")
+                return text if type(text) is str else ""
+        texts: list[str] = []
         for key in ("content", "summary"):
-            parts = item.get(key)
+            parts = content if key == "content" else item.get(key)
             if isinstance(parts, str):
-                yield parts
+                texts.append(parts)
             elif isinstance(parts, list):
                 for p in parts:
                     if isinstance(p, Mapping) and isinstance(p.get("text"), str):
-                        yield p["text"]
-    elif (kind := call_kind(t)) is not None:
-        yield _str(item.get(kind.payload))
-    elif t in OUTPUT_TYPES:
-        yield _str(item.get("output"))
+                        texts.append(p["text"])
+        return "\n".join(texts)
+    if (kind := call_kind(t)) is not None:
+        return _str(item.get(kind.payload))
+    if t in OUTPUT_TYPES:
+        return _str(item.get("output"))
+    return ""
 
 
 def _str(v: Any) -> str:

@@ -36,6 +36,9 @@ CONTAINER_WEIGHT = 128
 #: prelude, rendered once and then cached by its key (``Renderer.render_prelude``) — a coding agent
 #: re-sends ~40 KB of them with every continuation, which costs a key's hash, not a render
 PRELUDE_DISCOUNT = 16
+#: no body weighs more than this many times the length of the JSON text it was parsed from (see
+#: :func:`weight_bound`)
+TEXT_FACTOR = 69
 
 
 def weight(body: Any, limit: int) -> int:
@@ -91,17 +94,52 @@ def _input_weight(value: Any, limit: int) -> int:
 _END = object()
 
 
+def weight_bound(text_len: int) -> int:
+    """An upper bound of :func:`weight` for a body parsed from a JSON text of ``text_len``
+    characters (or bytes: a UTF-8 text has no fewer bytes than characters), so a small frame is
+    sized without walking it.
+
+    Why it holds — the input: every character of the text belongs to at most one value's own
+    text (whitespace to none), and the walk charges each value at most a fixed multiple of its own
+    characters: a string ``len + 2`` for at least its length plus two quotes (an escape only
+    lengthens it); any other scalar 5 for at least one character (``0``); a list of ``n`` values
+    ``2 + n`` for its ``n + 1`` brackets and commas (at most 2 a character); an object
+    ``2 + Σ(len(key) + 3)`` for its braces and its keys, each quoted and followed by a colon (at
+    most 1 a character). So the walk charges at most 5 a character, plus ``CONTAINER_WEIGHT`` (128)
+    for each item and part, each an object with two braces of its own: at most 64 more a character,
+    69 in all. The other fields: a string counts its length; an object or list the bytes of
+    orjson's compact JSON of it, at most 4.5 a character of the text it was parsed from (UTF-8 is
+    at most 4 bytes a character, and orjson escapes only what the text had to escape; the widest
+    number is a float such as ``1e15``, written ``1000000000000000.0``: 18 for 4), which the
+    16-fold prelude discount brings under 1 a character. ``tests/test_prepare_cost_offload.py``
+    checks the bound against the walk."""
+    return TEXT_FACTOR * text_len
+
+
+def written_bound(body: dict[str, Any]) -> int:
+    """An upper bound of :func:`weight` from orjson's JSON of ``body`` and of its ``input`` (two
+    calls in C): ``TEXT_FACTOR`` a byte of the input's (it is a text the input parses from, see
+    :func:`weight_bound`) and the rest of the body's over ``PRELUDE_DISCOUNT`` (the other fields'
+    strings and JSON are inside it, with their keys, quotes and commas besides). For a body whose
+    own text was short enough to parse on the event loop, where writing it back costs about what
+    parsing it did: a coding agent's continuation, ~10 KB of re-sent tools and a short input."""
+    try:
+        whole = len(orjson.dumps(body))
+        given = len(orjson.dumps(body.get("input")))
+    except (orjson.JSONEncodeError, TypeError):
+        return 1 << 62
+    return (whole - given) // PRELUDE_DISCOUNT + TEXT_FACTOR * given
+
+
 class Cpu:
     """How a stage runs its CPU piece: ``await cpu(fn, *args)`` — inline, or in the worker pool."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "inline")
 
     def __init__(self, pool: ThreadPoolExecutor | None) -> None:
         self._pool = pool
-
-    @property
-    def inline(self) -> bool:
-        return self._pool is None
+        #: whether it runs the work inline: a caller with one piece may then call it itself
+        self.inline = pool is None
 
     async def __call__(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._pool is None:
@@ -139,9 +177,16 @@ class PrepareOffload:
         self.offloaded += 1
         return self._offloaded
 
-    def for_body(self, body: Any) -> Cpu:
-        """By a parsed body's :func:`weight`."""
-        return self.for_size(weight(body, self.inline_bytes))
+    def for_body(self, body: Any, text_bytes: int | None = None) -> Cpu:
+        """By a parsed body's :func:`weight`. When the length of the text it was parsed from is
+        known and within the limit (``TurnContext.body_bytes``: a WebSocket continuation's frame),
+        inline without the walk if a bound of its weight is within the limit too:
+        :func:`weight_bound` of the text's length, else :func:`written_bound`."""
+        limit = self.inline_bytes
+        if text_bytes is not None and text_bytes <= limit and (
+                weight_bound(text_bytes) <= limit or written_bound(body) <= limit):
+            return INLINE
+        return self.for_size(weight(body, limit))
 
     def close(self) -> None:
         """Shutdown: queued work is dropped, running work finishes in its thread."""

@@ -119,7 +119,7 @@ class Pipeline:
     async def _prepare(self, body: Any, ctx: TurnContext, lap: StageTimer) -> PreparedTurn:
         t0 = lap.started
         log_context.response_id.set(None)
-        cpu = self.offload.for_body(body)
+        cpu = self.offload.for_body(body, ctx.body_bytes)
         turn = await self.resolver.resolve(body, ctx, lap=lap.lap, cpu=cpu)
         self.metrics.items_validated.inc(len(turn.new_items))
         verdicts = await self.classify.classify(turn, ctx, cpu)
@@ -127,8 +127,9 @@ class Pipeline:
         shape_cpu = cpu
         if cpu.inline and not grammar_library_ready() and needs_grammar_library(turn.prelude.tools):
             shape_cpu = self.offload.pooled()  # the first grammar imports xgrammar (seconds): not on the loop
-        rendered, sampling, response, echo = await shape_cpu(_shape, turn, ctx.tenant, self.constraints,
-                                                             self.tool_echoes)
+        rendered, sampling, response, echo = (
+            _shape(turn, ctx.tenant, self.constraints, self.tool_echoes) if shape_cpu.inline
+            else await shape_cpu(_shape, turn, ctx.tenant, self.constraints, self.tool_echoes))
         render_stage.observe(self.metrics, rendered)
         if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
             for syntax in sampling.structured.fallbacks:

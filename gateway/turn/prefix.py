@@ -116,8 +116,12 @@ def canonical_bytes(item: Mapping[str, Any]) -> bytes:
     null left out — null and absent read the same to every renderer (``item.get``), and the model's
     own output items carry nulls a client's re-send (``exclude_none``) does not (raises
     ``TypeError``/``orjson.JSONEncodeError`` for what JSON cannot hold)."""
-    return orjson.dumps({k: v for k, v in item.items() if k not in VOLATILE and v is not None},
-                        option=orjson.OPT_SORT_KEYS)
+    kept = dict(item)  # a copy and two deletions in C: cheaper than a comprehension over every key
+    kept.pop("id", None)
+    kept.pop("status", None)
+    if None in kept.values():
+        kept = {k: v for k, v in kept.items() if v is not None}
+    return orjson.dumps(kept, option=orjson.OPT_SORT_KEYS)
 
 
 def item_digest(item: Mapping[str, Any]) -> bytes:

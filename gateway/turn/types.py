@@ -53,6 +53,9 @@ class TurnContext(msgspec.Struct, frozen=True):
     #: the WebSocket connection's cache (continuations resolve against it first); None over HTTP
     conn_cache: ConnectionCache | None = None
     lane: str = ""
+    #: length of the JSON text the body was parsed from (a frame's characters, a request's bytes),
+    #: when the transport had it: bounds the prepare work without a walk (``gateway.turn.offload``)
+    body_bytes: int | None = None
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):

@@ -46,68 +46,168 @@ def response_skeleton(
     req: CreateRequest, *, response_id: str, model: str, tools: EchoedTools | None, store: bool
 ) -> dict[str, Any]:
     """A Response in status ``in_progress`` (``queued`` for a background one) with ``output: []`` and
-    ``usage: null``; ``tools`` as :class:`EchoedTools` builds them (None: no tools)."""
-    text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
-    if req.text is not None:
-        if req.text.format is not None:
-            fmt = req.text.format.model_dump(by_alias=True)  # json_schema: description and strict too
-            if fmt["type"] == "json_schema" and fmt["strict"] is None:
-                fmt["strict"] = False  # OpenAI's default; OpenResponses types it as a boolean
-            text["format"] = fmt
-        if req.text.verbosity is not None:
-            text["verbosity"] = req.text.verbosity
-    reasoning: dict[str, Any] = {"effort": None, "summary": None, "context": None, "generate_summary": None,
+    ``usage: null``; ``tools`` as :class:`EchoedTools` builds them (None: no tools).
+
+    Built from :data:`_SKELETON` (every key in order, each setting at what the Response says when
+    the create left it out), then the settings the create did give (``model_fields_set``: what the
+    body held; a short continuation gives one, ``previous_response_id``) — so a turn pays for the
+    fields it sets, not for all forty."""
+    out = _SKELETON.copy()
+    out["id"] = response_id
+    out["created_at"] = int(time.time())
+    out["model"] = model
+    out["output"] = []
+    out["reasoning"] = _NO_REASONING.copy()
+    out["store"] = store
+    out["text"] = {"format": {"type": "text"}, "verbosity": "medium"}
+    out["tools"] = tools.tools if tools is not None else []
+    out["metadata"] = {}
+    given = req.model_fields_set & _ECHOED.keys()
+    for name in given:
+        _ECHOED[name](out, req)
+    return out
+
+
+#: the Response of a create that set nothing it echoes (``id``, ``created_at``, ``model``, ``output``,
+#: ``reasoning``, ``store``, ``text``, ``tools`` and ``metadata`` are filled in per response)
+_SKELETON: dict[str, Any] = {
+    "id": None,
+    "object": "response",
+    "created_at": None,
+    "status": "in_progress",
+    "access_programs": None,
+    "background": False,
+    "completed_at": None,
+    "conversation": None,
+    "error": None,
+    "frequency_penalty": 0.0,
+    "image": None,
+    "incomplete_details": None,
+    "input_transformations": None,
+    "instructions": None,
+    "max_output_tokens": None,
+    "max_tool_calls": None,
+    "model": None,
+    "moderation": None,
+    "output": None,
+    "parallel_tool_calls": True,
+    "presence_penalty": 0.0,
+    "previous_response_id": None,
+    "prompt": None,  # stored prompts are refused (gateway/turn/checks.py)
+    "prompt_cache_diagnostics": None,
+    "prompt_cache_key": None,
+    "prompt_cache_options": None,  # none are applied
+    "prompt_cache_retention": None,
+    "reasoning": None,
+    "safety_identifier": None,
+    "service_tier": "auto",
+    "store": None,
+    "temperature": 1.0,
+    "text": None,
+    "tool_choice": "auto",
+    "tools": None,
+    "tool_usage": None,
+    "top_logprobs": 0,
+    "top_p": 1.0,
+    "truncation": "disabled",
+    "usage": None,
+    "user": None,
+    "metadata": None,
+}
+_NO_REASONING: dict[str, Any] = {"effort": None, "summary": None, "context": None, "generate_summary": None,
                                  "mode": None}
-    if req.reasoning is not None:
-        reasoning["effort"] = req.reasoning.effort
-        reasoning["summary"] = req.reasoning.summary or req.reasoning.generate_summary
-        reasoning["generate_summary"] = req.reasoning.generate_summary
-        reasoning["context"] = req.reasoning.context
-        reasoning["mode"] = req.reasoning.mode
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "queued" if req.background else "in_progress",
-        "access_programs": None,
-        "background": bool(req.background),
-        "completed_at": None,
-        "conversation": {"id": req.conversation_id} if req.conversation is not None else None,
-        "error": None,
-        "frequency_penalty": 0.0 if req.frequency_penalty is None else float(req.frequency_penalty),
-        "image": None,
-        "incomplete_details": None,
-        "input_transformations": None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "max_tool_calls": req.max_tool_calls,
-        "model": model,
-        "moderation": None,
-        "output": [],
-        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-        "presence_penalty": 0.0 if req.presence_penalty is None else float(req.presence_penalty),
-        "previous_response_id": req.previous_response_id,
-        "prompt": None,  # stored prompts are refused (gateway/turn/checks.py)
-        "prompt_cache_diagnostics": None,
-        "prompt_cache_key": req.prompt_cache_key,
-        "prompt_cache_options": None,  # none are applied
-        "prompt_cache_retention": req.prompt_cache_retention,
-        "reasoning": reasoning,
-        "safety_identifier": req.safety_identifier,
-        "service_tier": req.service_tier or "auto",
-        "store": store,
-        "temperature": 1.0 if req.temperature is None else float(req.temperature),
-        "text": text,
-        "tool_choice": "auto" if req.tool_choice is None else req.tool_choice,
-        "tools": tools.tools if tools is not None else [],
-        "tool_usage": None,
-        "top_logprobs": req.top_logprobs or 0,
-        "top_p": 1.0 if req.top_p is None else float(req.top_p),
-        "truncation": req.truncation or "disabled",
-        "usage": None,
-        "user": req.user,
-        "metadata": dict(req.metadata or {}),
-    }
+
+
+def _background(out: dict[str, Any], req: CreateRequest) -> None:
+    out["status"] = "queued" if req.background else "in_progress"
+    out["background"] = bool(req.background)
+
+
+def _conversation(out: dict[str, Any], req: CreateRequest) -> None:
+    out["conversation"] = {"id": req.conversation_id} if req.conversation is not None else None
+
+
+def _text(out: dict[str, Any], req: CreateRequest) -> None:
+    if req.text is None:
+        return
+    text = out["text"]
+    if req.text.format is not None:
+        fmt = req.text.format.model_dump(by_alias=True)  # json_schema: description and strict too
+        if fmt["type"] == "json_schema" and fmt["strict"] is None:
+            fmt["strict"] = False  # OpenAI's default; OpenResponses types it as a boolean
+        text["format"] = fmt
+    if req.text.verbosity is not None:
+        text["verbosity"] = req.text.verbosity
+
+
+def _reasoning(out: dict[str, Any], req: CreateRequest) -> None:
+    if req.reasoning is None:
+        return
+    reasoning = out["reasoning"]
+    reasoning["effort"] = req.reasoning.effort
+    reasoning["summary"] = req.reasoning.summary or req.reasoning.generate_summary
+    reasoning["generate_summary"] = req.reasoning.generate_summary
+    reasoning["context"] = req.reasoning.context
+    reasoning["mode"] = req.reasoning.mode
+
+
+def _number(key: str, default: float) -> Any:
+    def echo(out: dict[str, Any], req: CreateRequest) -> None:
+        value = getattr(req, key)
+        out[key] = default if value is None else float(value)
+    return echo
+
+
+def _same(key: str) -> Any:
+    def echo(out: dict[str, Any], req: CreateRequest) -> None:
+        out[key] = getattr(req, key)
+    return echo
+
+
+def _or(key: str, default: Any) -> Any:
+    def echo(out: dict[str, Any], req: CreateRequest) -> None:
+        value = getattr(req, key)
+        out[key] = value or default
+    return echo
+
+
+def _metadata(out: dict[str, Any], req: CreateRequest) -> None:
+    out["metadata"] = dict(req.metadata or {})
+
+
+def _parallel(out: dict[str, Any], req: CreateRequest) -> None:
+    out["parallel_tool_calls"] = True if req.parallel_tool_calls is None else req.parallel_tool_calls
+
+
+def _tool_choice(out: dict[str, Any], req: CreateRequest) -> None:
+    out["tool_choice"] = "auto" if req.tool_choice is None else req.tool_choice
+
+
+#: each create field the Response echoes, and how (run only for the fields a create set)
+_ECHOED: dict[str, Any] = {
+    "background": _background,
+    "conversation": _conversation,
+    "frequency_penalty": _number("frequency_penalty", 0.0),
+    "instructions": _same("instructions"),
+    "max_output_tokens": _same("max_output_tokens"),
+    "max_tool_calls": _same("max_tool_calls"),
+    "parallel_tool_calls": _parallel,
+    "presence_penalty": _number("presence_penalty", 0.0),
+    "previous_response_id": _same("previous_response_id"),
+    "prompt_cache_key": _same("prompt_cache_key"),
+    "prompt_cache_retention": _same("prompt_cache_retention"),
+    "reasoning": _reasoning,
+    "safety_identifier": _same("safety_identifier"),
+    "service_tier": _or("service_tier", "auto"),
+    "temperature": _number("temperature", 1.0),
+    "text": _text,
+    "tool_choice": _tool_choice,
+    "top_logprobs": _or("top_logprobs", 0),
+    "top_p": _number("top_p", 1.0),
+    "truncation": _or("truncation", "disabled"),
+    "user": _same("user"),
+    "metadata": _metadata,
+}
 
 
 #: the optional keys the SDK declares per tool type, echoed as null when the request left them out

@@ -64,14 +64,32 @@ def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None
     opens = raw.count("{") + raw.count("[") if isinstance(raw, str) else raw.count(b"{") + raw.count(b"[")
     if opens > max_depth:
         # a coding agent's frame has hundreds of containers, nearly all in the tools it re-sends
-        check_depth(_without_known_tools(body, known_tools), max_depth)
+        if known_tools is not None and isinstance(body, dict) and known_tools(body.get("tools")):
+            _check_depth_but_tools(body, max_depth)
+        else:
+            check_depth(body, max_depth)
     return body
 
 
-def _without_known_tools(body: Any, known_tools: KnownTools | None) -> Any:
-    if known_tools is not None and isinstance(body, dict) and known_tools(body.get("tools")):
-        return {k: v for k, v in body.items() if k != "tools"}
-    return body
+def _check_depth_but_tools(body: dict[str, Any], limit: int) -> None:
+    """:func:`check_depth` of ``body`` without its ``tools`` (checked when they were first offered).
+
+    Usually without a walk: orjson writes ``tools`` inside the body exactly as on its own, so the
+    body's JSON less the tools' has the brackets of the rest, one per container there (and those
+    inside its strings): no path through the rest nests deeper than that. Over the limit (or past
+    what orjson writes), the rest is walked as check_depth would once it opened the body."""
+    try:
+        dumps = orjson.dumps
+        rest = _opens(dumps(body)) - _opens(dumps(body["tools"]))
+    except orjson.JSONEncodeError:
+        rest = limit + 1
+    if rest > limit:
+        _check_depth_of([(value, 2, key) for key, value in body.items()
+                         if key != "tools" and isinstance(value, (dict, list))], limit)
+
+
+def _opens(text: bytes) -> int:
+    return text.count(b"{") + text.count(b"[")
 
 
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
@@ -81,7 +99,11 @@ def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
     ``tool_choice`` would otherwise reach code that recurses (serializers, renderers, grammar
     builders) and fail there as a 500. Iterative and containers only, so the check itself is bounded
     by the body's size, never by the interpreter's stack."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    _check_depth_of([(value, 1, "")], limit)
+
+
+def _check_depth_of(stack: list[tuple[Any, int, str]], limit: int) -> None:
+    """The walk: ``stack`` holds (container, its depth, the top-level parameter it is under)."""
     while stack:
         node, depth, top = stack.pop()
         if depth > limit:
@@ -113,18 +135,20 @@ def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes:
             raise InputRejected("count", 400, f"Invalid '{key}': array too long. Expected an array with maximum "
                                 f"length {limit}, but got an array with length {len(value)} instead.",
                                 code="array_above_max_length", param=key)
-    if max_schema_bytes is not None:
-        for param, schema in _schemas(_without_known_tools(body, known_tools)):
+    if max_schema_bytes is not None and ("tools" in body or "text" in body):  # where schemas are
+        skip_tools = known_tools is not None and known_tools(body.get("tools"))
+        for param, schema in _schemas(body, skip_tools):
             size = len(schema.encode()) if isinstance(schema, str) else len(orjson.dumps(schema))
             if size > max_schema_bytes:
                 raise InputRejected("schema", 400, f"Invalid '{param}': schema too large ({size} bytes; the limit "
                                     f"is {max_schema_bytes}).", code="invalid_value", param=param)
 
 
-def _schemas(body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(param path, schema) of every schema-like value a create carries."""
+def _schemas(body: dict[str, Any], skip_tools: bool = False) -> Iterator[tuple[str, Any]]:
+    """(param path, schema) of every schema-like value a create carries (but its tools' when
+    ``skip_tools``: a list that passed these checks before)."""
     tools = body.get("tools")
-    if isinstance(tools, list):
+    if isinstance(tools, list) and not skip_tools:
         for i, tool in enumerate(tools):
             if not isinstance(tool, dict):
                 continue
