@@ -158,3 +158,15 @@ def test_rate_limited_log_keeps_a_flood_to_a_few_lines_and_counts_the_rest(caplo
     assert lines == ["frame too large (0 bytes)", "frame too large (1 bytes)", "too deep",
                      "frame too large (100 bytes) (98 similar line(s) suppressed)"]
     assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_the_served_process_freezes_its_start_up_heap_and_collects_the_young_less_often():
+    """``respgate serve``'s server settles the heap once it is up (gateway/ops/server.py)."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from gateway.ops.server import GC_YOUNG_THRESHOLD, settle_heap; junk = [[] for _ in range(1000)]; "
+            "settle_heap(); print(gc.get_freeze_count() >= 1000, gc.get_threshold()[0] == GC_YOUNG_THRESHOLD, "
+            "gc.get_count()[0] < 100)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "True", "True"], out
