@@ -100,11 +100,6 @@ _SHORT_HEADS = tuple(bytes((0x81, n)) for n in range(126))
 _JOIN_BYTES = 4096
 
 
-def _header(n: int) -> bytes:
-    """The header of an unmasked, final text frame of ``n`` bytes."""
-    return _SHORT_HEADS[n] if n < 126 else _MEDIUM.pack(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n)
-
-
 class SendStalled(RuntimeError):
     """The app's ``send()`` after (or blocked when) the send deadline failed the connection.
 
@@ -312,8 +307,9 @@ class TextFrames:
                 conn.send_text(payload)
             p.transport.write(b"".join(conn.data_to_send()))
             return True
-        heads = _SHORT_HEADS
-        p.transport.cork([heads[len(x)] + x if len(x) < 126 else _header(len(x)) + x for x in payloads])
+        heads, medium = _SHORT_HEADS, _MEDIUM.pack  # each frame's header inline: no call a frame
+        p.transport.cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536
+                           else _LONG.pack(0x81, 127, n)) + x for x in payloads])
         return True
 
     async def send(self, payload: bytes) -> None:
