@@ -87,6 +87,11 @@ class _Vocab:
             ids = enc.encode(name, allowed_special="all")
             if len(ids) == 1:
                 self.specials[ids[0]] = name
+        tok = harmony_tokens()
+        #: tokens a header does not simply take in: ``<|message|>`` (it ends the header) and the
+        #: special tokens other than ``<|channel|>`` and ``<|constrain|>`` (the fast path leaves them
+        #: to harmony's parser)
+        self.header_stops = frozenset(self.specials).difference((tok.channel, tok.constrain)) | {tok.message}
 
 
 _vocab: _Vocab | None = None
@@ -141,15 +146,24 @@ class HarmonyStreamParser:
         return self._parser is not None
 
     def feed(self, token_ids: Sequence[int]) -> list[ParseEvent]:
-        if len(token_ids) == 1 and self._in_content and not self._pending and self._parser is None:
-            # most engine deltas: one ordinary token of an open item, its text known whole (a
-            # terminator, a special token or a split character is not in ``texts``)
-            text = self._texts.get(token_ids[0])
-            if text is not None:
-                self._seen.append(token_ids[0])
-                if self._reasoning:
-                    self.reasoning_tokens += 1
-                return [ItemDelta(text)]
+        if len(token_ids) == 1 and self._parser is None:
+            # most engine deltas are one token: the two commonest kinds read here, the rest below
+            tok = token_ids[0]
+            if self._in_content:
+                # an ordinary token of an open item, its text known whole (a terminator, a special
+                # token or a split character is not in ``texts``)
+                text = self._texts.get(tok) if not self._pending else None
+                if text is not None:
+                    self._seen.append(tok)
+                    if self._reasoning:
+                        self.reasoning_tokens += 1
+                    return [ItemDelta(text)]
+            elif not self._expect_start and tok not in self._vocab.header_stops:
+                # a header token that neither ends the header nor is foreign to it: kept for reading
+                self._header.append(tok)
+                self._header_tokens += 1
+                self._seen.append(tok)
+                return []
         events: list[ParseEvent] = []
         if self._parser is None:
             for i, tok in enumerate(token_ids):

@@ -157,9 +157,10 @@ class TurnRunner:
                         parsed = parser.feed(delta.token_ids)
                     if single is not None:
                         parsed = single.keep(parsed)  # a prefix: the logprob indices stay valid
-                    out = events.feed(parsed, lps)
-                    if out:
-                        yield out
+                    if parsed:  # a header token parses to nothing: most deltas of a short turn
+                        out = events.feed(parsed, lps)
+                        if out:
+                            yield out
                     if single is not None and single.done and delta.finish_reason is None:
                         finish = "single_call"
                         await agen.aclose()  # stop the engine now: what follows the call is dropped
