@@ -18,21 +18,19 @@ CPU_TARGET_MS = 0.5
 TOK_S_TARGET = 40_000
 BYTES_PER_TOKEN_TARGET = 8
 TTFT_TARGET = 1.0
-#: why a short turn still costs what it does (from a cProfile of the gateway process over 3,000 short WS
-#: continuation turns, session 6; the figures themselves come from the run)
+#: what would close the fixed per-turn gap (the figures themselves come from the run's work_count.json)
 FIXED_COST_CLOSE = (
-    "What would close it: fewer Python steps per turn — a compiled event encoder and WebSocket framer, one "
-    "write per turn (the flush cannot tell an engine that answers next iteration from one that answers in 20 ms "
-    "without the engine saying so), request and item models validated in C — the fixed cost of a Python "
-    "gateway against a compiled one that does not tokenize.")
+    "What would close it: fewer Python steps per turn, which now means taking whole layers out of Python — the "
+    "event builder and WebSocket framer, request and item validation, the turn loop itself — rather than cutting "
+    "within them: what is left is a long tail of steps, no stage above a quarter of the count.")
 
 
 def fixed_cost_why(r: dict[str, dict[str, Any] | None]) -> str:
     """Where a short turn's work goes, from this run's ``work_count.json`` (counted, not sampled)."""
     w = (r.get("work_count") or {}).get("short")
     if not w:
-        return ("The same pipeline without sockets (prepare, run, finalize in one process) is ~0.5 ms of CPU a "
-                "turn, a long tail of 1–10 µs steps with no single one above a few percent. " + FIXED_COST_CLOSE)
+        return ("The gateway's own work per turn is a long tail of 1–10 µs Python steps with no single one above a "
+                "few percent. " + FIXED_COST_CLOSE)
     total = w["bytecodes_per_turn"]
     shares = ", ".join(f"{stage} {100 * n / total:.0f}%" for stage, n in w["stages"].items())
     top_fn, top_n = w["top"][0]
@@ -40,8 +38,7 @@ def fixed_cost_why(r: dict[str, dict[str, Any] | None]) -> str:
             f"executes over {w['turns']} short WS continuation turns, `benchmarks/work_count.py`; the count does not "
             f"move with the machine's load): {_f(total, 0)} a turn — {shares}; no single function above "
             f"{100 * top_n / total:.0f}% (`{top_fn.split(':')[-1]}`). What runs in C (orjson, tiktoken, pydantic-core, "
-            "uvloop, the socket's system calls) comes on top; without sockets the same pipeline is ~0.5 ms of CPU a "
-            "turn. " + FIXED_COST_CLOSE)
+            "uvloop, the socket's system calls) comes on top. " + FIXED_COST_CLOSE)
 
 
 SHAPES = {"items": "~800-token items", "one": "one item"}
