@@ -143,22 +143,14 @@ class CorkedTransport:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        self._chunks.append(data if type(data) is bytes else bytes(data))
-        self._size += len(data)
-        self._fresh = True
-        if self._size >= FLUSH_BYTES:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            self._since = self._loop.time()
-            self._loop.call_soon(self._flush_soon)
+        self.cork([data if type(data) is bytes else bytes(data)])
 
     def writelines(self, lines: Any) -> None:
         for data in lines:
             self.write(data)
 
     def cork(self, frames: list[bytes]) -> None:
-        """:meth:`write` for several non-empty ``bytes`` at once (a group of frames)."""
+        """:meth:`write` for non-empty ``bytes`` at once (one, or a group of frames)."""
         self._chunks += frames
         self._size += sum(map(len, frames))
         self._fresh = True
