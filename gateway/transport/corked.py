@@ -96,8 +96,6 @@ TEXT_FRAMES = "respgate.text_frames"
 _MEDIUM, _LONG = struct.Struct("!BBH"), struct.Struct("!BBQ")
 #: the header of an unmasked, final text frame of n < 126 bytes, by n
 _SHORT_HEADS = tuple(bytes((0x81, n)) for n in range(126))
-#: payloads up to this size are joined with their header (one write), larger ones written after it
-_JOIN_BYTES = 4096
 
 
 class SendStalled(RuntimeError):
@@ -262,33 +260,15 @@ class TextFrames:
         self._protocol = protocol
 
     def try_send(self, payload: bytes) -> bool:
-        p = self._protocol
-        # ``_write_paused`` is ``writable`` cleared (pause_writing); set again by a resume, or by a
-        # loss or a stall, which set ``disconnected`` too
-        if p.close_sent or p.disconnected or not p.handshake_complete or p._write_paused:
-            return False
-        conn = p.conn
-        if conn.state is not OPEN:
-            return False
-        if conn.extensions or conn.expect_continuation_frame:  # deflate: websockets compresses
-            conn.send_text(payload)
-            p.transport.write(b"".join(conn.data_to_send()))
-            return True
-        n = len(payload)
-        if n < 126:
-            p.transport.write(_SHORT_HEADS[n] + payload)
-        elif n <= _JOIN_BYTES:
-            p.transport.write(_MEDIUM.pack(0x81, 126, n) + payload)
-        else:
-            p.transport.write(_MEDIUM.pack(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n))
-            p.transport.write(payload)
-        return True
+        return self.try_send_many([payload])
 
     def try_send_many(self, payloads: list[bytes]) -> bool:
         """:meth:`try_send` for a group of frames, all or none: the connection's state is checked
         once, and the frames are corked with one call (a turn's events come in groups:
         ``gateway.turn.run.TurnRunner.batches``)."""
         p = self._protocol
+        # ``_write_paused`` is ``writable`` cleared (pause_writing); set again by a resume, or by a
+        # loss or a stall, which set ``disconnected`` too
         if p.close_sent or p.disconnected or not p.handshake_complete or p._write_paused:
             return False
         conn = p.conn
