@@ -125,9 +125,13 @@ class WatchedFrames:
         self._protocol = inner._protocol
 
     def try_send(self, payload: bytes) -> bool:
-        if not self._inner.try_send(payload):
+        return self.try_send_many([payload])
+
+    def try_send_many(self, payloads: list[bytes]) -> bool:
+        if not self._inner.try_send_many(payloads):
             return False
-        self._seen(payload)
+        for payload in payloads:
+            self._seen(payload)
         return True
 
     async def send(self, payload: bytes) -> None:
