@@ -64,10 +64,13 @@ def codex_fields() -> dict[str, Any]:
 
 
 async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int],
-                  extra: dict[str, Any] | None = None) -> list[float]:
+                  extra: dict[str, Any] | None = None, warmup: int = 0) -> list[float]:
     extra = extra or {}
     async with connect(url, max_size=None, compression=None, open_timeout=300, ping_interval=None) as ws:
         _, resp = await create(ws, {"input": history, **extra})
+        for i in range(warmup):  # untimed, and before the CPU clock starts
+            _, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
+                                        "input": [{"role": "user", "content": f"warm {i}"}]})
         ready.append(1)
         await start.wait()
         times = []
@@ -79,11 +82,13 @@ async def session(url: str, turns: int, start: asyncio.Event, history: str, read
 
 
 async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, warmup: int = 0) -> dict[str, Any]:
+    """``warmup`` untimed turns per session first: the figures are the steady state's, not the first
+    turns' one-time work in a fresh process (imports, caches filling, the interpreter specializing)."""
     start = asyncio.Event()
     history = filler(1000)
     ready: list[int] = []
-    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra)) for _ in range(sessions)]
+    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra, warmup)) for _ in range(sessions)]
     # every session has connected and made its first turn before the clock starts
     deadline = time.monotonic() + 300
     while len(ready) < sessions:
@@ -205,9 +210,9 @@ def run(quick: bool) -> dict[str, Any]:
             # CPU comes from /proc in clock ticks (10 ms): the one-session row, whose CPU per turn is
             # the "gateway CPU per short turn" figure, runs enough turns for ticks to be 1% of it
             each = turns * 50 if n == 1 else turns
-            rows.append(asyncio.run(phase(gw.ws_url, n, each, gw)))
+            rows.append(asyncio.run(phase(gw.ws_url, n, each, gw, warmup=each // 5 if n == 1 else 2)))
             gc.collect()
-        codex = asyncio.run(phase(gw.ws_url, 1, turns * 25, gw, codex_fields()))
+        codex = asyncio.run(phase(gw.ws_url, 1, turns * 25, gw, codex_fields(), warmup=turns * 5))
     with ChildGateway("--script", "short") as gw:
         memory = asyncio.run(idle_memory(gw.ws_url, 8 if quick else 32, 32_768, gw))
     with ChildGateway("--script", "short") as gw:
