@@ -348,13 +348,13 @@ class WsConnection:
 
     # -- turns ------------------------------------------------------------------------------------
 
-    async def _turn(self, lane: str, frame: Create) -> None:
+    async def _turn(self, lane: str, create: Create) -> None:
         """One create, start to terminal event; then the machine hears how it ended."""
         self.gw.metrics.ws_inflight.inc()
         gone: Ev | None = None  # how the machine hears that the socket went (client_gone, send_stalled)
         failed = False
         try:
-            failed = await self._run_turn(lane, frame)
+            failed = await self._run_turn(lane, create)
         except ConnectionGone as exc:
             gone = exc.event
         except BaseException as exc:  # a Rust panic (pyo3's PanicException) too: the lane must hear of it
@@ -371,7 +371,7 @@ class WsConnection:
             await self._feed(Event(gone))
         else:
             await self._feed(Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane,
-                                   previous_response_id=_prev(frame.body)))
+                                   previous_response_id=_prev(create.body)))
 
     async def _run_turn(self, lane: str, create: Create) -> bool:
         """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
