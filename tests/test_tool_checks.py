@@ -238,15 +238,14 @@ def test_known_tools_are_not_walked_again(gateway: LiveGateway, monkeypatch: pyt
 
     resolver = _fresh(gateway.gw.pipeline.resolver)
     tools = codex_tools()
-    walked: list[Any] = []
-    real = validation.check_depth
-    monkeypatch.setattr(validation, "check_depth", lambda body, limit: walked.append(body) or real(body, limit))
+    walked: list[set[str]] = []  # the top-level parameters each walk starts from
+    real = validation._check_depth_of
+    monkeypatch.setattr(validation, "_check_depth_of",
+                        lambda stack, limit: walked.append({top or "<body>" for _, _, top in stack}) or real(stack, limit))
     raw = orjson.dumps(_body(tools))
     limit = gateway.gw.settings.max_json_depth
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
-    assert "tools" in walked[-1]                    # not known yet: walked whole
+    assert walked[-1] == {"<body>"}                  # not known yet: walked whole, tools included
     _validated(resolver, _body(tools))
-    before = len(walked)
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
-    # known: the tools are not walked again; the rest is bounded by its brackets (walked when over)
-    assert all("tools" not in body for body in walked[before:])
+    assert "input" in walked[-1] and "tools" not in walked[-1]  # known: the rest is walked, the tools are not

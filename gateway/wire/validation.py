@@ -72,24 +72,10 @@ def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None
 
 
 def _check_depth_but_tools(body: dict[str, Any], limit: int) -> None:
-    """:func:`check_depth` of ``body`` without its ``tools`` (checked when they were first offered).
-
-    Usually without a walk: orjson writes ``tools`` inside the body exactly as on its own, so the
-    body's JSON less the tools' has the brackets of the rest, one per container there (and those
-    inside its strings): no path through the rest nests deeper than that. Over the limit (or past
-    what orjson writes), the rest is walked as check_depth would once it opened the body."""
-    try:
-        dumps = orjson.dumps
-        rest = _opens(dumps(body)) - _opens(dumps(body["tools"]))
-    except orjson.JSONEncodeError:
-        rest = limit + 1
-    if rest > limit:
-        _check_depth_of([(value, 2, key) for key, value in body.items()
-                         if key != "tools" and isinstance(value, (dict, list))], limit)
-
-
-def _opens(text: bytes) -> int:
-    return text.count(b"{") + text.count(b"[")
+    """:func:`check_depth` of ``body`` without its ``tools`` (checked when they were first offered):
+    the rest is walked as check_depth walks it once it opened the body, without copying the body."""
+    _check_depth_of([(value, 2, key) for key, value in body.items()
+                     if key != "tools" and isinstance(value, (dict, list))], limit)
 
 
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
