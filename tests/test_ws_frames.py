@@ -115,8 +115,12 @@ CASES: dict[str, list[bytes]] = {
     "over the size limit": [frame(bogus(LIMIT + 40_000))],
     "frames after a close": [frame(struct.pack("!H", 1000), opcode=8), frame(bogus())],
 }
-#: cases the fast path reads (a frame of 64 KiB and more comes in several reads: websockets reads it)
-FAST = {"one small frame", "125 bytes", "126 bytes", "empty text frame", "invalid utf-8", "a ping then a frame"}
+#: cases the fast path must read: one send of one frame that arrives in one read (a frame of 64 KiB
+#: and more comes in several reads: websockets reads it)
+FAST = {"one small frame", "125 bytes", "126 bytes", "empty text frame", "invalid utf-8"}
+#: cases whose reads depend on how the kernel hands over the sends (two sends may arrive as one
+#: read): only their answers are compared
+EITHER = {"a frame in two sends", "a ping then a frame", "frames after a close", "fragments"}
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +155,9 @@ def test_one_text_frame_fast_path_answers_as_websockets_does(gateways, monkeypat
             answers[fast] = _replies(sock)
         finally:
             sock.close()
-        if fast:
-            assert any(taken) == (case in FAST), taken
-        else:
+        if not fast:
             assert not taken
+        elif case not in EITHER:
+            assert any(taken) == (case in FAST), taken
     assert answers[True] == answers[False]
     assert answers[True], "the server answered nothing"
