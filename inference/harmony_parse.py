@@ -230,7 +230,7 @@ class HarmonyStreamParser:
             self._header.clear()
             events.append(self._open(channel, recipient))
             return
-        if tok in self._vocab.specials and tok not in (self._tok.channel, self._tok.constrain):
+        if tok in self._vocab.header_stops:  # <|message|> was read above: another special token
             raise _Fallback
         self._header.append(tok)
         self._header_tokens += 1
