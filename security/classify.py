@@ -90,7 +90,7 @@ class Composite:
 
     def __init__(self, classifiers: Sequence[Classifier], overrides: Mapping[str, Action] | None = None, *,
                  thread_bytes: int = 256 * 1024) -> None:
-        self.classifiers = list(classifiers)
+        self.classifiers = tuple(classifiers)  # fixed: the split below is derived from it once
         #: which wait on I/O (``io = True``: the external one) and which scan in CPU, sorted once
         self._io = [c for c in self.classifiers if getattr(c, "io", False)]
         self._local = [c for c in self.classifiers if not getattr(c, "io", False)]
@@ -104,13 +104,12 @@ class Composite:
             return []
         # Classifiers that wait on I/O (``io = True``: the external one) run as tasks while the
         # CPU-only ones run inline: a task per classifier would cost more than a short item's scan.
-        tasks = [asyncio.ensure_future(c.classify(items)) for c in self._io] if self._io else []
+        tasks = [asyncio.ensure_future(c.classify(items)) for c in self._io]
         local = self._local
         try:
             # an item costs the scans as much as ~128 bytes of its text does (5-7 us against 50 ns a
             # byte): 20,000 one-word items take as long as 2.5 MB of text
-            work = (items[0].nbytes if len(items) == 1 else sum(it.nbytes for it in items)) \
-                + ITEM_WORK_BYTES * len(items)
+            work = sum(it.nbytes for it in items) + ITEM_WORK_BYTES * len(items)
             if work > self.thread_bytes and self._scans:
                 # A multi-megabyte tool output takes the regexes a while: scanning in a worker
                 # thread lets the event loop keep serving other connections meanwhile (the GIL
