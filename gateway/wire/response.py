@@ -151,10 +151,11 @@ def _reasoning(out: dict[str, Any], req: CreateRequest) -> None:
     reasoning["mode"] = req.reasoning.mode
 
 
-def _number(key: str, default: float) -> Any:
+def _default(key: str, default: Any, cast: Any = None) -> Any:
+    """The create's value of ``key`` (``cast`` when given), or ``default`` where it is null."""
     def echo(out: dict[str, Any], req: CreateRequest) -> None:
         value = getattr(req, key)
-        out[key] = default if value is None else float(value)
+        out[key] = default if value is None else value if cast is None else cast(value)
     return echo
 
 
@@ -175,35 +176,27 @@ def _metadata(out: dict[str, Any], req: CreateRequest) -> None:
     out["metadata"] = dict(req.metadata or {})
 
 
-def _parallel(out: dict[str, Any], req: CreateRequest) -> None:
-    out["parallel_tool_calls"] = True if req.parallel_tool_calls is None else req.parallel_tool_calls
-
-
-def _tool_choice(out: dict[str, Any], req: CreateRequest) -> None:
-    out["tool_choice"] = "auto" if req.tool_choice is None else req.tool_choice
-
-
 #: each create field the Response echoes, and how (run only for the fields a create set)
 _ECHOED: dict[str, Any] = {
     "background": _background,
     "conversation": _conversation,
-    "frequency_penalty": _number("frequency_penalty", 0.0),
+    "frequency_penalty": _default("frequency_penalty", 0.0, float),
     "instructions": _same("instructions"),
     "max_output_tokens": _same("max_output_tokens"),
     "max_tool_calls": _same("max_tool_calls"),
-    "parallel_tool_calls": _parallel,
-    "presence_penalty": _number("presence_penalty", 0.0),
+    "parallel_tool_calls": _default("parallel_tool_calls", True),
+    "presence_penalty": _default("presence_penalty", 0.0, float),
     "previous_response_id": _same("previous_response_id"),
     "prompt_cache_key": _same("prompt_cache_key"),
     "prompt_cache_retention": _same("prompt_cache_retention"),
     "reasoning": _reasoning,
     "safety_identifier": _same("safety_identifier"),
     "service_tier": _or("service_tier", "auto"),
-    "temperature": _number("temperature", 1.0),
+    "temperature": _default("temperature", 1.0, float),
     "text": _text,
-    "tool_choice": _tool_choice,
+    "tool_choice": _default("tool_choice", "auto"),
     "top_logprobs": _or("top_logprobs", 0),
-    "top_p": _number("top_p", 1.0),
+    "top_p": _default("top_p", 1.0, float),
     "truncation": _or("truncation", "disabled"),
     "user": _same("user"),
     "metadata": _metadata,
