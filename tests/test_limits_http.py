@@ -239,8 +239,10 @@ def test_one_maximal_request_does_not_stop_the_loop(tmp_path: Path):
     with chaos_gateway(tmp_path) as gw, httpx.Client(timeout=300) as client:
         client.post(gw.url + "/v1/responses", json={"model": MODEL, "input": "warm up"})
         with gw.rss_peak() as peak, gw.healthz_stall(period=0.02) as stall:
+            t0 = time.perf_counter()
             r = client.post(gw.url + "/v1/responses", content=raw, headers={"content-type": "application/json"})
-        print(f"healthz worst {stall.worst * 1e3:.0f} ms over {stall.samples} samples; {peak}")
+            elapsed = time.perf_counter() - t0
+        print(f"healthz worst {stall.worst * 1e3:.0f} ms over {stall.samples} samples in {elapsed:.2f} s; {peak}")
         assert r.status_code == 200, r.text[:300]
         body = r.json()
         # the engine ran on the truncated prompt and was cut at max_output_tokens
@@ -248,7 +250,10 @@ def test_one_maximal_request_does_not_stop_the_loop(tmp_path: Path):
         assert body["incomplete_details"] == {"reason": "max_output_tokens"}
         assert 100_000 < body["usage"]["input_tokens"] <= 131_072 and body["usage"]["output_tokens"] == 16
         assert stall.failures == 0
-        assert stall.samples >= 30, f"only {stall.samples} /healthz answers while the big request ran"
+        # answered throughout, whatever the request took: several answers, none waiting for half of it
+        # (on the loop, one health check waited for the whole preparation)
+        assert stall.samples >= 5, f"only {stall.samples} /healthz answers while the big request ran"
+        assert stall.worst < elapsed / 2, (stall, elapsed)
         assert peak.growth < 1024 * MiB, str(peak)
 
 
