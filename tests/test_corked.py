@@ -14,7 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, SEND_STALLED_CODE, CorkedTransport,
+from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, READ_AHEAD, SEND_STALLED_CODE, CorkedTransport,
                                       CorkedWebSocketProtocol, SendStalled, TextFrames)
 from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
@@ -398,6 +398,40 @@ def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
         transport.abort()
         peer.close()
 
+    asyncio.run(main())
+
+
+def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
+    """uvicorn paused reading after every client message and resumed once the app took it: two
+    epoll_ctl calls a turn while the app was already waiting. Reading now pauses once READ_AHEAD
+    messages wait, and resumes once fewer do: what waits stays bounded."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proto = _protocol(deadline=3600)
+        ours, peer = socket.socketpair()
+        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+
+        def arrive(text: str) -> None:  # a whole text message, as the frame reader hands it over
+            proto.curr_msg_data_type = "text"
+            proto.frames = [text.encode()]
+            proto.send_receive_event_to_app()
+
+        for i in range(READ_AHEAD - 1):
+            arrive(f"m{i}")
+            assert transport.is_reading()
+        arrive("last")
+        assert not transport.is_reading() and proto.queue.qsize() == READ_AHEAD
+        assert (await proto.receive())["text"] == "m0"
+        assert transport.is_reading()
+        arrive("again")  # READ_AHEAD wait again: paused again
+        assert not transport.is_reading()
+        while not proto.queue.empty():
+            await proto.receive()
+        assert transport.is_reading()
+        transport.abort()
+        peer.close()
+
+    assert READ_AHEAD >= 2  # 1 is uvicorn's pause after every message
     asyncio.run(main())
 
 
