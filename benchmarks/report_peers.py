@@ -342,11 +342,24 @@ def _ttft_why(pe: dict[str, Any], peer: str) -> str:
     return (f"The same turns split: the engine's own time to first token (vLLM's request metrics on both sides) "
             f"varies by {_f(min(eng))}-{_f(max(eng))} × between the two servers (median {_f(statistics.median(eng))}), "
             f"while respgate's frontend overhead differs from vLLM's server's by {_ms(statistics.median(diffs))} ms "
-            f"per turn (median; worst {_ms(max(diffs))} ms). Each turn's TTFT is seconds of CPU prefill on two shared "
+            f"per turn (median; worst {_ms(max(diffs))} ms). Each turn's TTFT is hundreds of milliseconds of CPU prefill on two shared "
             "cores where both engines' worker threads compete, so turns above 1.0 are the engine's prefill running "
             "slower in one server than the other in that minute, not the gateway's work; what would close it here is "
             "a quiet machine (or one engine at a time per core), on a GPU the prefill is milliseconds and the "
-            "frontend figures below decide.")
+            "frontend figures below decide." + _noise_floor(pe))
+
+
+def _noise_floor(pe: dict[str, Any]) -> str:
+    """vLLM's server against itself on the same turns (``vllm_peer.same_server_noise``)."""
+    from benchmarks.vllm_peer import same_server_noise
+
+    n = pe["summary"].get("same_server_noise") or same_server_noise(pe["turns"])
+    if not n:
+        return ""
+    return (f" The floor of this measurement: vLLM's server against itself — its full-history conversation "
+            f"against its chained one, the same prefill work each turn — has per-turn TTFT ratios of "
+            f"{_f(n['ttft_per_turn_min'])}-{_f(n['ttft_per_turn_max'])} ({n['ttft_turns_above_1']} of {n['turns']} "
+            "turns above 1.0), so a worst turn inside that spread is not a difference between the servers.")
 
 
 def _frontend_why(pe: dict[str, Any], peer: str) -> str:

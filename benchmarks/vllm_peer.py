@@ -460,12 +460,32 @@ def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, ma
                 _median(a for a, _ in fronts[1:] or fronts) / _median(b for _, b in fronts[1:] or fronts)
                 if fronts and _median(b for _, b in fronts[1:] or fronts) else None),
         }
+    out["summary"]["same_server_noise"] = same_server_noise(rows)
     out["machine"] = machine(load0, time.perf_counter() - t_start)
     out["machine"]["engine_load_s"] = t_loaded - t_start
     loads = [x["load_1m"] for r in rows.values() for x in r if x.get("load_1m") is not None]
     if loads:
         out["machine"]["loadavg_1m_turns"] = [min(loads), statistics.median(loads), max(loads)]
     return out
+
+
+def same_server_noise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """How far one server's turns differ from *its own* on the same work: vLLM's server, full
+    history against chained, turn by turn (the cold first turn left out). Both conversations give
+    its engine the same prefill each turn (the same new tokens after the same cached share), so
+    their TTFT ratio is the measurement's noise floor for the per-turn targets against that server:
+    a per-turn ratio between respgate and it within this spread cannot be told from noise."""
+    full, chained = rows.get("vllm_full", [])[1:], rows.get("vllm_chained", [])[1:]
+    pairs = [(a, b) for a, b in zip(full, chained) if a.get("ttft_s") and b.get("ttft_s")]
+    if not pairs:
+        return None
+    ttft = [a["ttft_s"] / b["ttft_s"] for a, b in pairs]
+    engine = [a["engine_ttft_s"] / b["engine_ttft_s"] for a, b in pairs
+              if a.get("engine_ttft_s") and b.get("engine_ttft_s")]
+    return {"ttft_per_turn_max": max(ttft), "ttft_per_turn_min": min(ttft),
+            "ttft_per_turn_median": statistics.median(ttft),
+            "ttft_turns_above_1": sum(x > 1.0 for x in ttft), "turns": len(ttft),
+            "engine_per_turn_max": max(engine, default=None), "engine_per_turn_min": min(engine, default=None)}
 
 
 def plot(result: dict[str, Any], path) -> None:

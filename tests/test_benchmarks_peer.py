@@ -263,6 +263,27 @@ def test_same_engine_verdicts_split_ttft_into_engine_and_frontend():
     assert "1.00-1.20 ×" in ttft.why and "-5.0 ms" in ttft.why   # the engine's spread, the frontend's difference
     assert front.ok is True and "median 0.50" in front.measured
 
+def test_the_same_engine_why_states_the_servers_spread_against_itself():
+    """vLLM's server's full-history turns against its chained ones (the same prefill work): their
+    per-turn spread is the floor a per-turn respgate ratio is read against."""
+    from benchmarks.vllm_peer import same_server_noise
+
+    ours = _vllm_turns([2.0, 1.005, 1.205, 1.005], [1.9, 1.0, 1.2, 1.0])
+    chained = _vllm_turns([2.1, 1.0, 1.0, 1.0], [2.0, 1.0, 1.0, 1.0])
+    full = _vllm_turns([9.9, 1.3, 0.8, 1.1], [9.8, 1.3, 0.8, 1.1])  # the first (cold) turn is left out
+    rows = {"respgate_ws": ours, "vllm_chained": chained, "vllm_full": full}
+    n = same_server_noise(rows)
+    assert n["turns"] == 3 and n["ttft_turns_above_1"] == 2
+    assert round(n["ttft_per_turn_max"], 3) == 1.3 and round(n["ttft_per_turn_min"], 3) == 0.8
+    assert same_server_noise({"respgate_ws": ours}) is None
+    pe = {"turns": rows,
+          "summary": {"respgate_ws": {"frontend_median_s": 0.005}, "vllm_chained": {"frontend_median_s": 0.01},
+                      "ttft_ratio_vs_vllm_chained": {"per_turn_median": 1.0, "per_turn_max": 1.205,
+                                                     "turns_above_1": 2, "turns": 4}}}
+    ttft = next(t for t in peer_targets({"vllm_peer": pe}) if t.text.endswith("(chained) on every turn"))
+    assert "0.80-1.30 (2 of 3 turns above 1.0)" in ttft.why   # computed from the turns when not summarized
+
+
 def _pypi_reachable() -> bool:
     try:
         socket.create_connection(("pypi.org", 443), timeout=5).close()
