@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Hashable
+
+import msgspec
 
 from cache.seq import TokenSeq
 
@@ -55,8 +56,7 @@ class Chain:
         return len(self.view) * TOKEN_BYTES + ENTRY_BYTES * len(self.keys)
 
 
-@dataclass(frozen=True, slots=True)
-class CachedPrefix:
+class CachedPrefix(msgspec.Struct, frozen=True):
     """What one turn of a full-history conversation left: its prompt and what followed it.
 
     ``ids[:prompt_len]`` is the rendering of the turn's input (prelude + items, no generation

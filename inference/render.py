@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
 
+import msgspec
 import orjson
 
 from inference.parse import StreamParser
 
 
-@dataclass(frozen=True, slots=True)
-class Prelude:
+class Prelude(msgspec.Struct, frozen=True):
     """Request-level settings a renderer may place before the conversation."""
 
     instructions: str | None = None

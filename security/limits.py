@@ -28,12 +28,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
+import msgspec
+
 Kind = Literal["requests", "tokens"]
 WINDOW_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class Quota:
+class Quota(msgspec.Struct, frozen=True):
     """Limits per minute; ``None`` = unlimited."""
 
     rpm: int | None = None
