@@ -8,22 +8,50 @@ goes in, so the number of entries *and* their bytes are capped, and one value ab
 the byte budget is never kept (it would evict the rest for one client's sake; it is rebuilt each
 time instead). Two threads missing the same key both build it; the second put replaces the first
 with an equal value.
+
+**Shares.** A cache that several tenants fill (``part`` names the tenant of a key) holds each
+tenant to its ``share`` of the bounds whenever another tenant needs the room. Once the map is full,
+a put evicts from the part furthest over its share (of the entries or of the bytes), its least
+recently used entry; only when no part is over its share does it evict the least recently used
+entry of all, as a plain LRU does. Room nobody else uses is not wasted — a lone tenant still has
+the whole map — but a tenant within its share never loses an entry while another is over it, and
+two tenants that both want more end up with equal shares. So a client that floods the cache with
+distinct content (an attacker, or a runaway agent) churns its own entries, and gives back what it
+took above its share as soon as another tenant puts. At most ``1 / share`` parts can be over their
+share at once, so finding the furthest over is a scan of a handful.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
-from typing import Any, Generic, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterator, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["BoundedLRU"]
+__all__ = ["BoundedLRU", "tenant_of"]
+
+#: the part of a ``(tenant, ...)`` key: its tenant (how the gateway's per-tenant caches key)
+tenant_of = operator.itemgetter(0)
+
+
+class _Part:
+    """One part's entries, least recently used first, and the bytes they are charged."""
+
+    __slots__ = ("keys", "nbytes")
+
+    def __init__(self) -> None:
+        self.keys: OrderedDict[Any, None] = OrderedDict()
+        self.nbytes = 0
 
 
 class BoundedLRU(Generic[K, V]):
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, *, part: Callable[[K], Hashable] | None = None,
+                 share: float = 0.25) -> None:
+        """``part``: the part (tenant) a key belongs to, for the shares (module docstring); None: one
+        map, no shares. ``share``: the fraction of both bounds past which a part evicts its own."""
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         #: bytes charged by the entries held
@@ -33,6 +61,12 @@ class BoundedLRU(Generic[K, V]):
         self.misses = 0
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self._part = part
+        self._parts: dict[Hashable, _Part] = {}
+        #: the parts holding more than their share of the entries or of the bytes
+        self._over: set[Hashable] = set()
+        self._share_entries = max(1, int(max_entries * share))
+        self._share_bytes = int(max_bytes * share)
 
     def get(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` (now the most recently used), or ``default`` (counted as a miss;
@@ -43,13 +77,15 @@ class BoundedLRU(Generic[K, V]):
                 self.misses += 1
                 return default
             self._entries.move_to_end(key)
+            if self._part is not None:
+                self._parts[self._part(key)].keys.move_to_end(key)
             self.hits += 1
             return hit[0]
 
     def put(self, key: K, value: V, nbytes: int) -> bool:
         """Keep ``value`` charged ``nbytes``, evicting the least recently used beyond the bounds;
         False (nothing kept) when it alone is above a quarter of the byte budget."""
-        if nbytes > self.max_bytes // 4:
+        if nbytes > self.max_bytes // 4 or (self._part is not None and nbytes > self._share_bytes):
             return False
         with self._lock:
             old = self._entries.pop(key, None)
@@ -57,10 +93,59 @@ class BoundedLRU(Generic[K, V]):
                 self.nbytes -= old[1]
             self._entries[key] = (value, nbytes)
             self.nbytes += nbytes
+            if self._part is None:
+                while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+                    _, (_, size) = self._entries.popitem(last=False)
+                    self.nbytes -= size
+                return True
+            name = self._part(key)
+            mine = self._parts.get(name)
+            if mine is None:
+                mine = self._parts[name] = _Part()
+            if old is not None:
+                mine.nbytes -= old[1]
+            mine.keys[key] = None
+            mine.keys.move_to_end(key)
+            mine.nbytes += nbytes
+            self._reckon(name, mine)
             while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
-                _, (_, size) = self._entries.popitem(last=False)
-                self.nbytes -= size
+                self._evict(self._victim())
         return True
+
+    def _victim(self) -> K:
+        """The key to evict for a put by ``putter`` (the lock is held): see *Shares*."""
+        if not self._over:
+            return next(iter(self._entries))
+        parts = self._parts
+        name = max(self._over, key=lambda n: max(len(parts[n].keys) / self._share_entries,
+                                                 parts[n].nbytes / max(1, self._share_bytes)))
+        return next(iter(parts[name].keys))
+
+    def _reckon(self, name: Hashable, part: _Part) -> None:
+        if len(part.keys) > self._share_entries or part.nbytes > self._share_bytes:
+            self._over.add(name)
+        else:
+            self._over.discard(name)
+
+    def _evict(self, key: K) -> None:
+        """Drop ``key`` (held; the lock is held) from the map and from its part."""
+        _, size = self._entries.pop(key)
+        self.nbytes -= size
+        assert self._part is not None
+        name = self._part(key)
+        part = self._parts[name]
+        del part.keys[key]
+        part.nbytes -= size
+        if part.keys:
+            self._reckon(name, part)
+        else:
+            del self._parts[name]
+            self._over.discard(name)
+
+    def part_usage(self, part: Hashable) -> tuple[int, int]:
+        """The entries and bytes ``part`` holds (tests and notes read it)."""
+        p = self._parts.get(part)
+        return (0, 0) if p is None else (len(p.keys), p.nbytes)
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is held; neither a use (the order stays) nor a hit or a miss."""

@@ -138,6 +138,24 @@ def test_another_tenants_tools_are_never_read(gateway: LiveGateway):
     assert a == b and a[3] is not b[3]
 
 
+def test_a_tenant_flooding_tool_lists_does_not_evict_another_tenants(gateway: LiveGateway):
+    """64 entries in all: a tenant sending a new tool list every turn takes the room nobody uses and
+    then churns its own entries, so another tenant's checked tools (within its share) stay found."""
+    resolver = _fresh(gateway.gw.pipeline.resolver)
+    victim = [[dict(t, description=f"victim {i}") if t["type"] == "function" else t for t in codex_tools()]
+              for i in range(8)]
+    for tools in victim:
+        _validated(resolver, _body(tools), tenant="victim")
+    for i in range(300):
+        _validated(resolver, _body([{"type": "function", "name": f"f{i}", "parameters": {"type": "object"}}]),
+                   tenant="attacker")
+    assert resolver.tool_checks.lru.part_usage("attacker")[0] == 64 - len(victim)  # the room nobody used
+    hits = resolver.tool_checks.lru.hits
+    for tools in victim:
+        _validated(resolver, _body(tools), tenant="victim")
+    assert resolver.tool_checks.lru.hits == hits + len(victim)
+
+
 def test_turns_that_share_checked_tools_leave_them_as_checked(gateway: LiveGateway):
     """A WebSocket chain re-sending Codex's tools: every turn after the first takes the checked
     tools, every frame echoes them as sent, and after the turns (rendered, parsed, echoed, stored)

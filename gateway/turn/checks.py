@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 import orjson
 
-from cache.lru import BoundedLRU
+from cache.lru import BoundedLRU, tenant_of
 from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.request import CreateRequest
@@ -102,11 +102,13 @@ NO_TOOLS = CheckedTools([], ())
 
 class ToolChecks:
     """Checked tool lists by tenant and exact JSON (see the module docstring), bounded by entries and
-    bytes (``cache.lru``); another tenant's entries are never read."""
+    bytes, and each tenant by its share of them (``cache.lru``); another tenant's entries are never
+    read."""
 
     def __init__(self, hosted: HostedToolPolicy, max_entries: int = 64, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.hosted = hosted
-        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(max_entries, max_bytes)
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(max_entries, max_bytes,
+                                                                                  part=tenant_of)
 
     @staticmethod
     def key(body: Mapping[str, Any]) -> bytes | None:
@@ -170,12 +172,14 @@ class CheckedItem:
 
 
 class ItemChecks:
-    """Checked input items by tenant and exact JSON, bounded by entries and bytes (``cache.lru``)."""
+    """Checked input items by tenant and exact JSON, bounded by entries and bytes, and each tenant by
+    its share of them (``cache.lru``)."""
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_entries: int = 65_536) -> None:
         #: off (0 bytes): nothing is looked up or kept
         self.on = max_bytes > 0
-        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes)
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes,
+                                                                                 part=tenant_of)
 
     @staticmethod
     def keys(raw: list[Any]) -> list[bytes | None]:

@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator
 
 from billing.usage import UsageQueue
 from cache.conversations import ConversationStore, MemoryConversationStore
-from cache.lru import BoundedLRU
+from cache.lru import BoundedLRU, tenant_of
 from cache.prefix_cache import PrefixCache
 from cache.store import ResponseStore
 from gateway.base import log_context
@@ -94,7 +94,8 @@ class Pipeline:
         #: structured-output constraints by tenant, model and tools (``gateway.turn.sampling``)
         self.constraints = ConstraintCache()
         #: the echoed tool lists and their JSON, by tenant and prelude (``gateway.wire.response.EchoedTools``)
-        self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(64, 16 * 1024 * 1024)
+        self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(
+            64, 16 * 1024 * 1024, part=tenant_of)
         self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
                                  hosted_tools=settings.hosted_tools, offload=self.offload,
                                  conversations=self.conversations, prefix=self.prefix,

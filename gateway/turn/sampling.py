@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from cache.lru import BoundedLRU
+from cache.lru import BoundedLRU, tenant_of
 from gateway.turn.types import Rendered, TurnInput
 from gateway.wire.request import CreateRequest
 from inference.engine import SamplingParams
@@ -44,13 +44,13 @@ def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
 
 class ConstraintCache:
     """The renderers' structured-output constraints by what they are built from (see the module
-    docstring), in a :class:`~cache.lru.BoundedLRU`: bounded by entries and by bytes (a constraint
-    embeds the tools' schemas and grammars: up to 512 tools of 128 KiB each), and one bigger than a
-    quarter of the budget is built every time rather than kept. Thread-safe: the prepare pool's
+    docstring), in a :class:`~cache.lru.BoundedLRU` keyed by tenant, each held to its share: bounded
+    by entries and by bytes (a constraint embeds the tools' schemas and grammars: up to 512 tools of
+    128 KiB each), and one bigger than a quarter of the budget is built every time rather than kept. Thread-safe: the prepare pool's
     threads shape turns too (two threads may build the same entry once each; both are equal)."""
 
     def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.lru: BoundedLRU[bytes, Any] = BoundedLRU(max_entries, max_bytes)
+        self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes, part=tenant_of)
 
     @property
     def hits(self) -> int:
@@ -72,8 +72,8 @@ class ConstraintCache:
         if not prelude.tools and text_format is None:
             return route.renderer.constraint(prelude, None)  # nothing to build: no hashing either
         what: Any = prelude_key.hex() if prelude_key else [route.name, prelude.tools, prelude.tool_choice]
-        key = hashlib.blake2b(orjson.dumps([tenant, what, text_format], option=orjson.OPT_SORT_KEYS),
-                              digest_size=16).digest()
+        key = tenant, hashlib.blake2b(orjson.dumps([what, text_format], option=orjson.OPT_SORT_KEYS),
+                                      digest_size=16).digest()
         found = self.lru.get(key, _MISSING)
         if found is not _MISSING:
             return found

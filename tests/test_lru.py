@@ -1,0 +1,120 @@
+"""cache.lru.BoundedLRU: the bounds, and each tenant's share of them (a flood by one tenant only churns
+its own entries once it holds its share; a lone tenant still has the whole map)."""
+
+from __future__ import annotations
+
+import random
+
+from cache.lru import BoundedLRU, tenant_of
+
+
+def test_a_plain_map_evicts_the_least_recently_used_by_entries_and_bytes():
+    lru: BoundedLRU[str, int] = BoundedLRU(3, 1000)
+    for k in "abc":
+        lru.put(k, 0, 100)
+    assert lru.get("a") == 0        # a is now the most recently used
+    lru.put("d", 0, 100)
+    assert "b" not in lru and {"a", "c", "d"} == {k for k in "abcd" if k in lru}
+    lru.put("e", 0, 260)            # above a quarter of the bytes: never kept
+    assert "e" not in lru and lru.nbytes == 300
+    lru.put("f", 0, 250)
+    lru.put("g", 0, 250)
+    lru.put("h", 0, 250)
+    assert lru.nbytes <= 1000 and len(lru) <= 3
+
+
+def test_a_lone_tenant_has_the_whole_map():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10**9, part=tenant_of)
+    for i in range(100):
+        lru.put(("solo", i), i, 10)
+    assert len(lru) == 100 and all(("solo", i) in lru for i in range(100))
+    lru.put(("solo", 100), 100, 10)  # full: its own oldest goes, as in a plain map
+    assert ("solo", 0) not in lru and len(lru) == 100 and lru.part_usage("solo") == (100, 1000)
+
+
+def test_a_flooding_tenant_takes_at_most_its_share_and_then_churns_its_own():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10_000, part=tenant_of, share=0.25)
+    for i in range(75):                              # the victims fill three quarters
+        lru.put((f"victim{i % 3}", i), i, 100)
+    for i in range(10_000):                          # then the attacker floods, entries and bytes
+        lru.put(("attacker", i), i, 100)
+        assert lru.part_usage("attacker")[0] <= 25 and lru.nbytes <= 10_000
+    assert all((f"victim{i % 3}", i) in lru for i in range(75)), "a victim's entry went"
+    assert lru.part_usage("attacker") == (25, 2_500)
+    assert ("attacker", 9_999) in lru and ("attacker", 9_974) not in lru   # its own least recent went
+
+
+def test_shares_bound_by_bytes_too():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(1_000, 10_000, part=tenant_of, share=0.25)
+    for i in range(25):
+        lru.put(("victim", i), i, 100)               # its share of the bytes, in few of the entries
+    for i in range(200):
+        lru.put(("attacker", i), i, 500)
+        assert lru.nbytes <= 10_000
+    assert all(("victim", i) in lru for i in range(25))
+    assert lru.part_usage("attacker")[1] == 7_500   # the room the victim left, no more
+    assert not lru.put(("attacker", -1), 0, 2_600)   # one value above the share is never kept
+
+
+def test_two_tenants_that_both_want_more_end_up_with_equal_shares():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10**9, part=tenant_of, share=0.25)
+    for i in range(100):
+        lru.put(("first", i), i, 1)                  # alone: the whole map
+    for i in range(1_000):
+        lru.put(("second", i), i, 1)
+        lru.put(("first", 100 + i), i, 1)
+    assert lru.part_usage("first")[0] == lru.part_usage("second")[0] == 50
+
+
+def test_a_tenant_below_its_share_evicts_the_least_recently_used_of_all():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(8, 10**9, part=tenant_of, share=0.25)
+    for i in range(8):
+        lru.put(("big", i), i, 1)                    # one tenant fills the map alone
+    lru.put(("small", 0), 0, 1)                      # a newcomer evicts the oldest of all: big's
+    assert ("big", 0) not in lru and ("small", 0) in lru
+    lru.put(("big", 8), 8, 1)                        # big is above its share (2): it evicts its own
+    assert ("small", 0) in lru and ("big", 1) not in lru
+
+
+def test_the_bookkeeping_matches_the_map_under_random_use():
+    """Random puts (some replacing a key), gets and tenants: the parts always add up to the map, no
+    part holds a key the map lacks, and the bounds hold after every put."""
+    rng = random.Random(7)
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(40, 4_000, part=tenant_of, share=0.3)
+    for _ in range(20_000):
+        key = (rng.choice("abcde"), rng.randrange(60))
+        if rng.random() < 0.3:
+            lru.get(key)
+        else:
+            lru.put(key, 0, rng.randrange(1, 400))
+            assert len(lru) <= 40 and lru.nbytes <= 4_000
+        parts = {t: lru.part_usage(t) for t in "abcde"}
+        assert sum(n for n, _ in parts.values()) == len(lru)
+        assert sum(b for _, b in parts.values()) == lru.nbytes
+
+
+def test_item_checks_hold_each_tenant_to_its_share():
+    """A flood takes the room nobody uses, churns its own entries, and gives the room back as soon
+    as another tenant puts."""
+    from gateway.turn.checks import ItemChecks
+
+    checks = ItemChecks(max_bytes=64 * 1024 * 1024, max_entries=400)
+    mine = [b'{"role":"user","content":"victim %d"}' % i for i in range(200)]
+    for key in mine[:100]:
+        checks.keep("victim", key, object())
+    for i in range(5_000):
+        checks.keep("attacker", b'{"role":"user","content":"flood %d"}' % i, object())
+    assert checks.lru.part_usage("attacker")[0] == 300 and len(checks.lru) == 400
+    for key in mine[100:]:  # the victim needs more room: the attacker, over its share, gives it
+        checks.keep("victim", key, object())
+    assert all(found is not None for found in checks.found("victim", list(mine)))
+    assert checks.lru.part_usage("attacker")[0] == 200
+
+
+def test_a_tenant_within_its_share_never_loses_an_entry_to_one_over_it():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(8, 10**9, part=tenant_of, share=0.25)
+    lru.put(("small", 0), 0, 1)                      # the oldest of all, within its share (2)
+    for i in range(50):
+        lru.put(("big", i), i, 1)
+    lru.put(("small", 1), 1, 1)
+    assert ("small", 0) in lru and ("small", 1) in lru and lru.part_usage("big")[0] == 6
