@@ -11,7 +11,11 @@ without the load generator's. Per N (sessions open at once, all driving turns ba
 One more one-session phase sends **Codex-shaped** continuations: every create carries what the
 real Codex CLI sends with each turn (recorded frame: its ten tools — ``apply_patch``'s Lark grammar
 among them — ``include``, ``reasoning``, ``text``, ``tool_choice``, ``prompt_cache_key``), so the
-gateway's per-turn cost for its main client is measured, not only for a bare message.
+gateway's per-turn cost for its main client is measured, not only for a bare message. And the
+short one-session turns run once more with the client waiting 3 ms before each: the CPU a turn
+costs a server that was idle just before (on these VMs a vCPU halts when idle, and a process runs
+the first fraction of a millisecond after it wakes at a fraction of its speed: caches and TLB
+refilled), beside the same turns back to back and the 16-session row, whose server never idles.
 
 Memory: K sessions each create one response from a ~32k-token input (``store=false``, so the
 state lives only in the connection cache), then stay open and idle; (RSS after - RSS before) / K
@@ -64,7 +68,7 @@ def codex_fields() -> dict[str, Any]:
 
 
 async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int],
-                  extra: dict[str, Any] | None = None, warmup: int = 0) -> list[float]:
+                  extra: dict[str, Any] | None = None, warmup: int = 0, gap_s: float = 0.0) -> list[float]:
     extra = extra or {}
     async with connect(url, max_size=None, compression=None, open_timeout=300, ping_interval=None) as ws:
         _, resp = await create(ws, {"input": history, **extra})
@@ -75,6 +79,8 @@ async def session(url: str, turns: int, start: asyncio.Event, history: str, read
         await start.wait()
         times = []
         for i in range(turns):
+            if gap_s:
+                await asyncio.sleep(gap_s)
             dt, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
                                          "input": [{"role": "user", "content": f"step {i}: continue"}]})
             times.append(dt)
@@ -82,13 +88,16 @@ async def session(url: str, turns: int, start: asyncio.Event, history: str, read
 
 
 async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
-                extra: dict[str, Any] | None = None, warmup: int = 0) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, warmup: int = 0, gap_s: float = 0.0) -> dict[str, Any]:
     """``warmup`` untimed turns per session first: the figures are the steady state's, not the first
-    turns' one-time work in a fresh process (imports, caches filling, the interpreter specializing)."""
+    turns' one-time work in a fresh process (imports, caches filling, the interpreter specializing).
+    ``gap_s``: each session waits that long before each turn, so the server is idle before every
+    turn (the CPU a turn costs on a server that was asleep)."""
     start = asyncio.Event()
     history = filler(1000)
     ready: list[int] = []
-    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra, warmup)) for _ in range(sessions)]
+    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra, warmup, gap_s))
+             for _ in range(sessions)]
     # every session has connected and made its first turn before the clock starts
     deadline = time.monotonic() + 300
     while len(ready) < sessions:
@@ -101,7 +110,7 @@ async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
     results = await asyncio.gather(*tasks)
     wall, cpu = time.perf_counter() - t0, gw.cpu_seconds() - cpu0
     times = [t for r in results for t in r]
-    return {"sessions": sessions, "turns_each": turns, "turns": len(times),
+    return {"sessions": sessions, "turns_each": turns, "turns": len(times), "gap_s": gap_s,
             "p50_ms": statistics.median(times) * 1e3, "p99_ms": pct(times, 99) * 1e3,
             "p99_over_p50": pct(times, 99) / statistics.median(times),
             "max_ms": max(times) * 1e3, "wall_s": wall, "turns_per_s": len(times) / wall,
@@ -208,18 +217,23 @@ def run(quick: bool) -> dict[str, Any]:
     with ChildGateway("--script", "short") as gw:
         for n in levels:
             # CPU comes from /proc in clock ticks (10 ms): the one-session row, whose CPU per turn is
-            # the "gateway CPU per short turn" figure, runs enough turns for ticks to be 1% of it
-            each = turns * 50 if n == 1 else turns
+            # the "gateway CPU per short turn" figure, runs enough turns for ticks to be 1% of it, and
+            # the 16-session row (the same turns on a server that is never idle) for 2%
+            each = turns * 50 if n == 1 else turns * 5 if n == 16 else turns
             rows.append(asyncio.run(phase(gw.ws_url, n, each, gw, warmup=each // 5 if n == 1 else 2)))
             gc.collect()
         codex = asyncio.run(phase(gw.ws_url, 1, turns * 25, gw, codex_fields(), warmup=turns * 5))
+        # the one-session turns again, each after 3 ms with nothing to do (what an interleaved
+        # benchmark, or a quiet server, asks of a process whose vCPU halted in between)
+        idle_gap = asyncio.run(phase(gw.ws_url, 1, turns * 25, gw, warmup=turns, gap_s=0.003))
     with ChildGateway("--script", "short") as gw:
         memory = asyncio.run(idle_memory(gw.ws_url, 8 if quick else 32, 32_768, gw))
     with ChildGateway("--script", "short") as gw:
         memory_128k = asyncio.run(idle_memory(gw.ws_url, 2 if quick else 8, 131_072, gw))
     traced = [idle_state(2 if quick else 4, n) for n in (32_768, 131_072)]
     return {"benchmark": "concurrency", "engine": "simulated, zero latency, short turns",
-            "rows": rows, "codex_one_session": codex, "idle_memory": memory, "idle_memory_128k": memory_128k,
+            "rows": rows, "codex_one_session": codex, "idle_gap_one_session": idle_gap,
+            "idle_memory": memory, "idle_memory_128k": memory_128k,
             "idle_state": traced}
 
 

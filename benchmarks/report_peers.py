@@ -225,7 +225,14 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         ms = one["server_cpu_s_per_turn"] * 1e3
         out.append(PeerTarget(f"gateway CPU ≤ {CPU_TARGET_MS} ms per short turn (concurrency, {one['sessions']} session)",
                               f"{_f(ms)} ms", ms <= CPU_TARGET_MS,
-                              "" if ms <= CPU_TARGET_MS else fixed_cost_why(r)))
+                              "" if ms <= CPU_TARGET_MS else fixed_cost_why(r) + _idle_why(co)))
+        gap, busy = co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
+        if gap and busy:
+            out.append(PeerTarget(
+                "gateway CPU per short turn by how busy the server is: after 3 ms idle before each turn / "
+                f"back to back ({one['sessions']} session) / never idle (16 sessions)",
+                f"{_f(gap['server_cpu_s_per_turn'] * 1e3)} / {_f(ms)} / {_f(busy['server_cpu_s_per_turn'] * 1e3)} ms",
+                None))
         codex = co.get("codex_one_session")
         if codex:
             out.append(PeerTarget("gateway CPU per Codex-shaped turn (its recorded tools, grammar, include, reasoning "
@@ -315,6 +322,19 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
             out.append(PeerTarget("same engine: respgate TTFT vs agentic-api in front of vLLM's server (reported)",
                                   f"median {_f(x['per_turn_median'])}; worst turn {_f(x['per_turn_max'])}{extra}", None))
     return out
+
+
+def _idle_why(co: dict[str, Any]) -> str:
+    """The same short turns' CPU by how long the server sat idle before each (this run's rows)."""
+    one = min(co["rows"], key=lambda x: x["sessions"])
+    gap, busy = co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
+    if not gap or not busy:
+        return ""
+    return (f" The figure moves with how long the server slept before each turn, on this VM whose idle vCPUs halt: "
+            f"the same short turns took {_f(busy['server_cpu_s_per_turn'] * 1e3)} ms of CPU each with 16 sessions "
+            f"keeping the server busy, {_f(one['server_cpu_s_per_turn'] * 1e3)} ms with one session (the server idle "
+            f"{_f(100 * (1 - one['server_cpu_util']), 0)}% of the time, while the client reads and sends) and "
+            f"{_f(gap['server_cpu_s_per_turn'] * 1e3)} ms after 3 ms idle before each turn.")
 
 
 def _ms(x: float | None) -> str:

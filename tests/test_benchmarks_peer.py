@@ -188,6 +188,24 @@ def test_peer_verdicts_follow_the_figures():
 
 
 
+def test_the_cpu_target_is_read_against_how_idle_the_server_was():
+    """The one-session CPU figure is the target; the same turns with the server never idle and after
+    3 ms idle are reported beside it, and cited where the target is missed."""
+    def row(sessions: int, cpu_ms: float, util: float = 0.8, gap: float = 0.0) -> dict:
+        return {"sessions": sessions, "server_cpu_s_per_turn": cpu_ms / 1e3, "server_cpu_util": util,
+                "p50_ms": 0.6, "gap_s": gap}
+
+    co = {"rows": [row(1, 0.55), row(16, 0.38, 0.95), row(64, 0.6, 1.0)], "idle_gap_one_session": row(1, 1.2, 0.2, 0.003)}
+    targets = {t.text: t for t in peer_targets({"concurrency": co})}
+    cpu = targets["gateway CPU ≤ 0.5 ms per short turn (concurrency, 1 session)"]
+    assert cpu.ok is False and "0.38 ms of CPU each with 16 sessions" in cpu.why and "1.20 ms after 3 ms idle" in cpu.why
+    assert "idle 20% of the time" in cpu.why
+    by_load = next(t for k, t in targets.items() if k.startswith("gateway CPU per short turn by how busy"))
+    assert by_load.measured == "1.20 / 0.55 / 0.38 ms" and by_load.ok is None
+    co["rows"][0] = row(1, 0.45)
+    assert targets and {t.text: t for t in peer_targets({"concurrency": co})}[cpu.text].why == ""
+
+
 def test_a_missed_ratio_target_is_read_against_the_floor():
     args = SimpleNamespace(history=[1000], turns=5, warmup=1, transports=["ws"], shapes=["items"], outputs=["short"],
                            burst_blocks=0, burst_turns=0)
