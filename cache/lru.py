@@ -113,7 +113,7 @@ class BoundedLRU(Generic[K, V]):
         return True
 
     def _victim(self) -> K:
-        """The key to evict for a put by ``putter`` (the lock is held): see *Shares*."""
+        """The key a put evicts next (the lock is held): see *Shares* in the module docstring."""
         if not self._over:
             return next(iter(self._entries))
         parts = self._parts

@@ -71,8 +71,8 @@ from websockets.protocol import OPEN
 
 from gateway.base.log_limit import RateLimitedLog
 
-__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LINGER_S", "LOW_WATER", "READ_AHEAD",
-           "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
+__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LINGER_S", "LOW_WATER",
+           "READ_AHEAD", "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
 
 log = logging.getLogger(__name__)
 rejections = RateLimitedLog(log)

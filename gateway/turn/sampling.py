@@ -50,7 +50,8 @@ class ConstraintCache:
     threads shape turns too (two threads may build the same entry once each; both are equal)."""
 
     def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes, part=tenant_of)
+        self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes,
+                                                                         part=tenant_of)
 
     @property
     def hits(self) -> int:
