@@ -46,8 +46,9 @@ class ConstraintCache:
     """The renderers' structured-output constraints by what they are built from (see the module
     docstring), in a :class:`~cache.lru.BoundedLRU` keyed by tenant, each held to its share: bounded
     by entries and by bytes (a constraint embeds the tools' schemas and grammars: up to 512 tools of
-    128 KiB each), and one bigger than a quarter of the budget is built every time rather than kept. Thread-safe: the prepare pool's
-    threads shape turns too (two threads may build the same entry once each; both are equal)."""
+    128 KiB each), and one bigger than a quarter of the budget is built every time rather than kept.
+    Thread-safe: the prepare pool's threads shape turns too (two threads may build the same entry
+    once each; both are equal)."""
 
     def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes,
