@@ -5,7 +5,9 @@ Both gateways get the same conversations and the same continuation turn (``previ
 
 * **respgate** — :mod:`benchmarks.sim_server`, the simulated engine at zero latency (prefix-cache
   emulation off): script ``short`` (reasoning ``ok``, answer ``done``), and for capped turns
-  script ``stream`` (an answer that only ``max_output_tokens`` ends: every turn is cut off).
+  script ``stream`` (an answer that only ``max_output_tokens`` ends: every turn is cut off), served
+  by the same process under its own model name (:data:`STREAM_MODEL`), as one agentic-api process
+  serves both.
 * **agentic** — vllm-project/agentic-api's release binary (:mod:`benchmarks.agentic_peer`, pinned
   there) in front of :mod:`benchmarks.upstream_stub`, which answers vLLM's stateless
   ``/v1/responses`` at once with the same short answer, or with ``max_output_tokens`` one-token
@@ -30,8 +32,8 @@ Conversations (chains), every combination of:
 * output: ``short`` (uncapped, the short answer) and ``cap16`` (``max_output_tokens=16`` on every
   turn, including the ones that built the history: a client with a small cap).
 
-All chains advance turn for turn, in an order that rotates every round, so machine noise hits all
-alike; time runs from the first byte sent to the terminal event received (``response.completed``
+All chains advance turn for turn, in an order shuffled every round (seeded), so machine noise —
+and what the turn before left in the caches — hits all alike; time runs from the first byte sent to the terminal event received (``response.completed``
 or ``response.incomplete``), the rest of the stream is drained untimed. Rounds alternate between
 timed and counted (``--turns`` of each after the warm-up): in a counted round each chain reads its
 server's counters before and after its turn — respgate's ``/metrics`` (tokens encoded, full-render
@@ -55,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -79,6 +82,8 @@ SHAPES = ("items", "one")
 OUTPUTS = ("short", "cap16")
 ITEM_TOKENS = 800
 CAP = 16
+#: the model under which respgate's process serves the capped chains' endless answer (``cap16``)
+STREAM_MODEL = MODEL + "-stream"
 TERMINAL = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
 LABELS = {"respgate": "respgate", "agentic": f"agentic-api {AGENTIC_API_VERSION}", FLOOR: "no-work floor"}
@@ -99,9 +104,11 @@ class Server:
     """One gateway under test and the counters a turn moves on it."""
 
     def __init__(self, target: str, url: str, ws_url: str, *, gateway: ChildGateway | None = None,
-                 stub: StubUpstream | None = None) -> None:
+                 stub: StubUpstream | None = None, model: str = MODEL) -> None:
         self.target, self.url, self.ws_url = target, url, ws_url
         self.gateway, self.stub = gateway, stub
+        #: the model a turn names (respgate serves the capped chains' endless script under its own)
+        self.model = model
 
     def counters(self) -> dict[str, Any]:
         if self.gateway is not None:
@@ -154,7 +161,7 @@ class Chain:
         self.first_input_tokens = self.input_tokens
 
     def _body(self, item: dict[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": MODEL, "store": self.transport == "http", "input": [item]}
+        body: dict[str, Any] = {"model": self.server.model, "store": self.transport == "http", "input": [item]}
         if self.output == "cap16":
             body["max_output_tokens"] = CAP
         if self.transport == "http":
@@ -338,12 +345,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     pyplot.close(fig)
 
 
-def record_frames(respgate: dict[str, ChildGateway]) -> dict[str, list[str]]:
+def record_frames(respgate: dict[str, Server]) -> dict[str, list[str]]:
     """respgate's frames for one WebSocket continuation turn of each output kind (the floor replays them)."""
     frames: dict[str, list[str]] = {}
-    for output, gateway in respgate.items():
-        with connect(gateway.ws_url, max_size=None, compression=None, open_timeout=60) as ws:
-            body: dict[str, Any] = {"type": "response.create", "model": MODEL, "store": False,
+    for output, server in respgate.items():
+        with connect(server.ws_url, max_size=None, compression=None, open_timeout=60) as ws:
+            body: dict[str, Any] = {"type": "response.create", "model": server.model, "store": False,
                                     "input": [{"role": "user", "content": filler(64, seed=3)}]}
             if output == "cap16":
                 body["max_output_tokens"] = CAP
@@ -357,13 +364,15 @@ def record_frames(respgate: dict[str, ChildGateway]) -> dict[str, list[str]]:
 def run_chains(args: argparse.Namespace) -> list[Chain]:
     binary = install()
     max_context = str(max(args.history) * 2)
-    respgate = {"short": ChildGateway("--script", "short", "--max-context", max_context)}
-    opened: list[Any] = list(respgate.values())
+    # One respgate process for both outputs, as one agentic-api serves both: with a process per
+    # output, each sat idle through the other's chains, and its first chain after them (the 1k one,
+    # by construction order) paid the wake-up of a long-idle process every round.
+    gateway = ChildGateway("--script", "short", "--stream-model", STREAM_MODEL, "--max-context", max_context)
+    opened: list[Any] = [gateway]
     chains: list[Chain] = []
     try:
-        if "cap16" in args.outputs:
-            respgate["cap16"] = ChildGateway("--script", "stream", "--max-context", max_context)
-            opened.append(respgate["cap16"])
+        respgate = {o: Server("respgate", gateway.url, gateway.ws_url, gateway=gateway,
+                              model=STREAM_MODEL if o == "cap16" else MODEL) for o in args.outputs}
         stub = StubUpstream(MODEL)
         opened.append(stub)
         agentic = AgenticServer(binary, stub.url)
@@ -372,8 +381,7 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
         opened.append(floor)
         servers = {("agentic", o): Server("agentic", agentic.url, agentic.ws_url, stub=stub) for o in args.outputs}
         for o in args.outputs:
-            g = respgate[o]
-            servers[("respgate", o)] = Server("respgate", g.url, g.ws_url, gateway=g)
+            servers[("respgate", o)] = respgate[o]
             servers[(FLOOR, o)] = Server(FLOOR, floor.url, floor.ws_url)
         smallest = min(args.history)
         for shape in args.shapes:
@@ -389,12 +397,16 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
         # would time that turn after the reader's request (respgate's /metrics is a whole
         # exposition in Python, the stub's /stats a few numbers: unequal), so no counter is read in
         # a timed round, and no turn of a counted round is timed.
+        # Each round in its own order (a seeded shuffle): a turn's time depends on what ran just
+        # before it — a turn after agentic-api read a 128k-token body upstream runs on caches that
+        # read evicted — and a rotation keeps every chain's neighbours, so the chain built first
+        # (respgate's 1k WebSocket one) followed the heaviest turn of the round every round.
+        order = random.Random(15)
         rounds = args.warmup + 2 * args.turns
         for i in range(rounds):
-            k = i % len(chains)
             measured = i >= args.warmup
             timed, counted = measured and (i - args.warmup) % 2 == 0, measured and (i - args.warmup) % 2 == 1
-            for chain in chains[k:] + chains[:k]:
+            for chain in order.sample(chains, len(chains)):
                 chain.turn({"role": "user", "content": f"step {i}: continue"}, timed=timed, counted=counted)
             if (i + 1) % 10 == 0:
                 print(f"  round {i + 1}/{rounds}", file=sys.stderr)

@@ -9,11 +9,17 @@ Scripts (``--script``):
   on a paced engine with a prefix cache (``--decode-tps`` / ``--prefill-tps``).
 
     python -m benchmarks.sim_server --port P [--script short|stream] [--tokens-per-delta 1] [--count-bytecodes F]
+                                    [--stream-model NAME]
+
+``--stream-model NAME`` serves the ``stream`` script too, under that model name, from the same
+process (the peer benchmark's short and capped chains then share one gateway, as they share one
+agentic-api).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 import uvicorn
 
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--paced", action="store_true",
                     help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)")
     ap.add_argument("--max-context", type=int, default=300_000)
+    ap.add_argument("--stream-model", metavar="NAME",
+                    help="also serve the stream script under this model name (one process for both scripts)")
     ap.add_argument("--redis-url", help="shared store, conversations and usage ledger in this Redis (default: memory)")
     ap.add_argument("--count-bytecodes", metavar="FILE",
                     help="count bytecodes between SIGUSR1 and SIGUSR2, then write them to FILE (benchmarks.work_count)")
@@ -63,11 +71,17 @@ def main(argv: list[str] | None = None) -> None:
         script = planned(trajectory(args.calls))
     else:
         script = SCRIPTS[args.script]
-    engine = SimulatedEngine(script=script, prefix_cache=args.prefix_cache, cache_entries=16,
-                             tokens_per_delta=args.tokens_per_delta, decode_tps=args.decode_tps or None,
-                             prefill_tps=args.prefill_tps or None, paced=args.paced or args.script == "rollout")
-    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(),
-                                         max_context=args.max_context)])
+
+    def route(name: str, script: Callable[[Any], Turn | None]) -> ModelRoute:
+        engine = SimulatedEngine(script=script, prefix_cache=args.prefix_cache, cache_entries=16,
+                                 tokens_per_delta=args.tokens_per_delta, decode_tps=args.decode_tps or None,
+                                 prefill_tps=args.prefill_tps or None, paced=args.paced or args.script == "rollout")
+        return ModelRoute(name=name, engine=engine, renderer=HarmonyRenderer(), max_context=args.max_context)
+
+    routes = [route(MODEL, script)]
+    if args.stream_model:
+        routes.append(route(args.stream_model, SCRIPTS["stream"]))
+    registry = ModelRegistry(routes)
     app = create_app(settings, registry=registry)
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on",
                             backlog=4096, **uvicorn_config_kwargs(settings))

@@ -399,3 +399,28 @@ def test_the_work_count_counts_a_turn_and_the_report_reads_it():
     why = fixed_cost_why({"work_count": a})
     assert f"{a['short']['bytecodes_per_turn']:,.0f} a turn" in why and "transport and event loop" in why
     assert "counted" not in fixed_cost_why({})
+
+
+def test_one_sim_server_serves_the_short_and_the_capped_chains():
+    """The peer benchmark's respgate is one process, as agentic-api is: the short script under the
+    model, the endless one under ``STREAM_MODEL`` (every capped turn cut off)."""
+    from websockets.sync.client import connect
+
+    from benchmarks.common import MODEL, ChildGateway
+    from benchmarks.peer_overhead import CAP, STREAM_MODEL
+
+    def turn(ws, model: str, **kw) -> dict:
+        ws.send(json.dumps({"type": "response.create", "model": model, "store": False,
+                            "input": [{"role": "user", "content": "hi"}], **kw}))
+        while True:
+            ev = json.loads(ws.recv(timeout=60))
+            if ev["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+                return ev
+
+    with ChildGateway("--script", "short", "--stream-model", STREAM_MODEL) as gw:
+        with connect(gw.ws_url, max_size=None) as ws:
+            short = turn(ws, MODEL)
+            capped = turn(ws, STREAM_MODEL, max_output_tokens=CAP)
+    assert short["type"] == "response.completed"
+    assert [o["content"][0]["text"] for o in short["response"]["output"] if o["type"] == "message"] == ["done"]
+    assert capped["type"] == "response.incomplete" and capped["response"]["usage"]["output_tokens"] == CAP
