@@ -17,8 +17,9 @@ entry of all, as a plain LRU does. Room nobody else uses is not wasted — a lon
 the whole map — but a tenant within its share never loses an entry while another is over it, and
 two tenants that both want more end up with equal shares. So a client that floods the cache with
 distinct content (an attacker, or a runaway agent) churns its own entries, and gives back what it
-took above its share as soon as another tenant puts. At most ``1 / share`` parts can be over their
-share at once, so finding the furthest over is a scan of a handful.
+took above its share as soon as another tenant puts. Fewer than ``2 / share`` parts can be over
+their share at once (over on entries or over on bytes), so finding the furthest over is a scan of a
+handful.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -51,7 +52,9 @@ class BoundedLRU(Generic[K, V]):
     def __init__(self, max_entries: int, max_bytes: int, *, part: Callable[[K], Hashable] | None = None,
                  share: float = 0.25) -> None:
         """``part``: the part (tenant) a key belongs to, for the shares (module docstring); None: one
-        map, no shares. ``share``: the fraction of both bounds past which a part evicts its own."""
+        map, no shares. ``share``: the fraction of both bounds past which a part gives entries back."""
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], not {share!r}")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         #: bytes charged by the entries held
@@ -82,11 +85,32 @@ class BoundedLRU(Generic[K, V]):
             self.hits += 1
             return hit[0]
 
+    def get_many(self, keys: Iterable[K]) -> list[Any]:
+        """:meth:`get` for each key (None where missing), under one lock: a full-history request
+        looks up every item it re-sends."""
+        out: list[Any] = []
+        with self._lock:
+            entries, parts, part = self._entries, self._parts, self._part
+            for key in keys:
+                hit = entries.get(key)
+                if hit is None:
+                    self.misses += 1
+                    out.append(None)
+                    continue
+                entries.move_to_end(key)
+                if part is not None:
+                    parts[part(key)].keys.move_to_end(key)
+                self.hits += 1
+                out.append(hit[0])
+        return out
+
     def put(self, key: K, value: V, nbytes: int) -> bool:
-        """Keep ``value`` charged ``nbytes``, evicting the least recently used beyond the bounds;
-        False (nothing kept) when it alone is above a quarter of the byte budget."""
+        """Keep ``value`` charged ``nbytes``, evicting beyond the bounds (the least recently used, or
+        with parts, see *Shares*); False (nothing kept) when it alone is above a quarter of the byte
+        budget, or above its part's share of it."""
         if nbytes > self.max_bytes // 4 or (self._part is not None and nbytes > self._share_bytes):
             return False
+        name = self._part(key) if self._part is not None else None  # before any change: it may raise
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -98,7 +122,6 @@ class BoundedLRU(Generic[K, V]):
                     _, (_, size) = self._entries.popitem(last=False)
                     self.nbytes -= size
                 return True
-            name = self._part(key)
             mine = self._parts.get(name)
             if mine is None:
                 mine = self._parts[name] = _Part()

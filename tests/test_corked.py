@@ -14,7 +14,8 @@ import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, READ_AHEAD, SEND_STALLED_CODE, CorkedTransport,
+from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, READ_AHEAD, READ_AHEAD_BYTES,
+                                      SEND_STALLED_CODE, CorkedTransport,
                                       CorkedWebSocketProtocol, SendStalled, TextFrames)
 from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
@@ -432,6 +433,39 @@ def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
         peer.close()
 
     assert READ_AHEAD >= 2  # 1 is uvicorn's pause after every message
+    asyncio.run(main())
+
+
+def test_a_big_message_pauses_reading_at_once_and_until_it_is_taken():
+    """Only small messages are read ahead: what waits is at most one message of max_size plus
+    READ_AHEAD_BYTES, as uvicorn's pause-at-one allowed one message."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proto = _protocol(deadline=3600)
+        ours, peer = socket.socketpair()
+        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
+
+        def arrive(text: str) -> None:
+            proto.curr_msg_data_type = "text"
+            proto.frames = [text.encode()]
+            proto.send_receive_event_to_app()
+
+        big = "x" * (READ_AHEAD_BYTES + 1)
+        arrive(big)
+        assert not transport.is_reading()              # alone, and paused
+        assert (await proto.receive())["text"] == big
+        assert transport.is_reading()
+        arrive("small")
+        assert transport.is_reading()
+        arrive(big)                                    # behind a small one: paused
+        assert not transport.is_reading()
+        assert (await proto.receive())["text"] == "small"
+        assert not transport.is_reading()              # the big one still waits
+        assert (await proto.receive())["text"] == big
+        assert transport.is_reading()
+        transport.abort()
+        peer.close()
+
     asyncio.run(main())
 
 

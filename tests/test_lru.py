@@ -53,7 +53,9 @@ def test_shares_bound_by_bytes_too():
         assert lru.nbytes <= 10_000
     assert all(("victim", i) in lru for i in range(25))
     assert lru.part_usage("attacker")[1] == 7_500   # the room the victim left, no more
-    assert not lru.put(("attacker", -1), 0, 2_600)   # one value above the share is never kept
+    small = BoundedLRU(1_000, 10_000, part=tenant_of, share=0.1)
+    assert not small.put(("a", 0), 0, 1_500)         # above its share (1,000), below a quarter: refused
+    assert BoundedLRU(1_000, 10_000).put(("a", 0), 0, 1_500)   # without parts: kept
 
 
 def test_two_tenants_that_both_want_more_end_up_with_equal_shares():
@@ -84,9 +86,10 @@ def test_the_bookkeeping_matches_the_map_under_random_use():
     for _ in range(20_000):
         key = (rng.choice("abcde"), rng.randrange(60))
         if rng.random() < 0.3:
-            lru.get(key)
+            lru.get(key) if rng.random() < 0.5 else lru.get_many([key, (key[0], key[1] + 1)])
         else:
-            lru.put(key, 0, rng.randrange(1, 400))
+            assert lru.put(key, 0, rng.randrange(1, 400))
+            assert key in lru                              # a put never evicts its own key
             assert len(lru) <= 40 and lru.nbytes <= 4_000
         parts = {t: lru.part_usage(t) for t in "abcde"}
         assert sum(n for n, _ in parts.values()) == len(lru)
@@ -118,3 +121,21 @@ def test_a_tenant_within_its_share_never_loses_an_entry_to_one_over_it():
         lru.put(("big", i), i, 1)
     lru.put(("small", 1), 1, 1)
     assert ("small", 0) in lru and ("small", 1) in lru and lru.part_usage("big")[0] == 6
+
+
+def test_get_many_is_get_for_each_key():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(3, 10**6, part=tenant_of)
+    for i in range(3):
+        lru.put(("t", i), i * 10, 1)
+    assert lru.get_many([("t", 0), ("t", 9), ("t", 2)]) == [0, None, 20]
+    assert (lru.hits, lru.misses) == (2, 1)
+    lru.put(("t", 3), 30, 1)                           # 1 is now the least recently used
+    assert ("t", 1) not in lru and ("t", 0) in lru and ("t", 2) in lru
+
+
+def test_a_share_outside_zero_to_one_is_refused():
+    import pytest
+
+    for share in (0, -0.5, 1.5):
+        with pytest.raises(ValueError):
+            BoundedLRU(10, 100, part=tenant_of, share=share)

@@ -72,7 +72,7 @@ from websockets.protocol import OPEN
 from gateway.base.log_limit import RateLimitedLog
 
 __all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LINGER_S", "LOW_WATER",
-           "READ_AHEAD", "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
+           "READ_AHEAD", "READ_AHEAD_BYTES", "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
 
 log = logging.getLogger(__name__)
 rejections = RateLimitedLog(log)
@@ -91,12 +91,15 @@ LOW_WATER = 16 * 1024
 #: 1006, 1011-1013, 1015): those frames may chain on the response this close cancelled.
 SEND_STALLED_CODE = 1008
 SEND_STALLED_REASON = "send deadline exceeded"
-#: client messages waiting for the app at which reading pauses (until fewer wait). uvicorn pauses
-#: at one: after every message, so each turn's create cost a pause and a resume (two ``epoll_ctl``
-#: calls, and a loop iteration to apply them), while the app is already waiting for the next
-#: message almost all the time. Two bound the same: at most two messages of ``max_size`` each
-#: wait, besides what one read parses.
+#: client messages waiting for the app at which reading pauses (until fewer wait), and the bytes
+#: past which it pauses whatever their number. uvicorn pauses at one message: after every message,
+#: so each turn's create cost a pause and a resume (two ``epoll_ctl`` calls, and a loop iteration
+#: to apply them), while the app is already waiting for the next message almost all the time. A
+#: small message now waits without pausing; a big one pauses reading as before, so what waits is
+#: at most one message of ``max_size`` plus ``READ_AHEAD_BYTES`` (characters, for text), besides
+#: what one read parses.
 READ_AHEAD = 2
+READ_AHEAD_BYTES = 64 * 1024
 #: the ASGI scope extension under which the protocol offers its :class:`TextFrames`
 TEXT_FRAMES = "respgate.text_frames"
 _MEDIUM, _LONG = struct.Struct("!BBH"), struct.Struct("!BBQ")
@@ -459,18 +462,30 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.handle_parser_exception()
             return
         self.queue.put_nowait({"type": "websocket.receive", "text": text})
-        if not self.read_paused and self.queue.qsize() >= READ_AHEAD:
+        if not self.read_paused and not self._may_read_ahead():
             self.read_paused = True
             self.transport.pause_reading()
 
     async def receive(self) -> Any:
-        """uvicorn's ``receive``, resuming reading once fewer than :data:`READ_AHEAD` messages wait
-        (uvicorn resumes only once none waits: it pauses at one)."""
+        """uvicorn's ``receive``, resuming reading once the messages still waiting may
+        (:data:`READ_AHEAD`; uvicorn resumes only once none waits: it pauses at one)."""
         message = await self.queue.get()
-        if self.read_paused and self.queue.qsize() < READ_AHEAD:
+        if self.read_paused and self._may_read_ahead():
             self.read_paused = False
             self.transport.resume_reading()
         return message
+
+    def _may_read_ahead(self) -> bool:
+        """Whether reading may go on with the messages now waiting for the app: fewer than
+        :data:`READ_AHEAD`, of :data:`READ_AHEAD_BYTES` at most (a look at one or two messages)."""
+        waiting = self.queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque
+        if len(waiting) >= READ_AHEAD:
+            return False
+        size = 0
+        for message in waiting:
+            data = message.get("text") or message.get("bytes") or ""
+            size += len(data)
+        return size <= READ_AHEAD_BYTES
 
     def handle_parser_exception(self) -> None:
         """A frame the protocol refused (1002 protocol error, 1007 invalid data, 1009 too big)."""

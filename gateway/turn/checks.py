@@ -199,8 +199,11 @@ class ItemChecks:
         return out
 
     def found(self, tenant: str | None, keys: list[bytes | None]) -> list[CheckedItem | None]:
-        get = self.lru.get
-        return [get((tenant, key)) if key is not None else None for key in keys]
+        named = [i for i, key in enumerate(keys) if key is not None]
+        out: list[CheckedItem | None] = [None] * len(keys)
+        for i, hit in zip(named, self.lru.get_many([(tenant, keys[i]) for i in named])):
+            out[i] = hit
+        return out
 
     def keep(self, tenant: str | None, key: bytes, checked: CheckedItem) -> None:
         # the key, the model and the canonical item: each about the JSON's size
