@@ -423,9 +423,10 @@ def back_to_back(chains: list[Chain], blocks: int, per_block: int) -> None:
     """The smallest WebSocket chains of each target (short answers, both history shapes) again,
     this time ``per_block`` turns in a row on one chain before the next chain's block (blocks
     rotate, ``blocks`` each): the server's process is warm, as one that serves many sessions at
-    once always is. The interleaved rounds measure the other case — every turn finds its server
-    idle since its previous turn, caches cold — which a Python process (a larger working set per
-    turn) pays more for than a compiled one; the report gives both."""
+    once always is. The interleaved rounds measure the other case — a turn finds its server idle
+    since its previous turn (the other server's turn, or more, in between) and its caches cold —
+    which a Python process (a larger working set per turn) pays more for than a compiled one; the
+    report gives both."""
     smallest = min(c.history_tokens for c in chains)
     picked = [c for c in chains if c.transport == "ws" and c.output == "short" and c.history_tokens == smallest]
     for b in range(blocks):

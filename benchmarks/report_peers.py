@@ -229,8 +229,8 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         gap, busy = co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
         if gap and busy:
             out.append(PeerTarget(
-                "gateway CPU per short turn by how busy the server is: after 3 ms idle before each turn / "
-                f"back to back ({one['sessions']} session) / never idle (16 sessions)",
+                f"gateway CPU per short turn by how busy the server is: after {_f(gap['gap_s'] * 1e3, 0)} ms idle "
+                f"before each turn / back to back ({one['sessions']} session) / never idle (16 sessions)",
                 f"{_f(gap['server_cpu_s_per_turn'] * 1e3)} / {_f(ms)} / {_f(busy['server_cpu_s_per_turn'] * 1e3)} ms",
                 None))
         codex = co.get("codex_one_session")
@@ -333,8 +333,9 @@ def _idle_why(co: dict[str, Any]) -> str:
     return (f" The figure moves with how long the server slept before each turn, on this VM whose idle vCPUs halt: "
             f"the same short turns took {_f(busy['server_cpu_s_per_turn'] * 1e3)} ms of CPU each with 16 sessions "
             f"keeping the server busy, {_f(one['server_cpu_s_per_turn'] * 1e3)} ms with one session (the server idle "
-            f"{_f(100 * (1 - one['server_cpu_util']), 0)}% of the time, while the client reads and sends) and "
-            f"{_f(gap['server_cpu_s_per_turn'] * 1e3)} ms after 3 ms idle before each turn.")
+            f"{_f(100 * max(0.0, 1 - one['server_cpu_util']), 0)}% of the time, while the client reads and sends) "
+            f"and {_f(gap['server_cpu_s_per_turn'] * 1e3)} ms after {_f(gap['gap_s'] * 1e3, 0)} ms idle before each "
+            "turn.")
 
 
 def _ms(x: float | None) -> str:
@@ -374,12 +375,16 @@ def _noise_floor(pe: dict[str, Any]) -> str:
     from benchmarks.vllm_peer import same_server_noise
 
     n = pe["summary"].get("same_server_noise") or same_server_noise(pe["turns"])
-    if not n:
+    if not n or n.get("engine_per_turn_max") is None:
         return ""
+    above = n.get("engine_turns_above_1")
     return (f" The floor of this measurement: vLLM's server against itself — its full-history conversation "
-            f"against its chained one, the same prefill work each turn — has per-turn TTFT ratios of "
-            f"{_f(n['ttft_per_turn_min'])}-{_f(n['ttft_per_turn_max'])} ({n['ttft_turns_above_1']} of {n['turns']} "
-            "turns above 1.0), so a worst turn inside that spread is not a difference between the servers.")
+            f"against its chained one, the same prefill each turn within a few tokens — has per-turn ratios of "
+            f"its engine's own time of {_f(n['engine_per_turn_min'])}-{_f(n['engine_per_turn_max'])}"
+            + (f" ({above} of {n['engine_turns']} turns above 1.0)" if above is not None else "")
+            + f" (of TTFT, which also holds the full-history path's own frontend work: "
+            f"{_f(n['ttft_per_turn_min'])}-{_f(n['ttft_per_turn_max'])}), so a respgate turn inside that "
+            "spread is not a difference between the servers.")
 
 
 def _frontend_why(pe: dict[str, Any], peer: str) -> str:

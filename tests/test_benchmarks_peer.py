@@ -203,7 +203,7 @@ def test_the_cpu_target_is_read_against_how_idle_the_server_was():
     by_load = next(t for k, t in targets.items() if k.startswith("gateway CPU per short turn by how busy"))
     assert by_load.measured == "1.20 / 0.55 / 0.38 ms" and by_load.ok is None
     co["rows"][0] = row(1, 0.45)
-    assert targets and {t.text: t for t in peer_targets({"concurrency": co})}[cpu.text].why == ""
+    assert {t.text: t for t in peer_targets({"concurrency": co})}[cpu.text].why == ""
 
 
 def test_a_missed_ratio_target_is_read_against_the_floor():
@@ -291,15 +291,16 @@ def test_the_same_engine_why_states_the_servers_spread_against_itself():
     full = _vllm_turns([9.9, 1.3, 0.8, 1.1], [9.8, 1.3, 0.8, 1.1])  # the first (cold) turn is left out
     rows = {"respgate_ws": ours, "vllm_chained": chained, "vllm_full": full}
     n = same_server_noise(rows)
-    assert n["turns"] == 3 and n["ttft_turns_above_1"] == 2
+    assert n["turns"] == 3 and n["ttft_turns_above_1"] == 2 and n["engine_turns_above_1"] == 2
     assert round(n["ttft_per_turn_max"], 3) == 1.3 and round(n["ttft_per_turn_min"], 3) == 0.8
+    assert round(n["engine_per_turn_max"], 3) == 1.3 and round(n["engine_per_turn_min"], 3) == 0.8
     assert same_server_noise({"respgate_ws": ours}) is None
     pe = {"turns": rows,
           "summary": {"respgate_ws": {"frontend_median_s": 0.005}, "vllm_chained": {"frontend_median_s": 0.01},
                       "ttft_ratio_vs_vllm_chained": {"per_turn_median": 1.0, "per_turn_max": 1.205,
                                                      "turns_above_1": 2, "turns": 4}}}
     ttft = next(t for t in peer_targets({"vllm_peer": pe}) if t.text.endswith("(chained) on every turn"))
-    assert "0.80-1.30 (2 of 3 turns above 1.0)" in ttft.why   # computed from the turns when not summarized
+    assert "own time of 0.80-1.30 (2 of 3 turns above 1.0)" in ttft.why   # from the turns when not summarized
 
 
 def _pypi_reachable() -> bool:
