@@ -75,34 +75,25 @@ class BoundedLRU(Generic[K, V]):
         """The value under ``key`` (now the most recently used), or ``default`` (counted as a miss;
         pass a sentinel when None is a value worth keeping)."""
         with self._lock:
-            hit = self._entries.get(key)
-            if hit is None:
-                self.misses += 1
-                return default
-            self._entries.move_to_end(key)
-            if self._part is not None:
-                self._parts[self._part(key)].keys.move_to_end(key)
-            self.hits += 1
-            return hit[0]
+            return self._use(key, default)
 
     def get_many(self, keys: Iterable[K]) -> list[Any]:
         """:meth:`get` for each key (None where missing), under one lock: a full-history request
         looks up every item it re-sends."""
-        out: list[Any] = []
         with self._lock:
-            entries, parts, part = self._entries, self._parts, self._part
-            for key in keys:
-                hit = entries.get(key)
-                if hit is None:
-                    self.misses += 1
-                    out.append(None)
-                    continue
-                entries.move_to_end(key)
-                if part is not None:
-                    parts[part(key)].keys.move_to_end(key)
-                self.hits += 1
-                out.append(hit[0])
-        return out
+            return [self._use(key, None) for key in keys]
+
+    def _use(self, key: K, default: Any) -> Any:
+        """``get`` with the lock held."""
+        hit = self._entries.get(key)
+        if hit is None:
+            self.misses += 1
+            return default
+        self._entries.move_to_end(key)
+        if self._part is not None:
+            self._parts[self._part(key)].keys.move_to_end(key)
+        self.hits += 1
+        return hit[0]
 
     def put(self, key: K, value: V, nbytes: int) -> bool:
         """Keep ``value`` charged ``nbytes``, evicting beyond the bounds (the least recently used, or
