@@ -226,7 +226,7 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
         out.append(PeerTarget(f"gateway CPU ≤ {CPU_TARGET_MS} ms per short turn (concurrency, {one['sessions']} session)",
                               f"{_f(ms)} ms", ms <= CPU_TARGET_MS,
                               "" if ms <= CPU_TARGET_MS else fixed_cost_why(r) + _idle_why(co)))
-        gap, busy = co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
+        gap, busy = _idleness_rows(co)
         if gap and busy:
             out.append(PeerTarget(
                 f"gateway CPU per short turn by how busy the server is: after {_f(gap['gap_s'] * 1e3, 0)} ms idle "
@@ -324,10 +324,16 @@ def _other_targets(r: dict[str, dict[str, Any] | None]) -> list[PeerTarget]:
     return out
 
 
+def _idleness_rows(co: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The concurrency rows the CPU figure is read against: the one-session turns after an idle gap,
+    and the 16-session row (a server never idle); None where the JSON has no such row."""
+    return co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
+
+
 def _idle_why(co: dict[str, Any]) -> str:
     """The same short turns' CPU by how long the server sat idle before each (this run's rows)."""
     one = min(co["rows"], key=lambda x: x["sessions"])
-    gap, busy = co.get("idle_gap_one_session"), next((x for x in co["rows"] if x["sessions"] == 16), None)
+    gap, busy = _idleness_rows(co)
     if not gap or not busy:
         return ""
     return (f" The figure moves with how long the server slept before each turn, on this VM whose idle vCPUs halt: "

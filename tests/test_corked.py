@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -402,6 +403,13 @@ def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
     asyncio.run(main())
 
 
+def _arrive(proto: CorkedWebSocketProtocol, text: str) -> None:
+    """A whole client text message, as the frame reader hands it to the protocol."""
+    proto.curr_msg_data_type = "text"
+    proto.frames = [text.encode()]
+    proto.send_receive_event_to_app()
+
+
 def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
     """uvicorn paused reading after every client message and resumed once the app took it: two
     epoll_ctl calls a turn while the app was already waiting. Reading now pauses once READ_AHEAD
@@ -412,11 +420,7 @@ def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
         ours, peer = socket.socketpair()
         transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
 
-        def arrive(text: str) -> None:  # a whole text message, as the frame reader hands it over
-            proto.curr_msg_data_type = "text"
-            proto.frames = [text.encode()]
-            proto.send_receive_event_to_app()
-
+        arrive = partial(_arrive, proto)
         for i in range(READ_AHEAD - 1):
             arrive(f"m{i}")
             assert transport.is_reading()
@@ -445,11 +449,7 @@ def test_a_big_message_pauses_reading_at_once_and_until_it_is_taken():
         ours, peer = socket.socketpair()
         transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
 
-        def arrive(text: str) -> None:
-            proto.curr_msg_data_type = "text"
-            proto.frames = [text.encode()]
-            proto.send_receive_event_to_app()
-
+        arrive = partial(_arrive, proto)
         big = "x" * (READ_AHEAD_BYTES + 1)
         arrive(big)
         assert not transport.is_reading()              # alone, and paused
