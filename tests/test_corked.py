@@ -403,6 +403,14 @@ def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
     asyncio.run(main())
 
 
+async def _connected() -> tuple[CorkedWebSocketProtocol, Any, socket.socket]:
+    """A protocol on one end of a socket pair (no handshake): it, its transport, the other end."""
+    proto = _protocol(deadline=3600)
+    ours, peer = socket.socketpair()
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(lambda: proto, ours)
+    return proto, transport, peer
+
+
 def _arrive(proto: CorkedWebSocketProtocol, text: str) -> None:
     """A whole client text message, as the frame reader hands it to the protocol."""
     proto.curr_msg_data_type = "text"
@@ -415,11 +423,7 @@ def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
     epoll_ctl calls a turn while the app was already waiting. Reading now pauses once READ_AHEAD
     messages wait, and resumes once fewer do: what waits stays bounded."""
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        proto = _protocol(deadline=3600)
-        ours, peer = socket.socketpair()
-        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
-
+        proto, transport, peer = await _connected()
         arrive = partial(_arrive, proto)
         for i in range(READ_AHEAD - 1):
             arrive(f"m{i}")
@@ -444,11 +448,7 @@ def test_a_big_message_pauses_reading_at_once_and_until_it_is_taken():
     """Only small messages are read ahead: what waits is at most one message of max_size plus
     READ_AHEAD_BYTES, as uvicorn's pause-at-one allowed one message."""
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        proto = _protocol(deadline=3600)
-        ours, peer = socket.socketpair()
-        transport, _ = await loop.connect_accepted_socket(lambda: proto, ours)
-
+        proto, transport, peer = await _connected()
         arrive = partial(_arrive, proto)
         big = "x" * (READ_AHEAD_BYTES + 1)
         arrive(big)
