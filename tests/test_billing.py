@@ -644,7 +644,10 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
     """The guarantee under test: every response the client saw complete before the process was
     SIGKILLed is in the ledger exactly once after restart — not only the records the ledger or
     the journal had acknowledged: the rest were in the usage WAL, written before the terminal
-    event was sent — and nothing else is there (only responses that were created).
+    event was sent — and nothing else is there: only responses the client saw, plus at most the
+    one turn each load had in flight when its process was killed. That turn is billed when the kill
+    lands after its WAL write and before its events left the process (it was produced; the client
+    saw a dropped connection, not a failure), so the client never learned its id.
 
     Kill 1 lands while Redis is down (records go to the journal; restart must replay them); kill 2
     while Redis is up and records flow straight to the stream."""
@@ -662,8 +665,11 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         assert proc.poll() is None
         return proc
 
+    kills: list[float] = []
+
     def kill_mid_load(proc: subprocess.Popen[bytes], load: Load, n: int) -> None:
         load.wait_completed(n)
+        kills.append(time.time())
         proc.send_signal(signal.SIGKILL)  # turns are flowing
         proc.wait(10)
         load.join(allow_error=True)
@@ -706,8 +712,14 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
         assert not wal_files(journal_path), "the killed processes' WAL generations were not recovered"
         ids = stream_ids(durable_redis.url)
         assert len(ids) == len(set(ids)), "a record was counted twice"
-        assert set(ids) <= set(load.created) | set(load.completed) | set(load2.created) | set(load2.completed)
         by_id = {r.response_id: r for r in iter_ledger(durable_redis.url)}
+        seen = set(load.created) | set(load.completed) | set(load2.created) | set(load2.completed)
+        unseen = [r for r in by_id.values() if r.response_id not in seen]
+        for each, since, killed_at in zip((load, load2), [0.0, *kills], kills):  # load 1 ran until kill 1
+            in_flight = [r for r in unseen if since < r.created_at <= killed_at]
+            last_seen = max(by_id[rid].created_at for rid in each.completed)
+            assert len(in_flight) <= 1 and all(last_seen < r.created_at for r in in_flight), (in_flight, last_seen)
+        assert len(unseen) <= len(kills), unseen
         for rid, usage in {**load.usage, **load2.usage}.items():  # the WAL's copy is the same record
             assert (by_id[rid].input_tokens, by_id[rid].output_tokens) == (usage["input_tokens"],
                                                                            usage["output_tokens"])
