@@ -4,8 +4,9 @@ A ``store=true`` response the client may continue from (``completed`` or ``incom
 *before* its terminal event (``write``): a client told ``completed`` chains its next request at
 once, through any replica, and must not get ``previous_response_not_found``. The wait is one store
 round trip, bounded by the store's own timeouts; when the write fails the turn ends ``failed``
-instead (``gateway.turn.run``) and is billed so. Everything else stays off the turn's path: the
-cache update is a dict write, the store write of a response nobody continues from (``failed``,
+instead (``gateway.turn.run``) and is billed so. Everything else stays off the turn's path: it
+runs once the terminal event is handed to the transport (``Finalizer.keep``), the cache update is
+a dict write, the store write of a response nobody continues from (``failed``,
 ``cancelled``: kept for retrieval) is a task (a request that arrives before it lands waits for that
 one write only), and the usage record goes on the billing queue whose worker overlaps the client's
 next turn. The usage record is submitted once the outcome is final — after the store result — so
@@ -114,43 +115,62 @@ class Finalizer:
         return CONVERSATION_FAILED_MESSAGE if turn.input.conversation is not None else STORE_FAILED_MESSAGE
 
     def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
-               stored: ResponseState | None = None) -> ResponseState:
-        """Bill ``outcome`` and keep its state: the connection cache, for ``store=true`` the store
-        (``stored``: already written by ``write``, else written now, off the turn's path), and the
-        usage record — submitted last, so that a fault here leaves the turn unbilled for the caller
-        to bill as cancelled, never billed twice."""
-        t0 = time.perf_counter()
+               stored: ResponseState | None = None) -> None:
+        """:meth:`settle` and :meth:`keep` at once: for a turn that sends nothing more (a cut)."""
+        self.settle(turn, outcome)
+        self.keep(turn, outcome, on_usage, stored)
+
+    def settle(self, turn: PreparedTurn, outcome: Outcome) -> None:
+        """Bill ``outcome``: its usage record goes to the billing queue (and its WAL). The one step
+        the terminal event waits for — the ledger must hold every response a client was told
+        finished — and the last one that may fail the turn: a fault here leaves it unbilled, for
+        the caller to bill as cancelled, never twice. The rest is :meth:`keep`'s, after the send."""
         status, usage = outcome.status, outcome.usage
-        state = stored if stored is not None else self._state(turn, outcome)
-        duration = t0 - turn.started
-        ttft = None if outcome.first_token_at is None else outcome.first_token_at - turn.started
+        duration = time.perf_counter() - turn.started
         record = UsageRecord(
             response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
             input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
             output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
             transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
-            ttft_s=ttft, duration_s=duration,
+            ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - turn.started,
+            duration_s=duration,
         )
-        self._observe(turn, status, usage, duration, outcome.first_token_at)
-        if self.on_state is not None and status in CHAINABLE:
-            self.on_state(turn, outcome, state)
-        cache = turn.ctx.conn_cache
-        if cache is not None and status in CHAINABLE:
-            evicted = cache.evictions
-            cache.put(turn.ctx.lane, state)
-            self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
-        if turn.input.store and stored is None:
-            self._persist(state)
-        if on_usage is not None:
-            on_usage(usage)
         clock = turn.clock
         clock.lap("finalize")
         self.usage.submit(record)
         clock.lap("billing")
-        self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
-        clock.end(status, response_id=turn.id, model=turn.route.name, usage=usage, tenant=turn.ctx.tenant,
-                  previous_response_id=turn.req.previous_response_id)
-        return state
+
+    def keep(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
+             stored: ResponseState | None = None) -> None:
+        """Keep a settled turn's state — the connection cache, the prefix cache (``on_state``), for
+        ``store=true`` the store (``stored``: already written by ``write``, else written now, off
+        the turn's path) — reconcile the quota and count it. Runs once the terminal event is
+        handed to the transport, with no await in between (``gateway.turn.run``): the client reads
+        its answer while this runs, and nothing else on the loop — the connection's next create, a
+        scrape — runs before it. The turn is billed and answered, so a fault is logged, not raised."""
+        t0 = time.perf_counter()
+        status, usage = outcome.status, outcome.usage
+        try:
+            state = stored if stored is not None else self._state(turn, outcome)
+            if self.on_state is not None and status in CHAINABLE:
+                self.on_state(turn, outcome, state)
+            cache = turn.ctx.conn_cache
+            if cache is not None and status in CHAINABLE:
+                evicted = cache.evictions
+                cache.put(turn.ctx.lane, state)
+                self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
+            if turn.input.store and stored is None:
+                self._persist(state)
+            if on_usage is not None:
+                on_usage(usage)
+            self._observe(turn, status, usage, t0 - turn.started, outcome.first_token_at)
+            self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
+            turn.clock.end(status, response_id=turn.id, model=turn.route.name, usage=usage,
+                           tenant=turn.ctx.tenant, previous_response_id=turn.req.previous_response_id)
+        except BaseException as exc:
+            if not is_fault(exc):
+                raise
+            log.exception("keeping the state of response %s crashed (it is billed and answered)", turn.id)
 
     def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float,
                  first_token_at: float | None) -> None:

@@ -1,6 +1,7 @@
 """Run: a prepared turn -> its events, ending with exactly one terminal event, then finalize.
 
-    engine.generate(ids) -> parser -> ResponseEvents -> [store] -> Finalizer.finish(Outcome) -> terminal
+    engine.generate(ids) -> parser -> ResponseEvents -> [store] -> Finalizer.settle(Outcome) -> terminal
+        -> Finalizer.keep (caches, quota, metrics: after the terminal is handed over, before the next turn)
 
 Only now is the parent's shared token buffer extended (at its tip: O(new)). A failure after the
 response exists is a response with status ``failed``, not an exception: the client has already
@@ -11,7 +12,8 @@ interpreter exit (``gateway.wire.errors.is_fault``).
 
 **What the client is told is what is billed.** The terminal is built, then (``store=true`` and
 chainable) held until the store write lands — on failure it is withdrawn and the response fails
-("The response could not be stored…") — then the outcome is billed, then the terminal is sent. A turn that
+("The response could not be stored…") — then the outcome is billed, then the terminal is sent, and
+only then is the state kept (``Finalizer.keep``: the client reads while it runs). A turn that
 ends before it is billed (its consumer gone, or cut by the shutdown deadline) is billed as
 ``cancelled``, once, with what it generated.
 
@@ -206,9 +208,12 @@ class TurnRunner:
             outcome = Outcome(events.status, events.output, usage, history, exact=exact, copied_bytes=copied,
                               compacted=compacted, first_token_at=first_token_at)
             pending, outcome, stored = await self._store(turn, events, pending, outcome)
-            self.finalizer.finish(turn, outcome, on_usage, stored)
+            self.finalizer.settle(turn, outcome)
             settled = True
-            yield pending
+            try:
+                yield pending
+            finally:  # the terminal is with the transport (or the consumer left): the rest off its path
+                self.finalizer.keep(turn, outcome, on_usage, stored)
         finally:
             if not settled:  # the clock's time since its last stage boundary is the cut's, not finalize's
                 clock.lap("cancelled")
@@ -287,11 +292,14 @@ class TurnRunner:
             pending = events.complete(usage)
             outcome = Outcome(events.status, events.output, usage, turn_ids, exact=True, copied_bytes=copied)
             pending, outcome, stored = await self._store(turn, events, pending, outcome)
-            self.finalizer.finish(turn, outcome, on_usage, stored)
+            self.finalizer.settle(turn, outcome)
             settled = True
-            if outcome.status == ResponseStatus.COMPLETED:
-                self._prefill_later(turn, turn_ids)
-            yield pending
+            try:
+                yield pending
+            finally:
+                self.finalizer.keep(turn, outcome, on_usage, stored)
+                if outcome.status == ResponseStatus.COMPLETED:
+                    self._prefill_later(turn, turn_ids)
         finally:
             if not settled:
                 self._cancel(turn, events, pending, usage, on_usage)
