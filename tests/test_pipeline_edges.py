@@ -190,3 +190,47 @@ def test_a_turns_event_groups_are_never_empty_and_flatten_to_its_events(make_gat
         strip = lambda evs: [(e["type"], e["sequence_number"]) for e in evs]  # noqa: E731 (ids differ)
         assert strip([e for g in groups for e in g]) == strip(flat)
         assert len(groups) < len(flat) or body.get("generate") is False
+
+
+def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(make_gateway, caplog):
+    """``Finalizer.settle`` bills before the terminal group is yielded; ``Finalizer.keep`` (the
+    connection cache, the turn's metrics) runs only once the consumer took it — when it asks for
+    more, and when it closes the generator right there (a socket gone). A fault while keeping is
+    logged: the turn stays billed once and answered ``completed``."""
+    from cache.connection import ConnectionCache
+    from gateway.turn.types import TurnContext
+
+    live = make_gateway(engine=SimulatedEngine(script=_answer))
+    pipeline, gw = live.gw.pipeline, live.gw
+    billed: list[str] = []
+    submit = gw.usage.submit
+    gw.usage.submit = lambda record: (billed.append(record.response_id), submit(record))[1]
+    completed = gw.metrics.turns.labels("ws", "completed")
+
+    async def turn(*, close_at_terminal: bool, cache: ConnectionCache):
+        prepared = await pipeline.prepare({"model": MODEL, "input": "hi", "store": False},
+                                          TurnContext(transport="ws", conn_cache=cache, lane=""))
+        gen = pipeline.batches(prepared)
+        at_terminal = None
+        async for group in gen:
+            if group[-1]["type"] == "response.completed":
+                at_terminal = (prepared.id in billed, cache.get(prepared.id) is not None, completed._value.get())
+                if close_at_terminal:
+                    await gen.aclose()
+                    break
+        return prepared.id, at_terminal, cache.get(prepared.id) is not None
+
+    for close in (False, True):
+        before = completed._value.get()
+        rid, at_terminal, kept = live.call(turn(close_at_terminal=close, cache=ConnectionCache()))
+        assert at_terminal == (True, False, before)  # billed, not yet kept nor counted
+        assert kept and completed._value.get() == before + 1 and billed.count(rid) == 1
+
+    class Broken(ConnectionCache):
+        def put(self, lane, state):
+            raise RuntimeError("boom")
+
+    before = completed._value.get()
+    rid, at_terminal, kept = live.call(turn(close_at_terminal=False, cache=Broken()))
+    assert at_terminal[0] and not kept and billed.count(rid) == 1 and completed._value.get() == before + 1
+    assert "keeping the state of response" in caplog.text and gw.metrics.aborts.labels("ws")._value.get() == 0

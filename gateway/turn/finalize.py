@@ -151,6 +151,10 @@ class Finalizer:
         t0 = time.perf_counter()
         status, usage = outcome.status, outcome.usage
         try:
+            # first what the answer fixed: the count and the quota (a fault below leaves them right)
+            self._observe(turn, status, usage, t0 - turn.started, outcome.first_token_at)
+            if on_usage is not None:
+                on_usage(usage)
             state = stored if stored is not None else self._state(turn, outcome)
             if self.on_state is not None and status in CHAINABLE:
                 self.on_state(turn, outcome, state)
@@ -161,9 +165,6 @@ class Finalizer:
                 self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
             if turn.input.store and stored is None:
                 self._persist(state)
-            if on_usage is not None:
-                on_usage(usage)
-            self._observe(turn, status, usage, t0 - turn.started, outcome.first_token_at)
             self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
             turn.clock.end(status, response_id=turn.id, model=turn.route.name, usage=usage,
                            tenant=turn.ctx.tenant, previous_response_id=turn.req.previous_response_id)
