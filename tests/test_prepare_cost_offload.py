@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,7 +122,7 @@ def test_what_the_length_cannot_clear_is_walked() -> None:
 
 def test_a_websocket_continuation_carries_its_frames_length_to_prepare(gateway, monkeypatch) -> None:
     """The frame's length reaches the offload choice (``TurnContext.body_bytes``), so a short
-    continuation is not walked; over HTTP (no length) the walk decides as before."""
+    continuation is not walked; an HTTP create carries its body's bytes the same way."""
     from gateway.turn import offload as offload_module
     from tests.ws_helpers import create, send, until_terminal, ws_open
 
@@ -139,3 +140,8 @@ def test_a_websocket_continuation_carries_its_frames_length_to_prepare(gateway, 
         send(ws, frame)
         assert until_terminal(ws)[-1]["type"] == "response.completed"
     assert seen[-1] == len(frame) and not walks
+    body = orjson.dumps({"model": first["model"], "input": "over HTTP", "store": False})
+    r = httpx.post(f"{gateway.base_url}/responses", content=body, headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "completed"
+    assert seen[-1] == len(body) and not walks

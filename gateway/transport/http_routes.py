@@ -48,7 +48,13 @@ def _gw(request: Request) -> GatewayState:
 
 
 async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> Any:
-    """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
+    """The body (:func:`_sized_json_body` without its size)."""
+    return (await _sized_json_body(request, gw, tenant))[0]
+
+
+async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | None) -> tuple[Any, int]:
+    """The body and the bytes of its text — the text's size bounds the prepare work without a walk
+    (``TurnContext.body_bytes``, as for a WebSocket frame) —, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
     for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``). Each
     refusal is counted and logged (rate-limited); a 413 or 408 closes the connection, whose unread
     rest of the body is not worth reading."""
@@ -81,7 +87,7 @@ async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> 
     try:
         return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
                          max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes,
-                         known_tools=gw.pipeline.known_tools(tenant))
+                         known_tools=gw.pipeline.known_tools(tenant)), len(raw)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
 
@@ -105,8 +111,8 @@ async def create_response(request: Request) -> Response:
         gw.metrics.errors.labels("http", "server_shutting_down").inc()
         raise shutting_down()
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
-    body = await _json_body(request, gw, principal.tenant)
-    ctx = TurnContext(transport="http", tenant=principal.tenant)
+    body, nbytes = await _sized_json_body(request, gw, principal.tenant)
+    ctx = TurnContext(transport="http", tenant=principal.tenant, body_bytes=nbytes)
     if gw.metrics.tracing is not None:  # the caller's trace (W3C traceparent), for the turn span
         gw.metrics.tracing.accept(request.headers)
     slot: Slot | None = None
