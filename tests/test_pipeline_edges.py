@@ -195,8 +195,9 @@ def test_a_turns_event_groups_are_never_empty_and_flatten_to_its_events(make_gat
 def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(make_gateway, caplog):
     """``Finalizer.settle`` bills before the terminal group is yielded; ``Finalizer.keep`` (the
     connection cache, the turn's metrics) runs only once the consumer took it — when it asks for
-    more, and when it closes the generator right there (a socket gone). A fault while keeping is
-    logged: the turn stays billed once and answered ``completed``."""
+    more, and when it closes the generator right there (a socket gone), a warm-up's too, before
+    the close returns. A fault while keeping the state is logged: the turn stays billed once,
+    answered ``completed`` and counted."""
     from cache.connection import ConnectionCache
     from gateway.turn.types import TurnContext
 
@@ -207,8 +208,8 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
     gw.usage.submit = lambda record: (billed.append(record.response_id), submit(record))[1]
     completed = gw.metrics.turns.labels("ws", "completed")
 
-    async def turn(*, close_at_terminal: bool, cache: ConnectionCache):
-        prepared = await pipeline.prepare({"model": MODEL, "input": "hi", "store": False},
+    async def turn(*, close_at_terminal: bool, cache: ConnectionCache, generate: bool = True):
+        prepared = await pipeline.prepare({"model": MODEL, "input": "hi", "store": False, "generate": generate},
                                           TurnContext(transport="ws", conn_cache=cache, lane=""))
         gen = pipeline.batches(prepared)
         at_terminal = None
@@ -220,9 +221,9 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
                     break
         return prepared.id, at_terminal, cache.get(prepared.id) is not None
 
-    for close in (False, True):
+    for close, generate in ((False, True), (True, True), (False, False), (True, False)):  # a warm-up too
         before = completed._value.get()
-        rid, at_terminal, kept = live.call(turn(close_at_terminal=close, cache=ConnectionCache()))
+        rid, at_terminal, kept = live.call(turn(close_at_terminal=close, cache=ConnectionCache(), generate=generate))
         assert at_terminal == (True, False, before)  # billed, not yet kept nor counted
         assert kept and completed._value.get() == before + 1 and billed.count(rid) == 1
 
@@ -233,4 +234,4 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
     before = completed._value.get()
     rid, at_terminal, kept = live.call(turn(close_at_terminal=False, cache=Broken()))
     assert at_terminal[0] and not kept and billed.count(rid) == 1 and completed._value.get() == before + 1
-    assert "keeping the state of response" in caplog.text and gw.metrics.aborts.labels("ws")._value.get() == 0
+    assert f"keeping response {rid}: Finalizer._keep_state crashed" in caplog.text and gw.metrics.aborts.labels("ws")._value.get() == 0

@@ -150,28 +150,28 @@ class Finalizer:
         scrape — runs before it. The turn is billed and answered, so a fault is logged, not raised."""
         t0 = time.perf_counter()
         status, usage = outcome.status, outcome.usage
-        try:
-            # first what the answer fixed: the count and the quota (a fault below leaves them right)
-            self._observe(turn, status, usage, t0 - turn.started, outcome.first_token_at)
-            if on_usage is not None:
-                on_usage(usage)
-            state = stored if stored is not None else self._state(turn, outcome)
-            if self.on_state is not None and status in CHAINABLE:
+        # each step on its own: a fault in one leaves the others done (the quota handed back, the
+        # turn counted, its span ended)
+        if on_usage is not None:
+            _guarded(turn, on_usage, usage)
+        _guarded(turn, self._observe, turn, status, usage, t0 - turn.started, outcome.first_token_at)
+        _guarded(turn, self._keep_state, turn, outcome, stored)
+        self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
+        _guarded(turn, turn.clock.end, status, response_id=turn.id, model=turn.route.name, usage=usage,
+                 tenant=turn.ctx.tenant, previous_response_id=turn.req.previous_response_id)
+
+    def _keep_state(self, turn: PreparedTurn, outcome: Outcome, stored: ResponseState | None) -> None:
+        state = stored if stored is not None else self._state(turn, outcome)
+        if outcome.status in CHAINABLE:
+            if self.on_state is not None:
                 self.on_state(turn, outcome, state)
             cache = turn.ctx.conn_cache
-            if cache is not None and status in CHAINABLE:
+            if cache is not None:
                 evicted = cache.evictions
                 cache.put(turn.ctx.lane, state)
                 self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
-            if turn.input.store and stored is None:
-                self._persist(state)
-            self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
-            turn.clock.end(status, response_id=turn.id, model=turn.route.name, usage=usage,
-                           tenant=turn.ctx.tenant, previous_response_id=turn.req.previous_response_id)
-        except BaseException as exc:
-            if not is_fault(exc):
-                raise
-            log.exception("keeping the state of response %s crashed (it is billed and answered)", turn.id)
+        if turn.input.store and stored is None:
+            self._persist(state)
 
     def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float,
                  first_token_at: float | None) -> None:
@@ -268,6 +268,17 @@ class Finalizer:
         """Wait for every pending store write (shutdown)."""
         while self._writes:
             await asyncio.wait(set(self._writes.values()))
+
+
+def _guarded(turn: PreparedTurn, step: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """One step of ``Finalizer.keep``: a fault is logged (the turn is billed and answered), not raised."""
+    try:
+        step(*args, **kwargs)
+    except BaseException as exc:
+        if not is_fault(exc):
+            raise
+        log.exception("keeping response %s: %s crashed (it is billed and answered)", turn.id,
+                      getattr(step, "__qualname__", step))
 
 
 def _prefix_exact(turn: PreparedTurn) -> bool:

@@ -30,6 +30,7 @@ request is aborted and a ``cancelled`` snapshot with the tokens processed so far
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import AsyncIterator
@@ -105,8 +106,11 @@ class TurnRunner:
         else:
             turn_ids = TokenSeq(rendered.new_ids)
         if not turn.input.generate:
-            async for batch in self._warm_up(turn, events, turn_ids, copied, on_usage):
-                yield batch
+            # closed with this generator, not left to the garbage collector's task: a consumer that
+            # stops at the terminal has the warm-up kept (or cancelled) before its own close returns
+            async with contextlib.aclosing(self._warm_up(turn, events, turn_ids, copied, on_usage)) as warm:
+                async for batch in warm:
+                    yield batch
             return
 
         assert turn.sampling is not None
