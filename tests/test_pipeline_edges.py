@@ -206,7 +206,12 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
     billed: list[str] = []
     submit = gw.usage.submit
     gw.usage.submit = lambda record: (billed.append(record.response_id), submit(record))[1]
-    completed = gw.metrics.turns.labels("ws", "completed")
+
+    def counted(name: str, **labels: str) -> float:
+        return gw.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def completed() -> float:
+        return counted("respgate_turns_total", transport="ws", status="completed")
 
     async def turn(*, close_at_terminal: bool, cache: ConnectionCache, generate: bool = True):
         prepared = await pipeline.prepare({"model": MODEL, "input": "hi", "store": False, "generate": generate},
@@ -215,23 +220,24 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
         at_terminal = None
         async for group in gen:
             if group[-1]["type"] == "response.completed":
-                at_terminal = (prepared.id in billed, cache.get(prepared.id) is not None, completed._value.get())
+                at_terminal = (prepared.id in billed, cache.get(prepared.id) is not None, completed())
                 if close_at_terminal:
                     await gen.aclose()
                     break
         return prepared.id, at_terminal, cache.get(prepared.id) is not None
 
     for close, generate in ((False, True), (True, True), (False, False), (True, False)):  # a warm-up too
-        before = completed._value.get()
+        before = completed()
         rid, at_terminal, kept = live.call(turn(close_at_terminal=close, cache=ConnectionCache(), generate=generate))
         assert at_terminal == (True, False, before)  # billed, not yet kept nor counted
-        assert kept and completed._value.get() == before + 1 and billed.count(rid) == 1
+        assert kept and completed() == before + 1 and billed.count(rid) == 1
 
     class Broken(ConnectionCache):
         def put(self, lane, state):
             raise RuntimeError("boom")
 
-    before = completed._value.get()
+    before = completed()
     rid, at_terminal, kept = live.call(turn(close_at_terminal=False, cache=Broken()))
-    assert at_terminal[0] and not kept and billed.count(rid) == 1 and completed._value.get() == before + 1
-    assert f"keeping response {rid}: Finalizer._keep_state crashed" in caplog.text and gw.metrics.aborts.labels("ws")._value.get() == 0
+    assert at_terminal[0] and not kept and billed.count(rid) == 1 and completed() == before + 1
+    assert f"keeping response {rid}: Finalizer._keep_state crashed" in caplog.text
+    assert counted("respgate_generation_aborts_total", transport="ws") == 0  # not billed cancelled

@@ -53,11 +53,12 @@ async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> 
 
 
 async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | None) -> tuple[Any, int]:
-    """The body and the bytes of its text — the text's size bounds the prepare work without a walk
-    (``TurnContext.body_bytes``, as for a WebSocket frame) —, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
-    for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``). Each
-    refusal is counted and logged (rate-limited); a 413 or 408 closes the connection, whose unread
-    rest of the body is not worth reading."""
+    """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
+    for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``) — and
+    the bytes it was parsed from, which bound the prepare work without a walk
+    (``TurnContext.body_bytes``, as a WebSocket frame's length does). Each refusal is counted and
+    logged (rate-limited); a 413 or 408 closes the connection, whose unread rest of the body is not
+    worth reading."""
     s = gw.settings
     limit = s.max_request_bytes
     declared = request.headers.get("content-length")
