@@ -62,7 +62,10 @@ def _simple(module: str, png: str) -> Callable[[Path, bool], None]:
         result.setdefault("machine", machine(load0, time.perf_counter() - t0))
         result["quick"] = quick
         (out / f"{module}.json").write_text(json.dumps(result, indent=1))
-        mod.plot(result, out / png)
+        try:
+            mod.plot(result, out / png)
+        except ImportError:  # matplotlib is the ``bench`` extra: the figures and the report stand without it
+            print(f"matplotlib not installed: no {png}", file=sys.stderr)
 
     return run
 
