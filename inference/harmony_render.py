@@ -77,6 +77,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import orjson
 from openai_harmony import Role
 
+from inference.harmony_constraint import harmony_constraint
 from inference.harmony_content import Header, MessageTokenizer, message_of
 from inference.harmony_core import (
     ToolCatalog,
@@ -409,8 +410,6 @@ class HarmonyRenderer:
     def constraint(self, prelude: Prelude, text_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """A structural tag over harmony's token ids (see ``inference.harmony_constraint``): forced
         tool calls with schema-valid arguments, or a ``final`` answer that is schema-valid JSON."""
-        from inference.harmony_constraint import harmony_constraint
-
         return harmony_constraint(prelude.tools, prelude.tool_choice, text_format)
 
     def parser(self, prelude: Prelude) -> HarmonyStreamParser:
