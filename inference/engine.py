@@ -11,6 +11,7 @@ the request and free its slot. Engines count aborts so tests and metrics can obs
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
@@ -56,11 +57,17 @@ class RequestRouting(msgspec.Struct, frozen=True):
     @classmethod
     def for_chain(cls, tenant: str | None, root_id: str, traceparent: str | None = None) -> "RequestRouting":
         """The routing of a request on the chain rooted at ``root_id`` of ``tenant``."""
-        h = hashlib.blake2b(digest_size=16, person=b"respgate-sess")
-        h.update((tenant or "").encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
-        h.update(root_id.encode("utf-8", "surrogatepass"))
-        return cls(session_key=h.hexdigest(), traceparent=traceparent)
+        return cls(session_key=_session_key(tenant, root_id), traceparent=traceparent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _session_key(tenant: str | None, root_id: str) -> str:
+    """Remembered per chain: every turn of a chain asks for the same key (a bounded memo, in C)."""
+    h = hashlib.blake2b(digest_size=16, person=b"respgate-sess")
+    h.update((tenant or "").encode("utf-8", "surrogatepass"))
+    h.update(b"\x00")
+    h.update(root_id.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):

@@ -266,6 +266,21 @@ async def test_headers_name_the_setting_and_forward_the_trace_context(upstream: 
     assert len({RequestRouting.for_chain(t, r).session_key for t in ("a", "b") for r in ("resp_1", "resp_2")}) == 4
 
 
+def test_the_session_key_is_the_chains_hash_every_time_it_is_asked():
+    """Replicas and restarts must agree on a chain's key (the router keys pods on it): it is the
+    keyed blake2b of tenant and root, on the first ask and on every remembered one after."""
+    import hashlib
+
+    def expected(tenant: str, root: str) -> str:
+        return hashlib.blake2b(f"{tenant}\x00{root}".encode(), digest_size=16, person=b"respgate-sess").hexdigest()
+
+    for _ in range(2):
+        assert RequestRouting.for_chain("acme", "resp_root1").session_key == expected("acme", "resp_root1")
+        assert RequestRouting.for_chain(None, "resp_root1").session_key == expected("", "resp_root1")
+    assert RequestRouting.for_chain("acme", "resp_root1", "00-tp").traceparent == "00-tp"
+    assert RequestRouting.for_chain("acme", "resp_root1").traceparent is None
+
+
 def test_a_chain_keeps_its_key_across_replicas_sharing_redis(upstream: Upstream, redis_url: str):
     """Replica B continues a chain replica A rooted: the root travels in the stored record."""
     lives = []
