@@ -558,3 +558,42 @@ def test_chained_turns_leave_entries_a_full_history_resend_finds_token_exact(mak
         assert 0 < got["rendered"] < 60
     else:                    # rendered from the edited item on: more than the new item alone
         assert got["rendered"] >= 60
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_chained_turns_digest_is_folded_after_its_terminal_unless_it_was_prepared_in_the_pool(make_gateway, pooled):
+    """A small chained turn's digest is folded when its state is kept, after its terminal event
+    (the resolver never hashes it); a turn prepared in the pool (every body here, with a zero
+    inline budget) is hashed there. Either way the entry is named as a full-history re-send names
+    it: the re-send finds it and renders only what follows."""
+    settings = Settings(inline_prepare_bytes=0) if pooled else Settings()
+    live = make_gateway(settings, engine=SimulatedEngine(record_prompts=True, script=tool_loop))
+    resolver_prefix = live.gw.pipeline.resolver.prefix
+    calls: list[int] = []
+    extend = resolver_prefix.extend
+
+    def spied(parent, new_items):
+        calls.append(len(new_items))
+        return extend(parent, new_items)
+
+    resolver_prefix.extend = spied  # the resolver's calls only: the finalizer holds its own reference
+    got = chained_then_resent(live, 3)
+    assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 1
+    assert 0 < got["rendered"] < 60
+    assert (len(calls) == 2) if pooled else (calls == [])  # the two chained turns after the first
+
+
+def test_a_fault_folding_the_digest_costs_the_entry_not_the_chain(make_gateway, caplog):
+    live = make_gateway(engine=SimulatedEngine(record_prompts=True, script=tool_loop))
+
+    def broken(parent, new_items):
+        raise RuntimeError("digest bug")
+
+    live.gw.pipeline.finalizer.chain_digest = broken
+    with caplog.at_level("ERROR", logger="gateway.turn.finalize"):
+        got = chained_then_resent(live, 3)  # every chained turn continued its parent
+    # the re-send finds only the first turn's entry (it had no parent): what the chained turns
+    # added is rendered again
+    assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 1
+    assert got["rendered"] > 60
+    assert any("leaves no prefix-cache entry" in r.getMessage() for r in caplog.records)

@@ -67,13 +67,16 @@ class Outcome(msgspec.Struct, frozen=True):
 
 #: told of every chainable state a turn leaves (the prefix cache keeps full-history turns)
 StateHook = Callable[[PreparedTurn, "Outcome", ResponseState], None]
+#: a chained turn's prefix-cache digest from its parent and new items (``PrefixReuse.extend``)
+ChainDigest = Callable[[ResponseState, Sequence[Item]], bytes | None]
 
 
 class Finalizer:
     def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics,
                  conversations: Conversations | None = None,
-                 on_state: StateHook | None = None) -> None:
+                 on_state: StateHook | None = None, chain_digest: ChainDigest | None = None) -> None:
         self.on_state = on_state
+        self.chain_digest = chain_digest
         self.store = store
         self.conversations = conversations
         self.usage = usage
@@ -209,6 +212,7 @@ class Finalizer:
         history = outcome.history
         chainable = outcome.status in CHAINABLE and history is not None
         compacted = outcome.compacted
+        digest = (self._digest(turn) if chainable and compacted is None and _prefix_exact(turn) else None)
         if chainable:
             assert history is not None
             if compacted is None:
@@ -237,8 +241,21 @@ class Finalizer:
             pending_calls=frozenset(pending),
             verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
             nbytes=inherited + delta, delta_bytes=delta,
-            prefix_digest=ti.digest if chainable and compacted is None and _prefix_exact(turn) else None,
+            prefix_digest=digest,
         )
+
+    def _digest(self, turn: PreparedTurn) -> bytes | None:
+        """The prefix-cache digest the state is kept under: resolved with the turn, or folded now
+        (``TurnInput.digest_later``). A fault costs the entry, never the state: the chain goes on,
+        and a full-history re-send of it renders more."""
+        ti = turn.input
+        if not ti.digest_later or self.chain_digest is None or ti.parent is None:
+            return ti.digest
+        try:
+            return self.chain_digest(ti.parent, ti.new_items)
+        except Exception:
+            log.exception("prefix digest of response %s failed: it leaves no prefix-cache entry", turn.id)
+            return None
 
     def _persist(self, state: ResponseState) -> None:
         task = asyncio.get_running_loop().create_task(self._timed_put(state))

@@ -89,7 +89,8 @@ class Pipeline:
                                            store, metrics, sealer, self.compactor,
                                            tips_bytes=settings.conversation_tips_bytes)
         self.finalizer = Finalizer(store, usage, metrics, self.conversations,
-                                   on_state=self.prefix.record if self.prefix is not None else None)
+                                   on_state=self.prefix.record if self.prefix is not None else None,
+                                   chain_digest=self.prefix.extend if self.prefix is not None else None)
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         #: structured-output constraints by tenant, model and tools (``gateway.turn.sampling``)
         self.constraints = ConstraintCache()

@@ -121,18 +121,24 @@ class Resolver:
                                known.digests if known is not None else None)
             lap("render")  # the lookup renders what it compares
         digest = prefix.digest if prefix is not None else None
+        later = False
         if parent is not None and conv is None and not resent and self.prefix is not None:
             # a chained turn names the prefix a client re-sending the whole history would send
-            # (a reconnecting Codex does): O(parent's output + new items), which may be a 10 MB tool
-            # output: hashed where the lookup is (the prepare pool for big bodies), not on the loop
-            digest = await cpu(self.prefix.extend, parent, new_items)
+            # (a reconnecting Codex does): O(parent's output + new items). A small turn's is folded
+            # when its state is kept, after the terminal event (no client waits for it, and a turn
+            # that fails or is cut never needs it); a big one's — it may be a 10 MB tool output —
+            # here, where the lookup is (the prepare pool), never on the loop
+            if cpu.inline:
+                later = True
+            else:
+                digest = await cpu(self.prefix.extend, parent, new_items)
         return TurnInput(
             req=req, route=route, tools=tools, prelude=prelude, parent=parent,
             base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
             new_calls=new_calls, pending_calls=pending,
             compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
             conversation=conv.ref if conv is not None else None,
-            prefix=prefix, digest=digest,
+            prefix=prefix, digest=digest, digest_later=later,
         )
 
     def _validate(self, body: Any, transport: Transport, tenant: str | None,

@@ -113,6 +113,9 @@ class TurnInput(msgspec.Struct, frozen=True):
     #: (``gateway.turn.prefix``): a parentless request's, or a chained turn's folded from its
     #: parent's; None when the turn cannot leave a prefix-cache entry
     digest: bytes | None = None
+    #: a chained turn prepared inline whose ``digest`` is folded once its state is kept, after its
+    #: terminal event (``Finalizer``: ``PrefixReuse.extend``), not on the path to its first token
+    digest_later: bool = False
 
     @property
     def root_id(self) -> str | None:
