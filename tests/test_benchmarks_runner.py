@@ -57,3 +57,22 @@ def test_a_plot_that_fails_otherwise_still_fails_the_benchmark(tmp_path, monkeyp
     else:
         raise AssertionError("a plot's own bug must reach the runner (it reports the benchmark as failed)")
     assert json.loads((tmp_path / "fake_bench.json").read_text())["figure"] == 2
+
+
+def test_another_missing_module_in_a_plot_is_the_plots_bug(tmp_path, monkeypatch):
+    """Only matplotlib's absence is forgiven: a plot that imports a module that does not exist
+    fails the benchmark like any other bug of its own."""
+    module = types.ModuleType("benchmarks.fake_bench")
+    module.run = lambda quick: {"figure": 3}
+
+    def plot(result, png):
+        import benchmarks.no_such_helper  # noqa: F401
+
+    module.plot = plot
+    monkeypatch.setitem(sys.modules, "benchmarks.fake_bench", module)
+    try:
+        runner._simple("fake_bench", "fake.png")(tmp_path, False)
+    except ModuleNotFoundError as exc:
+        assert exc.name == "benchmarks.no_such_helper"
+    else:
+        raise AssertionError("a plot's missing module other than matplotlib must fail the benchmark")
