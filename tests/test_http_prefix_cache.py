@@ -597,3 +597,26 @@ def test_a_fault_folding_the_digest_costs_the_entry_not_the_chain(make_gateway, 
     assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 1
     assert got["rendered"] > 60
     assert any("leaves no prefix-cache entry" in r.getMessage() for r in caplog.records)
+
+
+def test_an_http_store_true_chain_stores_the_digest_folded_before_its_write(make_gateway):
+    """``store=true`` chained over HTTP (``previous_response_id``): the state is written before the
+    terminal event, so the digest is folded there, and the stored state carries exactly what the
+    fold at resolve would have given — the parent's digest over its outputs and the new items."""
+    live = make_gateway(engine=SimulatedEngine(script=tool_loop))
+    prefix, store = live.gw.pipeline.prefix, live.gw.pipeline.resolver.store
+    ids, sent = [], []
+    new: list[dict] = [{"role": "user", "content": "What is the weather? Ask city by city."}]
+    with httpx.Client(base_url=live.base_url, timeout=60) as client:
+        for n in range(3):
+            body = {"model": MODEL, "input": new, "tools": [WEATHER], "store": True}
+            if ids:
+                body["previous_response_id"] = ids[-1]
+            resp = post(client, body, "test-key")
+            fc = next(o for o in resp["output"] if o["type"] == "function_call")
+            ids.append(resp["id"])
+            new = [{"type": "function_call_output", "call_id": fc["call_id"], "output": f"turn {n}: rain. " * 4}]
+    states = [live.call(store.get(i)) for i in ids]
+    assert all(s is not None and s.prefix_digest is not None for s in states)
+    for parent, child in zip(states, states[1:]):  # a chained turn's input items are its new items
+        assert child.prefix_digest == prefix.extend(parent, list(child.input_items))

@@ -59,9 +59,10 @@ digests are of canonical items, which only exist after it.
 **Chained turns leave entries too.** A turn that continues a parent (WebSocket lanes, HTTP
 ``previous_response_id``) names the same digest a client re-sending that whole history would:
 the parent's digest (``ResponseState.prefix_digest``) folded over the parent's output items and
-the turn's new items — O(new input) (``PrefixReuse.extend``), folded once the turn's state is kept,
-after its terminal event (at resolve, in the prepare pool, for a body too big to prepare inline:
-``TurnInput.digest_later``). Its entry is exact by
+the turn's new items — O(new input) (``PrefixReuse.extend``), folded when the turn's state is
+built: after its terminal event, or before it for ``store=true`` (whose state is written first);
+at resolve, in the prepare pool, for a body too big to prepare inline (``TurnInput.digest_later``).
+Its entry is exact by
 induction: the render stage appends only to a parent whose history is canonical, and a chain whose
 turn was rendered in full for another reason (a changed prelude) stops leaving entries. This is what
 makes a Codex whose WebSocket dropped cheap: it reconnects and re-sends the whole history without

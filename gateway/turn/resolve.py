@@ -125,9 +125,10 @@ class Resolver:
         if parent is not None and conv is None and not resent and self.prefix is not None:
             # a chained turn names the prefix a client re-sending the whole history would send
             # (a reconnecting Codex does): O(parent's output + new items). A small turn's is folded
-            # when its state is kept, after the terminal event (no client waits for it, and a turn
-            # that fails or is cut never needs it); a big one's — it may be a 10 MB tool output —
-            # here, where the lookup is (the prepare pool), never on the loop
+            # when its state is built (after the terminal event; before it for store=true, whose
+            # state is written first): not before the first token, and never for a turn that fails
+            # or is cut; a big one's — it may be a 10 MB tool output — here, where the lookup is
+            # (the prepare pool), never on the loop
             if cpu.inline:
                 later = True
             else:

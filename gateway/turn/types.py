@@ -111,10 +111,12 @@ class TurnInput(msgspec.Struct, frozen=True):
     prefix: PrefixMatch | None = None
     #: the prefix-cache digest of the turn's whole input as a full-history client would send it
     #: (``gateway.turn.prefix``): a parentless request's, or a chained turn's folded from its
-    #: parent's; None when the turn cannot leave a prefix-cache entry
+    #: parent's at resolve; None when the turn cannot leave a prefix-cache entry, or when it is
+    #: folded later (``digest_later``)
     digest: bytes | None = None
-    #: a chained turn prepared inline whose ``digest`` is folded once its state is kept, after its
-    #: terminal event (``Finalizer``: ``PrefixReuse.extend``), not on the path to its first token
+    #: a chained turn prepared inline: its digest is folded when its state is built
+    #: (``Finalizer``: ``PrefixReuse.extend``) — after its terminal event, or before it for a
+    #: ``store=true`` turn, whose state is written first — not on the path to its first token
     digest_later: bool = False
 
     @property
