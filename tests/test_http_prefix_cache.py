@@ -605,7 +605,7 @@ def test_an_http_store_true_chain_stores_the_digest_folded_before_its_write(make
     fold at resolve would have given — the parent's digest over its outputs and the new items."""
     live = make_gateway(engine=SimulatedEngine(script=tool_loop))
     prefix, store = live.gw.pipeline.prefix, live.gw.pipeline.resolver.store
-    ids, sent = [], []
+    ids: list[str] = []
     new: list[dict] = [{"role": "user", "content": "What is the weather? Ask city by city."}]
     with httpx.Client(base_url=live.base_url, timeout=60) as client:
         for n in range(3):
