@@ -25,12 +25,14 @@ from fastapi.responses import Response
 
 from gateway.transport.http_routes import read_json_body
 from gateway.transport.services import GatewayState
+from gateway.turn.checks import no_call_for, orphan_outputs
 from gateway.turn.conversation import Conversations
 from gateway.turn.types import TurnContext
 from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, conversation_not_found, conversation_object,
                                         deleted_object, item_list, item_not_found, item_object, parse_body)
 from gateway.wire.errors import unknown_parameter
 from gateway.wire.items import new_id
+from gateway.wire.kinds import CALL_TYPES
 from gateway.wire.listing import check_include, parse_list_query
 from gateway.wire.request import parse_items
 
@@ -71,11 +73,23 @@ def _only(request: Request, *allowed: str) -> list[str]:
     return values
 
 
-async def _added(request: Request, convs: Conversations, raw_items: list[Any], tenant: str | None) -> list[Any]:
-    """Items a client adds: canonical, then classified once as they enter the conversation (a turn
-    on it treats them as history, as it treats a parent's items)."""
+async def _added(request: Request, convs: Conversations, raw_items: list[Any], tenant: str | None,
+                 conversation_id: str | None = None) -> list[Any]:
+    """Items a client adds: canonical, checked as a create's input is, then classified once as they
+    enter the conversation (a turn on it treats them as history, as it treats a parent's items).
+
+    Checked: every tool output answers a call before it — among the items, or already in the
+    conversation ``conversation_id`` names (read only when an output's call is not among the
+    items). An orphan output would be stored, and no turn on the conversation could render it."""
     gw: GatewayState = request.app.state.gateway
     items = await convs.new_items(raw_items, tenant)
+    orphans = orphan_outputs(items)
+    if orphans and conversation_id is not None:
+        _, stored = await convs.call("items", conversation_id, convs.store.items, conversation_id, tenant)
+        calls = {it.get("call_id") for it in stored if it.get("type") in CALL_TYPES}
+        orphans = [o for o in orphans if o[1] not in calls]
+    if orphans:
+        raise no_call_for(orphans[0], "items")
     await gw.pipeline.classify.classify_added(items, TurnContext(transport="http", tenant=tenant))
     return items
 
@@ -142,7 +156,7 @@ async def create_items(request: Request, conversation_id: str) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     _only(request, "include", "include[]")
     req: ItemsBody = parse_body(ItemsBody, body)
-    items = await _added(request, convs, parse_items(req.items, "items"), tenant)
+    items = await _added(request, convs, parse_items(req.items, "items"), tenant, conversation_id)
     appended = await convs.call("append", conversation_id, convs.store.append, conversation_id, tenant, items)
     return _json(item_list(list(appended.items), False), headers)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Any, AsyncIterator
 
@@ -180,11 +181,17 @@ async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterato
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
 
+#: faults on the create, input_tokens and compaction routes: whatever made one, a client can repeat
+#: it, so its traceback is logged a few times per window for each route and exception type
+route_faults = RateLimitedLog(log)
+
+
 def _fault(gw: GatewayState, what: str) -> ApiError:
-    """A fault of the gateway (or of native code under it) on a route: logged once with its
-    traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
+    """A fault of the gateway (or of native code under it) on a route: logged with its traceback,
+    rate-limited (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
     never a plain-text 500 or a traceback on the wire."""
-    log.exception("%s crashed", what)
+    route_faults.log(logging.ERROR, f"{what}:{type(sys.exc_info()[1]).__qualname__}", "%s crashed", what,
+                     exc_info=True)
     gw.metrics.errors.labels("http", "server_error").inc()
     return server_error()
 

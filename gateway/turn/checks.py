@@ -27,13 +27,14 @@ gave an item sent without one is not kept: each turn gives its own.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import orjson
 
 from cache.lru import BoundedLRU, tenant_of
 from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
+from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import HostedTool, canonical_tool, tool_names
 from inference.kinds import ItemType, ToolType
@@ -260,3 +261,27 @@ def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str],
                               code="invalid_value", param="tool_choice")
     elif kind is None:
         raise bad_request("Invalid 'tool_choice': missing 'type'.", code="invalid_value", param="tool_choice")
+
+
+def orphan_outputs(items: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """``(index, call_id)`` of each tool output in ``items`` whose call is not among the items before it.
+
+    A renderer names a tool output by its call (harmony writes the call's tool name in the output's
+    header), so an output without its call cannot be shown to the model."""
+    calls: set[Any] = set()
+    out: list[tuple[int, str]] = []
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind in CALL_TYPES:
+            calls.add(item.get("call_id"))
+        elif kind in OUTPUT_TYPES and item.get("call_id") not in calls:
+            out.append((i, str(item.get("call_id"))))
+    return out
+
+
+def no_call_for(orphan: tuple[int, str], param: str = "items") -> ApiError:
+    """The 400 for an orphan output among a conversation's new ``items``: the words a create's
+    ``input`` gets for one (``gateway.turn.resolve``), naming the item."""
+    i, call_id = orphan
+    return bad_request(f"No tool call found for function call output with call_id {call_id}.", code="invalid_value",
+                       param=f"{param}[{i}]")

@@ -41,7 +41,9 @@ from cache.items import ItemLog
 from cache.seq import TokenSeq
 from cache.state import ResponseState
 from cache.store import ResponseStore, StoreUnavailable
+from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
+from gateway.turn.checks import orphan_outputs
 from gateway.turn.compaction import Compactor
 from gateway.turn.sealing import SealError, Sealer
 from gateway.turn.types import Item, PreparedTurn
@@ -52,6 +54,8 @@ from gateway.wire.items import (Compaction, CompactionTrigger, HostedItem, ItemR
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 
 log = logging.getLogger(__name__)
+#: a conversation holding orphan outputs is read on every turn: said a few times a window, not each turn
+orphan_logs = RateLimitedLog(log)
 T = TypeVar("T")
 
 
@@ -120,7 +124,24 @@ class Conversations:
         return ConversationBase(ref, self._stand_in(conv, self._context(items), tenant))
 
     def _context(self, items: list[Item]) -> list[Item]:
-        """The stored items as a turn's context: ``compaction`` items opened and windowed."""
+        """The stored items as a turn's context: ``compaction`` items opened and windowed, and tool
+        outputs whose call is not before them left out.
+
+        Why leave them out: a renderer names an output by its call, so an orphan one makes every
+        turn on the conversation fail. Adding one is refused (``conversations_routes``), but a
+        conversation can still hold one: stored before that check, or its call deleted through
+        ``DELETE .../items/{id}``. It stays stored and listed; the model is not shown it."""
+        context = self._windowed(items)
+        orphans = orphan_outputs(context)
+        if not orphans:
+            return context
+        orphan_logs.warning("orphan_output", "conversation context: %d tool output(s) without their call left out "
+                            "(first call_id %s)", len(orphans), orphans[0][1])
+        dropped = {i for i, _ in orphans}
+        return [it for i, it in enumerate(context) if i not in dropped]
+
+    def _windowed(self, items: list[Item]) -> list[Item]:
+        """``items`` with ``compaction`` items opened and windowed."""
         if not any(it.get("type") == "compaction" for it in items):
             return items
         opened: list[Item] = []

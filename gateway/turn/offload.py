@@ -123,6 +123,8 @@ def written_bound(body: dict[str, Any]) -> int:
     strings and JSON are inside it, with their keys, quotes and commas besides). For a body whose
     own text was short enough to parse on the event loop, where writing it back costs about what
     parsing it did: a coding agent's continuation, ~10 KB of re-sent tools and a short input."""
+    if not isinstance(body, dict):  # refused later as the create it is not; weighs nothing, as in weight()
+        return 0
     try:
         whole = len(orjson.dumps(body))
         given = len(orjson.dumps(body.get("input")))

@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
-from gateway.wire.errors import ApiError, bad_request, unknown_parameter
+from gateway.wire.errors import ApiError, bad_request, missing_parameter, unknown_parameter
 from gateway.wire.items import InputItem
-from gateway.wire.tools import Tool
-from gateway.wire.validation import to_api_error
+from gateway.wire.tools import HOSTED_TOOL_TYPES, Tool
+from gateway.wire.validation import json_type, to_api_error
 
 IncludeValue = Literal[
     "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
@@ -188,6 +188,8 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"],
         req = CreateRequest.model_validate(body)
     except ValidationError as exc:
         raise to_api_error(exc) from None
+    if isinstance(req.tool_choice, dict):
+        check_tool_choice_type(req.tool_choice)
     raw = req.input
     if raw is None:
         items: list[Any] = []
@@ -203,6 +205,26 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"],
             param="input",
         )
     return req, items
+
+
+#: ``tool_choice.type`` values a request may name: the tools rendered for the model, ``allowed_tools``, and
+#: the hosted tools (stripped like the tools themselves, ``gateway.wire.tools``)
+TOOL_CHOICE_TYPES = frozenset({"function", "custom", "allowed_tools", "mcp", *HOSTED_TOOL_TYPES})
+
+
+def check_tool_choice_type(choice: dict[str, Any]) -> None:
+    """An object ``tool_choice`` names a known ``type`` (a string): checked here, before any stage
+    looks it up in a set (a list or object there is unhashable: issue 28 item 13 was a 500)."""
+    kind = choice.get("type")
+    if kind is None:
+        raise missing_parameter("tool_choice.type")
+    if not isinstance(kind, str):
+        raise ApiError(400, "Invalid type for 'tool_choice.type': expected a string, but got "
+                       f"{json_type(kind)} instead.", code="invalid_type", param="tool_choice.type")
+    if kind not in TOOL_CHOICE_TYPES:
+        supported = ", ".join(f"'{t}'" for t in sorted(TOOL_CHOICE_TYPES))
+        raise ApiError(400, f"Invalid value: '{kind[:64]}'. Supported values are: {supported}.", code="invalid_value",
+                       param="tool_choice.type")
 
 
 def _parse_unknown(raw: list[Any], known: Sequence[Any]) -> list[Any]:

@@ -44,12 +44,24 @@ KnownTools = Callable[[Any], bool]
 
 def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int,
                 max_schema_bytes: int | None = None, known_tools: KnownTools | None = None) -> Any:
-    """Parse a JSON body or frame and check its nesting and counts (CPU only: a big one is decoded
-    in the prepare pool, ``gateway.turn.offload``)."""
+    """Parse an HTTP body and check that it is an object, its nesting and its counts (CPU only: a
+    big one is decoded in the prepare pool, ``gateway.turn.offload``).
+
+    Every JSON endpoint takes an object; a string or an array is refused here, at the root, so no
+    stage after it (the weighing that picks inline or pool preparation, the routes) ever sees one
+    (issue 28 item 12: a long one reached ``PrepareOffload.for_body`` and was a 500)."""
     body = decode_json(raw, max_depth, known_tools)
+    if not isinstance(body, dict):
+        raise not_an_object(body)
     check_counts(body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes,
                  known_tools=known_tools)
     return body
+
+
+def not_an_object(value: Any) -> InputRejected:
+    """The 400 for a body that parsed but is not a JSON object (counted as reason ``type``)."""
+    return InputRejected("type", 400, "Invalid type for the request body: expected an object, but got "
+                         f"{json_type(value)} instead.", code="invalid_type", param="body")
 
 
 def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None = None) -> Any:
@@ -169,7 +181,8 @@ _UNION_TAGS = frozenset({*ItemType, *ToolType, "input_text", "input_image", "inp
                          "json_schema", "json_object", "text"})
 
 
-def _got(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """How an error message names a JSON value's type ("an object", "a string", ...)."""
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int):
@@ -210,7 +223,7 @@ def to_api_error(exc: ValidationError) -> ApiError:
                                                                 "dict_type", "union_tag_not_found"):
         return ApiError(
             400,
-            f"Invalid type for '{param}': expected {_expected(t)}, but got {_got(value)} instead.",
+            f"Invalid type for '{param}': expected {_expected(t)}, but got {json_type(value)} instead.",
             code="invalid_type",
             param=param,
         )
