@@ -165,6 +165,7 @@ def test_cli_keys_create_list_revoke(kind, tmp_path, redis_url):
         assert secret not in out and hash_key(key) not in out  # never the secret, nor its hash
     gone = _cli("keys", *where, "revoke", rows[0]["id"])
     assert gone.returncode == 0, gone.stderr
+    assert "no active key is left" in gone.stderr and "loopback" in gone.stderr  # what a running gateway does now
     assert "revoked" in _cli("keys", *where, "list").stdout
     assert _cli("keys", *where, "revoke", "key_doesnotexist").returncode == 1
     bad = _cli("keys", *where, "create", "--tenant", "no spaces")
@@ -209,6 +210,7 @@ def test_issued_keys_guard_every_route_and_the_handshake(kind, tmp_path, redis_u
 def test_revocation_applies_to_the_next_request_on_every_replica(kind, tmp_path, redis_url, make_gateway):
     settings = settings_for(kind, tmp_path, redis_url)
     key = issue(settings, "acme")
+    issue(settings, "beta")                                     # not the last key: keys stay required
     one = make_gateway(settings)
     two = make_gateway(settings) if kind == "redis" else one   # a second replica on the same Redis
     body = {"model": MODEL, "input": "hi", "store": False}
@@ -254,8 +256,99 @@ def test_open_mode_on_loopback_until_a_key_exists(make_gateway, tmp_path):
     assert post(live, body, None).status_code == 401
     assert post(live, body, key).status_code == 200
     assert handshake_error(live, "anything")[0] == 401
-    revoke(settings, key)                                        # revoking every key never re-opens it
+    revoke(settings, key)                     # the last key revoked: open again, as a restart would be here
+    assert post(live, body, None).status_code == 200
+    assert post(live, body, key).status_code == 200              # the revoked key is just a placeholder now
+
+
+def _missing_and_incorrect(live: LiveGateway, wrong: str) -> None:
+    """No bearer and a wrong bearer: both 401 ``invalid_api_key`` in OpenAI's shape, with messages
+    that say which (HTTP, the WS handshake, and the SDK's ``AuthenticationError``)."""
+    for headers, says in (({}, "Missing API key"), ({"authorization": "Basic abc"}, "Missing API key"),
+                          (bearer(wrong), "Incorrect API key provided")):
+        r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+        err = assert_openai_error(r.json(), "invalid_request_error", "invalid_api_key")
+        assert err["message"].startswith(says), err
+        assert ("Authorization: Bearer" in err["message"]) == (says == "Missing API key"), err
+        status, body, _ = handshake_error(live, None, headers)
+        assert status == 401 and assert_openai_error(body, "invalid_request_error", "invalid_api_key")["message"] \
+            .startswith(says)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        live.openai(api_key=wrong).responses.create(model=MODEL, input="hi")
+    assert exc.value.code == "invalid_api_key" and "Incorrect API key provided" in exc.value.message
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_401_says_whether_a_key_was_missing_or_wrong(kind, tmp_path, redis_url, make_gateway):
+    settings = settings_for(kind, tmp_path, redis_url)
+    key = issue(settings, "acme")
+    live = make_gateway(settings)
+    _missing_and_incorrect(live, key + "x")
+    static = make_gateway(Settings(api_keys=["acme:static-1"], keys_file=None))   # the static-keys path too
+    _missing_and_incorrect(static, "static-2")
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_revoking_the_last_key_reopens_a_loopback_gateway_on_its_next_request(kind, tmp_path, redis_url,
+                                                                              make_gateway):
+    settings = settings_for(kind, tmp_path, redis_url)
+    one, two = issue(settings, "acme"), issue(settings, "beta")
+    live = make_gateway(settings)
+    body = {"model": MODEL, "input": "hi", "store": False}
     assert post(live, body, None).status_code == 401
+    revoke(settings, one)                                        # a key is left: still closed
+    assert post(live, body, None).status_code == 401 and post(live, body, one).status_code == 401
+    assert post(live, body, two).status_code == 200
+    revoke(settings, two)                                        # none left: open from the very next request
+    assert post(live, body, None).status_code == 200
+    with ws_open(live, None) as ws:
+        assert ws_create(ws)[-1]["type"] == "response.completed"
+    three = issue(settings, "gamma")                             # and closed again once a key is used
+    assert post(live, body, three).status_code == 200 and post(live, body, None).status_code == 401
+    if kind == "file":                                           # deleting the key file is revoking them all
+        os.remove(settings.keys_file)
+        assert post(live, body, None).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_revoking_the_last_key_never_opens_a_gateway_off_loopback(kind, tmp_path, redis_url, make_gateway):
+    """Bound to 0.0.0.0 without ``open_mode`` (start-up would refuse to serve keyless there), the
+    gateway stays closed once its last key is revoked; with ``open_mode`` it opens as start-up would."""
+    closed_settings = settings_for(kind, tmp_path / "closed", redis_url, host="0.0.0.0")
+    key = issue(closed_settings, "acme")
+    closed = make_gateway(closed_settings)
+    body = {"model": MODEL, "input": "hi", "store": False}
+    assert post(closed, body, key).status_code == 200
+    revoke(closed_settings, key)
+    for token in (None, key, "local"):
+        r = post(closed, body, token)
+        assert r.status_code == 401, r.text
+        assert_openai_error(r.json(), "invalid_request_error", "invalid_api_key")
+    assert handshake_error(closed, None)[0] == 401
+    if kind == "file":
+        os.remove(closed_settings.keys_file)
+        assert post(closed, body, None).status_code == 401
+    else:
+        asyncio.run(_flush(redis_url))                           # every key gone, not just revoked
+    opened_settings = settings_for(kind, tmp_path / "open", redis_url, host="0.0.0.0", open_mode=True)
+    key = issue(opened_settings, "acme")
+    opened = make_gateway(opened_settings)
+    assert post(opened, body, None).status_code == 401
+    revoke(opened_settings, key)
+    assert post(opened, body, None).status_code == 200
+    if kind == "redis":
+        assert post(closed, body, None).status_code == 401       # the first one still refuses
+
+
+async def _flush(url: str) -> None:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
 
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:

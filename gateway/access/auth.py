@@ -7,9 +7,22 @@ a local file, or Redis with ``redis_url``). Lookups go by ``sha256(key)`` (see `
 **Open mode.** With no key anywhere, the gateway is a single-user tool: every request is the
 anonymous principal (tenant ``None``). That is only safe on loopback, so start-up refuses any other
 address unless ``open_mode`` is set explicitly. Once a key exists (say, ``respgate keys create``
-against a running gateway's file), keys are required from the next request on, and stay required
-for the life of the process even if every key is later revoked — revoking keys must never open a
-gateway up.
+against a running gateway's file), keys are required from the next request on.
+
+**Back to open mode.** When the last store key is revoked (or the key file is deleted) and no static
+key is configured, a running gateway returns to open mode exactly where start-up would have allowed
+it: bound to a loopback address, or started with ``open_mode``. There a restart would come up open
+anyway, so staying closed only made the gateway answer 401 to everyone until someone restarted it.
+Anywhere else the gateway stays closed for the life of the process (a revocation must never open a
+gateway that others can reach; start-up would refuse it): every request is a 401 until a key is
+created. The file store's count is a ``stat`` per check; Redis's is one ``SCARD``, made on a request
+that is about to be refused (so a key-holding caller never pays for it) or, in open mode, at most
+once per ``COUNT_TTL_S``.
+
+**Why a 401.** No bearer token at all, and a token that is no key here (unknown, revoked), get
+different messages with the same OpenAI shape (``invalid_request_error`` / ``invalid_api_key``, which
+openai-python raises as ``AuthenticationError``): a client that forgot its key is told to send one,
+not that the one it did not send is wrong. Neither message says whether a key once existed.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from gateway.wire.errors import ApiError, invalid_api_key
+from gateway.wire.errors import ApiError
 from security.keys import (KEY_PATTERN, TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
                            hash_key)
 
@@ -49,6 +62,22 @@ class OpenModeRefused(RuntimeError):
 def key_store_unavailable() -> ApiError:
     return ApiError(503, "The API key store is temporarily unavailable. Please retry your request.",
                     type="server_error", code="server_is_overloaded")
+
+
+def missing_api_key() -> ApiError:
+    """401 for a request that sent no bearer token (or one in another scheme) where keys are required."""
+    return ApiError(401, "Missing API key: this gateway requires one. Send it in an Authorization header using "
+                         "Bearer auth (Authorization: Bearer YOUR_KEY; the OpenAI SDKs send their api_key so). "
+                         "Keys are issued with `respgate keys create`.",
+                    code="invalid_api_key", headers={"www-authenticate": 'Bearer realm="respgate"'})
+
+
+def incorrect_api_key() -> ApiError:
+    """401 for a bearer token that is no active key here (unknown or revoked: not told apart)."""
+    return ApiError(401, "Incorrect API key provided: the bearer token is not an active API key of this gateway "
+                         "(unknown, or revoked).",
+                    code="invalid_api_key",
+                    headers={"www-authenticate": 'Bearer realm="respgate", error="invalid_token"'})
 
 
 def is_loopback(host: str) -> bool:
@@ -81,7 +110,10 @@ class KeyAuth:
         self._secrets = [k.partition(":")[2] if ":" in k else k for k in keys]
         self.store = store
         self.open_mode = open_mode
-        self._required = bool(self._static)  # sticky: never goes back to False
+        #: whether open mode may resume once no key is left: start-up's rule, known from ``check_startup``
+        #: (until then only an explicit ``open_mode`` allows it)
+        self.may_reopen = open_mode
+        self._required = bool(self._static)
         self._count_checked = 0.0
 
     @property
@@ -93,9 +125,15 @@ class KeyAuth:
         """Literal static keys (for the log redaction filter: they can have any shape)."""
         return [s for s in self._secrets if s]
 
-    async def keys_required(self) -> bool:
-        if self._required or self.store is None:
-            return self._required
+    async def keys_required(self, *, fresh: bool = False) -> bool:
+        """Whether a request must carry a key now (see "Back to open mode" in the module docstring).
+        ``fresh``: re-count a Redis store now rather than within ``COUNT_TTL_S``."""
+        if self._static:
+            return True
+        if self.store is None:
+            return False
+        if self._required and not self.may_reopen:
+            return True  # a key existed, and open mode may not resume here
         if isinstance(self.store, FileKeyStore):
             try:
                 self._required = self.store.count_active_sync() > 0
@@ -103,12 +141,12 @@ class KeyAuth:
                 self._required = True  # a key file exists but is unreadable: fail closed
             return self._required
         now = time.monotonic()
-        if now - self._count_checked >= self.COUNT_TTL_S:
+        if fresh or now - self._count_checked >= self.COUNT_TTL_S:
             try:
                 self._required = await self.store.count_active() > 0
                 self._count_checked = now
             except KeyStoreUnavailable:
-                pass  # open mode so far and the store is down: stay as we were
+                pass  # the store is down: stay as we were (closed stays closed, open stays open)
         return self._required
 
     def check_origin(self, headers: Mapping[str, str]) -> None:
@@ -126,11 +164,10 @@ class KeyAuth:
                        type="invalid_request_error", code="origin_not_allowed")
 
     async def authenticate(self, headers: Mapping[str, str]) -> Principal:
-        """The caller's principal, or ``ApiError`` 401 (bad key) / 403 (a browser origin not allowed)
-        / 503 (key store down)."""
+        """The caller's principal, or ``ApiError`` 401 (no key / not a key) / 403 (a browser origin
+        not allowed) / 503 (key store down)."""
         self.check_origin(headers)
         token = _bearer(headers)
-        required = await self.keys_required()
         if token is not None:
             digest = hash_key(token)
             principal = self._static.get(digest)
@@ -138,7 +175,7 @@ class KeyAuth:
                 return principal
             # In open mode only key-shaped tokens are looked up (SDK placeholders like "local" cost no
             # store round trip), so a key issued a moment ago works before the key count is re-read.
-            if self.store is not None and (required or KEY_PATTERN.fullmatch(token)):
+            if self.store is not None and (self._required or KEY_PATTERN.fullmatch(token)):
                 try:
                     record = await self.store.lookup(digest)
                 except KeyStoreUnavailable:
@@ -146,8 +183,9 @@ class KeyAuth:
                 if record is not None:
                     self._required = True
                     return Principal(tenant=record.tenant, key_id=record.id, limits=record.limits, key_hash=digest)
-        if required:
-            raise invalid_api_key()
+        # about to refuse: re-count now (was the last key just revoked?); open mode re-reads lazily
+        if await self.keys_required(fresh=self._required):
+            raise missing_api_key() if token is None else incorrect_api_key()
         return ANONYMOUS
 
     async def still_valid(self, principal: Principal) -> bool:
@@ -164,13 +202,17 @@ class KeyAuth:
         if not self._static:
             return None
         token = _bearer(headers)
-        principal = self._static.get(hash_key(token)) if token is not None else None
+        if token is None:
+            raise missing_api_key()
+        principal = self._static.get(hash_key(token))
         if principal is None:
-            raise invalid_api_key()
+            raise incorrect_api_key()
         return principal.tenant
 
     async def check_startup(self, host: str) -> None:
-        if self.open_mode or is_loopback(host) or await self.keys_required():
+        """Refuse open mode off loopback (``OpenModeRefused``); remember whether it may resume later."""
+        self.may_reopen = self.open_mode or is_loopback(host)
+        if self.may_reopen or await self.keys_required():
             return
         raise OpenModeRefused(
             f"refusing to serve on {host} without API keys: anyone who can reach this address could use "

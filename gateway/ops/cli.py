@@ -348,6 +348,10 @@ def keys_command(args: argparse.Namespace) -> int:
                 print(f"respgate keys revoke: no key {args.key_id!r}", file=sys.stderr)
                 return 1
             print(f"revoked {record.id} (tenant {record.tenant})")
+            if not settings.api_keys and await store.count_active() == 0:
+                print("no active key is left: a running gateway on a loopback address (or started with "
+                      "--open-mode) serves without keys again from its next request; on any other address it "
+                      "answers 401 until a key is created (respgate keys create)", file=sys.stderr)
             return 0
         finally:
             await store.close()
