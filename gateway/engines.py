@@ -21,7 +21,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.base.settings import Settings
 from inference.registry import ModelRegistry, ModelRoute
@@ -100,8 +100,10 @@ def _simulated(settings: Settings) -> ModelRegistry:
                              decode_tps=settings.sim_decode_tps)
     names = settings.models or [SIMULATED_MODEL]
     cap = output_cap(settings, None)
+    sampling = sampling_defaults(settings, None)
     return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context,
-                                     max_output_tokens=cap) for m in names])
+                                     max_output_tokens=cap, default_temperature=sampling.temperature,
+                                     default_top_p=sampling.top_p) for m in names])
 
 
 def output_cap(settings: Settings, engine_default: int | None) -> int | None:
@@ -110,6 +112,37 @@ def output_cap(settings: Settings, engine_default: int | None) -> int | None:
     if settings.default_max_output_tokens is not None:
         return settings.default_max_output_tokens or None
     return engine_default
+
+
+class SamplingDefaults(NamedTuple):
+    """A route's ``temperature`` / ``top_p`` for a request that sets none (None: OpenAI's 1.0)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+#: how a packaged model samples when neither the request nor a setting says: their model cards'
+#: advice (SmolLM2-135M-Instruct's: temperature 0.2, top_p 0.9). A model this small at OpenAI's
+#: default temperature 1.0 rambles until the output cap; at 0.2 it answers and stops.
+PACKAGED_SAMPLING: dict[str, SamplingDefaults] = {
+    "smollm2": SamplingDefaults(temperature=0.2, top_p=0.9),
+    "qwen2.5-coder-0.5b": SamplingDefaults(temperature=0.2),
+}
+
+
+def sampling_defaults(settings: Settings, packaged: str | None) -> SamplingDefaults:
+    """Each of ``default_temperature`` / ``default_top_p`` when set, else the packaged model's
+    (``packaged``: its name, None for any other model), else None."""
+    model = PACKAGED_SAMPLING.get(packaged or "", SamplingDefaults())
+    return SamplingDefaults(
+        temperature=model.temperature if settings.default_temperature is None else settings.default_temperature,
+        top_p=model.top_p if settings.default_top_p is None else settings.default_top_p)
+
+
+def packaged_name(settings: Settings) -> str | None:
+    """The packaged model ``model_path`` names (``packaged:NAME``), else None."""
+    path = settings.model_path
+    return path.split(":", 1)[1] if path.startswith("packaged:") else None
 
 
 def model_folder(settings: Settings) -> tuple[Path, str]:
@@ -233,8 +266,10 @@ def _vllm(settings: Settings) -> ModelRegistry:
         renderer = ChatTemplateRenderer(folder)
     context = min(settings.max_context, max_len) if max_len else settings.max_context
     names = settings.models or [default_name]
+    sampling = sampling_defaults(settings, packaged_name(settings))
     return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context,
-                                     max_output_tokens=cap) for m in names])
+                                     max_output_tokens=cap, default_temperature=sampling.temperature,
+                                     default_top_p=sampling.top_p) for m in names])
 
 
 def _in_process(settings: Settings, folder: Path) -> tuple[Any, int | None]:

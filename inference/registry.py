@@ -18,6 +18,10 @@ class ModelRoute:
     #: the output cap of a request that sets no ``max_output_tokens`` (None: only the context bounds it);
     #: chosen per served model by ``gateway/engines.py`` (setting ``default_max_output_tokens``)
     max_output_tokens: int | None = None
+    #: the ``temperature`` / ``top_p`` of a request that sets none (None: OpenAI's 1.0); per served
+    #: model from ``gateway/engines.py`` (settings ``default_temperature`` / ``default_top_p``)
+    default_temperature: float | None = None
+    default_top_p: float | None = None
 
 
 class ModelRegistry:

@@ -43,7 +43,7 @@ from gateway.turn.offload import PrepareOffload
 from gateway.turn.prefix import PrefixReuse
 from gateway.turn.resolve import Resolver
 from gateway.turn.run import TurnRunner
-from gateway.turn.sampling import ConstraintCache, sampling_for
+from gateway.turn.sampling import ConstraintCache, echoed_sampling, sampling_for
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, UsageHook
 from gateway.wire.errors import bad_request
@@ -209,4 +209,5 @@ def _shape(turn: TurnInput, tenant: str | None, constraints: ConstraintCache,
             echoes.put(key, echo, echo.nbytes)
     response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
                                  tools=echo, store=turn.store)
+    response.update(echoed_sampling(turn.req, turn.route))  # the model's defaults, where the request set none
     return rendered, sampling, response, echo

@@ -1,7 +1,10 @@
 """Sampling: the engine's parameters for a turn, from the request, the model and the prompt's length.
 
 ``max_tokens`` is whatever room the context leaves, capped by ``max_output_tokens`` (or, when the
-request sets none, the served model's default cap: ``ModelRoute.max_output_tokens``); structured
+request sets none, the served model's default cap: ``ModelRoute.max_output_tokens``). ``temperature``
+and ``top_p`` are the request's, else the served model's defaults (``ModelRoute.default_temperature``
+/ ``default_top_p``: a 135M model samples at 0.2, not OpenAI's 1.0), else 1.0; the Response echoes
+the values used (:func:`echoed_sampling`), as OpenAI's echoes its defaults. Structured
 output (``tool_choice`` required or named, ``text.format`` json_schema/json_object) becomes the
 renderer's constraint, because only the renderer knows its tool-call syntax.
 
@@ -98,8 +101,8 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,
     cap = output_cap(req, route)
     return SamplingParams(
         max_tokens=room if cap is None else min(room, cap),
-        temperature=1.0 if req.temperature is None else float(req.temperature),
-        top_p=1.0 if req.top_p is None else float(req.top_p),
+        temperature=_value(req.temperature, route.default_temperature),
+        top_p=_value(req.top_p, route.default_top_p),
         seed=req.seed,
         stop_token_ids=tuple(route.renderer.stop_token_ids),
         structured=(constraints.constraint(route, turn, fmt, tenant, rendered.prelude_key) if constraints is not None
@@ -107,6 +110,24 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,
         cache_salt=cache_salt_of(tenant, req),
         logprobs=logprobs_wanted(req),
     )
+
+
+def _value(requested: float | None, model_default: float | None) -> float:
+    """The request's value, else the served model's default, else OpenAI's 1.0."""
+    if requested is not None:
+        return float(requested)
+    return 1.0 if model_default is None else float(model_default)
+
+
+def echoed_sampling(req: CreateRequest, route: ModelRoute) -> dict[str, float]:
+    """What the Response says of the sampling settings the request left to the served model's
+    defaults (empty when it set both, or the model has none: the skeleton's 1.0 is then right)."""
+    out: dict[str, float] = {}
+    if req.temperature is None and route.default_temperature is not None:
+        out["temperature"] = float(route.default_temperature)
+    if req.top_p is None and route.default_top_p is not None:
+        out["top_p"] = float(route.default_top_p)
+    return out
 
 
 def output_cap(req: CreateRequest, route: ModelRoute) -> int | None:
