@@ -17,7 +17,13 @@ One protocol, two implementations: :class:`MemoryConversationStore` here (one pr
   item JSON (:func:`item_bytes`); an append beyond either is refused whole
   (:class:`ConversationFull`). A turn's own append is ``force``d: the turn already ran and was
   billed, so its items are kept even when they cross the bound (by at most one turn's items; the
-  next addition is refused). The memory store also bounds all conversations together (LRU).
+  next addition is refused). The memory store also bounds all conversations together, in number
+  and in the memory each really holds (:meth:`_Record.footprint`: metadata, ids, items as Python
+  objects, the containers), in a :class:`~cache.lru.BoundedLRU` whose parts are the tenants: once
+  it is full, a tenant above its share (a quarter of the count or of the bytes) loses its own least
+  recently used conversations, never those of a tenant within its share. A conversation may hold no
+  more than a tenant's share of the bytes (an addition beyond is ``ConversationFull``, like the
+  per-conversation bound; a turn's forced append is kept).
 * **Ids.** Items keep the id they came with; an id may appear once per conversation
   (:class:`DuplicateItem`). Forced appends skip items whose id is already there.
 * **Expiry.** A conversation expires ``ttl_s`` after its last change.
@@ -29,12 +35,13 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Sequence
 
 import orjson
 
+from cache.footprint import ITEM_OVERHEAD, RECORD_OVERHEAD, deep_size
+from cache.lru import BoundedLRU, tenant_of
 from cache.state import ResponseState
 
 Item = dict[str, Any]
@@ -156,63 +163,89 @@ class _Record:
     next_seq: int = 0
     #: ascending sequence numbers of the live items (bisect for cursors), and their items
     seqs: list[int] = field(default_factory=list)
-    by_seq: dict[int, tuple[Item, int]] = field(default_factory=dict)
+    #: sequence -> (item, its JSON bytes (the conversation's bound), its memory (the store's bound))
+    by_seq: dict[int, tuple[Item, int, int]] = field(default_factory=dict)
     seq_of: dict[str, int] = field(default_factory=dict)
+    #: the memory the items hold (``deep_size`` + ``ITEM_OVERHEAD`` each)
+    items_footprint: int = 0
+
+    def footprint(self, conversation_id: str) -> int:
+        """What the record costs this process: its items, its metadata, its id and containers."""
+        return self.items_footprint + deep_size(self.metadata) + 2 * len(conversation_id) + RECORD_OVERHEAD
 
     def value(self, conversation_id: str) -> Conversation:
         return Conversation(conversation_id, self.created_at, dict(self.metadata), self.revision, len(self.seqs),
                             self.nbytes)
 
 
+Key = tuple[str | None, str]  # (tenant, conversation id)
+
+
 class MemoryConversationStore:
-    """Conversations in this process: LRU + TTL, bounded in bytes per conversation and in total."""
+    """Conversations in this process: LRU + TTL, bounded per conversation, and in number and memory
+    in total with each tenant held to its share (module docstring)."""
 
     shared = False
 
     def __init__(self, limits: Limits = Limits(), *, max_total_bytes: int = 1024 * 1024 * 1024,
-                 ttl_s: float = 30 * 86400.0) -> None:
+                 ttl_s: float = 30 * 86400.0, max_conversations: int = 1_000_000) -> None:
         self.limits = limits
         self.max_total_bytes = max_total_bytes
+        self.max_conversations = max_conversations
         self.ttl_s = ttl_s
-        self._convs: OrderedDict[str, _Record] = OrderedDict()
-        self.nbytes = 0
-        self.evictions = 0
+        self._lru: BoundedLRU[Key, _Record] = BoundedLRU(max_conversations, max_total_bytes, part=tenant_of)
 
     def __len__(self) -> int:
-        return len(self._convs)
+        return len(self._lru)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory charged for every conversation held (the total bound's measure)."""
+        return self._lru.nbytes
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
+
+    def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
+        """The conversations and bytes ``tenant`` holds (tests and notes)."""
+        return self._lru.part_usage(tenant)
 
     def _find(self, conversation_id: str, tenant: str | None) -> _Record:
-        rec = self._convs.get(conversation_id)
+        key = (tenant, conversation_id)
+        rec = self._lru.peek(key)
         if rec is not None and rec.expires < time.monotonic():
-            self._drop(conversation_id)
+            self._lru.pop(key)
             rec = None
-        if rec is None or rec.tenant != tenant:
+        if rec is None:
             raise ConversationNotFound(conversation_id)
-        self._convs.move_to_end(conversation_id)
+        self._lru.get(key)  # a use: now the most recently used
         return rec
 
-    def _changed(self, conversation_id: str, rec: _Record, *, bump: bool = True) -> None:
-        """After a write: the revision (items changed), the expiry, the total bound (LRU)."""
+    def _changed(self, conversation_id: str, rec: _Record, *, bump: bool = True, force: bool = False) -> None:
+        """After a write: the revision (items changed), the expiry, the charge (the total bounds)."""
         rec.revision += bump
         rec.expires = time.monotonic() + self.ttl_s
-        while self.nbytes > self.max_total_bytes and len(self._convs) > 1:
-            oldest = next(iter(self._convs))
-            if oldest == conversation_id:
-                self._convs.move_to_end(oldest)
-                continue
-            self._drop(oldest)
-            self.evictions += 1
+        self._lru.put((rec.tenant, conversation_id), rec, rec.footprint(conversation_id), force=True)
 
-    def _drop(self, conversation_id: str) -> None:
-        rec = self._convs.pop(conversation_id)
-        self.nbytes -= rec.nbytes
+    def _fits(self, conversation_id: str, rec: _Record, extra: int) -> bool:
+        """Whether the record, grown by ``extra`` bytes of memory, is within a tenant's share."""
+        return rec.footprint(conversation_id) + extra <= self._lru.value_limit
+
+    def _sweep(self) -> None:
+        """Drop expired conversations from the least recently used end (a create's housekeeping)."""
+        now = time.monotonic()
+        for _ in range(8):
+            oldest = self._lru.oldest()
+            if oldest is None or oldest[1].expires >= now:
+                return
+            self._lru.pop(oldest[0])
 
     async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
                      items: Sequence[Item]) -> Conversation:
+        self._sweep()
         rec = _Record(tenant, int(time.time()), dict(metadata), time.monotonic() + self.ttl_s)
-        self._add(rec, items, force=False)  # raises before the conversation exists
-        self._convs[conversation_id] = rec
-        self.nbytes += rec.nbytes
+        self._add(conversation_id, rec, items, force=False)  # raises before the conversation exists
         self._changed(conversation_id, rec, bump=False)  # a new conversation starts at revision 0
         return rec.value(conversation_id)
 
@@ -228,6 +261,7 @@ class MemoryConversationStore:
         except ConversationNotFound:
             return None
         rec.metadata = dict(metadata)
+        self._changed(conversation_id, rec, bump=False)
         return rec.value(conversation_id)
 
     async def delete(self, conversation_id: str, tenant: str | None) -> bool:
@@ -235,21 +269,20 @@ class MemoryConversationStore:
             self._find(conversation_id, tenant)
         except ConversationNotFound:
             return False
-        self._drop(conversation_id)
+        self._lru.pop((tenant, conversation_id))
         return True
 
     async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
                      force: bool = False) -> Appended:
         rec = self._find(conversation_id, tenant)
-        before, nbytes = rec.revision, rec.nbytes
-        added = self._add(rec, items, force=force)
-        self.nbytes += rec.nbytes - nbytes
+        before = rec.revision
+        added = self._add(conversation_id, rec, items, force=force)
         self._changed(conversation_id, rec)
         return Appended(rec.value(conversation_id), before, added)
 
-    def _add(self, rec: _Record, items: Sequence[Item], *, force: bool) -> tuple[Item, ...]:
+    def _add(self, conversation_id: str, rec: _Record, items: Sequence[Item], *, force: bool) -> tuple[Item, ...]:
         """Check then add (nothing is added when a check fails); returns what was added."""
-        sizes: list[tuple[Item, int]] = []
+        sizes: list[tuple[Item, int, int]] = []
         seen: set[str] = set()
         for item in items:
             item_id = item["id"]
@@ -258,18 +291,20 @@ class MemoryConversationStore:
                     continue
                 raise DuplicateItem(item_id)
             seen.add(item_id)
-            sizes.append((item, item_bytes(item)))
-        total = rec.nbytes + sum(n for _, n in sizes)
-        if not force and (len(rec.seqs) + len(sizes) > self.limits.max_items or total > self.limits.max_bytes):
+            sizes.append((item, item_bytes(item), deep_size(item) + ITEM_OVERHEAD))
+        total = rec.nbytes + sum(n for _, n, _ in sizes)
+        if not force and (len(rec.seqs) + len(sizes) > self.limits.max_items or total > self.limits.max_bytes
+                          or not self._fits(conversation_id, rec, sum(m for _, _, m in sizes))):
             raise ConversationFull(f"{len(rec.seqs)} items, {rec.nbytes} bytes")
-        for item, n in sizes:
+        for item, n, m in sizes:
             seq = rec.next_seq
             rec.next_seq += 1
             rec.seqs.append(seq)
-            rec.by_seq[seq] = (item, n)
+            rec.by_seq[seq] = (item, n, m)
             rec.seq_of[item["id"]] = seq
+            rec.items_footprint += m
         rec.nbytes = total
-        return tuple(item for item, _ in sizes)
+        return tuple(item for item, _, _ in sizes)
 
     async def items(self, conversation_id: str, tenant: str | None) -> tuple[Conversation, list[Item]]:
         rec = self._find(conversation_id, tenant)
@@ -301,15 +336,15 @@ class MemoryConversationStore:
         if seq is None:
             return None
         del rec.seqs[bisect.bisect_left(rec.seqs, seq)]
-        _, n = rec.by_seq.pop(seq)
+        _, n, m = rec.by_seq.pop(seq)
         rec.nbytes -= n
-        self.nbytes -= n
+        rec.items_footprint -= m
         self._changed(conversation_id, rec)
         return rec.value(conversation_id)
 
     async def close(self) -> None:
-        self._convs.clear()
-        self.nbytes = 0
+        while (oldest := self._lru.oldest()) is not None:
+            self._lru.pop(oldest[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,41 +357,47 @@ class Tip:
 
 
 class ConversationTips:
-    """Process-local LRU: conversation id -> :class:`Tip`, bounded by the bytes the states keep alive.
+    """Process-local LRU: conversation id -> :class:`Tip`, bounded by the bytes the states keep alive,
+    each tenant (the state's) held to its share (``cache.lru``: a tenant running many conversations
+    churns its own tips, not another's).
 
     A state's ``nbytes`` counts its whole context and tokens; a state that is also a WebSocket
     lane's latest response is counted there too (conservative, like the connection cache).
     """
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_entries: int = 65_536) -> None:
         self.max_bytes = max_bytes
-        self._tips: OrderedDict[str, Tip] = OrderedDict()
-        self.nbytes = 0
-        self.evictions = 0
+        #: conversation id -> the tenant of its tip (the part of its key)
+        self._tenant: dict[str, str | None] = {}
+        self._tips: BoundedLRU[str, Tip] = BoundedLRU(max_entries, max_bytes, part=self._tenant.__getitem__,
+                                                      on_evict=lambda cid, _tip: self._tenant.pop(cid, None))
 
     def __len__(self) -> int:
         return len(self._tips)
 
+    @property
+    def nbytes(self) -> int:
+        return self._tips.nbytes
+
+    @property
+    def evictions(self) -> int:
+        return self._tips.evictions
+
     def get(self, conversation_id: str) -> Tip | None:
-        tip = self._tips.get(conversation_id)
-        if tip is not None:
-            self._tips.move_to_end(conversation_id)
+        tip: Tip | None = self._tips.get(conversation_id)
         return tip
 
     def put(self, conversation_id: str, tip: Tip) -> None:
         self.discard(conversation_id)
-        self._tips[conversation_id] = tip
-        self.nbytes += tip.state.nbytes
-        while self.nbytes > self.max_bytes and self._tips:
-            _, old = self._tips.popitem(last=False)
-            self.nbytes -= old.state.nbytes
-            self.evictions += 1
+        self._tenant[conversation_id] = tip.state.tenant
+        if not self._tips.put(conversation_id, tip, tip.state.nbytes + RECORD_OVERHEAD):
+            del self._tenant[conversation_id]
 
     def discard(self, conversation_id: str) -> None:
-        old = self._tips.pop(conversation_id, None)
-        if old is not None:
-            self.nbytes -= old.state.nbytes
+        if conversation_id in self._tenant:
+            self._tips.pop(conversation_id)
+            del self._tenant[conversation_id]
 
     def clear(self) -> None:
-        self._tips.clear()
-        self.nbytes = 0
+        for conversation_id in list(self._tenant):
+            self.discard(conversation_id)

@@ -9,8 +9,12 @@ Two places hold them:
 - **this process** (:class:`MemoryEventLogs`): the replica that runs the turn appends each frame as
   it is produced, and its own readers (the create's stream, a resume that lands here) follow it
   live. Bounded per response (``max_bytes``: the oldest frames are dropped, so a resume from before
-  the window fails clearly instead of skipping events), in all (finished logs are dropped first,
-  oldest first), and in time (a finished log lives ``ttl_s``).
+  the window fails clearly instead of skipping events), in all, and in time (a finished log lives
+  ``ttl_s``). In all: finished logs are kept in a :class:`~cache.lru.BoundedLRU` whose parts are
+  the tenants, so a tenant that runs many streams drops its own finished logs, never those of a
+  tenant within its share (a quarter of the total); when a running log grows the total past the
+  bound, its own tenant's finished logs go first, then the furthest over its share. Running logs
+  stay (each is bounded by ``max_bytes``, their number by the per-tenant limit).
 - **Redis** (:class:`RedisEventLog`), when configured, so that any replica can serve a resume: one
   Stream per response, entry id ``0-(sequence_number + 1)`` so that ``XREAD`` after a sequence number
   is one call, trimmed to the same byte window (``XTRIM MINID``), expiring ``ttl_s`` after its last
@@ -28,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from typing import AsyncIterator, Awaitable, Callable
 
 from redis.exceptions import RedisError
 
+from cache.footprint import RECORD_OVERHEAD
+from cache.lru import BoundedLRU, tenant_of
 from cache.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
@@ -143,24 +149,31 @@ class EventLog:
 
 
 class MemoryEventLogs:
-    """This process's logs by response id, bounded per log, in all and in time (module docstring)."""
+    """This process's logs by response id, bounded per log, in all and in time, each tenant's finished
+    logs held to its share (module docstring)."""
 
-    def __init__(self, max_bytes: int, max_total_bytes: int, ttl_s: float) -> None:
+    def __init__(self, max_bytes: int, max_total_bytes: int, ttl_s: float, max_finished: int = 65_536) -> None:
         self.max_bytes = max_bytes
         self.max_total_bytes = max_total_bytes
         self.ttl_s = ttl_s
         self._logs: dict[str, EventLog] = {}
-        #: finished logs in the order they finished (expiry and eviction take the oldest first)
-        self._finished: OrderedDict[str, EventLog] = OrderedDict()
+        #: finished logs by (tenant, response id), in the order they finished (never "used": a read
+        #: goes through ``_logs``), so the oldest is the first to expire
+        self._finished: BoundedLRU[tuple[str | None, str], EventLog] = BoundedLRU(
+            max_finished, max_total_bytes, part=tenant_of, on_evict=self._gone)
         self.nbytes = 0
-        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._logs)
 
-    def open(self, response_id: str) -> EventLog:
+    @property
+    def evictions(self) -> int:
+        return self._finished.evictions
+
+    def open(self, response_id: str, tenant: str | None = None) -> EventLog:
         self._expire()
-        log_ = EventLog(self.max_bytes, self._count, lambda done: self._finished.__setitem__(response_id, done))
+        log_ = EventLog(self.max_bytes, lambda delta: self._count(tenant, delta),
+                        lambda done: self._done(tenant, response_id, done))
         self._logs[response_id] = log_
         return log_
 
@@ -168,30 +181,30 @@ class MemoryEventLogs:
         self._expire()
         return self._logs.get(response_id)
 
-    def _count(self, delta: int) -> None:
+    def _done(self, tenant: str | None, response_id: str, log_: EventLog) -> None:
+        if self._logs.get(response_id) is not log_:
+            return  # replaced, or dropped
+        if not self._finished.put((tenant, response_id), log_, log_.nbytes + RECORD_OVERHEAD):
+            self._gone((tenant, response_id), log_)  # alone above the tenant's share: not kept
+
+    def _count(self, tenant: str | None, delta: int) -> None:
         self.nbytes += delta
-        if delta > 0 and self.nbytes > self.max_total_bytes:
-            self._evict()
+        while delta > 0 and self.nbytes > self.max_total_bytes and self._finished.evict_one(prefer=tenant):
+            pass
 
     def _expire(self) -> None:
         now = time.monotonic()
-        while self._finished:
-            rid, log_ = next(iter(self._finished.items()))
+        while (oldest := self._finished.oldest()) is not None:
+            key, log_ = oldest
             if now - (log_.finished_at or now) <= self.ttl_s:
                 return
-            self._remove(rid)
+            self._finished.pop(key)
+            self._gone(key, log_)
 
-    def _evict(self) -> None:
-        """Over the total: finished logs go first, oldest first. Running logs stay (each is bounded
-        by ``max_bytes``, and their number by the per-tenant limit)."""
-        while self._finished and self.nbytes > self.max_total_bytes:
-            self._remove(next(iter(self._finished)))
-            self.evictions += 1
-
-    def _remove(self, response_id: str) -> None:
-        log_ = self._finished.pop(response_id)
-        if self._logs.get(response_id) is log_:
-            del self._logs[response_id]
+    def _gone(self, key: tuple[str | None, str], log_: EventLog) -> None:
+        """A finished log left the bounds (evicted or expired): forget it and its frames."""
+        if self._logs.get(key[1]) is log_:
+            del self._logs[key[1]]
         log_.drop()
 
 

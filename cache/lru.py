@@ -20,6 +20,14 @@ distinct content (an attacker, or a runaway agent) churns its own entries, and g
 took above its share as soon as another tenant puts. Fewer than ``2 / share`` parts can be over
 their share at once (over on entries or over on bytes), so finding the furthest over is a scan of a
 handful.
+
+**Records, not only caches.** The stores that hold what clients wrote (stored responses,
+conversations, background event logs) use the same map: ``on_evict`` hears of every entry the
+bounds drop (a store keeps an index consistent with it), ``pop``/``peek``/``oldest`` serve deletes,
+reads that must not count as a use, and expiry, ``evict_one`` lets an owner whose other memory grew
+(a running log) give room back by the same shares, and ``force`` keeps a value the owner may not
+refuse (a turn's own conversation items, already billed) — above the per-value cap if need be,
+never evicting that value itself to make room.
 """
 
 from __future__ import annotations
@@ -50,9 +58,10 @@ class _Part:
 
 class BoundedLRU(Generic[K, V]):
     def __init__(self, max_entries: int, max_bytes: int, *, part: Callable[[K], Hashable] | None = None,
-                 share: float = 0.25) -> None:
+                 share: float = 0.25, on_evict: Callable[[K, V], None] | None = None) -> None:
         """``part``: the part (tenant) a key belongs to, for the shares (module docstring); None: one
-        map, no shares. ``share``: the fraction of both bounds past which a part gives entries back."""
+        map, no shares. ``share``: the fraction of both bounds past which a part gives entries back.
+        ``on_evict``: called (outside the lock) with each entry the bounds drop."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], not {share!r}")
         self.max_entries = max_entries
@@ -70,6 +79,14 @@ class BoundedLRU(Generic[K, V]):
         self._over: set[Hashable] = set()
         self._share_entries = max(1, int(max_entries * share))
         self._share_bytes = int(max_bytes * share)
+        self._on_evict = on_evict
+        #: entries the bounds dropped (a count for metrics and tests)
+        self.evictions = 0
+
+    @property
+    def value_limit(self) -> int:
+        """The largest charge a put keeps without ``force``."""
+        return min(self.max_bytes // 4, self._share_bytes) if self._part is not None else self.max_bytes // 4
 
     def get(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` (now the most recently used), or ``default`` (counted as a miss;
@@ -95,45 +112,93 @@ class BoundedLRU(Generic[K, V]):
         self.hits += 1
         return hit[0]
 
-    def put(self, key: K, value: V, nbytes: int) -> bool:
+    def put(self, key: K, value: V, nbytes: int, *, force: bool = False) -> bool:
         """Keep ``value`` charged ``nbytes``, evicting beyond the bounds (the least recently used, or
-        with parts, see *Shares*); False (nothing kept) when it alone is above a quarter of the byte
-        budget, or above its part's share of it."""
-        if nbytes > self.max_bytes // 4 or (self._part is not None and nbytes > self._share_bytes):
+        with parts, see *Shares*); False (nothing kept, an entry already under ``key`` stays) when it
+        alone is above a quarter of the byte budget, or above its part's share of it — unless
+        ``force``d: then it is kept, and the others make room (while any other is left)."""
+        if not force and nbytes > self.value_limit:
             return False
         name = self._part(key) if self._part is not None else None  # before any change: it may raise
+        evicted: list[tuple[K, V]] = []
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self.nbytes -= old[1]
             self._entries[key] = (value, nbytes)
             self.nbytes += nbytes
-            if self._part is None:
-                while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
-                    _, (_, size) = self._entries.popitem(last=False)
-                    self.nbytes -= size
-                return True
-            mine = self._parts.get(name)
-            if mine is None:
-                mine = self._parts[name] = _Part()
-            if old is not None:
-                mine.nbytes -= old[1]
-            mine.keys[key] = None
-            mine.keys.move_to_end(key)
-            mine.nbytes += nbytes
-            self._reckon(name, mine)
-            while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
-                self._evict(self._victim())
+            if self._part is not None:
+                mine = self._parts.get(name)
+                if mine is None:
+                    mine = self._parts[name] = _Part()
+                if old is not None:
+                    mine.nbytes -= old[1]
+                mine.keys[key] = None
+                mine.keys.move_to_end(key)
+                mine.nbytes += nbytes
+                self._reckon(name, mine)
+            protect = key if force else None
+            while (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes) and (
+                    protect is None or len(self._entries) > 1):
+                victim = self._victim(protect)
+                evicted.append((victim, self._evict(victim)))
+        self._evicted(evicted)
         return True
 
-    def _victim(self) -> K:
-        """The key a put evicts next (the lock is held): see *Shares* in the module docstring."""
-        if not self._over:
-            return next(iter(self._entries))
+    def evict_one(self, prefer: Hashable | None = None) -> bool:
+        """Drop the least recently used entry of part ``prefer`` when it has one, else the entry a put
+        would evict next (see *Shares*); False when empty. For an owner whose memory outside the map
+        grew (a running event log of that part) and must be given back fairly."""
+        with self._lock:
+            if not self._entries:
+                return False
+            mine = self._parts.get(prefer) if prefer is not None else None
+            victim = next(iter(mine.keys)) if mine is not None else self._victim(None)
+            evicted = [(victim, self._evict(victim))]
+        self._evicted(evicted)
+        return True
+
+    def _evicted(self, evicted: list[tuple[K, V]]) -> None:
+        self.evictions += len(evicted)
+        if self._on_evict is not None:
+            for key, value in evicted:
+                self._on_evict(key, value)
+
+    def pop(self, key: K, default: Any = None) -> Any:
+        """Remove ``key`` and return its value (``default`` when missing); not an eviction."""
+        with self._lock:
+            if key not in self._entries:
+                return default
+            return self._evict(key)
+
+    def peek(self, key: K, default: Any = None) -> Any:
+        """The value under ``key`` without using it (the order stays; neither a hit nor a miss)."""
+        hit = self._entries.get(key)
+        return default if hit is None else hit[0]
+
+    def oldest(self) -> tuple[K, V] | None:
+        """The least recently used entry (without using it), or None."""
+        with self._lock:
+            for key, (value, _) in self._entries.items():
+                return key, value
+        return None
+
+    def _victim(self, protect: K | None) -> K:
+        """The key a put evicts next (the lock is held): see *Shares* in the module docstring; never
+        ``protect`` (a forced put's own key; the caller keeps at least two entries then)."""
         parts = self._parts
-        name = max(self._over, key=lambda n: max(len(parts[n].keys) / self._share_entries,
-                                                 parts[n].nbytes / max(1, self._share_bytes)))
-        return next(iter(parts[name].keys))
+        over = [n for n in self._over if not (protect is not None and len(parts[n].keys) == 1
+                                              and protect in parts[n].keys)]
+        if over:
+            name = max(over, key=lambda n: max(len(parts[n].keys) / self._share_entries,
+                                               parts[n].nbytes / max(1, self._share_bytes)))
+            for key in parts[name].keys:
+                if key != protect:
+                    return key
+        for key in self._entries:
+            if key != protect:
+                return key
+        raise AssertionError("no entry to evict")
 
     def _reckon(self, name: Hashable, part: _Part) -> None:
         if len(part.keys) > self._share_entries or part.nbytes > self._share_bytes:
@@ -141,11 +206,12 @@ class BoundedLRU(Generic[K, V]):
         else:
             self._over.discard(name)
 
-    def _evict(self, key: K) -> None:
-        """Drop ``key`` (held; the lock is held) from the map and from its part."""
-        _, size = self._entries.pop(key)
+    def _evict(self, key: K) -> V:
+        """Drop ``key`` (held; the lock is held) from the map and from its part; its value."""
+        value, size = self._entries.pop(key)
         self.nbytes -= size
-        assert self._part is not None
+        if self._part is None:
+            return value
         name = self._part(key)
         part = self._parts[name]
         del part.keys[key]
@@ -155,6 +221,7 @@ class BoundedLRU(Generic[K, V]):
         else:
             del self._parts[name]
             self._over.discard(name)
+        return value
 
     def part_usage(self, part: Hashable) -> tuple[int, int]:
         """The entries and bytes ``part`` holds (tests and notes read it)."""

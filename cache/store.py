@@ -5,6 +5,14 @@ memory store is bounded in bytes and entries expire after a TTL, so a long-runni
 gateway cannot grow without limit (vLLM's own ``store`` keeps unbounded process-local dicts).
 Tenancy: every entry records the tenant that created it and reads from another tenant miss.
 
+**Each tenant its share.** The memory store is a :class:`~cache.lru.BoundedLRU` keyed by
+``(tenant, response id)`` with the tenant as its part: once the store is full, a tenant that
+stores more than its share (a quarter of the entries or of the bytes) evicts its own responses,
+never those of a tenant within its share (alone it still has the whole store). A record is charged
+what it really holds (:func:`record_bytes`: the Response object with its metadata, the input
+items, its own items and tokens, the item-id index entries, the containers), so the byte bound is
+one on memory; a record above its tenant's share of the bytes is not kept (counted in ``refused``).
+
 **Items by id.** Clients that keep the conversation themselves but let the server store it (the
 AI SDK's default ``store: true``) send earlier output items back as bare references
 (``{"type": "item_reference", "id": "rs_…"}``) without ``previous_response_id``. Every store keeps
@@ -16,10 +24,11 @@ id is indistinguishable from a missing one.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
+from cache.footprint import INDEX_ENTRY, RECORD_OVERHEAD, deep_size
+from cache.lru import BoundedLRU, tenant_of
 from cache.state import ResponseState
 
 
@@ -87,64 +96,82 @@ class ResponseStore(Protocol):
     async def close(self) -> None: ...
 
 
+def record_bytes(state: ResponseState, index_entries: int) -> int:
+    """What a stored record costs this process (module docstring): its own items and tokens
+    (``delta_bytes``), the Response object and input items as held (walked), its index entries and
+    the containers around it. Conservative: what the walk and ``delta_bytes`` both see counts twice."""
+    return (max(state.delta_bytes, 0) + deep_size(state.response) + deep_size(state.input_items)
+            + RECORD_OVERHEAD + INDEX_ENTRY * index_entries)
+
+
+Key = tuple[str | None, str]  # (tenant, response id)
+
+
 class MemoryStore:
-    """LRU + TTL store bounded by the bytes each snapshot adds (its own items and tokens)."""
+    """LRU + TTL store bounded in entries and in the bytes each record holds, each tenant held to its
+    share of both (module docstring). Expiry is checked on each read, and the least recently used
+    records are swept when expired on each write."""
 
     shared = False  # process-local: this process's own pending-write wait covers chaining
 
-    def __init__(self, max_bytes: int = 1024 * 1024 * 1024, ttl_s: float = 24 * 3600.0) -> None:
+    def __init__(self, max_bytes: int = 1024 * 1024 * 1024, ttl_s: float = 24 * 3600.0,
+                 max_entries: int = 1_000_000) -> None:
         self.max_bytes = max_bytes
+        self.max_entries = max_entries
         self.ttl_s = ttl_s
-        self._entries: OrderedDict[str, tuple[float, int, ResponseState]] = OrderedDict()
+        self._lru: BoundedLRU[Key, tuple[float, ResponseState]] = BoundedLRU(
+            max_entries, max_bytes, part=tenant_of, on_evict=self._evicted)
         #: (tenant, item id) -> where the response that first held it keeps it; each response's keys
         self._items: dict[tuple[str | None, str], Home] = {}
-        self._owned: dict[str, list[tuple[str | None, str]]] = {}
-        self._bytes = 0
-        self.evictions = 0
+        self._owned: dict[Key, list[tuple[str | None, str]]] = {}
+        #: records not kept because they alone were above their tenant's share of the bytes
+        self.refused = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._lru.nbytes
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
+
+    def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
+        """The records and bytes ``tenant`` holds (tests and notes)."""
+        return self._lru.part_usage(tenant)
 
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None:
-        entry = self._entries.get(response_id)
+        key = (tenant, response_id)
+        entry = self._lru.peek(key)
         if entry is None:
             return None
-        expires, _, state = entry
+        expires, state = entry
         if expires < time.monotonic():
-            self._drop(response_id)
+            self._drop(key)
             return None
-        if state.tenant != tenant:
-            return None
-        self._entries.move_to_end(response_id)
+        self._lru.get(key)  # a use: now the most recently used
         return state
 
     async def put(self, state: ResponseState) -> None:
-        if state.id in self._entries:
-            self._drop(state.id)
-        size = max(state.delta_bytes, 1)
-        self._entries[state.id] = (time.monotonic() + self.ttl_s, size, state)
-        self._bytes += size
+        key = (state.tenant, state.id)
+        self._drop(key)
+        self._sweep()
         owned = []
         for item_key, side, pos in index_keys(state):
-            if (key := (state.tenant, item_key)) not in self._items:
-                self._items[key] = (state.id, side, pos)
-                owned.append(key)
-        self._owned[state.id] = owned
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
-            oldest = next(iter(self._entries))
-            self._drop(oldest)
-            self.evictions += 1
+            if (ikey := (state.tenant, item_key)) not in self._items:
+                self._items[ikey] = (state.id, side, pos)
+                owned.append(ikey)
+        self._owned[key] = owned
+        # the record is in the index before the put, so an eviction of it (none: it is the newest) or
+        # a refusal leaves the index consistent through _evicted / _unindex
+        if not self._lru.put(key, (time.monotonic() + self.ttl_s, state), record_bytes(state, len(owned))):
+            self._unindex(key)
+            self.refused += 1
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
-        entry = self._entries.get(response_id)
-        if entry is None or entry[2].tenant != tenant:
-            return False
-        self._drop(response_id)
-        return True
+        return self._drop((tenant, response_id))
 
     async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:
         found: dict[str, StoredItem] = {}
@@ -159,16 +186,32 @@ class MemoryStore:
         return found
 
     async def close(self) -> None:
-        self._entries.clear()
+        while (oldest := self._lru.oldest()) is not None:
+            self._drop(oldest[0])
         self._items.clear()
         self._owned.clear()
-        self._bytes = 0
 
-    def _drop(self, response_id: str) -> None:
-        _, size, _ = self._entries.pop(response_id)
-        self._bytes -= size
-        for key in self._owned.pop(response_id, ()):
-            home = self._items.get(key)
+    def _sweep(self) -> None:
+        """Drop expired records from the least recently used end (a write's bounded housekeeping)."""
+        now = time.monotonic()
+        for _ in range(8):
+            oldest = self._lru.oldest()
+            if oldest is None or oldest[1][0] >= now:
+                return
+            self._drop(oldest[0])
+
+    def _drop(self, key: Key) -> bool:
+        if self._lru.pop(key) is None:
+            return False
+        self._unindex(key)
+        return True
+
+    def _evicted(self, key: Key, _value: object) -> None:
+        self._unindex(key)
+
+    def _unindex(self, key: Key) -> None:
+        response_id = key[1]
+        for ikey in self._owned.pop(key, ()):
+            home = self._items.get(ikey)
             if home is not None and home[0] == response_id:
-                del self._items[key]
-
+                del self._items[ikey]

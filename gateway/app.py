@@ -57,7 +57,8 @@ def create_app(
         from cache.redis_store import RedisStore
 
         store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
-    store = MemoryStore(settings.store_max_bytes, settings.store_ttl_s) if store is None else store
+    store = (MemoryStore(settings.store_max_bytes, settings.store_ttl_s, settings.store_max_entries)
+             if store is None else store)
     conversations = build_conversation_store(settings) if conversations is None else conversations
     metrics = Metrics(per_tenant=settings.metrics_per_tenant)
     metrics.tracing = Tracing.from_settings(settings)  # None unless otel_traces
@@ -178,7 +179,8 @@ def build_conversation_store(settings: Settings) -> ConversationStore:
 
         return RedisConversationStore.from_url(settings.redis_url, limits, ttl_s=settings.conversation_ttl_s)
     return MemoryConversationStore(limits, max_total_bytes=settings.conversation_store_max_bytes,
-                                   ttl_s=settings.conversation_ttl_s)
+                                   ttl_s=settings.conversation_ttl_s,
+                                   max_conversations=settings.conversation_store_max_entries)
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:

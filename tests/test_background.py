@@ -402,24 +402,27 @@ def _ready(base: str) -> bool:
 async def test_memory_event_logs_are_bounded_per_log_in_all_and_in_time():
     from cache.event_log import MemoryEventLogs, Truncated
 
-    logs = MemoryEventLogs(max_bytes=100, max_total_bytes=250, ttl_s=0.05)
+    logs = MemoryEventLogs(max_bytes=1_000, max_total_bytes=25_000, ttl_s=0.05)
     a = logs.open("a")
     for i in range(10):
-        a.append(i, b"x" * 30, i == 9)
-    assert (a.first_seq, a.next_seq, a.nbytes, a.terminal_seq) == (7, 10, 90, 9)
+        a.append(i, b"x" * 300, i == 9)
+    assert (a.first_seq, a.next_seq, a.nbytes, a.terminal_seq) == (7, 10, 900, 9)
     with pytest.raises(Truncated) as exc:
         [f async for f in a.follow(0)]
     assert exc.value.first_kept == 7
     assert len([f async for f in a.follow(6)]) == 3 and [f async for f in a.follow(9)] == []
     a.finish()
     b, c = logs.open("b"), logs.open("c")
-    b.append(0, b"y" * 90, False)
-    c.append(0, b"z" * 90, False)  # 270 bytes in all: the finished log goes, the running ones stay
-    assert logs.get("a") is None and logs.evictions == 1 and logs.nbytes == 180
+    running = [logs.open(f"r{i}") for i in range(24)]
+    for r in running:
+        r.append(0, b"r" * 1_000, False)
+    b.append(0, b"y" * 900, False)
+    c.append(0, b"z" * 900, False)  # 26,700 bytes in all: the finished log goes, the running ones stay
+    assert logs.get("a") is None and logs.evictions == 1 and logs.nbytes == 25_800
     reader = c.follow(-1)
-    assert await anext(reader) == b"z" * 90
-    c.append(1, b"z" * 60, False)
-    c.append(2, b"z" * 60, False)  # the window moved past the reader's next frame
+    assert await anext(reader) == b"z" * 900
+    c.append(1, b"z" * 600, False)
+    c.append(2, b"z" * 600, False)  # the window moved past the reader's next frame
     with pytest.raises(Truncated):
         await anext(reader)
     c.finish()

@@ -12,7 +12,7 @@ from cache.connection import ConnectionCache
 from cache.items import ItemLog
 from cache.seq import AppendOnlyView, TokenSeq
 from cache.state import ResponseState
-from cache.store import MemoryStore
+from cache.store import MemoryStore, record_bytes
 
 
 def state(rid: str, nbytes: int = 100, delta: int = 100, tenant: str | None = None, status: str = "completed"):
@@ -129,14 +129,64 @@ async def test_memory_store_roundtrip_delete_and_tenant_isolation():
 
 
 async def test_memory_store_is_bounded_in_bytes_lru():
-    store = MemoryStore(max_bytes=300)
-    for i in range(3):
-        await store.put(state(f"r{i}", delta=100))
+    size = record_bytes(state("r0"), 0)
+    store = MemoryStore(max_bytes=4 * size + size // 2)  # four records fit, each within a quarter
+    for i in range(4):
+        await store.put(state(f"r{i}"))
     await store.get("r0")  # r0 becomes most recent
-    await store.put(state("r3", delta=100))
+    await store.put(state("r4"))
     assert await store.get("r1") is None
-    assert await store.get("r0") and await store.get("r3")
-    assert store.nbytes <= 300 and store.evictions == 1
+    assert await store.get("r0") and await store.get("r4")
+    assert store.nbytes <= store.max_bytes and store.evictions == 1
+
+
+async def test_memory_store_charges_what_a_record_holds_and_counts_entries():
+    """Item 10: a record is charged its Response (metadata and all), not only ``delta_bytes``; the
+    store is bounded in entries too (before: 1,500 records with 9 KB of metadata each, charged 100
+    bytes each, all stayed under a 16 MiB bound)."""
+    meta = {f"k{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
+    rich = ResponseState(id="rich", response={"id": "rich", "status": "completed", "metadata": meta},
+                         input_items=(), context=ItemLog(), history_ids=TokenSeq(), model="m", prelude_key=b"k",
+                         store=True, delta_bytes=100)
+    assert record_bytes(rich, 0) > 16 * (64 + 512)  # at least the characters, plus what holds them
+    store = MemoryStore(max_bytes=10**9, max_entries=8)
+    for i in range(20):
+        await store.put(state(f"r{i}"))
+    assert len(store) == 8 and await store.get("r19") and await store.get("r11") is None
+
+
+async def test_memory_store_gives_each_tenant_its_share_and_keeps_the_item_index_consistent():
+    """Item 9: tenant A's flood evicts A's own records once the store is full, never B's (before:
+    1,500 records of A evicted all 100 of B's); the item-id index follows every eviction."""
+    def with_item(rid: str, tenant: str) -> ResponseState:
+        item = {"type": "message", "id": f"msg_{rid}", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+        return ResponseState(id=rid, response={"id": rid, "status": "completed", "output": []},
+                             input_items=(item,), context=ItemLog(), history_ids=TokenSeq(), model="m",
+                             prelude_key=b"k", store=True, tenant=tenant, delta_bytes=100)
+
+    size = record_bytes(with_item("b0", "B"), 1)
+    store = MemoryStore(max_bytes=400 * size)
+    for i in range(100):
+        await store.put(with_item(f"b{i}", "B"))
+    for i in range(1_500):
+        await store.put(with_item(f"a{i}", "A"))
+    kept_b = [i for i in range(100) if await store.get(f"b{i}", "B") is not None]
+    assert len(kept_b) == 100
+    assert len(await store.items([f"msg_b{i}" for i in range(100)], "B")) == 100
+    assert store.nbytes <= store.max_bytes and store.evictions > 0
+    a_kept = store.tenant_usage("A")[0]
+    assert a_kept == len([i for i in range(1_500) if await store.get(f"a{i}", "A") is not None])
+    # the index holds exactly the kept records' items: evicted ones left no entry behind
+    assert len(store._items) == 100 + a_kept and len(store._owned) == 100 + a_kept
+    assert await store.items(["msg_a0"], "A") == {}
+
+
+async def test_memory_store_refuses_a_record_above_its_tenants_share():
+    store = MemoryStore(max_bytes=4_000)
+    big = ResponseState(id="big", response={"id": "big", "text": "x" * 2_000}, input_items=(), context=ItemLog(),
+                        history_ids=TokenSeq(), model="m", prelude_key=b"k", store=True, delta_bytes=10)
+    await store.put(big)
+    assert await store.get("big") is None and store.refused == 1 and store.nbytes == 0
 
 
 async def test_memory_store_entries_expire_after_ttl():

@@ -183,11 +183,15 @@ async def test_store_bounds_duplicates_and_forced_appends(make_store):
 
 
 async def test_memory_store_bounds_all_conversations_together_and_expires():
-    s = MemoryConversationStore(Limits(), max_total_bytes=2_000, ttl_s=3600)
-    for i in range(5):
+    probe = MemoryConversationStore(Limits())
+    await probe.create("conv_0", None, {}, [{"id": "m0", "text": "x" * 600}])
+    size = probe.nbytes  # what one such conversation is charged (its memory, not only its JSON)
+    assert size > 600
+    s = MemoryConversationStore(Limits(), max_total_bytes=4 * size + size // 2, ttl_s=3600)
+    for i in range(6):
         await s.create(f"conv_{i}", None, {}, [{"id": f"m{i}", "text": "x" * 600}])
-    assert s.nbytes <= 2_000 and len(s) == 3 and s.evictions == 2
-    assert await s.get("conv_0", None) is None and await s.get("conv_4", None) is not None
+    assert s.nbytes <= s.max_total_bytes and len(s) == 4 and s.evictions == 2
+    assert await s.get("conv_0", None) is None and await s.get("conv_5", None) is not None
     expired = MemoryConversationStore(Limits(), ttl_s=60)
     await expired.create("conv_x", None, {}, [])
     real = time.monotonic

@@ -124,7 +124,11 @@ class Settings(BaseModel):
     #: also leave each state in Redis (``redis_url``) as a sealed record that expires with the
     #: window, so a reconnect to another replica continues; needs a ``seal_secret`` shared by replicas
     ws_resume_redis: bool = False
+    #: the in-memory response store (no ``redis_url``): the memory its records hold (each charged
+    #: its Response, metadata, items, tokens and index entries) and their number; each tenant is held
+    #: to a quarter of both once the store is full (``cache.store``)
     store_max_bytes: int = 1024 * 1024 * 1024
+    store_max_entries: int = Field(default=1_000_000, ge=1)
     #: full-history requests (no previous_response_id): the rendered prefixes kept for reuse, in all
     #: and per tenant (token views, least recently used conversation out); 0 turns the cache off
     prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
@@ -138,8 +142,10 @@ class Settings(BaseModel):
     #: own items are always kept, so a turn may cross the bound once)
     conversation_max_items: int = Field(default=10_000, ge=1)
     conversation_max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
-    #: all conversations of the in-memory store together (least recently used dropped first)
+    #: all conversations of the in-memory store together, in memory (items, metadata, ids) and in
+    #: number (least recently used dropped first; each tenant held to a quarter of both once full)
     conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    conversation_store_max_entries: int = Field(default=1_000_000, ge=1)
     #: a conversation expires this long after its last change
     conversation_ttl_s: float = Field(default=30 * 86400.0, gt=0)
     #: this process's last response per conversation (its rendered tokens: the next turn appends)
@@ -216,6 +222,10 @@ class Settings(BaseModel):
     # -- operations: logs, metrics (gateway/ops/logging_setup.py, gateway/base/metrics.py) -----------------
     #: log lines as JSON objects with request/response ids (``json``), or plain text
     log_format: Literal["json", "text"] = "json"
+    #: ``serve``/``check`` logs (and the engine's output) go to this file, the terminal (stderr) gets
+    #: plain lines; unset: ``<cache dir>/logs/serve-<port>.log`` when stderr is a terminal, else
+    #: stderr; ``-``: stderr always (gateway/ops/logging_setup.py)
+    log_file: str | None = None
     #: label token counters by tenant; one series per tenant, so only for a handful of tenants
     metrics_per_tenant: bool = False
     #: a second listener serving only ``/metrics``, without authentication, for in-cluster scraping

@@ -152,7 +152,7 @@ class BackgroundTurns:
                 on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
             raise store_unavailable() from None
         streamed = bool(turn.req.stream)
-        bg = BackgroundTurn(self, turn, slot, state, self.logs.open(turn.id) if streamed else None,
+        bg = BackgroundTurn(self, turn, slot, state, self.logs.open(turn.id, turn.ctx.tenant) if streamed else None,
                             self.shared_log.writer(turn.id) if streamed and self.shared_log is not None else None)
         self._local[turn.id] = bg
         bg.running = HttpTurn.start(self.http_turns, turn, events, bg.deliver, bg.settle)

@@ -1,0 +1,202 @@
+"""Issue 28 items 9 and 10: every bounded in-memory structure tenants share gives each tenant its
+share (``cache.lru.BoundedLRU``), and charges each record what it really holds.
+
+Unit tests on the stores here; over real uvicorn with two tenants, and the memory a flood really
+takes (RSS of a gateway process against its configured bounds), below.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from cache.conversations import ConversationFull, Limits, MemoryConversationStore
+from cache.items import ItemLog
+from cache.seq import TokenSeq
+from cache.state import ResponseState
+from gateway.base.settings import Settings
+from inference.simulated import SimulatedEngine
+from inference.simulated_script import Turn
+from tests.conftest import MODEL
+
+
+# -- the memory store's total bounds: each tenant its share, every byte a record holds (issue 28) --------
+
+
+FULL_METADATA = {f"key{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
+
+
+async def test_memory_store_flood_by_one_tenant_leaves_anothers_conversations():
+    """Item 9: tenant A creating 6,000 conversations churns its own once the store is full; B's 100
+    stay (before: all of B's were evicted)."""
+    s = MemoryConversationStore(Limits(), max_total_bytes=4 * 1024 * 1024)
+    for i in range(100):
+        await s.create(f"conv_b{i}", "B", {"n": str(i)}, [{"id": f"m{i}", "type": "message", "text": "b"}])
+    for i in range(6_000):
+        await s.create(f"conv_a{i}", "A", FULL_METADATA, [])
+    assert [i for i in range(100) if await s.get(f"conv_b{i}", "B") is None] == []
+    assert s.nbytes <= s.max_total_bytes and s.evictions > 0 and s.tenant_usage("A")[0] < 6_000
+
+
+async def test_memory_store_charges_metadata_and_is_bounded_in_number():
+    """Item 10: an empty conversation with full metadata is charged the metadata's memory (before:
+    0 bytes, so 20,000 of them grew the process by ~190 MiB under a 16 MiB bound), and the store
+    holds at most ``max_conversations``."""
+    s = MemoryConversationStore(Limits(), max_total_bytes=10**9, max_conversations=50)
+    await s.create("conv_x", "A", FULL_METADATA, [])
+    assert s.nbytes > 16 * (64 + 512)
+    for i in range(200):
+        await s.create(f"conv_{i}", "A", {}, [])
+    assert len(s) == 50 and await s.get("conv_199", "A") is not None and await s.get("conv_0", "A") is None
+    bounded = MemoryConversationStore(Limits(), max_total_bytes=1024 * 1024)
+    for i in range(2_000):
+        await bounded.create(f"conv_{i}", "A", FULL_METADATA, [])
+    assert bounded.nbytes <= bounded.max_total_bytes and len(bounded) < 1024 * 1024 // (16 * (64 + 512))
+
+
+async def test_memory_store_holds_a_conversation_to_a_share_but_keeps_a_forced_append():
+    s = MemoryConversationStore(Limits(), max_total_bytes=64 * 1024)
+    await s.create("conv_a", "A", {}, [])
+    await s.create("conv_b", "B", {}, [])
+    with pytest.raises(ConversationFull):  # above a quarter of the store: refused like the own bound
+        await s.append("conv_a", "A", [{"id": "big", "text": "x" * 20_000}])
+    appended = await s.append("conv_a", "A", [{"id": "big", "text": "x" * 20_000}], force=True)
+    assert appended.items and (await s.items("conv_a", "A"))[1][0]["id"] == "big"
+    assert await s.get("conv_b", "B") is not None
+
+
+def test_conversation_tips_give_each_tenant_its_share():
+    from cache.conversations import ConversationTips, Tip
+
+    def tip(tenant: str) -> Tip:
+        st = ResponseState(id="r", response={}, input_items=(), context=ItemLog(), history_ids=TokenSeq(),
+                           model="m", prelude_key=b"", store=False, tenant=tenant, nbytes=1_000)
+        return Tip(st, 1)
+
+    tips = ConversationTips(max_bytes=200_000)
+    for i in range(10):
+        tips.put(f"conv_b{i}", tip("B"))
+    for i in range(1_000):
+        tips.put(f"conv_a{i}", tip("A"))
+    assert all(tips.get(f"conv_b{i}") is not None for i in range(10))
+    assert tips.nbytes <= 200_000 and tips.get("conv_a999") is not None
+    tips.discard("conv_b0")
+    assert tips.get("conv_b0") is None and len(tips) == len(tips._tenant)
+
+
+async def test_event_logs_flood_by_one_tenant_leaves_anothers_finished_log():
+    """Item 9: tenant A's 30 background streams drop A's own finished logs, not B's (before: finished
+    logs went oldest first, whoever's they were, so B's went while B's response was readable)."""
+    from cache.event_log import MemoryEventLogs
+
+    logs = MemoryEventLogs(max_bytes=64 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
+    b = logs.open("resp_b", "B")
+    for i in range(5):
+        b.append(i, b"b" * 1_000, i == 4)
+    b.finish()
+    for n in range(30):
+        a = logs.open(f"resp_a{n}", "A")
+        for i in range(60):
+            a.append(i, b"a" * 1_000, i == 59)
+        a.finish()
+    assert logs.get("resp_b") is b and [f async for f in b.follow(-1)][-1] == b"b" * 1_000
+    assert logs.evictions > 0 and logs.nbytes <= logs.max_total_bytes
+    assert logs.get("resp_a29") is not None and logs.get("resp_a0") is None
+
+
+async def test_event_logs_a_running_log_that_grows_the_total_gives_back_its_own_tenants_first():
+    from cache.event_log import MemoryEventLogs
+
+    logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
+    b = logs.open("resp_b", "B")
+    b.append(0, b"b" * 100_000, True)
+    b.finish()
+    done = []
+    for n in range(2):
+        a = logs.open(f"resp_a{n}", "A")
+        a.append(0, b"a" * 200_000, True)
+        a.finish()
+        done.append(a)
+    running = [logs.open(f"resp_r{n}", "A") for n in range(3)]
+    for i in range(3):
+        for r in running:
+            r.append(i, b"r" * 80_000, False)  # 720 KB running: over the total with the finished
+    assert logs.get("resp_b") is b and logs.get("resp_a0") is None
+    assert logs.nbytes <= logs.max_total_bytes
+
+
+# -- over real uvicorn, two tenants (static keys "tenant:key") -------------------------------------------
+
+KEYS = ["tenant-a:key-a", "tenant-b:key-b"]
+
+
+def _client(live, key: str) -> httpx.Client:
+    return httpx.Client(base_url=live.base_url, headers={"authorization": f"Bearer {key}"}, timeout=60)
+
+
+def test_http_a_flood_of_stored_responses_leaves_another_tenants_intact(make_gateway):
+    """Item 9 over HTTP: tenant A stores responses (full metadata) until the store has evicted many;
+    every one of tenant B's stored responses is still retrievable, and so are its items by id."""
+    live = make_gateway(Settings(api_keys=KEYS, store_max_bytes=2 * 1024 * 1024))
+    with _client(live, "key-b") as b, _client(live, "key-a") as a:
+        made_b = [b.post("/responses", json={"model": MODEL, "input": f"b{i}"}).json() for i in range(20)]
+        made_a = []
+        for i in range(300):
+            r = a.post("/responses", json={"model": MODEL, "input": f"a{i}", "metadata": FULL_METADATA})
+            assert r.status_code == 200, r.text
+            made_a.append(r.json()["id"])
+        store = live.gw.store
+        assert store.evictions > 0 and a.get(f"/responses/{made_a[0]}").status_code == 404
+        assert store.nbytes <= store.max_bytes
+        for made in made_b:
+            got = b.get(f"/responses/{made['id']}")
+            assert got.status_code == 200 and got.json()["output"] == made["output"]
+            items = b.get(f"/responses/{made['id']}/input_items")
+            assert items.status_code == 200 and items.json()["data"]
+
+
+def test_http_a_flood_of_conversations_leaves_another_tenants_intact(make_gateway):
+    """Item 9 over HTTP: tenant A creates conversations (full metadata) until many of its own were
+    evicted; all of tenant B's conversations and their items are still there."""
+    live = make_gateway(Settings(api_keys=KEYS, conversation_store_max_bytes=1024 * 1024))
+    with _client(live, "key-b") as b, _client(live, "key-a") as a:
+        made_b = []
+        for i in range(20):
+            r = b.post("/conversations", json={"metadata": {"n": str(i)}, "items": [
+                {"type": "message", "role": "user", "content": f"hello {i}"}]})
+            assert r.status_code == 200, r.text
+            made_b.append(r.json()["id"])
+        made_a = []
+        for i in range(300):
+            r = a.post("/conversations", json={"metadata": FULL_METADATA})
+            assert r.status_code == 200, r.text
+            made_a.append(r.json()["id"])
+        assert a.get(f"/conversations/{made_a[0]}").status_code == 404
+        convs = live.gw.pipeline.conversations.store
+        assert convs.nbytes <= convs.max_total_bytes
+        for i, cid in enumerate(made_b):
+            assert b.get(f"/conversations/{cid}").json()["metadata"] == {"n": str(i)}
+            assert len(b.get(f"/conversations/{cid}/items").json()["data"]) == 1
+
+
+def test_http_a_flood_of_background_streams_leaves_another_tenants_event_log(make_gateway):
+    """Item 9 over HTTP: tenant A runs 30 background streams, whose finished logs fill the event logs'
+    total; tenant B's finished stream is still resumable from the start while its response is readable
+    (before: B's log, the oldest finished, was dropped first)."""
+    text = " ".join(f"word{i}" for i in range(100))  # ~55 KB of events: the whole log fits its window
+    engine = SimulatedEngine(script=lambda view: Turn(text=text))
+    live = make_gateway(Settings(api_keys=KEYS, background_events_bytes=64 * 1024,
+                                 background_events_total_bytes=1024 * 1024), engine=engine)
+    b, a = live.openai(api_key="key-b"), live.openai(api_key="key-a")
+    first = [ev.model_dump(mode="json") for ev in b.responses.create(model=MODEL, input="b", background=True,
+                                                                      stream=True)]
+    rid = first[0]["response"]["id"]
+    assert first[-1]["type"] == "response.completed" and live.gw.background.logs.get(rid).first_seq == 0
+    for i in range(30):
+        events = list(a.responses.create(model=MODEL, input=f"a{i}", background=True, stream=True))
+        assert events[-1].type == "response.completed"
+    logs = live.gw.background.logs
+    assert logs.evictions > 0 and logs.nbytes <= logs.max_total_bytes
+    assert b.responses.retrieve(rid).status == "completed"
+    again = [ev.model_dump(mode="json") for ev in b.responses.retrieve(rid, stream=True, starting_after=0)]
+    assert again == first[1:]
