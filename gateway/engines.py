@@ -121,11 +121,14 @@ class SamplingDefaults(NamedTuple):
     top_p: float | None = None
 
 
-#: how a packaged model samples when neither the request nor a setting says: their model cards'
-#: advice (SmolLM2-135M-Instruct's: temperature 0.2, top_p 0.9). A model this small at OpenAI's
-#: default temperature 1.0 rambles until the output cap; at 0.2 it answers and stops.
+#: how a packaged model samples when neither the request nor a setting says. A model this small at
+#: OpenAI's default temperature 1.0 rambles until the output cap. SmolLM2-135M answers greedily:
+#: measured on the README's "What is the capital of France?", its first token is nearly a tie at
+#: 1.0 ("The" 15 %, "L" 14 %), so even at its model card's 0.2 / top_p 0.9 one run in two or three
+#: starts "L'Étoile, la Marseillaise, la femme, la femme, …" and loops to the 256-token cap, where
+#: greedy answers "The capital of France is Paris." in 8 tokens (and "… Italy is Rome." next).
 PACKAGED_SAMPLING: dict[str, SamplingDefaults] = {
-    "smollm2": SamplingDefaults(temperature=0.2, top_p=0.9),
+    "smollm2": SamplingDefaults(temperature=0.0),
     "qwen2.5-coder-0.5b": SamplingDefaults(temperature=0.2),
 }
 

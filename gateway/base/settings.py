@@ -42,7 +42,7 @@ class Settings(BaseModel):
     default_max_output_tokens: int | None = Field(default=None, ge=0)
     #: sampling of a request that sets no ``temperature`` / ``top_p`` (the request's own always win);
     #: unset: the served model's own (packaged models: ``gateway/engines.py::PACKAGED_SAMPLING``, e.g.
-    #: 0.2 for SmolLM2, which rambles at 1.0), else OpenAI's 1.0. Per model in a models file entry.
+    #: greedy for SmolLM2, which rambles at 1.0), else OpenAI's 1.0. Per model in a models file entry.
     default_temperature: float | None = Field(default=None, ge=0, le=2)
     default_top_p: float | None = Field(default=None, gt=0, le=1)
     # vLLM engine arguments (see inference/vllm_engine.py); CPU builds force fp32 + eager

@@ -3,7 +3,7 @@
 ``max_tokens`` is whatever room the context leaves, capped by ``max_output_tokens`` (or, when the
 request sets none, the served model's default cap: ``ModelRoute.max_output_tokens``). ``temperature``
 and ``top_p`` are the request's, else the served model's defaults (``ModelRoute.default_temperature``
-/ ``default_top_p``: a 135M model samples at 0.2, not OpenAI's 1.0), else 1.0; the Response echoes
+/ ``default_top_p``: the packaged 135M model samples greedily, not at OpenAI's 1.0), else 1.0; the Response echoes
 the values used (:func:`echoed_sampling`), as OpenAI's echoes its defaults. Structured
 output (``tool_choice`` required or named, ``text.format`` json_schema/json_object) becomes the
 renderer's constraint, because only the renderer knows its tool-call syntax.
