@@ -100,3 +100,33 @@ def test_a_request_without_sampling_gets_the_models_defaults_and_its_own_values_
     events = list(live.openai().responses.create(model="small", input="hi", top_p=0.5, stream=True))
     assert events[-1].response.top_p == 0.5 and events[-1].response.temperature == 0.2
     assert (engine.params[-1].temperature, engine.params[-1].top_p) == (0.2, 0.5)
+
+
+@pytest.mark.slow
+def test_serve_flags_set_the_defaults(tmp_path):
+    """``respgate serve --default-temperature/--default-top-p``; an out-of-range value stops it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import free_port, terminate, wait_until_ready
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
+    env.update(PYTHONPATH=str(root), RESPGATE_KEYS_FILE=str(tmp_path / "keys.json"), RESPGATE_USAGE_JOURNAL="")
+    cmd = [sys.executable, "-m", "gateway", "serve", "--engine", "simulated"]
+    bad = subprocess.run([*cmd, "--default-temperature", "3"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "default_temperature" in bad.stderr, bad.stderr[-2000:]
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([*cmd, "--port", str(port), "--default-temperature", "0.3", "--default-top-p", "0.6"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until_ready(proc, port, log_path, 120)
+            body = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "gpt-oss-sim", "input": "hi"},
+                              timeout=30).json()
+            assert (body["temperature"], body["top_p"]) == (0.3, 0.6), body
+        finally:
+            terminate(proc)

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-output-tokens", type=int, default=None, dest="default_max_output_tokens",
                        help="output cap of requests that set none (default: 256 on a CPU build, else "
                             "none; 0: no cap)")
+    serve.add_argument("--default-temperature", type=float, default=None,
+                       help="temperature of requests that set none (default: the model's own: greedy for the "
+                            "packaged SmolLM2, 0.2 for the packaged Qwen2.5-Coder, else 1.0)")
+    serve.add_argument("--default-top-p", type=float, default=None,
+                       help="top_p of requests that set none (default: the model's own, else 1.0)")
     serve.add_argument("--workers", type=int, default=1,
                        help="must be 1: one process per replica (scale with replicas; see README)")
 
@@ -231,7 +236,8 @@ def _run(args: argparse.Namespace) -> int:
                                  models_file=args.models_file, api_keys=args.api_keys, log_level=args.log_level,
                                  log_format=args.log_format, open_mode=args.open_mode,
                                  metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                                 default_max_output_tokens=args.default_max_output_tokens)
+                                 default_max_output_tokens=args.default_max_output_tokens,
+                                 default_temperature=args.default_temperature, default_top_p=args.default_top_p)
         return serve(settings)
     return 2
 
