@@ -226,6 +226,11 @@ class MemoryConversationStore:
         """After a write: the revision (items changed), the expiry, the charge (the total bounds)."""
         rec.revision += bump
         rec.expires = time.monotonic() + self.ttl_s
+        self._charge(conversation_id, rec)
+
+    def _charge(self, conversation_id: str, rec: _Record) -> None:
+        """(Re)charge the record its footprint: the total bounds evict others if need be (forced: the
+        write was checked against a tenant's share before, or is a turn's own append)."""
         self._lru.put((rec.tenant, conversation_id), rec, rec.footprint(conversation_id), force=True)
 
     def _fits(self, conversation_id: str, rec: _Record, extra: int) -> bool:
@@ -261,7 +266,7 @@ class MemoryConversationStore:
         except ConversationNotFound:
             return None
         rec.metadata = dict(metadata)
-        self._changed(conversation_id, rec, bump=False)
+        self._charge(conversation_id, rec)  # new metadata, new footprint; not an item change: same expiry
         return rec.value(conversation_id)
 
     async def delete(self, conversation_id: str, tenant: str | None) -> bool:

@@ -139,3 +139,31 @@ def test_a_share_outside_zero_to_one_is_refused():
     for share in (0, -0.5, 1.5):
         with pytest.raises(ValueError):
             BoundedLRU(10, 100, part=tenant_of, share=share)
+
+
+def test_owner_hooks_on_evict_pop_peek_oldest_and_evict_one():
+    """What the stores of records use (issue 28 item 9): evictions are reported, a pop is not one, a
+    peek is not a use, and evict_one gives back by the shares (the preferred part first)."""
+    gone: list[tuple[str, int]] = []
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(8, 10**6, part=tenant_of, on_evict=lambda k, v: gone.append(k))
+    for i in range(4):
+        lru.put(("b", i), i, 10)
+    for i in range(10):
+        lru.put(("a", i), i, 10)
+    assert gone == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5)] and lru.evictions == 6
+    assert lru.peek(("b", 0)) == 0 and lru.oldest() == (("b", 0), 0)  # a peek leaves the order alone
+    assert lru.pop(("b", 0)) == 0 and ("b", 0) not in lru and lru.evictions == 6
+    assert lru.pop(("b", 0), "none") == "none"
+    assert lru.evict_one(prefer="b") and gone[-1] == ("b", 1)
+    assert lru.evict_one() and gone[-1] == ("a", 6)  # no part over its share: the least recently used
+
+
+def test_a_forced_put_is_kept_above_the_cap_and_never_evicts_itself():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of)
+    lru.put(("b", 0), 0, 100)
+    lru.put(("a", 0), 0, 100)
+    assert not lru.put(("a", 1), 1, 600)            # above the share (250): refused
+    assert lru.put(("a", 1), 1, 900, force=True)    # forced: kept; its own tenant makes room first
+    assert ("a", 1) in lru and ("b", 0) in lru and ("a", 0) not in lru and lru.nbytes <= 1_000
+    assert lru.put(("a", 2), 2, 2_000, force=True)  # alone above the whole bound: still kept
+    assert ("a", 2) in lru and len(lru) == 1

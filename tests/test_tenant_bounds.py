@@ -200,3 +200,83 @@ def test_http_a_flood_of_background_streams_leaves_another_tenants_event_log(mak
     assert b.responses.retrieve(rid).status == "completed"
     again = [ev.model_dump(mode="json") for ev in b.responses.retrieve(rid, stream=True, starting_after=0)]
     assert again == first[1:]
+
+
+# -- item 10: the memory really held stays within the bound ------------------------------------------------
+
+
+def _traced_growth(fill) -> int:
+    """Bytes still allocated after ``fill()`` ran (tracemalloc: exact, no allocator noise)."""
+    import asyncio
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        asyncio.run(fill())
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_held_by_a_conversation_flood_stays_within_the_bound():
+    """20,000 empty conversations with full metadata grew RSS by 194 MiB under a 16 MiB bound: they
+    were charged 0 bytes. Smaller here: 2,000 under 2 MiB held ~20 MiB before; now within the bound."""
+    import orjson
+
+    raw = orjson.dumps(FULL_METADATA)
+    bound = 2 * 1024 * 1024
+    store = MemoryConversationStore(Limits(), max_total_bytes=bound)
+
+    async def fill() -> None:
+        for i in range(2_000):  # each request's metadata parsed afresh, as the server does
+            await store.create(f"conv_{i:048x}", "A", orjson.loads(raw), [])
+
+    assert _traced_growth(fill) < bound + 256 * 1024
+    assert store.evictions > 0
+
+
+def test_memory_held_by_a_stored_response_flood_stays_within_the_bound():
+    """12,000 ``store=true`` responses with metadata grew RSS by 189 MiB under 16 MiB: each was charged
+    its ``delta_bytes`` only. Smaller here: 2,000 under 2 MiB held ~27 MiB before."""
+    import orjson
+
+    from cache.store import MemoryStore
+
+    raw = orjson.dumps(FULL_METADATA)
+    bound = 2 * 1024 * 1024
+    store = MemoryStore(max_bytes=bound)
+
+    async def fill() -> None:
+        for i in range(2_000):
+            rid = f"resp_{i:048x}"
+            response = orjson.loads(orjson.dumps({
+                "id": rid, "object": "response", "status": "completed", "model": "m", "tools": [],
+                "output": [{"type": "message", "id": f"msg_{i:048x}", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
+                "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}))
+            response["metadata"] = orjson.loads(raw)
+            item = orjson.loads(orjson.dumps({"type": "message", "id": f"msg_in{i:046x}", "role": "user",
+                                              "content": [{"type": "input_text", "text": "hi"}]}))
+            await store.put(ResponseState(id=rid, response=response, input_items=(item,), context=ItemLog(),
+                                          history_ids=TokenSeq(), model="m", prelude_key=b"k", store=True,
+                                          tenant="A", delta_bytes=300))
+
+    assert _traced_growth(fill) < bound + 256 * 1024
+    assert store.evictions > 0
+
+
+@pytest.mark.slow
+def test_rss_of_a_server_under_both_floods_stays_within_its_bounds():
+    """The same over HTTP, in a gateway process of its own (``benchmarks.tenant_flood``): tenant a's
+    1,500 conversations and 1,500 stored responses with full metadata grow the process by at most the
+    bounds (2 MiB each, 2 MiB of other caches) plus a fixed slack for the allocator; tenant b keeps all
+    it stored. Before: ~38 MiB of growth (3,000 + 3,000 grew it by 78 MiB under 4 MiB bounds)."""
+    from benchmarks.tenant_flood import flood
+
+    got = flood(1_500, 1_500, 2 * 1024 * 1024)
+    assert got["b_kept"] == got["b_stored"]
+    assert got["total_growth_mib"] < 2 + 2 + got["other_caches_mib"] + 12, got
