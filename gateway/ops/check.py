@@ -11,7 +11,6 @@ Exit status: 0 when nothing failed (warnings allowed), 1 otherwise.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
@@ -69,7 +68,12 @@ class Checker:
         return Result("vocab", "ok", f"{', '.join(files)} in {where}")
 
     def models(self) -> Result:
-        entries = self._model_entries()
+        from gateway.engines import ModelPathError
+
+        try:
+            entries = self._model_entries()
+        except ModelPathError as exc:
+            return Result("models", "FAIL", str(exc), exc.fix)
         problems: list[str] = []
         fixes: list[str] = []
         names: list[str] = []
@@ -133,20 +137,9 @@ class Checker:
     # -- helpers --------------------------------------------------------------------------------
 
     def _model_entries(self) -> list[Settings]:
-        if not self.settings.models_file:
-            return [self.settings]
-        path = Path(self.settings.models_file).expanduser()
-        entries = json.loads(path.read_text())
-        if not isinstance(entries, list) or not entries:
-            raise ValueError(f"{path}: expected a non-empty JSON list of model entries")
-        out = []
-        for entry in entries:
-            entry = dict(entry)
-            names = entry.pop("names", None) or [entry.pop("name")]
-            entry.pop("name", None)
-            out.append(Settings.model_validate({**self.settings.model_dump(), **entry, "models": names,
-                                                "models_file": None}))
-        return out
+        from gateway.engines import model_entries
+
+        return model_entries(self.settings)
 
     def _progress(self, what: str) -> None:
         if self.out.isatty():
@@ -162,37 +155,14 @@ class Checker:
 
 
 def _model_problem(s: Settings) -> tuple[str | None, str | None]:
-    """Why this model entry cannot be served, and what to do about it (None, None when it can)."""
-    from gateway.engines import resolve_engine, vllm_available
+    """Why this model entry cannot be served, and what to do about it (None, None when it can):
+    :func:`gateway.engines.model_problems` (what ``serve`` checks first), then a remote engine's health."""
+    from gateway.engines import model_problems
 
-    engine = resolve_engine(s) if s.engine == "auto" else s.engine
-    if engine == "simulated":
-        return None, None
-    if engine == "vllm" and not vllm_available():
-        return "vLLM is not installed", "install the engine: pip install 'respgate[gpu]' (or [cpu]), or use the GPU image"
-    if s.model_path.startswith("packaged:"):
-        from inference.model_assets import ModelAssetError, _locate, model_info
-
-        try:
-            _locate(model_info(s.model_path.split(":", 1)[1]))
-        except ModelAssetError as exc:
-            return str(exc), "install the package named above, or set RESPGATE_MODEL_PATH to a model folder"
-    else:
-        from gateway.engines import ModelPathError, locate_model
-
-        try:
-            found = locate_model(s.model_path, download=False)
-        except ModelPathError as exc:
-            return str(exc), exc.fix
-        if found is None:  # a repo id on the Hub, not downloaded yet: serve fetches it
-            return None, None
-        folder = found
-        missing = [f for f in ("config.json",) if not (folder / f).is_file()]
-        if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            missing.append("tokenizer.json")
-        if missing:
-            return (f"model folder {folder} lacks {', '.join(missing)}",
-                    "point RESPGATE_MODEL_PATH at a complete Hugging Face model folder")
+    problems = model_problems(s)
+    if problems:
+        return "; ".join(str(p) for p in problems), " / ".join(p.fix for p in problems)
+    engine = s.engine
     if engine == "remote-vllm":
         import httpx
 

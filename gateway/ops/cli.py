@@ -144,37 +144,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gateway.ops.logging_setup import console
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return _run(args)
     except ConfigError as exc:
-        print(f"respgate {args.command}: {exc}", file=sys.stderr)
+        print(f"respgate {args.command}: {exc}", file=console().stream)
         return 2
     except Exception as exc:
         known = _user_error(exc)
+        out = console()  # the terminal, also when serve/check sent the logs to a file
         if known is None:
+            if out.diverted:  # the traceback goes to the log file: say so where the user looks
+                out.say(f"respgate {args.command}: {type(exc).__name__}: {_one_line(exc)} (traceback in "
+                        f"{out.log_path})")
             raise
-        print(f"respgate {args.command}: {str(known).rstrip('. ')}; fix: {known.fix}", file=sys.stderr)
+        out.say(f"respgate {args.command}: {str(known).rstrip('. ')}; fix: {known.fix}")
         return 2
 
 
 def _user_error(exc: Exception) -> UserError | None:
     """The one-line form of an error the user can fix, or None for a bug (which keeps its traceback)."""
-    from gateway.engines import ModelPathError
+    from gateway.engines import ModelPathError, packaged_names
+    from gateway.ops.server import ListenError
+    from inference.model_assets import ModelAssetError
     from security.keys import KeyStoreUnavailable
 
     if isinstance(exc, UserError):
         return exc
-    if isinstance(exc, ModelPathError):
+    if isinstance(exc, (ModelPathError, ListenError)):
         return UserError(str(exc), exc.fix)
-    try:
-        from inference.model_assets import ModelAssetError
-    except ImportError:  # pragma: no cover - model_assets is part of the package
-        ModelAssetError = ()  # type: ignore[assignment,misc]
     if isinstance(exc, ModelAssetError):
-        return UserError(str(exc).splitlines()[0], "name a packaged model listed above (installed as it "
-                         "says), or pass --model-path with a model folder")
+        other = f"pass --model-path with a model folder, or another packaged model ({packaged_names()})"
+        return UserError(exc.problem.splitlines()[0], f"{exc.fix} (or {other})" if exc.fix else other)
     import redis
 
     redis_fix = ("start Redis there, or point --redis-url / RESPGATE_REDIS_URL / REDIS_URL at a reachable "
@@ -221,9 +225,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
         from gateway.ops.check import Checker
 
+        from gateway.ops.logging_setup import divert_output, log_file_path, setup_logging
+
         settings = Settings.load(args.config, engine=args.engine, model_path=args.model_path,
                                  models_file=args.models_file, redis_url=args.redis_url)
-        return Checker(settings, engine=not args.no_engine).run()
+        path = log_file_path(settings.log_file, "check", settings.cache_dir)
+        if path is None:
+            return Checker(settings, engine=not args.no_engine).run()
+        # on a terminal the report stays there, the engine's output goes to the log file
+        console = divert_output(path)
+        setup_logging(settings.log_level, settings.log_format, console=console)
+        code = Checker(settings, engine=not args.no_engine, out=console.out).run()
+        if not args.no_engine:
+            console.say(f"(the engine's own output is in {path})")
+        return code
 
     if args.command == "serve":
         if args.workers != 1:
@@ -243,26 +258,105 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: Settings) -> int:
+    """Start-up in the order that fails fastest: the model's preflight (no engine loaded), open
+    mode, the ports (bound and listening before the engines load), then the logs (a file on a
+    terminal), the engines and the server; a banner line once it answers."""
     import uvicorn
 
     from gateway.app import create_app, uvicorn_config_kwargs
-    from gateway.ops.logging_setup import setup_logging
-    from gateway.ops.server import GatewayServer
+    from gateway.engines import preflight
+    from gateway.ops.logging_setup import Console, divert_output, log_file_path, setup_logging
+    from gateway.ops.server import GatewayServer, bind_listeners
 
     from security.redact import install as install_redaction
 
     # Before any logging is configured: every record from every logger is scrubbed of keys.
     install_redaction(KeyAuth(settings.api_keys).static_secrets)
-    setup_logging(settings.log_level, settings.log_format)
+    preflight(settings)  # what `respgate check` checks of the model, before anything slow
     refusal = asyncio.run(_open_mode_refusal(settings))
     if refusal:
         print(f"respgate serve: {refusal}", file=sys.stderr)
         return 2
-    app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            log_config=None, **uvicorn_config_kwargs(settings))
-    GatewayServer(config).run()
+    listeners = bind_listeners(settings.host, settings.port)
+    metrics: list = []
+    console = None
+    try:
+        if settings.metrics_port is not None:
+            metrics = bind_listeners(settings.metrics_host or settings.host, settings.metrics_port, "--metrics-port")
+        path = log_file_path(settings.log_file, f"serve-{listeners[0].getsockname()[1]}", settings.cache_dir)
+        console = divert_output(path) if path else None
+        setup_logging(settings.log_level, settings.log_format, console=console)
+        if console is not None:
+            console.say(f"respgate: starting {_what_loads(settings)}; logs in {path}")
+        app = create_app(settings)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                log_config=None, **uvicorn_config_kwargs(settings))
+        # the banner as a plain line where a person reads it: the terminal (even with log_file "-")
+        person = console if console is not None else (Console(sys.stderr) if sys.stderr.isatty() else None)
+        server = GatewayServer(config, metrics_sockets=metrics or None,
+                               on_ready=lambda gw, socks: _ready(gw, socks, person))
+        try:
+            server.run(sockets=listeners)
+        except SystemExit as exc:
+            if console is not None and not server.started:
+                reason = f": {console.last_error}" if console.last_error else ""
+                console.say(f"respgate serve: start-up failed{reason} (exit status {exc.code}; the log: {path})")
+            raise
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its shutdown; no traceback for that
+        print("respgate serve: stopped (Ctrl-C)", file=console.stream if console is not None else sys.stderr)
+        return 130
+    finally:
+        for sock in (*listeners, *metrics):
+            sock.close()
     return 0
+
+
+def _what_loads(settings: Settings) -> str:
+    from gateway.engines import vllm_available
+
+    if settings.models_file:
+        return f"the models of {settings.models_file}"
+    engine = settings.engine
+    if engine == "auto":
+        engine = "vllm" if vllm_available() else "simulated"
+    if engine == "simulated":
+        return "the simulated engine"
+    return f"{settings.model_path} on {engine} (loading takes a minute or more)"
+
+
+async def _ready(gw: object, listeners: list, console: object) -> None:
+    """The banner: where to point a client (the base URL with ``/v1``), which model names it
+    serves, whether it wants a key. A plain line on the terminal; a log record everywhere."""
+    import logging
+
+    line = await ready_banner(gw, listeners)
+    logging.getLogger("respgate").info(line)
+    if console is not None:
+        console.say(f"{line}  — Ctrl-C to stop")  # type: ignore[attr-defined]
+
+
+async def ready_banner(gw: object, listeners: list) -> str:
+    settings = gw.settings  # type: ignore[attr-defined]
+    host, port = settings.host, (listeners[0].getsockname()[1] if listeners else settings.port)
+    anywhere = host in ("0.0.0.0", "::", "")
+    shown = ("127.0.0.1" if host != "::" else "::1") if anywhere else host
+    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/v1"
+    routes = gw.registry.routes()  # type: ignore[attr-defined]
+    names = ", ".join(r.name for r in routes)
+    simulated = all(getattr(r.engine, "name", "") == "simulated" for r in routes)
+    auth = gw.auth  # type: ignore[attr-defined]
+    if await auth.keys_required():
+        mode = "API key required"
+    else:
+        mode = "open (no key)" + (", --open-mode" if anywhere or not _loopback(host) else "")
+    return (f"respgate ready: {url}{' (every interface)' if anywhere else ''}  "
+            f"model{'s' if len(routes) > 1 else ''} {names}{' (simulated engine)' if simulated else ''}  auth: {mode}")
+
+
+def _loopback(host: str) -> bool:
+    from gateway.access.auth import is_loopback
+
+    return is_loopback(host)
 
 
 async def _open_mode_refusal(settings: Settings) -> str | None:

@@ -33,9 +33,17 @@ answer by re-sending the full context.
 scrapes without a key, while the gateway's own ``/metrics`` needs one like every route once keys
 exist. So a second uvicorn server, in the same process and event loop (the collectors read the
 gateway's live state, which must not be touched from another thread), serves prometheus-client's
-own ASGI app on an address that is not published. Its socket is bound before the engines load, so
-a port already in use fails the start at once; it closes after the gateway's drain, so the last
-scrape sees the shutdown.
+own ASGI app on an address that is not published. Its socket is bound before the engines load (by
+``serve``, with the gateway's own), so a port already in use fails the start at once; it closes
+after the gateway's drain, so the last scrape sees the shutdown.
+
+**Ports before engines** (:func:`bind_listeners`): ``serve`` binds and listens on its port (and
+the metrics port) before anything slow -- the packaged model's conversion, vLLM's load -- and hands
+the sockets to uvicorn, which would otherwise bind only after the lifespan started the engines: a
+port in use was found a minute later, as one log line among vLLM's hundred. Holding the socket
+from the start also leaves no window for another process to take the port during the load;
+connections made meanwhile wait in the listen backlog and are answered once the gateway is ready
+(``/readyz`` says when). A port that cannot be had is :class:`ListenError`, one line with a fix.
 
 **The heap after start-up** (:func:`settle_heap`): what start-up built — the engine and its
 libraries, vocabularies, models, routes — lives as long as the process, yet CPython's cyclic
@@ -51,12 +59,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import socket
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 
@@ -84,45 +93,118 @@ class MetricsServer(uvicorn.Server):
         yield  # the gateway's server owns SIGTERM/SIGINT; this one stops when it is told to
 
 
-def bind_metrics_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+class ListenError(OSError):
+    """A port ``serve`` cannot listen on: the message names it, ``fix`` says what to do."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+#: the listen backlog (uvicorn's default): connections made while the engines load wait here
+BACKLOG = 2048
+
+
+def bind_listeners(host: str, port: int, option: str = "--port") -> list[socket.socket]:
+    """Listening sockets for ``host:port``, one per address the host resolves to (as asyncio's
+    ``create_server`` does: ``localhost`` is 127.0.0.1 and ::1), to hand to uvicorn.
+
+    Raises :class:`ListenError`, naming the port and ``option`` (the flag that sets it)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    host_fix = (f"pass an address of this machine: {option.replace('port', 'host')} 127.0.0.1 (this machine only) "
+                "or 0.0.0.0 (every interface)")
     try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {where}: unknown address {host!r} ({exc.strerror})", host_fix) from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise _listen_error(exc, host, port, where, option, host_fix) from None
+    return sockets
+
+
+def _listen_error(exc: OSError, host: str, port: int, where: str, option: str, host_fix: str) -> ListenError:
+    if exc.errno == errno.EADDRINUSE:
+        free = _free_port_near(host, port)
+        return ListenError(f"port {port} is already in use on {host} (another respgate, or another program, "
+                           "listens there)", f"stop that program, or pass another port: {option} "
+                           f"{free or port + 1} (or {_env_name(option)})")
+    if exc.errno == errno.EACCES:
+        return ListenError(f"cannot listen on {where}: permission denied",
+                           f"ports below 1024 need privileges: pass {option} 8000 or another port above 1023")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ListenError(f"cannot listen on {where}: {host} is not an address of this machine", host_fix)
+    return ListenError(f"cannot listen on {where}: {exc.strerror or exc}", f"pass another {option} or host")
+
+
+def _env_name(option: str) -> str:
+    return "RESPGATE_" + option.lstrip("-").replace("-", "_").upper()
+
+
+def _free_port_near(host: str, port: int) -> int | None:
+    """A port above ``port`` that is free on ``host`` now, to suggest (none when 20 in a row are taken)."""
+    for candidate in range(port + 1, min(port + 21, 65536)):
+        try:
+            for sock in bind_listeners(host, candidate):
+                sock.close()
+            return candidate
+        except ListenError:
+            continue
+    return None
 
 
 class GatewayServer(uvicorn.Server):
     _metrics: MetricsServer | None = None
     _metrics_task: asyncio.Task[None] | None = None
 
+    def __init__(self, config: uvicorn.Config, *, metrics_sockets: list[socket.socket] | None = None,
+                 on_ready: Callable[[Any, list[socket.socket]], Awaitable[None]] | None = None) -> None:
+        """``metrics_sockets``: the metrics listener's, bound by the caller before the engines load
+        (else bound here, at start-up). ``on_ready(gateway_state, listeners)``: awaited once the
+        gateway accepts connections (``serve`` prints its banner)."""
+        super().__init__(config)
+        self._metrics_sockets = metrics_sockets
+        self._on_ready = on_ready
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         gw = getattr(getattr(self.config.app, "state", None), "gateway", None)
         settings = getattr(gw, "settings", None)
         if settings is not None and settings.metrics_port is not None:
             host = settings.metrics_host or settings.host
-            try:
-                sock = bind_metrics_socket(host, settings.metrics_port)
-            except OSError as exc:
-                log.error("metrics listener: cannot bind %s:%s: %s", host, settings.metrics_port, exc)
-                sys.exit(3)  # as uvicorn does when the main port is taken
-            await self._start_metrics(gw.metrics.registry, sock, settings.log_level)
-            log.info("metrics listener on http://%s:%d/metrics (no authentication)", host, sock.getsockname()[1])
+            metrics_sockets = self._metrics_sockets
+            if metrics_sockets is None:
+                try:
+                    metrics_sockets = bind_listeners(host, settings.metrics_port, "--metrics-port")
+                except ListenError as exc:
+                    log.error("metrics listener: %s; fix: %s", exc, exc.fix)
+                    sys.exit(3)  # as uvicorn does when the main port is taken
+            await self._start_metrics(gw.metrics.registry, metrics_sockets, settings.log_level)
+            log.info("metrics listener on http://%s:%d/metrics (no authentication)", host,
+                     metrics_sockets[0].getsockname()[1])
         await super().startup(sockets)
         settle_heap()
+        if self._on_ready is not None and gw is not None and not self.should_exit:
+            listeners = [s for server in self.servers for s in (server.sockets or ())]
+            await self._on_ready(gw, listeners)
 
-    async def _start_metrics(self, registry: Any, sock: socket.socket, log_level: str) -> None:
+    async def _start_metrics(self, registry: Any, sockets: list[socket.socket], log_level: str) -> None:
         from prometheus_client import make_asgi_app
 
         config = uvicorn.Config(make_asgi_app(registry), lifespan="off", log_config=None, log_level=log_level,
                                 access_log=False)
         self._metrics = MetricsServer(config)
-        self._metrics_task = asyncio.ensure_future(self._metrics.serve(sockets=[sock]))
+        self._metrics_task = asyncio.ensure_future(self._metrics.serve(sockets=sockets))
         while not self._metrics.started and not self._metrics_task.done():
             await asyncio.sleep(0.01)
 
