@@ -584,3 +584,141 @@ def test_the_split_llm_d_check_can_fail():
     s["epp"]["plugins"] = [p for p in s["epp"]["plugins"] if p["type"] != "precise-prefix-cache-producer"]
     with pytest.raises(AssertionError):
         _check_split(s)
+
+
+# -- /dev/shm for the in-process vLLM engine ------------------------------------------------------
+#
+# vLLM's engine core and its worker exchange work through a shared-memory ring buffer of 160 MiB
+# (more with larger models); Docker and the Kubernetes runtimes give a container 64 MiB of /dev/shm,
+# so the engine dies at start and the container restarts forever. Found by running compose.cpu.yaml
+# for real (deploy/quickstart-check.sh). Every service that runs the engine in process
+# (RESPGATE_ENGINE vllm, or unset) must raise it: ipc: host, shm_size, or a memory-backed volume.
+
+SHM_NEEDED = 160 * 2**20
+
+
+def _bytes(size: str | int) -> int:
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"(\d+)\s*([kmgKMG]i?)?[bB]?", str(size).strip())
+    assert m, size
+    unit = (m.group(2) or "").lower().rstrip("i")
+    return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit]
+
+
+def _in_process_engine(env: dict[str, Any]) -> bool:
+    return str(env.get("RESPGATE_ENGINE", "vllm")) == "vllm"
+
+
+def _compose_shm_problems(services: dict[str, Any]) -> list[str]:
+    out = []
+    for name, svc in services.items():
+        if not str(svc.get("image", "")).startswith("respgate") or not _in_process_engine(svc.get("environment") or {}):
+            continue
+        if svc.get("ipc") == "host" or _bytes(svc.get("shm_size", 64 * 2**20)) >= SHM_NEEDED:
+            continue
+        out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_services_running_vllm_in_process_have_room_in_dev_shm(compose: Path):
+    exe = shutil.which("docker-compose")
+    assert exe
+    r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
+                       env=_compose_env(RESPGATE_API_KEYS="team:k"))
+    assert r.returncode == 0, r.stderr
+    assert not _compose_shm_problems(yaml.safe_load(r.stdout)["services"])
+
+
+def test_the_compose_shm_check_can_fail():
+    svc = {"image": "respgate:cpu", "environment": {"RESPGATE_ENGINE": "vllm"}}
+    assert _compose_shm_problems({"a": svc}) == ["a"]
+    assert _compose_shm_problems({"a": {**svc, "shm_size": "64m"}}) == ["a"]
+    assert _compose_shm_problems({"a": {**svc, "shm_size": "1gb"}}) == []
+    assert _compose_shm_problems({"a": {**svc, "environment": {"RESPGATE_ENGINE": "remote-vllm"}}}) == []
+
+
+@pytest.mark.parametrize("folder", OVERLAYS, ids=lambda p: p.name)
+def test_k8s_pods_running_vllm_in_process_have_room_in_dev_shm(folder: Path):
+    docs = build(folder)
+    config = next(d for d in docs if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == "respgate-config")
+    if not _in_process_engine(config.get("data") or {}):
+        pytest.skip(f"{folder.name}: the engine runs elsewhere")
+    pod = next(d for d in docs if d.get("kind") == "Deployment" and d["metadata"]["name"] == "respgate")
+    spec = pod["spec"]["template"]["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == "respgate")
+    mount = next((m for m in container.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"), None)
+    assert mount, f"{folder.name}: no /dev/shm volume: the runtime's 64 MiB is too little for vLLM"
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert _bytes(volume["emptyDir"].get("sizeLimit", "0").replace("i", "")) >= SHM_NEEDED
+
+# -- the CPU quickstart, run for real by deploy/quickstart-check.sh ---------------------------------
+#
+# The script builds deploy/Dockerfile and runs compose.cpu.yaml's respgate and redis with a Docker
+# engine, then `respgate smoke`s the gateway: minutes of work (see deploy/README.md for a measured
+# run), so it is not run here. Here: it parses, passes shellcheck where shellcheck is installed,
+# and the stand-in base images it builds when Docker Hub is out of reach are still the images the
+# deploy files name.
+
+QUICKSTART = DEPLOY / "quickstart-check.sh"
+
+
+def test_the_quickstart_check_script_parses():
+    r = subprocess.run(["bash", "-n", str(QUICKSTART)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert QUICKSTART.stat().st_mode & 0o111, "deploy/quickstart-check.sh is not executable"
+
+
+def test_the_quickstart_check_script_passes_shellcheck():
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    r = subprocess.run([exe, str(QUICKSTART)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _stands_in_for(dockerfile: Path) -> str:
+    """The image a deploy/quickstart/ Dockerfile replaces, from its first line: 'Stand-in for IMAGE'."""
+    m = re.match(r"# Stand-in for (\S+) ", dockerfile.read_text())
+    assert m, f"{dockerfile.name} does not start with '# Stand-in for IMAGE '"
+    return m.group(1)
+
+
+def test_the_quickstart_stand_ins_are_the_images_the_deploy_files_name():
+    """The script tags its Debian-built stand-ins with the names deploy/Dockerfile's FROM and the
+    compose file's redis service use; bumping either (python:3.12-slim, redis:8) must bring the
+    stand-in along, or the check would build on a stand-in of the old version."""
+    (base,) = [arg for word, arg in _dockerfile_instructions(DEPLOY / "Dockerfile") if word == "FROM"]
+    assert _stands_in_for(DEPLOY / "quickstart" / "python-slim.Dockerfile") == base
+    exe = shutil.which("docker-compose")
+    assert exe
+    r = subprocess.run([exe, "-f", str(DEPLOY / "compose.cpu.yaml"), "config"], capture_output=True, text=True,
+                       timeout=120, env=_compose_env(RESPGATE_API_KEYS="team:k"))
+    assert r.returncode == 0, r.stderr
+    redis = yaml.safe_load(r.stdout)["services"]["redis"]["image"]
+    assert _stands_in_for(DEPLOY / "quickstart" / "redis.Dockerfile") == redis
+
+
+def test_the_stand_in_check_can_fail(tmp_path: Path):
+    other = tmp_path / "x.Dockerfile"
+    other.write_text("# Stand-in for python:3.12-slim where ...\nFROM debian\n")
+    assert _stands_in_for(other) != "python:3.11-slim"
+    other.write_text("FROM debian\n")
+    with pytest.raises(AssertionError, match="Stand-in for IMAGE"):
+        _stands_in_for(other)
+
+
+def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, argument) of a Dockerfile, continuation lines joined, comments dropped."""
+    out, lines = [], []
+    for raw in path.read_text().splitlines():
+        if not raw.strip() or raw.strip().startswith("#"):
+            continue
+        lines.append(raw.rstrip())
+        if not raw.rstrip().endswith("\\"):
+            word, _, rest = " ".join(x.rstrip("\\").strip() for x in lines).partition(" ")
+            out.append((word.upper(), rest.strip()))
+            lines = []
+    return out

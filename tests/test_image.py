@@ -162,6 +162,8 @@ class Image:
                 assert metadata.version(name) == version, req  # provided by the pinned environment
         elif words[:2] == ["pip", "uninstall"]:
             pass  # would change the shared test environment; what it removes is unused by check
+        elif words[0] == "apt-get" or words[:2] == ["rm", "-rf"]:
+            pass  # the base image's system packages: not emulated (this machine's are used)
         elif words[0] == "useradd":
             uid = int(words[words.index("--uid") + 1])
             home = words[words.index("--home-dir") + 1] if "--home-dir" in words else f"/home/{words[-1]}"
