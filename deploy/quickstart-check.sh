@@ -32,7 +32,7 @@ REDIS_IMAGE=$(awk '/^  redis:/ {r = 1} r && $1 == "image:" {print $2; exit}' "$C
 QUICKSTART_BASE=${QUICKSTART_BASE:-debian}
 DEBIAN_BASE=${DEBIAN_BASE:-local/bookworm:min}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
-DOCKERD_ARGS=${DOCKERD_ARGS:---storage-driver=vfs --iptables=false --bridge=none}
+DOCKERD_ARGS=${DOCKERD_ARGS:---iptables=false --bridge=none}  # storage: dockerd picks overlay2, else vfs
 TORCH_WHEEL=torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 TORCH_INDEX_PORT=${TORCH_INDEX_PORT:-18080}   # fixed: the build arg is part of docker's cache key
 GATEWAY=http://127.0.0.1:8000                 # compose.cpu.yaml publishes 8000:8000

