@@ -166,11 +166,15 @@ def _schemas(body: dict[str, Any], skip_tools: bool = False) -> Iterator[tuple[s
 
 
 def param_path(loc: tuple[Any, ...]) -> str:
+    """The client's path of a pydantic error location (``input[0].content``). A discriminated
+    union's tag is a step of the location, not of the path: left out — but a location's first and
+    last steps are always fields (``text``, a create's field, is also a tag's name)."""
     out = ""
-    for part in loc:
+    last = len(loc) - 1
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (part.startswith("<") or part in _UNION_TAGS):
+        elif isinstance(part, str) and (part.startswith("<") or (part in _UNION_TAGS and 0 < i < last)):
             continue  # discriminated-union tags are not part of the client's path
         else:
             out += f".{part}" if out else str(part)
