@@ -224,8 +224,19 @@ def test_tool_choice_type_must_be_a_known_string(gateway, with_tools):
             ev = recv(ws)
             assert ev["type"] == "error" and ev["status"] == 400, ev
             assert ev["error"]["param"] == "tool_choice.type" and ev["error"]["code"] == code, ev
+    # what a type names is checked as well, naming the param it is about
+    if with_tools:
+        for choice, param in (({"type": "function", "name": {}}, "tool_choice.name"),
+                              ({"type": "custom", "name": ["a"]}, "tool_choice.name"),
+                              ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": {}}]},
+                               "tool_choice.tools[0]"),
+                              ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function"}, "x"]},
+                               "tool_choice.tools[1]")):
+            assert_error(post(gateway, {"model": MODEL, "input": "hi", "tool_choice": choice, **extra}), 400,
+                         code="invalid_type", param=param)
     # the ones a client means still work
-    for choice in ("auto", "none", {"type": "function", "name": "get_weather"}):
+    for choice in ("auto", "none", {"type": "function", "name": "get_weather"},
+                   {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]}):
         if isinstance(choice, dict) and not with_tools:
             continue
         r = post(gateway, {"model": MODEL, "input": "hi", "tool_choice": choice, **extra})

@@ -37,6 +37,7 @@ from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import HostedTool, canonical_tool, tool_names
+from gateway.wire.validation import json_type
 from inference.kinds import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
 from inference.render import Prelude
@@ -252,13 +253,20 @@ def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str],
     kind = tc.get("type")
     if kind in (ToolType.FUNCTION, ToolType.CUSTOM):
         name = tc.get("name")
-        if not isinstance(name, str) or not any(n == name for (_, n) in names):
+        if not isinstance(name, str):
+            raise bad_request(f"Invalid type for 'tool_choice.name': expected a string, but got {json_type(name)} "
+                              "instead.", code="invalid_type", param="tool_choice.name")
+        if not any(n == name for (_, n) in names):
             raise bad_request(f"Tool choice '{name}' not found in 'tools' parameter.", code="invalid_value",
                               param="tool_choice")
     elif kind == "allowed_tools":
         if tc.get("mode") not in ("auto", "required") or not isinstance(tc.get("tools"), list):
             raise bad_request("Invalid 'tool_choice': allowed_tools needs a mode and a tools list.",
                               code="invalid_value", param="tool_choice")
+        for j, tool in enumerate(tc["tools"]):
+            if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+                raise bad_request(f"Invalid 'tool_choice.tools[{j}]': expected an object with a string 'type'.",
+                                  code="invalid_type", param=f"tool_choice.tools[{j}]")
     elif kind is None:
         raise bad_request("Invalid 'tool_choice': missing 'type'.", code="invalid_value", param="tool_choice")
 
