@@ -92,8 +92,8 @@ class RateLimitedLog:
 
 class FaultLogLimit(logging.Filter):
     """A handler filter: records of faults — ERROR and above, and any record with a traceback —
-    rate-limited per place and kind: the logger, the file and line that logged it, and the
-    exception's type. Other records pass untouched.
+    rate-limited per place and kind: the logger, the file and line that logged it, the message's
+    template, and the exception's type. Other records pass untouched.
 
     The first record let through after some were dropped says how many (its message gains
     ``(N similar line(s) suppressed)``). One instance per handler: each judges what it sees."""
@@ -106,7 +106,10 @@ class FaultLogLimit(logging.Filter):
         exc = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
         if record.levelno < logging.ERROR and exc is None:
             return True
-        key = (record.name, record.pathname, record.lineno, type(exc).__qualname__ if exc is not None else None)
+        # the template (``msg`` before its arguments: code, not client values) tells apart the
+        # callers of one shared helper that logs for them (``http_routes._fault``)
+        template = record.msg if isinstance(record.msg, str) else None
+        key = (record.name, record.pathname, record.lineno, template, type(exc).__qualname__ if exc else None)
         suppressed = self.budget.take(key)
         if suppressed is None:
             return False

@@ -17,26 +17,44 @@ on a conversation (``conversation`` on a create) is the responses routes' busine
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Awaitable, Callable
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.transport.http_routes import read_json_body
+from gateway.transport.http_routes import read_json_body, route_fault
 from gateway.transport.services import GatewayState
 from gateway.turn.checks import no_call_for, orphan_outputs
 from gateway.turn.conversation import Conversations
 from gateway.turn.types import TurnContext
 from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, conversation_not_found, conversation_object,
                                         deleted_object, item_list, item_not_found, item_object, parse_body)
-from gateway.wire.errors import unknown_parameter
+from gateway.wire.errors import ApiError, is_fault, unknown_parameter
 from gateway.wire.items import new_id
 from gateway.wire.kinds import CALL_TYPES
 from gateway.wire.listing import check_include, parse_list_query
 from gateway.wire.request import parse_items
 
 router = APIRouter()
+
+
+def _faults_answered(route: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """A route whose faults (a store record that does not decode, a bug) are an OpenAI-shaped 500,
+    logged rate-limited (``http_routes._fault``), not Starlette's plain-text one with uvicorn's
+    traceback. FastAPI reads the route's own signature through ``functools.wraps``."""
+
+    @functools.wraps(route)
+    async def answered(**kwargs: Any) -> Response:
+        try:
+            return await route(**kwargs)
+        except BaseException as exc:
+            if isinstance(exc, ApiError) or not is_fault(exc):
+                raise
+            raise route_fault(kwargs["request"].app.state.gateway, f"conversations {route.__name__}") from None
+
+    return answered
 
 
 def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
@@ -96,6 +114,7 @@ async def _added(request: Request, convs: Conversations, raw_items: list[Any], t
 
 @router.post("/v1/conversations")
 @router.post("/conversations", include_in_schema=False)
+@_faults_answered
 async def create_conversation(request: Request) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     req: CreateBody = parse_body(CreateBody, body)
@@ -108,6 +127,7 @@ async def create_conversation(request: Request) -> Response:
 
 @router.get("/v1/conversations/{conversation_id}")
 @router.get("/conversations/{conversation_id}", include_in_schema=False)
+@_faults_answered
 async def get_conversation(request: Request, conversation_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request)
@@ -119,6 +139,7 @@ async def get_conversation(request: Request, conversation_id: str) -> Response:
 
 @router.post("/v1/conversations/{conversation_id}")
 @router.post("/conversations/{conversation_id}", include_in_schema=False)
+@_faults_answered
 async def update_conversation(request: Request, conversation_id: str) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     req: UpdateBody = parse_body(UpdateBody, body)
@@ -131,6 +152,7 @@ async def update_conversation(request: Request, conversation_id: str) -> Respons
 
 @router.delete("/v1/conversations/{conversation_id}")
 @router.delete("/conversations/{conversation_id}", include_in_schema=False)
+@_faults_answered
 async def delete_conversation(request: Request, conversation_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request)
@@ -142,6 +164,7 @@ async def delete_conversation(request: Request, conversation_id: str) -> Respons
 
 @router.get("/v1/conversations/{conversation_id}/items")
 @router.get("/conversations/{conversation_id}/items", include_in_schema=False)
+@_faults_answered
 async def list_items(request: Request, conversation_id: str) -> Response:
     convs, tenant = await _reader(request)
     q = parse_list_query(request.query_params, request.query_params.multi_items())
@@ -152,6 +175,7 @@ async def list_items(request: Request, conversation_id: str) -> Response:
 
 @router.post("/v1/conversations/{conversation_id}/items")
 @router.post("/conversations/{conversation_id}/items", include_in_schema=False)
+@_faults_answered
 async def create_items(request: Request, conversation_id: str) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     _only(request, "include", "include[]")
@@ -163,6 +187,7 @@ async def create_items(request: Request, conversation_id: str) -> Response:
 
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}")
 @router.get("/conversations/{conversation_id}/items/{item_id}", include_in_schema=False)
+@_faults_answered
 async def get_item(request: Request, conversation_id: str, item_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request, "include", "include[]")
@@ -174,6 +199,7 @@ async def get_item(request: Request, conversation_id: str, item_id: str) -> Resp
 
 @router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
 @router.delete("/conversations/{conversation_id}/items/{item_id}", include_in_schema=False)
+@_faults_answered
 async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request)

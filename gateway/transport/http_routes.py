@@ -190,8 +190,9 @@ def _fault(gw: GatewayState, what: str) -> ApiError:
     """A fault of the gateway (or of native code under it) on a route: logged with its traceback,
     rate-limited (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
     never a plain-text 500 or a traceback on the wire."""
-    route_faults.log(logging.ERROR, f"{what}:{type(sys.exc_info()[1]).__qualname__}", "%s crashed", what,
-                     exc_info=True)
+    # ``what`` in the message's template, not its arguments: the log handler's own limit
+    # (``FaultLogLimit``) tells this helper's callers apart by it
+    route_faults.log(logging.ERROR, f"{what}:{type(sys.exc_info()[1]).__qualname__}", f"{what} crashed", exc_info=True)
     gw.metrics.errors.labels("http", "server_error").inc()
     return server_error()
 
@@ -297,7 +298,7 @@ def _store_fault(gw: GatewayState, op: str, response_id: str) -> ApiError:
     """A store fault other than an outage (a record that does not decode, a bug): logged with its
     traceback (call it from the ``except``), counted, and answered as an OpenAI-shaped 500 —
     never Starlette's plain-text one."""
-    store_faults.log(logging.ERROR, f"store_{op}", "response store %s of %s crashed", op, response_id, exc_info=True)
+    store_faults.log(logging.ERROR, f"store_{op}", f"response store {op} of %s crashed", response_id, exc_info=True)
     gw.metrics.errors.labels("http", "server_error").inc()
     return server_error()
 
@@ -476,5 +477,7 @@ async def readiness(request: Request) -> Response:
                   "uptime_s": round(time.time() - gw.started_at, 3)}, 200 if ready else 503)
 
 
-#: the bounded JSON body reader, shared with the other HTTP route modules (conversations_routes)
+#: the bounded JSON body reader and the fault answer, shared with the other HTTP route modules
+#: (conversations_routes)
 read_json_body = _json_body
+route_fault = _fault
