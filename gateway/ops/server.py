@@ -37,13 +37,17 @@ own ASGI app on an address that is not published. Its socket is bound before the
 ``serve``, with the gateway's own), so a port already in use fails the start at once; it closes
 after the gateway's drain, so the last scrape sees the shutdown.
 
-**Ports before engines** (:func:`bind_listeners`): ``serve`` binds and listens on its port (and
-the metrics port) before anything slow -- the packaged model's conversion, vLLM's load -- and hands
-the sockets to uvicorn, which would otherwise bind only after the lifespan started the engines: a
-port in use was found a minute later, as one log line among vLLM's hundred. Holding the socket
-from the start also leaves no window for another process to take the port during the load;
-connections made meanwhile wait in the listen backlog and are answered once the gateway is ready
-(``/readyz`` says when). A port that cannot be had is :class:`ListenError`, one line with a fix.
+**Ports before engines** (:func:`bind_listeners`): ``serve`` binds its port (and the metrics
+port) before anything slow -- the packaged model's conversion, vLLM's load -- and hands the sockets
+to uvicorn, which would otherwise bind only after the lifespan started the engines: a port in use
+was found a minute later, as one log line among vLLM's hundred. A port another program listens on
+cannot be bound, so that is found at once (:class:`ListenError`, one line with a fix). The sockets
+are bound, not listening: asyncio's server calls ``listen`` when uvicorn starts serving, once the
+engines are up. Until then a client is refused at once, as by a server that is not there yet,
+instead of waiting in a backlog for a minute, and a TCP probe does not see the gateway up before
+``/readyz`` would. (``SO_REUSEADDR`` lets a restart bind next to connections still in TIME_WAIT;
+on Linux it also lets two processes that have both only bound share a port, so of two gateways
+started on one port at the same moment, the second finds out when it starts listening.)
 
 **The heap after start-up** (:func:`settle_heap`): what start-up built — the engine and its
 libraries, vocabularies, models, routes — lives as long as the process, yet CPython's cyclic
@@ -101,13 +105,10 @@ class ListenError(OSError):
         self.fix = fix
 
 
-#: the listen backlog (uvicorn's default): connections made while the engines load wait here
-BACKLOG = 2048
-
-
 def bind_listeners(host: str, port: int, option: str = "--port") -> list[socket.socket]:
-    """Listening sockets for ``host:port``, one per address the host resolves to (as asyncio's
-    ``create_server`` does: ``localhost`` is 127.0.0.1 and ::1), to hand to uvicorn.
+    """Bound sockets for ``host:port`` (not yet listening: see "Ports before engines"), one per
+    address the host resolves to (as asyncio's ``create_server`` does: ``localhost`` is 127.0.0.1
+    and ::1), to hand to uvicorn.
 
     Raises :class:`ListenError`, naming the port and ``option`` (the flag that sets it)."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -120,18 +121,65 @@ def bind_listeners(host: str, port: int, option: str = "--port") -> list[socket.
     sockets: list[socket.socket] = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.listen(BACKLOG)
+            sockets.append(_bound(family, kind, proto, address))
     except OSError as exc:
         for sock in sockets:
             sock.close()
         raise _listen_error(exc, host, port, where, option, host_fix) from None
     return sockets
+
+
+def _bound(family: int, kind: int, proto: int, address: Any) -> socket.socket:
+    """A socket bound to ``address``, exclusively where it can be.
+
+    Without ``SO_REUSEADDR`` while it is only bound: on Linux two sockets that both set it and
+    neither listens may share a port, so a second gateway started on the same port would bind too
+    and fail only when it starts listening, after its engine loaded (:func:`reusable` sets it just
+    before listening). A bind refused only by connections in TIME_WAIT (nothing accepts there: a
+    gateway that stopped a moment ago) is retried with it, as servers do."""
+    sock = socket.socket(family, kind, proto)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
+            return sock
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or _accepting(family, address):
+                raise
+        sock.close()
+        sock = socket.socket(family, kind, proto)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def reusable(sockets: list[socket.socket]) -> list[socket.socket]:
+    """``sockets`` with ``SO_REUSEADDR`` set, just before they listen: the connections they accept
+    inherit it, so a gateway restarted after this one stops -- or is killed -- binds its port again
+    at once (the exclusive bind of :func:`_bound` would be refused until those connections' TIME_WAIT
+    ends). Set only now: while bound and not listening, it would let a second process share the port."""
+    for sock in sockets:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sockets
+
+
+def _accepting(family: int, address: Any) -> bool:
+    """Whether a program accepts connections at ``address`` (a wildcard asked on loopback): a
+    connection to this machine's own port, never sent anywhere else."""
+    host, port = address[0], address[1]
+    if host in ("0.0.0.0", "::", ""):
+        host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _listen_error(exc: OSError, host: str, port: int, where: str, option: str, host_fix: str) -> ListenError:
@@ -189,10 +237,10 @@ class GatewayServer(uvicorn.Server):
                 except ListenError as exc:
                     log.error("metrics listener: %s; fix: %s", exc, exc.fix)
                     sys.exit(3)  # as uvicorn does when the main port is taken
-            await self._start_metrics(gw.metrics.registry, metrics_sockets, settings.log_level)
+            await self._start_metrics(gw.metrics.registry, reusable(metrics_sockets), settings.log_level)
             log.info("metrics listener on http://%s:%d/metrics (no authentication)", host,
                      metrics_sockets[0].getsockname()[1])
-        await super().startup(sockets)
+        await super().startup(reusable(sockets) if sockets is not None else None)
         settle_heap()
         if self._on_ready is not None and gw is not None and not self.should_exit:
             listeners = [s for server in self.servers for s in (server.sockets or ())]
