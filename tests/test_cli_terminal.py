@@ -201,3 +201,25 @@ def test_check_on_a_terminal_prints_its_report_there(tmp_path):
         "[ ok ] vocab  ", "[ ok ] models ", "[warn] redis  ", "[ ok ] journal", "[ ok ] engine "], lines
     assert lines[-1] == f"(the engine's own output is in {tmp_path}/.cache/respgate/logs/check.log)", lines
     assert_quiet(lines)
+
+
+def test_a_repeated_error_reaches_the_terminal_a_few_times_a_window_not_once_each(tmp_path):
+    """The console gets respgate's own errors as plain lines; one a client can repeat a thousand
+    times must not flood the terminal any more than the log (issue 28 item 15)."""
+    import io
+    import logging
+
+    from gateway.ops.logging_setup import Console, setup_logging
+
+    screen, log_file = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("info", "text", stream=log_file, console=Console(screen, str(tmp_path / "serve.log")))
+        for _ in range(1_000):
+            logging.getLogger("gateway.transport.ws").error("turn failed: the same fault")
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    shown = [line for line in screen.getvalue().splitlines() if "turn failed" in line]
+    assert 1 <= len(shown) <= 10, len(shown)
+    assert len([line for line in log_file.getvalue().splitlines() if "turn failed" in line]) <= 10

@@ -15,6 +15,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
+import threading
 import time
 from typing import Any, Iterator
 
@@ -347,3 +349,30 @@ def test_a_thousand_requests_that_crash_the_same_way_log_a_bounded_number_of_lin
     assert 1 <= http_lines <= bound and 1 <= ws_lines <= bound, (http_lines, ws_lines, elapsed)
     assert tracebacks <= 3 * bound, tracebacks
     assert len(text.splitlines()) < n // 2  # from ~19 lines a request before
+
+
+def test_line_budget_is_safe_from_many_threads_past_its_key_cap():
+    """A logging filter runs outside its handler's lock, from the loop and worker threads: the
+    budget's bookkeeping (forgetting its oldest key once full) must hold under them."""
+    budget = LineBudget(max_keys=8)
+    errors: list[BaseException] = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def hammer(n: int) -> None:
+        try:
+            for i in range(20_000):
+                budget.take((n, i))
+        except BaseException as exc:  # what would escape from log.error()
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert len(budget._buckets) <= 8

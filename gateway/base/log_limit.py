@@ -19,6 +19,7 @@ site — the routes' 500s, WebSocket and background turns, the billing worker, u
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Hashable
 
@@ -27,9 +28,13 @@ class LineBudget:
     """A token bucket per key: ``burst`` lines per ``period`` seconds, the rest counted.
 
     At most ``max_keys`` keys are kept (the oldest forgotten first): keys name places and kinds,
-    never client values, so the cap is a guard, not a working limit."""
+    never client values, so the cap is a guard, not a working limit.
 
-    __slots__ = ("_period", "_burst", "_clock", "_max_keys", "_buckets")
+    Thread-safe: a logging filter runs outside its handler's lock, on the event loop, the prepare
+    pool's threads and the engine's, and an exception raised in a filter escapes from the
+    ``log.error()`` that called it."""
+
+    __slots__ = ("_period", "_burst", "_clock", "_max_keys", "_buckets", "_lock")
 
     def __init__(self, *, period: float = 10.0, burst: int = 5, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 1024) -> None:
@@ -39,23 +44,25 @@ class LineBudget:
         self._max_keys = max_keys
         #: key -> [window start, lines let through in the window, lines suppressed since the last one]
         self._buckets: dict[Hashable, list[float]] = {}
+        self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> int | None:
         """None when ``key`` has used up its lines for this window (the line is counted as
         suppressed); else how many of its lines were suppressed since the last one let through."""
-        now = self._clock()
-        bucket = self._buckets.get(key)
-        if bucket is None or now - bucket[0] >= self._period:
-            suppressed = int(bucket[2]) if bucket is not None else 0
-            if bucket is None and len(self._buckets) >= self._max_keys:
-                del self._buckets[next(iter(self._buckets))]
-            bucket = self._buckets[key] = [now, 0, suppressed]
-        if bucket[1] >= self._burst:
-            bucket[2] += 1
-            return None
-        bucket[1] += 1
-        suppressed, bucket[2] = int(bucket[2]), 0
-        return suppressed
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(key)
+            if bucket is None or now - bucket[0] >= self._period:
+                suppressed = int(bucket[2]) if bucket is not None else 0
+                if bucket is None and len(self._buckets) >= self._max_keys:
+                    del self._buckets[next(iter(self._buckets))]
+                bucket = self._buckets[key] = [now, 0, suppressed]
+            if bucket[1] >= self._burst:
+                bucket[2] += 1
+                return None
+            bucket[1] += 1
+            suppressed, bucket[2] = int(bucket[2]), 0
+            return suppressed
 
 
 def _suppressed_note(n: int) -> str:

@@ -81,7 +81,9 @@ def setup_logging(level: str = "info", fmt: str = "json", stream=None, *, consol
         root.removeHandler(old)
     root.addHandler(handler)
     if console is not None and console.diverted:
-        root.addHandler(TerminalHandler(console))
+        terminal = TerminalHandler(console)
+        terminal.addFilter(FaultLogLimit())  # the terminal is no place for a flood either
+        root.addHandler(terminal)
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
