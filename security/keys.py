@@ -169,8 +169,10 @@ class FileKeyStore:
         try:
             with open(self.path, "rb") as f:
                 data = json.loads(f.read() or b'{"keys": []}')
+            if not isinstance(data, dict) or not isinstance(data.get("keys", []), list):
+                raise ValueError('not an object with a "keys" list')
             records = [KeyRecord.from_json(r) for r in data.get("keys", [])]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise KeyStoreUnavailable(f"cannot read key file {self.path}: {exc}") from exc
         self._records = {r.id: r for r in records}
         self._by_hash = {r.hash: r for r in records if r.active}

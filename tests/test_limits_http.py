@@ -290,3 +290,22 @@ def test_the_pool_prepares_exactly_what_inline_would(make_gateway):
         assert second["status"] == "completed"
     assert seen[0] == seen[1]
     assert inline.gw.pipeline.offload.offloaded == 0 and pooled.gw.pipeline.offload.offloaded == 6
+
+
+@pytest.mark.parametrize("path", [b"/v1/responses", b"/v1/conversations"])
+def test_a_client_that_leaves_mid_body_is_a_counted_rejection_not_a_server_fault(make_gateway, path):
+    """A dropped upload (the client closed with half its body sent) is the client's doing: counted
+    under input rejections, never a 500 with a traceback nor a server_error (review of issue 28)."""
+    live = make_gateway(Settings(body_timeout_s=30))
+    for _ in range(3):
+        with _sock(live.url) as s:
+            s.sendall(_head(b"content-length: 1000\r\n\r\n", path=path) + b'{"model": ')
+            time.sleep(0.2)
+        time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and live.metric(
+            "respgate_input_rejections_total", {"transport": "http", "reason": "disconnected"}) < 3:
+        time.sleep(0.1)
+    assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "disconnected"}) == 3
+    assert live.metric("respgate_request_errors_total", {"transport": "http", "code": "server_error"}) == 0
+    assert post(live, {"model": MODEL, "input": "hi"}).status_code == 200

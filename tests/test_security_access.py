@@ -724,3 +724,15 @@ def test_serve_logs_capture_no_key(tmp_path):
     assert "/v1/responses" in out and REDACTED in out, out[-3000:]   # the requests were logged, scrubbed
     for secret in secrets:
         assert secret not in out, f"secret leaked into the logs: {secret[:12]}..."
+
+
+@pytest.mark.parametrize("content", [b"[]", b'"keys"', b"3", b'{"keys": {}}', b'{"keys": [1]}', b'{"keys": "x"}'])
+def test_a_key_file_of_another_shape_is_the_store_unavailable_not_a_crash(tmp_path, content):
+    """A hand-edited or foreign key file is a key store that cannot be read (auth answers 503 and
+    stays closed), never an AttributeError escaping from every refused request (review of issue 28)."""
+    from security.keys import KeyStoreUnavailable
+
+    path = tmp_path / "keys.json"
+    path.write_bytes(content)
+    with pytest.raises(KeyStoreUnavailable, match="cannot read key file"):
+        FileKeyStore(str(path)).count_active_sync()

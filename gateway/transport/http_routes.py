@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from cache.store import StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
@@ -75,6 +76,11 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
                 chunk = await anext(stream)
         except StopAsyncIteration:
             break
+        except ClientDisconnect:
+            # the client left mid-body: nobody to answer, and no fault of ours (not a 500 with a traceback)
+            raise _refused(request, gw, InputRejected(
+                "disconnected", 400, "The client disconnected before the request body was complete.",
+                code="client_disconnected", headers={"connection": "close"})) from None
         except TimeoutError:
             raise _refused(request, gw, InputRejected(
                 "body_timeout", 408, f"The request body stalled: no data for {s.body_timeout_s:g} s.",
