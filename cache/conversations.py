@@ -240,11 +240,7 @@ class MemoryConversationStore:
     def _sweep(self) -> None:
         """Drop expired conversations from the least recently used end (a create's housekeeping)."""
         now = time.monotonic()
-        for _ in range(8):
-            oldest = self._lru.oldest()
-            if oldest is None or oldest[1].expires >= now:
-                return
-            self._lru.pop(oldest[0])
+        self._lru.sweep(lambda rec: rec.expires < now)
 
     async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
                      items: Sequence[Item]) -> Conversation:

@@ -13,8 +13,11 @@ Two places hold them:
   ``ttl_s``). In all: finished logs are kept in a :class:`~cache.lru.BoundedLRU` whose parts are
   the tenants, so a tenant that runs many streams drops its own finished logs, never those of a
   tenant within its share (a quarter of the total); when a running log grows the total past the
-  bound, its own tenant's finished logs go first, then the furthest over its share. Running logs
-  stay (each is bounded by ``max_bytes``, their number by the per-tenant limit).
+  bound, its own tenant's finished logs go first, then those of the tenant furthest over its share
+  counting its running logs, and none of a tenant within it (the total then goes over). Running
+  logs stay (each is bounded by ``max_bytes``, their number by the per-tenant limit). A finished
+  log is always kept at first, whatever its size (it was counted while it ran): a client resumes
+  a stream that filled its window.
 - **Redis** (:class:`RedisEventLog`), when configured, so that any replica can serve a resume: one
   Stream per response, entry id ``0-(sequence_number + 1)`` so that ``XREAD`` after a sequence number
   is one call, trimmed to the same byte window (``XTRIM MINID``), expiring ``ttl_s`` after its last
@@ -161,6 +164,8 @@ class MemoryEventLogs:
         #: goes through ``_logs``), so the oldest is the first to expire
         self._finished: BoundedLRU[tuple[str | None, str], EventLog] = BoundedLRU(
             max_finished, max_total_bytes, part=tenant_of, on_evict=self._gone)
+        #: each tenant's bytes in running logs (counted in its usage when shares decide an eviction)
+        self._running: dict[str | None, int] = {}
         self.nbytes = 0
 
     def __len__(self) -> int:
@@ -172,7 +177,7 @@ class MemoryEventLogs:
 
     def open(self, response_id: str, tenant: str | None = None) -> EventLog:
         self._expire()
-        log_ = EventLog(self.max_bytes, lambda delta: self._count(tenant, delta),
+        log_ = EventLog(self.max_bytes, lambda delta: self._count(tenant, log_, delta),
                         lambda done: self._done(tenant, response_id, done))
         self._logs[response_id] = log_
         return log_
@@ -182,23 +187,40 @@ class MemoryEventLogs:
         return self._logs.get(response_id)
 
     def _done(self, tenant: str | None, response_id: str, log_: EventLog) -> None:
+        self._run(tenant, -log_.nbytes)  # no longer running: from now on its bytes are the map's
         if self._logs.get(response_id) is not log_:
             return  # replaced, or dropped
-        if not self._finished.put((tenant, response_id), log_, log_.nbytes + RECORD_OVERHEAD):
-            self._gone((tenant, response_id), log_)  # alone above the tenant's share: not kept
+        # forced: the log was counted in the total while it ran, and a resume needs it whole; refusing
+        # it for its size would drop every stream that filled its window the moment it ended (a
+        # per-log bound above a quarter of the total). Over its tenant's share, that tenant's own
+        # finished logs are the first to go.
+        self._finished.put((tenant, response_id), log_, log_.nbytes + RECORD_OVERHEAD, force=True)
 
-    def _count(self, tenant: str | None, delta: int) -> None:
+    def _count(self, tenant: str | None, log_: EventLog, delta: int) -> None:
+        """A log's frames grew or shrank by ``delta``. Past the total, the growing tenant's own
+        finished logs go first; when it has none, only those of a tenant over its share counting its
+        running logs' bytes (``BoundedLRU.evict_one``), and when none is, the total is let go over:
+        running logs are never dropped, and they are bounded anyway — each by ``max_bytes``, their
+        number by the per-tenant limit on background responses (``background_max_per_tenant``)."""
         self.nbytes += delta
-        while delta > 0 and self.nbytes > self.max_total_bytes and self._finished.evict_one(prefer=tenant):
+        if not log_.finished:
+            self._run(tenant, delta)
+        while delta > 0 and self.nbytes > self.max_total_bytes and self._finished.evict_one(
+                prefer=tenant, outside=self._running):
             pass
+
+    def _run(self, tenant: str | None, delta: int) -> None:
+        """Keep ``_running`` (each tenant's bytes in running logs; none at 0: it stays small)."""
+        left = self._running.get(tenant, 0) + delta
+        if left > 0:
+            self._running[tenant] = left
+        else:
+            self._running.pop(tenant, None)
 
     def _expire(self) -> None:
         now = time.monotonic()
-        while (oldest := self._finished.oldest()) is not None:
-            key, log_ = oldest
-            if now - (log_.finished_at or now) <= self.ttl_s:
-                return
-            self._finished.pop(key)
+        for key, log_ in self._finished.sweep(lambda done: now - (done.finished_at or now) > self.ttl_s,
+                                              limit=None):  # in the order they finished: all expired first
             self._gone(key, log_)
 
     def _gone(self, key: tuple[str | None, str], log_: EventLog) -> None:

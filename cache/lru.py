@@ -24,10 +24,11 @@ handful.
 **Records, not only caches.** The stores that hold what clients wrote (stored responses,
 conversations, background event logs) use the same map: ``on_evict`` hears of every entry the
 bounds drop (a store keeps an index consistent with it), ``pop``/``peek``/``oldest`` serve deletes,
-reads that must not count as a use, and expiry, ``evict_one`` lets an owner whose other memory grew
-(a running log) give room back by the same shares, and ``force`` keeps a value the owner may not
-refuse (a turn's own conversation items, already billed) — above the per-value cap if need be,
-never evicting that value itself to make room.
+reads that must not count as a use, and expiry (``sweep``); ``evict_one`` lets an owner whose other
+memory grew (a running log) give room back by the same shares, that memory counted in its tenant's;
+``force`` keeps a value the owner may not refuse (a turn's own conversation items, already billed;
+a finished log, already counted while it ran) — above the per-value cap if need be, never evicting
+that value itself to make room.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["BoundedLRU", "tenant_of"]
+__all__ = ["BoundedLRU", "NO_PART", "tenant_of"]
 
 #: the part of a ``(tenant, ...)`` key: its tenant (how the gateway's per-tenant caches key)
 tenant_of = operator.itemgetter(0)
+
+#: ``evict_one``'s "no part preferred" (None is a part: the tenant of an unauthenticated gateway)
+NO_PART: Hashable = object()
 
 
 class _Part:
@@ -145,18 +149,61 @@ class BoundedLRU(Generic[K, V]):
         self._evicted(evicted)
         return True
 
-    def evict_one(self, prefer: Hashable | None = None) -> bool:
-        """Drop the least recently used entry of part ``prefer`` when it has one, else the entry a put
-        would evict next (see *Shares*); False when empty. For an owner whose memory outside the map
-        grew (a running event log of that part) and must be given back fairly."""
+    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Hashable, int] | None = None) -> bool:
+        """Drop the least recently used entry of part ``prefer`` when it has one; else, without
+        ``outside``, the entry a put would evict next (see *Shares*); False when nothing was dropped.
+        For an owner whose memory outside the map grew (a running event log of part ``prefer``) and
+        must be given back fairly. ``outside``: the bytes each part holds beyond the map (the owner's
+        running logs); with it, a part that has no entry of its own takes only from a part over its
+        share counting those bytes, and nothing (False) while none is: a part within its share never
+        pays for another's memory outside the map."""
         with self._lock:
             if not self._entries:
                 return False
-            mine = self._parts.get(prefer) if prefer is not None else None
-            victim = next(iter(mine.keys)) if mine is not None else self._victim(None)
+            mine = self._parts.get(prefer) if prefer is not NO_PART else None
+            if mine is not None:
+                victim = next(iter(mine.keys))
+            elif outside is None:
+                victim = self._victim(None)
+            else:
+                name = self._furthest_over(outside)
+                if name is None:
+                    return False
+                victim = next(iter(self._parts[name].keys))
             evicted = [(victim, self._evict(victim))]
         self._evicted(evicted)
         return True
+
+    def _furthest_over(self, outside: Mapping[Hashable, int]) -> Hashable | None:
+        """The part holding an entry that is furthest over its share, its ``outside`` bytes counted
+        (the lock is held); None when no such part is over. A scan of the parts over on their own
+        and of those ``outside`` names (the owner's running logs: a handful per tenant)."""
+        best, score = None, 1.0
+        for name in self._over | outside.keys():
+            part = self._parts.get(name)
+            if part is None:
+                continue
+            mine = max(len(part.keys) / self._share_entries,
+                       (part.nbytes + outside.get(name, 0)) / max(1, self._share_bytes))
+            if mine > score:
+                best, score = name, mine
+        return best
+
+    def sweep(self, expired: Callable[[V], bool], limit: int | None = 8) -> list[tuple[K, V]]:
+        """Remove entries from the least recently used end while ``expired(value)`` says so, at most
+        ``limit`` of them (None: no limit), and return them: the stores' expiry housekeeping, one
+        loop for all (a store whose order is the expiry order passes no limit; one whose reads reorder
+        bounds each write's share of the work). Not evictions: ``on_evict`` is not called, the owner
+        tidies up after what it gets back."""
+        gone: list[tuple[K, V]] = []
+        with self._lock:
+            for key, (value, _) in self._entries.items():
+                if (limit is not None and len(gone) >= limit) or not expired(value):
+                    break
+                gone.append((key, value))
+            for key, _ in gone:
+                self._evict(key)
+        return gone
 
     def _evicted(self, evicted: list[tuple[K, V]]) -> None:
         self.evictions += len(evicted)

@@ -155,20 +155,29 @@ class MemoryStore:
         return state
 
     async def put(self, state: ResponseState) -> None:
+        """Store ``state``, replacing the record under its id only once the new one is kept: a record
+        refused (above its tenant's share) leaves the one stored before — and its index entries —
+        as they were (a background response stored when queued, then re-stored when done, stays
+        retrievable)."""
         key = (state.tenant, state.id)
-        self._drop(key)
         self._sweep()
-        owned = []
+        # the index entries the record would own: keys nobody holds, and those its own earlier
+        # record holds (the same tenant and id: they move to where this record keeps the item)
+        index: dict[tuple[str | None, str], Home] = {}
         for item_key, side, pos in index_keys(state):
-            if (ikey := (state.tenant, item_key)) not in self._items:
-                self._items[ikey] = (state.id, side, pos)
-                owned.append(ikey)
-        self._owned[key] = owned
-        # the record is in the index before the put, so an eviction of it (none: it is the newest) or
-        # a refusal leaves the index consistent through _evicted / _unindex
-        if not self._lru.put(key, (time.monotonic() + self.ttl_s, state), record_bytes(state, len(owned))):
-            self._unindex(key)
+            ikey = (state.tenant, item_key)
+            if ikey not in index and ((home := self._items.get(ikey)) is None or home[0] == state.id):
+                index[ikey] = (state.id, side, pos)
+        if not self._lru.put(key, (time.monotonic() + self.ttl_s, state), record_bytes(state, len(index))):
             self.refused += 1
+            return
+        if key not in self._lru:  # never (the newest is not evicted), but then _evicted tidied up
+            return
+        for ikey in self._owned.pop(key, ()):  # the replaced record's entries this one does not hold
+            if ikey not in index and (home := self._items.get(ikey)) is not None and home[0] == state.id:
+                del self._items[ikey]
+        self._items.update(index)
+        self._owned[key] = list(index)
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
         return self._drop((tenant, response_id))
@@ -194,11 +203,8 @@ class MemoryStore:
     def _sweep(self) -> None:
         """Drop expired records from the least recently used end (a write's bounded housekeeping)."""
         now = time.monotonic()
-        for _ in range(8):
-            oldest = self._lru.oldest()
-            if oldest is None or oldest[1][0] >= now:
-                return
-            self._drop(oldest[0])
+        for key, _ in self._lru.sweep(lambda entry: entry[0] < now):
+            self._unindex(key)
 
     def _drop(self, key: Key) -> bool:
         if self._lru.pop(key) is None:

@@ -189,6 +189,34 @@ async def test_memory_store_refuses_a_record_above_its_tenants_share():
     assert await store.get("big") is None and store.refused == 1 and store.nbytes == 0
 
 
+async def test_memory_store_a_refused_re_store_keeps_the_record_stored_before():
+    """Review of items 9-10: a re-store refused as too big for its tenant's share left no record at
+    all (the old one was dropped first): a background response stored when queued, re-stored when
+    done, answered 404. Now the record stored before stays, and so do its index entries; an accepted
+    re-store moves them to where the new record keeps its items, and forgets those it no longer has."""
+    def with_items(rid: str, output: list, text: str = "") -> ResponseState:
+        msg = {"type": "message", "id": "msg_in", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
+        return ResponseState(id=rid, response={"id": rid, "status": "completed", "output": output, "text": text},
+                             input_items=(msg,), context=ItemLog(), history_ids=TokenSeq(), model="m",
+                             prelude_key=b"k", store=True, tenant="A", delta_bytes=100)
+
+    out = {"type": "message", "id": "msg_out", "role": "assistant", "content": []}
+    store = MemoryStore(max_bytes=40_000)
+    await store.put(with_items("r", []))  # queued: the input only
+    await store.put(with_items("r", [out], text="x" * 20_000))  # done, above a quarter: refused
+    assert store.refused == 1 and (await store.get("r", "A")).response["output"] == []
+    assert set(await store.items(["msg_in", "msg_out"], "A")) == {"msg_in"}
+    await store.put(with_items("r", [out, {**out, "id": "msg_out2"}]))  # accepted: replaces it
+    found = await store.items(["msg_in", "msg_out", "msg_out2"], "A")
+    assert found["msg_out2"].item["id"] == "msg_out2" and found["msg_in"].response_id == "r"
+    await store.put(with_items("r", [{**out, "id": "msg_out2"}]))  # msg_out gone, msg_out2 moved
+    found = await store.items(["msg_in", "msg_out", "msg_out2"], "A")
+    assert set(found) == {"msg_in", "msg_out2"} and found["msg_out2"].item["id"] == "msg_out2"
+    assert len(store) == 1 and sorted(k for _, k in store._items) == ["msg_in", "msg_out2"]
+    assert store._owned == {("A", "r"): list(store._items)}
+    assert await store.delete("r", "A") and store._items == {} and store._owned == {}
+
+
 async def test_memory_store_entries_expire_after_ttl():
     store = MemoryStore(ttl_s=0.05)
     await store.put(state("r1"))

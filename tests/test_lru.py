@@ -158,6 +158,31 @@ def test_owner_hooks_on_evict_pop_peek_oldest_and_evict_one():
     assert lru.evict_one() and gone[-1] == ("a", 6)  # no part over its share: the least recently used
 
 
+def test_evict_one_with_outside_bytes_takes_only_from_a_part_over_its_share():
+    """Memory a part holds beyond the map (running logs) counts in its usage; a part with no entry of
+    its own takes from a part over its share only, else nothing (review of issue 28 item 9)."""
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of)
+    lru.put(("b", 0), 0, 100)
+    lru.put(("c", 0), 0, 100)
+    assert not lru.evict_one(prefer="a", outside={"a": 5_000}) and len(lru) == 2  # nobody else over
+    assert lru.evict_one(prefer="a", outside={"a": 5_000, "c": 200}) and ("c", 0) not in lru
+    assert lru.evict_one(prefer="b", outside={}) and len(lru) == 0  # its own entry first
+    lru.put((None, 0), 0, 100)  # None is a part like any other (an unauthenticated gateway's tenant)
+    assert lru.evict_one(prefer=None, outside={}) and len(lru) == 0
+
+
+def test_sweep_removes_from_the_least_recently_used_end_while_expired_and_at_most_limit():
+    gone: list[tuple[str, int]] = []
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10**6, part=tenant_of, on_evict=lambda k, v: gone.append(k))
+    for i in range(12):
+        lru.put(("a", i), i, 10)
+    lru.get(("a", 0))  # a use: now the most recently used
+    assert lru.sweep(lambda v: v < 11, limit=3) == [(("a", 1), 1), (("a", 2), 2), (("a", 3), 3)]
+    assert [k for k, _ in lru.sweep(lambda v: v < 11, limit=None)] == [("a", i) for i in range(4, 11)]
+    assert lru.sweep(lambda v: v < 11) == [] and len(lru) == 2 and lru.part_usage("a") == (2, 20)
+    assert gone == [] and lru.evictions == 0 and lru.nbytes == 20  # removals, not evictions
+
+
 def test_a_forced_put_is_kept_above_the_cap_and_never_evicts_itself():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of)
     lru.put(("b", 0), 0, 100)

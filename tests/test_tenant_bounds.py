@@ -125,6 +125,45 @@ async def test_event_logs_a_running_log_that_grows_the_total_gives_back_its_own_
     assert logs.nbytes <= logs.max_total_bytes
 
 
+async def test_event_logs_running_logs_of_one_tenant_never_evict_anothers_within_its_share():
+    """Review of item 9: tenant A's running logs grow the total past the bound while A has no finished
+    log; B's one finished log is within its share, so it stays and the total goes over (before: B's
+    log was evicted, the oldest finished one of all). A tenant over its share counting its running
+    logs gives back its finished ones."""
+    from cache.event_log import MemoryEventLogs
+
+    logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
+    b = logs.open("resp_b", "B")
+    b.append(0, b"b" * 1_000, True)
+    b.finish()
+    running = [logs.open(f"resp_a{n}", "A") for n in range(5)]
+    for r in running:
+        r.append(0, b"a" * 250_000, False)
+    assert logs.get("resp_b") is b and logs.evictions == 0 and logs.nbytes == 1_251_000
+    c2 = logs.open("resp_c2", "C")  # C: a running log, then a finished one: over its share together
+    c2.append(0, b"c" * 262_000, False)
+    c = logs.open("resp_c", "C")
+    c.append(0, b"c" * 1_000, True)
+    c.finish()
+    assert logs.get("resp_c") is c and logs.evictions == 0
+    running[0].append(1, b"a" * 1_000, False)  # A grows again: C's finished log goes, B's stays
+    assert logs.get("resp_c") is None and logs.get("resp_b") is b and logs.evictions == 1
+
+
+async def test_event_logs_keep_a_finished_log_that_fills_its_window():
+    """Review of item 9: a finished log above a quarter of the total (its full window plus the record's
+    overhead) was dropped the moment it finished, so a resume failed; it is kept now, whole."""
+    from cache.event_log import MemoryEventLogs
+
+    logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
+    full = logs.open("resp_full", "A")
+    for i in range(64):
+        full.append(i, b"f" * 4_096, i == 63)  # exactly the window: 256 KiB
+    full.finish()
+    assert logs.get("resp_full") is full and full.nbytes == 256 * 1024
+    assert len([f async for f in full.follow(-1)]) == 64 and logs.nbytes == 256 * 1024
+
+
 # -- over real uvicorn, two tenants (static keys "tenant:key") -------------------------------------------
 
 KEYS = ["tenant-a:key-a", "tenant-b:key-b"]
