@@ -319,3 +319,13 @@ def test_rss_of_a_server_under_both_floods_stays_within_its_bounds():
     got = flood(1_500, 1_500, 2 * 1024 * 1024)
     assert got["b_kept"] == got["b_stored"]
     assert got["total_growth_mib"] < 2 + 2 + got["other_caches_mib"] + 12, got
+
+
+def test_an_event_window_above_a_tenants_share_of_the_total_is_refused_at_start():
+    """A finished log is kept whole, so one bigger than a tenant's quarter of the total could push
+    every other tenant's log out: refused as a setting, naming both (review of issue 28 item 9)."""
+    from gateway.base.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="background_events_bytes.*a quarter"):
+        Settings.load(None, background_events_bytes=4 * 1024 * 1024, background_events_total_bytes=8 * 1024 * 1024)
+    Settings.load(None, background_events_bytes=2 * 1024 * 1024, background_events_total_bytes=8 * 1024 * 1024)

@@ -255,6 +255,17 @@ class Settings(BaseModel):
                                  f"{'/RESPGATE_'.join(m.upper() for m in missing)}) set on every replica")
         return self
 
+    @model_validator(mode="after")
+    def _event_log_fits_a_share(self) -> "Settings":
+        """A finished stream's log is kept whole (it stays resumable) and a tenant holds a quarter of
+        the total before its logs give way to another's: a window above that quarter would let one
+        finished stream push every other tenant's log out."""
+        if self.background_events_bytes * 4 > self.background_events_total_bytes:
+            raise ValueError("background_events_bytes (RESPGATE_BACKGROUND_EVENTS_BYTES) may be at most a quarter "
+                             "of background_events_total_bytes (RESPGATE_BACKGROUND_EVENTS_TOTAL_BYTES), a tenant's "
+                             "share")
+        return self
+
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
         """Defaults < ``RESPGATE_CONFIG`` file < ``RESPGATE_*`` environment < ``overrides`` (CLI flags)."""
