@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol, Sequence
 import orjson
 
 from cache.footprint import ITEM_OVERHEAD, RECORD_OVERHEAD, deep_size
-from cache.lru import BoundedLRU, tenant_of
+from cache.lru import BoundedLRU, TenantShared, tenant_of
 from cache.state import ResponseState
 
 Item = dict[str, Any]
@@ -181,7 +181,7 @@ class _Record:
 Key = tuple[str | None, str]  # (tenant, conversation id)
 
 
-class MemoryConversationStore:
+class MemoryConversationStore(TenantShared):
     """Conversations in this process: LRU + TTL, bounded per conversation, and in number and memory
     in total with each tenant held to its share (module docstring)."""
 
@@ -194,22 +194,6 @@ class MemoryConversationStore:
         self.max_conversations = max_conversations
         self.ttl_s = ttl_s
         self._lru: BoundedLRU[Key, _Record] = BoundedLRU(max_conversations, max_total_bytes, part=tenant_of)
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    @property
-    def nbytes(self) -> int:
-        """The memory charged for every conversation held (the total bound's measure)."""
-        return self._lru.nbytes
-
-    @property
-    def evictions(self) -> int:
-        return self._lru.evictions
-
-    def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
-        """The conversations and bytes ``tenant`` holds (tests and notes)."""
-        return self._lru.part_usage(tenant)
 
     def _find(self, conversation_id: str, tenant: str | None) -> _Record:
         key = (tenant, conversation_id)

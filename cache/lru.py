@@ -41,7 +41,7 @@ from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["BoundedLRU", "NO_PART", "tenant_of"]
+__all__ = ["BoundedLRU", "NO_PART", "TenantShared", "tenant_of"]
 
 #: the part of a ``(tenant, ...)`` key: its tenant (how the gateway's per-tenant caches key)
 tenant_of = operator.itemgetter(0)
@@ -286,3 +286,27 @@ class BoundedLRU(Generic[K, V]):
         """The values held, least recently used first (a snapshot)."""
         with self._lock:
             return iter([v for v, _ in self._entries.values()])
+
+
+class TenantShared:
+    """What a store kept in one :class:`BoundedLRU` (``self._lru``, keyed by ``(tenant, ...)``)
+    tells of itself: how many records and bytes it holds, in all and per tenant, and how many the
+    bounds have pushed out (metrics, tests and notes read them)."""
+
+    _lru: BoundedLRU[Any, Any]
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory charged for every record held (the byte bound's measure)."""
+        return self._lru.nbytes
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
+
+    def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
+        """The records and bytes ``tenant`` holds."""
+        return self._lru.part_usage(tenant)

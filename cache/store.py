@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
 from cache.footprint import INDEX_ENTRY, RECORD_OVERHEAD, deep_size
-from cache.lru import BoundedLRU, tenant_of
+from cache.lru import BoundedLRU, TenantShared, tenant_of
 from cache.state import ResponseState
 
 
@@ -107,7 +107,7 @@ def record_bytes(state: ResponseState, index_entries: int) -> int:
 Key = tuple[str | None, str]  # (tenant, response id)
 
 
-class MemoryStore:
+class MemoryStore(TenantShared):
     """LRU + TTL store bounded in entries and in the bytes each record holds, each tenant held to its
     share of both (module docstring). Expiry is checked on each read, and the least recently used
     records are swept when expired on each write."""
@@ -126,21 +126,6 @@ class MemoryStore:
         self._owned: dict[Key, list[tuple[str | None, str]]] = {}
         #: records not kept because they alone were above their tenant's share of the bytes
         self.refused = 0
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    @property
-    def nbytes(self) -> int:
-        return self._lru.nbytes
-
-    @property
-    def evictions(self) -> int:
-        return self._lru.evictions
-
-    def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
-        """The records and bytes ``tenant`` holds (tests and notes)."""
-        return self._lru.part_usage(tenant)
 
     async def get(self, response_id: str, tenant: str | None = None) -> ResponseState | None:
         key = (tenant, response_id)
