@@ -55,15 +55,17 @@ serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
 # tests/test_deploy.py validates deploy/compose*.yaml with Debian's docker-compose (no Docker engine
-# needed for `config -q`); install it when missing and we may (root, apt-get present: CI on Debian).
-COMPOSE_TOOL := $(shell command -v docker-compose 2>/dev/null)
+# needed for `config -q`) and lints deploy/quickstart-check.sh with shellcheck; install the missing
+# ones when we may (root, apt-get present: CI on Debian), so those tests run rather than skip.
+TEST_TOOLS   := docker-compose shellcheck
+MISSING_TOOLS := $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $(t) 2>/dev/null),,$(t))))
 
 test: $(STAMP) $(CLIENTS_STAMP)
-ifeq ($(COMPOSE_TOOL),)
+ifneq ($(MISSING_TOOLS),)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get install -y -q docker-compose >/dev/null 2>&1 || \
-		(apt-get update -q >/dev/null && apt-get install -y -q docker-compose >/dev/null); \
-	else echo "docker-compose is missing: install it (e.g. apt-get install docker-compose) for tests/test_deploy.py"; fi
+		apt-get install -y -q $(MISSING_TOOLS) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q $(MISSING_TOOLS) >/dev/null); \
+	else echo "$(MISSING_TOOLS) missing: install (e.g. apt-get install $(MISSING_TOOLS)) for tests/test_deploy.py"; fi
 endif
 	$(PY) -m pytest $(PYTEST_ARGS)
 
