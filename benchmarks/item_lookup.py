@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
-from cache.store import MemoryStore
+from cache.response_state import ResponseState
+from cache.response_store import MemoryStore
 
 HERE = Path(__file__).parent
 
@@ -86,7 +86,7 @@ async def run(sizes: list[int], lookups: int) -> dict[str, Any]:
     if binary is None:
         out["redis_skipped"] = "no Redis server binary"
         return out
-    from cache.redis_store import RedisStore
+    from cache.redis_response_store import RedisStore
 
     for n in sizes:
         port = _free_port()

@@ -28,7 +28,7 @@ One protocol, two implementations: :class:`MemoryConversationStore` here (one pr
   (:class:`DuplicateItem`). Forced appends skip items whose id is already there.
 * **Expiry.** A conversation expires ``ttl_s`` after its last change.
 
-Backend failures are ``cache.store.StoreUnavailable`` (a retryable 503), never "not found".
+Backend failures are ``cache.response_store.StoreUnavailable`` (a retryable 503), never "not found".
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import orjson
 
 from cache.footprint import ITEM_OVERHEAD, RECORD_OVERHEAD, deep_size
 from cache.lru import BoundedLRU, TenantShared, tenant_of
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 
 Item = dict[str, Any]
 Order = Literal["asc", "desc"]

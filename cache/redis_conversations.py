@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from cache.conversations import (Appended, Conversation, ConversationFull, ConversationNotFound, DuplicateItem, Item,
                                  Limits, Order, Page, UnknownCursor)
 from cache.redis_client import AsyncClient, check_prefix, connect
-from cache.store import StoreUnavailable
+from cache.response_store import StoreUnavailable
 
 T = TypeVar("T")
 

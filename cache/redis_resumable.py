@@ -39,10 +39,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.redis_client import AsyncClient, connect
 from cache.seq import TokenSeq
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 
 #: format of the sealed JSON (bumped when its fields change; an unknown version opens as nothing)
 VERSION = 1

@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.conversations import ConversationStore, Limits, MemoryConversationStore
-from cache.store import MemoryStore, ResponseStore
-from gateway.access.limits import Access
+from cache.response_store import MemoryStore, ResponseStore
+from gateway.access.rate_limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
 from gateway.wire.errors import ApiError
 from gateway.base.log_context import RequestIdMiddleware
@@ -32,7 +32,7 @@ from gateway.engines import build_registry
 from inference.registry import ModelRegistry
 from inference.simulated import SimulatedEngine
 from inference.tool_grammar import preload_grammar_library
-from security.classify import Action, Classifier, Composite
+from security.classifiers import Action, Classifier, Composite
 from security.flags import FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.keys import KeyStore
 
@@ -54,7 +54,7 @@ def create_app(
     settings = Settings.from_env() if settings is None else settings
     registry = build_registry(settings) if registry is None else registry
     if store is None and settings.redis_url:
-        from cache.redis_store import RedisStore
+        from cache.redis_response_store import RedisStore
 
         store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
     store = (MemoryStore(settings.store_max_bytes, settings.store_ttl_s, settings.store_max_entries)
@@ -161,11 +161,11 @@ def build_access(settings: Settings, key_store: KeyStore | None = None,
     auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode,
                    allowed_origins=settings.allowed_origins)
     if settings.redis_url:
-        from security.limits import RedisRateLimiter
+        from security.token_buckets import RedisRateLimiter
 
         limiter = RedisRateLimiter.from_url(settings.redis_url)
     else:
-        from security.limits import MemoryRateLimiter
+        from security.token_buckets import MemoryRateLimiter
 
         limiter = MemoryRateLimiter()
     return auth, Access(settings, limiter, metrics)

@@ -114,8 +114,8 @@ from inference.hermes_tools import (
     tool_choice_line,
     triggered_tool_calls_tag,
 )
-from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import Constraint, PerToolSet, Prelude, tools_digest
+from inference.item_types import CALL_TYPES, OUTPUT_TYPES, ItemType
+from inference.renderer import Constraint, PerToolSet, Prelude, tools_digest
 from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
 
@@ -165,7 +165,7 @@ def _arguments(raw: Any) -> Any:
 
 
 class ChatTemplateRenderer:
-    """:class:`inference.render.Renderer` for models prompted through their own chat template."""
+    """:class:`inference.renderer.Renderer` for models prompted through their own chat template."""
 
     family = "chat_template"
 

@@ -25,8 +25,8 @@ import json
 from typing import Any, Mapping
 
 from inference.harmony_core import ToolCatalog, harmony_tokens, recipient_for
-from inference.kinds import CALLABLE_TOOLS
-from inference.render import Constraint
+from inference.item_types import CALLABLE_TOOLS
+from inference.renderer import Constraint
 from inference.tool_grammar import (GrammarUnavailable, ToolGrammar, check_structural_tag, iter_custom_tools,
                                     tool_grammar)
 

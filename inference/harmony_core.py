@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from inference.text_runs import segments
 
-from inference.kinds import CALLABLE_TOOLS, ToolType
+from inference.item_types import CALLABLE_TOOLS, ToolType
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
 

@@ -46,7 +46,7 @@ import threading
 from typing import Any, Sequence
 
 from inference.harmony_core import ToolCatalog, content_encoding, harmony_encoding, harmony_tokens
-from inference.kinds import ItemType
+from inference.item_types import ItemType
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 __all__ = ["HarmonyParseError", "HarmonyStreamParser"]

@@ -10,7 +10,7 @@ outputs.
 
 The incremental contract (checked by property tests in ``tests/inference/test_harmony_render.py``)
 ---------------------------------------------------------------------------------------------
-Let ``R = HarmonyRenderer()``, ``p`` a :class:`~inference.render.Prelude`, and ``a``, ``b`` lists of
+Let ``R = HarmonyRenderer()``, ``p`` a :class:`~inference.renderer.Prelude`, and ``a``, ``b`` lists of
 canonical items in which every ``*_call_output`` can find its call (see *calls* below).
 
 (a) **Append is exact.** ``R.render_prelude(p) + R.render_items(a) + R.render_items(b, calls=C)
@@ -89,8 +89,8 @@ from inference.harmony_core import (
 )
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.harmony_prelude import needs_probe, render_developer
-from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
-from inference.render import PerToolSet, Prelude, tools_digest
+from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
+from inference.renderer import PerToolSet, Prelude, tools_digest
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
 __all__ = [
@@ -159,7 +159,7 @@ def render_completion(messages: Sequence[Any]) -> list[int]:
 
 
 class HarmonyRenderer:
-    """:class:`inference.render.Renderer` for gpt-oss models (harmony over ``o200k_harmony``)."""
+    """:class:`inference.renderer.Renderer` for gpt-oss models (harmony over ``o200k_harmony``)."""
 
     family = "harmony"
 

@@ -39,7 +39,7 @@ import re
 from typing import Any, Sequence
 
 from inference.hermes_tools import CUSTOM_ARG, HermesToolCatalog
-from inference.kinds import CALL_TYPES, ItemType
+from inference.item_types import CALL_TYPES, ItemType
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 __all__ = ["HermesStreamParser"]

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from inference.kinds import CALLABLE_TOOLS, ToolType
+from inference.item_types import CALLABLE_TOOLS, ToolType
 from inference.tool_grammar import ToolGrammar
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, freeform_description
 from inference.tool_prose import tool_choice_line as _tool_choice_line

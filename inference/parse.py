@@ -11,7 +11,7 @@ from typing import Protocol, Sequence, Union
 
 import msgspec
 
-from inference.kinds import OutputKind as ItemKind
+from inference.item_types import OutputKind as ItemKind
 
 
 class ItemStart(msgspec.Struct, frozen=True):

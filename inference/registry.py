@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.engine import Engine
-from inference.render import Renderer
+from inference.renderer import Renderer
 
 
 @dataclass(frozen=True, slots=True)

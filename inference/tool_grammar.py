@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from inference.kinds import ToolType
+from inference.item_types import ToolType
 
 __all__ = [
     "GRAMMAR_SYNTAXES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from inference.kinds import CALLABLE_TOOLS
+from inference.item_types import CALLABLE_TOOLS
 
 TOOL_CHOICE_REQUIRED = "You must call at least one tool before giving a final answer."
 TOOL_CHOICE_NONE = "Do not call any tools; answer directly."

@@ -32,7 +32,7 @@ from typing import Any, Literal, Sequence
 
 import httpx
 
-from security.classify import SEVERITY, ClassifierUnavailable, ItemText, Verdict
+from security.classifiers import SEVERITY, ClassifierUnavailable, ItemText, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, Sequence
 
-from security.classify import Verdict
+from security.classifiers import Verdict
 
 log = logging.getLogger(__name__)
 

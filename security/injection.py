@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from security.classify import Action, ItemText, Verdict
+from security.classifiers import Action, ItemText, Verdict
 from security.secrets import find_secrets
 
 

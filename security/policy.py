@@ -28,7 +28,7 @@ from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from security.classify import ItemText, Verdict
+from security.classifiers import ItemText, Verdict
 
 Applies = Literal["user", "assistant", "tool_output"]
 

@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 
 import orjson
 
-from security.classify import Action, ItemText, Verdict, needle_windows
+from security.classifiers import Action, ItemText, Verdict, needle_windows
 
 
 def shannon_entropy(s: str) -> float:

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.connection import ConnectionCache
-from cache.items import ItemLog
+from cache.connection_state import ConnectionCache
+from cache.item_log import ItemLog
 from cache.seq import AppendOnlyView, TokenSeq
-from cache.state import ResponseState
-from cache.store import MemoryStore, record_bytes
+from cache.response_state import ResponseState
+from cache.response_store import MemoryStore, record_bytes
 
 
 def state(rid: str, nbytes: int = 100, delta: int = 100, tenant: str | None = None, status: str = "completed"):

@@ -27,7 +27,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from gateway.turn.classify import texts_of
 from gateway.wire.kinds import OUTPUT_TYPES
-from security.classify import Composite, ItemText, decision
+from security.classifiers import Composite, ItemText, decision
 from security.flags import FlagRecord, FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.injection import InjectionHeuristics, excerpt, injection_score
 from security.policy import PolicyClassifier, PolicyConfig

@@ -35,7 +35,7 @@ from cache.conversations import (ConversationFull, ConversationNotFound, Duplica
 from cache.redis_conversations import RedisConversationStore
 from gateway.base.settings import Settings
 from inference.harmony import HarmonyRenderer
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order
@@ -218,7 +218,7 @@ async def test_redis_keys_share_one_cluster_slot_and_expire_together(redis_url):
 
 
 async def test_redis_store_down_is_unavailable_not_missing():
-    from cache.store import StoreUnavailable
+    from cache.response_store import StoreUnavailable
     from tests.conftest import free_port
 
     s = RedisConversationStore.from_url(f"redis://127.0.0.1:{free_port()}/0")

@@ -91,7 +91,7 @@ def test_a_chain_re_sending_codex_tools_builds_their_constraint_once(gateway: Li
     assert (cache.misses - misses, cache.hits - hits) == (1, 3)
     # what the turns got is what a fresh build gives
     from inference.harmony import HarmonyRenderer
-    from inference.render import Prelude
+    from inference.renderer import Prelude
 
     cached = list(cache.lru.values())[-1]   # the most recently used: this test's
     assert cached == HarmonyRenderer().constraint(Prelude(tools=tuple(tools)), None)
@@ -101,7 +101,7 @@ def test_constraints_are_kept_per_tenant_model_and_tool_set():
     from types import SimpleNamespace
 
     from gateway.turn.sampling import ConstraintCache
-    from inference.render import Prelude
+    from inference.renderer import Prelude
 
     built = []
 
@@ -172,7 +172,7 @@ def test_the_constraint_cache_is_bounded_in_bytes():
     from types import SimpleNamespace
 
     from gateway.turn.sampling import ConstraintCache
-    from inference.render import Prelude
+    from inference.renderer import Prelude
 
     class Renderer:
         def constraint(self, prelude, text_format):

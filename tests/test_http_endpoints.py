@@ -100,7 +100,7 @@ def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tra
 
     import redis
 
-    from cache.redis_store import RedisStore
+    from cache.redis_response_store import RedisStore
     from gateway.base.log_limit import RateLimitedLog
     from gateway.transport import http_routes
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.prefix_cache import ENTRY_BYTES, TOKEN_BYTES, PrefixCache
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
@@ -34,7 +34,7 @@ from gateway.wire.kinds import CALL_TYPES
 from gateway.wire.request import CreateRequest
 from inference.harmony import HarmonyRenderer
 from inference.registry import ModelRoute
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from gateway.turn.checks import ItemChecks
 from gateway.turn.resolve import Resolver
 from gateway.wire.errors import ApiError

@@ -26,7 +26,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from billing.usage import MemorySink, UsageRecord
-from cache.redis_store import RedisStore
+from cache.redis_response_store import RedisStore
 from gateway.base.settings import Settings
 from inference.harmony_render import HarmonyRenderer
 from inference.parse import ItemDelta, ParseEvent

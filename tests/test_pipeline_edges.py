@@ -11,7 +11,7 @@ import orjson
 from websockets.sync.client import connect
 
 from cache.seq import AppendOnlyView
-from cache.store import MemoryStore
+from cache.response_store import MemoryStore
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
@@ -198,7 +198,7 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
     more, and when it closes the generator right there (a socket gone), a warm-up's too, before
     the close returns. A fault while keeping the state is logged: the turn stays billed once,
     answered ``completed`` and counted."""
-    from cache.connection import ConnectionCache
+    from cache.connection_state import ConnectionCache
     from gateway.turn.types import TurnContext
 
     live = make_gateway(engine=SimulatedEngine(script=_answer))

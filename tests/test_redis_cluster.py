@@ -39,11 +39,11 @@ from cache.event_log import RedisEventLog
 from cache.leases import RedisLeases
 from cache.redis_client import ClusterClient, connect, is_cluster
 from cache.redis_conversations import RedisConversationStore
-from cache.redis_store import RedisStore
+from cache.redis_response_store import RedisStore
 from gateway.base.settings import Settings
 from security.flags import FlagRecord, RedisFlagSink
 from security.keys import RedisKeyStore, new_record
-from security.limits import Quota, RedisRateLimiter
+from security.token_buckets import Quota, RedisRateLimiter
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import create
 from tests.redis_cluster import RedisCluster, redis_cluster, redis_cluster_url  # noqa: F401 (fixtures)
@@ -233,8 +233,8 @@ def _b(key: Any) -> bytes:
 
 
 #: every module that talks to Redis, each driven by ``exercise`` above (add a new one there)
-CONSUMERS = {"cache/redis_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
-             "security/keys.py", "security/limits.py", "security/flags.py", "gateway/transport/background.py",
+CONSUMERS = {"cache/redis_response_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
+             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/transport/background.py",
              "gateway/ops/check.py", "cache/redis_resumable.py"}
 
 

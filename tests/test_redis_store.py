@@ -18,11 +18,11 @@ import msgspec
 import pytest
 import redis
 
-from cache.items import ItemLog
-from cache.redis_store import ChainCache, ChainEntry, RedisStore, TokenCache
+from cache.item_log import ItemLog
+from cache.redis_response_store import ChainCache, ChainEntry, RedisStore, TokenCache
 from cache.seq import TOKEN_BYTES, TokenSeq
-from cache.state import ResponseState
-from cache.store import StoreUnavailable
+from cache.response_state import ResponseState
+from cache.response_store import StoreUnavailable
 from gateway.base.settings import Settings
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, create, post, wait_for
@@ -224,7 +224,7 @@ def commands(r: redis.Redis) -> dict[str, int]:
 
 async def load_scripts(url: str) -> None:
     """Load the store's scripts, so that a count does not include a first use's ``NOSCRIPT`` retry."""
-    from cache import redis_store
+    from cache import redis_response_store as redis_store
 
     r = redis.Redis.from_url(url)
     for name, script in vars(redis_store).items():

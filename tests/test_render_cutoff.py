@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from gateway.base.settings import Settings
 from inference.engine import SamplingParams
 from inference.harmony import HarmonyRenderer, harmony_encoding, harmony_tokens
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
 from tests.conftest import MODEL

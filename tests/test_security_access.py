@@ -30,7 +30,7 @@ from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from security.keys import KEY_PATTERN, FileKeyStore, KeyLimits, create_key, hash_key
-from security.limits import MemoryRateLimiter, Quota, RedisRateLimiter
+from security.token_buckets import MemoryRateLimiter, Quota, RedisRateLimiter
 from security.redact import REDACTED, RedactingFilter
 from tests.conftest import MODEL, LiveGateway, free_port
 

@@ -305,10 +305,10 @@ def test_a_chain_keeps_its_key_across_replicas_sharing_redis(upstream: Upstream,
 
 
 async def test_stored_records_keep_the_root_and_older_records_fall_back_to_their_chains_first_stored_response(redis_url: str):
-    from cache.items import ItemLog
-    from cache.redis_store import RedisStore
+    from cache.item_log import ItemLog
+    from cache.redis_response_store import RedisStore
     from cache.seq import TokenSeq
-    from cache.state import ResponseState
+    from cache.response_state import ResponseState
 
     def state(i: int, root: str | None) -> ResponseState:
         msg = {"type": "message", "role": "user", "id": f"msg_{i}", "content": [{"type": "input_text", "text": "x"}]}

@@ -23,7 +23,7 @@ from cache.seq import TokenSeq
 from gateway.base.settings import Settings
 from inference.engine import SamplingParams
 from inference.harmony import HarmonyRenderer
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from tests.turn_helpers import text_of, ws_turn
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from cache.conversations import ConversationFull, Limits, MemoryConversationStore
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
@@ -283,7 +283,7 @@ def test_memory_held_by_a_stored_response_flood_stays_within_the_bound():
     its ``delta_bytes`` only. Smaller here: 2,000 under 2 MiB held ~27 MiB before."""
     import orjson
 
-    from cache.store import MemoryStore
+    from cache.response_store import MemoryStore
 
     raw = orjson.dumps(FULL_METADATA)
     bound = 2 * 1024 * 1024

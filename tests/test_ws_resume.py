@@ -25,9 +25,9 @@ import pytest
 import redis
 from websockets.sync.client import connect
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.transport.resumable import ResumableStates

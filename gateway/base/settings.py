@@ -58,7 +58,7 @@ class Settings(BaseModel):
     block_size: int | None = None
     enforce_eager: bool = False
     cache_dir: str | None = None
-    # --- access: API keys, tenants, limits (security/keys.py, security/limits.py) -------------------
+    # --- access: API keys, tenants, limits (security/keys.py, security/token_buckets.py) -------------------
     #: static API keys for simple set-ups: ``KEY`` (its own tenant) or ``TENANT:KEY``
     api_keys: list[str] = Field(default_factory=list)
     #: issued keys (``respgate keys create``) without Redis; with ``redis_url`` keys live in Redis
@@ -126,7 +126,7 @@ class Settings(BaseModel):
     ws_resume_redis: bool = False
     #: the in-memory response store (no ``redis_url``): the memory its records hold (each charged
     #: its Response, metadata, items, tokens and index entries) and their number; each tenant is held
-    #: to a quarter of both once the store is full (``cache.store``)
+    #: to a quarter of both once the store is full (``cache.response_store``)
     store_max_bytes: int = 1024 * 1024 * 1024
     store_max_entries: int = Field(default=1_000_000, ge=1)
     #: full-history requests (no previous_response_id): the rendered prefixes kept for reuse, in all
@@ -186,7 +186,7 @@ class Settings(BaseModel):
     reasoning_text: Literal["raw", "hidden"] = "raw"
     #: secret for sealing reasoning encrypted_content (random per process when unset)
     seal_secret: str | None = None
-    # -- content classifiers and flag reporting (security/classify.py, secrets, injection, policy, external,
+    # -- content classifiers and flag reporting (security/classifiers.py, secrets, injection, policy, external,
     #    flags). They run on each turn's NEW items only; a flag goes to the review stream, a block is a 400.
     #: built-in classifiers: ``secrets`` (credentials, all items), ``injection`` (tool outputs)
     classifiers: list[str] = Field(default_factory=lambda: ["secrets", "injection"])

@@ -180,7 +180,7 @@ def _model_problem(s: Settings) -> tuple[str | None, str | None]:
 
 async def _smoke(registry: Any, progress: Callable[[str], None]) -> str:
     from inference.engine import SamplingParams
-    from inference.render import Prelude
+    from inference.renderer import Prelude
 
     done: list[str] = []
     engines = registry.engines()

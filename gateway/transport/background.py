@@ -50,9 +50,9 @@ from billing.usage import UsageQueue, UsageRecord
 from cache.event_log import LogUnavailable, MemoryEventLogs, RedisEventLog, Truncated
 from cache.leases import RedisLeases
 from cache.redis_client import AsyncClient, connect
-from cache.state import ResponseState
-from cache.store import ResponseStore, StoreUnavailable
-from gateway.access.limits import Access, rate_limit_error
+from cache.response_state import ResponseState
+from cache.response_store import ResponseStore, StoreUnavailable
+from gateway.access.rate_limits import Access, rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings

@@ -28,9 +28,9 @@ import msgspec
 import orjson
 
 from cache.event_log import EventLog, RedisLogWriter
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.sse import sse_frame
 from gateway.turn.events import Event, wire_event

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from cache.store import StoreUnavailable
+from cache.response_store import StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.background_turn import ACTIVE, Slot

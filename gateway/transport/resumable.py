@@ -1,6 +1,6 @@
 """Resumable ``store=false`` chains: a closed WebSocket's lane states, kept for a reconnect.
 
-Why: a ``store=false`` chain lives only in its connection's cache (``cache.connection``), so a
+Why: a ``store=false`` chain lives only in its connection's cache (``cache.connection_state``), so a
 socket that drops — a network blip, a rolling update's close 1001, the 60-minute limit — loses it
 and the client's next ``response.create`` gets ``previous_response_not_found``. With
 ``ws_resume_window_s`` > 0 (off by default) a closing connection hands each lane's latest
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from cache.redis_resumable import RedisResumable, ResumeUnavailable
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings

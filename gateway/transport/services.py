@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from billing.usage import UsageQueue
-from cache.store import ResponseStore
+from cache.response_store import ResponseStore
 from gateway.access.auth import KeyAuth
-from gateway.access.limits import Access
+from gateway.access.rate_limits import Access
 from gateway.base.metrics import Metrics
 from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings

@@ -9,7 +9,7 @@ One connection, many turns. The connection owns:
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes: turns in one lane never
   overlap, lanes run concurrently, and at most 16 responses are active at once across lanes (more
   are queued, never rejected, up to ``ws_max_queued``);
-* its **limits** (gateway/access/limits.py): the key's concurrent connections (429 before the upgrade),
+* its **limits** (gateway/access/rate_limits.py): the key's concurrent connections (429 before the upgrade),
   its requests/tokens per minute (a 429 ``error`` frame, socket kept open), at most
   ``ws_max_queued`` creates queued or running (beyond: 429 frame), frames up to
   ``max_request_bytes`` (beyond: 413 frame); a key revoked while connected ends the connection;
@@ -60,7 +60,7 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from cache.connection import ConnectionCache
+from cache.connection_state import ConnectionCache
 from gateway.access.auth import Principal
 from gateway.transport.corked import SEND_STALLED_CODE, SEND_STALLED_REASON, TEXT_FRAMES, SendStalled, TextFrames
 from gateway.transport.http_protocol import log_rejection

@@ -38,9 +38,9 @@ from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import HostedTool, canonical_tool, tool_names
 from gateway.wire.validation import json_type
-from inference.kinds import ItemType, ToolType
+from inference.item_types import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 HostedToolPolicy = Literal["strip", "reject"]
 

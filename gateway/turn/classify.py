@@ -29,7 +29,7 @@ from gateway.turn.offload import INLINE, Cpu
 from gateway.turn.types import TurnContext, TurnInput
 from gateway.wire.errors import ApiError
 from gateway.wire.kinds import OUTPUT_TYPES, ItemType, call_kind
-from security.classify import Classifier, ClassifierUnavailable, ItemText, Verdict, block_message
+from security.classifiers import Classifier, ClassifierUnavailable, ItemText, Verdict, block_message
 from security.flags import FlagRecord, FlagReporter
 
 
@@ -43,7 +43,7 @@ class ClassifyStage:
         """The turn's non-allow verdicts; counts items and bytes; a block raises (and is reported).
 
         ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
-        itself where its scans run (``security.classify.Composite``)."""
+        itself where its scans run (``security.classifiers.Composite``)."""
         seen = turn.prefix.seen if turn.prefix is not None else 0
         texts = (texts_of(turn.new_items, turn.base_context.has_id, seen) if cpu.inline
                  else await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen))

@@ -3,7 +3,7 @@
 Long agent sessions outgrow any context window; compaction keeps them going. Three entry points
 share one mechanism:
 
-* ``POST /v1/responses/compact`` (``gateway/turn/compact.py``) returns a new context window: the most
+* ``POST /v1/responses/compact`` (``gateway/turn/compact_request.py``) returns a new context window: the most
   recent user messages verbatim, then one ``{type: "compaction", id: "cmp_…", encrypted_content}``
   item. Clients send that window back verbatim as the next ``input``.
 * ``context_management: [{type: "compaction", compact_threshold: N}]`` on a create (HTTP or WS):
@@ -43,7 +43,7 @@ import msgspec
 import orjson
 from prometheus_client import Counter
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.turn.sampling import output_cap
@@ -56,7 +56,7 @@ from gateway.wire.response import usage_object
 from inference.engine import EngineError, RequestRouting, SamplingParams
 from inference.parse import ItemDelta, ItemStart
 from inference.registry import ModelRoute
-from inference.render import Prelude, Renderer
+from inference.renderer import Prelude, Renderer
 from inference.summary import summary_message, summary_request
 
 log = logging.getLogger(__name__)

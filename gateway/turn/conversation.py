@@ -37,10 +37,10 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from cache.conversations import (Conversation, ConversationFull, ConversationNotFound, ConversationRef,
                                  ConversationStore, ConversationTips, DuplicateItem, Tip, UnknownCursor)
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
-from cache.store import ResponseStore, StoreUnavailable
+from cache.response_state import ResponseState
+from cache.response_store import ResponseStore, StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import orphan_outputs

@@ -29,10 +29,10 @@ import msgspec
 import orjson
 
 from billing.usage import UsageQueue, UsageRecord
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
-from cache.store import ResponseStore, StoreUnavailable
+from cache.response_state import ResponseState
+from cache.response_store import ResponseStore, StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.turn.conversation import Conversations

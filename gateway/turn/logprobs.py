@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from inference.engine import TokenLogprob
 from inference.parse import ItemDelta, ParseEvent, StreamParser
-from inference.render import Renderer
+from inference.renderer import Renderer
 
 #: unattributed tokens kept at most (a delta is never longer than a few held-back tokens)
 PENDING = 64

@@ -3,7 +3,7 @@
     prepare():       resolve -> classify NEW items -> render NEW items -> sampling  (a PreparedTurn)
     run():           engine -> parse -> events -> finalize                         (gateway.turn.run)
     input_tokens():  resolve -> render, counted only
-    compact():       resolve -> classify -> render -> summarize                    (gateway.turn.compact)
+    compact():       resolve -> classify -> render -> summarize                    (gateway.turn.compact_request)
 
 A continuation turn costs O(new input): only the new items are validated, classified and
 tokenized; the engine gets ``parent.history_ids + new_ids`` (an append-only view, no copy) so its
@@ -27,14 +27,14 @@ from billing.usage import UsageQueue
 from cache.conversations import ConversationStore, MemoryConversationStore
 from cache.lru import BoundedLRU, tenant_of
 from cache.prefix_cache import PrefixCache
-from cache.store import ResponseStore
+from cache.response_store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
 from gateway.turn import render as render_stage
 from gateway.turn.checks import check_params
 from gateway.turn.classify import ClassifyStage
-from gateway.turn.compact import WindowCompaction
+from gateway.turn.compact_request import WindowCompaction
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.events import Event
@@ -52,9 +52,9 @@ from gateway.wire.response import EchoedTools, response_skeleton
 from gateway.wire.validation import KnownTools
 from inference.registry import ModelRegistry
 from inference.engine import SamplingParams
-from inference.render import Constraint
+from inference.renderer import Constraint
 from inference.tool_grammar import grammar_library_ready, needs_grammar_library
-from security.classify import Classifier
+from security.classifiers import Classifier
 from security.flags import FlagReporter
 
 #: what ``/responses/input_tokens`` accepts (a create's prompt-shaping fields)
@@ -178,7 +178,7 @@ class Pipeline:
         return (await cpu(render_stage.render, turn)).prompt_len
 
     async def compact(self, body: Any, ctx: TurnContext, on_usage: UsageHook | None = None) -> dict[str, Any]:
-        """``POST /v1/responses/compact``: the compacted window (``gateway.turn.compact``)."""
+        """``POST /v1/responses/compact``: the compacted window (``gateway.turn.compact_request``)."""
         return await self.window.compact(body, ctx, on_usage)
 
     async def flush(self) -> None:

@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import orjson
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.prefix_cache import PrefixCache
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
@@ -89,10 +89,10 @@ from gateway.turn.render import CallLookup, prelude_key
 from gateway.turn.types import Item, PrefixMatch
 from gateway.wire.kinds import CALL_TYPES
 from inference.registry import ModelRoute
-from inference.render import Prelude, Renderer
+from inference.renderer import Prelude, Renderer
 
 if TYPE_CHECKING:
-    from cache.state import ResponseState
+    from cache.response_state import ResponseState
     from gateway.turn.finalize import Outcome
     from gateway.turn.types import PreparedTurn
 

@@ -71,13 +71,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Iterator, Mapping, Sequence
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from gateway.base.metrics import Metrics
 from gateway.turn.types import Item, Rendered, RenderStats, TurnInput
 from gateway.wire.errors import ApiError, bad_request
 from gateway.wire.kinds import OUTPUT_TYPES
 from inference.registry import ModelRoute
-from inference.render import Prelude, Renderer
+from inference.renderer import Prelude, Renderer
 
 #: output tokens a prompt must leave room for (OpenAI's minimum max_output_tokens)
 MIN_OUTPUT_ROOM = 16

@@ -36,9 +36,9 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from cache.items import ItemLog
-from cache.state import ResponseState
-from cache.store import ResponseStore, StoredItem, StoreUnavailable, call_key
+from cache.item_log import ItemLog
+from cache.response_state import ResponseState
+from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import (CheckedItem, HostedToolPolicy, ItemChecks, ToolChecks, check_supported,
                                  check_tool_choice, prelude_of, route_of)

@@ -38,8 +38,8 @@ from typing import AsyncIterator
 import orjson
 
 from cache.seq import TokenSeq
-from cache.state import ResponseState
-from cache.store import ResponseStore
+from cache.response_state import ResponseState
+from cache.response_store import ResponseStore
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.turn.compaction import Compactor, Summary

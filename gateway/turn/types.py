@@ -26,18 +26,18 @@ from typing import Any, Callable, Literal, Mapping
 
 import msgspec
 
-from cache.connection import ConnectionCache
+from cache.connection_state import ConnectionCache
 from cache.conversations import ConversationRef
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 from gateway.base.metrics import StageTimer
 from gateway.base.tracing import current_traceparent
 from gateway.wire.request import CreateRequest
 from inference.engine import RequestRouting, SamplingParams
 from inference.registry import ModelRoute
-from inference.render import Prelude
-from security.classify import Verdict
+from inference.renderer import Prelude
+from security.classifiers import Verdict
 
 Transport = Literal["http", "ws"]
 Item = dict[str, Any]

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from inference.kinds import CALL_TYPES, OUTPUT_TYPES, ItemType
+from inference.item_types import CALL_TYPES, OUTPUT_TYPES, ItemType
 
 
 class _Lenient(BaseModel):

@@ -1,6 +1,6 @@
 """Kinds in one place: response statuses, and the map of what each tool kind needs where.
 
-Item and tool types are ``inference/kinds.py`` (renderers and parsers compare against them too);
+Item and tool types are ``inference/item_types.py`` (renderers and parsers compare against them too);
 this module adds what only the gateway knows: the response lifecycle's statuses, and for each
 callable tool kind the wire type, the call/answer items, the streamed events and where its
 renderer, parser and classifier text live. The event builder, the pairing check, the classifier
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from inference.kinds import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType, ToolType
+from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType, ToolType
 
 __all__ = ["CALL_TYPES", "CHAINABLE", "OUTPUT_TYPES", "TERMINAL_EVENT", "TOOL_KINDS", "ItemType", "ResponseStatus",
            "ToolKind", "ToolType", "call_kind"]

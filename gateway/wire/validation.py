@@ -14,7 +14,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
-from inference.kinds import ItemType, ToolType
+from inference.item_types import ItemType, ToolType
 
 _TYPE_NAMES = {
     "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",

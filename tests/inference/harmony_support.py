@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from hypothesis import strategies as st
 
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 GET_WEATHER = {
     "type": "function",

@@ -19,7 +19,7 @@ from inference.hermes_tools import (
     HermesToolCatalog,
     ToolNameCollision,
 )
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 from .chat_template_support import ALL_TOOLS, CONVERSATIONS, TEXT, call_index, model_outputs
 from .harmony_support import GET_WEATHER, MCP, feed_all, items_from_events, random_sizes

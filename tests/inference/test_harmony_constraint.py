@@ -11,7 +11,7 @@ import xgrammar as xgr  # vLLM's structured-output backend, installed with the e
 
 from inference.harmony_core import harmony_encoding
 from inference.harmony_render import HarmonyRenderer
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"},

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from inference.harmony import HarmonyParseError, HarmonyRenderer, HarmonyStreamParser, render_completion
 from inference.harmony_core import ToolCatalog, harmony_encoding
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 from .harmony_support import ALL_TOOLS, model_outputs
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from inference.harmony import HarmonyParseError, HarmonyRenderer, render_completion
 from inference.parse import ItemDelta, ItemEnd, ItemStart
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 from .harmony_support import ALL_TOOLS, feed_all, items_from_events, model_outputs
 

@@ -18,7 +18,7 @@ from openai_harmony import RenderOptions
 from inference import harmony_prelude
 from inference.harmony_core import ToolCatalog, content_encoding
 from inference.harmony_render import HarmonyRenderer
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.text_runs import MAX_RUN
 
 PROPS = settings(max_examples=120, deadline=None, derandomize=True, database=None,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from openai_harmony import Conversation, RenderConversationConfig
 
 from inference.harmony import FREEFORM_NOTE, HarmonyRenderer, UnknownCallError, render_completion
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 from .harmony_support import (
     ALL_TOOLS,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from inference.chat_template_render import ChatTemplateRenderer
 from inference.parse import ItemDelta, ItemEnd, ItemStart
-from inference.render import Prelude
+from inference.renderer import Prelude
 
 from .chat_template_support import ALL_TOOLS, model_outputs
 from .harmony_support import feed_all, items_from_events

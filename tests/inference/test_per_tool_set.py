@@ -1,11 +1,11 @@
-"""``inference.render.PerToolSet``: what a renderer builds from a prelude's tools, once per tool set."""
+"""``inference.renderer.PerToolSet``: what a renderer builds from a prelude's tools, once per tool set."""
 
 from __future__ import annotations
 
 import threading
 
 from inference.harmony_core import ToolCatalog
-from inference.render import PerToolSet
+from inference.renderer import PerToolSet
 
 TOOLS = ({"type": "function", "name": "shell", "parameters": {"type": "object"}},
          {"type": "custom", "name": "apply_patch"})

@@ -22,7 +22,7 @@ from cache.seq import TokenSeq
 from inference.engine import SamplingParams, TokenDelta
 from inference.harmony import HarmonyRenderer, harmony_tokens
 from inference.harmony_render import render_completion
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine, _chunks, _plan
 from inference.simulated_script import ToolCall, Turn, _completion, _messages, completion_tokens, turn_tokens
 

@@ -9,7 +9,7 @@ import pytest
 
 from inference.engine import Engine, EngineError, SamplingParams, TokenDelta
 from inference.harmony import HarmonyRenderer, harmony_tokens
-from inference.render import Prelude
+from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_cache import BlockPrefixCache, KnownSequences
 from inference.simulated_prompt import PromptView, parse_tool_declarations

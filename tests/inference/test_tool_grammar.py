@@ -13,7 +13,7 @@ import xgrammar as xgr  # vLLM's structured-output backend, installed with the e
 from xgrammar.testing import _is_grammar_accept_string as grammar_accepts
 
 from inference.chat_template_render import ChatTemplateRenderer
-from inference.render import Constraint, Prelude
+from inference.renderer import Constraint, Prelude
 from inference.tool_grammar import GrammarUnavailable, json_string_ebnf, tool_grammar
 from tests.conftest import SHARED
 

@@ -101,11 +101,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.redis_client import AsyncClient, check_prefix, connect
 from cache.seq import TOKEN_BYTES, TokenSeq
-from cache.state import ResponseState
-from cache.store import StoredItem, StoreUnavailable, index_keys
+from cache.response_state import ResponseState
+from cache.response_store import StoredItem, StoreUnavailable, index_keys
 
 #: the record's fields: what a read of a response whose context this process holds needs
 _FIELDS = ("tenant", "meta", "response", "input", "pk")

@@ -1,6 +1,6 @@
 """The vocabulary of canonical items and tools: one enum each, shared by renderers, parsers and the gateway.
 
-Items reach inference as plain dicts in canonical Responses shape (``inference/render.py``); their
+Items reach inference as plain dicts in canonical Responses shape (``inference/renderer.py``); their
 ``type`` and the tools' ``type`` are compared against these members (a ``StrEnum`` equals its
 string, so dicts straight from JSON compare as they are). The sets below are the only definition
 of which item types are tool calls and which answer them.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 
 DEFAULT_LANE = ""
 

@@ -1,6 +1,6 @@
 """Per-key limits as the transports see them: rate-limit steps, 429 errors and headers, WS connection counts.
 
-The buckets themselves are ``security/limits.py``; this module turns a principal into a quota
+The buckets themselves are ``security/token_buckets.py``; this module turns a principal into a quota
 (its key's overrides, else the settings' defaults), raises the OpenAI rate-limit error, renders
 ``x-ratelimit-*`` headers, and hands the pipeline a callback that reconciles a turn's token cost
 once its usage is known. A limiter that cannot be reached (Redis down) lets requests through and
@@ -19,7 +19,7 @@ from gateway.access.auth import Principal
 from gateway.base.metrics import Metrics
 from gateway.wire.errors import ApiError
 from gateway.base.settings import Settings
-from security.limits import Decision, Kind, Quota, RateLimiter, RateLimiterUnavailable
+from security.token_buckets import Decision, Kind, Quota, RateLimiter, RateLimiterUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 from cache.footprint import INDEX_ENTRY, RECORD_OVERHEAD, deep_size
 from cache.lru import BoundedLRU, TenantShared, tenant_of
-from cache.state import ResponseState
+from cache.response_state import ResponseState
 
 
 class StoreUnavailable(Exception):

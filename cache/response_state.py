@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from cache.items import ItemLog
+from cache.item_log import ItemLog
 from cache.seq import TokenSeq
 
 
