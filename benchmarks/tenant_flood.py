@@ -12,7 +12,7 @@ read before and after each flood; the JSON says how much it grew against the bou
 
     python -m benchmarks.tenant_flood [--conversations 20000] [--responses 12000] [--bound-mib 16] [--out F]
 
-``tests/test_tenant_bounds.py`` runs it smaller and asserts the growth stays within the bounds plus a
+``tests/cache/test_tenant_bounds.py`` runs it smaller and asserts the growth stays within the bounds plus a
 fixed slack.
 """
 

@@ -65,7 +65,7 @@ Let ``R`` be a renderer, ``p`` a prelude, ``a``, ``b`` canonical item lists, ``C
     arguments as a JSON string), on text the parser treats as format or holds back as a possible
     tag, or in ``<think>`` reasoning of a template that drops reasoning (both shipped ones): the
     history keeps what the engine's KV cache holds and what the model wrote. Property tests:
-    ``tests/test_render_cutoff.py``.
+    ``tests/gateway/turn/test_render_cutoff.py``.
 
 Item mapping: user/system messages keep their role; ``developer`` becomes ``system`` unless the
 template mentions ``developer``; a run of assistant-side items ``reasoning* message? calls*``

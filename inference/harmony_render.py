@@ -62,7 +62,7 @@ Cut-off generations
     by the cut is dropped, a cut word may split differently). The history keeps the sampled
     tokens: they are what the engine's KV cache holds, and the model next sees what it wrote.
     Analysis is kept either way (never dropped, as above). Property tests:
-    ``tests/test_render_cutoff.py``.
+    ``tests/gateway/turn/test_render_cutoff.py``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ HTTP stream and posts ``/inference/v1/abort_requests`` from a detached task, so 
 goes out while the consumer's task is being cancelled. vLLM registers the request under
 ``generate-tokens-<our id>`` (echoed as ``request_id`` in every chunk); that is the id it aborts.
 Closing the stream alone already aborts it: vLLM's streaming response stops its generator when
-the client disconnects (``tests/test_session_routing.py`` checks this on a real server), so behind
+the client disconnects (``tests/inference/test_session_routing.py`` checks this on a real server), so behind
 a router the abort reaches the pod that runs the request even when the posted abort lands on
 another pod, where an unknown id is ignored.
 

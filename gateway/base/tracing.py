@@ -2,7 +2,7 @@
 
 **Off by default, and then free.** Without ``otel_traces`` no tracer provider exists,
 ``Metrics.stage_timer`` hands out the plain ``StageTimer`` and nothing here runs: no span object,
-no context lookup, no header parsed (``tests/test_tracing.py`` counts it).
+no context lookup, no header parsed (``tests/gateway/ops/test_tracing.py`` counts it).
 
 **Spans from the stage clock, after the fact.** The pipeline already times its stages on one
 clock (``gateway.base.metrics.StageTimer``: ``lap(stage)``). With tracing on, the clock is a

@@ -6,7 +6,7 @@ lane never overlap, lanes run concurrently, at most ``max_inflight`` turns run a
 are accepted and unfinished. The machine decides; ``gateway/transport/ws.py`` performs: it feeds
 frames, timer expiries and turn results in as events and carries out the actions (send a frame,
 start a turn task, evict a parent, close the socket). Nothing here awaits or touches a socket, so
-every row below is tested without one (tests/test_ws_lanes_machine.py).
+every row below is tested without one (tests/gateway/transport/test_ws_lanes_machine.py).
 
 Read the lifecycle as a table (``TABLE``; the first row whose guard holds applies)::
 

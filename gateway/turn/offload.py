@@ -111,7 +111,7 @@ def weight_bound(text_len: int) -> int:
     orjson's compact JSON of it, at most 4.5 a character of the text it was parsed from (UTF-8 is
     at most 4 bytes a character, and orjson escapes only what the text had to escape; the widest
     number is a float such as ``1e15``, written ``1000000000000000.0``: 18 for 4), which the
-    16-fold prelude discount brings under 1 a character. ``tests/test_prepare_cost_offload.py``
+    16-fold prelude discount brings under 1 a character. ``tests/gateway/turn/test_prepare_cost_offload.py``
     checks the bound against the walk."""
     return TEXT_FACTOR * text_len
 

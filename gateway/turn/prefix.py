@@ -66,7 +66,7 @@ Its entry is exact by
 induction: the render stage appends only to a parent whose history is canonical, and a chain whose
 turn was rendered in full for another reason (a changed prelude) stops leaving entries. This is what
 makes a Codex whose WebSocket dropped cheap: it reconnects and re-sends the whole history without
-``previous_response_id`` (tests/test_codex_reconnect.py), and the lookup finds the last turn before
+``previous_response_id`` (tests/clients/test_codex_reconnect.py), and the lookup finds the last turn before
 the drop, so only the tool output Codex had not sent yet is rendered.
 
 **Bounds.** ``prefix_cache_bytes`` in all, ``prefix_cache_tenant_bytes`` per tenant, least recently

@@ -48,7 +48,7 @@ reasoning or harmony call arguments whose tokens are the tokenizer's own tokens 
 character split by the cut, no word the cut left that tokenizes differently on its own), and for
 a chat template not inside a ``<tool_call>``, not on whitespace the parser reads as format, and
 not in reasoning the template drops. Property tests per family check these cases, in both
-directions where the condition is the tokenizer's (``tests/test_render_cutoff.py``; contract (d)
+directions where the condition is the tokenizer's (``tests/gateway/turn/test_render_cutoff.py``; contract (d)
 of ``inference.harmony_render`` and ``inference.chat_template_render``).
 
 **When it deliberately differs**, and why that is right: a full render re-tokenizes the decoded

@@ -1,7 +1,7 @@
 """The Response object, echoing the effective settings with OpenAI's defaults filled in.
 
 Every field of the openai SDK's ``Response`` type and of the OpenResponses ``ResponseResource``
-schema is present (``tests/test_schemas.py`` validates real responses against both): what the
+schema is present (``tests/gateway/wire/test_schemas.py`` validates real responses against both): what the
 gateway does not use is an explicit ``null`` (``conversation``, ``prompt``, ...), never a missing key,
 and what OpenResponses types as a plain number or string (``presence_penalty``, ``service_tier``,
 ``top_logprobs``) always has a value.

@@ -22,7 +22,7 @@ ALL_TOOLS = (GET_WEATHER, NO_PARAMS, APPLY_PATCH, MCP, WEB_SEARCH)
 
 # prompt text: unicode, whitespace, tag look-alikes. Special-token spellings are left out on purpose:
 # the renderer encodes them as plain text while the reference template emits the special token
-# (that difference is the injection fix; tests/test_render_injection.py covers it)
+# (that difference is the injection fix; tests/gateway/turn/test_render_injection.py covers it)
 TEXT = st.one_of(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30).filter(lambda s: "<|" not in s),
     st.sampled_from(["", " ", "\n\n", "héllo 世界 🎉🎉", '{"a": [1, 2]}', "<tool_call>", "</tool_response>",
