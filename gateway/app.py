@@ -73,12 +73,12 @@ def create_app(
     gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
                       pipeline=pipeline, auth=auth, access=access)
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
-    from gateway.transport.background import BackgroundTurns
+    from gateway.sessions.background import BackgroundTurns
 
     background = gw.background = BackgroundTurns(settings, store, pipeline.finalizer, usage, metrics, access,
                                                  gw.http_turns)
     metrics.registry.register(BackgroundCollector(background))
-    from gateway.transport.resumable import ResumableStates
+    from gateway.sessions.resumable import ResumableStates
 
     resumable = gw.resumable = ResumableStates.from_settings(settings, metrics)
 

@@ -3,7 +3,7 @@ health.
 
 Thin adapters around the pipeline: parse and authenticate, then either collect the events into the
 final Response (JSON) or frame each one as SSE. A client that disconnects stops its generation —
-except a ``background`` one's, which runs detached (``gateway.transport.background``): its create
+except a ``background`` one's, which runs detached (``gateway.sessions.background``): its create
 answers ``queued`` at once (or streams from its event log), and retrieve, cancel and
 ``?stream=true&starting_after=N`` reach it by id.
 """
@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from cache.response_store import StoreUnavailable
 from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.http_protocol import log_rejection
-from gateway.transport.background_turn import ACTIVE, Slot
+from gateway.sessions.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_frame, timing_comment, wants_server_timing

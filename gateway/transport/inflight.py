@@ -17,7 +17,7 @@ running, would never be billed.
 **Always started before it is stopped.** A task cancelled before its first step never runs its
 coroutine at all — not the turn's ``finally``, so nothing would be billed or stored. A stop that
 comes that early is deferred by one loop iteration, by when the turn has started (and its
-cancellation bills it ``cancelled``). A background turn (``gateway.transport.background``) also
+cancellation bills it ``cancelled``). A background turn (``gateway.sessions.background``) also
 ``settle``s in its own task after the turn's generator is closed, whatever ended it.
 """
 

@@ -33,7 +33,7 @@ class GatewayState:
     connections: set[Any] = field(default_factory=set)
     #: HTTP turns running (``gateway.transport.inflight.HttpTurn``: drained, then cut, at shutdown)
     http_turns: set[Any] = field(default_factory=set)
-    #: background responses (``gateway.transport.background.BackgroundTurns``; set by the app factory)
+    #: background responses (``gateway.sessions.background.BackgroundTurns``; set by the app factory)
     background: Any = None
-    #: closed connections' resumable lane states (``gateway.transport.resumable``); None: off
+    #: closed connections' resumable lane states (``gateway.sessions.resumable``); None: off
     resumable: Any = None

@@ -4,7 +4,7 @@ One connection, many turns. The connection owns:
 
 * a **connection cache** (latest response per lane) that continuations resolve against first; with
   ``ws_resume_window_s`` its ``store=false`` states outlive the socket for that window
-  (gateway/transport/resumable.py: parked at close, claimed by a later turn of the same tenant that
+  (gateway/sessions/resumable.py: parked at close, claimed by a later turn of the same tenant that
   names one — the only two places this module touches them);
 * **lanes**: the default lane plus up to 32 named ``stream_id`` lanes: turns in one lane never
   overlap, lanes run concurrently, and at most 16 responses are active at once across lanes (more
@@ -472,7 +472,7 @@ class WsConnection:
         self._done.set()
         self.cache.clear()
 
-    # -- resuming across reconnects (gateway/transport/resumable.py) --------------------------------
+    # -- resuming across reconnects (gateway/sessions/resumable.py) --------------------------------
 
     async def _park(self) -> None:
         """The connection closes (nothing runs any more): its lanes' latest ``store=false``

@@ -234,7 +234,7 @@ def _b(key: Any) -> bytes:
 
 #: every module that talks to Redis, each driven by ``exercise`` above (add a new one there)
 CONSUMERS = {"cache/redis_response_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
-             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/transport/background.py",
+             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/sessions/background.py",
              "gateway/ops/check.py", "cache/redis_resumable.py"}
 
 

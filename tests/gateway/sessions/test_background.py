@@ -1,4 +1,4 @@
-"""Background responses (gateway/transport/background.py), driven with the openai SDK.
+"""Background responses (gateway/sessions/background.py), driven with the openai SDK.
 
 Every state transition (queued -> in_progress -> completed / failed / cancelled / incomplete), with
 one usage record per response in the right status; cancel during generation, idempotent, and of a

@@ -30,7 +30,7 @@ from cache.seq import TokenSeq
 from cache.response_state import ResponseState
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
-from gateway.transport.resumable import ResumableStates
+from gateway.sessions.resumable import ResumableStates
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import LiveGateway, stop_gateway

@@ -16,7 +16,7 @@ ends with ``response.failed`` carrying the ``cancelled`` snapshot, the shutdown 
 with an ``error`` event first); the logs are finished and flushed; once the final state is
 stored (checked: a state still ``in_progress`` is overwritten with the outcome) the Redis lease
 is released. A Redis or store failure here leaves the lease to lapse, and another replica then
-finishes the response as one whose owner died (``gateway.transport.background``).
+finishes the response as one whose owner died (``gateway.sessions.background``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from gateway.turn.types import PreparedTurn
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
 
 if TYPE_CHECKING:
-    from gateway.transport.background import BackgroundTurns
+    from gateway.sessions.background import BackgroundTurns
 
 log = logging.getLogger(__name__)
 

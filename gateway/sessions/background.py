@@ -11,7 +11,7 @@ and a response that already ended is returned unchanged; ``GET ...?stream=true&s
 replays the events after ``N`` and follows the live ones (``cache.event_log``). A client going
 away — from the create's stream or from a resume — stops only its own reading.
 
-**This replica** runs what it accepted (:class:`~gateway.transport.background_turn.BackgroundTurn`)
+**This replica** runs what it accepted (:class:`~gateway.sessions.background_turn.BackgroundTurn`)
 and keeps at most ``background_max_per_tenant`` per tenant queued or running (429 beyond, counted
 in ``respgate_rate_limit_rejections_total{limit="background"}``).
 
@@ -56,7 +56,7 @@ from gateway.access.rate_limits import Access, rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
-from gateway.transport.background_turn import ACTIVE, TERMINAL_EVENTS, BackgroundTurn, Slot, placeholder, snapshot
+from gateway.sessions.background_turn import ACTIVE, TERMINAL_EVENTS, BackgroundTurn, Slot, placeholder, snapshot
 from gateway.transport.inflight import HttpTurn
 from gateway.transport.sse import sse_frame
 from gateway.turn.events import Event, late_terminal
