@@ -11,20 +11,26 @@ lanes: when over budget, least recently used lanes are dropped first (never the 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import sys
 
+from cache.lru import BoundedLRU
 from cache.response_state import ResponseState
 
 DEFAULT_LANE = ""
 
 
 class ConnectionCache:
+    """Lane -> its latest response, in a :class:`~cache.lru.BoundedLRU` bounded by bytes alone (a
+    connection's lanes are few: ``gateway.transport.lanes`` bounds them). One connection is one
+    tenant's, so the map has no parts. Every put is ``force``d: the lane being written is always
+    kept, however large (it was already paid for), and the others make room."""
+
     def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
-        self._lanes: OrderedDict[str, ResponseState] = OrderedDict()
+        self._lanes: BoundedLRU[str, ResponseState] = BoundedLRU(sys.maxsize, max_bytes, on_evict=self._dropped)
         self._by_id: dict[str, str] = {}
-        self._bytes = 0
-        self.evictions = 0
+        #: lanes dropped by the byte bound or by :meth:`evict`
+        self._evicted = 0
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -32,32 +38,33 @@ class ConnectionCache:
     @property
     def nbytes(self) -> int:
         """Sum of the lanes' context sizes (lanes sharing a buffer count it each: conservative)."""
-        return self._bytes
+        return self._lanes.nbytes
+
+    @property
+    def evictions(self) -> int:
+        return self._lanes.evictions + self._evicted
 
     def get(self, response_id: str) -> ResponseState | None:
         lane = self._by_id.get(response_id)
         if lane is None:
             return None
-        self._lanes.move_to_end(lane)
-        return self._lanes[lane]
+        state: ResponseState | None = self._lanes.get(lane)
+        return state
 
     def lane_of(self, response_id: str) -> str | None:
         return self._by_id.get(response_id)
 
     def states(self) -> list[ResponseState]:
         """Each lane's latest response, least recently used first (what a closing connection may
-        leave resumable, ``gateway.transport.resumable``)."""
+        leave resumable, ``gateway.sessions``)."""
         return list(self._lanes.values())
 
     def put(self, lane: str, state: ResponseState) -> None:
-        old = self._lanes.pop(lane, None)
+        old = self._lanes.pop(lane)
         if old is not None:
             self._by_id.pop(old.id, None)
-            self._bytes -= _size(old)
-        self._lanes[lane] = state
         self._by_id[state.id] = lane
-        self._bytes += _size(state)
-        self._enforce_budget(keep=lane)
+        self._lanes.put(lane, state, _size(state), force=True)
 
     def discard_failed_parent(self, previous_response_id: str | None, lane: str) -> bool:
         """A continuation on ``lane`` failed: its parent is evicted if it is that lane's latest
@@ -71,27 +78,18 @@ class ConnectionCache:
         lane = self._by_id.pop(response_id, None)
         if lane is None:
             return False
-        state = self._lanes.pop(lane, None)
-        if state is not None:
-            self._bytes -= _size(state)
-        self.evictions += 1
+        self._lanes.pop(lane)
+        self._evicted += 1
         return True
 
     def clear(self) -> None:
         self._lanes.clear()
         self._by_id.clear()
-        self._bytes = 0
 
-    def _enforce_budget(self, keep: str) -> None:
-        while self._bytes > self.max_bytes and len(self._lanes) > 1:
-            lane, state = next(iter(self._lanes.items()))
-            if lane == keep:
-                self._lanes.move_to_end(lane)
-                continue
-            self._lanes.pop(lane)
-            self._by_id.pop(state.id, None)
-            self.evictions += 1
-            self._bytes -= _size(state)
+    def _dropped(self, lane: str, state: ResponseState) -> None:
+        """The byte bound dropped ``lane``: its response is no longer found by id."""
+        if self._by_id.get(state.id) == lane:
+            del self._by_id[state.id]
 
 
 def _size(state: ResponseState) -> int:

@@ -29,11 +29,24 @@ memory grew (a running log) give room back by the same shares, that memory count
 ``force`` keeps a value the owner may not refuse (a turn's own conversation items, already billed;
 a finished log, already counted while it ran) — above the per-value cap if need be, never evicting
 that value itself to make room.
+
+**Counts only.** A memo whose values are small and few (a renderer's rendered preludes, the
+simulated engine's remembered sequences) passes no byte bound (``max_bytes=None``) and no charge:
+it is bounded by its entries alone, as ``functools.lru_cache`` is, but keyed by what its owner
+chooses and shared by threads under one lock.
+
+**Who may import it.** It knows nothing of requests, tenants or stores — only keys, values and
+charges — so it is one of the small shared utilities of ``cache/`` that the other rooms may import
+(as ``billing`` imports ``cache.redis_client``): ``inference/`` keeps its renderers' and the
+simulated engine's memos in it (DESIGN.md, "Layout"). Every bounded map of the product uses it;
+where its bound is set is the owner's constructor, from a ``gateway/base/settings.py`` field where
+operators may change it.
 """
 
 from __future__ import annotations
 
 import operator
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping, TypeVar
@@ -61,13 +74,16 @@ class _Part:
 
 
 class BoundedLRU(Generic[K, V]):
-    def __init__(self, max_entries: int, max_bytes: int, *, part: Callable[[K], Hashable] | None = None,
+    def __init__(self, max_entries: int, max_bytes: int | None = None, *, part: Callable[[K], Hashable] | None = None,
                  share: float = 0.25, on_evict: Callable[[K, V], None] | None = None) -> None:
-        """``part``: the part (tenant) a key belongs to, for the shares (module docstring); None: one
-        map, no shares. ``share``: the fraction of both bounds past which a part gives entries back.
-        ``on_evict``: called (outside the lock) with each entry the bounds drop."""
+        """``max_bytes``: None bounds the entries only (*Counts only*). ``part``: the part (tenant) a
+        key belongs to, for the shares (module docstring); None: one map, no shares. ``share``: the
+        fraction of both bounds past which a part gives entries back. ``on_evict``: called (outside
+        the lock) with each entry the bounds drop."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], not {share!r}")
+        if max_bytes is None:
+            max_bytes = sys.maxsize
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         #: bytes charged by the entries held
@@ -116,7 +132,7 @@ class BoundedLRU(Generic[K, V]):
         self.hits += 1
         return hit[0]
 
-    def put(self, key: K, value: V, nbytes: int, *, force: bool = False) -> bool:
+    def put(self, key: K, value: V, nbytes: int = 0, *, force: bool = False) -> bool:
         """Keep ``value`` charged ``nbytes``, evicting beyond the bounds (the least recently used, or
         with parts, see *Shares*); False (nothing kept, an entry already under ``key`` stays) when it
         alone is above a quarter of the byte budget, or above its part's share of it — unless
@@ -217,6 +233,14 @@ class BoundedLRU(Generic[K, V]):
             if key not in self._entries:
                 return default
             return self._evict(key)
+
+    def clear(self) -> None:
+        """Drop every entry (the owner is closing); not evictions: ``on_evict`` is not called."""
+        with self._lock:
+            self._entries.clear()
+            self._parts.clear()
+            self._over.clear()
+            self.nbytes = 0
 
     def peek(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` without using it (the order stays; neither a hit nor a miss)."""

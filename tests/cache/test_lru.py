@@ -192,3 +192,24 @@ def test_a_forced_put_is_kept_above_the_cap_and_never_evicts_itself():
     assert ("a", 1) in lru and ("b", 0) in lru and ("a", 0) not in lru and lru.nbytes <= 1_000
     assert lru.put(("a", 2), 2, 2_000, force=True)  # alone above the whole bound: still kept
     assert ("a", 2) in lru and len(lru) == 1
+
+
+def test_without_a_byte_bound_it_is_bounded_by_entries_alone():
+    lru: BoundedLRU[str, str] = BoundedLRU(3)
+    for k in "abc":
+        assert lru.put(k, k.upper())            # no charge: a memo of small values
+    assert lru.get("a") == "A"
+    lru.put("d", "D")
+    assert [k for k in "abcd" if k in lru] == ["a", "c", "d"] and lru.nbytes == 0 and lru.evictions == 1
+
+
+def test_clear_drops_everything_without_calling_on_evict():
+    dropped: list[str] = []
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(4, 100, part=tenant_of,
+                                                        on_evict=lambda k, v: dropped.append(k[0]))
+    for i in range(3):
+        lru.put(("t", i), i, 10)
+    lru.clear()
+    assert len(lru) == 0 and lru.nbytes == 0 and lru.part_usage("t") == (0, 0) and dropped == []
+    lru.put(("t", 9), 9, 10)                     # the bookkeeping starts afresh
+    assert lru.part_usage("t") == (1, 10) and lru.get(("t", 9)) == 9
