@@ -17,8 +17,14 @@ buffer), so the unit of eviction is the chain: the least recently used chain of 
 the tenant is over ``tenant_bytes``, the least recently used chain of any tenant when the total is
 over ``max_bytes``. A chain larger than the tenant's budget is not kept at all.
 
-**Tenants never meet.** Each tenant has its own map; a lookup reads only the caller's. (The gateway
-also seeds every digest with the tenant, so even equal digests could not name the same prefix.)
+**Tenants never meet.** A lookup reads only the caller's entries. (The gateway also seeds every
+digest with the tenant, so even equal digests could not name the same prefix.)
+
+**One LRU.** The chains are the entries of a :class:`~cache.lru.BoundedLRU` whose parts are the
+tenants, each charged as above: ``tenant_bytes`` is a hard cap (the tenant's own least recently used
+chains go first, as its share of the map) and ``max_bytes`` the map's bound. A chain is put
+``force``d — kept whatever its size, then trimmed by the tenant's cap — so "larger than the tenant's
+budget" is decided in one place, the cap.
 
 **Threads.** Lookups run in the prepare pool for big requests while the event loop inserts: reads
 are single dict operations (atomic under the GIL), every change holds one lock.
@@ -26,12 +32,14 @@ are single dict operations (atomic under the GIL), every change holds one lock.
 
 from __future__ import annotations
 
+import operator
+import sys
 import threading
-from collections import OrderedDict
 from typing import Hashable
 
 import msgspec
 
+from cache.lru import BoundedLRU
 from cache.seq import TokenSeq
 
 #: bytes charged per token id: the packed buffer's item size where ``TokenSeq`` has one, else a
@@ -73,26 +81,29 @@ class CachedPrefix(msgspec.Struct, frozen=True):
     root_id: str | None = None
 
 
-class _Tenant:
-    __slots__ = ("entries", "chains", "nbytes")
-
-    def __init__(self) -> None:
-        self.entries: dict[bytes, CachedPrefix] = {}
-        self.chains: OrderedDict[Chain, None] = OrderedDict()
-        self.nbytes = 0
-
-
 class PrefixCache:
     def __init__(self, max_bytes: int, tenant_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.tenant_bytes = min(tenant_bytes, max_bytes)
-        self._tenants: dict[str, _Tenant] = {}
-        self._chains: OrderedDict[Chain, None] = OrderedDict()  # every tenant's, least recently used first
+        # a tenant's share of the map is its cap (+ half a byte: the float product rounds down)
+        share = min(1.0, (self.tenant_bytes + 0.5) / max(1, max_bytes))
+        self._chains: BoundedLRU[Chain, Chain] = BoundedLRU(sys.maxsize, max_bytes, part=operator.attrgetter("tenant"),
+                                                            share=share, on_evict=self._evicted)
+        #: (tenant, key) -> entry, for every chain held
+        self._entries: dict[tuple[str, bytes], CachedPrefix] = {}
         self._lock = threading.Lock()
-        self.nbytes = 0
         self.entries = 0
-        #: chains dropped by a byte bound (counted once per chain)
-        self.evictions = 0
+        #: new chains above a tenant's cap, never put (evictions too: what the bound dropped)
+        self._refused = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._chains.nbytes
+
+    @property
+    def evictions(self) -> int:
+        """Chains dropped by a byte bound (counted once per chain)."""
+        return self._chains.evictions + self._refused
 
     @staticmethod
     def _tenant_key(tenant: Hashable | None) -> str:
@@ -100,16 +111,13 @@ class PrefixCache:
 
     def get(self, tenant: str | None, key: bytes) -> CachedPrefix | None:
         """The entry under ``key`` for ``tenant`` (no recency change: see :meth:`touch`)."""
-        t = self._tenants.get(self._tenant_key(tenant))
-        return None if t is None else t.entries.get(key)
+        return self._entries.get((self._tenant_key(tenant), key))
 
     def touch(self, entry: CachedPrefix) -> None:
         """``entry`` was used: its chain becomes the most recently used."""
         with self._lock:
-            t = self._tenants.get(entry.chain.tenant)
-            if t is not None and entry.chain in t.chains:
-                t.chains.move_to_end(entry.chain)
-                self._chains.move_to_end(entry.chain)
+            if entry.chain in self._chains:
+                self._chains.get(entry.chain)
 
     def put(self, tenant: str | None, key: bytes, ids: TokenSeq, prompt_len: int, outputs: int, flagged: bool,
             near: Chain | None = None, root_id: str | None = None) -> CachedPrefix | None:
@@ -118,72 +126,70 @@ class PrefixCache:
         (larger than the tenant's budget)."""
         name = self._tenant_key(tenant)
         with self._lock:
-            t = self._tenants.get(name)
-            old = t.entries.pop(key, None) if t is not None else None
-            if t is not None and old is not None:
-                self._drop_key(t, old.chain, key)  # the same input again (a retry): the newer turn wins
-            t = self._tenants.get(name)
-            if t is None:
-                t = self._tenants[name] = _Tenant()
-            chain = near if (near is not None and near.tenant == name and near in t.chains
+            old = self._entries.pop((name, key), None)
+            if old is not None:
+                self._drop_key(old.chain, key)  # the same input again (a retry): the newer turn wins
+            chain = near if (near is not None and near.tenant == name and near in self._chains
                              and ids.shares_prefix_with(near.view)) else None
             if chain is None:
                 chain = Chain(name, ids)
-                t.chains[chain] = None
-                self._chains[chain] = None
             elif len(ids) > len(chain.view):
                 chain.view = ids
             entry = CachedPrefix(ids, prompt_len, outputs, flagged, chain, root_id)
-            t.entries[key] = entry
+            self._entries[(name, key)] = entry
             chain.keys.add(key)
             self.entries += 1
-            self._recharge(t, chain)
-            t.chains.move_to_end(chain)
-            self._chains.move_to_end(chain)
-            while t.nbytes > self.tenant_bytes and t.chains:
-                self._evict(next(iter(t.chains)))
-            while self.nbytes > self.max_bytes and self._chains:
-                self._evict(next(iter(self._chains)))
-            return entry if t.entries.get(key) is entry else None
+            self._keep(name, chain)
+            return entry if self._entries.get((name, key)) is entry else None
 
     def tenant_nbytes(self, tenant: str | None) -> int:
-        t = self._tenants.get(self._tenant_key(tenant))
-        return 0 if t is None else t.nbytes
+        return self._chains.part_usage(self._tenant_key(tenant))[1]
 
     def __len__(self) -> int:
         return self.entries
 
     # -- under the lock ---------------------------------------------------------------------------
 
-    def _recharge(self, t: _Tenant, chain: Chain) -> None:
-        new = chain.charge()
-        delta = new - chain.nbytes
-        chain.nbytes = new
-        t.nbytes += delta
-        self.nbytes += delta
+    def _keep(self, name: str, chain: Chain) -> None:
+        """Charge ``chain`` anew as the tenant's most recently used: the tenant's least recently used
+        chains go while it would be over its cap, then the map's bound evicts across tenants (as a
+        plain LRU: no tenant is over its share then). A chain above the cap alone goes too, after
+        every other chain of its tenant (it was the most recently used)."""
+        charge = chain.charge()
+        held = chain in self._chains
+        if held:
+            self._chains.get(chain)
+        mine = chain.nbytes if held else 0
+        while self._chains.part_usage(name)[1] - mine + charge > self.tenant_bytes:
+            if self._chains.part_usage(name)[0] <= held or not self._chains.evict_one(name):
+                break
+        if charge <= self.tenant_bytes:
+            self._charge(chain)
+        elif held:
+            self._chains.evict_one(name)
+        else:
+            self._evicted(chain, chain)
+            self._refused += 1
 
-    def _drop_key(self, t: _Tenant, chain: Chain, key: bytes) -> None:
+    def _charge(self, chain: Chain) -> None:
+        """(Re)put ``chain`` at its charge, the most recently used: kept whatever its size (the
+        tenant's cap decides), the map's bound evicting others."""
+        chain.nbytes = chain.charge()
+        self._chains.put(chain, chain, chain.nbytes, force=True)
+
+    def _drop_key(self, chain: Chain, key: bytes) -> None:
         chain.keys.discard(key)
         self.entries -= 1
         if chain.keys:
-            self._recharge(t, chain)
+            self._charge(chain)  # smaller now, and the most recently used (the retry named it)
         else:
-            self._forget(t, chain)
+            self._chains.pop(chain)
+            chain.nbytes = 0
 
-    def _forget(self, t: _Tenant, chain: Chain) -> None:
-        t.nbytes -= chain.nbytes
-        self.nbytes -= chain.nbytes
-        chain.nbytes = 0
-        t.chains.pop(chain, None)
-        self._chains.pop(chain, None)
-        if not t.chains:
-            self._tenants.pop(chain.tenant, None)
-
-    def _evict(self, chain: Chain) -> None:
-        t = self._tenants[chain.tenant]
+    def _evicted(self, chain: Chain, _: Chain) -> None:
+        """A byte bound dropped ``chain``: its entries go with it."""
         for key in chain.keys:
-            del t.entries[key]
+            del self._entries[(chain.tenant, key)]
         self.entries -= len(chain.keys)
         chain.keys.clear()
-        self._forget(t, chain)
-        self.evictions += 1
+        chain.nbytes = 0
