@@ -1,14 +1,17 @@
-"""Event logs of background streams: the SSE frames a ``background`` + ``stream`` response sent, kept
+"""Event logs of background streams: the events a ``background`` + ``stream`` response sent, kept
 for a bounded window so that a client whose connection dropped resumes with
 ``GET /v1/responses/{id}?stream=true&starting_after=N`` and gets every event after ``N``, exactly as
 first sent.
 
-A log is a run of ``(sequence_number, frame, terminal)`` entries, dense from the first one kept.
+A log is a run of :class:`LoggedEvent` entries ``(sequence_number, type, JSON, terminal)``, dense
+from the first one kept. Events, not transport bytes: the JSON is encoded once, in the turn's task,
+and each reader's transport frames it (``gateway.transport.sse`` for HTTP; a WebSocket text frame is
+the JSON itself), so the log knows nothing of SSE. The byte bounds count the JSON.
 Two places hold them:
 
-- **this process** (:class:`MemoryEventLogs`): the replica that runs the turn appends each frame as
+- **this process** (:class:`MemoryEventLogs`): the replica that runs the turn appends each event as
   it is produced, and its own readers (the create's stream, a resume that lands here) follow it
-  live. Bounded per response (``max_bytes``: the oldest frames are dropped, so a resume from before
+  live. Bounded per response (``max_bytes``: the oldest events are dropped, so a resume from before
   the window fails clearly instead of skipping events), in all, and in time (a finished log lives
   ``ttl_s``). In all: finished logs are kept in a :class:`~cache.lru.BoundedLRU` whose parts are
   the tenants, so a tenant that runs many streams drops its own finished logs, never those of a
@@ -26,7 +29,7 @@ Two places hold them:
   Redis Cluster: every command, and every batch's pipeline, touches that one stream key
   (``{prefix}bgev:<id>``), so logs spread over the slots by response id and nothing crosses one.
 
-Readers detect a gap (frames dropped by the window before they were read) and raise
+Readers detect a gap (events dropped by the window before they were read) and raise
 :class:`Truncated` rather than hand a client a stream with holes in it.
 """
 
@@ -36,7 +39,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -46,7 +50,21 @@ from cache.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
 
-Entry = tuple[int, bytes, bool]  # (sequence_number, SSE frame, ends the stream)
+
+
+class LoggedEvent(NamedTuple):
+    """One event as a log keeps it."""
+
+    seq: int
+    #: the event's ``type`` (what SSE's ``event:`` line names)
+    type: str
+    #: the event's JSON, as every reader sends it
+    data: bytes
+    #: it ends the stream
+    terminal: bool
+
+
+Entry = LoggedEvent
 
 
 class Truncated(Exception):
@@ -62,10 +80,10 @@ class LogUnavailable(Exception):
 
 
 class EventLog:
-    """One response's frames in this process, followed live by any number of readers."""
+    """One response's events in this process, followed live by any number of readers."""
 
     def __init__(self, max_bytes: int, on_bytes: Callable[[int], None] | None = None,
-                 on_finish: Callable[["EventLog"], None] | None = None) -> None:
+                 on_finish: Callable[[EventLog], None] | None = None) -> None:
         self.max_bytes = max_bytes
         self._on_bytes = on_bytes
         self._on_finish = on_finish
@@ -75,7 +93,7 @@ class EventLog:
         self._next = 0  # sequence number the next entry must have
         self.nbytes = 0
         self.finished_at: float | None = None
-        #: the sequence number of the terminal frame, once appended
+        #: the sequence number of the terminal event, once appended
         self.terminal_seq: int | None = None
         self._wake = asyncio.Event()
 
@@ -92,16 +110,17 @@ class EventLog:
     def finished(self) -> bool:
         return self.finished_at is not None
 
-    def append(self, seq: int, frame: bytes, terminal: bool) -> None:
+    def append(self, entry: LoggedEvent) -> None:
+        seq = entry.seq
         if seq != self._next:
             raise ValueError(f"event {seq} out of order (expected {self._next})")
-        self._entries.append((seq, frame, terminal))
+        self._entries.append(entry)
         self._next = seq + 1
-        if terminal:
+        if entry.terminal:
             self.terminal_seq = seq
-        added = len(frame)
+        added = len(entry.data)
         while self.nbytes + added > self.max_bytes and len(self._entries) - self._head > 1:
-            added -= len(self._entries[self._head][1])
+            added -= len(self._entries[self._head].data)
             self._head += 1
             self._first += 1
         if self._head > 1024 and self._head * 2 > len(self._entries):
@@ -118,7 +137,7 @@ class EventLog:
                 self._on_finish(self)
 
     def drop(self) -> None:
-        """Forget every frame (evicted): readers still following stop at once."""
+        """Forget every event (evicted): readers still following stop at once."""
         self._entries, self._head, self._first = [], 0, self._next
         self._grow(-self.nbytes)
         self.finish()
@@ -132,19 +151,19 @@ class EventLog:
         wake, self._wake = self._wake, asyncio.Event()
         wake.set()  # each reader waits on its own future inside Event.wait: cancelling one is safe
 
-    async def follow(self, after: int) -> AsyncIterator[bytes]:
-        """The frames after sequence number ``after``, then each new one as it comes, until the
-        terminal frame (or the log finishes). Raises :class:`Truncated` when the next frame it
-        should give was dropped, before or while reading (a reader slower than the window)."""
+    async def follow(self, after: int) -> AsyncIterator[LoggedEvent]:
+        """The events after sequence number ``after``, then each new one as it comes, until the
+        terminal (or the log finishes). Raises :class:`Truncated` when the next event it should
+        give was dropped, before or while reading (a reader slower than the window)."""
         cursor = after
         while True:
             while cursor + 1 < self._next:
                 if cursor + 1 < self._first:
                     raise Truncated(self._first)
-                seq, frame, terminal = self._entries[self._head + (cursor + 1 - self._first)]
-                cursor = seq
-                yield frame
-                if terminal:
+                entry = self._entries[self._head + (cursor + 1 - self._first)]
+                cursor = entry.seq
+                yield entry
+                if entry.terminal:
                     return
             if self.finished or self.terminal_seq is not None:  # nothing comes after the terminal
                 return
@@ -197,7 +216,7 @@ class MemoryEventLogs:
         self._finished.put((tenant, response_id), log_, log_.nbytes + RECORD_OVERHEAD, force=True)
 
     def _count(self, tenant: str | None, log_: EventLog, delta: int) -> None:
-        """A log's frames grew or shrank by ``delta``. Past the total, the growing tenant's own
+        """A log's events grew or shrank by ``delta``. Past the total, the growing tenant's own
         finished logs go first; when it has none, only those of a tenant over its share counting its
         running logs' bytes (``BoundedLRU.evict_one``), and when none is, the total is let go over:
         running logs are never dropped, and they are bounded anyway — each by ``max_bytes``, their
@@ -224,7 +243,7 @@ class MemoryEventLogs:
             self._gone(key, log_)
 
     def _gone(self, key: tuple[str | None, str], log_: EventLog) -> None:
-        """A finished log left the bounds (evicted or expired): forget it and its frames."""
+        """A finished log left the bounds (evicted or expired): forget it and its events."""
         if self._logs.get(key[1]) is log_:
             del self._logs[key[1]]
         log_.drop()
@@ -254,14 +273,14 @@ class RedisEventLog:
     def key(self, response_id: str) -> str:
         return f"{self.prefix}bgev:{response_id}"
 
-    def writer(self, response_id: str) -> "RedisLogWriter":
+    def writer(self, response_id: str) -> RedisLogWriter:
         return RedisLogWriter(self, response_id)
 
     async def append(self, response_id: str, entries: list[Entry]) -> None:
-        """Write entries now (the reaper's closing frames for a response whose owner is gone)."""
+        """Write entries now (the reaper's closing events for a response whose owner is gone)."""
         pipe = self.redis.pipeline(transaction=False)
-        for seq, frame, terminal in entries:
-            pipe.xadd(self.key(response_id), _fields(frame, terminal), id=_entry_id(seq))
+        for entry in entries:
+            pipe.xadd(self.key(response_id), _fields(entry), id=_entry_id(entry.seq))
         pipe.pexpire(self.key(response_id), self.ttl_ms)
         await pipe.execute()
 
@@ -277,7 +296,7 @@ class RedisEventLog:
         return _seq_of(first[0][0]), _seq_of(last[0][0]), bool(last[0][1].get(b"t"))
 
     async def follow(self, response_id: str, after: int,
-                     ended: Callable[[], Awaitable[bool]]) -> AsyncIterator[bytes]:
+                     ended: Callable[[], Awaitable[bool]]) -> AsyncIterator[LoggedEvent]:
         """Like :meth:`EventLog.follow`, from Redis. Between entries that do not come, ``ended()``
         says whether to stop waiting (the response is over, and its log said all it will); two
         quiet reads after it said so end the stream."""
@@ -300,13 +319,28 @@ class RedisEventLog:
                 if seq != cursor + 1:
                     raise Truncated(seq)
                 cursor = seq
-                yield fields[b"f"]
-                if fields.get(b"t"):
+                entry = _entry(seq, fields)
+                yield entry
+                if entry.terminal:
                     return
 
 
-def _fields(frame: bytes, terminal: bool) -> dict[str, bytes]:
-    return {"f": frame, "t": b"1"} if terminal else {"f": frame}
+def _fields(entry: LoggedEvent) -> dict[str, bytes | str]:
+    fields: dict[str, bytes | str] = {"y": entry.type, "d": entry.data}
+    if entry.terminal:
+        fields["t"] = b"1"
+    return fields
+
+
+def _entry(seq: int, fields: dict[bytes, bytes]) -> LoggedEvent:
+    terminal = bool(fields.get(b"t"))
+    if b"d" in fields:
+        return LoggedEvent(seq, fields[b"y"].decode(), fields[b"d"], terminal)
+    # written by a replica of an older version, mid rolling update: an SSE frame
+    # (``event: <type>\ndata: <json>\n\n``)
+    frame = fields[b"f"]
+    nl = frame.find(b"\n")
+    return LoggedEvent(seq, frame[7:nl].decode(), frame[nl + 7:].rstrip(b"\n"), terminal)
 
 
 class RedisLogWriter:
@@ -314,7 +348,7 @@ class RedisLogWriter:
 
     The window is kept here, where the sizes are known: entries written are remembered as
     (sequence number, size), and when they exceed ``max_bytes`` the stream is trimmed to the
-    newest that fit. Frames the writer could not send (Redis down, or more pending than the window)
+    newest that fit. Events the writer could not send (Redis down, or more pending than the window)
     are dropped; a reader then sees the gap and says so."""
 
     def __init__(self, log_: RedisEventLog, response_id: str) -> None:
@@ -330,11 +364,11 @@ class RedisLogWriter:
         self.failures = 0
         self._task = asyncio.ensure_future(self._run())
 
-    def append(self, seq: int, frame: bytes, terminal: bool) -> None:
-        self._pending.append((seq, frame, terminal))
-        self._pending_bytes += len(frame)
+    def append(self, entry: LoggedEvent) -> None:
+        self._pending.append(entry)
+        self._pending_bytes += len(entry.data)
         while self._pending_bytes > self.log.max_bytes and len(self._pending) > 1:
-            self._pending_bytes -= len(self._pending.pop(0)[1])
+            self._pending_bytes -= len(self._pending.pop(0).data)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -356,10 +390,10 @@ class RedisLogWriter:
 
     async def _write(self, batch: list[Entry]) -> None:
         pipe = self.log.redis.pipeline(transaction=False)
-        for seq, frame, terminal in batch:
-            pipe.xadd(self.key, _fields(frame, terminal), id=_entry_id(seq))
-            self._kept.append((seq, len(frame)))
-            self._kept_bytes += len(frame)
+        for entry in batch:
+            pipe.xadd(self.key, _fields(entry), id=_entry_id(entry.seq))
+            self._kept.append((entry.seq, len(entry.data)))
+            self._kept_bytes += len(entry.data)
         trim = None
         while self._kept_bytes > self.log.max_bytes and len(self._kept) > 1:
             self._kept_bytes -= self._kept.popleft()[1]

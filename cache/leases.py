@@ -29,7 +29,8 @@ spread by chain).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 

@@ -35,14 +35,12 @@ import hashlib
 from typing import Any, Protocol
 
 import orjson
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.item_log import ItemLog
-from cache.redis_client import AsyncClient, connect
-from cache.seq import TokenSeq
+from cache.redis_client import AsyncClient, connect_store
 from cache.response_state import ResponseState
+from cache.seq import TokenSeq
 
 #: format of the sealed JSON (bumped when its fields change; an unknown version opens as nothing)
 VERSION = 1
@@ -98,12 +96,9 @@ class RedisResumable:
         self.prefix = prefix
 
     @classmethod
-    def from_url(cls, url: str, sealer: Seal, *, prefix: str = "respgate:", **client_kwargs: Any) -> "RedisResumable":
-        # the stores' client settings: an outage surfaces in milliseconds, one quick retry
-        client_kwargs.setdefault("socket_connect_timeout", 2.0)
-        client_kwargs.setdefault("socket_timeout", 5.0)
-        client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(connect(url, **client_kwargs), sealer, prefix=prefix)
+    def from_url(cls, url: str, sealer: Seal, *, prefix: str = "respgate:", **client_kwargs: Any) -> RedisResumable:
+        # the stores' client settings: an outage surfaces in seconds, one quick retry
+        return cls(connect_store(url, **client_kwargs), sealer, prefix=prefix)
 
     def key(self, response_id: str, tenant: str | None) -> str:
         tag = hashlib.blake2b(orjson.dumps(tenant), digest_size=8).hexdigest()

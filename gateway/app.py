@@ -74,9 +74,12 @@ def create_app(
                       pipeline=pipeline, auth=auth, access=access)
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
     from gateway.sessions.background import BackgroundTurns
+    from gateway.transport.inflight import HttpTurn, closing_events
 
-    background = gw.background = BackgroundTurns(settings, store, pipeline.finalizer, usage, metrics, access,
-                                                 gw.http_turns)
+    background = gw.background = BackgroundTurns(
+        settings, store, pipeline.finalizer, usage, metrics,
+        launch=lambda turn, events, deliver, settle: HttpTurn.start(gw.http_turns, turn, events, deliver, settle),
+        closing=closing_events)
     metrics.registry.register(BackgroundCollector(background))
     from gateway.sessions.resumable import ResumableStates
 

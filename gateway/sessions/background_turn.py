@@ -1,11 +1,14 @@
 """One background response on the replica that runs it: what it records as it runs, and how it ends.
 
-Its turn runs in an :class:`~gateway.transport.inflight.HttpTurn` task (tracked for the graceful
-shutdown like any HTTP turn) with no request attached: the create has already been answered. As
-events pass (``deliver``, in the turn's task):
+Its turn runs in the transport's turn task (``gateway.transport.inflight.HttpTurn``, handed in as
+``launch``: tracked for the graceful shutdown like any HTTP turn) with no request attached: the
+create has already been answered. What happens to it is decided by the machine
+(``gateway.sessions.background_machine``: its ``phase`` is the machine's state); this module does
+what the machine says. As events pass (``deliver``, in the turn's task):
 
-- with ``stream: true`` each one is framed once and appended to the response's event log (this
-  process's, and Redis's when configured), which the create's stream and any resume read;
+- with ``stream: true`` each one is encoded once (its JSON) and appended to the response's event
+  log (this process's, and Redis's when configured), which the create's stream and any resume read
+  and frame for their transport;
 - at ``response.in_progress`` the stored state is rewritten to say so. The ``queued`` state was
   written before the turn started, so a poll on any replica sees queued -> in_progress -> the
   final state, which the turn's own finalize writes (``gateway.turn.finalize``).
@@ -16,23 +19,24 @@ ends with ``response.failed`` carrying the ``cancelled`` snapshot, the shutdown 
 with an ``error`` event first); the logs are finished and flushed; once the final state is
 stored (checked: a state still ``in_progress`` is overwritten with the outcome) the Redis lease
 is released. A Redis or store failure here leaves the lease to lapse, and another replica then
-finishes the response as one whose owner died (``gateway.sessions.background``).
+finishes the response as one whose owner died (``gateway.sessions.replicas``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import orjson
 
-from cache.event_log import EventLog, RedisLogWriter
+from cache.event_log import EventLog, LoggedEvent, RedisLogWriter
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
-from gateway.transport.inflight import HttpTurn, closing_events
-from gateway.transport.sse import sse_frame
+from cache.seq import TokenSeq
+from gateway.sessions.background_machine import Act, Phase, Signal, step
 from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
@@ -45,6 +49,33 @@ log = logging.getLogger(__name__)
 #: statuses of a background response that has not ended
 ACTIVE = frozenset({ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS})
 TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
+
+
+class RunningTurn(Protocol):
+    """The transport's turn task, as a background response uses it (``gateway.transport.inflight.HttpTurn``)."""
+
+    #: the live Response; once the task ended, the snapshot as it was billed
+    response: dict[str, Any]
+    task: asyncio.Task[None]
+
+    def stop(self, *, requested: bool = False) -> None: ...
+
+    async def cut(self) -> int: ...
+
+
+Deliver = Callable[[Event], Awaitable[None]]
+Settle = Callable[[Any, "BaseException | None"], Awaitable[None]]
+#: starts a turn in a task of its own, known to the shutdown: (turn, events, deliver, settle)
+Launch = Callable[[PreparedTurn, AsyncIterator[Event], Deliver, Settle], RunningTurn]
+#: the events that end a stream whose turn did not send its terminal: (running, last seq, faulted)
+Closing = Callable[[Any, int, bool], list[Event]]
+
+
+def logged(ev: Mapping[str, Any]) -> LoggedEvent:
+    """An event (its wire form) as an event log keeps it: encoded once. Raises
+    ``orjson.JSONEncodeError`` for one that does not encode."""
+    kind = ev["type"]
+    return LoggedEvent(ev["sequence_number"], kind, orjson.dumps(ev), kind in TERMINAL_EVENTS)
 
 
 def snapshot(response: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +108,7 @@ class Slot:
 
 
 class BackgroundTurn:
-    def __init__(self, owner: "BackgroundTurns", turn: PreparedTurn, slot: Slot, state: ResponseState,
+    def __init__(self, owner: BackgroundTurns, turn: PreparedTurn, slot: Slot, state: ResponseState,
                  events_log: EventLog | None, writer: RedisLogWriter | None) -> None:
         self.owner = owner
         self.id = turn.id
@@ -88,49 +119,71 @@ class BackgroundTurn:
         self.state = state
         self.log = events_log
         self.writer = writer
-        #: queued -> running, for the gauges
-        self.phase = "queued"
+        #: the machine's state (queued -> running -> ended; the gauges count it)
+        self.phase = Phase.QUEUED
         self.last_seq = -1
         self.ended = False
-        self.running: HttpTurn | None = None
+        self.running: RunningTurn | None = None
 
     @property
     def created(self) -> dict[str, Any]:
         """The Response the create answers with (``queued``)."""
         return self.state.response
 
-    def cancel(self) -> None:
-        if self.running is not None:
-            self.running.stop(requested=True)
+    def _step(self, signal: Signal) -> tuple[Act, ...]:
+        self.phase, actions = step(self.phase, signal)
+        return actions
+
+    def stop(self, signal: Signal) -> None:
+        """A cancel (here or from another replica) or a lost lease: the machine says whether to stop."""
+        for act in self._step(signal):
+            if act is Act.STOP_TURN and self.running is not None:
+                self.running.stop(requested=True)
+
+    async def cut(self) -> None:
+        """Shutdown: abort it and wait until it is billed; one that is settling finishes its record."""
+        if self.running is None:
+            return
+        if Act.CUT_TURN in self._step(Signal.SHUTDOWN):
+            await self.running.cut()
+        else:
+            await asyncio.wait({self.running.task})
 
     async def deliver(self, ev: Event) -> None:
         if self.log is not None or self.writer is not None:
-            self._record(ev, sse_frame(wire_event(ev, self.tools_json)))  # framed in the turn's task, once for every reader
+            # encoded in the turn's task, once for every reader: one that does not encode ends the turn
+            self._record(logged(wire_event(ev, self.tools_json)))
         if ev["type"] == "response.in_progress":
-            self.phase = "running"
-            await self.owner.put_quietly(msgspec.structs.replace(self.state, response=snapshot(ev["response"])))
+            for act in self._step(Signal.IN_PROGRESS):
+                if act is Act.STORE_PROGRESS:
+                    await self.owner.put_quietly(msgspec.structs.replace(self.state, response=snapshot(ev["response"])))
 
-    def _record(self, ev: Event, frame: bytes) -> None:
-        seq, terminal = ev["sequence_number"], ev["type"] in TERMINAL_EVENTS
+    def _record(self, entry: LoggedEvent) -> None:
         if self.log is not None:
-            self.log.append(seq, frame, terminal)
+            self.log.append(entry)
         if self.writer is not None:
-            self.writer.append(seq, frame, terminal)
-        self.last_seq, self.ended = seq, terminal
+            self.writer.append(entry)
+        self.last_seq, self.ended = entry.seq, entry.terminal
 
-    async def settle(self, running: HttpTurn, fault: BaseException | None) -> None:
+    async def settle(self, running: RunningTurn, fault: BaseException | None) -> None:
         try:
-            if not self.ended and (self.log is not None or self.writer is not None):
-                for ev in closing_events(running, self.last_seq, fault is not None):
-                    try:
-                        frame = sse_frame(ev)
-                    except orjson.JSONEncodeError:  # the failed snapshot holds what did not encode
-                        continue
-                    self._record(ev, frame)
-            if self.log is not None:
-                self.log.finish()
-            if self.writer is not None:
-                await self.writer.close()
-            await self.owner.finished(self, running.response)
-        finally:
+            for act in self._step(Signal.SETTLED):
+                if act is Act.CLOSE_STREAM:
+                    await self._close_stream(running, fault)
+                elif act is Act.RECORD_OUTCOME:
+                    await self.owner.finished(self, running.response)
+        finally:  # Act.FORGET, even when what came before it failed
             self.owner.forget(self)
+
+    async def _close_stream(self, running: RunningTurn, fault: BaseException | None) -> None:
+        if not self.ended and (self.log is not None or self.writer is not None):
+            for ev in self.owner.closing(running, self.last_seq, fault is not None):
+                try:
+                    entry = logged(ev)
+                except orjson.JSONEncodeError:  # the failed snapshot holds what did not encode
+                    continue
+                self._record(entry)
+        if self.log is not None:
+            self.log.finish()
+        if self.writer is not None:
+            await self.writer.close()

@@ -31,8 +31,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from cache.redis_resumable import RedisResumable, ResumeUnavailable
 from cache.response_state import ResponseState
@@ -56,7 +56,7 @@ class _Entry:
     expires: float
     nbytes: int
     #: the Redis write, when there is one: resolves True once the record is in Redis
-    written: "asyncio.Future[bool] | None" = None
+    written: asyncio.Future[bool] | None = None
 
 
 class ResumableStates:
@@ -77,7 +77,7 @@ class ResumableStates:
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics) -> "ResumableStates | None":
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> ResumableStates | None:
         """None when resuming is off (``ws_resume_window_s`` = 0)."""
         if not settings.ws_resume_window_s:
             return None

@@ -11,23 +11,27 @@ answers ``queued`` at once (or streams from its event log), and retrieve, cancel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from cache.event_log import LoggedEvent
 from cache.response_store import StoreUnavailable
+from gateway.access.rate_limits import rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.http_protocol import log_rejection
+from gateway.sessions.background import limit_message
 from gateway.sessions.background_turn import ACTIVE, Slot
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
-from gateway.transport.sse import sse_frame, timing_comment, wants_server_timing
+from gateway.transport.sse import sse_encoded, sse_frame, timing_comment, wants_server_timing
 from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn, TurnContext
 from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
@@ -126,7 +130,10 @@ async def create_response(request: Request) -> Response:
     slot: Slot | None = None
     try:
         if isinstance(body, dict) and body.get("background") is True:
-            slot = gw.background.admit(principal.tenant)  # 429 before the create is prepared
+            slot = gw.background.admit(principal.tenant)
+            if slot is None:  # 429 before the create is prepared
+                gw.access.rejected("http", "background")
+                raise rate_limit_error(limit_message(gw.settings.background_max_per_tenant), "requests")
         turn = await gw.pipeline.prepare(body, ctx)
         reserved, on_usage = await gw.access.reserve(principal, turn.prompt_len)
     except ApiError as err:
@@ -182,8 +189,8 @@ async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterato
         response = _json(bg.created)
         response.headers.update(headers)
         return response
-    frames = await gw.background.open_stream(bg.state, turn.ctx.tenant, -1)
-    return StreamingResponse(frames, media_type="text/event-stream; charset=utf-8",
+    events = await gw.background.open_events(bg.state, turn.ctx.tenant, -1)
+    return StreamingResponse(_sse_logged(events), media_type="text/event-stream; charset=utf-8",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
 
@@ -341,9 +348,16 @@ async def get_response(request: Request, response_id: str) -> Response:
     gw, tenant, state = await _stored(request, response_id)
     if stream in ("false", "0"):
         return _json(state.response)
-    frames = await gw.background.open_stream(state, tenant, after)
-    return StreamingResponse(frames, media_type="text/event-stream; charset=utf-8",
+    events = await gw.background.open_events(state, tenant, after)
+    return StreamingResponse(_sse_logged(events), media_type="text/event-stream; charset=utf-8",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+
+async def _sse_logged(events: AsyncGenerator[LoggedEvent, None]) -> AsyncIterator[bytes]:
+    """A background stream's events (``gateway.sessions.replay``), framed as SSE."""
+    async with contextlib.aclosing(events) as source:
+        async for event in source:
+            yield sse_encoded(event.type, event.data)
 
 
 def _starting_after(raw: str | None) -> int:

@@ -30,7 +30,12 @@ _YES = frozenset({"1", "true", "on", "yes"})
 
 
 def sse_frame(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return sse_encoded(event["type"], orjson.dumps(event))
+
+
+def sse_encoded(kind: str, data: bytes) -> bytes:
+    """The frame of an event already encoded (its ``type`` and JSON: how an event log keeps it)."""
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
 def wants_server_timing(headers: Mapping[str, str]) -> bool:

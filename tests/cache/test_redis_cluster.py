@@ -35,7 +35,7 @@ from billing.ledger import DEFAULT_STREAM, RedisLedger, marker_key, shard_of, sh
 from billing.report import iter_ledger
 from billing.usage import MemorySink
 from cache.conversations import Limits
-from cache.event_log import RedisEventLog
+from cache.event_log import LoggedEvent, RedisEventLog
 from cache.leases import RedisLeases
 from cache.redis_client import ClusterClient, connect, is_cluster
 from cache.redis_conversations import RedisConversationStore
@@ -97,15 +97,15 @@ async def exercise(url: str) -> None:
         log = RedisEventLog(client, max_bytes=10, ttl_s=60)
         writer = log.writer("resp_bg")
         for seq in range(5):
-            writer.append(seq, b"frame", seq == 4)
+            writer.append(LoggedEvent(seq, "t", b"{}", seq == 4))
         await writer.close()
         assert writer.failures == 0 and (await log.bounds("resp_bg"))[1:] == (4, True)
-        await log.append("resp_bg2", [(0, b"a", False), (1, b"b", True)])
+        await log.append("resp_bg2", [LoggedEvent(0, "t", b"a", False), LoggedEvent(1, "t", b"b", True)])
 
         async def ended() -> bool:
             return True
 
-        assert [f async for f in log.follow("resp_bg2", -1, ended)] == [b"a", b"b"]
+        assert [e.data async for e in log.follow("resp_bg2", -1, ended)] == [b"a", b"b"]
 
         a, b = RedisLeases(client, lease_s=0.05), RedisLeases(client, lease_s=30)
         await a.acquire("resp_x", {"tenant": "t1", "model": "m"})
@@ -234,7 +234,7 @@ def _b(key: Any) -> bytes:
 
 #: every module that talks to Redis, each driven by ``exercise`` above (add a new one there)
 CONSUMERS = {"cache/redis_response_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
-             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/sessions/background.py",
+             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/sessions/replicas.py",
              "gateway/ops/check.py", "cache/redis_resumable.py"}
 
 

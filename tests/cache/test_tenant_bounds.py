@@ -87,40 +87,42 @@ def test_conversation_tips_give_each_tenant_its_share():
 async def test_event_logs_flood_by_one_tenant_leaves_anothers_finished_log():
     """Item 9: tenant A's 30 background streams drop A's own finished logs, not B's (before: finished
     logs went oldest first, whoever's they were, so B's went while B's response was readable)."""
+    from cache.event_log import LoggedEvent as E
     from cache.event_log import MemoryEventLogs
 
     logs = MemoryEventLogs(max_bytes=64 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
     b = logs.open("resp_b", "B")
     for i in range(5):
-        b.append(i, b"b" * 1_000, i == 4)
+        b.append(E(i, "t", b"b" * 1_000, i == 4))
     b.finish()
     for n in range(30):
         a = logs.open(f"resp_a{n}", "A")
         for i in range(60):
-            a.append(i, b"a" * 1_000, i == 59)
+            a.append(E(i, "t", b"a" * 1_000, i == 59))
         a.finish()
-    assert logs.get("resp_b") is b and [f async for f in b.follow(-1)][-1] == b"b" * 1_000
+    assert logs.get("resp_b") is b and [e.data async for e in b.follow(-1)][-1] == b"b" * 1_000
     assert logs.evictions > 0 and logs.nbytes <= logs.max_total_bytes
     assert logs.get("resp_a29") is not None and logs.get("resp_a0") is None
 
 
 async def test_event_logs_a_running_log_that_grows_the_total_gives_back_its_own_tenants_first():
+    from cache.event_log import LoggedEvent as E
     from cache.event_log import MemoryEventLogs
 
     logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
     b = logs.open("resp_b", "B")
-    b.append(0, b"b" * 100_000, True)
+    b.append(E(0, "t", b"b" * 100_000, True))
     b.finish()
     done = []
     for n in range(2):
         a = logs.open(f"resp_a{n}", "A")
-        a.append(0, b"a" * 200_000, True)
+        a.append(E(0, "t", b"a" * 200_000, True))
         a.finish()
         done.append(a)
     running = [logs.open(f"resp_r{n}", "A") for n in range(3)]
     for i in range(3):
         for r in running:
-            r.append(i, b"r" * 80_000, False)  # 720 KB running: over the total with the finished
+            r.append(E(i, "t", b"r" * 80_000, False))  # 720 KB running: over the total with the finished
     assert logs.get("resp_b") is b and logs.get("resp_a0") is None
     assert logs.nbytes <= logs.max_total_bytes
 
@@ -130,35 +132,37 @@ async def test_event_logs_running_logs_of_one_tenant_never_evict_anothers_within
     log; B's one finished log is within its share, so it stays and the total goes over (before: B's
     log was evicted, the oldest finished one of all). A tenant over its share counting its running
     logs gives back its finished ones."""
+    from cache.event_log import LoggedEvent as E
     from cache.event_log import MemoryEventLogs
 
     logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
     b = logs.open("resp_b", "B")
-    b.append(0, b"b" * 1_000, True)
+    b.append(E(0, "t", b"b" * 1_000, True))
     b.finish()
     running = [logs.open(f"resp_a{n}", "A") for n in range(5)]
     for r in running:
-        r.append(0, b"a" * 250_000, False)
+        r.append(E(0, "t", b"a" * 250_000, False))
     assert logs.get("resp_b") is b and logs.evictions == 0 and logs.nbytes == 1_251_000
     c2 = logs.open("resp_c2", "C")  # C: a running log, then a finished one: over its share together
-    c2.append(0, b"c" * 262_000, False)
+    c2.append(E(0, "t", b"c" * 262_000, False))
     c = logs.open("resp_c", "C")
-    c.append(0, b"c" * 1_000, True)
+    c.append(E(0, "t", b"c" * 1_000, True))
     c.finish()
     assert logs.get("resp_c") is c and logs.evictions == 0
-    running[0].append(1, b"a" * 1_000, False)  # A grows again: C's finished log goes, B's stays
+    running[0].append(E(1, "t", b"a" * 1_000, False))  # A grows again: C's finished log goes, B's stays
     assert logs.get("resp_c") is None and logs.get("resp_b") is b and logs.evictions == 1
 
 
 async def test_event_logs_keep_a_finished_log_that_fills_its_window():
     """Review of item 9: a finished log above a quarter of the total (its full window plus the record's
     overhead) was dropped the moment it finished, so a resume failed; it is kept now, whole."""
+    from cache.event_log import LoggedEvent as E
     from cache.event_log import MemoryEventLogs
 
     logs = MemoryEventLogs(max_bytes=256 * 1024, max_total_bytes=1024 * 1024, ttl_s=600)
     full = logs.open("resp_full", "A")
     for i in range(64):
-        full.append(i, b"f" * 4_096, i == 63)  # exactly the window: 256 KiB
+        full.append(E(i, "t", b"f" * 4_096, i == 63))  # exactly the window: 256 KiB
     full.finish()
     assert logs.get("resp_full") is full and full.nbytes == 256 * 1024
     assert len([f async for f in full.follow(-1)]) == 64 and logs.nbytes == 256 * 1024

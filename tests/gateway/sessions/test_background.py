@@ -400,12 +400,13 @@ def _ready(base: str) -> bool:
 
 
 async def test_memory_event_logs_are_bounded_per_log_in_all_and_in_time():
+    from cache.event_log import LoggedEvent as E
     from cache.event_log import MemoryEventLogs, Truncated
 
     logs = MemoryEventLogs(max_bytes=1_000, max_total_bytes=25_000, ttl_s=0.05)
     a = logs.open("a")
     for i in range(10):
-        a.append(i, b"x" * 300, i == 9)
+        a.append(E(i, "t", b"x" * 300, i == 9))
     assert (a.first_seq, a.next_seq, a.nbytes, a.terminal_seq) == (7, 10, 900, 9)
     with pytest.raises(Truncated) as exc:
         [f async for f in a.follow(0)]
@@ -415,14 +416,14 @@ async def test_memory_event_logs_are_bounded_per_log_in_all_and_in_time():
     b, c = logs.open("b"), logs.open("c")
     running = [logs.open(f"r{i}") for i in range(24)]
     for r in running:
-        r.append(0, b"r" * 1_000, False)
-    b.append(0, b"y" * 900, False)
-    c.append(0, b"z" * 900, False)  # 26,700 bytes in all: the finished log goes, the running ones stay
+        r.append(E(0, "t", b"r" * 1_000, False))
+    b.append(E(0, "t", b"y" * 900, False))
+    c.append(E(0, "t", b"z" * 900, False))  # 26,700 bytes in all: the finished log goes, the running ones stay
     assert logs.get("a") is None and logs.evictions == 1 and logs.nbytes == 25_800
     reader = c.follow(-1)
-    assert await anext(reader) == b"z" * 900
-    c.append(1, b"z" * 600, False)
-    c.append(2, b"z" * 600, False)  # the window moved past the reader's next frame
+    assert (await anext(reader)).data == b"z" * 900
+    c.append(E(1, "t", b"z" * 600, False))
+    c.append(E(2, "t", b"z" * 600, False))  # the window moved past the reader's next frame
     with pytest.raises(Truncated):
         await anext(reader)
     c.finish()
@@ -452,14 +453,14 @@ def test_shutdown_cuts_a_background_turn_billed_once_cancelled_and_its_stream_en
 async def test_redis_event_log_keeps_the_same_window_and_readers_see_gaps(redis_url):
     import redis.asyncio as aioredis
 
-    from cache.event_log import RedisEventLog, Truncated
+    from cache.event_log import LoggedEvent, RedisEventLog, Truncated
 
     client = aioredis.Redis.from_url(redis_url)
     try:
         shared = RedisEventLog(client, max_bytes=100, ttl_s=60)
         writer = shared.writer("resp_w")
         for i in range(10):
-            writer.append(i, b"x" * 30, i == 9)
+            writer.append(LoggedEvent(i, "response.output_text.delta", b"x" * 30, i == 9))
         await writer.close()
         assert await shared.bounds("resp_w") == (7, 9, True)
         assert 0 < await client.pttl(shared.key("resp_w")) <= 60_000
@@ -467,7 +468,8 @@ async def test_redis_event_log_keeps_the_same_window_and_readers_see_gaps(redis_
         with pytest.raises(Truncated) as exc:
             [f async for f in shared.follow("resp_w", 0, never)]
         assert exc.value.first_kept == 7
-        assert len([f async for f in shared.follow("resp_w", 6, never)]) == 3
+        tail = [e async for e in shared.follow("resp_w", 6, never)]
+        assert tail == [LoggedEvent(i, "response.output_text.delta", b"x" * 30, i == 9) for i in (7, 8, 9)]
         assert await shared.bounds("resp_missing") is None
     finally:
         await client.aclose()
