@@ -17,12 +17,18 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 
 class Settings(BaseModel):
+    #: address to bind; any other than loopback needs API keys or ``open_mode`` (containers: ``0.0.0.0``)
     host: str = "127.0.0.1"
+    #: port of the HTTP, SSE and WebSocket listener (one port for all three)
     port: int = 8000
+    #: ``auto``: in-process vLLM when it is installed, else the simulated engine (that fallback only for
+    #: the default model); ``vllm``: in-process; ``remote-vllm``: a vLLM server at ``remote_url``;
+    #: ``simulated``: scripted outputs, no weights (model ``gpt-oss-sim``)
     engine: Literal["auto", "simulated", "vllm", "remote-vllm"] = "auto"
     #: remote-vllm: the vLLM server (started with --enable-scale-out) and its API key; the gateway
     #: still needs the model folder (``model_path``) for the tokenizer and prompt format
     remote_url: str = "http://127.0.0.1:8001"
+    #: remote-vllm: the API key the vLLM server was started with (sent as a bearer); unset: none
     remote_api_key: str | None = None
     #: remote-vllm: the header each engine request carries its chain's session key in, for a router
     #: in front of several vLLM pods (llm-d's session affinity, configured on the same header); empty: none
@@ -35,6 +41,7 @@ class Settings(BaseModel):
     model_path: str = "packaged:smollm2"
     #: prompt format: ``auto`` = harmony for gpt-oss folders, the model's chat template otherwise
     renderer: Literal["auto", "harmony", "chat_template"] = "auto"
+    #: most tokens of prompt plus output one response may use (capped by the model's own length)
     max_context: int = 131_072
     #: output cap of a request that sets no ``max_output_tokens``; unset: suited to the engine
     #: (256 on an in-process CPU build, whose small default model would otherwise run to the end of
@@ -44,19 +51,29 @@ class Settings(BaseModel):
     #: unset: the served model's own (packaged models: ``gateway/engines.py::PACKAGED_SAMPLING``, e.g.
     #: greedy for SmolLM2, which rambles at 1.0), else OpenAI's 1.0. Per model in a models file entry.
     default_temperature: float | None = Field(default=None, ge=0, le=2)
+    #: the ``top_p`` of a request that sets none; unset: as ``default_temperature`` says
     default_top_p: float | None = Field(default=None, gt=0, le=1)
     # vLLM engine arguments (see inference/vllm_engine.py); CPU builds force fp32 + eager
+    #: vLLM ``--dtype`` (``auto``: the model's; CPU builds: float32)
     dtype: str = "auto"
+    #: vLLM ``--max-model-len``; unset: the model's own context length
     max_model_len: int | None = None
+    #: vLLM ``--tensor-parallel-size``: GPUs one model is split over
     tensor_parallel_size: int = 1
+    #: vLLM ``--data-parallel-size``: engine replicas inside this gateway
     data_parallel_size: int = 1
+    #: vLLM ``--gpu-memory-utilization``: the share of GPU memory for weights and KV cache
     gpu_memory_utilization: float = 0.9
+    #: vLLM CPU builds: GiB of KV cache (``VLLM_CPU_KVCACHE_SPACE`` unless already set)
     cpu_kv_space_gib: int = 2
+    #: vLLM ``--max-num-seqs``: sequences per engine step; unset: vLLM's server default
     max_num_seqs: int | None = None
     #: KV block size: prefix-cache hits come in whole blocks (CPU default 32 instead of vLLM's 128,
     #: so short agent turns still hit the cache)
     block_size: int | None = None
+    #: vLLM ``--enforce-eager`` (always on for CPU builds: torch.compile warm-up costs minutes there)
     enforce_eager: bool = False
+    #: converted models, vocabularies and logs; unset: ``$RESPGATE_CACHE_DIR``, else ``~/.cache/respgate``
     cache_dir: str | None = None
     # --- access: API keys, tenants, limits (security/keys.py, security/token_buckets.py) -------------------
     #: static API keys for simple set-ups: ``KEY`` (its own tenant) or ``TENANT:KEY``
@@ -67,6 +84,7 @@ class Settings(BaseModel):
     open_mode: bool = False
     #: default per-key limits (keys may override them); None = unlimited
     rate_limit_rpm: int | None = None
+    #: default tokens per minute per key; None = unlimited (``rate_limit_rpm``: requests per minute)
     rate_limit_tpm: int | None = None
     #: concurrent WebSocket connections per key (per replica); None = unlimited
     ws_max_connections_per_key: int | None = 64
@@ -78,7 +96,7 @@ class Settings(BaseModel):
     #: 64 KiB taken by the client) is closed with 1008 and its turns aborted, billed as cancelled;
     #: a closing socket whose client still does not read is reset after as long again
     ws_send_deadline_s: float = Field(default=10.0, gt=0)
-    # ---------------------------------------------------------------------------------------------
+    # -- request bounds: bodies, frames, JSON, schemas, preparation (gateway/wire/validation.py) -----
     #: largest accepted request (HTTP body or WebSocket frame) in bytes; must stay >= 20 MiB
     max_request_bytes: int = 32 * 1024 * 1024
     #: browser origins whose pages may call the gateway (``https://app.example``, or ``*``); any other
@@ -88,6 +106,7 @@ class Settings(BaseModel):
     max_json_depth: int = Field(default=64, ge=8, le=200)
     #: most input items / tools one create may list (400 array_above_max_length beyond)
     max_input_items: int = Field(default=20_000, ge=1)
+    #: most tools one create may list (400 array_above_max_length beyond)
     max_tools: int = Field(default=512, ge=1)
     #: largest serialized schema one create may carry (each tool's parameters or grammar, text.format's schema)
     max_schema_bytes: int = Field(default=128 * 1024, ge=1024)
@@ -107,19 +126,26 @@ class Settings(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
     #: longest wait for the next chunk of a request body (beyond: 408, closed)
     body_timeout_s: float = Field(default=30.0, gt=0)
+    # -- WebSocket connections and the stores (gateway/transport/ws.py, cache/) --------------------
+    #: a WebSocket connection's age limit (then a ``websocket_connection_limit_reached`` error frame
+    #: and close 1000)
     ws_max_age_s: float = 3600.0
     #: on shutdown, how long in-flight WebSocket responses may run before sockets are closed
     shutdown_grace_s: float = 30.0
     #: close an idle socket (error frame + 1000) as soon as it reaches the age limit
     ws_close_idle_at_limit: bool = True
+    #: turns one WebSocket connection runs at once across its lanes (more wait in the queue)
     ws_max_inflight: int = 16
+    #: named ``stream_id`` lanes one WebSocket connection may open besides the default lane
     ws_max_lanes: int = 32
+    #: memory one connection's cache of lane states may hold (least recently used out)
     ws_cache_bytes: int = 512 * 1024 * 1024
     #: resumable store=false chains (gateway/transport/resumable.py): a closed connection's lane
     #: states stay claimable this long by a reconnect of the same tenant; 0 = off (the default)
     ws_resume_window_s: float = Field(default=0.0, ge=0, le=3600)
     #: memory those states may hold on this replica, in all and per tenant (oldest dropped first)
     ws_resume_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    #: the same per tenant (a state bigger than this is not kept)
     ws_resume_tenant_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: also leave each state in Redis (``redis_url``) as a sealed record that expires with the
     #: window, so a reconnect to another replica continues; needs a ``seal_secret`` shared by replicas
@@ -128,23 +154,28 @@ class Settings(BaseModel):
     #: its Response, metadata, items, tokens and index entries) and their number; each tenant is held
     #: to a quarter of both once the store is full (``cache.response_store``)
     store_max_bytes: int = 1024 * 1024 * 1024
+    #: the in-memory response store: most records it holds (see ``store_max_bytes``)
     store_max_entries: int = Field(default=1_000_000, ge=1)
     #: full-history requests (no previous_response_id): the rendered prefixes kept for reuse, in all
     #: and per tenant (token views, least recently used conversation out); 0 turns the cache off
     prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    #: the prefix cache's bound per tenant (see ``prefix_cache_bytes``)
     prefix_cache_tenant_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: full-history requests: input items already validated, kept by exact JSON per tenant
     #: (``gateway.turn.checks.ItemChecks``; least recently used out); 0 turns it off
     item_checks_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: how long a stored response is kept after its write (memory and Redis)
     store_ttl_s: float = 24 * 3600.0
     # -- conversations (cache/conversations.py, gateway/turn/conversation.py) ------------------------
     #: items and bytes of item JSON one conversation may hold (an addition beyond is a 400; a turn's
     #: own items are always kept, so a turn may cross the bound once)
     conversation_max_items: int = Field(default=10_000, ge=1)
+    #: bytes of item JSON one conversation may hold (see ``conversation_max_items``)
     conversation_max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     #: all conversations of the in-memory store together, in memory (items, metadata, ids) and in
     #: number (least recently used dropped first; each tenant held to a quarter of both once full)
     conversation_store_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    #: without Redis: most conversations the process holds (see ``conversation_store_max_bytes``)
     conversation_store_max_entries: int = Field(default=1_000_000, ge=1)
     #: a conversation expires this long after its last change
     conversation_ttl_s: float = Field(default=30 * 86400.0, gt=0)
@@ -202,22 +233,33 @@ class Settings(BaseModel):
     classifier_policy_file: str | None = None
     #: an external moderation service, POSTed the new items' text; see security/external.py
     classifier_url: str | None = None
+    #: the external service's request shape: respgate's, or OpenAI's moderation API
     classifier_wire: Literal["respgate", "openai"] = "respgate"
+    #: bearer key sent to the external service; unset: none
     classifier_api_key: str | None = None
+    #: ``model`` sent to the external service; unset: none
     classifier_model: str | None = None
+    #: longest wait for the external service (then ``classifier_fail_mode`` decides)
     classifier_timeout_s: float = 2.0
     #: external service down: ``open`` = go on and flag ``classifier_unavailable``; ``closed`` = 503
     classifier_fail_mode: Literal["open", "closed"] = "open"
     #: review stream for flags (Redis Stream with ``redis_url``, else in memory) and its bounds
     flags_stream: str = "respgate:flags"
+    #: the review stream is trimmed to about this many records (Redis)
     flags_stream_maxlen: int = 1_000_000
+    #: flags held in process while Redis is down, or in all without Redis (oldest dropped, counted)
     flags_buffer: int = 10_000
     #: compaction: the most tokens the model may spend on a conversation summary
     compact_summary_tokens: int = Field(default=1024, ge=16)
     # simulated engine speed (0 = as fast as possible)
+    #: simulated engine: seconds before the first token
     sim_ttft_s: float = 0.0
+    #: simulated engine: prompt tokens per second
     sim_prefill_tps: float = 0.0
+    #: simulated engine: output tokens per second
     sim_decode_tps: float = 0.0
+    # -- logs ------------------------------------------------------------------------------------
+    #: debug, info, warning or error
     log_level: str = "info"
     # -- operations: logs, metrics (gateway/ops/logging_setup.py, gateway/base/metrics.py) -----------------
     #: log lines as JSON objects with request/response ids (``json``), or plain text
