@@ -77,7 +77,9 @@ id (one key each, so any slot) plus one read of each home response.
 Rendered token ids stay process-local (``TokenCache``): they are large (4 bytes a token packed, many
 per item) and only useful to the process whose renderer made them. A miss hydrates the
 items with empty ``history_ids`` and ``prelude_key=b""``, which the pipeline renders in full once
-(counted), after which this process holds the chain's tokens again.
+(counted), after which this process holds the chain's tokens again. Both process-local caches are
+keyed by tenant and response id and hold each tenant to its share of their bytes
+(``SharedBufferLRU``): one tenant's flood of chains does not make another's turns hydrate again.
 
 Upgrading from an earlier layout (records holding their own delta, pointers listing ancestors, or
 the untagged ``P r:<id>``): responses stored before it are not found after it (a pointer without a
@@ -92,7 +94,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import OrderedDict
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -102,6 +104,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.item_log import ItemLog
+from cache.lru import BoundedLRU, tenant_of
 from cache.redis_client import AsyncClient, check_prefix, connect
 from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.response_state import ResponseState
@@ -171,70 +174,94 @@ return 1
 
 
 class SharedBufferLRU:
-    """Process-local LRU of views over shared, append-only buffers, bounded in bytes.
+    """Process-local LRU of views over shared, append-only buffers, bounded in bytes, each tenant
+    held to its share.
 
     Views of one chain share one buffer, so charging each entry its own size would count the same
     bytes many times over. Bytes are charged per distinct buffer instead: a buffer costs the largest
-    charge any entry over it was put with (buffers only grow) until no entry refers to it.
+    charge any entry over it was put with (buffers only grow) until no entry refers to it, and the
+    tenant of its first entry is charged for it. The entries are a :class:`~cache.lru.BoundedLRU`
+    whose parts are the tenants (its own charge is nil: the buffers are charged here, as memory
+    outside the map): while the bytes are over the bound, the least recently used entry of the
+    tenant furthest over its share goes, or, when none is over, the least recently used of all — so
+    one tenant's flood of chains churns its own once it holds its share of ``max_bytes``.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, share: float = 0.25) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[Any, Any]] = OrderedDict()   # key -> (value, buffer)
-        #: id(buffer) -> [entries referring to it, bytes charged for it]
-        self._bufs: dict[int, list[int]] = {}
+        self._entries: BoundedLRU[tuple[str | None, str], tuple[Any, Any]] = BoundedLRU(
+            sys.maxsize, max_bytes, part=tenant_of, share=share, on_evict=self._dropped)
+        #: id(buffer) -> [entries referring to it, bytes charged for it, the tenant charged]
+        self._bufs: dict[int, list[Any]] = {}
+        #: tenant -> the bytes of the buffers charged to it
+        self._tenants: dict[str | None, int] = {}
         self.nbytes = 0
-        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _get(self, key: str) -> Any:
-        hit = self._entries.get(key)
-        if hit is None:
-            return None
-        self._entries.move_to_end(key)
-        return hit[0]
+    @property
+    def evictions(self) -> int:
+        return self._entries.evictions
 
-    def _put(self, key: str, value: Any, buf: Any, charge: int) -> None:
-        self.discard(key)
-        ref = self._bufs.setdefault(id(buf), [0, 0])
+    def tenant_nbytes(self, tenant: str | None) -> int:
+        return self._tenants.get(tenant, 0)
+
+    def _get(self, key: str, tenant: str | None) -> Any:
+        hit = self._entries.get((tenant, key))
+        return None if hit is None else hit[0]
+
+    def _put(self, key: str, value: Any, buf: Any, charge: int, tenant: str | None) -> None:
+        self.discard(key, tenant)
+        ref = self._bufs.setdefault(id(buf), [0, 0, tenant])
         ref[0] += 1
         if charge > ref[1]:
-            self.nbytes += charge - ref[1]
+            self._charge(ref, charge - ref[1])
             ref[1] = charge
-        self._entries[key] = (value, buf)
-        while self.nbytes > self.max_bytes and self._entries:
-            self._release(self._entries.popitem(last=False)[1][1])
-            self.evictions += 1
+        self._entries.put((tenant, key), (value, buf))
+        while self.nbytes > self.max_bytes and len(self._entries):
+            if not self._entries.evict_one(outside=self._tenants):
+                self._entries.evict_one()
 
-    def discard(self, key: str) -> None:
-        hit = self._entries.pop(key, None)
+    def discard(self, key: str, tenant: str | None = None) -> None:
+        hit = self._entries.pop((tenant, key))
         if hit is not None:
             self._release(hit[1])
 
     def clear(self) -> None:
         self._entries.clear()
         self._bufs.clear()
+        self._tenants.clear()
         self.nbytes = 0
+
+    def _dropped(self, _: tuple[str | None, str], hit: tuple[Any, Any]) -> None:
+        self._release(hit[1])
+
+    def _charge(self, ref: list[Any], delta: int) -> None:
+        self.nbytes += delta
+        left = self._tenants.get(ref[2], 0) + delta
+        if left:
+            self._tenants[ref[2]] = left
+        else:
+            self._tenants.pop(ref[2], None)
 
     def _release(self, buf: Any) -> None:
         ref = self._bufs[id(buf)]
         ref[0] -= 1
         if ref[0] == 0:
-            self.nbytes -= ref[1]
+            self._charge(ref, -ref[1])
             del self._bufs[id(buf)]
 
 
 class TokenCache(SharedBufferLRU):
     """Response id -> its ``history_ids`` view (no copy), charged 4 bytes a token of its buffer."""
 
-    def get(self, response_id: str) -> TokenSeq | None:
-        return self._get(response_id)
+    def get(self, response_id: str, tenant: str | None = None) -> TokenSeq | None:
+        return self._get(response_id, tenant)
 
-    def put(self, response_id: str, seq: TokenSeq) -> None:
+    def put(self, response_id: str, seq: TokenSeq, tenant: str | None = None) -> None:
         buf = seq._buf  # the shared buffer: same package, deliberately read for accounting
-        self._put(response_id, seq, buf, TOKEN_BYTES * len(buf))
+        self._put(response_id, seq, buf, TOKEN_BYTES * len(buf), tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +288,11 @@ class ChainCache(SharedBufferLRU):
     before. Charged per distinct item buffer with the largest ``nbytes`` (the state's approximate
     bytes) of an entry over it."""
 
-    def get(self, response_id: str) -> ChainEntry | None:
-        return self._get(response_id)
+    def get(self, response_id: str, tenant: str | None = None) -> ChainEntry | None:
+        return self._get(response_id, tenant)
 
-    def put(self, response_id: str, entry: ChainEntry, nbytes: int) -> None:
-        self._put(response_id, entry, entry.context._buf, max(1, nbytes))
+    def put(self, response_id: str, entry: ChainEntry, nbytes: int, tenant: str | None = None) -> None:
+        self._put(response_id, entry, entry.context._buf, max(1, nbytes), tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,12 +370,12 @@ class RedisStore:
         except RedisError as exc:
             raise StoreUnavailable(f"response store write failed: {exc}") from exc
         if state.prelude_key and len(state.history_ids):
-            self.tokens.put(state.id, state.history_ids)
+            self.tokens.put(state.id, state.history_ids, state.tenant)
 
     async def _put(self, state: ResponseState) -> None:
         link = _Link(state.id, "", 0, 0)
         if state.parent_id is not None:
-            known = self.chains.get(state.parent_id)
+            known = self.chains.get(state.parent_id, state.tenant)
             parent = ({"root": known.root, "depth": known.depth, "clen": len(known.context)} if known is not None
                       else await self._pointer(state.parent_id))
             if parent is not None and parent["clen"] <= len(state.context):
@@ -371,7 +398,7 @@ class RedisStore:
             self.rerooted += 1
             link = _Link(state.id, "", 0, 0)
             await self._send(state, link, record, index, claimed)
-        self.chains.put(state.id, ChainEntry(link.root, link.depth, state.context), state.nbytes)
+        self.chains.put(state.id, ChainEntry(link.root, link.depth, state.context), state.nbytes, state.tenant)
 
     async def _send(self, state: ResponseState, link: _Link, record: list[Any], index: list[tuple[str, str, int]],
                     again: list[bool] | None) -> tuple[Any, list[bool]]:
@@ -400,13 +427,13 @@ class RedisStore:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
 
     async def _get(self, response_id: str, tenant: str | None) -> ResponseState | None:
-        known = self.chains.get(response_id)
+        known = self.chains.get(response_id, tenant)
         if known is not None:  # this process holds the context: read and check the record only
             self.chain_hits += 1
             raw_tenant, raw_meta, response, inputs, pk = await self.redis.hmget(
                 self.record_key(known.root, response_id), _FIELDS)
             if raw_meta is None or response is None:
-                self.chains.discard(response_id)  # deleted or expired: gone for every reader
+                self.chains.discard(response_id, tenant)  # deleted or expired: gone for every reader
                 return None
             if orjson.loads(raw_tenant) != tenant:
                 return None
@@ -429,12 +456,12 @@ class RedisStore:
             return None
         meta = orjson.loads(raw_meta)
         context = ItemLog(items)
-        self.chains.put(response_id, ChainEntry(root, depth, context), meta["nbytes"])
+        self.chains.put(response_id, ChainEntry(root, depth, context), meta["nbytes"], tenant)
         return self._state(response_id, root, meta, response, inputs, pk, context, tenant)
 
     def _state(self, response_id: str, root: str, meta: dict[str, Any], response: bytes, inputs: bytes,
                pk: bytes | None, context: ItemLog, tenant: str | None) -> ResponseState:
-        history = self.tokens.get(response_id)
+        history = self.tokens.get(response_id, tenant)
         if history is not None:
             self.token_hits += 1
         else:
@@ -452,7 +479,7 @@ class RedisStore:
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
         try:
-            known = self.chains.get(response_id)
+            known = self.chains.get(response_id, tenant)
             pointer = {"root": known.root} if known is not None else await self._pointer(response_id)
             if pointer is None:
                 return False
@@ -464,8 +491,8 @@ class RedisStore:
         except RedisError as exc:
             raise StoreUnavailable(f"response store unavailable: {exc}") from exc
         if deleted:
-            self.tokens.discard(response_id)
-            self.chains.discard(response_id)
+            self.tokens.discard(response_id, tenant)
+            self.chains.discard(response_id, tenant)
         return bool(deleted)
 
     async def items(self, item_ids: Sequence[str], tenant: str | None = None) -> dict[str, StoredItem]:

@@ -412,7 +412,7 @@ async def test_a_held_chain_is_still_checked_deleted_elsewhere_another_tenant_ex
         assert await a.get("resp_2", "t2") is None                     # another tenant: not found
         assert await b.get("resp_2", "t1") is not None
         assert await b.delete("resp_2", "t1")                          # deleted on another replica
-        assert await a.get("resp_2", "t1") is None and a.chains.get("resp_2") is None
+        assert await a.get("resp_2", "t1") is None and a.chains.get("resp_2", "t1") is None
         redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_1")   # expired
         assert await a.get("resp_1", "t1") is None
         assert await a.get("resp_0", "t1") is not None
@@ -669,3 +669,23 @@ def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_s
     wait_for(lambda: b.call(b.gw.store.get(r2["id"])) is not None, what="the write on A")
     r3 = create(b, input="continued", previous_response_id=r2["id"])
     assert r3["status"] == "completed"
+
+
+async def test_a_tenants_flood_of_chains_leaves_anothers_cached_tokens_and_context(redis_url):
+    """The process-local caches hold each tenant to its share (issue 29 item 3): tenant t2 writing
+    forty one-response chains churns its own, while t1's chain (within its share) stays cached, so
+    t1's next read still costs one round trip and needs no full render."""
+    store = RedisStore.from_url(redis_url, token_cache_bytes=TOKEN_BYTES * 100, chain_cache_bytes=4000)
+    try:
+        mine = chain(2)                                   # one buffer of 20 tokens, context charged 200
+        for s in mine:
+            await store.put(s)
+        for k in range(40):
+            await store.put(chain(1, tenant="t2", name=f"flood{k}")[0])
+        assert store.tokens.nbytes <= TOKEN_BYTES * 100 and store.chains.nbytes <= 4000
+        hits = store.chain_hits
+        got = await store.get("resp_1", "t1")
+        assert got.prelude_key != b"" and store.chain_hits == hits + 1
+        assert store.tokens.tenant_nbytes("t1") == TOKEN_BYTES * 20
+    finally:
+        await store.close()
