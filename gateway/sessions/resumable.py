@@ -13,7 +13,10 @@ Where and how long:
   ids, no copy), so a reconnect to this replica appends without rendering the history again.
   Keyed by response id; dropped when claimed, at the end of the window (a timer), or — oldest
   first — when the replica's total (``ws_resume_max_bytes``) or the tenant's share
-  (``ws_resume_tenant_bytes``) would be exceeded. Never written anywhere.
+  (``ws_resume_tenant_bytes``) would be exceeded. Never written anywhere. The bounds are the
+  house's one bounded map (``cache.lru.BoundedLRU``, its parts the tenants): the tenant's share is
+  held as a hard cap here (its own oldest go first), so no tenant is ever over its share and the
+  map's eviction beyond the total is plain oldest-first.
 * **Redis, with** ``ws_resume_redis`` — a sealed record per state (``cache.redis_resumable``: no
   token ids, encrypted and authenticated with the server secret, ``PX`` = the window), so a
   reconnect that lands on another replica continues from the items (one full render there).
@@ -30,10 +33,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from cache.lru import BoundedLRU, TenantShared, tenant_of
 from cache.redis_resumable import RedisResumable, ResumeUnavailable
 from cache.response_state import ResponseState
 from gateway.base.log_limit import RateLimitedLog
@@ -59,7 +62,13 @@ class _Entry:
     written: asyncio.Future[bool] | None = None
 
 
-class ResumableStates:
+#: the map's entry bound: entries are bounded by their bytes (each state is at least one byte)
+_MAX_ENTRIES = 2**31
+
+Key = tuple[str | None, str]  # (tenant, response id)
+
+
+class ResumableStates(TenantShared):
     """This replica's resumable lane states (and, with ``remote``, their Redis records)."""
 
     def __init__(self, *, window_s: float, max_bytes: int, tenant_bytes: int, metrics: Metrics,
@@ -70,10 +79,13 @@ class ResumableStates:
         self.metrics = metrics
         self.remote = remote
         self._clock = clock
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()  # insertion order = expiry order
-        self._tenants: dict[str | None, OrderedDict[str, _Entry]] = {}
-        self._tenant_nbytes: dict[str | None, int] = {}
-        self._nbytes = 0
+        # never "used" (a claim pops): least recently used = parked first = expires first. The share is
+        # just above ``tenant_bytes`` so that a tenant at its cap (held by ``_add``) is never over it
+        share = min(1.0, (tenant_bytes + 0.5) / max_bytes) if max_bytes else 1.0
+        self._lru: BoundedLRU[Key, _Entry] = BoundedLRU(_MAX_ENTRIES, max_bytes, part=tenant_of, share=share,
+                                                         on_evict=self._evicted)
+        #: response id -> tenant of every entry held (a claim names the id only)
+        self._ids: dict[str, str | None] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -91,18 +103,11 @@ class ResumableStates:
         return cls(window_s=settings.ws_resume_window_s, max_bytes=settings.ws_resume_max_bytes,
                    tenant_bytes=settings.ws_resume_tenant_bytes, metrics=metrics, remote=remote)
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def __contains__(self, response_id: str) -> bool:
-        return response_id in self._entries
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
+        return response_id in self._ids
 
     def tenant_nbytes(self, tenant: str | None) -> int:
-        return self._tenant_nbytes.get(tenant, 0)
+        return self.tenant_usage(tenant)[1]
 
     # -- a connection closes ----------------------------------------------------------------------
 
@@ -111,7 +116,7 @@ class ResumableStates:
         Only ``store=false`` ones: a stored response resolves from the response store anyway."""
         kept: list[_Entry] = []
         for state in states:
-            if state.store or state.status not in CHAINABLE or state.id in self._entries:
+            if state.store or state.status not in CHAINABLE or state.id in self._ids:
                 continue
             entry = _Entry(state, tenant, self._clock() + self.window_s, max(1, state.nbytes))
             if not self._add(entry):
@@ -133,17 +138,16 @@ class ResumableStates:
         if entry.nbytes > self.tenant_bytes or entry.nbytes > self.max_bytes:
             self.metrics.ws_resumable.labels("evicted", "memory").inc()
             return False
-        mine = self._tenants.setdefault(entry.tenant, OrderedDict())
-        while mine and self._tenant_nbytes.get(entry.tenant, 0) + entry.nbytes > self.tenant_bytes:
-            self._drop(next(iter(mine.values())), "evicted")
-        while self._entries and self._nbytes + entry.nbytes > self.max_bytes:
-            self._drop(next(iter(self._entries.values())), "evicted")
-        self._tenants.setdefault(entry.tenant, mine)[entry.state.id] = entry
-        self._entries[entry.state.id] = entry
-        self._tenant_nbytes[entry.tenant] = self._tenant_nbytes.get(entry.tenant, 0) + entry.nbytes
-        self._nbytes += entry.nbytes
+        # the tenant's share, a hard cap: its own oldest go first (evictions, counted by ``_evicted``)
+        while self.tenant_nbytes(entry.tenant) + entry.nbytes > self.tenant_bytes and self._lru.evict_one(
+                prefer=entry.tenant):
+            pass
+        self._ids[entry.state.id] = entry.tenant
+        # forced: the per-value cap is the one above, not the map's quarter; beyond the total the
+        # oldest of all make room (no tenant is over its share)
+        self._lru.put((entry.tenant, entry.state.id), entry, entry.nbytes, force=True)
         self.metrics.ws_resumable.labels("kept", "memory").inc()
-        self.metrics.ws_resumable_bytes.set(self._nbytes)
+        self.metrics.ws_resumable_bytes.set(self.nbytes)
         self._arm()
         return True
 
@@ -176,11 +180,11 @@ class ResumableStates:
         """The state ``response_id`` names, taken out for ``tenant`` (None: not kept, expired,
         another tenant's, or claimed already — here or on another replica)."""
         self._sweep()
-        entry = self._entries.get(response_id)
-        if entry is not None:
-            if entry.tenant != tenant:
+        if response_id in self._ids:
+            if self._ids[response_id] != tenant:
                 return None  # another tenant's: nothing is taken, nothing said
-            self._drop(entry, None)  # synchronous: of two claims on this replica, this one has it
+            entry: _Entry = self._lru.pop((tenant, response_id))
+            self._dropped(entry, None)  # synchronous: of two claims on this replica, this one has it
             if entry.written is not None and await entry.written and not await self._won(entry):
                 self.metrics.ws_resumable.labels("lost", "memory").inc()
                 return None
@@ -226,38 +230,30 @@ class ResumableStates:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _drop(self, entry: _Entry, outcome: str | None) -> None:
-        rid = entry.state.id
-        self._entries.pop(rid, None)
-        mine = self._tenants.get(entry.tenant)
-        if mine is not None:
-            mine.pop(rid, None)
-            if not mine:
-                del self._tenants[entry.tenant]
-        left = self._tenant_nbytes.get(entry.tenant, 0) - entry.nbytes
-        if left > 0:
-            self._tenant_nbytes[entry.tenant] = left
-        else:
-            self._tenant_nbytes.pop(entry.tenant, None)
-        self._nbytes -= entry.nbytes
-        self.metrics.ws_resumable_bytes.set(self._nbytes)
+    def _evicted(self, key: Key, entry: _Entry) -> None:
+        """The map's bounds dropped ``entry`` (the tenant's cap, or the total)."""
+        self._dropped(entry, "evicted")
+
+    def _dropped(self, entry: _Entry, outcome: str | None) -> None:
+        """``entry`` left the map (evicted, expired, claimed or closed): forget its id, say so."""
+        if self._ids.get(entry.state.id, _NOBODY) == entry.tenant:
+            del self._ids[entry.state.id]
+        self.metrics.ws_resumable_bytes.set(self.nbytes)
         if outcome is not None:
             self.metrics.ws_resumable.labels(outcome, "memory").inc()
 
     def _sweep(self) -> None:
         now = self._clock()
-        while self._entries:
-            entry = next(iter(self._entries.values()))
-            if entry.expires > now:
-                break
-            self._drop(entry, "expired")
+        for _, entry in self._lru.sweep(lambda e: e.expires <= now, limit=None):
+            self._dropped(entry, "expired")
 
     def _arm(self) -> None:
         """One timer for the oldest entry: an unclaimed state does not outlive its window."""
-        if self._timer is not None or not self._entries:
+        oldest = self._lru.oldest()
+        if self._timer is not None or oldest is None:
             return
-        first = next(iter(self._entries.values()))
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, first.expires - self._clock()), self._expire)
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, oldest[1].expires - self._clock()),
+                                                            self._expire)
 
     def _expire(self) -> None:
         self._timer = None
@@ -268,7 +264,11 @@ class ResumableStates:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for entry in list(self._entries.values()):
-            self._drop(entry, None)
+        for key, _ in list(self._lru.sweep(lambda e: True, limit=None)):
+            self._ids.pop(key[1], None)
+        self.metrics.ws_resumable_bytes.set(self.nbytes)
         if self.remote is not None:
             await self.remote.close()
+
+
+_NOBODY = object()

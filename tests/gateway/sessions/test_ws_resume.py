@@ -452,3 +452,21 @@ def test_registry_caps_bytes_per_tenant_and_in_all():
         assert reg.nbytes == 0 and len(reg) == 0
 
     asyncio.run(run())
+
+
+def test_registry_beyond_the_total_drops_the_oldest_of_all_even_a_tenant_at_its_cap():
+    """The registry is the house's BoundedLRU with tenant parts; a tenant held at exactly its cap is
+    within its share, so the total's eviction stays oldest-first (as the hand-rolled map did)."""
+    async def run() -> None:
+        metrics = Metrics()
+        reg = ResumableStates(window_s=60, max_bytes=1000, tenant_bytes=333, metrics=metrics)
+        for tenant in ("t1", "t2", "t3"):
+            await reg.park(tenant, [_state(f"s{tenant}", 333)])
+        assert await reg.park("t4", [_state("late", 10)]) == 1
+        assert "st1" not in reg and all(rid in reg for rid in ("st2", "st3", "late"))
+        assert reg.nbytes == 676 and reg.tenant_nbytes("t2") == 333 and reg.tenant_nbytes("t1") == 0
+        assert await reg.claim("st2", "t3") is None and "st2" in reg  # another tenant's: nothing taken
+        assert (await reg.claim("st2", "t2")).id == "st2" and "st2" not in reg
+        await reg.close()
+
+    asyncio.run(run())
