@@ -40,9 +40,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from cache.footprint import RECORD_OVERHEAD
 from cache.lru import BoundedLRU, tenant_of
@@ -303,7 +304,7 @@ class RedisEventLog:
         key, cursor, quiet = self.key(response_id), after, 0
         while True:
             try:
-                got = await self.redis.xread({key: _entry_id(cursor)}, count=256, block=self.BLOCK_MS)
+                got: Any = await self.redis.xread({key: _entry_id(cursor)}, count=256, block=self.BLOCK_MS)
             except RedisError as exc:
                 raise LogUnavailable(str(exc)) from exc
             entries = got[0][1] if got else []
@@ -325,8 +326,8 @@ class RedisEventLog:
                     return
 
 
-def _fields(entry: LoggedEvent) -> dict[str, bytes | str]:
-    fields: dict[str, bytes | str] = {"y": entry.type, "d": entry.data}
+def _fields(entry: LoggedEvent) -> dict[FieldT, EncodableT]:
+    fields: dict[FieldT, EncodableT] = {"y": entry.type, "d": entry.data}
     if entry.terminal:
         fields["t"] = b"1"
     return fields

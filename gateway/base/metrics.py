@@ -451,7 +451,7 @@ class ComponentCollector:
 
 class BackgroundCollector:
     """Background responses this replica runs, by phase, and the bytes their event logs keep, read
-    at scrape time from ``gateway.transport.background.BackgroundTurns``."""
+    at scrape time from ``gateway.sessions.background.BackgroundTurns``."""
 
     def __init__(self, background: Any) -> None:
         self.background = background

@@ -140,7 +140,7 @@ class Settings(BaseModel):
     ws_max_lanes: int = 32
     #: memory one connection's cache of lane states may hold (least recently used out)
     ws_cache_bytes: int = 512 * 1024 * 1024
-    #: resumable store=false chains (gateway/transport/resumable.py): a closed connection's lane
+    #: resumable store=false chains (gateway/sessions/resumable.py): a closed connection's lane
     #: states stay claimable this long by a reconnect of the same tenant; 0 = off (the default)
     ws_resume_window_s: float = Field(default=0.0, ge=0, le=3600)
     #: memory those states may hold on this replica, in all and per tenant (oldest dropped first)
@@ -181,7 +181,7 @@ class Settings(BaseModel):
     conversation_ttl_s: float = Field(default=30 * 86400.0, gt=0)
     #: this process's last response per conversation (its rendered tokens: the next turn appends)
     conversation_tips_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    # -- background responses (gateway/transport/background.py, cache/event_log.py, cache/leases.py) ---------
+    # -- background responses (gateway/sessions/, cache/event_log.py, cache/leases.py) -------------------------
     #: background responses one tenant may have queued or running on one replica (beyond: 429); None = no limit
     background_max_per_tenant: int | None = Field(default=32, ge=1)
     #: bytes of SSE events kept per ``background`` + ``stream`` response for resuming (the newest are kept)

@@ -20,7 +20,7 @@ __all__ = ["CALL_TYPES", "CHAINABLE", "OUTPUT_TYPES", "TERMINAL_EVENT", "TOOL_KI
 
 
 class ResponseStatus(StrEnum):
-    #: a background response accepted and not yet started (``gateway.transport.background``)
+    #: a background response accepted and not yet started (``gateway.sessions.background``)
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
