@@ -13,7 +13,7 @@ number (Cluster has only database 0).
 **What Cluster demands of callers.** A transaction (``MULTI``/``EXEC``), a Lua script and a
 multi-key command (``MGET``, ``DEL k1 k2``, ``BLPOP k1 k2``) must name keys of one hash slot, which
 each module guarantees with hash tags in its key layout (``{...}``: only the text between the first
-braces is hashed); the layouts are in each module's docstring and the README's Redis section, and
+braces is hashed); the layouts are in each module's docstring and docs/operations.md's Redis section, and
 ``tests/cache/test_redis_cluster.py`` enumerates them. Non-transactional pipelines may span slots — the
 cluster client splits them per node — so reads that fan out over many objects use those. Nothing
 in respgate uses pub/sub (cancel requests are lists popped with ``BLPOP``: see ``cache.leases``).

@@ -130,7 +130,7 @@ def model_entries(settings: Settings) -> list[Settings]:
     if not settings.models_file:
         return [settings]
     path = Path(settings.models_file).expanduser()
-    fix = "point --models-file / RESPGATE_MODELS_FILE at a JSON list of model entries (see README)"
+    fix = "point --models-file / RESPGATE_MODELS_FILE at a JSON list of model entries (see docs/getting-started.md)"
     try:
         entries = json.loads(path.read_text())
     except OSError as exc:

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-top-p", type=float, default=None,
                        help="top_p of requests that set none (default: the model's own, else 1.0)")
     serve.add_argument("--workers", type=int, default=1,
-                       help="must be 1: one process per replica (scale with replicas; see README)")
+                       help="must be 1: one process per replica (scale with replicas; see docs/operations.md)")
 
     prep = sub.add_parser(
         "prepare-model", formatter_class=_Formatter, help="convert a packaged model into a cached folder vLLM can load",
@@ -244,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.workers != 1:
             print("respgate serve: --workers must be 1. A gateway process owns its WebSocket connections' "
                   "state and (in-process) the model; run more replicas behind a load balancer instead, "
-                  "with RESPGATE_REDIS_URL set (see README: Scaling out).", file=sys.stderr)
+                  "with RESPGATE_REDIS_URL set (see docs/operations.md, Scaling out).", file=sys.stderr)
             return 2
         settings = Settings.load(args.config, host=args.host, port=args.port, engine=args.engine,
                                  models=args.models, model_path=args.model_path, remote_url=args.remote_url,

@@ -7,7 +7,7 @@ even ``/healthz``. In a worker thread the loop keeps its turn: CPython hands the
 thread every switch interval (5 ms), and tiktoken releases it while it tokenizes.
 
 Small requests — every agent continuation — stay inline: a hop to a thread and back costs more
-than their whole preparation (figures in README, "API keys and limits"). The split is by the request's
+than their whole preparation (figures in docs/operations.md, "Access: API keys and limits"). The split is by the request's
 estimated size (:func:`weight`) against ``inline_prepare_bytes``.
 
 Bounded: one pool of ``prepare_threads`` workers per gateway; more big requests queue for them,

@@ -237,7 +237,7 @@ def test_a_named_model_on_the_base_install_stops_with_the_engine_to_install(base
     assert "needs the vLLM engine" in models and "model folder ./no-such-model does not exist" in models
     assert "Traceback" not in check.stdout + check.stderr
 
-    # the default (no model named) still serves the simulated model, as the README says
+    # the default (no model named) still serves the simulated model, as docs/getting-started.md says
     check = subprocess.run([str(base_venv / "bin/respgate"), "check", "--no-engine"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120, env=env)
     assert check.returncode == 0 and "[ ok ] models" in check.stdout, check.stdout + check.stderr

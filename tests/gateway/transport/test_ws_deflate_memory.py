@@ -103,7 +103,7 @@ def test_refused_deflate_frames_give_their_memory_back(gateway: ChaosGateway):
     after = []
     for _ in range(BURSTS):
         codes = burst(BURST, lambda: send_compressed(gateway.ws_url, bomb))
-        assert codes == [1009] * BURST, codes  # README: 1009 beyond max_request_bytes + 64 KiB
+        assert codes == [1009] * BURST, codes  # docs/api.md: 1009 beyond max_request_bytes + 64 KiB
         after.append(gateway.rss())
     print(f"RSS {start / MiB:.0f} MiB, after each burst of {BURST}: {', '.join(f'{a / MiB:.0f}' for a in after)} MiB")
     assert max(after) - start < RSS_SLACK, (start / MiB, [a / MiB for a in after])
