@@ -59,6 +59,12 @@ serve: $(STAMP)
 # ones when we may (root, apt-get present: CI on Debian), so those tests run rather than skip.
 TEST_TOOLS   := docker-compose shellcheck
 MISSING_TOOLS := $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $(t) 2>/dev/null),,$(t))))
+# The suite runs on PYTEST_JOBS workers (pytest-xdist), a file at a time, the tests on the shared real
+# engine as one unit, the units that start real engines first (tests/conftest.py); PYTEST_JOBS=0 runs it
+# in this process. PYTEST_ARGS: anything else for pytest (default: list the 20 slowest tests).
+PYTEST_JOBS  ?= 2
+PYTEST_XDIST := $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadgroup)
+PYTEST_ARGS  ?= --durations=20
 
 test: $(STAMP) $(CLIENTS_STAMP)
 ifneq ($(MISSING_TOOLS),)
@@ -67,7 +73,7 @@ ifneq ($(MISSING_TOOLS),)
 		(apt-get update -q >/dev/null && apt-get install -y -q $(MISSING_TOOLS) >/dev/null); \
 	else echo "$(MISSING_TOOLS) missing: install (e.g. apt-get install $(MISSING_TOOLS)) for tests/deploy/test_deploy.py"; fi
 endif
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

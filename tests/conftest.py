@@ -45,6 +45,55 @@ SHARED = next((p for p in (Path(__file__).resolve().parents[1].parent / "shared"
 MODEL = "gpt-oss-sim"
 
 
+#: fixtures on the session's real model in the test process: every test using one runs on one xdist
+#: worker, so a parallel run loads the engine once, not once per worker (tests/docs' default_server
+#: asks for vllm_gateway by name, after its importorskip)
+SHARED_ENGINE_FIXTURES = frozenset({"vllm_gateway", "default_server"})
+SHARED_ENGINE_GROUP = "real-engine"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test`` runs ``pytest -n 2 --dist loadgroup``: the unit a worker takes is a file, as with
+    ``--dist loadfile`` (a file's tests keep their order and its module fixtures start once), except
+    that the tests marked ``xdist_group`` (those on the shared real engine, wherever they live) form
+    one unit. Units are handed out in collection order (see ``pytest_collection_modifyitems``)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileOrGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+
+    config.option.loadscopereorder = False  # keep the order the workers collected
+    return FileOrGroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node-id suffixes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``: the tests on the shared real engine are one group, and the files
+    that start real engines or clients (a ``slow`` test in them) come first, the shared engine's
+    group first of all, so the long units overlap the many short ones instead of ending the run
+    alone. A serial run is left as collected."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+
+    def unit(item: pytest.Item) -> str:
+        if item.get_closest_marker("xdist_group") is None:
+            if SHARED_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+                item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUP))
+            else:
+                return item.nodeid.split("::", 1)[0]
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+    units = {id(item): unit(item) for item in items}
+    slow = {units[id(item)] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (units[id(item)] != SHARED_ENGINE_GROUP, units[id(item)] not in slow))
+
+
 def wait_until_ready(proc: Any, port: int, log_path: Any, timeout: float, poll: float = 0.2) -> None:
     """Poll a ``respgate serve`` subprocess's ``/readyz``; fail with its log tail if it exits."""
     import httpx
