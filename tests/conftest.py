@@ -158,14 +158,28 @@ class LiveGateway:
         return OpenAI(base_url=self.base_url, **kw)
 
 
+def _simulated_registry(settings: Settings, engine: SimulatedEngine) -> ModelRegistry:
+    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(),
+                                     max_context=settings.max_context) for m in settings.models or [MODEL]])
+
+
+def gateway_state(settings: Settings | None = None, *, engine: SimulatedEngine | None = None,
+                  **app_kwargs: Any) -> GatewayState:
+    """The gateway's objects as ``create_app`` wires them (the turn pipeline and its stages, stores,
+    metrics, settings), never served: no uvicorn thread, no lifespan, engines not started. For tests
+    of a turn stage called directly (``gw.pipeline.resolver._validate``); a test of what a client
+    sees over HTTP or WebSocket takes ``gateway``."""
+    settings = settings or Settings()
+    registry = app_kwargs.pop("registry", None) or _simulated_registry(settings, engine or SimulatedEngine())
+    return create_app(settings, registry=registry, **app_kwargs).state.gateway
+
+
 def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine | None = None,
                   **app_kwargs: Any) -> LiveGateway:
     settings = settings or Settings()
     settings = settings.model_copy(update={"port": free_port()})
     engine = engine or SimulatedEngine(record_prompts=True)
-    registry = app_kwargs.pop("registry", None) or ModelRegistry(
-        [ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(), max_context=settings.max_context)
-         for m in settings.models or [MODEL]])
+    registry = app_kwargs.pop("registry", None) or _simulated_registry(settings, engine)
     app = create_app(settings, registry=registry, **app_kwargs)
     config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on",
                             **uvicorn_config_kwargs(settings))
@@ -214,6 +228,12 @@ def make_gateway() -> Iterator[Callable[..., LiveGateway]]:
 @pytest.fixture
 def gateway(make_gateway: Callable[..., LiveGateway]) -> LiveGateway:
     return make_gateway()
+
+
+@pytest.fixture(name="gw")
+def gw_fixture() -> GatewayState:
+    """A never-served gateway's state with default settings (see :func:`gateway_state`)."""
+    return gateway_state()
 
 
 VLLM_MODEL = "smollm2-135m-instruct"

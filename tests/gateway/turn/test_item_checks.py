@@ -15,14 +15,15 @@ from typing import Any
 import orjson
 
 from cache.item_log import ItemLog
+from gateway.transport.services import GatewayState
 from gateway.turn.checks import ItemChecks
 from gateway.turn.resolve import Resolver
 from gateway.wire.errors import ApiError
-from tests.conftest import MODEL, LiveGateway
+from tests.conftest import MODEL, gateway_state
 
 
-def _resolver(gateway: LiveGateway) -> Resolver:
-    p = gateway.gw.pipeline
+def _resolver(gw: GatewayState) -> Resolver:
+    p = gw.pipeline
     return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor, p.finalizer.wait_for)
 
 
@@ -95,9 +96,9 @@ def _edit(rng: random.Random, items: list[dict[str, Any]]) -> list[dict[str, Any
     return items
 
 
-def test_resent_conversations_resolve_as_without_the_checks(gateway: LiveGateway):
+def test_resent_conversations_resolve_as_without_the_checks(gw: GatewayState):
     rng = random.Random(21)
-    kept, fresh = _resolver(gateway), _resolver(gateway)
+    kept, fresh = _resolver(gw), _resolver(gw)
     fresh.item_checks = ItemChecks(0)  # off: the path without the checks
     for _ in range(6):
         history = _conversation(rng, kept, 12)
@@ -108,8 +109,8 @@ def test_resent_conversations_resolve_as_without_the_checks(gateway: LiveGateway
     assert kept.item_checks.lru.hits > 200
 
 
-def test_ids_given_by_the_gateway_are_fresh_each_turn_and_kept_items_never_change(gateway: LiveGateway):
-    resolver = _resolver(gateway)
+def test_ids_given_by_the_gateway_are_fresh_each_turn_and_kept_items_never_change(gw: GatewayState):
+    resolver = _resolver(gw)
     history = [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c1", "name": "shell",
                                                   "arguments": "{}"},
                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
@@ -131,8 +132,8 @@ def test_ids_given_by_the_gateway_are_fresh_each_turn_and_kept_items_never_chang
         [{k: v for k, v in f.items() if k != "id"} for f in first]
 
 
-def test_only_requests_that_resend_their_conversation_use_the_checks(gateway: LiveGateway):
-    resolver = _resolver(gateway)
+def test_only_requests_that_resend_their_conversation_use_the_checks(gw: GatewayState):
+    resolver = _resolver(gw)
     items = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     _resolve(resolver, {"model": MODEL, "input": items})
     _resolve(resolver, {"model": MODEL, "input": items}, tenant="other")
@@ -144,14 +145,14 @@ def test_only_requests_that_resend_their_conversation_use_the_checks(gateway: Li
     assert resolver._validate({"model": MODEL, "input": items}, "http", "t")[4] is not None
 
 
-def test_kept_digests_are_the_digests_of_the_items(gateway: LiveGateway):
+def test_kept_digests_are_the_digests_of_the_items(gw: GatewayState):
     """The prefix digests of a re-sent conversation, from the links kept with the checks, equal
     those computed from the items (``gateway.turn.prefix.digests``); a link is used only for the
     very item object it was found for."""
     from gateway.turn.prefix import digests, item_digest
 
     rng = random.Random(4)
-    resolver = _resolver(gateway)
+    resolver = _resolver(gw)
     history = _conversation(rng, resolver, 10)
     for n in (4, len(history)):
         body = orjson.loads(orjson.dumps({"model": MODEL, "input": history[:n]}))
@@ -166,11 +167,10 @@ def test_kept_digests_are_the_digests_of_the_items(gateway: LiveGateway):
     assert digests(b"d0", [item], forged) == digests(b"d0", [item])  # another object's entry: not used
 
 
-def test_off_keeps_and_looks_up_nothing(make_gateway):
+def test_off_keeps_and_looks_up_nothing():
     from gateway.base.settings import Settings
 
-    live = make_gateway(Settings(item_checks_bytes=0))
-    resolver = live.gw.pipeline.resolver
+    resolver = gateway_state(Settings(item_checks_bytes=0)).pipeline.resolver
     items = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     for _ in range(2):
         assert resolver._validate({"model": MODEL, "input": items}, "http", None)[4] is None

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.transport.services import GatewayState
 from gateway.turn.checks import ToolChecks
 from gateway.turn.resolve import Resolver
 from gateway.wire.errors import ApiError
@@ -55,10 +56,10 @@ def _tool_lists(rng: random.Random) -> list[list[dict[str, Any]]]:
     return out
 
 
-def test_a_known_tool_list_checks_as_a_fresh_one(gateway: LiveGateway):
+def test_a_known_tool_list_checks_as_a_fresh_one(gw: GatewayState):
     """Second sight of a tool list: the same request, items, route and tools as the first check
     gave, and the tools are the first check's own objects."""
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+    resolver = _fresh(gw.pipeline.resolver)
     rng = random.Random(11)
     for tools in _tool_lists(rng):
         choice = rng.choice(["auto", "none", "required", None])
@@ -69,20 +70,20 @@ def test_a_known_tool_list_checks_as_a_fresh_one(gateway: LiveGateway):
         assert resolver.tool_checks.lru.hits == hits + 1
         assert second == first
         assert second[3] is first[3]  # the same tuple: nothing rebuilt
-        assert first[3] == _validated(_fresh(_other_resolver(gateway)), _body(tools))[3]
+        assert first[3] == _validated(_fresh(_other_resolver(gw)), _body(tools))[3]
 
 
-def _other_resolver(gateway: LiveGateway) -> Resolver:
+def _other_resolver(gw: GatewayState) -> Resolver:
     """Another resolver on the same registry (its own, empty tool checks)."""
-    p = gateway.gw.pipeline
+    p = gw.pipeline
     return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor,
                     p.finalizer.wait_for)
 
 
-def test_tools_that_differ_in_any_byte_are_checked_as_new(gateway: LiveGateway):
+def test_tools_that_differ_in_any_byte_are_checked_as_new(gw: GatewayState):
     """``1``, ``1.0`` and ``true`` are equal to Python's ``==``, and so are two key orders; their JSON
     is not, and each list is checked and echoed as it was sent."""
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+    resolver = _fresh(gw.pipeline.resolver)
 
     def tool(default: Any, flip: bool = False) -> list[dict[str, Any]]:
         props = {"n": {"type": "integer", "default": default}}
@@ -103,8 +104,8 @@ def test_tools_that_differ_in_any_byte_are_checked_as_new(gateway: LiveGateway):
         assert _validated(resolver, _body(tools))[3] is checked
 
 
-def test_a_failed_check_is_never_kept_and_tool_choice_is_checked_every_turn(gateway: LiveGateway):
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+def test_a_failed_check_is_never_kept_and_tool_choice_is_checked_every_turn(gw: GatewayState):
+    resolver = _fresh(gw.pipeline.resolver)
     async_tool = [{"type": "function", "name": "later", "async": True, "parameters": {"type": "object"}}]
     bad_name = [{"type": "function", "name": "no spaces allowed"}]
     for tools, param in ((async_tool, "tools[0].async"), (bad_name, "tools[0].name")):
@@ -120,8 +121,8 @@ def test_a_failed_check_is_never_kept_and_tool_choice_is_checked_every_turn(gate
     assert caught.value.param == "tool_choice" and resolver.tool_checks.lru.hits == 1
 
 
-def test_hosted_tools_refused_by_policy_are_refused_every_time(gateway: LiveGateway):
-    resolver = _fresh(_other_resolver(gateway), hosted="reject")
+def test_hosted_tools_refused_by_policy_are_refused_every_time(gw: GatewayState):
+    resolver = _fresh(_other_resolver(gw), hosted="reject")
     for _ in range(2):
         with pytest.raises(ApiError) as caught:
             _validated(resolver, _body(list(CODEX_TOOLS)))
@@ -129,8 +130,8 @@ def test_hosted_tools_refused_by_policy_are_refused_every_time(gateway: LiveGate
     assert len(resolver.tool_checks.lru) == 0
 
 
-def test_another_tenants_tools_are_never_read(gateway: LiveGateway):
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+def test_another_tenants_tools_are_never_read(gw: GatewayState):
+    resolver = _fresh(gw.pipeline.resolver)
     tools = codex_tools()
     a = _validated(resolver, _body(tools), tenant="a")
     b = _validated(resolver, _body(tools), tenant="b")
@@ -138,10 +139,10 @@ def test_another_tenants_tools_are_never_read(gateway: LiveGateway):
     assert a == b and a[3] is not b[3]
 
 
-def test_a_tenant_flooding_tool_lists_does_not_evict_another_tenants(gateway: LiveGateway):
+def test_a_tenant_flooding_tool_lists_does_not_evict_another_tenants(gw: GatewayState):
     """64 entries in all: a tenant sending a new tool list every turn takes the room nobody uses and
     then churns its own entries, so another tenant's checked tools (within its share) stay found."""
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+    resolver = _fresh(gw.pipeline.resolver)
     victim = [[dict(t, description=f"victim {i}") if t["type"] == "function" else t for t in codex_tools()]
               for i in range(8)]
     for tools in victim:
@@ -175,7 +176,7 @@ def test_turns_that_share_checked_tools_leave_them_as_checked(gateway: LiveGatew
             prev = frames[-1]["response"]["id"]
     assert resolver.tool_checks.lru.hits == 3
     (shared,) = list(resolver.tool_checks.lru.values())
-    assert shared.tools == _validated(_fresh(_other_resolver(gateway)), _body(tools))[3]
+    assert shared.tools == _validated(_fresh(_other_resolver(gateway.gw)), _body(tools))[3]
 
 
 def _nested(depth: int) -> Any:
@@ -185,15 +186,15 @@ def _nested(depth: int) -> Any:
     return value
 
 
-def test_the_bounds_checks_skip_only_tools_that_passed_them(gateway: LiveGateway):
+def test_the_bounds_checks_skip_only_tools_that_passed_them(gw: GatewayState):
     """A frame's depth and schema-size checks leave out tools this tenant offered and passed
     before (``ToolChecks.known_for``): never tools that differ by a byte, another tenant's, or a
     list that failed; and the rest of the frame is still checked."""
     from gateway.wire.validation import InputRejected, check_counts, decode_json
 
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+    resolver = _fresh(gw.pipeline.resolver)
     checks = resolver.tool_checks
-    limit = gateway.gw.settings.max_json_depth
+    limit = gw.settings.max_json_depth
     tools = codex_tools()
     assert not checks.known_for("a")(orjson.loads(orjson.dumps(tools)))
     _validated(resolver, _body(tools), tenant="a")
@@ -221,8 +222,8 @@ def test_the_bounds_checks_skip_only_tools_that_passed_them(gateway: LiveGateway
     assert caught.value.param == "text.format.schema"
 
 
-def test_the_known_answer_is_serialized_once_per_frame(gateway: LiveGateway, monkeypatch: pytest.MonkeyPatch):
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+def test_the_known_answer_is_serialized_once_per_frame(gw: GatewayState, monkeypatch: pytest.MonkeyPatch):
+    resolver = _fresh(gw.pipeline.resolver)
     tools = codex_tools()
     _validated(resolver, _body(tools))
     calls = []
@@ -251,17 +252,17 @@ def test_a_deep_frame_after_known_tools_is_refused_over_the_socket(gateway: Live
         assert err["type"] == "error" and err["error"]["param"] == "tools", err
 
 
-def test_known_tools_are_not_walked_again(gateway: LiveGateway, monkeypatch: pytest.MonkeyPatch):
+def test_known_tools_are_not_walked_again(gw: GatewayState, monkeypatch: pytest.MonkeyPatch):
     from gateway.wire import validation
 
-    resolver = _fresh(gateway.gw.pipeline.resolver)
+    resolver = _fresh(gw.pipeline.resolver)
     tools = codex_tools()
     walked: list[set[str]] = []  # the top-level parameters each walk starts from
     real = validation._check_depth_of
     monkeypatch.setattr(validation, "_check_depth_of",
                         lambda stack, limit: walked.append({top or "<body>" for _, _, top in stack}) or real(stack, limit))
     raw = orjson.dumps(_body(tools))
-    limit = gateway.gw.settings.max_json_depth
+    limit = gw.settings.max_json_depth
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
     assert walked[-1] == {"<body>"}                  # not known yet: walked whole, tools included
     _validated(resolver, _body(tools))
