@@ -504,3 +504,24 @@ async def test_a_lapsed_lease_is_claimed_by_exactly_one_replica(redis_url):
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def test_redis_event_log_reads_a_frame_an_older_replica_wrote(redis_url):
+    """Mid rolling update a resume may read a stream an older replica wrote (SSE frames, field "f"):
+    it gets the same events as from a new replica's entries (type and JSON, fields "y" and "d")."""
+    import redis.asyncio as aioredis
+
+    from cache.event_log import LoggedEvent, RedisEventLog
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        shared = RedisEventLog(client, max_bytes=10_000, ttl_s=60)
+        data = b'{"type":"response.completed","sequence_number":0}'
+        await client.xadd(shared.key("resp_old"), {"f": b"event: response.completed\ndata: " + data + b"\n\n",
+                                                   "t": b"1"}, id="0-1")
+        await shared.append("resp_new", [LoggedEvent(0, "response.completed", data, True)])
+        old = [e async for e in shared.follow("resp_old", -1, _false)]
+        new = [e async for e in shared.follow("resp_new", -1, _false)]
+        assert old == new == [LoggedEvent(0, "response.completed", data, True)]
+    finally:
+        await client.aclose()
