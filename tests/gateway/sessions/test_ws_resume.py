@@ -26,16 +26,23 @@ import redis
 from websockets.sync.client import connect
 
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
+from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.sessions.resumable import ResumableStates
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn, turns_in_order
-from tests.conftest import LiveGateway, stop_gateway
 from tests.clients.test_codex_replay import GEN_PROMPT, HOP_HEADERS, load, tool_result_reporter
-from tests.gateway.transport.test_ws_continuation import MODEL, completed, echo_on_recall, not_found_frame, output_text, turn_events
+from tests.conftest import LiveGateway, stop_gateway
+from tests.gateway.transport.test_ws_continuation import (
+    MODEL,
+    completed,
+    echo_on_recall,
+    not_found_frame,
+    output_text,
+    turn_events,
+)
 from tests.http_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
