@@ -35,6 +35,7 @@ from inference.tool_grammar import preload_grammar_library
 from security.classifiers import Action, Classifier, Composite
 from security.flags import FlagReporter, MemoryFlagSink, RedisFlagSink
 from security.keys import KeyStore
+from security.token_buckets import RateLimiter
 
 log = logging.getLogger("respgate")
 
@@ -70,16 +71,17 @@ def create_app(
     if pipeline.prefix is not None:
         metrics.registry.register(PrefixCacheCollector(pipeline.prefix.cache))
     auth, access = build_access(settings, key_store, metrics)
-    gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
-                      pipeline=pipeline, auth=auth, access=access)
-    metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
     from gateway.sessions.background import BackgroundTurns
     from gateway.transport.inflight import HttpTurn, closing_events
 
-    background = gw.background = BackgroundTurns(
+    http_turns: set[HttpTurn] = set()
+    background = BackgroundTurns(
         settings, store, pipeline.finalizer, usage, metrics,
-        launch=lambda turn, events, deliver, settle: HttpTurn.start(gw.http_turns, turn, events, deliver, settle),
+        launch=lambda turn, events, deliver, settle: HttpTurn.start(http_turns, turn, events, deliver, settle),
         closing=closing_events)
+    gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
+                      pipeline=pipeline, auth=auth, access=access, background=background, http_turns=http_turns)
+    metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
     metrics.registry.register(BackgroundCollector(background))
     from gateway.sessions.resumable import ResumableStates
 
@@ -163,6 +165,7 @@ def build_access(settings: Settings, key_store: KeyStore | None = None,
         key_store = build_key_store(settings.redis_url, settings.keys_file)
     auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode,
                    allowed_origins=settings.allowed_origins)
+    limiter: RateLimiter
     if settings.redis_url:
         from security.token_buckets import RedisRateLimiter
 

@@ -272,8 +272,8 @@ def model_folder(settings: Settings) -> tuple[Path, str]:
         from inference.model_assets import prepare_model
 
         name = path.split(":", 1)[1]
-        folder = prepare_model(name, settings.cache_dir, progress=True)
-        return Path(folder), _served_name(name)
+        prepared = prepare_model(name, settings.cache_dir, progress=True)
+        return Path(prepared), _served_name(name)
     folder = locate_model(path)
     assert folder is not None
     check_model_folder(folder)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import AsyncGenerator, Literal, Protocol, Sequence, runtime_checkable
 
 import msgspec
 
@@ -139,9 +139,10 @@ class Engine(Protocol):
     def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
         routing: RequestRouting | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Stream the request's tokens. ``routing`` says which chain it belongs to; engines behind a
-        router send it along, in-process ones ignore it."""
+        router send it along, in-process ones ignore it. A generator, not any iterator: the turn
+        closes it (``aclose``) to abort the request."""
         ...
 
     async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,

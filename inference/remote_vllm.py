@@ -43,7 +43,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, Sequence
 
 import httpx
 import orjson
@@ -226,7 +226,7 @@ class RemoteVllmEngine:
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
         routing: RequestRouting | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         client = self._client
         if client is None:
             raise EngineError("remote vLLM engine is not started")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator, Sequence
+from typing import AsyncGenerator, Iterator, Sequence
 
 from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
                               TokenLogprob)
@@ -243,7 +243,7 @@ class SimulatedEngine:
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
         routing: RequestRouting | None = None,  # in-process: nothing to route
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         if not self._started:
             raise EngineError("simulated engine is not started")
         paced = self.paced

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, Sequence
 
 from inference.engine import EngineError, EngineStats, RequestRouting, SamplingParams, TokenDelta, TokenLogprob
 
@@ -181,7 +181,7 @@ class VllmEngine:
     async def generate(
         self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
         routing: RequestRouting | None = None,  # in-process: nothing to route
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         if self._llm is None:
             raise EngineError("vLLM engine is not started")
         from vllm.inputs import tokens_input

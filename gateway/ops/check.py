@@ -75,7 +75,7 @@ class Checker:
         except ModelPathError as exc:
             return Result("models", "FAIL", str(exc), exc.fix)
         problems: list[str] = []
-        fixes: list[str] = []
+        fixes: list[str | None] = []
         names: list[str] = []
         for sub in entries:
             label = ",".join(sub.models) or sub.model_path

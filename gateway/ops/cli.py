@@ -443,11 +443,11 @@ def keys_command(args: argparse.Namespace) -> int:
                     print(f"{r.id:22} {r.tenant:20} {r.name:16} {created:20} {lim.rpm or '-':>7} {lim.tpm or '-':>9} "
                           f"{'active' if r.active else 'revoked'}")
                 return 0
-            record = await store.revoke(args.key_id)
-            if record is None:
+            revoked = await store.revoke(args.key_id)
+            if revoked is None:
                 print(f"respgate keys revoke: no key {args.key_id!r}", file=sys.stderr)
                 return 1
-            print(f"revoked {record.id} (tenant {record.tenant})")
+            print(f"revoked {revoked.id} (tenant {revoked.tenant})")
             if not settings.api_keys and await store.count_active() == 0:
                 print("no active key is left: a running gateway on a loopback address (or started with "
                       "--open-mode) serves without keys again from its next request; on any other address it "

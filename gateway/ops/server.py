@@ -228,7 +228,7 @@ class GatewayServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         gw = getattr(getattr(self.config.app, "state", None), "gateway", None)
         settings = getattr(gw, "settings", None)
-        if settings is not None and settings.metrics_port is not None:
+        if gw is not None and settings is not None and settings.metrics_port is not None:
             host = settings.metrics_host or settings.host
             metrics_sockets = self._metrics_sockets
             if metrics_sockets is None:

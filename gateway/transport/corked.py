@@ -296,7 +296,7 @@ class TextFrames:
             p.transport.write(b"".join(conn.data_to_send()))
             return True
         heads, medium = _SHORT_HEADS, _MEDIUM.pack  # each frame's header inline: no call a frame
-        p.transport.cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536
+        p.transport.cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536  # type: ignore[attr-defined]
                            else _LONG.pack(0x81, 127, n)) + x for x in payloads])
         return True
 

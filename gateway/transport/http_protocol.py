@@ -76,7 +76,7 @@ class _HeadLimits:
     cycle: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         self._head_bytes = 0  # bytes of the pending head fed to the parser so far
         self._head_timer: asyncio.TimerHandle | None = None
         self._received = False  # any byte on this connection yet
@@ -88,7 +88,7 @@ class _HeadLimits:
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_head_timer()
 
@@ -202,7 +202,7 @@ class LimitedH11Protocol(_HeadLimits, H11Protocol):
 
 
 if HttpToolsProtocol is not None:
-    class LimitedHttpToolsProtocol(_HeadLimits, HttpToolsProtocol):  # type: ignore[misc,valid-type]
+    class LimitedHttpToolsProtocol(_HeadLimits, HttpToolsProtocol):
         #: from a message's first byte (and the connection's start) to the end of its head
         _pending = True
 

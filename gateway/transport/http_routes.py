@@ -189,8 +189,9 @@ async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterato
         response = _json(bg.created)
         response.headers.update(headers)
         return response
-    events = await gw.background.open_events(bg.state, turn.ctx.tenant, -1)
-    return StreamingResponse(_sse_logged(events), media_type="text/event-stream; charset=utf-8",
+    logged = await gw.background.open_events(bg.state, turn.ctx.tenant, -1)
+    return StreamingResponse(_sse_logged(logged), media_type
+="text/event-stream; charset=utf-8",
                              headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
 

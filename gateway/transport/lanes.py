@@ -194,7 +194,7 @@ TABLE: tuple[Row, ...] = (
 
 @dataclass
 class _Lane:
-    queue: deque = field(default_factory=deque)
+    queue: deque[Any] = field(default_factory=deque)
     running: bool = False
 
 

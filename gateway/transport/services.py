@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from billing.usage import UsageQueue
 from cache.response_store import ResponseStore
@@ -14,6 +14,12 @@ from gateway.base.metrics import Metrics
 from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings
 from inference.registry import ModelRegistry
+
+if TYPE_CHECKING:  # each of these imports this module: named for the checker only
+    from gateway.sessions.background import BackgroundTurns
+    from gateway.sessions.resumable import ResumableStates
+    from gateway.transport.inflight import HttpTurn
+    from gateway.transport.ws import WsConnection
 
 
 @dataclass
@@ -27,13 +33,13 @@ class GatewayState:
     auth: KeyAuth
     #: per-key rate limits and connection counts
     access: Access
+    #: background responses (built by the app factory before this state)
+    background: BackgroundTurns
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
-    #: open WebSocket connections (``gateway.transport.ws.WsConnection``: drained at shutdown)
-    connections: set[Any] = field(default_factory=set)
-    #: HTTP turns running (``gateway.transport.inflight.HttpTurn``: drained, then cut, at shutdown)
-    http_turns: set[Any] = field(default_factory=set)
-    #: background responses (``gateway.sessions.background.BackgroundTurns``; set by the app factory)
-    background: Any = None
+    #: open WebSocket connections (drained at shutdown)
+    connections: set[WsConnection] = field(default_factory=set)
+    #: HTTP turns running (drained, then cut, at shutdown)
+    http_turns: set[HttpTurn] = field(default_factory=set)
     #: closed connections' resumable lane states (``gateway.sessions.resumable``); None: off
-    resumable: Any = None
+    resumable: ResumableStates | None = None

@@ -488,7 +488,8 @@ class WsConnection:
         """A turn names a parent this connection does not hold: a closed connection of the same
         tenant may have left it resumable. Claimed, it becomes this lane's state and the turn
         resolves it like any connection-cache parent; not claimed, the resolver answers as ever."""
-        state = await self.gw.resumable.claim(previous_response_id, self.tenant)
+        resumable = self.gw.resumable  # set: only called when it is (``_run_turn``)
+        state = None if resumable is None else await resumable.claim(previous_response_id, self.tenant)
         if state is not None:
             self.cache.put(lane, state)
 

@@ -141,7 +141,8 @@ class ToolChecks:
         return known
 
     def get(self, tenant: str | None, key: bytes) -> CheckedTools | None:
-        return self.lru.get((tenant, key))
+        hit: CheckedTools | None = self.lru.get((tenant, key))
+        return hit
 
     def check(self, req: CreateRequest, tenant: str | None, key: bytes | None) -> CheckedTools:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
@@ -201,9 +202,9 @@ class ItemChecks:
         return out
 
     def found(self, tenant: str | None, keys: list[bytes | None]) -> list[CheckedItem | None]:
-        named = [i for i, key in enumerate(keys) if key is not None]
+        named = [(i, key) for i, key in enumerate(keys) if key is not None]
         out: list[CheckedItem | None] = [None] * len(keys)
-        for i, hit in zip(named, self.lru.get_many([(tenant, keys[i]) for i in named])):
+        for (i, _), hit in zip(named, self.lru.get_many([(tenant, key) for _, key in named])):
             out[i] = hit
         return out
 

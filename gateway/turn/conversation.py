@@ -107,13 +107,13 @@ class Conversations:
     async def base(self, conversation_id: str, tenant: str | None) -> ConversationBase:
         tip = self.tips.get(conversation_id)
         if tip is not None:
-            conv = await self.call("get", conversation_id, self.store.get, conversation_id, tenant,
-                                   param="conversation")
-            if conv is None:
+            now = await self.call("get", conversation_id, self.store.get, conversation_id, tenant,
+                                  param="conversation")
+            if now is None:
                 raise conversation_not_found(conversation_id, "conversation")
-            if conv.revision == tip.revision:
+            if now.revision == tip.revision:
                 self.metrics.conversation_turns.labels("tip").inc()
-                return ConversationBase(ConversationRef(conversation_id, conv.revision), tip.state)
+                return ConversationBase(ConversationRef(conversation_id, now.revision), tip.state)
             self.tips.discard(conversation_id)
         conv, items = await self.call("items", conversation_id, self.store.items, conversation_id, tenant,
                                       param="conversation")

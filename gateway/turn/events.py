@@ -83,7 +83,8 @@ class ResponseEvents:
 
     @property
     def status(self) -> str:
-        return self.response["status"]
+        status: str = self.response["status"]
+        return status
 
     def created(self) -> list[Event]:
         if self.response["status"] == ResponseStatus.QUEUED:  # background: OpenAI's order, queued first

@@ -237,13 +237,15 @@ class PrefixReuse:
         context = parent.context
         outputs = context[len(context) - n_out:] if n_out else []
         for item in outputs:   # already in the parent's context: each must be the first with its id
-            if item.get("type") in CALL_TYPES and context.call(item.get("call_id")) is not item:
-                return None
+            if item.get("type") in CALL_TYPES:
+                cid = item.get("call_id")
+                if not isinstance(cid, str) or context.call(cid) is not item:
+                    return None
         seen: set[Any] = set()
         for item in new_items:
             if item.get("type") in CALL_TYPES:
                 cid = item.get("call_id")
-                if cid in seen or context.call(cid) is not None:
+                if cid in seen or (isinstance(cid, str) and context.call(cid) is not None):
                     return None
                 seen.add(cid)
         try:

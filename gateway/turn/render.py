@@ -150,13 +150,14 @@ def _render(turn: TurnInput, key: bytes) -> Rendered:
     elif turn.prefix is not None and turn.prefix.ids is not None:
         # No parent, but the tenant's earlier turns rendered the first items (``gateway.turn.prefix``:
         # a hit is token-exact, its cut checked against the renderer's append contract).
-        hit = turn.prefix
+        hit, base_ids = turn.prefix, turn.prefix.ids
         rendered = renderer.render_items(new_items[hit.covered:], calls=calls)
         new_ids = [*hit.lead, *rendered] if hit.lead else rendered
-        total = len(hit.ids) + len(new_ids) + len(gen_ids)
+        total = len(base_ids) + len(new_ids) + len(gen_ids)
         if total <= budget or not auto:
             check_length(total, route, turn.generate)
-            return Rendered(key, hit.ids, new_ids, gen_ids, RenderStats("append", len(new_ids)))
+            return Rendered(key, base_ids, new_ids
+, gen_ids, RenderStats("append", len(new_ids)))
     # Full render (first turn, fallback, or truncation): O(history) by nature, counted.
     items = list(turn.base_context) + list(new_items)
     prelude_ids = renderer.render_prelude(turn.prelude)

@@ -240,7 +240,7 @@ class Resolver:
                 item = dict(hit.item)
                 if hit.id_prefix is not None:
                     item["id"] = new_id(hit.id_prefix)
-                if hit.digest is not None:
+                if hit.digest is not None and known is not None:
                     known.digests[id(item)] = (item, hit.digest)
             elif isinstance(raw, str):
                 item = canonical_item(Message(role="user", content=raw))
@@ -260,13 +260,14 @@ class Resolver:
                     item = self._unseal(item, i)
                 elif isinstance(raw, Compaction):
                     item = self.compactor.input_item(item, i)
-                if known is not None and known.keys[i] is not None:
+                key = known.keys[i] if known is not None else None
+                if key is not None:
                     given = raw.id is None and isinstance(item.get("id"), str)
                     try:
                         link: bytes | None = item_digest(item)
                     except (TypeError, orjson.JSONEncodeError):
                         link = None  # not hashable as the prefix cache hashes: it never caches this request
-                    self.item_checks.keep(tenant, known.keys[i], CheckedItem(
+                    self.item_checks.keep(tenant, key, CheckedItem(
                         raw, {k: v for k, v in item.items() if k != "id"} if given else dict(item),
                         item["id"].rsplit("_", 1)[0] if given else None, link))
             item_id = item.get("id")
@@ -366,7 +367,8 @@ def _same_item(sent: Item, kept: Item) -> bool:
     if any(a[k] != b[k] for k in a if k != "arguments"):
         return False
     try:
-        return orjson.loads(a["arguments"]) == orjson.loads(b["arguments"])
+        same: bool = orjson.loads(a["arguments"]) == orjson.loads(b["arguments"])
+        return same
     except (orjson.JSONDecodeError, TypeError):
         return False
 

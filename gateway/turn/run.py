@@ -33,7 +33,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import orjson
 
@@ -76,7 +77,7 @@ class TurnRunner:
         return ResponseEvents(turn.response, reasoning_mode=mode,
                               seal=self.sealer.seal if turn.include_encrypted else None)
 
-    async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
+    async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
         """The turn's events one at a time: :meth:`batches`, flattened."""
         batches = self.batches(turn, on_usage)
         try:
@@ -86,7 +87,7 @@ class TurnRunner:
         finally:
             await batches.aclose()  # a consumer that stopped early: the turn is cancelled and billed
 
-    async def batches(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[list[Event]]:
+    async def batches(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[list[Event], None]:
         """The turn's events in the groups they are produced in: ``response.created`` with
         ``in_progress``, then what each engine delta made (an item's opening, a text delta, an
         item's closing), then the terminal group. Never an empty group.
@@ -130,7 +131,7 @@ class TurnRunner:
         pending: list[Event] | None = None
         settled = False  # the outcome is billed
 
-        def spent() -> dict:
+        def spent() -> dict[str, Any]:
             usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
             return self.compactor.add_usage(usage, summary)
 
@@ -263,14 +264,14 @@ class TurnRunner:
                                 copied_bytes=outcome.copied_bytes, first_token_at=outcome.first_token_at), None
 
     @staticmethod
-    def _failed(events: ResponseEvents, pending: list[Event] | None, usage: dict) -> list[Event]:
+    def _failed(events: ResponseEvents, pending: list[Event] | None, usage: dict[str, Any]) -> list[Event]:
         """The turn fails (a fault after generation): whatever terminal was built is replaced."""
         kept: list[Event] = []
         if events.status != ResponseStatus.IN_PROGRESS and pending is not None:
             kept = events.withdraw(pending)
         return kept + events.fail(usage, "server_error", "The server had an error while finishing the response.")
 
-    def _cancel(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event] | None, usage: dict,
+    def _cancel(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event] | None, usage: dict[str, Any],
                 on_usage: UsageHook | None, first_token_at: float | None = None) -> bool:
         """Bill a turn that ends unsent — its consumer went away, or it was cut (a terminal built and
         held for the store write is withdrawn first) — as a ``cancelled`` response. False when
@@ -285,7 +286,7 @@ class TurnRunner:
         return True
 
     async def _warm_up(self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq, copied: int,
-                       on_usage: UsageHook | None) -> AsyncIterator[list[Event]]:
+                       on_usage: UsageHook | None) -> AsyncGenerator[list[Event], None]:
         """``generate: false``: a chain node with the new context and no output; no engine call."""
         usage = usage_object(len(turn_ids), 0, 0, 0)
         self.metrics.warmups.labels(turn.ctx.transport).inc()
@@ -353,7 +354,7 @@ class _SingleCall:
         return events
 
 
-def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[dict]) -> TokenSeq | None:
+def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[dict[str, Any]]) -> TokenSeq | None:
     """The prompt plus the canonical tokens of ``output`` (by the incremental contract, what a full
     render of the conversation would give), or None when the renderer's rendering does not start
     with the generation prompt the turn used."""

@@ -189,7 +189,8 @@ class PreparedTurn(msgspec.Struct, frozen=True):
 
     @property
     def id(self) -> str:
-        return self.response["id"]
+        rid: str = self.response["id"]
+        return rid
 
     @property
     def req(self) -> CreateRequest:

@@ -9,7 +9,7 @@ is a 404 naming only the id the client sent.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -122,7 +122,7 @@ def _part(part: Any) -> Any:
     return out
 
 
-def item_list(items: list[Mapping[str, Any]], has_more: bool) -> dict[str, Any]:
+def item_list(items: Sequence[Mapping[str, Any]], has_more: bool) -> dict[str, Any]:
     data = [item_object(i) for i in items]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
