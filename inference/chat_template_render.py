@@ -91,8 +91,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -105,6 +103,7 @@ from inference.chat_template_profile import (
     native_render,
     probe_template,
 )
+from inference.content_text import content_text
 from inference.hermes_parse import HermesStreamParser
 from inference.hermes_tools import (
     CUSTOM_ARG,
@@ -115,6 +114,7 @@ from inference.hermes_tools import (
     triggered_tool_calls_tag,
 )
 from inference.item_types import CALL_TYPES, OUTPUT_TYPES, ItemType
+from inference.prelude_cache import PreludeCache
 from inference.renderer import Constraint, PerToolSet, Prelude, tools_digest
 from inference.text_runs import segments
 from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_structural_tag, json_string_ebnf, tool_grammar
@@ -122,28 +122,8 @@ from inference.tool_grammar import GrammarUnavailable, ToolGrammar, check_struct
 __all__ = ["ChatTemplateRenderer", "TemplateError"]
 
 _KEY_VERSION = b"chat-template-v2"
-_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 #: assistant-side item -> its place in one assistant message (reasoning, text, calls)
 _STAGE = {ItemType.REASONING: 1, ItemType.MESSAGE: 2, ItemType.FUNCTION_CALL: 3, ItemType.CUSTOM_TOOL_CALL: 3}
-
-
-def _part_text(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    kind = part.get("type")
-    if kind == "refusal":
-        return str(part.get("refusal") or "")
-    if part.get("text") is not None:
-        return str(part["text"])
-    return _PLACEHOLDERS.get(kind, f"[{kind}]")
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(_part_text(p) for p in content)
 
 
 def _stage(item: Mapping[str, Any]) -> int:
@@ -187,8 +167,7 @@ class ChatTemplateRenderer:
         p = self.profile
         self.stop_token_ids: tuple[int, ...] = p.stop_token_ids
         self._gp_tokens = self._encode(p.generation_prompt)
-        self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._preludes = PreludeCache()
         #: each turn's parser reads the tools' catalog: built once per tool set
         self._catalogs = PerToolSet(HermesToolCatalog)
         self._template_hash = hashlib.blake2b(template.encode(), digest_size=8).digest()
@@ -296,18 +275,7 @@ class ChatTemplateRenderer:
         return text[: len(text) - len(probe[1])]
 
     def render_prelude(self, prelude: Prelude) -> list[int]:
-        key = self.prelude_key(prelude)
-        with self._lock:
-            hit = self._prelude_cache.get(key)
-            if hit is not None:
-                self._prelude_cache.move_to_end(key)
-                return list(hit)
-        tokens = self._encode(self.prelude_text(prelude))
-        with self._lock:
-            self._prelude_cache[key] = tokens
-            if len(self._prelude_cache) > 64:
-                self._prelude_cache.popitem(last=False)
-        return list(tokens)
+        return self._preludes.tokens(self.prelude_key(prelude), lambda: self._encode(self.prelude_text(prelude)))
 
     # -- items -> template messages ------------------------------------------------------------
 
@@ -320,7 +288,7 @@ class ChatTemplateRenderer:
 
     @staticmethod
     def _reasoning_text(item: Mapping[str, Any]) -> str:
-        return _text(item.get("content")) or _text(item.get("summary"))
+        return content_text(item.get("content")) or content_text(item.get("summary"))
 
     def template_messages(
         self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
@@ -359,7 +327,7 @@ class ChatTemplateRenderer:
         p = self.profile
         if kind in OUTPUT_TYPES:
             out = item.get("output")
-            text = self._esc(out if isinstance(out, str) else _text(out))
+            text = self._esc(out if isinstance(out, str) else content_text(out))
             if not p.wraps_tool_response:
                 text = f"<tool_response>\n{text}\n</tool_response>"
             msg: dict[str, Any] = {"role": p.tool_role, "content": text}
@@ -370,12 +338,12 @@ class ChatTemplateRenderer:
         role = str(item.get("role") or "user")
         if role == "developer" and not p.knows_developer:
             role = "system"
-        return ({"role": role, "content": self._esc(_text(item.get("content")))},
+        return ({"role": role, "content": self._esc(content_text(item.get("content")))},
                 ("system" if role != "user" else "user"))
 
     def _assistant(self, group: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
         reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == ItemType.REASONING]
-        texts = [self._esc(_text(it.get("content"))) for it in group if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
+        texts = [self._esc(content_text(it.get("content"))) for it in group if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
         calls = []
         for it in group:
             if it.get("type") == ItemType.FUNCTION_CALL:

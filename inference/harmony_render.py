@@ -70,13 +70,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
-from collections import OrderedDict
 from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 from openai_harmony import Role
 
+from inference.content_text import content_texts
 from inference.harmony_constraint import harmony_constraint
 from inference.harmony_content import Header, MessageTokenizer, message_of
 from inference.harmony_core import (
@@ -90,6 +89,7 @@ from inference.harmony_core import (
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.harmony_prelude import needs_probe, render_developer
 from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
+from inference.prelude_cache import PreludeCache
 from inference.renderer import PerToolSet, Prelude, tools_digest
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
@@ -108,7 +108,6 @@ _KEY_VERSION = b"harmony-v2"
 #: a recipient in a message header (in the role part or after the channel, as the parser reads it)
 _RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
 _EFFORTS = {"none": "Low", "minimal": "Low", "low": "Low", "medium": "Medium", "high": "High", "xhigh": "High"}
-_PLACEHOLDERS = {"input_image": "[image]", "input_file": "[file]", "input_audio": "[audio]"}
 #: tool_choice lines in the developer message (the simulated engine recognises them)
 
 
@@ -118,25 +117,6 @@ class UnknownCallError(ValueError):
     def __init__(self, call_id: str) -> None:
         super().__init__(f"no tool call found for call output with call_id {call_id!r}")
         self.call_id = call_id
-
-
-def _part_text(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    kind = part.get("type")
-    if kind == "refusal":
-        return str(part.get("refusal") or "")
-    if "text" in part and part["text"] is not None:
-        return str(part["text"])
-    return _PLACEHOLDERS.get(kind, f"[{kind}]")
-
-
-def _texts(content: Any) -> list[str]:
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [content]
-    return [_part_text(p) for p in content]
 
 
 def render_completion(messages: Sequence[Any]) -> list[int]:
@@ -169,8 +149,7 @@ class HarmonyRenderer:
         #: renders item messages: harmony's header + tiktoken's text tokens (equal to enc.render)
         self._messages = MessageTokenizer()
         self.stop_token_ids: tuple[int, ...] = tuple(self._enc.stop_tokens_for_assistant_actions())
-        self._prelude_cache: OrderedDict[bytes, list[int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._preludes = PreludeCache()
         #: each turn's parser reads the tools' catalog: built once per tool set
         self._catalogs = PerToolSet(ToolCatalog)
         vocab_bytes()  # the parser's vocabulary (~1 s to load): now, not in the first turn
@@ -210,12 +189,9 @@ class HarmonyRenderer:
         return messages
 
     def render_prelude(self, prelude: Prelude) -> list[int]:
-        key = self.prelude_key(prelude)
-        with self._lock:
-            hit = self._prelude_cache.get(key)
-            if hit is not None:
-                self._prelude_cache.move_to_end(key)
-                return list(hit)
+        return self._preludes.tokens(self.prelude_key(prelude), lambda: self._render_prelude(prelude))
+
+    def _render_prelude(self, prelude: Prelude) -> list[int]:
         from openai_harmony import RenderOptions
 
         messages = self.prelude_messages(prelude)
@@ -225,11 +201,7 @@ class HarmonyRenderer:
         tokens = self._enc.render(messages[0], opts)
         if len(messages) > 1:
             tokens += self._developer_tokens(prelude, messages[1])
-        with self._lock:
-            self._prelude_cache[key] = tokens
-            if len(self._prelude_cache) > 64:
-                self._prelude_cache.popitem(last=False)
-        return list(tokens)
+        return tokens
 
     def _developer_tokens(self, prelude: Prelude, message: Any) -> list[int]:
         """The developer message's tokens; client text with long runs goes through
@@ -295,9 +267,9 @@ class HarmonyRenderer:
         if kind == "message":
             role = Role(item.get("role", "user")).value  # an unknown role: ValueError (a 400: gateway.turn.render)
             channel = ("commentary" if item.get("phase") == "commentary" else "final") if role == "assistant" else None
-            return (role, None, channel, None, None), _texts(item.get("content"))
+            return (role, None, channel, None, None), content_texts(item.get("content"))
         if kind == "reasoning":
-            texts = _texts(item.get("content")) or _texts(item.get("summary"))
+            texts = content_texts(item.get("content")) or content_texts(item.get("summary"))
             return (("assistant", None, "analysis", None, None), texts) if texts else None
         if kind in CALL_TYPES:
             body = item.get(CALL_PAYLOAD[kind])
@@ -307,7 +279,7 @@ class HarmonyRenderer:
         if kind in OUTPUT_TYPES:
             name, namespace = self._call_name(item, local, calls)
             output = item.get("output")
-            text = output if isinstance(output, str) else "".join(_texts(output))
+            text = output if isinstance(output, str) else "".join(content_texts(output))
             return ("tool", recipient_for(name, namespace), "commentary", "assistant", None), [text]
         return None
 

@@ -28,12 +28,12 @@ as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
 
 import msgspec
 import orjson
 
+from cache.lru import BoundedLRU
 from inference.parse import StreamParser
 
 
@@ -56,14 +56,13 @@ class PerToolSet(Generic[T]):
     (``gateway.turn.checks.ToolChecks``), and a renderer builds a catalog of them for each turn's
     parser (~40 us for a coding agent's tools). Identity is exact and costs nothing: an equal tuple
     that is another object is built anew, never confused with this one; the memo holds the tuple it
-    names, so an id is not reused while it is kept. The last ``size`` tool sets are kept, for
-    tuples only (a list could change after it was built from)."""
+    names, so an id is not reused while it is kept. The last ``size`` tool sets used are kept (a
+    :class:`~cache.lru.BoundedLRU` bounded by entries), for tuples only (a list could change after
+    it was built from)."""
 
     def __init__(self, build: Callable[[tuple[dict[str, Any], ...]], T], size: int = 64) -> None:
         self._build = build
-        self._size = size
-        self._memo: dict[int, tuple[tuple[dict[str, Any], ...], T]] = {}
-        self._lock = threading.Lock()
+        self._memo: BoundedLRU[int, tuple[tuple[dict[str, Any], ...], T]] = BoundedLRU(size)
 
     def __call__(self, tools: Sequence[dict[str, Any]]) -> T:
         if type(tools) is not tuple:
@@ -72,10 +71,7 @@ class PerToolSet(Generic[T]):
         if hit is not None and hit[0] is tools:
             return hit[1]
         value = self._build(tools)
-        with self._lock:
-            while len(self._memo) >= self._size:
-                del self._memo[next(iter(self._memo))]  # the oldest first
-            self._memo[id(tools)] = (tools, value)
+        self._memo.put(id(tools), (tools, value))
         return value
 
 

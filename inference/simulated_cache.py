@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
+
+from cache.lru import BoundedLRU
 
 __all__ = ["Admission", "BlockPrefixCache", "CacheWork", "Known", "KnownSequences", "SharedBuffer"]
 
@@ -102,8 +103,7 @@ class KnownSequences:
     """
 
     def __init__(self, limit: int = 32) -> None:
-        self._limit = max(1, limit)
-        self._seqs: OrderedDict[int, Known] = OrderedDict()
+        self._seqs: BoundedLRU[int, Known] = BoundedLRU(max(1, limit))
         #: the most recently used sequence (the last of ``_seqs``), asked first and alone: a
         #: connection's next turn continues it, so a turn usually costs one compare
         self._mru: Known | None = None
@@ -118,18 +118,14 @@ class KnownSequences:
         mru = self._mru
         if mru is not None and type(mru.view) is kind and shares(mru.view):
             return mru  # already the most recent: nothing to move
-        seqs = self._seqs
-        for key in reversed(seqs):
-            known = seqs[key]
+        for known in reversed(list(self._seqs.values())):
             if type(known.view) is kind and shares(known.view):
-                seqs.move_to_end(key)
+                self._seqs.get(id(known))  # now the most recently used
                 self._mru = known
                 return known
         known = Known(prompt)  # type: ignore[arg-type]
-        seqs[id(known)] = known
+        self._seqs.put(id(known), known)
         self._mru = known
-        while len(seqs) > self._limit:
-            seqs.popitem(last=False)
         return known
 
     def __len__(self) -> int:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
 
+from cache.lru import BoundedLRU
 from inference.harmony_core import FREEFORM_NOTE, FUNCTIONS, harmony_encoding, harmony_tokens
 from inference.harmony_render import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED
 
@@ -240,8 +239,9 @@ class PromptPrelude:
     extent: int = 0
 
 
-_prelude_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSpec, ...], str]] = OrderedDict()
-_prelude_lock = threading.Lock()
+#: a developer message's tokens -> the tools it declares and its text (the engine's scripts ask each
+#: turn; a benchmark or a test serves a handful of tool sets)
+_developer_messages: BoundedLRU[tuple[int, ...], tuple[tuple[ToolSpec, ...], str]] = BoundedLRU(32)
 
 
 class PromptView:
@@ -349,16 +349,12 @@ class PromptView:
 
     def _developer(self, pos: int, end: int) -> PromptPrelude:
         key = tuple(self._slice(pos, end + 1))
-        with _prelude_lock:
-            hit = _prelude_cache.get(key)
+        hit = _developer_messages.get(key)
         if hit is None:
             msg = _decode_message(list(key))
             dev_text = msg.text if msg is not None else ""
             hit = (parse_tool_declarations(dev_text), dev_text)
-            with _prelude_lock:
-                _prelude_cache[key] = hit
-                if len(_prelude_cache) > 32:
-                    _prelude_cache.popitem(last=False)
+            _developer_messages.put(key, hit)
         return PromptPrelude(hit[0], hit[1], extent=end + 1)
 
     @property
