@@ -341,7 +341,7 @@ class Tip:
     revision: int
 
 
-class ConversationTips:
+class ConversationTips(TenantShared):
     """Process-local LRU: conversation id -> :class:`Tip`, bounded by the bytes the states keep alive,
     each tenant (the state's) held to its share (``cache.lru``: a tenant running many conversations
     churns its own tips, not another's).
@@ -354,33 +354,22 @@ class ConversationTips:
         self.max_bytes = max_bytes
         #: conversation id -> the tenant of its tip (the part of its key)
         self._tenant: dict[str, str | None] = {}
-        self._tips: BoundedLRU[str, Tip] = BoundedLRU(max_entries, max_bytes, part=self._tenant.__getitem__,
-                                                      on_evict=lambda cid, _tip: self._tenant.pop(cid, None))
-
-    def __len__(self) -> int:
-        return len(self._tips)
-
-    @property
-    def nbytes(self) -> int:
-        return self._tips.nbytes
-
-    @property
-    def evictions(self) -> int:
-        return self._tips.evictions
+        self._lru: BoundedLRU[str, Tip] = BoundedLRU(max_entries, max_bytes, part=self._tenant.__getitem__,
+                                                     on_evict=lambda cid, _tip: self._tenant.pop(cid, None))
 
     def get(self, conversation_id: str) -> Tip | None:
-        tip: Tip | None = self._tips.get(conversation_id)
+        tip: Tip | None = self._lru.get(conversation_id)
         return tip
 
     def put(self, conversation_id: str, tip: Tip) -> None:
         self.discard(conversation_id)
         self._tenant[conversation_id] = tip.state.tenant
-        if not self._tips.put(conversation_id, tip, tip.state.nbytes + RECORD_OVERHEAD):
+        if not self._lru.put(conversation_id, tip, tip.state.nbytes + RECORD_OVERHEAD):
             del self._tenant[conversation_id]
 
     def discard(self, conversation_id: str) -> None:
         if conversation_id in self._tenant:
-            self._tips.pop(conversation_id)
+            self._lru.pop(conversation_id)
             del self._tenant[conversation_id]
 
     def clear(self) -> None:

@@ -313,7 +313,7 @@ class BoundedLRU(Generic[K, V]):
 
 
 class TenantShared:
-    """What a store kept in one :class:`BoundedLRU` (``self._lru``, keyed by ``(tenant, ...)``)
+    """What a store kept in one :class:`BoundedLRU` (``self._lru``, whose parts are the tenants)
     tells of itself: how many records and bytes it holds, in all and per tenant, and how many the
     bounds have pushed out (metrics, tests and notes read them)."""
 
