@@ -26,9 +26,9 @@ When we do **not** take the fast path (and call ``enc.render``, so behaviour is 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Sequence
 
+from cache.lru import BoundedLRU
 from inference.harmony_core import content_encoding, encode_text, harmony_encoding, harmony_tokens
 
 __all__ = ["FAST_MIN_CHARS", "Header", "MessageTokenizer", "message_of"]
@@ -89,8 +89,8 @@ class MessageTokenizer:
         self._terminators = tok.terminators
         self.min_chars = min_chars
         self.fast_renders = 0
-        self._skeletons: dict[tuple, tuple[list[int] | None, list[int] | None]] = {}
-        self._lock = threading.Lock()
+        #: header -> its skeleton, least recently used out (thread-safe: the prepare pool renders too)
+        self._skeletons: BoundedLRU[tuple, tuple[list[int] | None, list[int] | None]] = BoundedLRU(_MAX_SKELETONS)
         if not self._agrees():
             log.warning("tiktoken and harmony tokenize message text differently (versions drifted?): "
                         "rendering every message with harmony, more slowly")
@@ -130,8 +130,7 @@ class MessageTokenizer:
             size += len(text)
         if size < self.min_chars:
             return None
-        with self._lock:
-            parts = self._skeletons.get(header)
+        parts = self._skeletons.get(header)
         if parts is None:
             parts = self._skeleton(message_of(header, ()))
         head, tail = parts
@@ -169,16 +168,12 @@ class MessageTokenizer:
         """``(tokens up to and including <|message|>, [terminator])`` of ``msg`` without content."""
         author = msg.author
         key: Header = (author.role.value, author.name, msg.channel, msg.recipient, msg.content_type)
-        with self._lock:
-            hit = self._skeletons.get(key)
+        hit = self._skeletons.get(key)
         if hit is not None:
             return hit
         ids = self._enc.render(msg.model_copy(update={"content": []}))
         parts = _NO_SKELETON
         if len(ids) >= 2 and ids[-2] == self._message and ids[-1] in self._terminators:
             parts = (ids[:-1], ids[-1:])
-        with self._lock:
-            if len(self._skeletons) >= _MAX_SKELETONS:
-                self._skeletons.clear()
-            self._skeletons[key] = parts
+        self._skeletons.put(key, parts)
         return parts
