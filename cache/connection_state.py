@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import sys
 
-from cache.lru import BoundedLRU
+from cache.lru import BoundedLRU, LRUOwner
 from cache.response_state import ResponseState
 
 DEFAULT_LANE = ""
 
 
-class ConnectionCache:
+class ConnectionCache(LRUOwner):
     """Lane -> its latest response, in a :class:`~cache.lru.BoundedLRU` bounded by bytes alone (a
     connection's lanes are few: ``gateway.transport.lanes`` bounds them). One connection is one
     tenant's, so the map has no parts. Every put is ``force``d: the lane being written is always
@@ -27,28 +27,21 @@ class ConnectionCache:
 
     def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
-        self._lanes: BoundedLRU[str, ResponseState] = BoundedLRU(sys.maxsize, max_bytes, on_evict=self._dropped)
+        #: charged each lane's context size (lanes sharing a buffer count it each: conservative)
+        self._lru: BoundedLRU[str, ResponseState] = BoundedLRU(sys.maxsize, max_bytes, on_evict=self._dropped)
         self._by_id: dict[str, str] = {}
-        #: lanes dropped by the byte bound or by :meth:`evict`
+        #: lanes dropped by :meth:`evict` (the byte bound's are the map's)
         self._evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._lanes)
-
-    @property
-    def nbytes(self) -> int:
-        """Sum of the lanes' context sizes (lanes sharing a buffer count it each: conservative)."""
-        return self._lanes.nbytes
 
     @property
     def evictions(self) -> int:
-        return self._lanes.evictions + self._evicted
+        return self._lru.evictions + self._evicted
 
     def get(self, response_id: str) -> ResponseState | None:
         lane = self._by_id.get(response_id)
         if lane is None:
             return None
-        state: ResponseState | None = self._lanes.get(lane)
+        state: ResponseState | None = self._lru.get(lane)
         return state
 
     def lane_of(self, response_id: str) -> str | None:
@@ -57,14 +50,14 @@ class ConnectionCache:
     def states(self) -> list[ResponseState]:
         """Each lane's latest response, least recently used first (what a closing connection may
         leave resumable, ``gateway.sessions``)."""
-        return list(self._lanes.values())
+        return list(self._lru.values())
 
     def put(self, lane: str, state: ResponseState) -> None:
-        old = self._lanes.pop(lane)
+        old = self._lru.pop(lane)
         if old is not None:
             self._by_id.pop(old.id, None)
         self._by_id[state.id] = lane
-        self._lanes.put(lane, state, _size(state), force=True)
+        self._lru.put(lane, state, _size(state), force=True)
 
     def discard_failed_parent(self, previous_response_id: str | None, lane: str) -> bool:
         """A continuation on ``lane`` failed: its parent is evicted if it is that lane's latest
@@ -78,12 +71,12 @@ class ConnectionCache:
         lane = self._by_id.pop(response_id, None)
         if lane is None:
             return False
-        self._lanes.pop(lane)
+        self._lru.pop(lane)
         self._evicted += 1
         return True
 
     def clear(self) -> None:
-        self._lanes.clear()
+        self._lru.clear()
         self._by_id.clear()
 
     def _dropped(self, lane: str, state: ResponseState) -> None:

@@ -54,7 +54,7 @@ from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-__all__ = ["BoundedLRU", "NO_PART", "TenantShared", "tenant_of"]
+__all__ = ["BoundedLRU", "LRUOwner", "NO_PART", "TenantShared", "tenant_of"]
 
 #: the part of a ``(tenant, ...)`` key: its tenant (how the gateway's per-tenant caches key)
 tenant_of = operator.itemgetter(0)
@@ -312,10 +312,10 @@ class BoundedLRU(Generic[K, V]):
             return iter([v for v, _ in self._entries.values()])
 
 
-class TenantShared:
-    """What a store kept in one :class:`BoundedLRU` (``self._lru``, whose parts are the tenants)
-    tells of itself: how many records and bytes it holds, in all and per tenant, and how many the
-    bounds have pushed out (metrics, tests and notes read them)."""
+class LRUOwner:
+    """What an owner of one :class:`BoundedLRU` (``self._lru``) tells of itself: how many entries
+    and bytes it holds, and how many the bounds have pushed out (metrics, tests and notes read
+    them)."""
 
     _lru: BoundedLRU[Any, Any]
 
@@ -330,6 +330,11 @@ class TenantShared:
     @property
     def evictions(self) -> int:
         return self._lru.evictions
+
+
+class TenantShared(LRUOwner):
+    """A store kept in one :class:`BoundedLRU` whose parts are the tenants: :class:`LRUOwner`, and
+    what each tenant holds."""
 
     def tenant_usage(self, tenant: str | None) -> tuple[int, int]:
         """The records and bytes ``tenant`` holds."""

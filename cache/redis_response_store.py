@@ -104,7 +104,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.item_log import ItemLog
-from cache.lru import BoundedLRU, tenant_of
+from cache.lru import BoundedLRU, LRUOwner, tenant_of
 from cache.redis_client import AsyncClient, check_prefix, connect
 from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.response_state import ResponseState
@@ -173,7 +173,7 @@ return 1
 """
 
 
-class SharedBufferLRU:
+class SharedBufferLRU(LRUOwner):
     """Process-local LRU of views over shared, append-only buffers, bounded in bytes, each tenant
     held to its share.
 
@@ -189,26 +189,24 @@ class SharedBufferLRU:
 
     def __init__(self, max_bytes: int, share: float = 0.25) -> None:
         self.max_bytes = max_bytes
-        self._entries: BoundedLRU[tuple[str | None, str], tuple[Any, Any]] = BoundedLRU(
+        self._lru: BoundedLRU[tuple[str | None, str], tuple[Any, Any]] = BoundedLRU(
             sys.maxsize, max_bytes, part=tenant_of, share=share, on_evict=self._dropped)
         #: id(buffer) -> [entries referring to it, bytes charged for it, the tenant charged]
         self._bufs: dict[int, list[Any]] = {}
         #: tenant -> the bytes of the buffers charged to it
         self._tenants: dict[str | None, int] = {}
-        self.nbytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        self._bytes = 0
 
     @property
-    def evictions(self) -> int:
-        return self._entries.evictions
+    def nbytes(self) -> int:
+        """The bytes of the buffers held (the map itself charges nothing)."""
+        return self._bytes
 
     def tenant_nbytes(self, tenant: str | None) -> int:
         return self._tenants.get(tenant, 0)
 
     def _get(self, key: str, tenant: str | None) -> Any:
-        hit = self._entries.get((tenant, key))
+        hit = self._lru.get((tenant, key))
         return None if hit is None else hit[0]
 
     def _put(self, key: str, value: Any, buf: Any, charge: int, tenant: str | None) -> None:
@@ -218,27 +216,27 @@ class SharedBufferLRU:
         if charge > ref[1]:
             self._charge(ref, charge - ref[1])
             ref[1] = charge
-        self._entries.put((tenant, key), (value, buf))
-        while self.nbytes > self.max_bytes and len(self._entries):
-            if not self._entries.evict_one(outside=self._tenants):
-                self._entries.evict_one()
+        self._lru.put((tenant, key), (value, buf))
+        while self._bytes > self.max_bytes and len(self._lru):
+            if not self._lru.evict_one(outside=self._tenants):
+                self._lru.evict_one()
 
     def discard(self, key: str, tenant: str | None = None) -> None:
-        hit = self._entries.pop((tenant, key))
+        hit = self._lru.pop((tenant, key))
         if hit is not None:
             self._release(hit[1])
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._lru.clear()
         self._bufs.clear()
         self._tenants.clear()
-        self.nbytes = 0
+        self._bytes = 0
 
     def _dropped(self, _: tuple[str | None, str], hit: tuple[Any, Any]) -> None:
         self._release(hit[1])
 
     def _charge(self, ref: list[Any], delta: int) -> None:
-        self.nbytes += delta
+        self._bytes += delta
         left = self._tenants.get(ref[2], 0) + delta
         if left:
             self._tenants[ref[2]] = left
@@ -510,7 +508,7 @@ class RedisStore:
         where: dict[str, tuple[str, str, int, str]] = {}
         for item_id, home in zip(item_ids, await lookups.execute()):
             if home is not None and len(entry := orjson.loads(home)) == 4:
-                where[item_id] = tuple(entry)  # type: ignore[assignment]
+                where[item_id] = tuple(entry)
         # per home response, only the list that holds the items: the Response for outputs
         wanted = sorted({(rid, root, "response" if side == "output" else "input")
                          for rid, side, _, root in where.values()})
