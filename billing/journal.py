@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 import orjson
 
@@ -126,7 +126,7 @@ class Journal:
         return self.segments()
 
     @staticmethod
-    def read(segment: Path) -> Iterator[dict[str, Any]]:
+    def read(segment: Path) -> Generator[dict[str, Any], None, None]:
         """The records of a segment (or the live file); torn or corrupt lines are skipped, logged."""
         try:
             f = open(segment, "rb")

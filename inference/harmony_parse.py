@@ -46,7 +46,6 @@ import threading
 from typing import Any, Sequence
 
 from inference.harmony_core import ToolCatalog, content_encoding, harmony_encoding, harmony_tokens
-from inference.item_types import ItemType
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 __all__ = ["HarmonyParseError", "HarmonyStreamParser"]
@@ -314,8 +313,9 @@ class HarmonyStreamParser:
         self._in_content = True
         if recipient and recipient != "assistant":
             name, namespace = self._catalog.split_recipient(recipient)
-            kind = ItemType.CUSTOM_TOOL_CALL if self._catalog.is_custom(name, namespace) else ItemType.FUNCTION_CALL
-            return ItemStart(kind, name=name, namespace=namespace, phase=channel)
+            custom = self._catalog.is_custom(name, namespace)
+            return ItemStart("custom_tool_call" if custom else "function_call", name=name, namespace=namespace,
+                             phase=channel)
         if channel == "analysis":
             self._reasoning = True
             self.reasoning_tokens += self._header_tokens

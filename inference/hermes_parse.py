@@ -39,7 +39,7 @@ import re
 from typing import Any, Sequence
 
 from inference.hermes_tools import CUSTOM_ARG, HermesToolCatalog
-from inference.item_types import CALL_TYPES, ItemType
+from inference.item_types import CALL_TYPES
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 __all__ = ["HermesStreamParser"]
@@ -268,7 +268,7 @@ class HermesStreamParser:
         name, namespace, custom = self._catalog.resolve(flat)
         if custom:
             return  # the raw input is a JSON string: emitted whole when the call closes
-        self._start(events, ItemStart(ItemType.FUNCTION_CALL, name=name, namespace=namespace))
+        self._start(events, ItemStart("function_call", name=name, namespace=namespace))
         self._header_end, self._streamed = m.end(), 0
 
     def _whole_call(self, events: list[ParseEvent]) -> None:
@@ -282,10 +282,10 @@ class HermesStreamParser:
             name, namespace, custom = self._catalog.resolve(obj["name"])
             args = obj["arguments"]
             if custom and isinstance(args, dict) and isinstance(args.get(CUSTOM_ARG), str):
-                self._start(events, ItemStart(ItemType.CUSTOM_TOOL_CALL, name=name, namespace=namespace))
+                self._start(events, ItemStart("custom_tool_call", name=name, namespace=namespace))
                 events.append(ItemDelta(args[CUSTOM_ARG]))
             else:
-                self._start(events, ItemStart(ItemType.FUNCTION_CALL, name=name, namespace=namespace))
+                self._start(events, ItemStart("function_call", name=name, namespace=namespace))
                 text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
                 events.append(ItemDelta(text))
             self._end(events, complete=True)

@@ -199,10 +199,10 @@ def _convert(gguf: Path, out: Path, dtype: str, bar: _Progress) -> None:
             quantization_config=GgufConfig(dequantize=True))
         # transformers 5.19 still marks a dequantized GGUF model "quantized, not serializable"
         # and refuses save_pretrained; the weights are plain tensors by now, so drop the marker.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.is_quantized = False
+        model.is_quantized = False  # type: ignore[assignment]
     with bar.step("save"):
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))

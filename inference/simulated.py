@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Iterator, Sequence
+from typing import TYPE_CHECKING, AsyncGenerator, Generator, Iterator, Sequence
 
 from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
                               TokenLogprob)
@@ -99,6 +99,7 @@ def _plan(
         return [], 0, None, None
     hit = stops.intersection(tokens)
     end = min(map(tokens.index, hit)) + 1 if hit else n
+    finish: FinishReason
     if max_tokens is not None and (max_tokens if max_tokens > 1 else 1) < end:
         end, finish, stop_id = (max_tokens if max_tokens > 1 else 1), "length", None
     else:
@@ -119,7 +120,10 @@ class _YieldNow:
     lands at the ``await`` as at any other."""
 
     __slots__ = ()
-    __await__ = (None,).__iter__
+    if TYPE_CHECKING:  # what the iterator is, to the checker: a generator that yields once
+        def __await__(self) -> Generator[None, None, None]: ...
+    else:
+        __await__ = (None,).__iter__
 
 
 _yield_now = _YieldNow()
@@ -379,7 +383,7 @@ class SimulatedEngine:
             stats.running -= 1
             if outcome == "aborted":
                 stats.aborts += 1
-            if adm is not None:
+            if adm is not None and cache is not None:  # (an admission is only made with a cache)
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
                 cache.finish(adm, output[:-1] if planned is None else planned[:sent - 1] if sent > 1 else ())

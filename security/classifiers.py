@@ -114,7 +114,8 @@ class Composite:
                 # A multi-megabyte tool output takes the regexes a while: scanning in a worker
                 # thread lets the event loop keep serving other connections meanwhile (the GIL
                 # is shared, but released between bytecodes every few milliseconds).
-                results = await asyncio.to_thread(lambda: [c.scan(items) for c in local])
+                # (``_scans``: each local classifier has ``scan``, which the protocol does not name)
+                results = await asyncio.to_thread(lambda: [c.scan(items) for c in local])  # type: ignore[attr-defined]
             else:
                 results = [await c.classify(items) for c in local]
             if tasks:

@@ -110,12 +110,12 @@ class ExternalClassifier:
             index = r.get("index")
             if action == "allow":
                 continue
-            it = by_index.get(index) if index is not None else None
-            if index is not None and it is None:
+            sent = by_index.get(index) if index is not None else None
+            if index is not None and sent is None:
                 raise ValueError(f"result for an item that was not sent (index {index})")
             cat = str(r.get("category") or "external")
             out.append(Verdict(action, f"moderation:{cat}", float(r.get("score", 1.0)), index,
-                               it.item_id if it else None, r.get("rule"), self.source,
+                               sent.item_id if sent else None, r.get("rule"), self.source,
                                f"content the moderation service classified as '{cat}'"))
         return out
 

@@ -25,9 +25,12 @@ import logging
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from security.classifiers import Verdict
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +62,9 @@ class FlagRecord:
         return cls(v.action, v.category or "", round(v.score, 3), v.source, response_id, previous_response_id,
                    tenant, model, transport, v.index, v.item_id, item_type, v.rule, v.hint, flagged_before)
 
-    def fields(self) -> dict[str, str]:
+    def fields(self) -> dict[FieldT, EncodableT]:
         """Flat string fields for ``XADD`` (absent values are left out)."""
-        out: dict[str, str] = {}
+        out: dict[FieldT, EncodableT] = {}
         for k, v in asdict(self).items():
             if v is None:
                 continue

@@ -79,7 +79,7 @@ def redact_record(record: logging.LogRecord, flt: RedactingFilter) -> None:
     """
     if getattr(record, "_redacted", False):
         return
-    record._redacted = True  # type: ignore[attr-defined]
+    record._redacted = True
     try:
         message = record.getMessage()
     except Exception:  # a broken format string must not lose the record (nor leak through the error)

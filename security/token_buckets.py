@@ -26,7 +26,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol, cast
 
 import msgspec
 
@@ -217,7 +217,8 @@ class RedisRateLimiter:
     async def acquire(self, subject: str, quota: Quota, *, requests: int = 0, tokens: int = 0) -> Decision:
         refused, rl, tl, need = await self._run(subject, quota, requests, tokens, "acquire")
         kind = refused.decode() if isinstance(refused, bytes) else refused
-        return Decision(not kind, quota, float(rl), float(tl), kind or None, int(float(need)))
+        limit = cast(Literal["requests", "tokens"] | None, kind or None)  # what the script answers
+        return Decision(not kind, quota, float(rl), float(tl), limit, int(float(need)))
 
     async def adjust(self, subject: str, quota: Quota, tokens: int) -> None:
         if quota.tpm and tokens:
