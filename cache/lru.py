@@ -165,7 +165,7 @@ class BoundedLRU(Generic[K, V]):
         self._evicted(evicted)
         return True
 
-    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Hashable, int] | None = None) -> bool:
+    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Any, int] | None = None) -> bool:
         """Drop the least recently used entry of part ``prefer`` when it has one; else, without
         ``outside``, the entry a put would evict next (see *Shares*); False when nothing was dropped.
         For an owner whose memory outside the map grew (a running event log of part ``prefer``) and
@@ -190,7 +190,7 @@ class BoundedLRU(Generic[K, V]):
         self._evicted(evicted)
         return True
 
-    def _furthest_over(self, outside: Mapping[Hashable, int]) -> Hashable | None:
+    def _furthest_over(self, outside: Mapping[Any, int]) -> Hashable | None:
         """The part holding an entry that is furthest over its share, its ``outside`` bytes counted
         (the lock is held); None when no such part is over. A scan of the parts over on their own
         and of those ``outside`` names (the owner's running logs: a handful per tenant)."""

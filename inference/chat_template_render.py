@@ -343,7 +343,8 @@ class ChatTemplateRenderer:
 
     def _assistant(self, group: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
         reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == ItemType.REASONING]
-        texts = [self._esc(content_text(it.get("content"))) for it in group if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
+        texts = [self._esc(content_text(it.get("content"))) for it in group
+                 if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
         calls = []
         for it in group:
             if it.get("type") == ItemType.FUNCTION_CALL:

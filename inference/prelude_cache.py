@@ -11,7 +11,7 @@ that sends a new one every turn only costs a render each, as without the memo.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from cache.lru import BoundedLRU
 
