@@ -16,9 +16,16 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from gateway.access.auth import KeyAuth, OpenModeRefused, build_key_store
 from gateway.base.settings import ConfigError, Settings
+
+if TYPE_CHECKING:  # the CLI imports the app lazily (a fast --help): named for the checker only
+    import socket
+
+    from gateway.ops.logging_setup import Console
+    from gateway.transport.services import GatewayState
 
 CONFIG_HELP = ("TOML file of settings (keys are setting names, e.g. port = 9000; see gateway/base/settings.py); "
                "default: $RESPGATE_CONFIG")
@@ -324,7 +331,7 @@ def _what_loads(settings: Settings) -> str:
     return f"{settings.model_path} on {engine} (loading takes a minute or more)"
 
 
-async def _ready(gw: object, listeners: list, console: object) -> None:
+async def _ready(gw: GatewayState, listeners: list[socket.socket], console: Console | None) -> None:
     """The banner: where to point a client (the base URL with ``/v1``), which model names it
     serves, whether it wants a key. A plain line on the terminal; a log record everywhere."""
     import logging
@@ -332,19 +339,19 @@ async def _ready(gw: object, listeners: list, console: object) -> None:
     line = await ready_banner(gw, listeners)
     logging.getLogger("respgate").info(line)
     if console is not None:
-        console.say(f"{line}  — Ctrl-C to stop")  # type: ignore[attr-defined]
+        console.say(f"{line}  — Ctrl-C to stop")
 
 
-async def ready_banner(gw: object, listeners: list) -> str:
-    settings = gw.settings  # type: ignore[attr-defined]
+async def ready_banner(gw: GatewayState, listeners: list[socket.socket]) -> str:
+    settings = gw.settings
     host, port = settings.host, (listeners[0].getsockname()[1] if listeners else settings.port)
     anywhere = host in ("0.0.0.0", "::", "")
     shown = ("127.0.0.1" if host != "::" else "::1") if anywhere else host
     url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/v1"
-    routes = gw.registry.routes()  # type: ignore[attr-defined]
+    routes = gw.registry.routes()
     names = ", ".join(r.name for r in routes)
     simulated = all(getattr(r.engine, "name", "") == "simulated" for r in routes)
-    auth = gw.auth  # type: ignore[attr-defined]
+    auth = gw.auth
     if await auth.keys_required():
         mode = "API key required"
     else:
