@@ -56,9 +56,9 @@ class PerToolSet(Generic[T]):
     (``gateway.turn.checks.ToolChecks``), and a renderer builds a catalog of them for each turn's
     parser (~40 us for a coding agent's tools). Identity is exact and costs nothing: an equal tuple
     that is another object is built anew, never confused with this one; the memo holds the tuple it
-    names, so an id is not reused while it is kept. The last ``size`` tool sets used are kept (a
-    :class:`~cache.lru.BoundedLRU` bounded by entries), for tuples only (a list could change after
-    it was built from)."""
+    names, so an id is not reused while it is kept. The last ``size`` tool sets built are kept (a
+    :class:`~cache.lru.BoundedLRU` bounded by entries, read with ``peek``: a hit is a dict lookup,
+    no lock, as every turn asks), for tuples only (a list could change after it was built from)."""
 
     def __init__(self, build: Callable[[tuple[dict[str, Any], ...]], T], size: int = 64) -> None:
         self._build = build
@@ -67,7 +67,7 @@ class PerToolSet(Generic[T]):
     def __call__(self, tools: Sequence[dict[str, Any]]) -> T:
         if type(tools) is not tuple:
             return self._build(tuple(tools))
-        hit = self._memo.get(id(tools))
+        hit = self._memo.peek(id(tools))
         if hit is not None and hit[0] is tools:
             return hit[1]
         value = self._build(tools)
