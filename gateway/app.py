@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import AsyncIterator
+from typing import Any
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 import orjson
 from fastapi import FastAPI, Request
@@ -18,17 +19,16 @@ from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
 from cache.conversations import ConversationStore, Limits, MemoryConversationStore
 from cache.response_store import MemoryStore, ResponseStore
-from gateway.access.rate_limits import Access
 from gateway.access.auth import KeyAuth, build_key_store
-from gateway.wire.errors import ApiError
+from gateway.access.rate_limits import Access
 from gateway.base.log_context import RequestIdMiddleware
-from gateway.base.tracing import Tracing
-from gateway.base.metrics import (BackgroundCollector, ComponentCollector, FlagCollector, Metrics,
-                                  PrefixCacheCollector)
-from gateway.turn.pipeline import Pipeline
+from gateway.base.metrics import BackgroundCollector, ComponentCollector, FlagCollector, Metrics, PrefixCacheCollector
 from gateway.base.settings import Settings
-from gateway.transport.services import GatewayState
+from gateway.base.tracing import Tracing
 from gateway.engines import build_registry
+from gateway.transport.services import GatewayState
+from gateway.turn.pipeline import Pipeline
+from gateway.wire.errors import ApiError
 from inference.registry import ModelRegistry
 from inference.simulated import SimulatedEngine
 from inference.tool_grammar import preload_grammar_library
@@ -58,8 +58,11 @@ def create_app(
         from cache.redis_response_store import RedisStore
 
         store = RedisStore.from_url(settings.redis_url, ttl_s=settings.store_ttl_s)
-    store = (MemoryStore(settings.store_max_bytes, settings.store_ttl_s, settings.store_max_entries)
-             if store is None else store)
+    store = (
+        MemoryStore(settings.store_max_bytes, settings.store_ttl_s, settings.store_max_entries)
+        if store is None
+        else store
+    )
     conversations = build_conversation_store(settings) if conversations is None else conversations
     metrics = Metrics(per_tenant=settings.metrics_per_tenant)
     metrics.tracing = Tracing.from_settings(settings)  # None unless otel_traces
@@ -76,11 +79,26 @@ def create_app(
 
     http_turns: set[HttpTurn] = set()
     background = BackgroundTurns(
-        settings, store, pipeline.finalizer, usage, metrics,
+        settings,
+        store,
+        pipeline.finalizer,
+        usage,
+        metrics,
         launch=lambda turn, events, deliver, settle: HttpTurn.start(http_turns, turn, events, deliver, settle),
-        closing=closing_events)
-    gw = GatewayState(settings=settings, registry=registry, store=store, usage=usage, metrics=metrics,
-                      pipeline=pipeline, auth=auth, access=access, background=background, http_turns=http_turns)
+        closing=closing_events,
+    )
+    gw = GatewayState(
+        settings=settings,
+        registry=registry,
+        store=store,
+        usage=usage,
+        metrics=metrics,
+        pipeline=pipeline,
+        auth=auth,
+        access=access,
+        background=background,
+        http_turns=http_turns,
+    )
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
     metrics.registry.register(BackgroundCollector(background))
     from gateway.sessions.resumable import ResumableStates
@@ -138,13 +156,13 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
         headers = dict(exc.headers)
-        return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
-                        headers=headers)
+        return Response(
+            orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json", headers=headers
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
-                          "code": None}}
+        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}}
         return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
 
     @app.get("/metrics", include_in_schema=False)
@@ -157,14 +175,14 @@ def create_app(
     return app
 
 
-def build_access(settings: Settings, key_store: KeyStore | None = None,
-                 metrics: Metrics | None = None) -> tuple[KeyAuth, Access]:
+def build_access(
+    settings: Settings, key_store: KeyStore | None = None, metrics: Metrics | None = None
+) -> tuple[KeyAuth, Access]:
     """Keys (static + the key store: Redis with ``redis_url``, else the key file) and rate limiters
     (atomic in Redis with ``redis_url``, else in memory)."""
     if key_store is None:
         key_store = build_key_store(settings.redis_url, settings.keys_file)
-    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode,
-                   allowed_origins=settings.allowed_origins)
+    auth = KeyAuth(settings.api_keys, key_store, open_mode=settings.open_mode, allowed_origins=settings.allowed_origins)
     limiter: RateLimiter
     if settings.redis_url:
         from security.token_buckets import RedisRateLimiter
@@ -184,9 +202,12 @@ def build_conversation_store(settings: Settings) -> ConversationStore:
         from cache.redis_conversations import RedisConversationStore
 
         return RedisConversationStore.from_url(settings.redis_url, limits, ttl_s=settings.conversation_ttl_s)
-    return MemoryConversationStore(limits, max_total_bytes=settings.conversation_store_max_bytes,
-                                   ttl_s=settings.conversation_ttl_s,
-                                   max_conversations=settings.conversation_store_max_entries)
+    return MemoryConversationStore(
+        limits,
+        max_total_bytes=settings.conversation_store_max_bytes,
+        ttl_s=settings.conversation_ttl_s,
+        max_conversations=settings.conversation_store_max_entries,
+    )
 
 
 def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> UsageQueue:
@@ -195,8 +216,13 @@ def build_usage_queue(settings: Settings, sink: UsageSink | None = None) -> Usag
     if sink is None and settings.redis_url:
         from billing.ledger import RedisLedger
 
-        sink = RedisLedger(settings.redis_url, settings.usage_stream, shards=settings.usage_stream_shards,
-                           marker_ttl_s=settings.usage_marker_ttl_s, retention_s=settings.usage_stream_retention_s)
+        sink = RedisLedger(
+            settings.redis_url,
+            settings.usage_stream,
+            shards=settings.usage_stream_shards,
+            marker_ttl_s=settings.usage_marker_ttl_s,
+            retention_s=settings.usage_stream_retention_s,
+        )
     journal = Journal(settings.usage_journal) if settings.usage_journal else None
     return UsageQueue(MemorySink() if sink is None else sink, journal)
 
@@ -221,9 +247,16 @@ def build_classifier(settings: Settings) -> Composite:
     if settings.classifier_policy_file:
         parts.append(PolicyClassifier.from_file(settings.classifier_policy_file))
     if settings.classifier_url:
-        parts.append(ExternalClassifier(settings.classifier_url, timeout_s=settings.classifier_timeout_s,
-                                        fail_mode=settings.classifier_fail_mode, wire=settings.classifier_wire,
-                                        api_key=settings.classifier_api_key, model=settings.classifier_model))
+        parts.append(
+            ExternalClassifier(
+                settings.classifier_url,
+                timeout_s=settings.classifier_timeout_s,
+                fail_mode=settings.classifier_fail_mode,
+                wire=settings.classifier_wire,
+                api_key=settings.classifier_api_key,
+                model=settings.classifier_model,
+            )
+        )
     overrides: dict[str, Action] = {k: "allow" for k in settings.classifier_allow}
     overrides.update({k: "block" for k in settings.classifier_block})
     return Composite(parts, overrides)
@@ -231,8 +264,11 @@ def build_classifier(settings: Settings) -> Composite:
 
 def build_flag_reporter(settings: Settings) -> FlagReporter:
     """Flags go to the Redis Stream with ``redis_url``, else to a bounded in-memory sink."""
-    sink = (RedisFlagSink(settings.redis_url, settings.flags_stream, settings.flags_stream_maxlen)
-            if settings.redis_url else MemoryFlagSink(settings.flags_buffer))
+    sink = (
+        RedisFlagSink(settings.redis_url, settings.flags_stream, settings.flags_stream_maxlen)
+        if settings.redis_url
+        else MemoryFlagSink(settings.flags_buffer)
+    )
     return FlagReporter(sink, buffer=settings.flags_buffer)
 
 
@@ -240,7 +276,7 @@ def build_flag_reporter(settings: Settings) -> FlagReporter:
 WS_FRAME_SLACK = 64 * 1024
 
 
-def uvicorn_config_kwargs(settings: Settings) -> dict:
+def uvicorn_config_kwargs(settings: Settings) -> dict[str, Any]:
     """Server options the wire specs need: big frames, deflate, pings answered by the protocol,
     frames of one loop iteration written together, with write backpressure and a send deadline
     (gateway/transport/corked.py), and request heads bounded in size and time whichever HTTP parser

@@ -209,8 +209,9 @@ class RedisRateLimiter:
         from redis.exceptions import RedisError
 
         try:
-            return await self._script(keys=[f"{self.prefix}rl:{subject}"],
-                                      args=[quota.rpm or 0, quota.tpm or 0, requests, tokens, mode])
+            answer: list[Any] = await self._script(keys=[f"{self.prefix}rl:{subject}"],
+                                                   args=[quota.rpm or 0, quota.tpm or 0, requests, tokens, mode])
+            return answer
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc
 

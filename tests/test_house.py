@@ -21,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     # `python -m tool` from the interpreter running the suite: the versions pinned in the test extra,
     # never whatever ruff or mypy happens to be first on PATH
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def _explain(done: subprocess.CompletedProcess[str]) -> str:

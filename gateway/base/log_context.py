@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextvars
 import re
 import secrets
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("respgate_request_id", default=None)
 response_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("respgate_response_id", default=None)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 
 class LineBudget:
@@ -36,8 +37,9 @@ class LineBudget:
 
     __slots__ = ("_period", "_burst", "_clock", "_max_keys", "_buckets", "_lock")
 
-    def __init__(self, *, period: float = 10.0, burst: int = 5, clock: Callable[[], float] = time.monotonic,
-                 max_keys: int = 1024) -> None:
+    def __init__(
+        self, *, period: float = 10.0, burst: int = 5, clock: Callable[[], float] = time.monotonic, max_keys: int = 1024
+    ) -> None:
         self._period = period
         self._burst = burst
         self._clock = clock
@@ -74,8 +76,14 @@ class RateLimitedLog:
 
     __slots__ = ("_log", "_budget")
 
-    def __init__(self, logger: logging.Logger, *, period: float = 10.0, burst: int = 5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        period: float = 10.0,
+        burst: int = 5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._log = logger
         self._budget = LineBudget(period=period, burst=burst, clock=clock)
 

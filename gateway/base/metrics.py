@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as _Counter
@@ -32,12 +33,31 @@ from prometheus_client import Histogram as _Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.values import MutexValue
 
+if TYPE_CHECKING:  # gateway.base.tracing imports this module
+    from gateway.base.tracing import Tracing
+
 #: gateway work per stage: tens of microseconds (append) to tens of milliseconds (a 128k full render)
-STAGE_BUCKETS = (.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
+STAGE_BUCKETS = (
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1,
+)
 #: pipeline stages timed in ``respgate_stage_seconds`` (the dashboard and tests rely on these names)
 STAGES = ("validate", "resolve", "classify", "render", "engine_submit", "finalize")
-LATENCY_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
-ITL_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 TPS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 
 
@@ -120,9 +140,13 @@ def _lean_values() -> bool:
     ``_upper_bounds``, one value per bucket and the sum); another release takes its own way."""
     h = _Histogram("probe", "probe", registry=None, buckets=(1.0,))
     value = getattr(h, "_sum", None)
-    return (type(value) is MutexValue and hasattr(value, "_lock") and isinstance(getattr(value, "_value", None), float)
-            and isinstance(getattr(h, "_upper_bounds", None), list)
-            and [type(b) for b in getattr(h, "_buckets", ())] == [MutexValue, MutexValue])
+    return (
+        type(value) is MutexValue
+        and hasattr(value, "_lock")
+        and isinstance(getattr(value, "_value", None), float)
+        and isinstance(getattr(h, "_upper_bounds", None), list)
+        and [type(b) for b in getattr(h, "_buckets", ())] == [MutexValue, MutexValue]
+    )
 
 
 _LEAN_VALUES = _lean_values()
@@ -131,134 +155,223 @@ _LEAN_VALUES = _lean_values()
 class Metrics:
     def __init__(self, *, per_tenant: bool = False) -> None:
         r = self.registry = CollectorRegistry()
-        self.turns = Counter("respgate_turns", "Turns by transport and final status", ["transport", "status"],
-                             registry=r)
-        self.render_tokens = Counter("respgate_render_tokens", "Tokens encoded by the renderer per render mode",
-                                     ["mode"], registry=r)
-        self.reused_tokens = Counter("respgate_render_reused_tokens",
-                                     "History tokens reused from the parent's rendering (not re-rendered)",
-                                     registry=r)
-        self.render_fallbacks = Counter("respgate_render_full_fallbacks",
-                                        "Continuations rendered in full because an append was not provably exact",
-                                        ["reason"], registry=r)
-        self.grammar_fallbacks = Counter("respgate_grammar_fallbacks",
-                                         "Custom-tool grammars the engine could not enforce (described in prose only)",
-                                         ["syntax"], registry=r)
+        self.turns = Counter(
+            "respgate_turns", "Turns by transport and final status", ["transport", "status"], registry=r
+        )
+        self.render_tokens = Counter(
+            "respgate_render_tokens", "Tokens encoded by the renderer per render mode", ["mode"], registry=r
+        )
+        self.reused_tokens = Counter(
+            "respgate_render_reused_tokens",
+            "History tokens reused from the parent's rendering (not re-rendered)",
+            registry=r,
+        )
+        self.render_fallbacks = Counter(
+            "respgate_render_full_fallbacks",
+            "Continuations rendered in full because an append was not provably exact",
+            ["reason"],
+            registry=r,
+        )
+        self.grammar_fallbacks = Counter(
+            "respgate_grammar_fallbacks",
+            "Custom-tool grammars the engine could not enforce (described in prose only)",
+            ["syntax"],
+            registry=r,
+        )
         self.items_validated = Counter("respgate_items_validated", "Input items validated", registry=r)
-        self.rate_limited = Counter("respgate_rate_limit_rejections",
-                                    "Requests or connections refused by a limit (requests, tokens, connections, queue, background)",
-                                    ["transport", "limit"], registry=r)
-        self.input_rejections = Counter("respgate_input_rejections",
-                                        "Bodies and frames refused before any work (size, depth, count)",
-                                        ["transport", "reason"], registry=r)
-        self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", ["model"],
-                                     registry=r)
-        self.cached_tokens = Counter("respgate_cached_tokens", "Prompt tokens served from engine prefix caches",
-                                     ["model"], registry=r)
+        self.rate_limited = Counter(
+            "respgate_rate_limit_rejections",
+            "Requests or connections refused by a limit (requests, tokens, connections, queue, background)",
+            ["transport", "limit"],
+            registry=r,
+        )
+        self.input_rejections = Counter(
+            "respgate_input_rejections",
+            "Bodies and frames refused before any work (size, depth, count)",
+            ["transport", "reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("respgate_prompt_tokens", "Prompt tokens handed to engines", ["model"], registry=r)
+        self.cached_tokens = Counter(
+            "respgate_cached_tokens", "Prompt tokens served from engine prefix caches", ["model"], registry=r
+        )
         self.output_tokens = Counter("respgate_output_tokens", "Tokens generated", ["model"], registry=r)
-        self.tenant_tokens = (Counter("respgate_tenant_tokens", "Tokens per tenant (metrics_per_tenant)",
-                                      ["tenant", "kind"], registry=r) if per_tenant else None)
-        self.ttft = Histogram("respgate_time_to_first_token_seconds",
-                              "From request arrival to the first output token", ["model", "transport"],
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("respgate_inter_token_latency_seconds",
-                             "Mean time between output tokens of one response", ["model", "transport"],
-                             buckets=ITL_BUCKETS, registry=r)
-        self.tps = Histogram("respgate_output_tokens_per_second",
-                             "Output tokens per second of one response, from arrival to the last token",
-                             ["model", "transport"], buckets=TPS_BUCKETS, registry=r)
-        self.stage = Histogram("respgate_stage_seconds", "Gateway time per pipeline stage",
-                               ["stage", "transport"], buckets=STAGE_BUCKETS, registry=r)
-        self.store_latency = Histogram("respgate_store_seconds", "Response store operation latency", ["op"],
-                                       buckets=STAGE_BUCKETS, registry=r)
-        self.conversation_latency = Histogram("respgate_conversation_store_seconds",
-                                              "Conversation store operation latency", ["op"],
-                                              buckets=STAGE_BUCKETS, registry=r)
-        self.conversation_turns = Counter("respgate_conversation_turns",
-                                          "Conversation turns by where their context came from: this process's "
-                                          "last response on it (tip: an append) or the stored items (a full render)",
-                                          ["context"], registry=r)
-        self.conversation_append_failures = Counter("respgate_conversation_append_failures",
-                                                    "Finished conversation turns whose items could not be appended "
-                                                    "(conversation deleted meanwhile, or the store unavailable)",
-                                                    registry=r)
-        self.conn_cache = Counter("respgate_connection_cache_lookups",
-                                  "previous_response_id lookups in a WebSocket connection cache", ["outcome"],
-                                  registry=r)
-        self.conn_cache_evictions = Counter("respgate_connection_cache_evictions",
-                                            "Lanes evicted from connection caches by the byte budget", registry=r)
-        self.not_found = Counter("respgate_previous_response_not_found",
-                                 "Creates refused because previous_response_id did not resolve", ["transport"],
-                                 registry=r)
+        self.tenant_tokens = (
+            Counter("respgate_tenant_tokens", "Tokens per tenant (metrics_per_tenant)", ["tenant", "kind"], registry=r)
+            if per_tenant
+            else None
+        )
+        self.ttft = Histogram(
+            "respgate_time_to_first_token_seconds",
+            "From request arrival to the first output token",
+            ["model", "transport"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "respgate_inter_token_latency_seconds",
+            "Mean time between output tokens of one response",
+            ["model", "transport"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.tps = Histogram(
+            "respgate_output_tokens_per_second",
+            "Output tokens per second of one response, from arrival to the last token",
+            ["model", "transport"],
+            buckets=TPS_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "respgate_stage_seconds",
+            "Gateway time per pipeline stage",
+            ["stage", "transport"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "respgate_store_seconds", "Response store operation latency", ["op"], buckets=STAGE_BUCKETS, registry=r
+        )
+        self.conversation_latency = Histogram(
+            "respgate_conversation_store_seconds",
+            "Conversation store operation latency",
+            ["op"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.conversation_turns = Counter(
+            "respgate_conversation_turns",
+            "Conversation turns by where their context came from: this process's "
+            "last response on it (tip: an append) or the stored items (a full render)",
+            ["context"],
+            registry=r,
+        )
+        self.conversation_append_failures = Counter(
+            "respgate_conversation_append_failures",
+            "Finished conversation turns whose items could not be appended "
+            "(conversation deleted meanwhile, or the store unavailable)",
+            registry=r,
+        )
+        self.conn_cache = Counter(
+            "respgate_connection_cache_lookups",
+            "previous_response_id lookups in a WebSocket connection cache",
+            ["outcome"],
+            registry=r,
+        )
+        self.conn_cache_evictions = Counter(
+            "respgate_connection_cache_evictions", "Lanes evicted from connection caches by the byte budget", registry=r
+        )
+        self.not_found = Counter(
+            "respgate_previous_response_not_found",
+            "Creates refused because previous_response_id did not resolve",
+            ["transport"],
+            registry=r,
+        )
         self.warmups = Counter("respgate_warmups", "generate:false warm-up turns", ["transport"], registry=r)
-        self.aborts = Counter("respgate_generation_aborts", "Generations aborted because nobody listened",
-                              ["transport"], registry=r)
-        self.errors = Counter("respgate_request_errors", "Requests rejected before a response existed",
-                              ["transport", "code"], registry=r)
+        self.aborts = Counter(
+            "respgate_generation_aborts", "Generations aborted because nobody listened", ["transport"], registry=r
+        )
+        self.errors = Counter(
+            "respgate_request_errors", "Requests rejected before a response existed", ["transport", "code"], registry=r
+        )
         self.ws_connections = Gauge("respgate_ws_connections", "Open WebSocket connections", registry=r)
         self.ws_inflight = Gauge("respgate_ws_inflight", "WebSocket responses in flight", registry=r)
-        self.parent_resolution = Counter("respgate_parent_resolution", "Where previous_response_id resolved",
-                                         ["source"], registry=r)
-        self.turn_overhead = Histogram("respgate_turn_prepare_seconds",
-                                       "Gateway work before the engine is called (validate..render)",
-                                       buckets=(.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1),
-                                       registry=r)
-        self.cancel_latency = Histogram("respgate_abort_seconds",
-                                        "From client disconnect to engine abort",
-                                        buckets=(.001, .005, .01, .05, .1, .5, 1, 5), registry=r)
-        self.ws_send_stalls = Counter("respgate_ws_send_stalls",
-                                      "WebSocket connections closed 1008 because the client stopped reading "
-                                      "(ws_send_deadline_s)", registry=r)
-        self.ws_resumable = Counter("respgate_ws_resumable_states",
-                                    "store=false lane states of closed WebSockets kept for a reconnect "
-                                    "(ws_resume_window_s) and what became of them: kept, claimed, expired, "
-                                    "evicted (byte caps), lost (claimed on another replica first), failed (Redis)",
-                                    ["outcome", "where"], registry=r)
-        self.ws_resumable_bytes = Gauge("respgate_ws_resumable_bytes",
-                                        "Bytes of resumable lane states this replica holds in memory", registry=r)
-        self.shutdown_cut = Counter("respgate_shutdown_cut_turns",
-                                    "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
-                                    registry=r)
-        self.background_cancels = Counter("respgate_background_cancels",
-                                          "Cancels of running background responses, by where the turn ran "
-                                          "(local: this replica; remote: asked of its owner through Redis)",
-                                          ["where"], registry=r)
-        self.background_reaped = Counter("respgate_background_reaped",
-                                         "Background responses whose replica died (lease lapsed), marked failed and "
-                                         "billed by this replica", registry=r)
+        self.parent_resolution = Counter(
+            "respgate_parent_resolution", "Where previous_response_id resolved", ["source"], registry=r
+        )
+        self.turn_overhead = Histogram(
+            "respgate_turn_prepare_seconds",
+            "Gateway work before the engine is called (validate..render)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
+        self.cancel_latency = Histogram(
+            "respgate_abort_seconds",
+            "From client disconnect to engine abort",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+            registry=r,
+        )
+        self.ws_send_stalls = Counter(
+            "respgate_ws_send_stalls",
+            "WebSocket connections closed 1008 because the client stopped reading (ws_send_deadline_s)",
+            registry=r,
+        )
+        self.ws_resumable = Counter(
+            "respgate_ws_resumable_states",
+            "store=false lane states of closed WebSockets kept for a reconnect "
+            "(ws_resume_window_s) and what became of them: kept, claimed, expired, "
+            "evicted (byte caps), lost (claimed on another replica first), failed (Redis)",
+            ["outcome", "where"],
+            registry=r,
+        )
+        self.ws_resumable_bytes = Gauge(
+            "respgate_ws_resumable_bytes", "Bytes of resumable lane states this replica holds in memory", registry=r
+        )
+        self.shutdown_cut = Counter(
+            "respgate_shutdown_cut_turns",
+            "Turns still running at the shutdown deadline (aborted, socket closed 1001)",
+            registry=r,
+        )
+        self.background_cancels = Counter(
+            "respgate_background_cancels",
+            "Cancels of running background responses, by where the turn ran "
+            "(local: this replica; remote: asked of its owner through Redis)",
+            ["where"],
+            registry=r,
+        )
+        self.background_reaped = Counter(
+            "respgate_background_reaped",
+            "Background responses whose replica died (lease lapsed), marked failed and billed by this replica",
+            registry=r,
+        )
         self._classifier_metrics(r)
         self._prefix_metrics(r)
         #: ``gateway.base.tracing.Tracing`` when traces are exported (set by the app factory), else None
-        self.tracing: Any = None
+        self.tracing: Tracing | None = None
 
     # -- full-history reuse (gateway/turn/prefix.py): what requests without a parent did not redo --
     def _prefix_metrics(self, r: CollectorRegistry) -> None:
-        self.prefix_lookups = Counter("respgate_prefix_cache_lookups",
-                                      "Requests without a parent looked up in the prefix cache "
-                                      "(hit, miss, ineligible)", ["outcome"], registry=r)
-        self.prefix_reused_tokens = Counter("respgate_prefix_cache_reused_tokens",
-                                            "Prompt tokens of requests without a parent taken from the prefix "
-                                            "cache instead of rendered", registry=r)
-        self.prefix_checked_tokens = Counter("respgate_prefix_cache_checked_tokens",
-                                             "Tokens of re-sent output items the lookup rendered to compare them "
-                                             "with the model's sampled tokens", registry=r)
-        self.prefix_copied_tokens = Counter("respgate_prefix_cache_copied_tokens",
-                                            "Cached prompt tokens copied to a new buffer because the sampled "
-                                            "tokens after them differ from the canonical rendering", registry=r)
-        self.prefix_skipped_items = Counter("respgate_prefix_cache_skipped_items",
-                                            "Input items not classified again: the tenant's earlier turn sent "
-                                            "them (or they are the model's output)", registry=r)
+        self.prefix_lookups = Counter(
+            "respgate_prefix_cache_lookups",
+            "Requests without a parent looked up in the prefix cache (hit, miss, ineligible)",
+            ["outcome"],
+            registry=r,
+        )
+        self.prefix_reused_tokens = Counter(
+            "respgate_prefix_cache_reused_tokens",
+            "Prompt tokens of requests without a parent taken from the prefix cache instead of rendered",
+            registry=r,
+        )
+        self.prefix_checked_tokens = Counter(
+            "respgate_prefix_cache_checked_tokens",
+            "Tokens of re-sent output items the lookup rendered to compare them with the model's sampled tokens",
+            registry=r,
+        )
+        self.prefix_copied_tokens = Counter(
+            "respgate_prefix_cache_copied_tokens",
+            "Cached prompt tokens copied to a new buffer because the sampled "
+            "tokens after them differ from the canonical rendering",
+            registry=r,
+        )
+        self.prefix_skipped_items = Counter(
+            "respgate_prefix_cache_skipped_items",
+            "Input items not classified again: the tenant's earlier turn sent them (or they are the model's output)",
+            registry=r,
+        )
 
     # -- classifiers (security issue): work on new items only, and what was found ------------------
     def _classifier_metrics(self, r: CollectorRegistry) -> None:
-        self.classified_items = Counter("respgate_classified_items",
-                                        "Input items classified (each turn's new items only)", registry=r)
-        self.classified_bytes = Counter("respgate_classified_bytes",
-                                        "UTF-8 bytes of item text handed to classifiers", registry=r)
-        self.classifier_verdicts = Counter("respgate_classifier_verdicts", "Non-allow classifier verdicts",
-                                           ["action", "category"], registry=r)
+        self.classified_items = Counter(
+            "respgate_classified_items", "Input items classified (each turn's new items only)", registry=r
+        )
+        self.classified_bytes = Counter(
+            "respgate_classified_bytes", "UTF-8 bytes of item text handed to classifiers", registry=r
+        )
+        self.classifier_verdicts = Counter(
+            "respgate_classifier_verdicts", "Non-allow classifier verdicts", ["action", "category"], registry=r
+        )
 
-    def stage_timer(self, transport: str) -> "StageTimer":
+    def stage_timer(self, transport: str) -> StageTimer:
         """One turn's clock; with tracing on (``gateway.base.tracing``) one that also records spans."""
         if self.tracing is not None:
             return self.tracing.timer(self.stage, transport)
@@ -305,9 +418,17 @@ class StageTimer:
         parts.append(f"total;dur={total:.3f}")
         return ", ".join(parts)
 
-    def end(self, status: str, *, response_id: str, model: str, usage: Mapping[str, Any] | None = None,
-            tenant: str | None = None, previous_response_id: str | None = None,
-            error_code: str | None = None) -> None:
+    def end(
+        self,
+        status: str,
+        *,
+        response_id: str,
+        model: str,
+        usage: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
+        previous_response_id: str | None = None,
+        error_code: str | None = None,
+    ) -> None:
         """The turn ended (``status``: the Response's, or ``rejected`` before one existed)."""
         return None
 
@@ -329,8 +450,9 @@ class FlagCollector:
         for outcome in ("reported", "written", "dropped"):
             c.add_metric([outcome], getattr(self.reporter, outcome, 0))
         yield c
-        yield GaugeMetricFamily("respgate_flag_records_pending", "Flag records not yet written",
-                                value=getattr(self.reporter, "pending", 0))
+        yield GaugeMetricFamily(
+            "respgate_flag_records_pending", "Flag records not yet written", value=getattr(self.reporter, "pending", 0)
+        )
 
 
 class PrefixCacheCollector:
@@ -340,13 +462,19 @@ class PrefixCacheCollector:
         self.cache = cache
 
     def collect(self) -> Iterator[Any]:
-        yield GaugeMetricFamily("respgate_prefix_cache_bytes", "Bytes the prefix cache charges (token views)",
-                                value=getattr(self.cache, "nbytes", 0))
-        yield GaugeMetricFamily("respgate_prefix_cache_entries", "Turns the prefix cache holds",
-                                value=getattr(self.cache, "entries", 0))
-        yield CounterMetricFamily("respgate_prefix_cache_evictions",
-                                  "Conversations dropped from the prefix cache by its byte bounds",
-                                  value=getattr(self.cache, "evictions", 0))
+        yield GaugeMetricFamily(
+            "respgate_prefix_cache_bytes",
+            "Bytes the prefix cache charges (token views)",
+            value=getattr(self.cache, "nbytes", 0),
+        )
+        yield GaugeMetricFamily(
+            "respgate_prefix_cache_entries", "Turns the prefix cache holds", value=getattr(self.cache, "entries", 0)
+        )
+        yield CounterMetricFamily(
+            "respgate_prefix_cache_evictions",
+            "Conversations dropped from the prefix cache by its byte bounds",
+            value=getattr(self.cache, "evictions", 0),
+        )
 
 
 class ComponentCollector:
@@ -364,66 +492,91 @@ class ComponentCollector:
         from cache.seq import AppendOnlyView
 
         c = CounterMetricFamily("respgate_usage_records", "Usage records by where they went", labels=["sink"])
-        for label, attr in (("ledger", "written"), ("journal", "journaled"), ("journal_sync", "journaled_sync"),
-                            ("replayed", "replayed")):
+        for label, attr in (
+            ("ledger", "written"),
+            ("journal", "journaled"),
+            ("journal_sync", "journaled_sync"),
+            ("replayed", "replayed"),
+        ):
             c.add_metric([label], getattr(self.usage, attr, 0))
         yield c
-        yield GaugeMetricFamily("respgate_usage_pending", "Usage records not yet written to a sink",
-                                value=getattr(self.usage, "pending", 0))
+        yield GaugeMetricFamily(
+            "respgate_usage_pending", "Usage records not yet written to a sink", value=getattr(self.usage, "pending", 0)
+        )
         yield from self._billing()
-        tokens = CounterMetricFamily("respgate_store_token_cache", "Store reads by token-cache outcome",
-                                     labels=["outcome"])
+        tokens = CounterMetricFamily(
+            "respgate_store_token_cache", "Store reads by token-cache outcome", labels=["outcome"]
+        )
         tokens.add_metric(["hit"], getattr(self.store, "token_hits", 0))
         tokens.add_metric(["miss"], getattr(self.store, "token_misses", 0))
         yield tokens
-        chains = CounterMetricFamily("respgate_store_chain_cache",
-                                     "Store reads of a response whose context this process holds (hit: one "
-                                     "round trip, no ancestor reads) or not", labels=["outcome"])
+        chains = CounterMetricFamily(
+            "respgate_store_chain_cache",
+            "Store reads of a response whose context this process holds (hit: one "
+            "round trip, no ancestor reads) or not",
+            labels=["outcome"],
+        )
         chains.add_metric(["hit"], getattr(self.store, "chain_hits", 0))
         chains.add_metric(["miss"], getattr(self.store, "chain_misses", 0))
         yield chains
-        yield CounterMetricFamily("respgate_store_rerooted",
-                                  "Responses stored as the root of a new chain because their parent's chain was "
-                                  "gone when they were written (evicted, expired or deleted mid-turn)",
-                                  value=getattr(self.store, "rerooted", 0))
-        yield CounterMetricFamily("respgate_sequence_copies",
-                                  "History copies forced by forks or retries (continuations append in place)",
-                                  value=AppendOnlyView.copies)
+        yield CounterMetricFamily(
+            "respgate_store_rerooted",
+            "Responses stored as the root of a new chain because their parent's chain was "
+            "gone when they were written (evicted, expired or deleted mid-turn)",
+            value=getattr(self.store, "rerooted", 0),
+        )
+        yield CounterMetricFamily(
+            "respgate_sequence_copies",
+            "History copies forced by forks or retries (continuations append in place)",
+            value=AppendOnlyView.copies,
+        )
         yield from self._engines()
         yield from self._websockets()
 
     def _billing(self) -> Iterator[Any]:
         """Queue lag (age of the oldest record not yet acknowledged) and the journal's size on disk."""
         oldest = getattr(self.usage, "oldest_pending_at", None)
-        yield GaugeMetricFamily("respgate_billing_lag_seconds",
-                                "Age of the oldest usage record not yet written to a sink (0 when none)",
-                                value=max(0.0, time.time() - oldest) if oldest is not None else 0.0)
+        yield GaugeMetricFamily(
+            "respgate_billing_lag_seconds",
+            "Age of the oldest usage record not yet written to a sink (0 when none)",
+            value=max(0.0, time.time() - oldest) if oldest is not None else 0.0,
+        )
         journal = getattr(self.usage, "journal", None)
-        yield GaugeMetricFamily("respgate_billing_journal_bytes",
-                                "Bytes in the local usage journal waiting for replay (live file + segments)",
-                                value=journal.size_bytes() if journal is not None else 0)
+        yield GaugeMetricFamily(
+            "respgate_billing_journal_bytes",
+            "Bytes in the local usage journal waiting for replay (live file + segments)",
+            value=journal.size_bytes() if journal is not None else 0,
+        )
         wal = getattr(self.usage, "wal", None)
         if wal is not None:
-            yield CounterMetricFamily("respgate_billing_wal_appends",
-                                      "Usage records written ahead to the WAL at submit (SIGKILL safety)",
-                                      value=wal.appended)
-            yield CounterMetricFamily("respgate_billing_wal_failures",
-                                      "WAL appends that failed (those records relied on the queue alone)",
-                                      value=wal.failures)
-            yield GaugeMetricFamily("respgate_billing_wal_unacked",
-                                    "Records in the WAL not yet acknowledged by the ledger or the journal",
-                                    value=wal.unacked)
+            yield CounterMetricFamily(
+                "respgate_billing_wal_appends",
+                "Usage records written ahead to the WAL at submit (SIGKILL safety)",
+                value=wal.appended,
+            )
+            yield CounterMetricFamily(
+                "respgate_billing_wal_failures",
+                "WAL appends that failed (those records relied on the queue alone)",
+                value=wal.failures,
+            )
+            yield GaugeMetricFamily(
+                "respgate_billing_wal_unacked",
+                "Records in the WAL not yet acknowledged by the ledger or the journal",
+                value=wal.unacked,
+            )
 
     def _engines(self) -> Iterator[Any]:
-        names = CounterMetricFamily("respgate_engine_requests", "Requests submitted to each engine",
-                                    labels=["engine"])
+        names = CounterMetricFamily("respgate_engine_requests", "Requests submitted to each engine", labels=["engine"])
         aborts = CounterMetricFamily("respgate_engine_aborts", "Requests each engine aborted", labels=["engine"])
         running = GaugeMetricFamily("respgate_engine_running", "Requests running in each engine", labels=["engine"])
-        cached = CounterMetricFamily("respgate_engine_cached_tokens",
-                                     "Prompt tokens each engine served from its prefix cache", labels=["engine"])
-        ttft = SummaryMetricFamily("respgate_engine_time_to_first_token_seconds",
-                                   "Engine's own time from queueing a request to its first token (vLLM's request "
-                                   "metrics)", labels=["engine"])
+        cached = CounterMetricFamily(
+            "respgate_engine_cached_tokens", "Prompt tokens each engine served from its prefix cache", labels=["engine"]
+        )
+        ttft = SummaryMetricFamily(
+            "respgate_engine_time_to_first_token_seconds",
+            "Engine's own time from queueing a request to its first token (vLLM's request metrics)",
+            labels=["engine"],
+        )
         for engine in self.engines:
             stats = getattr(engine, "stats", None)
             if stats is None:
@@ -443,10 +596,12 @@ class ComponentCollector:
             if machine is not None:
                 n_lanes += machine.lanes
                 n_queued += machine.waiting
-        yield GaugeMetricFamily("respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections",
-                                value=n_lanes)
-        yield GaugeMetricFamily("respgate_ws_queued_creates", "response.create frames waiting in a lane or for a slot",
-                                value=n_queued)
+        yield GaugeMetricFamily(
+            "respgate_ws_lanes", "Lanes (default + stream_id) open on WebSocket connections", value=n_lanes
+        )
+        yield GaugeMetricFamily(
+            "respgate_ws_queued_creates", "response.create frames waiting in a lane or for a slot", value=n_queued
+        )
 
 
 class BackgroundCollector:
@@ -457,11 +612,14 @@ class BackgroundCollector:
         self.background = background
 
     def collect(self) -> Iterator[Any]:
-        turns = GaugeMetricFamily("respgate_background_turns",
-                                  "Background responses queued or running on this replica", labels=["state"])
+        turns = GaugeMetricFamily(
+            "respgate_background_turns", "Background responses queued or running on this replica", labels=["state"]
+        )
         turns.add_metric(["queued"], self.background.queued)
         turns.add_metric(["running"], self.background.running)
         yield turns
-        yield GaugeMetricFamily("respgate_background_event_log_bytes",
-                                "Bytes of background stream events this replica keeps for resuming",
-                                value=self.background.logs.nbytes)
+        yield GaugeMetricFamily(
+            "respgate_background_event_log_bytes",
+            "Bytes of background stream events this replica keeps for resuming",
+            value=self.background.logs.nbytes,
+        )

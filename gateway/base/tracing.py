@@ -51,7 +51,8 @@ from __future__ import annotations
 import contextvars
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gateway.base.metrics import Histogram, StageTimer
 
@@ -61,8 +62,7 @@ ENGINE_STAGES = frozenset({"engine_ttft", "streaming"})
 TURN_SPAN = "responses.create"
 
 #: the clock of the turn running in this task (set when a traced turn's clock starts)
-_current: contextvars.ContextVar["TracedTimer | None"] = contextvars.ContextVar("respgate_trace_turn",
-                                                                                 default=None)
+_current: contextvars.ContextVar[TracedTimer | None] = contextvars.ContextVar("respgate_trace_turn", default=None)
 #: the caller's trace context for the next turn started in this task (set by the transports)
 _incoming: contextvars.ContextVar[Any] = contextvars.ContextVar("respgate_trace_parent", default=None)
 
@@ -78,8 +78,14 @@ def current_traceparent() -> str | None:
 class Tracing:
     """The tracer provider, its sampler and OTLP exporter: one per app (``create_app``)."""
 
-    def __init__(self, *, endpoint: str | None = None, service_name: str | None = None,
-                 sample_ratio: float = 1.0, exporter: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        endpoint: str | None = None,
+        service_name: str | None = None,
+        sample_ratio: float = 1.0,
+        exporter: Any = None,
+    ) -> None:
         from opentelemetry.propagators.textmap import DefaultGetter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -94,8 +100,9 @@ class Tracing:
             exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         # a provider of our own, not the global one: several gateways (tests) live in one process,
         # and a host application's own tracing is left alone
-        self.provider = TracerProvider(resource=Resource.create({"service.name": name}),
-                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": name}), sampler=ParentBased(TraceIdRatioBased(sample_ratio))
+        )
         self.processor = BatchSpanProcessor(exporter)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("respgate")
@@ -103,12 +110,15 @@ class Tracing:
         self._getter = DefaultGetter()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "Tracing | None":
+    def from_settings(cls, settings: Any) -> Tracing | None:
         """None unless ``otel_traces`` is set."""
         if not settings.otel_traces:
             return None
-        return cls(endpoint=settings.otel_endpoint, service_name=settings.otel_service_name,
-                   sample_ratio=settings.otel_sample_ratio)
+        return cls(
+            endpoint=settings.otel_endpoint,
+            service_name=settings.otel_service_name,
+            sample_ratio=settings.otel_sample_ratio,
+        )
 
     # -- the caller's context ---------------------------------------------------------------------
 
@@ -121,8 +131,9 @@ class Tracing:
             parent = carrier.get("traceparent")
             if isinstance(parent, str):
                 state = carrier.get("tracestate")
-                ctx = self._propagator.extract({"traceparent": parent, "tracestate": state}
-                                               if isinstance(state, str) else {"traceparent": parent})
+                ctx = self._propagator.extract(
+                    {"traceparent": parent, "tracestate": state} if isinstance(state, str) else {"traceparent": parent}
+                )
         _incoming.set(ctx)
 
     def parent_of(self, headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -135,7 +146,7 @@ class Tracing:
 
     # -- turns ------------------------------------------------------------------------------------
 
-    def timer(self, hist: Histogram, transport: str) -> "TracedTimer":
+    def timer(self, hist: Histogram, transport: str) -> TracedTimer:
         timer = TracedTimer(hist, transport, self, _incoming.get())
         _current.set(timer)
         return timer
@@ -183,8 +194,12 @@ class TracedTimer(StageTimer):
             from opentelemetry.trace import SpanKind
 
             self._turn = self._tracing.tracer.start_span(
-                TURN_SPAN, context=self._parent, kind=SpanKind.SERVER, start_time=self._ns(self.started),
-                attributes={"respgate.transport": self._transport})
+                TURN_SPAN,
+                context=self._parent,
+                kind=SpanKind.SERVER,
+                start_time=self._ns(self.started),
+                attributes={"respgate.transport": self._transport},
+            )
         return self._turn
 
     def _open_engine(self, at: float) -> None:
@@ -193,8 +208,9 @@ class TracedTimer(StageTimer):
 
         turn = self._turn_span()
         if turn.is_recording():
-            self._engine = self._tracing.tracer.start_span("engine", context=set_span_in_context(turn),
-                                                           kind=SpanKind.CLIENT, start_time=self._ns(at))
+            self._engine = self._tracing.tracer.start_span(
+                "engine", context=set_span_in_context(turn), kind=SpanKind.CLIENT, start_time=self._ns(at)
+            )
 
     def traceparent(self) -> str | None:
         span = self._engine if self._engine is not None else self._turn
@@ -205,9 +221,17 @@ class TracedTimer(StageTimer):
             return None
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
-    def end(self, status: str, *, response_id: str, model: str, usage: Mapping[str, Any] | None = None,
-            tenant: str | None = None, previous_response_id: str | None = None,
-            error_code: str | None = None) -> None:
+    def end(
+        self,
+        status: str,
+        *,
+        response_id: str,
+        model: str,
+        usage: Mapping[str, Any] | None = None,
+        tenant: str | None = None,
+        previous_response_id: str | None = None,
+        error_code: str | None = None,
+    ) -> None:
         if self._ended:
             return
         self._ended = True
@@ -217,8 +241,11 @@ class TracedTimer(StageTimer):
         if not turn.is_recording():  # not sampled
             turn.end()
             return
-        attrs: dict[str, Any] = {"gen_ai.response.id": response_id, "gen_ai.request.model": model,
-                                 "respgate.status": status}
+        attrs: dict[str, Any] = {
+            "gen_ai.response.id": response_id,
+            "gen_ai.request.model": model,
+            "respgate.status": status,
+        }
         if tenant is not None:
             attrs["respgate.tenant"] = tenant
         if previous_response_id is not None:
@@ -229,9 +256,11 @@ class TracedTimer(StageTimer):
             attrs["gen_ai.usage.input_tokens"] = int(usage.get("input_tokens", 0))
             attrs["gen_ai.usage.output_tokens"] = int(usage.get("output_tokens", 0))
             attrs["respgate.usage.cached_tokens"] = int(
-                (usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
+                (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+            )
             attrs["respgate.usage.reasoning_tokens"] = int(
-                (usage.get("output_tokens_details") or {}).get("reasoning_tokens", 0))
+                (usage.get("output_tokens_details") or {}).get("reasoning_tokens", 0)
+            )
         turn.set_attributes(attrs)
         if status in ("failed", "rejected"):
             turn.set_status(Status(StatusCode.ERROR))

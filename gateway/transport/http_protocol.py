@@ -137,7 +137,8 @@ class _HeadLimits:
 
     def _open(self) -> bool:
         """Still this protocol's, still open (not refused by the parser, not upgraded to WebSocket)."""
-        return not self.transport.is_closing() and self.transport.get_protocol() is self
+        protocol: object = self.transport.get_protocol()  # ``self``, as the transport sees it
+        return not self.transport.is_closing() and protocol is self
 
     # -- the head's deadline ------------------------------------------------------------------------
 

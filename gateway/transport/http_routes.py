@@ -23,6 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from cache.event_log import LoggedEvent
+from cache.response_state import ResponseState
 from cache.response_store import StoreUnavailable
 from gateway.access.rate_limits import rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 
 def _gw(request: Request) -> GatewayState:
-    return request.app.state.gateway
+    gw: GatewayState = request.app.state.gateway
+    return gw
 
 
 async def _json_body(request: Request, gw: GatewayState, tenant: str | None) -> Any:
@@ -317,7 +319,7 @@ def _store_fault(gw: GatewayState, op: str, response_id: str) -> ApiError:
     return server_error()
 
 
-async def _stored(request: Request, response_id: str):
+async def _stored(request: Request, response_id: str) -> tuple[GatewayState, str | None, ResponseState]:
     gw = _gw(request)
     tenant = (await gw.auth.authenticate(request.headers)).tenant
     await gw.pipeline.finalizer.wait_for(response_id)

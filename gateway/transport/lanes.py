@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -61,39 +62,39 @@ DEFAULT_LANE = ""
 
 
 class State(enum.Enum):
-    OPEN = "open"            # accepting creates
-    DRAINING = "draining"    # refusing creates; running turns finish, then farewell + close
+    OPEN = "open"  # accepting creates
+    DRAINING = "draining"  # refusing creates; running turns finish, then farewell + close
     CLOSED = "closed"
 
 
 class Ev(enum.Enum):
-    CREATE = "create"            # a response.create frame arrived for a lane
-    ADMITTED = "admitted"        # the adapter's admission checks passed
-    REFUSED = "refused"          # ... or refused it (an error to send)
-    REVOKED = "revoked"          # the key was revoked while connected
+    CREATE = "create"  # a response.create frame arrived for a lane
+    ADMITTED = "admitted"  # the adapter's admission checks passed
+    REFUSED = "refused"  # ... or refused it (an error to send)
+    REVOKED = "revoked"  # the key was revoked while connected
     TURN_DONE = "turn_done"
     TURN_FAILED = "turn_failed"  # rejected at prepare, failed response, or crashed
     AGE_LIMIT = "age_limit"
     IDLE_LIMIT = "idle_limit"
-    SHUTDOWN = "shutdown"        # the server drains
-    DEADLINE = "deadline"        # the shutdown grace passed
+    SHUTDOWN = "shutdown"  # the server drains
+    DEADLINE = "deadline"  # the shutdown grace passed
     SEND_STALLED = "send_stalled"  # the client stopped reading: the send deadline closed the socket
     CLIENT_GONE = "client_gone"
-    QUIET = "quiet"              # internal: DRAINING with nothing running
+    QUIET = "quiet"  # internal: DRAINING with nothing running
 
 
 class Act(enum.Enum):
-    CHECK = "check"        # run the async admission checks, then feed ADMITTED / REFUSED / REVOKED
-    START = "start"        # run this create now (it holds a slot)
-    QUEUE = "queue"        # it waits for its lane or a slot (nothing to do)
-    NEXT = "next"          # expands to START actions for what can run now
-    DROP = "drop"          # the create is discarded (the connection is closing)
-    REFUSE = "refuse"      # error frame for the create (``Action.refusal`` says why)
-    ERROR = "error"        # send the error the adapter's checks produced
-    EVICT = "evict"        # a failed continuation: the connection cache evicts its parent
+    CHECK = "check"  # run the async admission checks, then feed ADMITTED / REFUSED / REVOKED
+    START = "start"  # run this create now (it holds a slot)
+    QUEUE = "queue"  # it waits for its lane or a slot (nothing to do)
+    NEXT = "next"  # expands to START actions for what can run now
+    DROP = "drop"  # the create is discarded (the connection is closing)
+    REFUSE = "refuse"  # error frame for the create (``Action.refusal`` says why)
+    ERROR = "error"  # send the error the adapter's checks produced
+    EVICT = "evict"  # a failed continuation: the connection cache evicts its parent
     FAREWELL = "farewell"  # the closing error frame
-    CLOSE = "close"        # close the socket with the farewell's code
-    ABORT = "abort"        # cancel every running turn (each bills what it generated)
+    CLOSE = "close"  # close the socket with the farewell's code
+    ABORT = "abort"  # cancel every running turn (each bills what it generated)
 
 
 class Farewell(enum.Enum):
@@ -125,11 +126,11 @@ class Refusal(enum.Enum):
 class Event(msgspec.Struct, frozen=True):
     kind: Ev
     lane: str = DEFAULT_LANE
-    frame: Any = None                     # the create frame (CREATE, ADMITTED)
+    frame: Any = None  # the create frame (CREATE, ADMITTED)
     previous_response_id: str | None = None
-    error: Any = None                     # REFUSED: the adapter's error, handed back in ERROR
-    aged: bool = False                    # CREATE: the connection reached its age limit
-    valid_lane: bool = True               # CREATE: the stream_id is well formed
+    error: Any = None  # REFUSED: the adapter's error, handed back in ERROR
+    aged: bool = False  # CREATE: the connection reached its age limit
+    valid_lane: bool = True  # CREATE: the stream_id is well formed
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -154,11 +155,11 @@ class Row:
     next: State
     actions: tuple[Act, ...] = ()
     refusal: Refusal | None = None
-    farewell: Farewell | None = None      # set on entering DRAINING, if none is set yet
-    force_farewell: bool = False          # this farewell replaces the one set before
+    farewell: Farewell | None = None  # set on entering DRAINING, if none is set yet
+    force_farewell: bool = False  # this farewell replaces the one set before
 
 
-O, D, C = State.OPEN, State.DRAINING, State.CLOSED
+O, D, C = State.OPEN, State.DRAINING, State.CLOSED  # noqa: E741 (the table's one-letter columns)
 A = Act
 TABLE: tuple[Row, ...] = (
     Row(O, Ev.CREATE, "aged", D, (A.DROP,), farewell=Farewell.AGE_LIMIT),
@@ -185,8 +186,10 @@ TABLE: tuple[Row, ...] = (
     Row(D, Ev.QUIET, None, C, (A.FAREWELL, A.CLOSE)),
     Row(D, Ev.DEADLINE, None, C, (A.ABORT, A.FAREWELL, A.CLOSE), farewell=Farewell.SHUTDOWN, force_farewell=True),
     *(Row(D, ev, None, D) for ev in (Ev.AGE_LIMIT, Ev.IDLE_LIMIT, Ev.REVOKED, Ev.SHUTDOWN)),
-    *(Row(s, Ev.SEND_STALLED, None, C, (A.ABORT, A.CLOSE), farewell=Farewell.SEND_STALLED, force_farewell=True)
-      for s in (O, D)),
+    *(
+        Row(s, Ev.SEND_STALLED, None, C, (A.ABORT, A.CLOSE), farewell=Farewell.SEND_STALLED, force_farewell=True)
+        for s in (O, D)
+    ),
     *(Row(s, Ev.CLIENT_GONE, None, C, (A.ABORT,)) for s in (O, D)),
     *(Row(C, ev, None, C) for ev in Ev if ev is not Ev.QUIET),
 )
@@ -206,10 +209,10 @@ class LaneMachine:
         self.state = State.OPEN
         self.farewell: Farewell | None = None
         self._lanes: dict[str, _Lane] = {}
-        self._waiting: deque[str] = deque()   # lanes with a queued create and no slot, in arrival order
+        self._waiting: deque[str] = deque()  # lanes with a queued create and no slot, in arrival order
         self._running = 0
-        self._queued = 0                      # accepted and unfinished (queued or running), across lanes
-        self._named = 0                       # lanes other than the default one (lanes are never removed)
+        self._queued = 0  # accepted and unfinished (queued or running), across lanes
+        self._named = 0  # lanes other than the default one (lanes are never removed)
         #: the rows the last ``handle`` applied (tests check every row is exercised)
         self.applied: list[Row] = []
         #: (state, event) -> its rows in table order, each with its guard bound to this machine
@@ -249,7 +252,7 @@ class LaneMachine:
     # -- the table --------------------------------------------------------------------------------
 
     def _apply(self, event: Event) -> list[Action]:
-        for row, guard in self._rows.get((self.state, event.kind), ()):
+        for row, guard in self._rows.get((self.state, event.kind), ()):  # noqa: B007 (kept: the row found)
             if guard is None or guard(event):
                 break
         else:
@@ -271,9 +274,16 @@ class LaneMachine:
             elif act in (Act.FAREWELL, Act.CLOSE):
                 out.append(Action(act, farewell=self.farewell))
             else:
-                out.append(Action(act, lane=event.lane, frame=event.frame,
-                                  previous_response_id=event.previous_response_id, error=event.error,
-                                  refusal=row.refusal))
+                out.append(
+                    Action(
+                        act,
+                        lane=event.lane,
+                        frame=event.frame,
+                        previous_response_id=event.previous_response_id,
+                        error=event.error,
+                        refusal=row.refusal,
+                    )
+                )
         return out
 
     # -- guards (the table names them) -------------------------------------------------------------
@@ -310,7 +320,7 @@ class LaneMachine:
             self._running += 1
             return Action(Act.START, lane=event.lane, frame=event.frame)
         if not lane.running and not lane.queue:
-            self._waiting.append(event.lane)   # an idle lane waits for a slot
+            self._waiting.append(event.lane)  # an idle lane waits for a slot
         lane.queue.append(event.frame)
         return Action(Act.QUEUE, lane=event.lane, frame=event.frame)
 

@@ -11,8 +11,8 @@ from cache.response_store import ResponseStore
 from gateway.access.auth import KeyAuth
 from gateway.access.rate_limits import Access
 from gateway.base.metrics import Metrics
-from gateway.turn.pipeline import Pipeline
 from gateway.base.settings import Settings
+from gateway.turn.pipeline import Pipeline
 from inference.registry import ModelRegistry
 
 if TYPE_CHECKING:  # each of these imports this module: named for the checker only

@@ -419,7 +419,7 @@ class WsConnection:
             self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
             await events.aclose()  # type: ignore[attr-defined]
-        return turn.response["status"] == ResponseStatus.FAILED
+        return bool(turn.response["status"] == ResponseStatus.FAILED)
 
     # -- lifetime ---------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class SteppedInflater:
     def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         z = self._zlib
         if max_length <= INFLATE_STEP:  # 0: unbounded; a small bound: one step anyway
-            out = z.decompress(data, max_length)
+            out: bytes = z.decompress(data, max_length)
             self.unconsumed_tail = z.unconsumed_tail
             return out
         parts: list[bytes] = []

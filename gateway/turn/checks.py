@@ -27,7 +27,8 @@ gave an item sent without one is not kept: each turn gives its own.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import orjson
 
@@ -56,22 +57,33 @@ def check_params(body: Mapping[str, Any], allowed: Iterable[str]) -> None:
 def check_supported(req: CreateRequest, transport: Transport) -> None:
     if req.background:
         if transport == "ws":  # the WebSocket-mode spec: background stays an HTTP feature
-            raise ApiError(400, "background mode is not supported over WebSocket.", code="unsupported_parameter",
-                           param="background")
+            raise ApiError(
+                400,
+                "background mode is not supported over WebSocket.",
+                code="unsupported_parameter",
+                param="background",
+            )
         if req.store is False:  # polling, cancel and resume all read the stored response
             raise bad_request("Background mode requires 'store' to be true.", code="invalid_value", param="store")
     window = req.background_options.completion_window if req.background_options is not None else None
     if window in ("2h", "8h") and (not req.background or req.stream):
-        raise bad_request(f"The '{window}' completion window requires 'background' to be true and 'stream' to be "
-                          "false.", code="invalid_value", param="background_options.completion_window")
+        raise bad_request(
+            f"The '{window}' completion window requires 'background' to be true and 'stream' to be false.",
+            code="invalid_value",
+            param="background_options.completion_window",
+        )
     if req.conversation is not None:
         if req.previous_response_id is not None:
-            raise bad_request("'previous_response_id' and 'conversation' cannot be used together.",
-                              code="invalid_request", param="conversation")
+            raise bad_request(
+                "'previous_response_id' and 'conversation' cannot be used together.",
+                code="invalid_request",
+                param="conversation",
+            )
         _check_conversation_input(req.input)
     if req.prompt is not None:
-        raise ApiError(400, "Stored prompts are not supported by this gateway.", code="unsupported_parameter",
-                       param="prompt")
+        raise ApiError(
+            400, "Stored prompts are not supported by this gateway.", code="unsupported_parameter", param="prompt"
+        )
 
 
 def _check_conversation_input(raw: Any) -> None:
@@ -82,9 +94,13 @@ def _check_conversation_input(raw: Any) -> None:
         return
     for i, item in enumerate(raw):
         if isinstance(item, dict) and item.get("type") == "compaction":
-            raise ApiError(400, "A compaction input item cannot be used with 'conversation': the conversation "
-                           "keeps its own items. Use context_management to compact a conversation.",
-                           code="unsupported_parameter", param=f"input[{i}]")
+            raise ApiError(
+                400,
+                "A compaction input item cannot be used with 'conversation': the conversation "
+                "keeps its own items. Use context_management to compact a conversation.",
+                code="unsupported_parameter",
+                param=f"input[{i}]",
+            )
 
 
 class CheckedTools:
@@ -109,8 +125,9 @@ class ToolChecks:
 
     def __init__(self, hosted: HostedToolPolicy, max_entries: int = 64, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.hosted = hosted
-        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(max_entries, max_bytes,
-                                                                                  part=tenant_of)
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(
+            max_entries, max_bytes, part=tenant_of
+        )
 
     @staticmethod
     def key(body: Mapping[str, Any]) -> bytes | None:
@@ -156,8 +173,16 @@ class ToolChecks:
 
 
 #: items whose checked form depends on their JSON alone (see the module docstring)
-KEPT_ITEM_TYPES = frozenset({ItemType.MESSAGE, ItemType.FUNCTION_CALL, ItemType.FUNCTION_CALL_OUTPUT,
-                             ItemType.CUSTOM_TOOL_CALL, ItemType.CUSTOM_TOOL_CALL_OUTPUT, ItemType.REASONING})
+KEPT_ITEM_TYPES = frozenset(
+    {
+        ItemType.MESSAGE,
+        ItemType.FUNCTION_CALL,
+        ItemType.FUNCTION_CALL_OUTPUT,
+        ItemType.CUSTOM_TOOL_CALL,
+        ItemType.CUSTOM_TOOL_CALL_OUTPUT,
+        ItemType.REASONING,
+    }
+)
 
 
 class CheckedItem:
@@ -181,8 +206,7 @@ class ItemChecks:
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_entries: int = 65_536) -> None:
         #: off (0 bytes): nothing is looked up or kept
         self.on = max_bytes > 0
-        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes,
-                                                                                 part=tenant_of)
+        self.lru: BoundedLRU[tuple[str | None, bytes], CheckedItem] = BoundedLRU(max_entries, max_bytes, part=tenant_of)
 
     @staticmethod
     def keys(raw: list[Any]) -> list[bytes | None]:
@@ -235,13 +259,21 @@ def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any]
     for i, tool in enumerate(req.tools or []):
         if isinstance(tool, HostedTool):
             if hosted == "reject":
-                raise ApiError(400, f"Tool type '{tool.type}' is not supported by this gateway.",
-                               code="unsupported_value", param=f"tools[{i}].type")
+                raise ApiError(
+                    400,
+                    f"Tool type '{tool.type}' is not supported by this gateway.",
+                    code="unsupported_value",
+                    param=f"tools[{i}].type",
+                )
             continue
         d = canonical_tool(tool)
         if d.get("async"):
-            raise ApiError(400, "Asynchronous tools are not supported by this gateway.",
-                           code="unsupported_value", param=f"tools[{i}].async")
+            raise ApiError(
+                400,
+                "Asynchronous tools are not supported by this gateway.",
+                code="unsupported_value",
+                param=f"tools[{i}].async",
+            )
         out.append(d)
     return tuple(out)
 
@@ -255,19 +287,29 @@ def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str],
     if kind in (ToolType.FUNCTION, ToolType.CUSTOM):
         name = tc.get("name")
         if not isinstance(name, str):
-            raise bad_request(f"Invalid type for 'tool_choice.name': expected a string, but got {json_type(name)} "
-                              "instead.", code="invalid_type", param="tool_choice.name")
+            raise bad_request(
+                f"Invalid type for 'tool_choice.name': expected a string, but got {json_type(name)} instead.",
+                code="invalid_type",
+                param="tool_choice.name",
+            )
         if not any(n == name for (_, n) in names):
-            raise bad_request(f"Tool choice '{name}' not found in 'tools' parameter.", code="invalid_value",
-                              param="tool_choice")
+            raise bad_request(
+                f"Tool choice '{name}' not found in 'tools' parameter.", code="invalid_value", param="tool_choice"
+            )
     elif kind == "allowed_tools":
         if tc.get("mode") not in ("auto", "required") or not isinstance(tc.get("tools"), list):
-            raise bad_request("Invalid 'tool_choice': allowed_tools needs a mode and a tools list.",
-                              code="invalid_value", param="tool_choice")
+            raise bad_request(
+                "Invalid 'tool_choice': allowed_tools needs a mode and a tools list.",
+                code="invalid_value",
+                param="tool_choice",
+            )
         for j, tool in enumerate(tc["tools"]):
             if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
-                raise bad_request(f"Invalid 'tool_choice.tools[{j}]': expected an object with a string 'type'.",
-                                  code="invalid_type", param=f"tool_choice.tools[{j}]")
+                raise bad_request(
+                    f"Invalid 'tool_choice.tools[{j}]': expected an object with a string 'type'.",
+                    code="invalid_type",
+                    param=f"tool_choice.tools[{j}]",
+                )
     elif kind is None:
         raise bad_request("Invalid 'tool_choice': missing 'type'.", code="invalid_value", param="tool_choice")
 
@@ -292,5 +334,8 @@ def no_call_for(orphan: tuple[int, str], param: str = "items") -> ApiError:
     """The 400 for an orphan output among a conversation's new ``items``: the words a create's
     ``input`` gets for one (``gateway.turn.resolve``), naming the item."""
     i, call_id = orphan
-    return bad_request(f"No tool call found for function call output with call_id {call_id}.", code="invalid_value",
-                       param=f"{param}[{i}]")
+    return bad_request(
+        f"No tool call found for function call output with call_id {call_id}.",
+        code="invalid_value",
+        param=f"{param}[{i}]",
+    )

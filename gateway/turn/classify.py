@@ -22,7 +22,8 @@ reported asynchronously (``security.flags``) once the response id exists.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from gateway.base.metrics import Metrics
 from gateway.turn.offload import INLINE, Cpu
@@ -45,8 +46,11 @@ class ClassifyStage:
         ``cpu`` runs the texts' extraction (a big turn's in the prepare pool); the classifier decides
         itself where its scans run (``security.classifiers.Composite``)."""
         seen = turn.prefix.seen if turn.prefix is not None else 0
-        texts = (texts_of(turn.new_items, turn.base_context.has_id, seen) if cpu.inline
-                 else await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen))
+        texts = (
+            texts_of(turn.new_items, turn.base_context.has_id, seen)
+            if cpu.inline
+            else await cpu(texts_of, turn.new_items, turn.base_context.has_id, seen)
+        )
         if seen:
             self.metrics.prefix_skipped_items.inc(seen)
         verdicts = await self._verdicts(texts)
@@ -54,8 +58,12 @@ class ClassifyStage:
         if blocks:
             self.report(blocks, turn, ctx, response_id=None)
             first = blocks[0]
-            raise ApiError(400, block_message(first), code="content_policy_violation",
-                           param=f"input[{first.index}]" if first.index is not None else "input")
+            raise ApiError(
+                400,
+                block_message(first),
+                code="content_policy_violation",
+                param=f"input[{first.index}]" if first.index is not None else "input",
+            )
         return verdicts
 
     async def classify_added(self, items: Sequence[Mapping[str, Any]], ctx: TurnContext) -> tuple[Verdict, ...]:
@@ -63,14 +71,29 @@ class ClassifyStage:
         is a 400 naming ``items[i]`` (nothing is added), flags are reported without a response."""
         verdicts = await self._verdicts(texts_of(items))
         if self.flags is not None and verdicts:
-            self.flags.report([FlagRecord.of(
-                v, item_type=items[v.index].get("type") if v.index is not None else None, response_id=None,
-                previous_response_id=None, tenant=ctx.tenant, model=None, transport=ctx.transport,
-                flagged_before=False) for v in verdicts])
+            self.flags.report(
+                [
+                    FlagRecord.of(
+                        v,
+                        item_type=items[v.index].get("type") if v.index is not None else None,
+                        response_id=None,
+                        previous_response_id=None,
+                        tenant=ctx.tenant,
+                        model=None,
+                        transport=ctx.transport,
+                        flagged_before=False,
+                    )
+                    for v in verdicts
+                ]
+            )
         blocks = [v for v in verdicts if v.action == "block"]
         if blocks:
-            raise ApiError(400, block_message(blocks[0]), code="content_policy_violation",
-                           param=f"items[{blocks[0].index}]" if blocks[0].index is not None else "items")
+            raise ApiError(
+                400,
+                block_message(blocks[0]),
+                code="content_policy_violation",
+                param=f"items[{blocks[0].index}]" if blocks[0].index is not None else "items",
+            )
         return verdicts
 
     async def _verdicts(self, texts: list[ItemText]) -> tuple[Verdict, ...]:
@@ -78,29 +101,42 @@ class ClassifyStage:
         try:
             verdicts = tuple(v for v in await self.classifier.classify(texts) if v.action != "allow")
         except ClassifierUnavailable:
-            raise ApiError(503, "The content classifier is temporarily unavailable. Please retry your request.",
-                           type="server_error", code="classifier_unavailable") from None
+            raise ApiError(
+                503,
+                "The content classifier is temporarily unavailable. Please retry your request.",
+                type="server_error",
+                code="classifier_unavailable",
+            ) from None
         self.metrics.classified_items.inc(len(texts))
         self.metrics.classified_bytes.inc(sum(t.nbytes for t in texts))
         for v in verdicts:
             self.metrics.classifier_verdicts.labels(v.action, (v.category or "")[:64]).inc()
         return verdicts
 
-    def report(self, verdicts: Sequence[Verdict], turn: TurnInput, ctx: TurnContext,
-               response_id: str | None) -> None:
+    def report(self, verdicts: Sequence[Verdict], turn: TurnInput, ctx: TurnContext, response_id: str | None) -> None:
         """Queue flag records (never awaited: reporting is off the turn's path)."""
         if self.flags is None or not verdicts:
             return
-        self.flags.report([FlagRecord.of(
-            v, item_type=turn.new_items[v.index].get("type") if v.index is not None else None,
-            response_id=response_id, previous_response_id=turn.req.previous_response_id, tenant=ctx.tenant,
-            model=turn.route.name, transport=ctx.transport,
-            flagged_before=turn.flagged_before,
-        ) for v in verdicts])
+        self.flags.report(
+            [
+                FlagRecord.of(
+                    v,
+                    item_type=turn.new_items[v.index].get("type") if v.index is not None else None,
+                    response_id=response_id,
+                    previous_response_id=turn.req.previous_response_id,
+                    tenant=ctx.tenant,
+                    model=turn.route.name,
+                    transport=ctx.transport,
+                    flagged_before=turn.flagged_before,
+                )
+                for v in verdicts
+            ]
+        )
 
 
-def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None,
-             start: int = 0) -> list[ItemText]:
+def texts_of(
+    items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | None = None, start: int = 0
+) -> list[ItemText]:
     """The classifiable text of each new item from ``start`` on (see the module docstring), skipping
     items whose id ``known`` says is already in the conversation (``item_reference`` re-inclusions).
     Indices stay those of ``items``."""
@@ -114,8 +150,16 @@ def texts_of(items: Sequence[Mapping[str, Any]], known: Callable[[str], bool] | 
         elif known is not None and known(item_id):
             continue
         t = str(item.get("type", message))
-        out.append(ItemText(index, item_id, t, item.get("role") if t == message else None, _text(t, item),
-                            tool_output=t in OUTPUT_TYPES))
+        out.append(
+            ItemText(
+                index,
+                item_id,
+                t,
+                item.get("role") if t == message else None,
+                _text(t, item),
+                tool_output=t in OUTPUT_TYPES,
+            )
+        )
     return out
 
 

@@ -30,17 +30,32 @@ from inference.registry import ModelRoute
 
 log = logging.getLogger(__name__)
 
-COMPACT_PARAMS = frozenset({
-    "model", "input", "instructions", "previous_response_id", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "service_tier", "image", "cache_salt",
-    # create fields that shape the rendered prompt; clients (Codex) may send them along
-    "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text",
-})
+COMPACT_PARAMS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "service_tier",
+        "image",
+        "cache_salt",
+        # create fields that shape the rendered prompt; clients (Codex) may send them along
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning",
+        "text",
+    }
+)
 
 
 class WindowCompaction:
-    def __init__(self, resolver: Resolver, classify: ClassifyStage, compactor: Compactor, usage: UsageQueue,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self, resolver: Resolver, classify: ClassifyStage, compactor: Compactor, usage: UsageQueue, metrics: Metrics
+    ) -> None:
         self.resolver = resolver
         self.classify = classify
         self.compactor = compactor
@@ -65,39 +80,73 @@ class WindowCompaction:
         self.classify.report(verdicts, turn, ctx, response_id=response_id)
         route = turn.route
         try:
-            summary = await self.compactor.summarize(route, turn.prelude, history, f"{response_id}-compact",
-                                                     cache_salt_of(ctx.tenant, turn.req),
-                                                     RequestRouting.for_chain(ctx.tenant, turn.root_id or response_id))
+            summary = await self.compactor.summarize(
+                route,
+                turn.prelude,
+                history,
+                f"{response_id}-compact",
+                cache_salt_of(ctx.tenant, turn.req),
+                RequestRouting.for_chain(ctx.tenant, turn.root_id or response_id),
+            )
         except SummaryTooLong as exc:
             raise ApiError(400, str(exc), code="context_length_exceeded", param="input") from None
         except SummaryFailed as exc:
             log.warning("compaction %s failed: %s", response_id, exc)
             self._bill(route, ctx, response_id, ResponseStatus.FAILED, exc.partial, created, t0, on_usage)
             raise server_error("The model backend failed while compacting the conversation.") from None
-        kept = self.compactor.kept_users(route.renderer, list(turn.base_context) + list(turn.new_items),
-                                         contiguous=False)
-        item = {"id": new_id("cmp"), "type": ItemType.COMPACTION,
-                "encrypted_content": self.compactor.seal(summary.text, len(kept))}
+        kept = self.compactor.kept_users(
+            route.renderer, list(turn.base_context) + list(turn.new_items), contiguous=False
+        )
+        item = {
+            "id": new_id("cmp"),
+            "type": ItemType.COMPACTION,
+            "encrypted_content": self.compactor.seal(summary.text, len(kept)),
+        }
         usage = self.compactor.add_usage(usage_object(0, 0, 0, 0), summary)
         self.compactor.compactions.labels("endpoint").inc()
         self._bill(route, ctx, response_id, ResponseStatus.COMPLETED, summary, created, t0, on_usage)
-        return {"id": response_id, "object": "response.compaction", "created_at": int(created),
-                "output": kept + [item], "usage": usage, "image": None}  # image: declared by the SDK's type
+        return {
+            "id": response_id,
+            "object": "response.compaction",
+            "created_at": int(created),
+            "output": kept + [item],
+            "usage": usage,
+            "image": None,
+        }  # image: declared by the SDK's type
 
-    def _bill(self, route: ModelRoute, ctx: TurnContext, response_id: str, status: str, summary: Summary,
-              created: float, t0: float, on_usage: UsageHook | None) -> None:
+    def _bill(
+        self,
+        route: ModelRoute,
+        ctx: TurnContext,
+        response_id: str,
+        status: str,
+        summary: Summary,
+        created: float,
+        t0: float,
+        on_usage: UsageHook | None,
+    ) -> None:
         """The call's usage record and token counters (it is model work too)."""
         m = self.metrics
         m.prompt_tokens.labels(route.name).inc(summary.prompt_tokens)
         m.cached_tokens.labels(route.name).inc(summary.cached_tokens)
         m.output_tokens.labels(route.name).inc(summary.output_tokens)
         duration = time.perf_counter() - t0
-        self.usage.submit(UsageRecord(
-            response_id=response_id, model=route.name, tenant=ctx.tenant, status=status,
-            input_tokens=summary.prompt_tokens, cached_tokens=summary.cached_tokens,
-            output_tokens=summary.output_tokens, reasoning_tokens=summary.reasoning_tokens,
-            transport=ctx.transport, created_at=created, finished_at=created + duration, ttft_s=None,
-            duration_s=duration,
-        ))
+        self.usage.submit(
+            UsageRecord(
+                response_id=response_id,
+                model=route.name,
+                tenant=ctx.tenant,
+                status=status,
+                input_tokens=summary.prompt_tokens,
+                cached_tokens=summary.cached_tokens,
+                output_tokens=summary.output_tokens,
+                reasoning_tokens=summary.reasoning_tokens,
+                transport=ctx.transport,
+                created_at=created,
+                finished_at=created + duration,
+                ttft_s=None,
+                duration_s=duration,
+            )
+        )
         if on_usage is not None:  # the rate limiter's token bucket is charged for the summary too
             on_usage({"input_tokens": summary.prompt_tokens, "output_tokens": summary.output_tokens})

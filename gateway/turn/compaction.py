@@ -36,8 +36,9 @@ reports and bills its own usage under the window's ``resp_…`` id.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import msgspec
 import orjson
@@ -47,7 +48,7 @@ from cache.item_log import ItemLog
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.turn.sampling import output_cap
-from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.sealing import Sealer, SealError
 from gateway.turn.types import Item, PreparedTurn
 from gateway.wire.errors import bad_request, is_fault
 from gateway.wire.items import new_id
@@ -101,10 +102,10 @@ class SummaryTooLong(SummaryFailed):
 class TurnCompaction:
     """What a compacting turn continues with."""
 
-    item: Item                    # the ``compaction`` output item
-    context: ItemLog              # kept user messages + summary message: the state continues from it
-    prompt_ids: TokenSeq          # that context rendered, plus the generation prompt
-    sampling: SamplingParams      # max_tokens re-derived for the shorter prompt
+    item: Item  # the ``compaction`` output item
+    context: ItemLog  # kept user messages + summary message: the state continues from it
+    prompt_ids: TokenSeq  # that context rendered, plus the generation prompt
+    sampling: SamplingParams  # max_tokens re-derived for the shorter prompt
     summary: Summary
 
 
@@ -113,8 +114,12 @@ class Compactor:
         self._sealer = sealer
         self.metrics = metrics
         self.max_summary_tokens = max_summary_tokens
-        self.compactions = Counter("respgate_compactions", "Compactions by trigger (threshold, trigger, endpoint)",
-                                   ["trigger"], registry=metrics.registry)
+        self.compactions = Counter(
+            "respgate_compactions",
+            "Compactions by trigger (threshold, trigger, endpoint)",
+            ["trigger"],
+            registry=metrics.registry,
+        )
 
     # -- the opaque item ----------------------------------------------------------------------
 
@@ -127,11 +132,19 @@ class Compactor:
             payload = orjson.loads(self._sealer.open(blob))
         except (SealError, orjson.JSONDecodeError):
             payload = None
-        if (not isinstance(payload, dict) or payload.get("kind") != _KIND or not isinstance(payload.get("summary"), str)
-                or not isinstance(payload.get("keep"), int) or payload["keep"] < 0):
-            raise bad_request(f"Invalid '{param}': the compaction item's encrypted_content could not be verified. "
-                              "Pass compaction items back exactly as the server returned them.",
-                              code="invalid_encrypted_content", param=param)
+        if (
+            not isinstance(payload, dict)
+            or payload.get("kind") != _KIND
+            or not isinstance(payload.get("summary"), str)
+            or not isinstance(payload.get("keep"), int)
+            or payload["keep"] < 0
+        ):
+            raise bad_request(
+                f"Invalid '{param}': the compaction item's encrypted_content could not be verified. "
+                "Pass compaction items back exactly as the server returned them.",
+                code="invalid_encrypted_content",
+                param=param,
+            )
         return payload["summary"], payload["keep"]
 
     def input_item(self, item: dict[str, Any], i: int) -> dict[str, Any]:
@@ -164,9 +177,15 @@ class Compactor:
 
     # -- summarizing --------------------------------------------------------------------------
 
-    async def summarize(self, route: ModelRoute, prelude: Prelude, history: Sequence[int],
-                        request_id: str, cache_salt: str | None = None,
-                        routing: RequestRouting | None = None) -> Summary:
+    async def summarize(
+        self,
+        route: ModelRoute,
+        prelude: Prelude,
+        history: Sequence[int],
+        request_id: str,
+        cache_salt: str | None = None,
+        routing: RequestRouting | None = None,
+    ) -> Summary:
         """The model's summary of ``history`` (prelude + items, rendered), through ``route.engine``.
 
         Raises :class:`SummaryFailed` when the engine fails, crashes (any fault, ``is_fault``) or
@@ -176,14 +195,22 @@ class Compactor:
         renderer = route.renderer
         tail = renderer.render_items([summary_request()]) + renderer.generation_prompt()
         self.metrics.render_tokens.labels("append").inc(len(tail))
-        ids = history[0:len(history)]  # one C-level copy: the shared buffer stays untouched
+        ids = history[0 : len(history)]  # one C-level copy: the shared buffer stays untouched
         prompt = (ids if isinstance(ids, list) else list(ids)) + tail
         room = route.max_context - len(prompt)
         if room < MIN_SUMMARY_ROOM:
-            raise SummaryTooLong(f"The conversation is too long to compact with this model ({len(prompt)} tokens; "
-                                 f"the context window is {route.max_context}).", Summary("", 0, 0, 0, 0))
-        sampling = SamplingParams(max_tokens=min(self.max_summary_tokens, room), temperature=0.0, top_p=1.0,
-                                  stop_token_ids=tuple(renderer.stop_token_ids), cache_salt=cache_salt)
+            raise SummaryTooLong(
+                f"The conversation is too long to compact with this model ({len(prompt)} tokens; "
+                f"the context window is {route.max_context}).",
+                Summary("", 0, 0, 0, 0),
+            )
+        sampling = SamplingParams(
+            max_tokens=min(self.max_summary_tokens, room),
+            temperature=0.0,
+            top_p=1.0,
+            stop_token_ids=tuple(renderer.stop_token_ids),
+            cache_salt=cache_salt,
+        )
         parser = renderer.parser(prelude)
         message: list[str] = []
         other: list[str] = []
@@ -248,12 +275,14 @@ class Compactor:
         """Summarize the turn's whole context and re-render it pruned (prelude + kept + summary)."""
         route, renderer = turn.route, turn.route.renderer
         assert turn.sampling is not None
-        summary = await self.summarize(route, turn.input.prelude, turn_ids, f"{turn.id}-compact",
-                                       turn.sampling.cache_salt, turn.routing())
+        summary = await self.summarize(
+            route, turn.input.prelude, turn_ids, f"{turn.id}-compact", turn.sampling.cache_salt, turn.routing()
+        )
         items = list(turn.input.base_context) + list(turn.input.new_items)  # O(history): a compaction is, by nature
         # kept verbatim: at most a quarter of the threshold, or the pruned context would not shrink
-        kept = self.kept_users(renderer, items, contiguous=True,
-                                budget=min(RETAIN_USER_TOKENS, self._threshold(turn) // 4))
+        kept = self.kept_users(
+            renderer, items, contiguous=True, budget=min(RETAIN_USER_TOKENS, self._threshold(turn) // 4)
+        )
         item_id = new_id("cmp")
         item = {"id": item_id, "type": "compaction", "encrypted_content": self.seal(summary.text, len(kept))}
         pruned = kept + [summary_message(summary.text, item_id)]
@@ -271,14 +300,17 @@ class Compactor:
         """The response's usage plus the summarization's tokens (the client caused both)."""
         if summary is None:
             return usage
-        return usage_object(usage["input_tokens"] + summary.prompt_tokens,
-                            usage["input_tokens_details"]["cached_tokens"] + summary.cached_tokens,
-                            usage["output_tokens"] + summary.output_tokens,
-                            usage["output_tokens_details"]["reasoning_tokens"] + summary.reasoning_tokens)
+        return usage_object(
+            usage["input_tokens"] + summary.prompt_tokens,
+            usage["input_tokens_details"]["cached_tokens"] + summary.cached_tokens,
+            usage["output_tokens"] + summary.output_tokens,
+            usage["output_tokens_details"]["reasoning_tokens"] + summary.reasoning_tokens,
+        )
 
     @staticmethod
-    def kept_users(renderer: Renderer, items: Sequence[Item], *, contiguous: bool,
-                   budget: int = RETAIN_USER_TOKENS) -> list[Item]:
+    def kept_users(
+        renderer: Renderer, items: Sequence[Item], *, contiguous: bool, budget: int = RETAIN_USER_TOKENS
+    ) -> list[Item]:
         """The most recent user messages a window keeps verbatim (within the retention bounds).
 
         ``contiguous``: only the run of user messages at the very end (a context_management

@@ -32,25 +32,42 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
-from cache.conversations import (Conversation, ConversationFull, ConversationNotFound, ConversationRef,
-                                 ConversationStore, ConversationTips, DuplicateItem, Tip, UnknownCursor)
+from cache.conversations import (
+    Conversation,
+    ConversationFull,
+    ConversationNotFound,
+    ConversationRef,
+    ConversationStore,
+    ConversationTips,
+    DuplicateItem,
+    Tip,
+    UnknownCursor,
+)
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoreUnavailable
+from cache.seq import TokenSeq
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.turn.checks import orphan_outputs
 from gateway.turn.compaction import Compactor
-from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.sealing import Sealer, SealError
 from gateway.turn.types import Item, PreparedTurn
 from gateway.wire.conversations import conversation_full, conversation_not_found, duplicate_item
 from gateway.wire.errors import ApiError, bad_request, store_unavailable
-from gateway.wire.items import (Compaction, CompactionTrigger, HostedItem, ItemReference, Reasoning, canonical_item,
-                                new_id)
+from gateway.wire.items import (
+    Compaction,
+    CompactionTrigger,
+    HostedItem,
+    ItemReference,
+    Reasoning,
+    canonical_item,
+    new_id,
+)
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 
 log = logging.getLogger(__name__)
@@ -72,8 +89,16 @@ class ConversationBase:
 class Conversations:
     """The conversation store as the gateway uses it: timed, errors as OpenAI's, tips remembered."""
 
-    def __init__(self, store: ConversationStore, responses: ResponseStore, metrics: Metrics, sealer: Sealer,
-                 compactor: Compactor, *, tips_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        store: ConversationStore,
+        responses: ResponseStore,
+        metrics: Metrics,
+        sealer: Sealer,
+        compactor: Compactor,
+        *,
+        tips_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
         self.store = store
         self.responses = responses
         self.metrics = metrics
@@ -81,8 +106,15 @@ class Conversations:
         self.compactor = compactor
         self.tips = ConversationTips(tips_bytes)
 
-    async def call(self, op: str, conversation_id: str, fn: Callable[..., Awaitable[T]], *args: Any,
-                   param: str | None = None, **kwargs: Any) -> T:
+    async def call(
+        self,
+        op: str,
+        conversation_id: str,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        param: str | None = None,
+        **kwargs: Any,
+    ) -> T:
         """One store operation, timed (``respgate_conversation_store_seconds{op}``), with the store's
         errors as the API's: 404 for a missing (or another tenant's) conversation, 503 when down."""
         t0 = time.perf_counter()
@@ -107,16 +139,16 @@ class Conversations:
     async def base(self, conversation_id: str, tenant: str | None) -> ConversationBase:
         tip = self.tips.get(conversation_id)
         if tip is not None:
-            now = await self.call("get", conversation_id, self.store.get, conversation_id, tenant,
-                                  param="conversation")
+            now = await self.call("get", conversation_id, self.store.get, conversation_id, tenant, param="conversation")
             if now is None:
                 raise conversation_not_found(conversation_id, "conversation")
             if now.revision == tip.revision:
                 self.metrics.conversation_turns.labels("tip").inc()
                 return ConversationBase(ConversationRef(conversation_id, now.revision), tip.state)
             self.tips.discard(conversation_id)
-        conv, items = await self.call("items", conversation_id, self.store.items, conversation_id, tenant,
-                                      param="conversation")
+        conv, items = await self.call(
+            "items", conversation_id, self.store.items, conversation_id, tenant, param="conversation"
+        )
         self.metrics.conversation_turns.labels("items").inc()
         ref = ConversationRef(conversation_id, conv.revision)
         if not items:
@@ -135,8 +167,12 @@ class Conversations:
         orphans = orphan_outputs(context)
         if not orphans:
             return context
-        orphan_logs.warning("orphan_output", "conversation context: %d tool output(s) without their call left out "
-                            "(first call_id %s)", len(orphans), orphans[0][1])
+        orphan_logs.warning(
+            "orphan_output",
+            "conversation context: %d tool output(s) without their call left out (first call_id %s)",
+            len(orphans),
+            orphans[0][1],
+        )
         dropped = {i for i, _ in orphans}
         return [it for i, it in enumerate(context) if i not in dropped]
 
@@ -150,9 +186,12 @@ class Conversations:
                 try:
                     item = self.compactor.input_item(item, i)
                 except ApiError:
-                    raise bad_request(f"Conversation item '{item.get('id')}' is a compaction item whose "
-                                      "encrypted_content this gateway cannot open (another seal secret).",
-                                      code="invalid_encrypted_content", param="conversation") from None
+                    raise bad_request(
+                        f"Conversation item '{item.get('id')}' is a compaction item whose "
+                        "encrypted_content this gateway cannot open (another seal secret).",
+                        code="invalid_encrypted_content",
+                        param="conversation",
+                    ) from None
             opened.append(item)
         return self.compactor.window(opened)[0]
 
@@ -161,11 +200,24 @@ class Conversations:
         """A parent holding the conversation's items and no tokens: the render stage renders it in
         full (``tokens_missing``) and the pairing check sees its open calls."""
         answered = {it.get("call_id") for it in items if it.get("type") in OUTPUT_TYPES}
-        pending = frozenset(it["call_id"] for it in items if it.get("type") in CALL_TYPES
-                            and it.get("status") != "incomplete" and it["call_id"] not in answered)
-        return ResponseState(id=conv.id, response={}, input_items=(), context=ItemLog(items),
-                             history_ids=TokenSeq(), model="", prelude_key=b"", store=False,
-                             pending_calls=pending, tenant=tenant, nbytes=conv.nbytes)
+        pending = frozenset(
+            it["call_id"]
+            for it in items
+            if it.get("type") in CALL_TYPES and it.get("status") != "incomplete" and it["call_id"] not in answered
+        )
+        return ResponseState(
+            id=conv.id,
+            response={},
+            input_items=(),
+            context=ItemLog(items),
+            history_ids=TokenSeq(),
+            model="",
+            prelude_key=b"",
+            store=False,
+            pending_calls=pending,
+            tenant=tenant,
+            nbytes=conv.nbytes,
+        )
 
     # -- a turn's end -----------------------------------------------------------------------------
 
@@ -177,8 +229,9 @@ class Conversations:
         assert ref is not None
         base = turn.input.base_context
         inputs = [it for it in turn.input.new_items if not (it.get("id") and base.has_id(it["id"]))]
-        items = [it if it.get("id") else dict(it, id=new_id("item"))
-                 for it in (*inputs, *state.response.get("output", ()))]
+        items = [
+            it if it.get("id") else dict(it, id=new_id("item")) for it in (*inputs, *state.response.get("output", ()))
+        ]
         t0 = time.perf_counter()
         try:
             appended = await self.store.append(ref.id, turn.ctx.tenant, items, force=True)
@@ -193,9 +246,14 @@ class Conversations:
             self.metrics.conversation_latency.labels("append").observe(time.perf_counter() - t0)
         # the tip is exact when the conversation became precisely this state's context: nobody
         # changed it while the turn ran, nothing was skipped, no compaction pruned the state
-        if (not compacted and len(inputs) == len(turn.input.new_items) and len(appended.items) == len(items)
-                and appended.previous_revision == ref.revision and len(state.context) == len(base) + len(items)
-                and len(state.history_ids)):
+        if (
+            not compacted
+            and len(inputs) == len(turn.input.new_items)
+            and len(appended.items) == len(items)
+            and appended.previous_revision == ref.revision
+            and len(state.context) == len(base) + len(items)
+            and len(state.history_ids)
+        ):
             self.tips.put(ref.id, Tip(state, appended.conversation.revision))
         else:
             self.tips.discard(ref.id)
@@ -219,12 +277,16 @@ class Conversations:
             if isinstance(raw, ItemReference):
                 found = stored.get(raw.id)
                 if found is None:
-                    raise bad_request(f"Item with id '{raw.id}' not found.", code="invalid_value",
-                                      param=f"items[{i}].id")
+                    raise bad_request(
+                        f"Item with id '{raw.id}' not found.", code="invalid_value", param=f"items[{i}].id"
+                    )
                 item = dict(found.item)
             elif isinstance(raw, CompactionTrigger):
-                raise bad_request("Invalid value: 'compaction_trigger'. A conversation holds items, not markers.",
-                                  code="invalid_value", param=f"items[{i}].type")
+                raise bad_request(
+                    "Invalid value: 'compaction_trigger'. A conversation holds items, not markers.",
+                    code="invalid_value",
+                    param=f"items[{i}].type",
+                )
             elif isinstance(raw, HostedItem):
                 item = raw.model_dump(exclude_none=True)
             else:
@@ -233,9 +295,11 @@ class Conversations:
                     try:
                         text = self.sealer.open(item["encrypted_content"])
                     except SealError as exc:
-                        raise bad_request(f"Invalid 'items[{i}].encrypted_content': {exc}.",
-                                          code="invalid_encrypted_content",
-                                          param=f"items[{i}].encrypted_content") from None
+                        raise bad_request(
+                            f"Invalid 'items[{i}].encrypted_content': {exc}.",
+                            code="invalid_encrypted_content",
+                            param=f"items[{i}].encrypted_content",
+                        ) from None
                     item["content"] = [{"type": "reasoning_text", "text": text}]
                 elif isinstance(raw, Compaction):
                     self.compactor.open(item["encrypted_content"], f"items[{i}].encrypted_content")

@@ -18,7 +18,8 @@ and WebSocket (transports only add framing and, on lanes, ``stream_id``).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
@@ -88,12 +89,16 @@ class ResponseEvents:
 
     def created(self) -> list[Event]:
         if self.response["status"] == ResponseStatus.QUEUED:  # background: OpenAI's order, queued first
-            queued = [self._ev("response.created", response=self._snapshot()),
-                      self._ev("response.queued", response=self._snapshot())]
+            queued = [
+                self._ev("response.created", response=self._snapshot()),
+                self._ev("response.queued", response=self._snapshot()),
+            ]
             self.response["status"] = ResponseStatus.IN_PROGRESS
             return queued + [self._ev("response.in_progress", response=self._snapshot())]
-        return [self._ev("response.created", response=self._snapshot()),
-                self._ev("response.in_progress", response=self._snapshot())]
+        return [
+            self._ev("response.created", response=self._snapshot()),
+            self._ev("response.in_progress", response=self._snapshot()),
+        ]
 
     # -- items ----------------------------------------------------------------------------------
 
@@ -126,8 +131,10 @@ class ResponseEvents:
             raise IllegalTransition("another output item is still open")
         idx = len(self.output)
         self.output.append(item)
-        return [self._ev("response.output_item.added", output_index=idx, item=dict(item)),
-                self._ev("response.output_item.done", output_index=idx, item=item)]
+        return [
+            self._ev("response.output_item.added", output_index=idx, item=dict(item)),
+            self._ev("response.output_item.done", output_index=idx, item=item),
+        ]
 
     def _open_item(self, start: ItemStart) -> list[Event]:
         idx = len(self.output)
@@ -136,32 +143,71 @@ class ResponseEvents:
         if start.kind == "message":
             # phase: the harmony channel as OpenAI names it (OpenResponses types it as a string, so
             # it is always set; chat-template models only ever write final answers)
-            item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress",
-                                    "role": "assistant", "content": [],
-                                    "phase": "commentary" if start.phase == "commentary" else "final_answer"}
+            item: dict[str, Any] = {
+                "id": new_id("msg"),
+                "type": "message",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+                "phase": "commentary" if start.phase == "commentary" else "final_answer",
+            }
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
         else:  # a tool call: its shape comes from the kinds map
             kind = call_kind(start.kind)
             assert kind is not None, start.kind
-            item = {"id": new_id(kind.id_prefix), "type": kind.call, "status": "in_progress",
-                    "call_id": new_id("call")[:29], "name": start.name or "", kind.payload: "",
-                    "namespace": start.namespace or None, "async": None, "caller": None}
+            item = {
+                "id": new_id(kind.id_prefix),
+                "type": kind.call,
+                "status": "in_progress",
+                "call_id": new_id("call")[:29],
+                "name": start.name or "",
+                kind.payload: "",
+                "namespace": start.namespace or None,
+                "async": None,
+                "caller": None,
+            }
         self._open = item
         self._open_id, self._open_idx = item["id"], idx
         self._delta_type, self._delta_index = _delta_event(item["type"], self._reasoning_mode)
         self.output.append(item)
-        events = [self._ev("response.output_item.added", output_index=idx, item=dict(item, content=list(item["content"]))
-                           if "content" in item else dict(item))]
+        events = [
+            self._ev(
+                "response.output_item.added",
+                output_index=idx,
+                item=dict(item, content=list(item["content"])) if "content" in item else dict(item),
+            )
+        ]
         if start.kind == "message":
-            events.append(self._ev("response.content_part.added", item_id=item["id"], output_index=idx,
-                                   content_index=0, part=_text_part("")))
+            events.append(
+                self._ev(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    part=_text_part(""),
+                )
+            )
         elif start.kind == "reasoning" and self._reasoning_mode == "raw":
-            events.append(self._ev("response.content_part.added", item_id=item["id"], output_index=idx,
-                                   content_index=0, part={"type": "reasoning_text", "text": ""}))
+            events.append(
+                self._ev(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": ""},
+                )
+            )
         elif start.kind == "reasoning" and self._reasoning_mode == "summary":
-            events.append(self._ev("response.reasoning_summary_part.added", item_id=item["id"], output_index=idx,
-                                   summary_index=0, part={"type": "summary_text", "text": ""}))
+            events.append(
+                self._ev(
+                    "response.reasoning_summary_part.added",
+                    item_id=item["id"],
+                    output_index=idx,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
+            )
         return events
 
     def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> Event | None:
@@ -176,15 +222,33 @@ class ResponseEvents:
         self._seq = seq + 1
         index = self._delta_index
         if index is None:  # a tool call's arguments / input
-            return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
-                    "delta": text}
+            return {
+                "type": type_,
+                "sequence_number": seq,
+                "item_id": self._open_id,
+                "output_index": self._open_idx,
+                "delta": text,
+            }
         if type_ == _TEXT_DELTA:
             if logprobs:
                 self._logprobs += logprobs
-            return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
-                    "content_index": 0, "delta": text, "logprobs": logprobs or []}
-        return {"type": type_, "sequence_number": seq, "item_id": self._open_id, "output_index": self._open_idx,
-                index: 0, "delta": text}
+            return {
+                "type": type_,
+                "sequence_number": seq,
+                "item_id": self._open_id,
+                "output_index": self._open_idx,
+                "content_index": 0,
+                "delta": text,
+                "logprobs": logprobs or [],
+            }
+        return {
+            "type": type_,
+            "sequence_number": seq,
+            "item_id": self._open_id,
+            "output_index": self._open_idx,
+            index: 0,
+            "delta": text,
+        }
 
     def _close_item(self, complete: bool) -> list[Event]:
         item = self._open
@@ -197,10 +261,19 @@ class ResponseEvents:
         t = item["type"]
         if t == "message":
             part = _text_part(text, self._logprobs)
-            events.append(self._ev("response.output_text.done", item_id=item["id"], output_index=idx,
-                                   content_index=0, text=text, logprobs=list(self._logprobs)))
-            events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
-                                   content_index=0, part=part))
+            events.append(
+                self._ev(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    text=text,
+                    logprobs=list(self._logprobs),
+                )
+            )
+            events.append(
+                self._ev("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=part)
+            )
             item["content"] = [part]
         elif (kind := call_kind(t)) is not None:
             item[kind.payload] = text
@@ -209,17 +282,38 @@ class ResponseEvents:
         else:
             if self._reasoning_mode == "raw":
                 part = {"type": "reasoning_text", "text": text}
-                events.append(self._ev("response.reasoning_text.done", item_id=item["id"], output_index=idx,
-                                       content_index=0, text=text))
-                events.append(self._ev("response.content_part.done", item_id=item["id"], output_index=idx,
-                                       content_index=0, part=part))
+                events.append(
+                    self._ev(
+                        "response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0, text=text
+                    )
+                )
+                events.append(
+                    self._ev(
+                        "response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=part
+                    )
+                )
                 item["content"] = [part]
             elif self._reasoning_mode == "summary":
                 part = {"type": "summary_text", "text": text}
-                events.append(self._ev("response.reasoning_summary_text.done", item_id=item["id"], output_index=idx,
-                                       summary_index=0, text=text))
-                events.append(self._ev("response.reasoning_summary_part.done", item_id=item["id"], output_index=idx,
-                                       summary_index=0, part=part, status=None if complete else "incomplete"))
+                events.append(
+                    self._ev(
+                        "response.reasoning_summary_text.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        summary_index=0,
+                        text=text,
+                    )
+                )
+                events.append(
+                    self._ev(
+                        "response.reasoning_summary_part.done",
+                        item_id=item["id"],
+                        output_index=idx,
+                        summary_index=0,
+                        part=part,
+                        status=None if complete else "incomplete",
+                    )
+                )
                 item["summary"] = [part]
                 item["content"] = [{"type": "reasoning_text", "text": text}]
             else:
@@ -253,8 +347,11 @@ class ResponseEvents:
         return self._terminate(ResponseStatus.INCOMPLETE, usage, incomplete_details={"reason": reason})
 
     def fail(self, usage: dict[str, Any] | None, code: str, message: str) -> list[Event]:
-        return self._terminate(ResponseStatus.FAILED, usage, error={
-            "code": code, "message": message, "type": "server_error", "param": None, "misalignment": None})
+        return self._terminate(
+            ResponseStatus.FAILED,
+            usage,
+            error={"code": code, "message": message, "type": "server_error", "param": None, "misalignment": None},
+        )
 
     def withdraw(self, pending: list[Event]) -> list[Event]:
         """Take back a terminal that was built but not sent: the response is in progress again.
@@ -265,12 +362,16 @@ class ResponseEvents:
         ``pending`` without its terminal event (the item events stay, and are sent), and the next
         terminal takes the withdrawn one's sequence number, so the numbers the client sees stay
         dense. Only the last event built can be withdrawn."""
-        if not pending or pending[-1]["type"] != TERMINAL_EVENT.get(self.response["status"]) or \
-                pending[-1]["sequence_number"] != self._seq - 1:
+        if (
+            not pending
+            or pending[-1]["type"] != TERMINAL_EVENT.get(self.response["status"])
+            or pending[-1]["sequence_number"] != self._seq - 1
+        ):
             raise IllegalTransition("only the terminal event built last, and not sent, can be withdrawn")
         self._seq -= 1
-        self.response.update(status=ResponseStatus.IN_PROGRESS, usage=None, completed_at=None, error=None,
-                             incomplete_details=None)
+        self.response.update(
+            status=ResponseStatus.IN_PROGRESS, usage=None, completed_at=None, error=None, incomplete_details=None
+        )
         return pending[:-1]
 
     def cancel(self, usage: dict[str, Any] | None) -> None:
@@ -285,8 +386,11 @@ def late_terminal(response: dict[str, Any], sequence_number: int) -> Event:
     listening: an SSE turn cut by the shutdown deadline (its ``cancelled`` snapshot goes out as
     ``response.failed``, the terminal event of that status), or one cut after it was billed but
     before its terminal was queued. The snapshot is the response as billed and stored."""
-    return {"type": TERMINAL_EVENT[response["status"]], "sequence_number": sequence_number,
-            "response": dict(response, output=list(response["output"]))}
+    return {
+        "type": TERMINAL_EVENT[response["status"]],
+        "sequence_number": sequence_number,
+        "response": dict(response, output=list(response["output"])),
+    }
 
 
 _TEXT_DELTA = "response.output_text.delta"

@@ -23,16 +23,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 import orjson
 
 from billing.usage import UsageQueue, UsageRecord
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoreUnavailable
+from cache.seq import TokenSeq
 from gateway.base.log_limit import RateLimitedLog
 from gateway.base.metrics import Metrics
 from gateway.turn.conversation import Conversations
@@ -72,9 +73,15 @@ ChainDigest = Callable[[ResponseState, Sequence[Item]], bytes | None]
 
 
 class Finalizer:
-    def __init__(self, store: ResponseStore, usage: UsageQueue, metrics: Metrics,
-                 conversations: Conversations | None = None,
-                 on_state: StateHook | None = None, chain_digest: ChainDigest | None = None) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        usage: UsageQueue,
+        metrics: Metrics,
+        conversations: Conversations | None = None,
+        on_state: StateHook | None = None,
+        chain_digest: ChainDigest | None = None,
+    ) -> None:
         self.on_state = on_state
         self.chain_digest = chain_digest
         self.store = store
@@ -103,8 +110,7 @@ class Finalizer:
                 if not await self.conversations.append(turn, state, compacted=outcome.compacted is not None):
                     return None
         except StoreUnavailable as exc:
-            outage_log.warning("store_write", "store write failed for %s, the response fails instead: %s",
-                               turn.id, exc)
+            outage_log.warning("store_write", "store write failed for %s, the response fails instead: %s", turn.id, exc)
             return None
         except BaseException as exc:
             if not is_fault(exc):
@@ -117,8 +123,13 @@ class Finalizer:
         """What a turn whose ``write`` failed tells the client."""
         return CONVERSATION_FAILED_MESSAGE if turn.input.conversation is not None else STORE_FAILED_MESSAGE
 
-    def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
-               stored: ResponseState | None = None) -> None:
+    def finish(
+        self,
+        turn: PreparedTurn,
+        outcome: Outcome,
+        on_usage: UsageHook | None = None,
+        stored: ResponseState | None = None,
+    ) -> None:
         """:meth:`settle` and :meth:`keep` at once: for a turn that sends nothing more (a cut)."""
         self.settle(turn, outcome)
         self.keep(turn, outcome, on_usage, stored)
@@ -131,10 +142,17 @@ class Finalizer:
         status, usage = outcome.status, outcome.usage
         duration = time.perf_counter() - turn.started
         record = UsageRecord(
-            response_id=turn.id, model=turn.route.name, tenant=turn.ctx.tenant, status=status,
-            input_tokens=usage["input_tokens"], cached_tokens=usage["input_tokens_details"]["cached_tokens"],
-            output_tokens=usage["output_tokens"], reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
-            transport=turn.ctx.transport, created_at=turn.created_at, finished_at=turn.created_at + duration,
+            response_id=turn.id,
+            model=turn.route.name,
+            tenant=turn.ctx.tenant,
+            status=status,
+            input_tokens=usage["input_tokens"],
+            cached_tokens=usage["input_tokens_details"]["cached_tokens"],
+            output_tokens=usage["output_tokens"],
+            reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
+            transport=turn.ctx.transport,
+            created_at=turn.created_at,
+            finished_at=turn.created_at + duration,
             ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - turn.started,
             duration_s=duration,
         )
@@ -143,8 +161,13 @@ class Finalizer:
         self.usage.submit(record)
         clock.lap("billing")
 
-    def keep(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None,
-             stored: ResponseState | None = None) -> None:
+    def keep(
+        self,
+        turn: PreparedTurn,
+        outcome: Outcome,
+        on_usage: UsageHook | None = None,
+        stored: ResponseState | None = None,
+    ) -> None:
         """Keep a settled turn's state — the connection cache, the prefix cache (``on_state``), for
         ``store=true`` the store (``stored``: already written by ``write``, else written now, off
         the turn's path) — reconcile the quota and count it. Runs once the terminal event is
@@ -160,8 +183,16 @@ class Finalizer:
         _guarded(turn, self._observe, turn, status, usage, t0 - turn.started, outcome.first_token_at)
         _guarded(turn, self._keep_state, turn, outcome, stored)
         self.metrics.stage.labels("finalize", turn.ctx.transport).observe(time.perf_counter() - t0)
-        _guarded(turn, turn.clock.end, status, response_id=turn.id, model=turn.route.name, usage=usage,
-                 tenant=turn.ctx.tenant, previous_response_id=turn.req.previous_response_id)
+        _guarded(
+            turn,
+            turn.clock.end,
+            status,
+            response_id=turn.id,
+            model=turn.route.name,
+            usage=usage,
+            tenant=turn.ctx.tenant,
+            previous_response_id=turn.req.previous_response_id,
+        )
 
     def _keep_state(self, turn: PreparedTurn, outcome: Outcome, stored: ResponseState | None) -> None:
         state = stored if stored is not None else self._state(turn, outcome)
@@ -176,8 +207,9 @@ class Finalizer:
         if turn.input.store and stored is None:
             self._persist(state)
 
-    def _observe(self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float,
-                 first_token_at: float | None) -> None:
+    def _observe(
+        self, turn: PreparedTurn, status: str, usage: dict[str, Any], duration: float, first_token_at: float | None
+    ) -> None:
         """Turn counters, latency histograms and the turn's log line (ids come from the log context)."""
         m, model, transport = self.metrics, turn.route.name, turn.ctx.transport
         out, prompt = usage["output_tokens"], usage["input_tokens"]
@@ -199,12 +231,22 @@ class Finalizer:
             if status in CHAINABLE and duration > 0:
                 m.tps.labels(model, transport).observe(out / duration)
         if log.isEnabledFor(logging.INFO):
-            log.info("turn finished", extra={
-                "model": model, "transport": transport, "status": status, "input_tokens": prompt,
-                "cached_tokens": cached, "output_tokens": out, "render_mode": turn.rendered.stats.mode,
-                "rendered_tokens": turn.rendered.stats.new_tokens, "ttft_s": ttft, "duration_s": round(duration, 6),
-                "previous_response_id": turn.req.previous_response_id,
-            })
+            log.info(
+                "turn finished",
+                extra={
+                    "model": model,
+                    "transport": transport,
+                    "status": status,
+                    "input_tokens": prompt,
+                    "cached_tokens": cached,
+                    "output_tokens": out,
+                    "render_mode": turn.rendered.stats.mode,
+                    "rendered_tokens": turn.rendered.stats.new_tokens,
+                    "ttft_s": ttft,
+                    "duration_s": round(duration, 6),
+                    "previous_response_id": turn.req.previous_response_id,
+                },
+            )
 
     def _state(self, turn: PreparedTurn, outcome: Outcome) -> ResponseState:
         ti = turn.input
@@ -212,7 +254,7 @@ class Finalizer:
         history = outcome.history
         chainable = outcome.status in CHAINABLE and history is not None
         compacted = outcome.compacted
-        digest = (self._digest(turn) if chainable and compacted is None and _prefix_exact(turn) else None)
+        digest = self._digest(turn) if chainable and compacted is None and _prefix_exact(turn) else None
         if chainable:
             assert history is not None
             if compacted is None:
@@ -232,15 +274,24 @@ class Finalizer:
         delta = _approx_bytes(ti.new_items) + _approx_bytes(output_items) + token_bytes
         inherited = ti.parent.nbytes if ti.parent is not None and compacted is None else 0
         return ResponseState(
-            id=turn.id, response=turn.response, input_items=ti.input_items, context=context,
-            history_ids=history, model=ti.route.name,
+            id=turn.id,
+            response=turn.response,
+            input_items=ti.input_items,
+            context=context,
+            history_ids=history,
+            model=ti.route.name,
             # no key, no append: a history that holds sampled tokens its output does not (a cut-off
             # output is closed by the run stage and appends: ``gateway.turn.render``)
             prelude_key=turn.rendered.prelude_key if (outcome.exact and chainable) else b"",
-            store=ti.store, parent_id=ti.parent.id if ti.parent is not None else None, root_id=turn.root_id,
+            store=ti.store,
+            parent_id=ti.parent.id if ti.parent is not None else None,
+            root_id=turn.root_id,
             pending_calls=frozenset(pending),
-            verdicts=turn.verdicts, flagged=turn.flagged, tenant=turn.ctx.tenant,
-            nbytes=inherited + delta, delta_bytes=delta,
+            verdicts=turn.verdicts,
+            flagged=turn.flagged,
+            tenant=turn.ctx.tenant,
+            nbytes=inherited + delta,
+            delta_bytes=delta,
             prefix_digest=digest,
         )
 
@@ -294,8 +345,9 @@ def _guarded(turn: PreparedTurn, step: Callable[..., Any], *args: Any, **kwargs:
     except BaseException as exc:
         if not is_fault(exc):
             raise
-        log.exception("keeping response %s: %s crashed (it is billed and answered)", turn.id,
-                      getattr(step, "__qualname__", step))
+        log.exception(
+            "keeping response %s: %s crashed (it is billed and answered)", turn.id, getattr(step, "__qualname__", step)
+        )
 
 
 def _prefix_exact(turn: PreparedTurn) -> bool:

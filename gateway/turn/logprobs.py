@@ -15,7 +15,8 @@ Entries have OpenAI's shape: ``{token, logprob, bytes, top_logprobs: [{token, lo
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from inference.engine import TokenLogprob
 from inference.parse import ItemDelta, ParseEvent, StreamParser
@@ -32,8 +33,9 @@ class LogprobAttribution:
         self._renderer = renderer
         self._pending: deque[tuple[bytes, Entry]] = deque(maxlen=PENDING)
 
-    def feed(self, parser: StreamParser, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]
-             ) -> tuple[list[ParseEvent], dict[int, list[Entry]]]:
+    def feed(
+        self, parser: StreamParser, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]
+    ) -> tuple[list[ParseEvent], dict[int, list[Entry]]]:
         """Parse ``token_ids`` one by one; returns the parse events and, per ``ItemDelta`` index,
         the entries of the tokens that wrote it."""
         events: list[ParseEvent] = []
@@ -66,5 +68,4 @@ class LogprobAttribution:
         for tok, logprob in lp.top:
             b = raw if tok == lp.token_id else self._renderer.token_bytes(tok)
             top.append({"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)})
-        return {"token": raw.decode("utf-8", "replace"), "logprob": lp.logprob, "bytes": list(raw),
-                "top_logprobs": top}
+        return {"token": raw.decode("utf-8", "replace"), "logprob": lp.logprob, "bytes": list(raw), "top_logprobs": top}

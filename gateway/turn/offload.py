@@ -7,8 +7,8 @@ even ``/healthz``. In a worker thread the loop keeps its turn: CPython hands the
 thread every switch interval (5 ms), and tiktoken releases it while it tokenizes.
 
 Small requests — every agent continuation — stay inline: a hop to a thread and back costs more
-than their whole preparation (figures in docs/operations.md, "Access: API keys and limits"). The split is by the request's
-estimated size (:func:`weight`) against ``inline_prepare_bytes``.
+than their whole preparation (figures in docs/operations.md, "Access: API keys and limits"). The
+split is by the request's estimated size (:func:`weight`) against ``inline_prepare_bytes``.
 
 Bounded: one pool of ``prepare_threads`` workers per gateway; more big requests queue for them,
 so a flood of big requests costs queue entries, not threads. Only CPU pieces are handed over —
@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -185,8 +186,11 @@ class PrepareOffload:
         inline without the walk if a bound of its weight is within the limit too:
         :func:`weight_bound` of the text's length, else :func:`written_bound`."""
         limit = self.inline_bytes
-        if text_bytes is not None and text_bytes <= limit and (
-                weight_bound(text_bytes) <= limit or written_bound(body) <= limit):
+        if (
+            text_bytes is not None
+            and text_bytes <= limit
+            and (weight_bound(text_bytes) <= limit or written_bound(body) <= limit)
+        ):
             return INLINE
         return self.for_size(weight(body, limit))
 

@@ -21,7 +21,8 @@ not stall every other connection. Smaller requests (every agent continuation) pa
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from billing.usage import UsageQueue
 from cache.conversations import ConversationStore, MemoryConversationStore
@@ -50,18 +51,30 @@ from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import EchoedTools, response_skeleton
 from gateway.wire.validation import KnownTools
-from inference.registry import ModelRegistry
 from inference.engine import SamplingParams
+from inference.registry import ModelRegistry
 from inference.renderer import Constraint
 from inference.tool_grammar import grammar_library_ready, needs_grammar_library
 from security.classifiers import Classifier
 from security.flags import FlagReporter
 
 #: what ``/responses/input_tokens`` accepts (a create's prompt-shaping fields)
-INPUT_TOKENS_PARAMS = frozenset({
-    "model", "input", "instructions", "previous_response_id", "conversation", "tools", "tool_choice",
-    "parallel_tool_calls", "reasoning", "text", "truncation", "personality",
-})
+INPUT_TOKENS_PARAMS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "conversation",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "reasoning",
+        "text",
+        "truncation",
+        "personality",
+    }
+)
 
 
 class Pipeline:
@@ -82,25 +95,48 @@ class Pipeline:
         self.flags = flags
         sealer = Sealer(settings.seal_secret.encode() if settings.seal_secret else None)
         #: full-history requests: rendered prefixes per tenant (``gateway.turn.prefix``); None when off
-        self.prefix = (PrefixReuse(PrefixCache(settings.prefix_cache_bytes, settings.prefix_cache_tenant_bytes), metrics)
-                       if settings.prefix_cache_bytes else None)
+        self.prefix = (
+            PrefixReuse(PrefixCache(settings.prefix_cache_bytes, settings.prefix_cache_tenant_bytes), metrics)
+            if settings.prefix_cache_bytes
+            else None
+        )
         self.compactor = Compactor(sealer, metrics, max_summary_tokens=settings.compact_summary_tokens)
-        self.conversations = Conversations(MemoryConversationStore() if conversations is None else conversations,
-                                           store, metrics, sealer, self.compactor,
-                                           tips_bytes=settings.conversation_tips_bytes)
-        self.finalizer = Finalizer(store, usage, metrics, self.conversations,
-                                   on_state=self.prefix.record if self.prefix is not None else None,
-                                   chain_digest=self.prefix.extend if self.prefix is not None else None)
+        self.conversations = Conversations(
+            MemoryConversationStore() if conversations is None else conversations,
+            store,
+            metrics,
+            sealer,
+            self.compactor,
+            tips_bytes=settings.conversation_tips_bytes,
+        )
+        self.finalizer = Finalizer(
+            store,
+            usage,
+            metrics,
+            self.conversations,
+            on_state=self.prefix.record if self.prefix is not None else None,
+            chain_digest=self.prefix.extend if self.prefix is not None else None,
+        )
         self.offload = PrepareOffload(settings.inline_prepare_bytes, settings.prepare_threads)
         #: structured-output constraints by tenant, model and tools (``gateway.turn.sampling``)
         self.constraints = ConstraintCache()
         #: the echoed tool lists and their JSON, by tenant and prelude (``gateway.wire.response.EchoedTools``)
         self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(
-            64, 16 * 1024 * 1024, part=tenant_of)
-        self.resolver = Resolver(registry, store, metrics, sealer, self.compactor, self.finalizer.wait_for,
-                                 hosted_tools=settings.hosted_tools, offload=self.offload,
-                                 conversations=self.conversations, prefix=self.prefix,
-                                 item_checks_bytes=settings.item_checks_bytes)
+            64, 16 * 1024 * 1024, part=tenant_of
+        )
+        self.resolver = Resolver(
+            registry,
+            store,
+            metrics,
+            sealer,
+            self.compactor,
+            self.finalizer.wait_for,
+            hosted_tools=settings.hosted_tools,
+            offload=self.offload,
+            conversations=self.conversations,
+            prefix=self.prefix,
+            item_checks_bytes=settings.item_checks_bytes,
+        )
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
@@ -114,8 +150,13 @@ class Pipeline:
             model = body.get("model") if isinstance(body, dict) else None
             served = model if isinstance(model, str) and self.registry.get(model) is not None else ""  # bounded
             code = getattr(exc, "code", None)  # an ApiError's code: one of a fixed set
-            lap.end("rejected", response_id="", model=served, tenant=ctx.tenant,
-                    error_code=code if isinstance(code, str) else type(exc).__name__)
+            lap.end(
+                "rejected",
+                response_id="",
+                model=served,
+                tenant=ctx.tenant,
+                error_code=code if isinstance(code, str) else type(exc).__name__,
+            )
             raise
 
     async def _prepare(self, body: Any, ctx: TurnContext, lap: StageTimer) -> PreparedTurn:
@@ -130,8 +171,10 @@ class Pipeline:
         if cpu.inline and not grammar_library_ready() and needs_grammar_library(turn.prelude.tools):
             shape_cpu = self.offload.pooled()  # the first grammar imports xgrammar (seconds): not on the loop
         rendered, sampling, response, echo = (
-            _shape(turn, ctx.tenant, self.constraints, self.tool_echoes) if shape_cpu.inline
-            else await shape_cpu(_shape, turn, ctx.tenant, self.constraints, self.tool_echoes))
+            _shape(turn, ctx.tenant, self.constraints, self.tool_echoes)
+            if shape_cpu.inline
+            else await shape_cpu(_shape, turn, ctx.tenant, self.constraints, self.tool_echoes)
+        )
         render_stage.observe(self.metrics, rendered)
         if sampling is not None and isinstance(sampling.structured, Constraint):  # grammars left to prose
             for syntax in sampling.structured.fallbacks:
@@ -140,10 +183,17 @@ class Pipeline:
         lap.lap("render")
         lap.observe()  # accepted turns only: a rejected create is counted in respgate_request_errors
         prepared = PreparedTurn(
-            input=turn, ctx=ctx, rendered=rendered, sampling=sampling, response=response, verdicts=verdicts,
+            input=turn,
+            ctx=ctx,
+            rendered=rendered,
+            sampling=sampling,
+            response=response,
+            verdicts=verdicts,
             flagged=turn.flagged_before or any(v.action == "flag" for v in verdicts),
             include_encrypted="reasoning.encrypted_content" in (turn.req.include or []),
-            started=t0, created_at=time.time() - (time.perf_counter() - t0), clock=lap,
+            started=t0,
+            created_at=time.time() - (time.perf_counter() - t0),
+            clock=lap,
             tools_json=echo.json if echo is not None else None,
         )
         self.classify.report(verdicts, turn, ctx, response_id=prepared.id)
@@ -191,9 +241,12 @@ class Pipeline:
         self.offload.close()
 
 
-def _shape(turn: TurnInput, tenant: str | None, constraints: ConstraintCache,
-           echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools],
-           ) -> tuple[Rendered, SamplingParams | None, dict[str, Any], EchoedTools | None]:
+def _shape(
+    turn: TurnInput,
+    tenant: str | None,
+    constraints: ConstraintCache,
+    echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools],
+) -> tuple[Rendered, SamplingParams | None, dict[str, Any], EchoedTools | None]:
     """The prompt, the sampling parameters, the Response skeleton and its echoed tools: CPU only
     (may run in the pool). A turn whose tools an earlier one offered (a coding agent re-sends the
     same tools every turn) takes that turn's echoed tools: found by the prelude's digest (of the
@@ -207,7 +260,8 @@ def _shape(turn: TurnInput, tenant: str | None, constraints: ConstraintCache,
         if echo is None or not echo.echoes(turn.tools):
             echo = EchoedTools(turn.tools)
             echoes.put(key, echo, echo.nbytes)
-    response = response_skeleton(turn.req, response_id=new_id("resp"), model=turn.route.name,
-                                 tools=echo, store=turn.store)
+    response = response_skeleton(
+        turn.req, response_id=new_id("resp"), model=turn.route.name, tools=echo, store=turn.store
+    )
     response.update(echoed_sampling(turn.req, turn.route))  # the model's defaults, where the request set none
     return rendered, sampling, response, echo

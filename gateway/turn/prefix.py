@@ -35,12 +35,12 @@ The next request re-sends the turn's output items, and a full render would put t
 rendering there, which equals the sampled tokens only when the model sampled canonically
 (contract (c)/(d) of ``inference.harmony_render`` / ``inference.chat_template_render``). So the
 decision is made at use, by tokens, not by trust: the lookup renders the re-sent output items
-(O(output): ``respgate_prefix_cache_checked_tokens`` when they are not used in the prompt) and compares them with the sampled
-tokens. Equal — the usual case — and the hit covers the outputs too and uses the history view
-itself, which is the buffer's tip: the turn appends in place and the engine's prefix cache holds
-every token of the prompt but the new input. Different (a real model's non-canonical tokens, an
-AI SDK that drops reasoning or re-serializes arguments) and the hit ends before the outputs: the
-prompt prefix is copied out of the history into a fresh buffer (O(history) copy, counted in
+(O(output): ``respgate_prefix_cache_checked_tokens`` when they are not used in the prompt) and
+compares them with the sampled tokens. Equal — the usual case — and the hit covers the outputs
+too and uses the history view itself, which is the buffer's tip: the turn appends in place and the
+engine's prefix cache holds every token of the prompt but the new input. Different (a real model's
+non-canonical tokens, an AI SDK that drops reasoning or re-serializes arguments) and the hit ends
+before the outputs: the prompt prefix is copied out of the history into a fresh buffer (O(history) copy, counted in
 ``respgate_prefix_cache_copied_tokens``; the public view API has no O(1) prefix view) and the
 rendered outputs follow it — exactly what a full render gives, sharing with the engine's KV the
 longest prefix any exact prompt can (up to where the sampled tokens and the canonical ones part).
@@ -77,7 +77,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -108,7 +109,11 @@ DIGEST_BYTES = 16
 def seed(tenant: str | None, cache_salt: str | None, key: bytes) -> bytes:
     """``d_0``: what the items are rendered after (the prelude), and whose cache it is."""
     h = hashlib.blake2b(VERSION, digest_size=DIGEST_BYTES)
-    for part in (b"-" if tenant is None else b"t" + tenant.encode(), b"-" if cache_salt is None else b"s" + cache_salt.encode(), key):
+    for part in (
+        b"-" if tenant is None else b"t" + tenant.encode(),
+        b"-" if cache_salt is None else b"s" + cache_salt.encode(),
+        key,
+    ):
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.digest()
@@ -169,8 +174,16 @@ class PrefixReuse:
         self.cache = cache
         self.metrics = metrics
 
-    def match(self, items: Sequence[Item], new_calls: Mapping[str, Item], route: ModelRoute, prelude: Prelude,
-              tenant: str | None, cache_salt: str | None, known: KnownDigests | None = None) -> PrefixMatch | None:
+    def match(
+        self,
+        items: Sequence[Item],
+        new_calls: Mapping[str, Item],
+        route: ModelRoute,
+        prelude: Prelude,
+        tenant: str | None,
+        cache_salt: str | None,
+        known: KnownDigests | None = None,
+    ) -> PrefixMatch | None:
         """The longest cached prefix of ``items`` (a request with no parent), or a miss carrying the
         request's digest; None when the request cannot be cached (empty, unserializable, shared call ids)."""
         lookups = self.metrics.prefix_lookups
@@ -199,8 +212,9 @@ class PrefixReuse:
         lookups.labels("miss").inc()
         return PrefixMatch(ds[-1])
 
-    def _continue(self, entry: Any, digest: bytes, items: Sequence[Item], i: int, renderer: Renderer,
-                  calls: CallLookup) -> PrefixMatch | None:
+    def _continue(
+        self, entry: Any, digest: bytes, items: Sequence[Item], i: int, renderer: Renderer, calls: CallLookup
+    ) -> PrefixMatch | None:
         """The hit ``entry`` (cached for ``items[:i]``) gives, or None when no exact cut exists there."""
         n, ids, plen = len(items), entry.ids, entry.prompt_len
         j = i + entry.outputs
@@ -211,8 +225,9 @@ class PrefixReuse:
             ends = j == n or renderer.append_break(items[:j], items[j:]) is None
             if ends and len(mid) == len(ids) - plen and mid == ids[plen:]:
                 self.metrics.prefix_checked_tokens.inc(len(mid))
-                return PrefixMatch(digest, ids=ids, covered=j, seen=j, flagged=entry.flagged, chain=entry.chain,
-                                   root_id=entry.root_id)
+                return PrefixMatch(
+                    digest, ids=ids, covered=j, seen=j, flagged=entry.flagged, chain=entry.chain, root_id=entry.root_id
+                )
             if ends:
                 lead = mid  # canonical, not sampled: the prompt prefix, then these (rendered tokens)
             else:
@@ -224,10 +239,18 @@ class PrefixReuse:
         else:  # the sampled tokens after the prompt are not what a full render has there
             base, chain = TokenSeq(ids[:plen]), None
             self.metrics.prefix_copied_tokens.inc(plen)
-        return PrefixMatch(digest, ids=base, covered=i if lead is None else j, seen=i, lead=tuple(lead or ()),
-                           flagged=entry.flagged, chain=chain, root_id=entry.root_id)
+        return PrefixMatch(
+            digest,
+            ids=base,
+            covered=i if lead is None else j,
+            seen=i,
+            lead=tuple(lead or ()),
+            flagged=entry.flagged,
+            chain=chain,
+            root_id=entry.root_id,
+        )
 
-    def extend(self, parent: "ResponseState", new_items: Sequence[Item]) -> bytes | None:
+    def extend(self, parent: ResponseState, new_items: Sequence[Item]) -> bytes | None:
         """The digest of a chained turn's input: the parent's, extended by the parent's output items
         and the turn's new items — what a client re-sending the whole history sends (a Codex that
         lost its WebSocket reconnects so). None when the parent has none or a call id repeats."""
@@ -235,8 +258,8 @@ class PrefixReuse:
             return None
         n_out = len(parent.response.get("output") or ())
         context = parent.context
-        outputs = context[len(context) - n_out:] if n_out else []
-        for item in outputs:   # already in the parent's context: each must be the first with its id
+        outputs = context[len(context) - n_out :] if n_out else []
+        for item in outputs:  # already in the parent's context: each must be the first with its id
             if item.get("type") in CALL_TYPES:
                 cid = item.get("call_id")
                 if not isinstance(cid, str) or context.call(cid) is not item:
@@ -254,7 +277,7 @@ class PrefixReuse:
             return None
         return ds[-1] if ds else parent.prefix_digest
 
-    def record(self, turn: "PreparedTurn", outcome: "Outcome", state: "ResponseState") -> None:
+    def record(self, turn: PreparedTurn, outcome: Outcome, state: ResponseState) -> None:
         """Keep what the finished turn left (``Finalizer``'s state hook): its history view, under the
         digest of its input. Only a turn whose prompt is the exact rendering of its input items
         qualifies (``ResponseState.prefix_digest`` is set: no truncation, no compaction; a parentless
@@ -275,7 +298,15 @@ class PrefixReuse:
             above = self.cache.get(turn.ctx.tenant, parent.prefix_digest)
             near = above.chain if above is not None else None
         try:
-            self.cache.put(turn.ctx.tenant, digest, ids, prompt_len, len(outcome.output), turn.flagged,
-                           near=near, root_id=state.root)
+            self.cache.put(
+                turn.ctx.tenant,
+                digest,
+                ids,
+                prompt_len,
+                len(outcome.output),
+                turn.flagged,
+                near=near,
+                root_id=state.root,
+            )
         except Exception:  # a bug here must not fail the turn: the next one only renders more
             log.exception("prefix cache: recording response %s failed", turn.id)

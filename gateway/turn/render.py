@@ -69,7 +69,8 @@ Never extends a shared buffer: that happens when the turn runs (``gateway.turn.r
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from cache.item_log import ItemLog
 from gateway.base.metrics import Metrics
@@ -91,8 +92,11 @@ def render(turn: TurnInput) -> Rendered:
     except ApiError:
         raise
     except ValueError as exc:
-        raise bad_request(f"Invalid request for this model's prompt format: {exc}", code="invalid_value",
-                          param="tools" if "tool" in type(exc).__name__.lower() else "input") from None
+        raise bad_request(
+            f"Invalid request for this model's prompt format: {exc}",
+            code="invalid_value",
+            param="tools" if "tool" in type(exc).__name__.lower() else "input",
+        ) from None
 
 
 def observe(metrics: Metrics, rendered: Rendered) -> None:
@@ -106,8 +110,9 @@ def observe(metrics: Metrics, rendered: Rendered) -> None:
 
 def prelude_key(route: ModelRoute, prelude: Prelude) -> bytes:
     r = route.renderer
-    return hashlib.blake2b(route.name.encode() + b"\0" + r.family.encode() + b"\0" + r.prelude_key(prelude),
-                           digest_size=16).digest()
+    return hashlib.blake2b(
+        route.name.encode() + b"\0" + r.family.encode() + b"\0" + r.prelude_key(prelude), digest_size=16
+    ).digest()
 
 
 def check_length(prompt_len: int, route: ModelRoute, generate: bool) -> None:
@@ -118,7 +123,8 @@ def check_length(prompt_len: int, route: ModelRoute, generate: bool) -> None:
             f"Your input exceeds the context window of this model ({prompt_len} tokens; the limit is "
             f"{route.max_context} including at least {MIN_OUTPUT_ROOM} output tokens). Shorten the input "
             "or set truncation to 'auto'.",
-            code="context_length_exceeded", param="input",
+            code="context_length_exceeded",
+            param="input",
         )
 
 
@@ -151,13 +157,12 @@ def _render(turn: TurnInput, key: bytes) -> Rendered:
         # No parent, but the tenant's earlier turns rendered the first items (``gateway.turn.prefix``:
         # a hit is token-exact, its cut checked against the renderer's append contract).
         hit, base_ids = turn.prefix, turn.prefix.ids
-        rendered = renderer.render_items(new_items[hit.covered:], calls=calls)
+        rendered = renderer.render_items(new_items[hit.covered :], calls=calls)
         new_ids = [*hit.lead, *rendered] if hit.lead else rendered
         total = len(base_ids) + len(new_ids) + len(gen_ids)
         if total <= budget or not auto:
             check_length(total, route, turn.generate)
-            return Rendered(key, base_ids, new_ids
-, gen_ids, RenderStats("append", len(new_ids)))
+            return Rendered(key, base_ids, new_ids, gen_ids, RenderStats("append", len(new_ids)))
     # Full render (first turn, fallback, or truncation): O(history) by nature, counted.
     items = list(turn.base_context) + list(new_items)
     prelude_ids = renderer.render_prelude(turn.prelude)
@@ -169,8 +174,9 @@ def _render(turn: TurnInput, key: bytes) -> Rendered:
     return Rendered(key, None, ids, gen_ids, RenderStats("full", len(ids), reason, dropped))
 
 
-def _truncate(renderer: Renderer, prelude_ids: list[int], items: Sequence[Item], calls: "CallLookup",
-              budget: int) -> tuple[list[int], int]:
+def _truncate(
+    renderer: Renderer, prelude_ids: list[int], items: Sequence[Item], calls: CallLookup, budget: int
+) -> tuple[list[int], int]:
     """Drop the oldest items (keeping tool outputs with their calls) until the prompt fits."""
     parts = [renderer.render_items([item], calls=calls) for item in items]
     total = len(prelude_ids) + sum(len(p) for p in parts)

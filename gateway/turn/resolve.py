@@ -32,7 +32,8 @@ lookups stay on the event loop between them.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -40,17 +41,34 @@ from cache.item_log import ItemLog
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
-from gateway.turn.checks import (CheckedItem, HostedToolPolicy, ItemChecks, ToolChecks, check_supported,
-                                 check_tool_choice, prelude_of, route_of)
+from gateway.turn.checks import (
+    CheckedItem,
+    HostedToolPolicy,
+    ItemChecks,
+    ToolChecks,
+    check_supported,
+    check_tool_choice,
+    prelude_of,
+    route_of,
+)
 from gateway.turn.compaction import Compactor
 from gateway.turn.conversation import Conversations
 from gateway.turn.offload import INLINE, Cpu, PrepareOffload
 from gateway.turn.prefix import PrefixReuse, item_digest
-from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.sealing import Sealer, SealError
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
 from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
-from gateway.wire.items import (Compaction, CustomToolCall, FunctionCall, HostedItem, ItemReference, Message, Reasoning,
-                                canonical_item, new_id)
+from gateway.wire.items import (
+    Compaction,
+    CustomToolCall,
+    FunctionCall,
+    HostedItem,
+    ItemReference,
+    Message,
+    Reasoning,
+    canonical_item,
+    new_id,
+)
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
 from inference.registry import ModelRegistry, ModelRoute
@@ -64,11 +82,20 @@ def _no_lap(stage: str) -> None:
 
 
 class Resolver:
-    def __init__(self, registry: ModelRegistry, store: ResponseStore, metrics: Metrics, sealer: Sealer,
-                 compactor: Compactor, pending_write: Callable[[str], Awaitable[None]],
-                 hosted_tools: HostedToolPolicy = "strip", offload: PrepareOffload | None = None,
-                 conversations: Conversations | None = None,
-                 prefix: PrefixReuse | None = None, item_checks_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        store: ResponseStore,
+        metrics: Metrics,
+        sealer: Sealer,
+        compactor: Compactor,
+        pending_write: Callable[[str], Awaitable[None]],
+        hosted_tools: HostedToolPolicy = "strip",
+        offload: PrepareOffload | None = None,
+        conversations: Conversations | None = None,
+        prefix: PrefixReuse | None = None,
+        item_checks_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
         not size (``resolve(cpu=None)``); without it everything runs inline."""
@@ -86,8 +113,9 @@ class Resolver:
         self.conversations = conversations
         self.prefix = prefix
 
-    async def resolve(self, body: Any, ctx: TurnContext, *, generate: bool | None = None,
-                      lap: Lap = _no_lap, cpu: Cpu | None = None) -> TurnInput:
+    async def resolve(
+        self, body: Any, ctx: TurnContext, *, generate: bool | None = None, lap: Lap = _no_lap, cpu: Cpu | None = None
+    ) -> TurnInput:
         """``generate`` overrides the request's own (``input_tokens`` counts a generating prompt;
         ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
         if cpu is None:
@@ -108,7 +136,7 @@ class Resolver:
             implied = await self._implied_parent(raw_items, new_items, stored, ctx, cpu)
             if implied is not None:
                 parent, base_context = implied, implied.context
-                resent, new_items = new_items[:len(base_context)], new_items[len(base_context):]
+                resent, new_items = new_items[: len(base_context)], new_items[len(base_context) :]
                 new_calls = {it["call_id"]: it for it in new_items if it.get("type") in CALL_TYPES}
         new_items, compacted, trigger, pending = await cpu(self._window, new_items, base_context, parent, gen)
         if compacted and parent is not None:
@@ -117,8 +145,16 @@ class Resolver:
         prelude = prelude_of(req, tools)
         prefix = None
         if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
-            prefix = await cpu(self.prefix.match, new_items, new_calls, route, prelude, ctx.tenant, req.cache_salt,
-                               known.digests if known is not None else None)
+            prefix = await cpu(
+                self.prefix.match,
+                new_items,
+                new_calls,
+                route,
+                prelude,
+                ctx.tenant,
+                req.cache_salt,
+                known.digests if known is not None else None,
+            )
             lap("render")  # the lookup renders what it compares
         digest = prefix.digest if prefix is not None else None
         later = False
@@ -134,16 +170,31 @@ class Resolver:
             else:
                 digest = await cpu(self.prefix.extend, parent, new_items)
         return TurnInput(
-            req=req, route=route, tools=tools, prelude=prelude, parent=parent,
-            base_context=base_context, new_items=tuple(new_items), input_items=(*resent, *new_items),
-            new_calls=new_calls, pending_calls=pending,
-            compact_trigger=trigger, generate=gen, store=True if req.store is None else req.store,
+            req=req,
+            route=route,
+            tools=tools,
+            prelude=prelude,
+            parent=parent,
+            base_context=base_context,
+            new_items=tuple(new_items),
+            input_items=(*resent, *new_items),
+            new_calls=new_calls,
+            pending_calls=pending,
+            compact_trigger=trigger,
+            generate=gen,
+            store=True if req.store is None else req.store,
             conversation=conv.ref if conv is not None else None,
-            prefix=prefix, digest=digest, digest_later=later,
+            prefix=prefix,
+            digest=digest,
+            digest_later=later,
         )
 
-    def _validate(self, body: Any, transport: Transport, tenant: str | None,
-                  ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _KnownItems | None]:
+    def _validate(
+        self,
+        body: Any,
+        transport: Transport,
+        tenant: str | None,
+    ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _KnownItems | None]:
         """The request checked and parsed, its model and tools (CPU only: may run in the pool). Tools
         byte-identical to a list this tenant offered before are not validated again: the rest of
         the body is, and the request gets that list's models (``ToolChecks``); so are the items a
@@ -196,8 +247,11 @@ class Resolver:
         """The references the parent's context does not hold, and the re-sent calls it does not hold
         (by the call id the gateway issued), looked up among the tenant's stored items."""
         wanted = [raw.id for raw in raw_items if isinstance(raw, ItemReference) and not context.has_id(raw.id)]
-        wanted += [call_key(raw.call_id) for raw in raw_items
-                   if isinstance(raw, (FunctionCall, CustomToolCall)) and context.call(raw.call_id) is None]
+        wanted += [
+            call_key(raw.call_id)
+            for raw in raw_items
+            if isinstance(raw, (FunctionCall, CustomToolCall)) and context.call(raw.call_id) is None
+        ]
         if not wanted:
             return {}
         t0 = time.perf_counter()
@@ -208,8 +262,14 @@ class Resolver:
         finally:
             self.metrics.store_latency.labels("items").observe(time.perf_counter() - t0)
 
-    async def _implied_parent(self, raw_items: list[Any], items: list[Item], stored: dict[str, StoredItem],
-                              ctx: TurnContext, cpu: Cpu = INLINE) -> ResponseState | None:
+    async def _implied_parent(
+        self,
+        raw_items: list[Any],
+        items: list[Item],
+        stored: dict[str, StoredItem],
+        ctx: TurnContext,
+        cpu: Cpu = INLINE,
+    ) -> ResponseState | None:
         """The stored response whose whole context the input begins with (see the module docstring)."""
         last = next((key for raw in reversed(raw_items) if (key := _index_key(raw)) in stored), None)
         if last is None:
@@ -228,9 +288,14 @@ class Resolver:
         self.metrics.parent_resolution.labels("items").inc()
         return state
 
-    def _new_items(self, raw_items: list[Any], context: ItemLog, stored: dict[str, StoredItem],
-                   known: _KnownItems | None = None, tenant: str | None = None,
-                   ) -> tuple[list[Item], dict[str, Item]]:
+    def _new_items(
+        self,
+        raw_items: list[Any],
+        context: ItemLog,
+        stored: dict[str, StoredItem],
+        known: _KnownItems | None = None,
+        tenant: str | None = None,
+    ) -> tuple[list[Item], dict[str, Item]]:
         items: list[Item] = []
         seen: set[str] = set()
         calls: dict[str, Item] = {}
@@ -249,8 +314,9 @@ class Resolver:
                 if ref is None and raw.id in stored:
                     ref = stored[raw.id].item
                 if ref is None:
-                    raise bad_request(f"Item with id '{raw.id}' not found.", code="invalid_value",
-                                      param=f"input[{i}].id")
+                    raise bad_request(
+                        f"Item with id '{raw.id}' not found.", code="invalid_value", param=f"input[{i}].id"
+                    )
                 item = ref
             elif isinstance(raw, HostedItem):
                 item = raw.model_dump(exclude_none=True)
@@ -267,15 +333,24 @@ class Resolver:
                         link: bytes | None = item_digest(item)
                     except (TypeError, orjson.JSONEncodeError):
                         link = None  # not hashable as the prefix cache hashes: it never caches this request
-                    self.item_checks.keep(tenant, key, CheckedItem(
-                        raw, {k: v for k, v in item.items() if k != "id"} if given else dict(item),
-                        item["id"].rsplit("_", 1)[0] if given else None, link))
+                    self.item_checks.keep(
+                        tenant,
+                        key,
+                        CheckedItem(
+                            raw,
+                            {k: v for k, v in item.items() if k != "id"} if given else dict(item),
+                            item["id"].rsplit("_", 1)[0] if given else None,
+                            link,
+                        ),
+                    )
             item_id = item.get("id")
             if item_id and not isinstance(raw, ItemReference):
                 if item_id in seen or context.has_id(item_id):
                     raise bad_request(
-                        f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
-                        code="invalid_value", param="input",
+                        f"Duplicate item found with id {item_id}. "
+                        "Remove duplicate items from your input and try again.",
+                        code="invalid_value",
+                        param="input",
                     )
                 seen.add(item_id)
             if item.get("type") in CALL_TYPES:
@@ -283,8 +358,13 @@ class Resolver:
             items.append(item)
         return items, calls
 
-    def _window(self, new_items: list[Item], context: ItemLog, parent: ResponseState | None, generate: bool,
-                ) -> tuple[list[Item], bool, bool, frozenset[str]]:
+    def _window(
+        self,
+        new_items: list[Item],
+        context: ItemLog,
+        parent: ResponseState | None,
+        generate: bool,
+    ) -> tuple[list[Item], bool, bool, frozenset[str]]:
         """The compaction window over the new items, then their call pairing against the parent, or
         against nothing when a compaction item replaced it (one piece of CPU work: one hop)."""
         new_items, compacted, trigger = self.compactor.window(new_items)
@@ -299,8 +379,11 @@ class Resolver:
         try:
             text = self.sealer.open(blob)
         except SealError as exc:
-            raise bad_request(f"Invalid 'input[{i}].encrypted_content': {exc}.", code="invalid_encrypted_content",
-                              param=f"input[{i}].encrypted_content") from None
+            raise bad_request(
+                f"Invalid 'input[{i}].encrypted_content': {exc}.",
+                code="invalid_encrypted_content",
+                param=f"input[{i}].encrypted_content",
+            ) from None
         return dict(item, content=[{"type": "reasoning_text", "text": text}])
 
 
@@ -320,8 +403,12 @@ def _known_items(body: Any, checks: ItemChecks, tenant: str | None) -> _KnownIte
     """The items of a request that re-sends its conversation — no ``previous_response_id`` and no
     ``conversation``, more than one item — as the item checks know them; None for any other
     (a continuation's new items were never sent before: looking them up would only cost)."""
-    if (not checks.on or not isinstance(body, dict) or body.get("previous_response_id") is not None
-            or body.get("conversation") is not None):
+    if (
+        not checks.on
+        or not isinstance(body, dict)
+        or body.get("previous_response_id") is not None
+        or body.get("conversation") is not None
+    ):
         return None
     raw = body.get("input")
     if not isinstance(raw, list) or len(raw) < 2:
@@ -373,8 +460,7 @@ def _same_item(sent: Item, kept: Item) -> bool:
         return False
 
 
-def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | None,
-                   generate: bool) -> frozenset[str]:
+def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | None, generate: bool) -> frozenset[str]:
     """Every tool output answers a call made before it; a generating turn leaves no call unanswered."""
     pending = set(parent.pending_calls) if parent is not None else set()
     local_calls: set[str] = set()
@@ -386,8 +472,7 @@ def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | 
         elif t in OUTPUT_TYPES:
             call_id = item["call_id"]
             if call_id not in local_calls and context.call(call_id) is None:
-                raise bad_request(f"No tool call found for function call output with call_id {call_id}.",
-                                  param="input")
+                raise bad_request(f"No tool call found for function call output with call_id {call_id}.", param="input")
             pending.discard(call_id)
     if generate and pending:
         call_id = next(iter(sorted(pending)))

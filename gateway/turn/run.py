@@ -38,9 +38,9 @@ from typing import Any
 
 import orjson
 
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore
+from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.turn.compaction import Compactor, Summary
@@ -60,8 +60,15 @@ log = logging.getLogger(__name__)
 
 
 class TurnRunner:
-    def __init__(self, settings: Settings, store: ResponseStore, sealer: Sealer, compactor: Compactor,
-                 finalizer: Finalizer, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ResponseStore,
+        sealer: Sealer,
+        compactor: Compactor,
+        finalizer: Finalizer,
+        metrics: Metrics,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.sealer = sealer
@@ -72,10 +79,14 @@ class TurnRunner:
 
     def _events(self, turn: PreparedTurn) -> ResponseEvents:
         reasoning = turn.req.reasoning
-        mode = "summary" if (reasoning and (reasoning.summary or reasoning.generate_summary)) else (
-            "raw" if self.settings.reasoning_text == "raw" else "hidden")
-        return ResponseEvents(turn.response, reasoning_mode=mode,
-                              seal=self.sealer.seal if turn.include_encrypted else None)
+        mode = (
+            "summary"
+            if (reasoning and (reasoning.summary or reasoning.generate_summary))
+            else ("raw" if self.settings.reasoning_text == "raw" else "hidden")
+        )
+        return ResponseEvents(
+            turn.response, reasoning_mode=mode, seal=self.sealer.seal if turn.include_encrypted else None
+        )
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
         """The turn's events one at a time: :meth:`batches`, flattened."""
@@ -102,7 +113,9 @@ class TurnRunner:
         copied = 0
         if rendered.base_ids is not None:
             if not rendered.base_ids.is_tip():
-                copied = rendered.base_ids.itemsize * len(rendered.base_ids)  # a fork or retry: the prefix is copied, account it
+                copied = rendered.base_ids.itemsize * len(
+                    rendered.base_ids
+                )  # a fork or retry: the prefix is copied, account it
             turn_ids = rendered.base_ids.extend(rendered.new_ids)
         else:
             turn_ids = TokenSeq(rendered.new_ids)
@@ -144,7 +157,12 @@ class TurnRunner:
             try:
                 if compact is not None:  # summarize first, continue on the pruned context
                     done = await self.compactor.compact_turn(turn, turn_ids, compact)
-                    prompt_ids, sampling, summary, compacted = done.prompt_ids, done.sampling, done.summary, done.context
+                    prompt_ids, sampling, summary, compacted = (
+                        done.prompt_ids,
+                        done.sampling,
+                        done.summary,
+                        done.context,
+                    )
                     yield events.whole_item(done.item)
                     clock.lap("compact")
                 clock.lap("engine_submit")
@@ -210,8 +228,16 @@ class TurnRunner:
                 log.exception("finishing response %s crashed", turn.id)
                 pending = self._failed(events, pending, usage)
                 history, exact = None, False
-            outcome = Outcome(events.status, events.output, usage, history, exact=exact, copied_bytes=copied,
-                              compacted=compacted, first_token_at=first_token_at)
+            outcome = Outcome(
+                events.status,
+                events.output,
+                usage,
+                history,
+                exact=exact,
+                copied_bytes=copied,
+                compacted=compacted,
+                first_token_at=first_token_at,
+            )
             pending, outcome, stored = await self._store(turn, events, pending, outcome)
             self.finalizer.settle(turn, outcome)
             settled = True
@@ -230,8 +256,15 @@ class TurnRunner:
                 if self._cancel(turn, events, pending, spent(), on_usage, first_token_at):
                     self.metrics.aborts.labels(turn.ctx.transport).inc()
 
-    def _history(self, turn: PreparedTurn, finish: str | None, stop_token: int | None, prompt_ids: TokenSeq,
-                 sampled: list[int], events: ResponseEvents) -> tuple[TokenSeq | None, bool]:
+    def _history(
+        self,
+        turn: PreparedTurn,
+        finish: str | None,
+        stop_token: int | None,
+        prompt_ids: TokenSeq,
+        sampled: list[int],
+        events: ResponseEvents,
+    ) -> tuple[TokenSeq | None, bool]:
         """The rendered history after this turn (None: not chainable), and whether it is exact."""
         if finish == "error":
             return None, False
@@ -245,8 +278,9 @@ class TurnRunner:
             return _cut_history(turn, prompt_ids, sampled), True
         return prompt_ids.extend(turn.route.renderer.history_tokens(sampled)), True
 
-    async def _store(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event], outcome: Outcome
-                     ) -> tuple[list[Event], Outcome, ResponseState | None]:
+    async def _store(
+        self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event], outcome: Outcome
+    ) -> tuple[list[Event], Outcome, ResponseState | None]:
         """A ``store=true`` response the client may continue from is reported only once it is stored;
         when the write fails, the turn fails instead (``STORE_FAILED_MESSAGE``), so no client is told
         ``completed`` about a response it cannot retrieve or chain from. Returns the terminal to
@@ -258,10 +292,22 @@ class TurnRunner:
         turn.clock.lap("store")
         if stored is not None:
             return pending, outcome, stored
-        pending = events.withdraw(pending) + events.fail(outcome.usage, "server_error",
-                                                         self.finalizer.failure_message(turn))
-        return pending, Outcome(events.status, events.output, outcome.usage, None, exact=False,
-                                copied_bytes=outcome.copied_bytes, first_token_at=outcome.first_token_at), None
+        pending = events.withdraw(pending) + events.fail(
+            outcome.usage, "server_error", self.finalizer.failure_message(turn)
+        )
+        return (
+            pending,
+            Outcome(
+                events.status,
+                events.output,
+                outcome.usage,
+                None,
+                exact=False,
+                copied_bytes=outcome.copied_bytes,
+                first_token_at=outcome.first_token_at,
+            ),
+            None,
+        )
 
     @staticmethod
     def _failed(events: ResponseEvents, pending: list[Event] | None, usage: dict[str, Any]) -> list[Event]:
@@ -271,8 +317,15 @@ class TurnRunner:
             kept = events.withdraw(pending)
         return kept + events.fail(usage, "server_error", "The server had an error while finishing the response.")
 
-    def _cancel(self, turn: PreparedTurn, events: ResponseEvents, pending: list[Event] | None, usage: dict[str, Any],
-                on_usage: UsageHook | None, first_token_at: float | None = None) -> bool:
+    def _cancel(
+        self,
+        turn: PreparedTurn,
+        events: ResponseEvents,
+        pending: list[Event] | None,
+        usage: dict[str, Any],
+        on_usage: UsageHook | None,
+        first_token_at: float | None = None,
+    ) -> bool:
         """Bill a turn that ends unsent — its consumer went away, or it was cut (a terminal built and
         held for the store write is withdrawn first) — as a ``cancelled`` response. False when
         there was nothing to cancel."""
@@ -281,12 +334,16 @@ class TurnRunner:
         if events.status != ResponseStatus.IN_PROGRESS:
             return False
         events.cancel(usage)
-        self.finalizer.finish(turn, Outcome(events.status, events.output, usage, None, exact=False,
-                                            first_token_at=first_token_at), on_usage)
+        self.finalizer.finish(
+            turn,
+            Outcome(events.status, events.output, usage, None, exact=False, first_token_at=first_token_at),
+            on_usage,
+        )
         return True
 
-    async def _warm_up(self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq, copied: int,
-                       on_usage: UsageHook | None) -> AsyncGenerator[list[Event], None]:
+    async def _warm_up(
+        self, turn: PreparedTurn, events: ResponseEvents, turn_ids: TokenSeq, copied: int, on_usage: UsageHook | None
+    ) -> AsyncGenerator[list[Event], None]:
         """``generate: false``: a chain node with the new context and no output; no engine call."""
         usage = usage_object(len(turn_ids), 0, 0, 0)
         self.metrics.warmups.labels(turn.ctx.transport).inc()
@@ -316,8 +373,9 @@ class TurnRunner:
 
         async def prefill() -> None:
             try:
-                await turn.route.engine.prefill(turn.id + "-prefill", ids, cache_salt_of(turn.ctx.tenant, turn.req),
-                                                turn.routing())
+                await turn.route.engine.prefill(
+                    turn.id + "-prefill", ids, cache_salt_of(turn.ctx.tenant, turn.req), turn.routing()
+                )
             except Exception:  # a failed warm-up prefill only costs the next turn a longer prefill
                 log.warning("prefill after warm-up %s failed", turn.id, exc_info=True)
 
@@ -363,9 +421,9 @@ def _canonical_history(turn: PreparedTurn, prompt_ids: TokenSeq, output: list[di
         tokens = turn.route.renderer.render_items(output)
     except ValueError:
         return None
-    if tokens[:len(gen)] != gen:
+    if tokens[: len(gen)] != gen:
         return None
-    return prompt_ids.extend(tokens[len(gen):])
+    return prompt_ids.extend(tokens[len(gen) :])
 
 
 def _check_writable(terminal: Event) -> None:

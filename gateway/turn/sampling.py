@@ -40,8 +40,12 @@ from inference.registry import ModelRoute
 
 def cache_salt_of(tenant: str | None, req: CreateRequest) -> str:
     """The engine's prefix-cache salt for this tenant and request (hex: safe for any engine)."""
-    parts = (b"respgate.salt.v1", (tenant or "").encode(), (req.prompt_cache_key or "").encode(),
-             (req.cache_salt or "").encode())
+    parts = (
+        b"respgate.salt.v1",
+        (tenant or "").encode(),
+        (req.prompt_cache_key or "").encode(),
+        (req.cache_salt or "").encode(),
+    )
     return hashlib.blake2b(b"\0".join(parts), digest_size=16).hexdigest()
 
 
@@ -54,8 +58,7 @@ class ConstraintCache:
     once each; both are equal)."""
 
     def __init__(self, max_entries: int = 128, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes,
-                                                                         part=tenant_of)
+        self.lru: BoundedLRU[tuple[str | None, bytes], Any] = BoundedLRU(max_entries, max_bytes, part=tenant_of)
 
     @property
     def hits(self) -> int:
@@ -69,16 +72,24 @@ class ConstraintCache:
     def nbytes(self) -> int:
         return self.lru.nbytes
 
-    def constraint(self, route: ModelRoute, turn: TurnInput, text_format: dict[str, Any] | None,
-                   tenant: str | None, prelude_key: bytes = b"") -> Any:
+    def constraint(
+        self,
+        route: ModelRoute,
+        turn: TurnInput,
+        text_format: dict[str, Any] | None,
+        tenant: str | None,
+        prelude_key: bytes = b"",
+    ) -> Any:
         """``prelude_key``: the render's digest of the prelude (model, renderer, tools verbatim,
         ``tool_choice`` …), which the key then uses instead of hashing the tools a second time."""
         prelude = turn.prelude
         if not prelude.tools and text_format is None:
             return route.renderer.constraint(prelude, None)  # nothing to build: no hashing either
         what: Any = prelude_key.hex() if prelude_key else [route.name, prelude.tools, prelude.tool_choice]
-        key = tenant, hashlib.blake2b(orjson.dumps([what, text_format], option=orjson.OPT_SORT_KEYS),
-                                      digest_size=16).digest()
+        key = (
+            tenant,
+            hashlib.blake2b(orjson.dumps([what, text_format], option=orjson.OPT_SORT_KEYS), digest_size=16).digest(),
+        )
         found = self.lru.get(key, _MISSING)
         if found is not _MISSING:
             return found
@@ -90,8 +101,9 @@ class ConstraintCache:
 _MISSING = object()
 
 
-def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,
-                 constraints: ConstraintCache | None = None) -> SamplingParams | None:
+def sampling_for(
+    turn: TurnInput, rendered: Rendered, tenant: str | None, constraints: ConstraintCache | None = None
+) -> SamplingParams | None:
     """None for a ``generate: false`` warm-up (nothing is sampled)."""
     if not turn.generate:
         return None
@@ -105,8 +117,11 @@ def sampling_for(turn: TurnInput, rendered: Rendered, tenant: str | None,
         top_p=_value(req.top_p, route.default_top_p),
         seed=req.seed,
         stop_token_ids=tuple(route.renderer.stop_token_ids),
-        structured=(constraints.constraint(route, turn, fmt, tenant, rendered.prelude_key) if constraints is not None
-                    else route.renderer.constraint(turn.prelude, fmt)),
+        structured=(
+            constraints.constraint(route, turn, fmt, tenant, rendered.prelude_key)
+            if constraints is not None
+            else route.renderer.constraint(turn.prelude, fmt)
+        ),
         cache_salt=cache_salt_of(tenant, req),
         logprobs=logprobs_wanted(req),
     )

@@ -22,15 +22,16 @@ parent's next continuation copy the whole history.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import msgspec
 
 from cache.connection_state import ConnectionCache
 from cache.conversations import ConversationRef
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
+from cache.seq import TokenSeq
 from gateway.base.metrics import StageTimer
 from gateway.base.tracing import current_traceparent
 from gateway.wire.request import CreateRequest

@@ -9,7 +9,8 @@ is a 404 naming only the id the client sent.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -21,9 +22,11 @@ from gateway.wire.validation import to_api_error
 MAX_ITEMS_PER_REQUEST = 20
 
 #: a finished turn whose items could not be appended to its conversation fails with this
-CONVERSATION_FAILED_MESSAGE = ("The response's items could not be added to its conversation (it was deleted, or "
-                               "the conversation store is unavailable), so the conversation does not include this "
-                               "turn. Please retry your request.")
+CONVERSATION_FAILED_MESSAGE = (
+    "The response's items could not be added to its conversation (it was deleted, or "
+    "the conversation store is unavailable), so the conversation does not include this "
+    "turn. Please retry your request."
+)
 
 #: optional keys the SDK declares per item type, echoed as null when the item has none
 _ITEM_KEYS: dict[str, tuple[str, ...]] = {
@@ -41,6 +44,7 @@ _PART_KEYS: dict[str, tuple[str, ...]] = {
     "input_image": ("file_id", "image_url", "prompt_cache_breakpoint"),
     "input_file": ("detail", "file_data", "file_id", "file_url", "filename", "prompt_cache_breakpoint"),
 }
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -124,8 +128,13 @@ def _part(part: Any) -> Any:
 
 def item_list(items: Sequence[Mapping[str, Any]], has_more: bool) -> dict[str, Any]:
     data = [item_object(i) for i in items]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 def conversation_not_found(conversation_id: str, param: str | None = None) -> ApiError:
@@ -137,11 +146,18 @@ def item_not_found(item_id: str) -> ApiError:
 
 
 def conversation_full(conversation_id: str, max_items: int, max_bytes: int) -> ApiError:
-    return bad_request(f"Conversation '{conversation_id}' cannot hold these items: a conversation holds at most "
-                       f"{max_items} items and {max_bytes} bytes of items. Delete items or start a new "
-                       "conversation.", code="conversation_too_large", param="items")
+    return bad_request(
+        f"Conversation '{conversation_id}' cannot hold these items: a conversation holds at most "
+        f"{max_items} items and {max_bytes} bytes of items. Delete items or start a new "
+        "conversation.",
+        code="conversation_too_large",
+        param="items",
+    )
 
 
 def duplicate_item(item_id: str) -> ApiError:
-    return bad_request(f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try "
-                       "again.", code="invalid_value", param="items")
+    return bad_request(
+        f"Duplicate item found with id {item_id}. Remove duplicate items from your input and try again.",
+        code="invalid_value",
+        param="items",
+    )

@@ -36,8 +36,13 @@ class ApiError(Exception):
 
     def sse_event(self, sequence_number: int) -> dict[str, Any]:
         """The flat SSE ``error`` event (no top-level ``error`` key: openai-python would raise on it)."""
-        return {"type": "error", "code": self.code, "message": self.message, "param": self.param,
-                "sequence_number": sequence_number}
+        return {
+            "type": "error",
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+            "sequence_number": sequence_number,
+        }
 
     def ws_frame(self, stream_id: str | None = None) -> dict[str, Any]:
         err: dict[str, Any] = {"type": self.type, "code": self.code, "message": self.message, "param": self.param}
@@ -77,9 +82,7 @@ def response_not_found(response_id: str) -> ApiError:
 
 
 def model_not_found(model: str) -> ApiError:
-    return ApiError(
-        404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found"
-    )
+    return ApiError(404, f"The model `{model}` does not exist or you do not have access to it.", code="model_not_found")
 
 
 def invalid_api_key() -> ApiError:
@@ -88,8 +91,12 @@ def invalid_api_key() -> ApiError:
 
 def store_unavailable() -> ApiError:
     """The shared response store (Redis) is unreachable: retryable, and not a "not found"."""
-    return ApiError(503, "The response store is temporarily unavailable. Please retry your request.",
-                    type="server_error", code="server_is_overloaded")
+    return ApiError(
+        503,
+        "The response store is temporarily unavailable. Please retry your request.",
+        type="server_error",
+        code="server_is_overloaded",
+    )
 
 
 def server_error(message: str = "The server had an error while processing your request.") -> ApiError:
@@ -101,8 +108,9 @@ def shutting_down() -> ApiError:
 
     A 503 of type ``server_error``, so SDKs retry it — on another replica, since this one has left
     the load balancer (``/readyz`` answers 503)."""
-    return ApiError(503, "The server is shutting down. Reconnect to continue.", type="server_error",
-                    code="server_shutting_down")  # a string: WebSocketErrorEvent requires one
+    return ApiError(
+        503, "The server is shutting down. Reconnect to continue.", type="server_error", code="server_shutting_down"
+    )  # a string: WebSocketErrorEvent requires one
 
 
 #: ``shutting_down()`` as a value, for the WebSocket farewell frame (rendered, never raised)
@@ -111,8 +119,10 @@ SHUTTING_DOWN = shutting_down()
 #: ``response.error.message`` of a ``store=true`` response whose store write failed
 #: (``gateway.turn.run``); its code is ``server_error``, the one the SDKs' ``ResponseError`` type
 #: allows for a server-side failure (their code is a closed enum: no ``store_unavailable``)
-STORE_FAILED_MESSAGE = ("The response could not be stored, so it cannot be retrieved or continued with "
-                        "previous_response_id. Please retry your request.")
+STORE_FAILED_MESSAGE = (
+    "The response could not be stored, so it cannot be retrieved or continued with "
+    "previous_response_id. Please retry your request."
+)
 
 #: exceptions that are control flow, not faults: they always propagate
 _CONTROL = (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError)

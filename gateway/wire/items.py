@@ -10,7 +10,7 @@ messages always carry a ``content`` list, and every item carries an ``id``.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
@@ -67,22 +67,18 @@ def _part_tag(v: Any) -> str | None:
 
 
 ContentPart = Annotated[
-    Union[
-        Annotated[InputText, Tag("input_text")],
-        Annotated[InputImage, Tag("input_image")],
-        Annotated[InputFile, Tag("input_file")],
-        Annotated[OutputText, Tag("output_text")],
-        Annotated[Refusal, Tag("refusal")],
-    ],
+    Annotated[InputText, Tag("input_text")]
+    | Annotated[InputImage, Tag("input_image")]
+    | Annotated[InputFile, Tag("input_file")]
+    | Annotated[OutputText, Tag("output_text")]
+    | Annotated[Refusal, Tag("refusal")],
     Discriminator(_part_tag),
 ]
 
 ToolOutputPart = Annotated[
-    Union[
-        Annotated[InputText, Tag("input_text")],
-        Annotated[InputImage, Tag("input_image")],
-        Annotated[InputFile, Tag("input_file")],
-    ],
+    Annotated[InputText, Tag("input_text")]
+    | Annotated[InputImage, Tag("input_image")]
+    | Annotated[InputFile, Tag("input_file")],
     Discriminator(_part_tag),
 ]
 
@@ -92,11 +88,11 @@ def _str_or_list(v: Any) -> str:
 
 
 MessageContent = Annotated[
-    Union[Annotated[str, Tag("<text>")], Annotated[list[ContentPart], Tag("<parts>")]],
+    Annotated[str, Tag("<text>")] | Annotated[list[ContentPart], Tag("<parts>")],
     Discriminator(_str_or_list),
 ]
 ToolOutput = Annotated[
-    Union[Annotated[str, Tag("<text>")], Annotated[list[ToolOutputPart], Tag("<parts>")]],
+    Annotated[str, Tag("<text>")] | Annotated[list[ToolOutputPart], Tag("<parts>")],
     Discriminator(_str_or_list),
 ]
 
@@ -121,7 +117,8 @@ class Message(_Lenient):
                     )
                 if role != "assistant" and part.type in ("output_text", "refusal"):
                     raise ValueError(
-                        f"Invalid value: '{part.type}'. Supported values are: 'input_text', 'input_image', and 'input_file'."
+                        f"Invalid value: '{part.type}'. "
+                        "Supported values are: 'input_text', 'input_image', and 'input_file'."
                     )
         return content
 
@@ -200,11 +197,25 @@ class HostedItem(_Lenient):
 
 HOSTED_ITEM_TYPES = frozenset(
     {
-        "web_search_call", "file_search_call", "computer_call", "computer_call_output",
-        "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
-        "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-        "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
-        "tool_search_call", "tool_search_output", "additional_tools",
+        "web_search_call",
+        "file_search_call",
+        "computer_call",
+        "computer_call_output",
+        "image_generation_call",
+        "code_interpreter_call",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "tool_search_call",
+        "tool_search_output",
+        "additional_tools",
     }
 )
 KNOWN_ITEM_TYPES: frozenset[str] = frozenset(ItemType)
@@ -229,24 +240,31 @@ def _item_tag(v: Any) -> str:
 
 class _Invalid(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["message", "function_call", "function_call_output", "custom_tool_call",
-                  "custom_tool_call_output", "reasoning", "item_reference", "compaction", "compaction_trigger"]
+    type: Literal[
+        "message",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "reasoning",
+        "item_reference",
+        "compaction",
+        "compaction_trigger",
+    ]
 
 
 InputItem = Annotated[
-    Union[
-        Annotated[Message, Tag("message")],
-        Annotated[FunctionCall, Tag("function_call")],
-        Annotated[FunctionCallOutput, Tag("function_call_output")],
-        Annotated[CustomToolCall, Tag("custom_tool_call")],
-        Annotated[CustomToolCallOutput, Tag("custom_tool_call_output")],
-        Annotated[Reasoning, Tag("reasoning")],
-        Annotated[ItemReference, Tag("item_reference")],
-        Annotated[Compaction, Tag("compaction")],
-        Annotated[CompactionTrigger, Tag("compaction_trigger")],
-        Annotated[HostedItem, Tag("<hosted>")],
-        Annotated[_Invalid, Tag("<invalid>")],
-    ],
+    Annotated[Message, Tag("message")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[CustomToolCall, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutput, Tag("custom_tool_call_output")]
+    | Annotated[Reasoning, Tag("reasoning")]
+    | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[Compaction, Tag("compaction")]
+    | Annotated[CompactionTrigger, Tag("compaction_trigger")]
+    | Annotated[HostedItem, Tag("<hosted>")]
+    | Annotated[_Invalid, Tag("<invalid>")],
     Discriminator(_item_tag),
 ]
 
@@ -282,7 +300,7 @@ def new_id(prefix: str) -> str:
     except IndexError:
         raw = os.urandom(ID_BYTES * _ID_BATCH).hex()
         step = 2 * ID_BYTES
-        _suffixes.extend([raw[i:i + step] for i in range(0, len(raw), step)])
+        _suffixes.extend([raw[i : i + step] for i in range(0, len(raw), step)])
         return new_id(prefix)
 
 

@@ -15,8 +15,18 @@ from enum import StrEnum
 
 from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType, ToolType
 
-__all__ = ["CALL_TYPES", "CHAINABLE", "OUTPUT_TYPES", "TERMINAL_EVENT", "TOOL_KINDS", "ItemType", "ResponseStatus",
-           "ToolKind", "ToolType", "call_kind"]
+__all__ = [
+    "CALL_TYPES",
+    "CHAINABLE",
+    "OUTPUT_TYPES",
+    "TERMINAL_EVENT",
+    "TOOL_KINDS",
+    "ItemType",
+    "ResponseStatus",
+    "ToolKind",
+    "ToolType",
+    "call_kind",
+]
 
 
 class ResponseStatus(StrEnum):
@@ -33,8 +43,10 @@ class ResponseStatus(StrEnum):
 CHAINABLE: frozenset[str] = frozenset({ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE})
 #: the streamed event that ends a response in each terminal status (a cancelled one is never sent)
 TERMINAL_EVENT: dict[str, str] = {
-    ResponseStatus.COMPLETED: "response.completed", ResponseStatus.INCOMPLETE: "response.incomplete",
-    ResponseStatus.FAILED: "response.failed", ResponseStatus.CANCELLED: "response.failed",
+    ResponseStatus.COMPLETED: "response.completed",
+    ResponseStatus.INCOMPLETE: "response.incomplete",
+    ResponseStatus.FAILED: "response.failed",
+    ResponseStatus.CANCELLED: "response.failed",
 }
 
 
@@ -42,13 +54,13 @@ TERMINAL_EVENT: dict[str, str] = {
 class ToolKind:
     """Everything a callable tool kind needs, and where it lives."""
 
-    tool: ToolType            # ``tools[].type``; wire model in gateway/wire/tools.py
-    call: ItemType            # the model's call item; wire model in gateway/wire/items.py
-    output: ItemType          # the client's answer item (pairs by ``call_id``)
-    payload: str              # the call's text field: streamed, classified, rendered
-    id_prefix: str            # output item id prefix
-    delta_event: str          # streamed while the payload grows
-    done_event: str           # once the payload is complete
+    tool: ToolType  # ``tools[].type``; wire model in gateway/wire/tools.py
+    call: ItemType  # the model's call item; wire model in gateway/wire/items.py
+    output: ItemType  # the client's answer item (pairs by ``call_id``)
+    payload: str  # the call's text field: streamed, classified, rendered
+    id_prefix: str  # output item id prefix
+    delta_event: str  # streamed while the payload grows
+    done_event: str  # once the payload is complete
     #: renderer and parser per model family (harmony; chat templates)
     render: tuple[str, ...] = ("inference/harmony_render.py", "inference/chat_template_render.py")
     parse: tuple[str, ...] = ("inference/harmony_parse.py", "inference/hermes_parse.py")
@@ -56,12 +68,23 @@ class ToolKind:
 
 TOOL_KINDS: dict[str, ToolKind] = {
     ItemType.FUNCTION_CALL: ToolKind(
-        ToolType.FUNCTION, ItemType.FUNCTION_CALL, ItemType.FUNCTION_CALL_OUTPUT, CALL_PAYLOAD[ItemType.FUNCTION_CALL],
-        "fc", "response.function_call_arguments.delta", "response.function_call_arguments.done"),
+        ToolType.FUNCTION,
+        ItemType.FUNCTION_CALL,
+        ItemType.FUNCTION_CALL_OUTPUT,
+        CALL_PAYLOAD[ItemType.FUNCTION_CALL],
+        "fc",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    ),
     ItemType.CUSTOM_TOOL_CALL: ToolKind(
-        ToolType.CUSTOM, ItemType.CUSTOM_TOOL_CALL, ItemType.CUSTOM_TOOL_CALL_OUTPUT,
-        CALL_PAYLOAD[ItemType.CUSTOM_TOOL_CALL], "ctc", "response.custom_tool_call_input.delta",
-        "response.custom_tool_call_input.done"),
+        ToolType.CUSTOM,
+        ItemType.CUSTOM_TOOL_CALL,
+        ItemType.CUSTOM_TOOL_CALL_OUTPUT,
+        CALL_PAYLOAD[ItemType.CUSTOM_TOOL_CALL],
+        "ctc",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+    ),
 }
 assert set(TOOL_KINDS) == CALL_TYPES and {k.output for k in TOOL_KINDS.values()} == OUTPUT_TYPES
 

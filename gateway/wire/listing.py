@@ -9,7 +9,8 @@ earlier openai SDK releases declare it); elsewhere it is an unknown parameter, a
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,8 +32,7 @@ class ListQuery(NamedTuple):
     include: tuple[str, ...]
 
 
-def parse_list_query(query: Mapping[str, str], multi: Sequence[tuple[str, str]], *,
-                     before: bool = False) -> ListQuery:
+def parse_list_query(query: Mapping[str, str], multi: Sequence[tuple[str, str]], *, before: bool = False) -> ListQuery:
     """``after``, ``limit`` (1..100, default 20), ``order`` (default ``desc``), ``include`` (each
     value one of the Responses API's includables), and ``before`` where the endpoint has it; any
     other parameter is a 400 naming it."""
@@ -43,15 +43,20 @@ def parse_list_query(query: Mapping[str, str], multi: Sequence[tuple[str, str]],
     try:
         limit = int(query.get("limit", str(DEFAULT_LIMIT)))
     except ValueError:
-        raise bad_request("Invalid type for 'limit': expected an integer.", code="invalid_type",
-                          param="limit") from None
+        raise bad_request(
+            "Invalid type for 'limit': expected an integer.", code="invalid_type", param="limit"
+        ) from None
     if not 1 <= limit <= MAX_LIMIT:
-        raise bad_request(f"Invalid 'limit': expected a value between 1 and {MAX_LIMIT}, but got {limit} "
-                          "instead.", code="invalid_value", param="limit")
+        raise bad_request(
+            f"Invalid 'limit': expected a value between 1 and {MAX_LIMIT}, but got {limit} instead.",
+            code="invalid_value",
+            param="limit",
+        )
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
-        raise bad_request(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", code="invalid_value",
-                          param="order")
+        raise bad_request(
+            f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", code="invalid_value", param="order"
+        )
     include = include_values(multi)
     return ListQuery(query.get("after"), query.get("before"), limit, "asc" if order == "asc" else "desc", include)
 
@@ -89,8 +94,8 @@ def cursor_page(items: Sequence[Mapping[str, Any]], q: ListQuery) -> tuple[list[
         end = _position(ids, q.before, "before")
     window = ordered[start:end] if start < end else []
     if q.before is not None and q.after is None:
-        return window[-q.limit:], len(window) > q.limit
-    return window[:q.limit], len(window) > q.limit
+        return window[-q.limit :], len(window) > q.limit
+    return window[: q.limit], len(window) > q.limit
 
 
 def _position(ids: list[Any], cursor: str, param: str) -> int:

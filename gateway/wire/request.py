@@ -7,7 +7,8 @@ rejected on HTTP. ``parse_create`` is the single entry point both transports use
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Sequence, Union
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
@@ -17,9 +18,14 @@ from gateway.wire.tools import HOSTED_TOOL_TYPES, Tool
 from gateway.wire.validation import json_type, to_api_error
 
 IncludeValue = Literal[
-    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
-    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
-    "reasoning.encrypted_content", "message.output_text.logprobs",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
 ]
 
 
@@ -48,11 +54,9 @@ def _fmt_tag(v: Any) -> str | None:
 
 
 TextFormat = Annotated[
-    Union[
-        Annotated[FormatText, Tag("text")],
-        Annotated[FormatJsonObject, Tag("json_object")],
-        Annotated[FormatJsonSchema, Tag("json_schema")],
-    ],
+    Annotated[FormatText, Tag("text")]
+    | Annotated[FormatJsonObject, Tag("json_object")]
+    | Annotated[FormatJsonSchema, Tag("json_schema")],
     Discriminator(_fmt_tag),
 ]
 
@@ -82,7 +86,7 @@ def _conversation_tag(v: Any) -> str:
 
 #: ``conversation``: an id, or ``{"id": ...}`` (tags in ``<>`` stay out of error paths)
 ConversationField = Annotated[
-    Union[Annotated[str, Tag("<id>")], Annotated[ConversationParam, Tag("<object>")]],
+    Annotated[str, Tag("<id>")] | Annotated[ConversationParam, Tag("<object>")],
     Discriminator(_conversation_tag),
 ]
 
@@ -128,7 +132,7 @@ class CreateRequest(_Strict):
     background: bool | None = None
     background_options: BackgroundOptions | None = None
     tools: list[Tool] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(default=None, ge=0)
     max_output_tokens: int | None = Field(default=None, ge=16)
@@ -173,8 +177,9 @@ class CreateRequest(_Strict):
 _items = TypeAdapter(list[InputItem])
 
 
-def parse_create(body: Any, *, transport: Literal["http", "ws"],
-                 known: Sequence[Any] | None = None) -> tuple[CreateRequest, list[Any]]:
+def parse_create(
+    body: Any, *, transport: Literal["http", "ws"], known: Sequence[Any] | None = None
+) -> tuple[CreateRequest, list[Any]]:
     """Validate a create body; returns the request and its validated input items (models).
     ``known[i]``, when not None, is ``input[i]`` validated before (``gateway.turn.checks.ItemChecks``):
     only the others are validated."""
@@ -201,7 +206,9 @@ def parse_create(body: Any, *, transport: Literal["http", "ws"],
         items = parse_items(raw, "input") if known is None else _parse_unknown(raw, known)
     else:
         raise ApiError(
-            400, "Invalid type for 'input': expected a string or an array of input items.", code="invalid_type",
+            400,
+            "Invalid type for 'input': expected a string or an array of input items.",
+            code="invalid_type",
             param="input",
         )
     return req, items
@@ -219,12 +226,20 @@ def check_tool_choice_type(choice: dict[str, Any]) -> None:
     if kind is None:
         raise missing_parameter("tool_choice.type")
     if not isinstance(kind, str):
-        raise ApiError(400, "Invalid type for 'tool_choice.type': expected a string, but got "
-                       f"{json_type(kind)} instead.", code="invalid_type", param="tool_choice.type")
+        raise ApiError(
+            400,
+            f"Invalid type for 'tool_choice.type': expected a string, but got {json_type(kind)} instead.",
+            code="invalid_type",
+            param="tool_choice.type",
+        )
     if kind not in TOOL_CHOICE_TYPES:
         supported = ", ".join(f"'{t}'" for t in sorted(TOOL_CHOICE_TYPES))
-        raise ApiError(400, f"Invalid value: '{kind[:64]}'. Supported values are: {supported}.", code="invalid_value",
-                       param="tool_choice.type")
+        raise ApiError(
+            400,
+            f"Invalid value: '{kind[:64]}'. Supported values are: {supported}.",
+            code="invalid_value",
+            param="tool_choice.type",
+        )
 
 
 def _parse_unknown(raw: list[Any], known: Sequence[Any]) -> list[Any]:

@@ -10,7 +10,8 @@ and what OpenResponses types as a plain number or string (``presence_penalty``, 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -114,8 +115,13 @@ _SKELETON: dict[str, Any] = {
     "user": None,
     "metadata": None,
 }
-_NO_REASONING: dict[str, Any] = {"effort": None, "summary": None, "context": None, "generate_summary": None,
-                                 "mode": None}
+_NO_REASONING: dict[str, Any] = {
+    "effort": None,
+    "summary": None,
+    "context": None,
+    "generate_summary": None,
+    "mode": None,
+}
 
 
 def _background(out: dict[str, Any], req: CreateRequest) -> None:
@@ -153,15 +159,18 @@ def _reasoning(out: dict[str, Any], req: CreateRequest) -> None:
 
 def _default(key: str, default: Any, cast: Any = None) -> Any:
     """The create's value of ``key`` (``cast`` when given), or ``default`` where it is null."""
+
     def echo(out: dict[str, Any], req: CreateRequest) -> None:
         value = getattr(req, key)
         out[key] = default if value is None else value if cast is None else cast(value)
+
     return echo
 
 
 def _same(key: str) -> Any:
     def echo(out: dict[str, Any], req: CreateRequest) -> None:
         out[key] = getattr(req, key)
+
     return echo
 
 
@@ -169,6 +178,7 @@ def _or(key: str, default: Any) -> Any:
     def echo(out: dict[str, Any], req: CreateRequest) -> None:
         value = getattr(req, key)
         out[key] = value or default
+
     return echo
 
 
@@ -205,8 +215,7 @@ _ECHOED: dict[str, Any] = {
 
 #: the optional keys the SDK declares per tool type, echoed as null when the request left them out
 _TOOL_KEYS: dict[str, tuple[str, ...]] = {
-    "function": ("allowed_callers", "async", "defer_loading", "description", "output_schema", "parameters",
-                 "strict"),
+    "function": ("allowed_callers", "async", "defer_loading", "description", "output_schema", "parameters", "strict"),
     "custom": ("allowed_callers", "async", "defer_loading", "description", "format"),
     "namespace": ("description",),
 }
@@ -225,8 +234,11 @@ def echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def usage_object(input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0,
-                                 "cache_write_tokens_details": None},
+        "input_tokens_details": {
+            "cached_tokens": cached_tokens,
+            "cache_write_tokens": 0,
+            "cache_write_tokens_details": None,
+        },
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,

@@ -9,7 +9,7 @@ us: Codex sends ``web_search`` and ``tool_search`` in every frame, so by default
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -46,7 +46,7 @@ class NamespaceTool(_Lenient):
     description: str | None = None
     tools: list[
         Annotated[
-            Union[Annotated[FunctionTool, Tag("function")], Annotated[CustomTool, Tag("custom")]],
+            Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")],
             Discriminator(_nested_tag),
         ]
     ]
@@ -58,9 +58,21 @@ class HostedTool(_Lenient):
 
 HOSTED_TOOL_TYPES = frozenset(
     {
-        "file_search", "web_search", "web_search_2025_08_26", "web_search_preview",
-        "web_search_preview_2025_03_11", "computer", "computer_use_preview", "mcp", "code_interpreter",
-        "image_generation", "local_shell", "shell", "apply_patch", "tool_search", "programmatic_tool_calling",
+        "file_search",
+        "web_search",
+        "web_search_2025_08_26",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "computer",
+        "computer_use_preview",
+        "mcp",
+        "code_interpreter",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "tool_search",
+        "programmatic_tool_calling",
     }
 )
 
@@ -83,13 +95,11 @@ def _tool_tag(v: Any) -> str:
 
 
 Tool = Annotated[
-    Union[
-        Annotated[FunctionTool, Tag("function")],
-        Annotated[CustomTool, Tag("custom")],
-        Annotated[NamespaceTool, Tag("namespace")],
-        Annotated[HostedTool, Tag("<hosted>")],
-        Annotated[_UnknownTool, Tag("<unknown>")],
-    ],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("<hosted>")]
+    | Annotated[_UnknownTool, Tag("<unknown>")],
     Discriminator(_tool_tag),
 ]
 

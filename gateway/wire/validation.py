@@ -8,7 +8,8 @@ all) branch on those, so the mapping is explicit here instead of leaking pydanti
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -17,9 +18,15 @@ from gateway.wire.errors import ApiError, missing_parameter, unknown_parameter
 from inference.item_types import ItemType, ToolType
 
 _TYPE_NAMES = {
-    "int": "an integer", "float": "a number with a decimal point", "str": "a string", "string": "a string",
+    "int": "an integer",
+    "float": "a number with a decimal point",
+    "str": "a string",
+    "string": "a string",
     "bool": "a boolean",
-    "dict": "an object", "list": "an array", "model": "an object", "NoneType": "null",
+    "dict": "an object",
+    "list": "an array",
+    "model": "an object",
+    "NoneType": "null",
 }
 
 
@@ -42,8 +49,15 @@ class InputRejected(ApiError):
 KnownTools = Callable[[Any], bool]
 
 
-def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: int,
-                max_schema_bytes: int | None = None, known_tools: KnownTools | None = None) -> Any:
+def decode_body(
+    raw: bytes | str,
+    *,
+    max_depth: int,
+    max_items: int,
+    max_tools: int,
+    max_schema_bytes: int | None = None,
+    known_tools: KnownTools | None = None,
+) -> Any:
     """Parse an HTTP body and check that it is an object, its nesting and its counts (CPU only: a
     big one is decoded in the prepare pool, ``gateway.turn.offload``).
 
@@ -53,15 +67,21 @@ def decode_body(raw: bytes | str, *, max_depth: int, max_items: int, max_tools: 
     body = decode_json(raw, max_depth, known_tools)
     if not isinstance(body, dict):
         raise not_an_object(body)
-    check_counts(body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes,
-                 known_tools=known_tools)
+    check_counts(
+        body, max_items=max_items, max_tools=max_tools, max_schema_bytes=max_schema_bytes, known_tools=known_tools
+    )
     return body
 
 
 def not_an_object(value: Any) -> InputRejected:
     """The 400 for a body that parsed but is not a JSON object (counted as reason ``type``)."""
-    return InputRejected("type", 400, "Invalid type for the request body: expected an object, but got "
-                         f"{json_type(value)} instead.", code="invalid_type", param="body")
+    return InputRejected(
+        "type",
+        400,
+        f"Invalid type for the request body: expected an object, but got {json_type(value)} instead.",
+        code="invalid_type",
+        param="body",
+    )
 
 
 def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None = None) -> Any:
@@ -86,8 +106,9 @@ def decode_json(raw: bytes | str, max_depth: int, known_tools: KnownTools | None
 def _check_depth_but_tools(body: dict[str, Any], limit: int) -> None:
     """:func:`check_depth` of ``body`` without its ``tools`` (checked when they were first offered):
     the rest is walked as check_depth walks it once it opened the body, without copying the body."""
-    _check_depth_of([(value, 2, key) for key, value in body.items()
-                     if key != "tools" and isinstance(value, (dict, list))], limit)
+    _check_depth_of(
+        [(value, 2, key) for key, value in body.items() if key != "tools" and isinstance(value, (dict, list))], limit
+    )
 
 
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
@@ -106,8 +127,13 @@ def _check_depth_of(stack: list[tuple[Any, int, str]], limit: int) -> None:
         node, depth, top = stack.pop()
         if depth > limit:
             param = top or "body"
-            raise InputRejected("depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
-                                code="invalid_value", param=param)
+            raise InputRejected(
+                "depth",
+                400,
+                f"Invalid '{param}': JSON nested deeper than {limit} levels.",
+                code="invalid_value",
+                param=param,
+            )
         if isinstance(node, dict):
             for key, child in node.items():
                 if isinstance(child, (dict, list)):
@@ -118,8 +144,14 @@ def _check_depth_of(stack: list[tuple[Any, int, str]], limit: int) -> None:
                     stack.append((child, depth + 1, top))
 
 
-def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes: int | None = None,
-                 known_tools: KnownTools | None = None) -> None:
+def check_counts(
+    body: Any,
+    *,
+    max_items: int,
+    max_tools: int,
+    max_schema_bytes: int | None = None,
+    known_tools: KnownTools | None = None,
+) -> None:
     """400 when a create-shaped body lists more input items or tools than allowed, or carries a
     schema (a tool's ``parameters``, a custom tool's grammar, ``text.format.schema``) larger than
     ``max_schema_bytes`` serialized: checked on the parsed JSON, before validation, so an
@@ -130,16 +162,26 @@ def check_counts(body: Any, *, max_items: int, max_tools: int, max_schema_bytes:
     for key, limit in (("input", max_items), ("tools", max_tools)):
         value = body.get(key)
         if isinstance(value, list) and len(value) > limit:
-            raise InputRejected("count", 400, f"Invalid '{key}': array too long. Expected an array with maximum "
-                                f"length {limit}, but got an array with length {len(value)} instead.",
-                                code="array_above_max_length", param=key)
+            raise InputRejected(
+                "count",
+                400,
+                f"Invalid '{key}': array too long. Expected an array with maximum "
+                f"length {limit}, but got an array with length {len(value)} instead.",
+                code="array_above_max_length",
+                param=key,
+            )
     if max_schema_bytes is not None and ("tools" in body or "text" in body):  # where schemas are
         skip_tools = known_tools is not None and known_tools(body.get("tools"))
         for param, schema in _schemas(body, skip_tools):
             size = len(schema.encode()) if isinstance(schema, str) else len(orjson.dumps(schema))
             if size > max_schema_bytes:
-                raise InputRejected("schema", 400, f"Invalid '{param}': schema too large ({size} bytes; the limit "
-                                    f"is {max_schema_bytes}).", code="invalid_value", param=param)
+                raise InputRejected(
+                    "schema",
+                    400,
+                    f"Invalid '{param}': schema too large ({size} bytes; the limit is {max_schema_bytes}).",
+                    code="invalid_value",
+                    param=param,
+                )
 
 
 def _schemas(body: dict[str, Any], skip_tools: bool = False) -> Iterator[tuple[str, Any]]:
@@ -151,8 +193,11 @@ def _schemas(body: dict[str, Any], skip_tools: bool = False) -> Iterator[tuple[s
             if not isinstance(tool, dict):
                 continue
             subs = tool.get("tools") if tool.get("type") == "namespace" else None
-            pairs = [(f"tools[{i}]", tool)] + ([(f"tools[{i}].tools[{j}]", t) for j, t in enumerate(subs)
-                                                  if isinstance(t, dict)] if isinstance(subs, list) else [])
+            pairs = [(f"tools[{i}]", tool)] + (
+                [(f"tools[{i}].tools[{j}]", t) for j, t in enumerate(subs) if isinstance(t, dict)]
+                if isinstance(subs, list)
+                else []
+            )
             for path, t in pairs:
                 if t.get("parameters") is not None:
                     yield f"{path}.parameters", t["parameters"]
@@ -181,8 +226,20 @@ def param_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-_UNION_TAGS = frozenset({*ItemType, *ToolType, "input_text", "input_image", "input_file", "output_text", "refusal",
-                         "json_schema", "json_object", "text"})
+_UNION_TAGS = frozenset(
+    {
+        *ItemType,
+        *ToolType,
+        "input_text",
+        "input_image",
+        "input_file",
+        "output_text",
+        "refusal",
+        "json_schema",
+        "json_object",
+        "text",
+    }
+)
 
 
 def json_type(value: Any) -> str:
@@ -223,8 +280,11 @@ def to_api_error(exc: ValidationError) -> ApiError:
         return unknown_parameter(param)
     if t == "missing":
         return missing_parameter(param)
-    if t.endswith("_type") or t.endswith("_parsing") or t in ("model_type", "model_attributes_type", "list_type",
-                                                                "dict_type", "union_tag_not_found"):
+    if (
+        t.endswith("_type")
+        or t.endswith("_parsing")
+        or t in ("model_type", "model_attributes_type", "list_type", "dict_type", "union_tag_not_found")
+    ):
         return ApiError(
             400,
             f"Invalid type for '{param}': expected {_expected(t)}, but got {json_type(value)} instead.",
@@ -256,8 +316,12 @@ def to_api_error(exc: ValidationError) -> ApiError:
             400, f"Invalid value: '{shown}'. Supported values are: {expected}.", code="invalid_value", param=param
         )
     if t in ("string_too_long", "too_long"):
-        return ApiError(400, f"Invalid '{param}': {e['msg']}.", code="string_above_max_length"
-                        if t == "string_too_long" else "array_above_max_length", param=param)
+        return ApiError(
+            400,
+            f"Invalid '{param}': {e['msg']}.",
+            code="string_above_max_length" if t == "string_too_long" else "array_above_max_length",
+            param=param,
+        )
     if t == "value_error":
         msg = str(ctx.get("error") or e["msg"])
         return ApiError(400, msg, code="invalid_value", param=param)
@@ -293,5 +357,6 @@ def parse_failure(raw: bytes | str, exc: Exception, limit: int = MAX_JSON_DEPTH)
         elif depth == 1 and expect_key:
             top, expect_key = tok[1:-1], False
     param = top or "body"
-    return InputRejected("depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.",
-                         code="invalid_value", param=param)
+    return InputRejected(
+        "depth", 400, f"Invalid '{param}': JSON nested deeper than {limit} levels.", code="invalid_value", param=param
+    )
