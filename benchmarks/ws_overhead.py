@@ -171,7 +171,7 @@ def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load
             "encoded_tokens_per_turn_median": statistics.median(c.encoded),
             "server_prepare_ms_median": statistics.median(c.prepare_ms),
         }
-    for path, row in rows.items():
+    for row in rows.values():
         row["ratio_median_vs_smallest"] = {str(n): row[str(n)]["median_ms"] / row[str(small)]["median_ms"]
                                            for n in sizes}
         row["ratio_median_big_over_small"] = row[str(big)]["median_ms"] / row[str(small)]["median_ms"]

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any, Generator, Iterable
 
 import orjson
 

@@ -353,7 +353,8 @@ class UsageQueue:
             for segment in await asyncio.to_thread(journal.rotate):
                 records = journal.read(segment)
                 try:
-                    while chunk := await asyncio.to_thread(lambda: list(itertools.islice(records, self.batch_max))):
+                    # the islice is lazy: the journal is read in the worker thread, by list()
+                    while chunk := await asyncio.to_thread(list, itertools.islice(records, self.batch_max)):
                         batch = _parse(chunk, segment)
                         await self._write(batch)
                         self.replayed += len(batch)

@@ -12,8 +12,8 @@ enum values), so we cannot build its text ourselves — but we can keep harmony'
 ever seeing a long piece:
 
 1. ``instructions`` of 64+ characters become one sentinel (harmony copies them verbatim, line
-   breaks and all); in tools, every stretch of 64+ characters without a line break is replaced by a short unique *sentinel*
-   of letters (the same stretch always by the same sentinel, so harmony's comparisons — a
+   breaks and all); in tools, every stretch of 64+ characters without a line break is replaced by
+   a short unique *sentinel* of letters (the same stretch always by the same sentinel, so harmony's comparisons — a
    ``required`` name against a property key — come out the same). Measured, harmony copies line
    content verbatim into the developer message: instructions as they are, descriptions behind
    ``// `` per line, property names and enum values unquoted and unescaped;

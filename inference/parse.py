@@ -7,7 +7,7 @@ sequence numbers or transports.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Union
+from typing import Protocol, Sequence
 
 import msgspec
 
@@ -35,7 +35,7 @@ class ItemEnd(msgspec.Struct, frozen=True):
     complete: bool = True
 
 
-ParseEvent = Union[ItemStart, ItemDelta, ItemEnd]
+ParseEvent = ItemStart | ItemDelta | ItemEnd
 
 
 class StreamParser(Protocol):
