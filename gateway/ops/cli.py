@@ -285,7 +285,7 @@ def serve(settings: Settings) -> int:
         print(f"respgate serve: {refusal}", file=sys.stderr)
         return 2
     listeners = bind_listeners(settings.host, settings.port)
-    metrics: list = []
+    metrics: list[socket.socket] = []
     console = None
     try:
         if settings.metrics_port is not None:
@@ -389,7 +389,7 @@ def _keys_options(parser: argparse.ArgumentParser, default: object) -> None:
                         help="key file without Redis (default: $RESPGATE_KEYS_FILE or <cache dir>/keys.json)")
 
 
-def add_keys_parser(sub: argparse._SubParsersAction) -> None:
+def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = sub.add_parser("keys", formatter_class=_Formatter,
                           help="issue, list and revoke API keys (Redis with REDIS_URL, else a local file)")
     _keys_options(keys, None)

@@ -68,7 +68,7 @@ def make_formatter(fmt: str = "json") -> logging.Formatter:
     return json_formatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-def setup_logging(level: str = "info", fmt: str = "json", stream=None, *, console: "Console | None" = None) -> None:
+def setup_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None, *, console: "Console | None" = None) -> None:
     """Configure the root logger once for the process (``respgate serve``), and vLLM's. With a
     ``console`` that :func:`divert_output` made, respgate's own warnings and errors also reach the
     terminal, as plain lines."""
@@ -107,7 +107,7 @@ def vllm_logging_config(level: str, fmt: str) -> dict[str, Any]:
     }
 
 
-def route_vllm_logs(level: str, fmt: str, stream=None) -> str | None:
+def route_vllm_logs(level: str, fmt: str, stream: TextIO | None = None) -> str | None:
     """Point ``VLLM_LOGGING_CONFIG_PATH`` at :func:`vllm_logging_config` (unless the operator set
     it, or turned vLLM's logging configuration off) and apply it here if vLLM is already loaded."""
     if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":

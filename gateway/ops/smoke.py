@@ -58,7 +58,7 @@ class SmokeFailure(Exception):
     """A check's reason to fail (the message is its table row's detail)."""
 
 
-def add_smoke_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+def add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], formatter: type[argparse.HelpFormatter]) -> None:
     smoke = sub.add_parser(
         "smoke", formatter_class=formatter, help="check a running deployment: HTTP, SSE, WebSocket chain, tool call",
         description="Run an HTTP turn, an SSE turn, a WebSocket chain (the second turn must report cached_tokens) "
@@ -220,7 +220,8 @@ class Smoke:
         models = [m["id"] for m in r.json().get("data", [])]
         if not models:
             raise SmokeFailure("GET /v1/models lists no model")
-        return models[0]
+        first: str = models[0]
+        return first
 
     def _request(self, fields: dict[str, Any]) -> dict[str, Any]:
         return {"model": self.model, "instructions": INSTRUCTIONS, "max_output_tokens": self.max_output_tokens,
@@ -231,7 +232,8 @@ class Smoke:
         body = _json_or_text(r)
         if r.status_code != 200:
             raise SmokeFailure(f"HTTP {r.status_code}: {_error_text(body)}")
-        return body
+        response: dict[str, Any] = body
+        return response
 
     def _ws(self) -> Any:
         from websockets.sync.client import connect
@@ -251,7 +253,8 @@ class Smoke:
                 response = event["response"]
                 if kind == "response.failed":
                     raise SmokeFailure(f"response.failed: {_error_text(response)}")
-                return response
+                final: dict[str, Any] = response
+                return final
 
 
 def _api_base(url: str) -> str:
