@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -30,8 +32,8 @@ os.environ.setdefault("RESPGATE_USAGE_JOURNAL", os.path.join(_STATE_DIR, "usage-
 from pathlib import Path  # noqa: E402
 
 from gateway.app import create_app, uvicorn_config_kwargs  # noqa: E402
-from gateway.ops.server import GatewayServer  # noqa: E402
 from gateway.base.settings import Settings  # noqa: E402
+from gateway.ops.server import GatewayServer  # noqa: E402
 from gateway.transport.services import GatewayState  # noqa: E402
 from inference.harmony import HarmonyRenderer  # noqa: E402
 from inference.registry import ModelRegistry, ModelRoute  # noqa: E402
@@ -45,53 +47,94 @@ SHARED = next((p for p in (Path(__file__).resolve().parents[1].parent / "shared"
 MODEL = "gpt-oss-sim"
 
 
-#: fixtures on the session's real model in the test process: every test using one runs on one xdist
-#: worker, so a parallel run loads the engine once, not once per worker (tests/docs' default_server
-#: asks for vllm_gateway by name, after its importorskip)
-SHARED_ENGINE_FIXTURES = frozenset({"vllm_gateway", "default_server"})
-SHARED_ENGINE_GROUP = "real-engine"
+#: fixtures whose tests form one unit of a parallel run (one xdist worker runs them in order): the
+#: session's real model in the test process, loaded once rather than once per worker (tests/docs'
+#: default_server asks for vllm_gateway by name, after its importorskip); the vLLM server processes,
+#: one file after the other, so that at most two run at once (the remote engine's last test kills its
+#: server before the two pods start). The units are handed out in this order, first of all.
+SHARED_UNITS = {"vllm_gateway": "real-engine", "default_server": "real-engine",
+                "vllm_server": "vllm-servers", "two_pods": "vllm-servers"}
+UNIT_ORDER = ("real-engine", "vllm-servers")
+
+
+#: where the workers of a parallel run write which tests share a unit (the controller's scheduler
+#: reads it): xdist 3.8 marks a group by suffixing the node id, which pytest 9 no longer lets it do
+UNITS_DIR_ENV = "RESPGATE_TEST_UNITS"
+
+
+def _parallel(config: pytest.Config) -> bool:
+    """``--dist loadgroup``: in the controller, or in a worker (where xdist sets ``dist`` to ``no``)."""
+    return bool(getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") == "loadgroup")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _parallel(config) and not hasattr(config, "workerinput"):  # the controller, before workers start
+        os.environ[UNITS_DIR_ENV] = tempfile.mkdtemp(prefix="respgate-test-units-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _parallel(config) and not hasattr(config, "workerinput") and UNITS_DIR_ENV in os.environ:
+        shutil.rmtree(os.environ.pop(UNITS_DIR_ENV), ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``make test`` runs ``pytest -n 2 --dist loadgroup``: the unit a worker takes is a file, as with
     ``--dist loadfile`` (a file's tests keep their order and its module fixtures start once), except
-    that the tests marked ``xdist_group`` (those on the shared real engine, wherever they live) form
-    one unit. Units are handed out in collection order (see ``pytest_collection_modifyitems``)."""
-    if config.getoption("dist") != "loadgroup":
+    that the tests on a fixture of ``SHARED_UNITS`` (or marked ``xdist_group``), wherever they live,
+    form one unit. Units are handed out in collection order (see ``pytest_collection_modifyitems``)."""
+    if not _parallel(config):
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    import json
 
-    class FileOrGroupScheduling(LoadGroupScheduling):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrGroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] = {}
+
+        def schedule(self) -> None:
+            if not self.groups:  # every worker has collected (and written its file) by now
+                for path in sorted(Path(os.environ[UNITS_DIR_ENV]).glob("*.json")):
+                    self.groups.update(json.loads(path.read_text()))
+            super().schedule()
+
         def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return nodeid.split("::", 1)[0] if scope == nodeid else scope
+            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
 
     config.option.loadscopereorder = False  # keep the order the workers collected
     return FileOrGroupScheduling(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node-id suffixes
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``: the tests on the shared real engine are one group, and the files
-    that start real engines or clients (a ``slow`` test in them) come first, the shared engine's
-    group first of all, so the long units overlap the many short ones instead of ending the run
-    alone. A serial run is left as collected."""
-    if config.getoption("dist", "no") != "loadgroup":
+    """In a worker of a parallel run: the tests on a fixture of ``SHARED_UNITS`` are its group (written
+    for the scheduler); the groups of ``UNIT_ORDER`` come first, then the files that start real
+    engines or clients (a ``slow`` test in them), so the long units overlap the many short ones
+    instead of ending the run alone. A serial run is left as collected."""
+    if not _parallel(config) or not hasattr(config, "workerinput"):
         return
+    import json
 
     def unit(item: pytest.Item) -> str:
-        if item.get_closest_marker("xdist_group") is None:
-            if SHARED_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-                item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUP))
-            else:
-                return item.nodeid.split("::", 1)[0]
         mark = item.get_closest_marker("xdist_group")
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        if mark is not None:
+            return "group:" + str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        shared = [SHARED_UNITS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_UNITS]
+        return "group:" + shared[0] if shared else item.nodeid.split("::", 1)[0]
 
-    units = {id(item): unit(item) for item in items}
-    slow = {units[id(item)] for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: (units[id(item)] != SHARED_ENGINE_GROUP, units[id(item)] not in slow))
+    units = {item.nodeid: unit(item) for item in items}
+    slow = {units[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
+    first = ["group:" + u for u in UNIT_ORDER]
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        u = units[item.nodeid]
+        return (0, first.index(u)) if u in first else (1 if u in slow else 2, 0)
+
+    items.sort(key=rank)
+    folder = Path(os.environ[UNITS_DIR_ENV])
+    part = folder / f"{config.workerinput['workerid']}.part"  # type: ignore[attr-defined]
+    part.write_text(json.dumps({n: u for n, u in units.items() if u.startswith("group:")}))
+    part.rename(part.with_suffix(".json"))
 
 
 def wait_until_ready(proc: Any, port: int, log_path: Any, timeout: float, poll: float = 0.2) -> None:
