@@ -55,7 +55,8 @@ def _conversation(rng: random.Random, resolver: Resolver, n: int) -> list[dict[s
         kind = rng.choice(["user", "assistant", "call", "reasoning", "custom"])
         with_id = rng.random() < 0.5
         if kind == "user":
-            items.append({"role": "user", "content": rng.choice([f"do {k}", [{"type": "input_text", "text": f"do {k}"}]])})
+            content = rng.choice([f"do {k}", [{"type": "input_text", "text": f"do {k}"}]])
+            items.append({"role": "user", "content": content})
         elif kind == "assistant":
             items.append({"type": "message", "role": "assistant", **({"id": f"msg_{k}"} if with_id else {}),
                           "content": [{"type": "output_text", "text": f"done {k}", "annotations": []}]})
@@ -103,7 +104,8 @@ def test_resent_conversations_resolve_as_without_the_checks(gw: GatewayState):
     for _ in range(6):
         history = _conversation(rng, kept, 12)
         for n in range(2, len(history) + 1, 2):  # the conversation grows, re-sent whole each turn
-            body = {"model": MODEL, "store": False, "input": _edit(rng, history[:n]) if rng.random() < 0.4 else history[:n]}
+            sent = _edit(rng, history[:n]) if rng.random() < 0.4 else history[:n]
+            body = {"model": MODEL, "store": False, "input": sent}
             a, b = _resolve(kept, body), _resolve(fresh, body)
             assert _normalized(a) == _normalized(b)
     assert kept.item_checks.lru.hits > 200
@@ -140,7 +142,8 @@ def test_only_requests_that_resend_their_conversation_use_the_checks(gw: Gateway
     assert resolver.item_checks.lru.hits == 0 and len(resolver.item_checks.lru) == 4  # per tenant
     _resolve(resolver, {"model": MODEL, "input": items[:1]})  # one item: a continuation's shape
     assert resolver.item_checks.lru.hits == 0
-    assert resolver._validate({"model": MODEL, "input": items, "previous_response_id": "resp_x"}, "http", "t")[4] is None
+    chained = {"model": MODEL, "input": items, "previous_response_id": "resp_x"}
+    assert resolver._validate(chained, "http", "t")[4] is None
     assert resolver._validate({"model": MODEL, "input": items, "conversation": "conv_x"}, "http", "t")[4] is None
     assert resolver._validate({"model": MODEL, "input": items}, "http", "t")[4] is not None
 

@@ -259,8 +259,8 @@ def test_known_tools_are_not_walked_again(gw: GatewayState, monkeypatch: pytest.
     tools = codex_tools()
     walked: list[set[str]] = []  # the top-level parameters each walk starts from
     real = validation._check_depth_of
-    monkeypatch.setattr(validation, "_check_depth_of",
-                        lambda stack, limit: walked.append({top or "<body>" for _, _, top in stack}) or real(stack, limit))
+    monkeypatch.setattr(validation, "_check_depth_of", lambda stack, limit: walked.append(
+        {top or "<body>" for _, _, top in stack}) or real(stack, limit))
     raw = orjson.dumps(_body(tools))
     limit = gw.settings.max_json_depth
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
