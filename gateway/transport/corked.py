@@ -296,8 +296,9 @@ class TextFrames:
             p.transport.write(b"".join(conn.data_to_send()))
             return True
         heads, medium = _SHORT_HEADS, _MEDIUM.pack  # each frame's header inline: no call a frame
-        p.transport.cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536  # type: ignore[attr-defined]
-                           else _LONG.pack(0x81, 127, n)) + x for x in payloads])
+        cork = p.transport.cork  # type: ignore[attr-defined]  # a CorkedTransport (connection_made)
+        cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536
+               else _LONG.pack(0x81, 127, n)) + x for x in payloads])
         return True
 
     async def send(self, payload: bytes) -> None:
@@ -337,8 +338,9 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._window = (0, 0)  # (written, buffered) when the current deadline window began
         self.stalled = False
-        super().connection_made(CorkedTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                                                close_grace_s=self.send_deadline_s))
+        loop = asyncio.get_running_loop()
+        corked = CorkedTransport(transport, loop, close_grace_s=self.send_deadline_s)  # type: ignore[arg-type]
+        super().connection_made(corked)  # type: ignore[arg-type]  # duck-typed: what websockets calls
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
