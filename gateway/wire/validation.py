@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import ValidationError
@@ -266,6 +266,29 @@ def _expected(err_type: str) -> str:
     return _TYPE_NAMES.get(base, f"a valid {base}")
 
 
+class _BoundSide(NamedTuple):
+    """One side of a numeric bound as OpenAI words its refusal: pydantic's ``ctx`` keys for the
+    bound (inclusive first), and the words of the message and code. One table for both sides,
+    so that the minimum's and the maximum's answers cannot drift apart."""
+
+    inclusive: str
+    exclusive: str
+    word: str
+    end: str
+    op: str
+
+
+_BELOW = _BoundSide("ge", "gt", "below", "minimum", ">=")
+_ABOVE = _BoundSide("le", "lt", "above", "maximum", "<=")
+#: pydantic's bound error types -> the side they refuse
+_BOUND_SIDES = {
+    "greater_than_equal": _BELOW,
+    "greater_than": _BELOW,
+    "less_than_equal": _ABOVE,
+    "less_than": _ABOVE,
+}
+
+
 def to_api_error(exc: ValidationError) -> ApiError:
     """The first error decides (OpenAI also reports one problem at a time)."""
     errors = exc.errors(include_url=False)
@@ -291,22 +314,15 @@ def to_api_error(exc: ValidationError) -> ApiError:
             code="invalid_type",
             param=param,
         )
-    if t in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
+    side = _BOUND_SIDES.get(t)
+    if side is not None:
+        bound = ctx.get(side.inclusive, ctx.get(side.exclusive))
         kind = "integer" if isinstance(value, int) else "decimal"
         return ApiError(
             400,
-            f"Invalid '{param}': {kind} below minimum value. Expected a value >= {bound}, but got {value} instead.",
-            code=f"{kind}_below_min_value",
-            param=param,
-        )
-    if t in ("less_than_equal", "less_than"):
-        bound = ctx.get("le", ctx.get("lt"))
-        kind = "integer" if isinstance(value, int) else "decimal"
-        return ApiError(
-            400,
-            f"Invalid '{param}': {kind} above maximum value. Expected a value <= {bound}, but got {value} instead.",
-            code=f"{kind}_above_max_value",
+            f"Invalid '{param}': {kind} {side.word} {side.end} value. "
+            f"Expected a value {side.op} {bound}, but got {value} instead.",
+            code=f"{kind}_{side.word}_{side.end[:3]}_value",
             param=param,
         )
     if t in ("literal_error", "enum", "union_tag_invalid"):
