@@ -75,11 +75,11 @@ class _Part:
 
 class BoundedLRU(Generic[K, V]):
     def __init__(self, max_entries: int, max_bytes: int | None = None, *, part: Callable[[K], Hashable] | None = None,
-                 share: float = 0.25, on_evict: Callable[[K, V], None] | None = None) -> None:
+                 share: float = 0.25, on_evict: Callable[[K, V], object] | None = None) -> None:
         """``max_bytes``: None bounds the entries only (*Counts only*). ``part``: the part (tenant) a
         key belongs to, for the shares (module docstring); None: one map, no shares. ``share``: the
         fraction of both bounds past which a part gives entries back. ``on_evict``: called (outside
-        the lock) with each entry the bounds drop."""
+        the lock) with each entry the bounds drop; what it returns is ignored (a ``dict.pop`` will do)."""
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], not {share!r}")
         if max_bytes is None:

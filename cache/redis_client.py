@@ -71,7 +71,9 @@ class ClusterClient(aioredis.RedisCluster):
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> "aioredis.cluster.ClusterPipeline":
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # refused by redis-py, as it should be
-        return _ClusterPipeline(self, transaction)
+        # redis-py's (8.2) inline annotations leave ``_event_dispatcher`` abstract on ClusterPipeline,
+        # which its own ``RedisCluster.pipeline`` instantiates just the same: the class is concrete
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
 
 
 class _ClusterPipeline(aioredis.cluster.ClusterPipeline):

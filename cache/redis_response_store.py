@@ -293,6 +293,13 @@ class ChainCache(SharedBufferLRU):
         self._put(response_id, entry, entry.context._buf, max(1, nbytes), tenant)
 
 
+def _present(reply: Sequence[object]) -> list[bytes] | None:
+    """An ``HMGET`` reply's fields, or None when one is missing: the script writes a record's fields
+    in one ``HSET``, so a missing one means the record was deleted or expired."""
+    fields = [value for value in reply if isinstance(value, bytes)]
+    return fields if len(fields) == len(reply) else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Link:
     """Where a write goes in the store: the chain (``root``), the parent there ('' for the chain's
@@ -374,15 +381,16 @@ class RedisStore:
         link = _Link(state.id, "", 0, 0)
         if state.parent_id is not None:
             known = self.chains.get(state.parent_id, state.tenant)
-            parent = ({"root": known.root, "depth": known.depth, "clen": len(known.context)} if known is not None
-                      else await self._pointer(state.parent_id))
+            parent: dict[str, Any] | None = (
+                {"root": known.root, "depth": known.depth, "clen": len(known.context)} if known is not None
+                else await self._pointer(state.parent_id))
             if parent is not None and parent["clen"] <= len(state.context):
                 link = _Link(parent["root"], state.parent_id, parent["depth"] + 1, parent["clen"])
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record is the root of a new chain, its delta is the whole context (rare, and still correct)
         meta = orjson.dumps({
-            "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model, "pending_calls": sorted(state.pending_calls),
-            "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
+            "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model,
+            "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
             "created": state.created,
         })
         record = ["tenant", orjson.dumps(state.tenant), "meta", meta, "pk", state.prelude_key,
@@ -428,11 +436,11 @@ class RedisStore:
         known = self.chains.get(response_id, tenant)
         if known is not None:  # this process holds the context: read and check the record only
             self.chain_hits += 1
-            raw_tenant, raw_meta, response, inputs, pk = await self.redis.hmget(
-                self.record_key(known.root, response_id), _FIELDS)
-            if raw_meta is None or response is None:
+            fields = _present(await self.redis.hmget(self.record_key(known.root, response_id), _FIELDS))
+            if fields is None:
                 self.chains.discard(response_id, tenant)  # deleted or expired: gone for every reader
                 return None
+            raw_tenant, raw_meta, response, inputs, pk = fields
             if orjson.loads(raw_tenant) != tenant:
                 return None
             return self._state(response_id, known.root, orjson.loads(raw_meta), response, inputs, pk,
@@ -467,7 +475,8 @@ class RedisStore:
         return ResponseState(
             id=response_id, response=orjson.loads(response), input_items=tuple(orjson.loads(inputs)),
             context=context, history_ids=history if history is not None else TokenSeq(),
-            model=meta["model"], prelude_key=pk if history is not None else b"", store=meta["store"],
+            model=meta["model"], store=meta["store"],
+            prelude_key=pk if history is not None and pk is not None else b"",
             # the routing root (``ResponseState.root_id``); a record without one: its chain's first
             # stored response (the storage root of the key layout) stands in
             parent_id=meta["parent_id"], root_id=meta.get("root_id") or root,

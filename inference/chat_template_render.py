@@ -345,7 +345,7 @@ class ChatTemplateRenderer:
         reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == ItemType.REASONING]
         texts = [self._esc(content_text(it.get("content"))) for it in group
                  if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
-        calls = []
+        calls: list[dict[str, Any]] = []
         for it in group:
             if it.get("type") == ItemType.FUNCTION_CALL:
                 args = self._esc_obj(_arguments(it.get("arguments")))
