@@ -24,6 +24,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from cache.conversations import Conversation
 from gateway.transport.http_routes import read_json_body, route_fault
 from gateway.transport.services import GatewayState
 from gateway.turn.checks import no_call_for, orphan_outputs
@@ -59,6 +60,16 @@ def _faults_answered(route: Callable[..., Awaitable[Response]]) -> Callable[...,
 
 def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), media_type="application/json", headers=headers)
+
+
+def _conversation_json(conv: Conversation | None, conversation_id: str,
+                       headers: dict[str, str] | None = None) -> Response:
+    """The conversation object answer (create, retrieve, update, an item's delete): one place
+    shapes it, and answers 404 where the store found none (another tenant's id is one too), so
+    that the routes cannot drift apart in either."""
+    if conv is None:
+        raise conversation_not_found(conversation_id)
+    return _json(conversation_object(conv.id, conv.created_at, conv.metadata), headers)
 
 
 def _conversations(request: Request) -> tuple[GatewayState, Conversations]:
@@ -122,7 +133,7 @@ async def create_conversation(request: Request) -> Response:
     conversation_id = new_id("conv")
     conv = await convs.call("create", conversation_id, convs.store.create, conversation_id, tenant,
                             req.metadata or {}, items)
-    return _json(conversation_object(conv.id, conv.created_at, conv.metadata), headers)
+    return _conversation_json(conv, conversation_id, headers)
 
 
 @router.get("/v1/conversations/{conversation_id}")
@@ -132,9 +143,7 @@ async def get_conversation(request: Request, conversation_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request)
     conv = await convs.call("get", conversation_id, convs.store.get, conversation_id, tenant)
-    if conv is None:
-        raise conversation_not_found(conversation_id)
-    return _json(conversation_object(conv.id, conv.created_at, conv.metadata))
+    return _conversation_json(conv, conversation_id)
 
 
 @router.post("/v1/conversations/{conversation_id}")
@@ -145,9 +154,7 @@ async def update_conversation(request: Request, conversation_id: str) -> Respons
     req: UpdateBody = parse_body(UpdateBody, body)
     conv = await convs.call("update", conversation_id, convs.store.update, conversation_id, tenant,
                             req.metadata or {})
-    if conv is None:
-        raise conversation_not_found(conversation_id)
-    return _json(conversation_object(conv.id, conv.created_at, conv.metadata), headers)
+    return _conversation_json(conv, conversation_id, headers)
 
 
 @router.delete("/v1/conversations/{conversation_id}")
@@ -207,4 +214,4 @@ async def delete_item(request: Request, conversation_id: str, item_id: str) -> R
                             item_id)
     if conv is None:
         raise item_not_found(item_id)
-    return _json(conversation_object(conv.id, conv.created_at, conv.metadata))
+    return _conversation_json(conv, conversation_id)
