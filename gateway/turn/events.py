@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
@@ -178,37 +178,36 @@ class ResponseEvents:
                 item=dict(item, content=list(item["content"])) if "content" in item else dict(item),
             )
         ]
-        if start.kind == "message":
-            events.append(
-                self._ev(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    part=_text_part(""),
-                )
-            )
-        elif start.kind == "reasoning" and self._reasoning_mode == "raw":
-            events.append(
-                self._ev(
-                    "response.content_part.added",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    part={"type": "reasoning_text", "text": ""},
-                )
-            )
-        elif start.kind == "reasoning" and self._reasoning_mode == "summary":
-            events.append(
-                self._ev(
-                    "response.reasoning_summary_part.added",
-                    item_id=item["id"],
-                    output_index=idx,
-                    summary_index=0,
-                    part={"type": "summary_text", "text": ""},
-                )
-            )
+        shape = (
+            _MESSAGE_PART
+            if start.kind == "message"
+            else _REASONING_PARTS.get(self._reasoning_mode)
+            if start.kind == "reasoning"
+            else None
+        )
+        if shape is not None:
+            part = _text_part("") if shape is _MESSAGE_PART else {"type": shape.part_type, "text": ""}
+            at = {shape.index_field: 0}
+            events.append(self._ev(shape.added, item_id=item["id"], output_index=idx, **at, part=part))
         return events
+
+    def _part_done(
+        self,
+        shape: _Part,
+        item_id: str,
+        idx: int,
+        text: str,
+        part: dict[str, Any],
+        text_extra: dict[str, Any],
+        done_extra: dict[str, Any],
+    ) -> list[Event]:
+        """The two events that close an item's text part: its text, then the part (``*_extra``:
+        the fields one shape adds — a message's logprobs, a summary's status)."""
+        at = {shape.index_field: 0}
+        return [
+            self._ev(shape.text_done, item_id=item_id, output_index=idx, **at, text=text, **text_extra),
+            self._ev(shape.done, item_id=item_id, output_index=idx, **at, part=part, **done_extra),
+        ]
 
     def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> Event | None:
         """The open item's delta event for ``text`` (None: empty text, or hidden reasoning)."""
@@ -261,18 +260,8 @@ class ResponseEvents:
         t = item["type"]
         if t == "message":
             part = _text_part(text, self._logprobs)
-            events.append(
-                self._ev(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    text=text,
-                    logprobs=list(self._logprobs),
-                )
-            )
-            events.append(
-                self._ev("response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=part)
+            events += self._part_done(
+                _MESSAGE_PART, item["id"], idx, text, part, {"logprobs": list(self._logprobs)}, {}
             )
             item["content"] = [part]
         elif (kind := call_kind(t)) is not None:
@@ -280,39 +269,15 @@ class ResponseEvents:
             done = {kind.payload: text, "name": item["name"]} if t == ItemType.FUNCTION_CALL else {kind.payload: text}
             events.append(self._ev(kind.done_event, item_id=item["id"], output_index=idx, **done))
         else:
-            if self._reasoning_mode == "raw":
-                part = {"type": "reasoning_text", "text": text}
-                events.append(
-                    self._ev(
-                        "response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0, text=text
-                    )
-                )
-                events.append(
-                    self._ev(
-                        "response.content_part.done", item_id=item["id"], output_index=idx, content_index=0, part=part
-                    )
-                )
+            shape = _REASONING_PARTS.get(self._reasoning_mode)
+            if shape is _REASONING_RAW:
+                part = {"type": shape.part_type, "text": text}
+                events += self._part_done(shape, item["id"], idx, text, part, {}, {})
                 item["content"] = [part]
-            elif self._reasoning_mode == "summary":
-                part = {"type": "summary_text", "text": text}
-                events.append(
-                    self._ev(
-                        "response.reasoning_summary_text.done",
-                        item_id=item["id"],
-                        output_index=idx,
-                        summary_index=0,
-                        text=text,
-                    )
-                )
-                events.append(
-                    self._ev(
-                        "response.reasoning_summary_part.done",
-                        item_id=item["id"],
-                        output_index=idx,
-                        summary_index=0,
-                        part=part,
-                        status=None if complete else "incomplete",
-                    )
+            elif shape is _REASONING_SUMMARY:
+                part = {"type": shape.part_type, "text": text}
+                events += self._part_done(
+                    shape, item["id"], idx, text, part, {}, {"status": None if complete else "incomplete"}
                 )
                 item["summary"] = [part]
                 item["content"] = [{"type": "reasoning_text", "text": text}]
@@ -394,6 +359,45 @@ def late_terminal(response: dict[str, Any], sequence_number: int) -> Event:
 
 
 _TEXT_DELTA = "response.output_text.delta"
+
+
+class _Part(NamedTuple):
+    """How an item streams its text as one part (OpenAI's shapes): the event that opens the part,
+    the one that closes its text and the one that closes the part, the index field all three
+    carry, and the part's type. One row for each way — a message's output text, raw reasoning, a
+    reasoning summary — read by both the opening and the closing of an item, so that the two
+    cannot disagree on a shape."""
+
+    added: str
+    text_done: str
+    done: str
+    index_field: str
+    part_type: str
+
+
+_MESSAGE_PART = _Part(
+    "response.content_part.added",
+    "response.output_text.done",
+    "response.content_part.done",
+    "content_index",
+    "output_text",
+)
+_REASONING_RAW = _Part(
+    "response.content_part.added",
+    "response.reasoning_text.done",
+    "response.content_part.done",
+    "content_index",
+    "reasoning_text",
+)
+_REASONING_SUMMARY = _Part(
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_text.done",
+    "response.reasoning_summary_part.done",
+    "summary_index",
+    "summary_text",
+)
+#: reasoning modes that stream a part (``hidden`` streams none)
+_REASONING_PARTS = {"raw": _REASONING_RAW, "summary": _REASONING_SUMMARY}
 
 
 def _delta_event(item_type: str, reasoning_mode: str) -> tuple[str | None, str | None]:
