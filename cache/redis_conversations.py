@@ -25,16 +25,25 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from cache.conversations import (Appended, Conversation, ConversationFull, ConversationNotFound, DuplicateItem, Item,
-                                 Limits, Order, Page, UnknownCursor)
-from cache.redis_client import AsyncClient, check_prefix, connect
+from cache.conversations import (
+    Appended,
+    Conversation,
+    ConversationFull,
+    ConversationNotFound,
+    DuplicateItem,
+    Item,
+    Limits,
+    Order,
+    Page,
+    UnknownCursor,
+)
+from cache.redis_client import AsyncClient, check_prefix, connect_store
 from cache.response_store import StoreUnavailable
 
 T = TypeVar("T")
@@ -161,12 +170,9 @@ class RedisConversationStore:
 
     @classmethod
     def from_url(cls, url: str, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0,
-                 prefix: str = "respgate:", **client_kwargs: Any) -> "RedisConversationStore":
-        # as the response store: an outage surfaces in milliseconds as a 503, not after retries
-        client_kwargs.setdefault("socket_connect_timeout", 2.0)
-        client_kwargs.setdefault("socket_timeout", 5.0)
-        client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(connect(url, **client_kwargs), limits, ttl_s=ttl_s, prefix=prefix)
+                 prefix: str = "respgate:", **client_kwargs: Any) -> RedisConversationStore:
+        # the stores' client (``connect_store``), as the response store: an outage is a 503 in seconds
+        return cls(connect_store(url, **client_kwargs), limits, ttl_s=ttl_s, prefix=prefix)
 
     def keys(self, conversation_id: str, tenant: str | None) -> list[str]:
         """meta, order, items: one hash tag per conversation (Cluster: one slot)."""

@@ -95,20 +95,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import orjson
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
 from cache.item_log import ItemLog
 from cache.lru import BoundedLRU, LRUOwner, tenant_of
-from cache.redis_client import AsyncClient, check_prefix, connect
-from cache.seq import TOKEN_BYTES, TokenSeq
+from cache.redis_client import AsyncClient, check_prefix, connect_store
 from cache.response_state import ResponseState
 from cache.response_store import StoredItem, StoreUnavailable, index_keys
+from cache.seq import TOKEN_BYTES, TokenSeq
 
 #: the record's fields: what a read of a response whose context this process holds needs
 _FIELDS = ("tenant", "meta", "response", "input", "pk")
@@ -339,13 +338,10 @@ class RedisStore:
     @classmethod
     def from_url(cls, url: str, *, ttl_s: float = 86400.0, token_cache_bytes: int = 256 * 1024 * 1024,
                  chain_cache_bytes: int = 256 * 1024 * 1024, prefix: str = "respgate:",
-                 **client_kwargs: Any) -> "RedisStore":
-        # Short timeouts and one quick retry: a stale pooled connection after a Redis restart is
-        # retried once, but an outage surfaces in milliseconds (as a 503), not after seconds of backoff.
-        client_kwargs.setdefault("socket_connect_timeout", 2.0)
-        client_kwargs.setdefault("socket_timeout", 5.0)
-        client_kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.05, base=0.01), 1))
-        return cls(connect(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes,
+                 **client_kwargs: Any) -> RedisStore:
+        # the stores' client (``connect_store``): a stale pooled connection after a Redis restart is
+        # retried once, but an outage surfaces in seconds (as a 503), not after a long backoff
+        return cls(connect_store(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes,
                    chain_cache_bytes=chain_cache_bytes, prefix=prefix)
 
     def record_key(self, root: str, response_id: str) -> str:
@@ -390,7 +386,8 @@ class RedisStore:
             # record is the root of a new chain, its delta is the whole context (rare, and still correct)
         meta = orjson.dumps({
             "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model,
-            "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
+            "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store,
+            "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
             "created": state.created,
         })
         record = ["tenant", orjson.dumps(state.tenant), "meta", meta, "pk", state.prelude_key,

@@ -20,7 +20,6 @@ replica. Revoked entries stay listed (with their revocation time) for audit, but
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import hashlib
 import json
@@ -29,9 +28,10 @@ import re
 import secrets
 import string
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 KEY_PREFIX = "rg"
 _ALPHABET = string.ascii_letters + string.digits
@@ -69,7 +69,7 @@ class KeyRecord:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "KeyRecord":
+    def from_json(cls, data: dict[str, Any]) -> KeyRecord:
         limits = KeyLimits(**(data.get("limits") or {}))
         return cls(id=data["id"], tenant=data["tenant"], hash=data["hash"], name=data.get("name", ""),
                    created_at=float(data.get("created_at", 0.0)), limits=limits, revoked_at=data.get("revoked_at"))
@@ -266,15 +266,12 @@ class RedisKeyStore:
         self.prefix = prefix
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "respgate:") -> "RedisKeyStore":
-        from redis.asyncio.retry import Retry
-        from redis.backoff import ExponentialBackoff
+    def from_url(cls, url: str, prefix: str = "respgate:") -> RedisKeyStore:
+        # the stores' client, like the response store: one quick retry (a stale pooled connection
+        # after a Redis restart), an outage surfaces in seconds
+        from cache.redis_client import connect_store
 
-        # like the response store: one quick retry (a stale pooled connection after a Redis restart)
-        from cache.redis_client import connect
-
-        return cls(connect(url, socket_connect_timeout=2.0, socket_timeout=5.0,
-                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
+        return cls(connect_store(url), prefix)
 
     def _k(self, key_hash: str) -> str:
         return f"{self.prefix}key:{key_hash}"
@@ -284,7 +281,7 @@ class RedisKeyStore:
 
         try:
             return await coro
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             raise KeyStoreUnavailable(f"key store unreachable: {exc}") from exc
 
     async def lookup(self, key_hash: str) -> KeyRecord | None:

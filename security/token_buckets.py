@@ -22,11 +22,11 @@ consistent bucket per key and two replicas can never both spend the last unit.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import msgspec
 
@@ -195,15 +195,12 @@ class RedisRateLimiter:
         self._script = client.register_script(_BUCKET_LUA)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "respgate:") -> "RedisRateLimiter":
-        from redis.asyncio.retry import Retry
-        from redis.backoff import ExponentialBackoff
+    def from_url(cls, url: str, prefix: str = "respgate:") -> RedisRateLimiter:
+        # the stores' client, like the response store: one quick retry (a stale pooled connection
+        # after a Redis restart), an outage surfaces in seconds
+        from cache.redis_client import connect_store
 
-        # like the response store: one quick retry (a stale pooled connection after a Redis restart)
-        from cache.redis_client import connect
-
-        return cls(connect(url, socket_connect_timeout=2.0, socket_timeout=5.0,
-                           retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)), prefix)
+        return cls(connect_store(url), prefix)
 
     async def _run(self, subject: str, quota: Quota, requests: int, tokens: int, mode: str) -> list[Any]:
         from redis.exceptions import RedisError
@@ -212,7 +209,7 @@ class RedisRateLimiter:
             answer: list[Any] = await self._script(keys=[f"{self.prefix}rl:{subject}"],
                                                    args=[quota.rpm or 0, quota.tpm or 0, requests, tokens, mode])
             return answer
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc
 
     async def acquire(self, subject: str, quota: Quota, *, requests: int = 0, tokens: int = 0) -> Decision:

@@ -44,13 +44,12 @@ from gateway.base.settings import Settings
 from security.flags import FlagRecord, RedisFlagSink
 from security.keys import RedisKeyStore, new_record
 from security.token_buckets import Quota, RedisRateLimiter
-from tests.conftest import MODEL, LiveGateway
-from tests.http_helpers import create
-from tests.redis_cluster import RedisCluster, redis_cluster, redis_cluster_url  # noqa: F401 (fixtures)
-from tests.http_helpers import wait_for
-from tests.gateway.sessions.test_background import engine, events_of, poll_until_done
 from tests.billing.test_billing import record
 from tests.cache.test_redis_store import chain, item
+from tests.conftest import MODEL, LiveGateway
+from tests.gateway.sessions.test_background import engine, events_of, poll_until_done
+from tests.http_helpers import create, wait_for
+from tests.redis_cluster import RedisCluster, redis_cluster, redis_cluster_url  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
@@ -252,6 +251,35 @@ def test_every_redis_client_is_built_by_cache_redis_client():
             users.add(rel)
     assert not direct, f"Redis clients built outside cache/redis_client.py: {direct}"
     assert users == CONSUMERS, users ^ CONSUMERS
+
+
+#: the consumers on a request's path, whose client is the stores' (``connect_store``)
+STORES = {"cache/redis_response_store.py", "cache/redis_conversations.py", "cache/redis_resumable.py",
+          "gateway/sessions/replicas.py", "security/keys.py", "security/token_buckets.py"}
+
+
+def test_the_stores_options_are_written_once_in_connect_store():
+    """Timeouts and retry policy by hand in a consumer drift from the others (issue 29): the stores
+    take ``connect_store``'s, and no product module but ``cache/redis_client.py`` builds a ``Retry``
+    with a backoff of its own (the ledger's is ``NoBackoff``: no retry, on purpose)."""
+    by_hand, stores = [], set()
+    for path in sorted(REPO.glob("[a-z]*/**/*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("tests/", "benchmarks/", ".venv")) or rel == "cache/redis_client.py":
+            continue
+        text = path.read_text()
+        if "ExponentialBackoff" in text:
+            by_hand.append(rel)
+        if re.search(r"\bconnect_store\(", text):
+            stores.add(rel)
+    assert not by_hand, f"the stores' retry written by hand outside cache/redis_client.py: {by_hand}"
+    assert stores == STORES, stores ^ STORES
+    url = "redis://127.0.0.1:1/0"  # nothing connects: the options are read off the pool
+    for client in (RedisStore.from_url(url).redis, RedisConversationStore.from_url(url).redis,
+                   RedisKeyStore.from_url(url).redis, RedisRateLimiter.from_url(url).redis):
+        options = client.connection_pool.connection_kwargs
+        assert (options["socket_connect_timeout"], options["socket_timeout"]) == (2.0, 5.0)
+        assert options["retry"]._retries == 1
 
 
 def test_cluster_urls_and_the_prefix_rule():
