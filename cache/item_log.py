@@ -15,7 +15,8 @@ the renderers' vocabulary, not the cache's.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from cache.seq import AppendOnlyView
 
@@ -57,7 +58,7 @@ class ItemLog(AppendOnlyView[Item]):
             return None
         return self._buf[pos]
 
-    def extend(self, new: Iterable[Item]) -> "ItemLog":
+    def extend(self, new: Iterable[Item]) -> ItemLog:
         new = list(new)
         if len(self._buf) == self._n:
             buf, ids, calls = self._buf, self._ids, self._calls

@@ -49,7 +49,8 @@ import operator
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -35,7 +35,7 @@ from __future__ import annotations
 import operator
 import sys
 import threading
-from typing import Hashable
+from collections.abc import Hashable
 
 import msgspec
 

@@ -68,7 +68,7 @@ class ClusterClient(aioredis.RedisCluster):
             await self.initialize()
         return await super().execute_command(*args, **kwargs)
 
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> "aioredis.cluster.ClusterPipeline":
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> aioredis.cluster.ClusterPipeline:
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # refused by redis-py, as it should be
         # redis-py's (8.2) inline annotations leave ``_event_dispatcher`` abstract on ClusterPipeline,

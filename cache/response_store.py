@@ -24,8 +24,9 @@ id is indistinguishable from a missing one.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 from cache.footprint import INDEX_ENTRY, RECORD_OVERHEAD, deep_size
 from cache.lru import BoundedLRU, TenantShared, tenant_of

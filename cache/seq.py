@@ -22,8 +22,9 @@ it for a whole history — only an engine API that takes nothing but a list does
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any, Generic, Iterable, Iterator, Sequence, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -80,14 +81,14 @@ class AppendOnlyView(Sequence[T], Generic[T]):
         """True when extending this view appends in place (no copy)."""
         return len(self._buf) == self._n
 
-    def shares_prefix_with(self, other: "AppendOnlyView[T]") -> bool:
+    def shares_prefix_with(self, other: AppendOnlyView[T]) -> bool:
         """Both views read the same buffer, so the shorter one is a prefix of the longer one."""
         return self._buf is other._buf
 
     def tolist(self) -> list[T]:
         return self._buf[: self._n]
 
-    def extend(self, new: Iterable[T]) -> "AppendOnlyView[T]":
+    def extend(self, new: Iterable[T]) -> AppendOnlyView[T]:
         new = list(new)
         if len(self._buf) == self._n:
             buf = self._buf
@@ -135,7 +136,7 @@ class TokenSeq(AppendOnlyView[int]):
         buf = self._buf
         return (buf if len(buf) == self._n else buf[: self._n]).tolist()
 
-    def extend(self, new: Iterable[int]) -> "TokenSeq":
+    def extend(self, new: Iterable[int]) -> TokenSeq:
         # packed first: an id that does not fit raises here, before the shared buffer is touched
         if type(new) is array and new.typecode == TOKEN_TYPECODE:
             packed = new
