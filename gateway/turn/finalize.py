@@ -123,16 +123,12 @@ class Finalizer:
         """What a turn whose ``write`` failed tells the client."""
         return CONVERSATION_FAILED_MESSAGE if turn.input.conversation is not None else STORE_FAILED_MESSAGE
 
-    def finish(
-        self,
-        turn: PreparedTurn,
-        outcome: Outcome,
-        on_usage: UsageHook | None = None,
-        stored: ResponseState | None = None,
-    ) -> None:
-        """:meth:`settle` and :meth:`keep` at once: for a turn that sends nothing more (a cut)."""
+    def finish(self, turn: PreparedTurn, outcome: Outcome, on_usage: UsageHook | None = None) -> None:
+        """:meth:`settle` and :meth:`keep` at once: for a turn that sends nothing more (a cut).
+        No ``stored`` to pass on: a cut turn ends ``cancelled``, a state :meth:`write` never
+        wrote, so :meth:`keep` writes it itself."""
         self.settle(turn, outcome)
-        self.keep(turn, outcome, on_usage, stored)
+        self.keep(turn, outcome, on_usage)
 
     def settle(self, turn: PreparedTurn, outcome: Outcome) -> None:
         """Bill ``outcome``: its usage record goes to the billing queue (and its WAL). The one step
