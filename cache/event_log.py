@@ -6,7 +6,8 @@ first sent.
 A log is a run of :class:`LoggedEvent` entries ``(sequence_number, type, JSON, terminal)``, dense
 from the first one kept. Events, not transport bytes: the JSON is encoded once, in the turn's task,
 and each reader's transport frames it (``gateway.transport.sse`` for HTTP; a WebSocket text frame is
-the JSON itself), so the log knows nothing of SSE. The byte bounds count the JSON.
+the JSON itself), so the log knows nothing of SSE. The byte bounds count the JSON (Redis's window
+counts what a record stores: for one release, also the SSE frame written beside it, ``_fields``).
 Two places hold them:
 
 - **this process** (:class:`MemoryEventLogs`): the replica that runs the turn appends each event as
@@ -326,11 +327,33 @@ class RedisEventLog:
                     return
 
 
+def _legacy_frame(entry: LoggedEvent) -> bytes:
+    """The entry as a replica of the previous release wrote and reads it: its SSE frame
+    (``event: <type>\ndata: <json>\n\n``, byte for byte ``gateway.transport.sse.sse_encoded``;
+    built here because cache never imports gateway)."""
+    return b"event: " + entry.type.encode() + b"\ndata: " + entry.data + b"\n\n"
+
+
 def _fields(entry: LoggedEvent) -> dict[FieldT, EncodableT]:
-    fields: dict[FieldT, EncodableT] = {"y": entry.type, "d": entry.data}
+    # ``f`` (the SSE frame) is written beside ``y``/``d`` for ONE release, for the rolling update:
+    # an old replica's resume reads ``fields[b"f"]`` and would fail on a record without it. Remove
+    # it (and ``_legacy_frame``, and its bytes in ``_stored_size``) in the release after this one,
+    # when no replica older than this one can be running; ``_entry`` keeps reading ``f``-only records
+    # until then too.
+    fields: dict[FieldT, EncodableT] = {"y": entry.type, "d": entry.data, "f": _legacy_frame(entry)}
     if entry.terminal:
         fields["t"] = b"1"
     return fields
+
+
+def _stored_size(entry: LoggedEvent) -> int:
+    """What one entry costs in Redis (the window counts it): the type, the JSON, and the legacy
+    frame written beside them (``_fields``)."""
+    return 2 * (len(entry.type) + len(entry.data)) + _FRAME_OVERHEAD
+
+
+#: the bytes an SSE frame adds around its type and JSON (``_legacy_frame``)
+_FRAME_OVERHEAD = len(b"event: \ndata: \n\n")
 
 
 def _entry(seq: int, fields: dict[bytes, bytes]) -> LoggedEvent:
@@ -367,9 +390,9 @@ class RedisLogWriter:
 
     def append(self, entry: LoggedEvent) -> None:
         self._pending.append(entry)
-        self._pending_bytes += len(entry.data)
+        self._pending_bytes += _stored_size(entry)
         while self._pending_bytes > self.log.max_bytes and len(self._pending) > 1:
-            self._pending_bytes -= len(self._pending.pop(0).data)
+            self._pending_bytes -= _stored_size(self._pending.pop(0))
         self._wake.set()
 
     async def _run(self) -> None:
@@ -393,8 +416,9 @@ class RedisLogWriter:
         pipe = self.log.redis.pipeline(transaction=False)
         for entry in batch:
             pipe.xadd(self.key, _fields(entry), id=_entry_id(entry.seq))
-            self._kept.append((entry.seq, len(entry.data)))
-            self._kept_bytes += len(entry.data)
+            size = _stored_size(entry)
+            self._kept.append((entry.seq, size))
+            self._kept_bytes += size
         trim = None
         while self._kept_bytes > self.log.max_bytes and len(self._kept) > 1:
             self._kept_bytes -= self._kept.popleft()[1]

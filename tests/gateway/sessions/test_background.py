@@ -458,7 +458,9 @@ async def test_redis_event_log_keeps_the_same_window_and_readers_see_gaps(redis_
 
     client = aioredis.Redis.from_url(redis_url)
     try:
-        shared = RedisEventLog(client, max_bytes=100, ttl_s=60)
+        # each record stores its type and JSON, and (for one release) the SSE frame beside them:
+        # 2 * (26 + 30) + 17 = 129 bytes; a window of 400 keeps the last three
+        shared = RedisEventLog(client, max_bytes=400, ttl_s=60)
         writer = shared.writer("resp_w")
         for i in range(10):
             writer.append(LoggedEvent(i, "response.output_text.delta", b"x" * 30, i == 9))
@@ -524,5 +526,38 @@ async def test_redis_event_log_reads_a_frame_an_older_replica_wrote(redis_url):
         old = [e async for e in shared.follow("resp_old", -1, _false)]
         new = [e async for e in shared.follow("resp_new", -1, _false)]
         assert old == new == [LoggedEvent(0, "response.completed", data, True)]
+    finally:
+        await client.aclose()
+
+
+async def test_a_new_replicas_records_read_as_an_older_replica_reads_them(redis_url):
+    """Mid rolling update an older replica may serve the resume of a stream a new one writes: it reads
+    ``fields[b"f"]`` (the SSE frame) of each record, so the owner's writer and the reaper's append write
+    that frame too, byte for byte what the older writer wrote, for one release."""
+    import orjson
+    import redis.asyncio as aioredis
+
+    from cache.event_log import RedisEventLog
+    from gateway.sessions.background_turn import logged
+    from gateway.transport.sse import sse_encoded
+
+    events = [{"type": "response.output_text.delta", "sequence_number": 0, "delta": "h\u00e9\n"},
+              {"type": "response.completed", "sequence_number": 1, "response": {"id": "resp_r"}}]
+    # what the older writer stored: ``sse_frame(event)``
+    frames = [b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events]
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        shared = RedisEventLog(client, max_bytes=10_000, ttl_s=60)
+        writer = shared.writer("resp_r")
+        for e in events:
+            writer.append(logged(e))
+        await writer.close()
+        await shared.append("resp_reaped", [logged(e) for e in events])
+        for rid in ("resp_r", "resp_reaped"):
+            got = await client.xread({shared.key(rid): "0-0"}, count=256)
+            records = got[0][1]
+            assert [fields[b"f"] for _, fields in records] == frames  # the older reader's ``yield fields[b"f"]``
+            assert [bool(fields.get(b"t")) for _, fields in records] == [False, True]
+            assert [sse_encoded(fields[b"y"].decode(), fields[b"d"]) for _, fields in records] == frames
     finally:
         await client.aclose()
