@@ -123,38 +123,46 @@ class Message(_Lenient):
         return content
 
 
-class FunctionCall(_Lenient):
-    type: Literal["function_call"]
+class _Call(_Lenient):
+    """What a function call and a custom tool call share: the fields that pair a call with its
+    output. Each subclass narrows ``type`` in place (pydantic keeps an overridden field where the
+    base put it), so the fields — and the order their errors are found in — stay as declared."""
+
+    type: str
     id: str | None = None
     call_id: str
     name: str
+
+
+class _CallOutput(_Lenient):
+    """What a function call's output and a custom tool call's share (see :class:`_Call`)."""
+
+    type: str
+    id: str | None = None
+    call_id: str
+    output: ToolOutput
+
+
+class FunctionCall(_Call):
+    type: Literal["function_call"]
     arguments: str
     status: str | None = None
     namespace: str | None = None
 
 
-class FunctionCallOutput(_Lenient):
+class FunctionCallOutput(_CallOutput):
     type: Literal["function_call_output"]
-    id: str | None = None
-    call_id: str
-    output: ToolOutput
     status: str | None = None
 
 
-class CustomToolCall(_Lenient):
+class CustomToolCall(_Call):
     type: Literal["custom_tool_call"]
-    id: str | None = None
-    call_id: str
-    name: str
     input: str
     namespace: str | None = None
 
 
-class CustomToolCallOutput(_Lenient):
+class CustomToolCallOutput(_CallOutput):
     type: Literal["custom_tool_call_output"]
-    id: str | None = None
-    call_id: str
-    output: ToolOutput
 
 
 class Reasoning(_Lenient):
