@@ -15,8 +15,8 @@ Where and how long:
   first — when the replica's total (``ws_resume_max_bytes``) or the tenant's share
   (``ws_resume_tenant_bytes``) would be exceeded. Never written anywhere. The bounds are the
   house's one bounded map (``cache.lru.BoundedLRU``, its parts the tenants): the tenant's share is
-  held as a hard cap here (its own oldest go first), so no tenant is ever over its share and the
-  map's eviction beyond the total is plain oldest-first.
+  held as a hard cap here (its own oldest go first), and room beyond the total is made before each
+  state is added, while no tenant is over its share, so that eviction is plain oldest-first.
 * **Redis, with** ``ws_resume_redis`` — a sealed record per state (``cache.redis_resumable``: no
   token ids, encrypted and authenticated with the server secret, ``PX`` = the window), so a
   reconnect that lands on another replica continues from the items (one full render there).
@@ -142,9 +142,14 @@ class ResumableStates(TenantShared):
         while self.tenant_nbytes(entry.tenant) + entry.nbytes > self.tenant_bytes and self._lru.evict_one(
                 prefer=entry.tenant):
             pass
+        # beyond the total the oldest of all make room, BEFORE the put: every tenant is then within
+        # min(tenant_bytes, max_bytes), so none is over its share and ``evict_one`` takes the oldest
+        # of all. (After the put, a tenant holding nearly the whole map while its share is the whole
+        # of it — ``tenant_bytes`` >= ``max_bytes`` — would be over it, and lose its own oldest instead.)
+        while self._lru.nbytes + entry.nbytes > self.max_bytes and self._lru.evict_one():
+            pass
         self._ids[entry.state.id] = entry.tenant
-        # forced: the per-value cap is the one above, not the map's quarter; beyond the total the
-        # oldest of all make room (no tenant is over its share)
+        # forced: the per-value cap is the one above, not the map's quarter (room is already made)
         self._lru.put((entry.tenant, entry.state.id), entry, entry.nbytes, force=True)
         self.metrics.ws_resumable.labels("kept", "memory").inc()
         self.metrics.ws_resumable_bytes.set(self.nbytes)

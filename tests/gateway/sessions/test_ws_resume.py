@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import redis
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from cache.item_log import ItemLog
@@ -184,7 +185,7 @@ def test_the_connection_age_limit_close_is_resumable(make_gateway):
         r1 = ws_create(ws, PELICAN)
         farewell = json.loads(ws.recv(timeout=30))  # the idle socket is retired at the limit
         assert farewell["error"]["code"] == "websocket_connection_limit_reached"
-        with pytest.raises(Exception):
+        with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
         assert ws.close_code == 1000
     wait_for(lambda: r1["id"] in live.gw.resumable, what="the retired connection's lane to be parked")
@@ -360,7 +361,7 @@ def test_shutdown_1001_then_the_second_replica_continues(make_gateway, redis_url
     stop_gateway(a)  # a rolling update: A drains, says goodbye, closes 1001, exits
     farewell = json.loads(ws.recv(timeout=30))
     assert farewell["type"] == "error" and farewell["status"] == 503
-    with pytest.raises(Exception):
+    with pytest.raises(ConnectionClosed):
         ws.recv(timeout=30)
     assert ws.close_code == 1001
     assert resumable(a, "kept", "redis") == 1  # written before the drain finished
@@ -457,6 +458,94 @@ def test_registry_caps_bytes_per_tenant_and_in_all():
         assert metrics.registry.get_sample_value("respgate_ws_resumable_bytes") == 400
         await reg.close()
         assert reg.nbytes == 0 and len(reg) == 0
+
+    asyncio.run(run())
+
+
+class _Reference:
+    """The registry's bounds, written plainly (as the per-tenant OrderedDicts before the move were):
+    the tenant's cap drops its own oldest, then the total drops the oldest of all, then the state is
+    added; a state above either bound is not kept; expired ones go first."""
+
+    def __init__(self, window_s: float, max_bytes: int, tenant_bytes: int) -> None:
+        self.window_s, self.max_bytes, self.tenant_bytes = window_s, max_bytes, tenant_bytes
+        self.held: list[tuple[str, str | None, int, float]] = []  # (id, tenant, bytes, expires), oldest first
+
+    def _sweep(self, now: float) -> None:
+        self.held = [h for h in self.held if h[3] > now]
+
+    def park(self, tenant: str | None, sizes: list[tuple[str, int]], now: float) -> int:
+        kept = 0
+        for rid, nbytes in sizes:
+            if any(h[0] == rid for h in self.held):
+                continue
+            self._sweep(now)
+            if nbytes > self.tenant_bytes or nbytes > self.max_bytes:
+                continue
+            while sum(h[2] for h in self.held if h[1] == tenant) + nbytes > self.tenant_bytes:
+                self.held.remove(next(h for h in self.held if h[1] == tenant))
+            while self.held and sum(h[2] for h in self.held) + nbytes > self.max_bytes:
+                self.held.pop(0)
+            self.held.append((rid, tenant, nbytes, now + self.window_s))
+            kept += 1
+        return kept
+
+    def claim(self, rid: str, tenant: str | None, now: float) -> bool:
+        self._sweep(now)
+        for h in self.held:
+            if h[0] == rid and h[1] == tenant:
+                self.held.remove(h)
+                return True
+        return False
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_registry_agrees_with_a_plain_reference_on_random_sequences(seed):
+    """Differential: the registry (the house's BoundedLRU with tenant parts) keeps and drops exactly
+    what the plain rules do, for tenant caps below, at and above the total."""
+    import random
+
+    rnd = random.Random(seed)
+    max_bytes = rnd.choice([3000, 10_000])
+    tenant_bytes = [1000, 2999, 4000, 20_000][seed % 4]
+    now = [0.0]
+
+    async def run() -> None:
+        reg = ResumableStates(window_s=50, max_bytes=max_bytes, tenant_bytes=tenant_bytes, metrics=Metrics(),
+                              clock=lambda: now[0])
+        ref = _Reference(50, max_bytes, tenant_bytes)
+        ids = 0
+        for _ in range(200):
+            now[0] += rnd.random() * 2
+            tenant = rnd.choice(["a", "b", "c", None])
+            if rnd.random() < 0.6:
+                sizes = []
+                for _ in range(rnd.randrange(1, 4)):
+                    ids += 1
+                    sizes.append((f"r{ids}", rnd.randrange(1, 1500)))
+                kept = await reg.park(tenant, [_state(rid, n) for rid, n in sizes])
+                assert kept == ref.park(tenant, sizes, now[0])
+            else:
+                rid = f"r{rnd.randrange(1, ids + 1)}" if ids else "r0"
+                assert (await reg.claim(rid, tenant) is not None) == ref.claim(rid, tenant, now[0])
+            assert sorted(rid for rid in (h[0] for h in ref.held) if rid in reg) == sorted(h[0] for h in ref.held)
+            assert len(reg) == len(ref.held) and reg.nbytes == sum(h[2] for h in ref.held)
+        await reg.close()
+
+    asyncio.run(run())
+
+
+def test_registry_with_a_tenant_cap_above_the_total_drops_the_oldest_of_all():
+    """``ws_resume_tenant_bytes`` >= ``ws_resume_max_bytes``: room beyond the total is made oldest
+    first, another tenant's oldest state included, even when the writing tenant holds most of the map."""
+    async def run() -> None:
+        reg = ResumableStates(window_s=60, max_bytes=1000, tenant_bytes=2000, metrics=Metrics())
+        await reg.park("t2", [_state("old", 50)])
+        await reg.park("t1", [_state("a", 500), _state("b", 450)])
+        assert await reg.park("t1", [_state("c", 60)]) == 1
+        # 50 + 500 + 450 + 60 > 1000: "old" goes first, then "a"
+        assert [rid for rid in ("old", "a", "b", "c") if rid in reg] == ["b", "c"] and reg.nbytes == 510
+        await reg.close()
 
     asyncio.run(run())
 
