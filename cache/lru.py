@@ -166,45 +166,82 @@ class BoundedLRU(Generic[K, V]):
         self._evicted(evicted)
         return True
 
-    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Any, int] | None = None) -> bool:
+    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Any, int] | None = None,
+                  protect: K | None = None) -> bool:
         """Drop the least recently used entry of part ``prefer`` when it has one; else, without
         ``outside``, the entry a put would evict next (see *Shares*); False when nothing was dropped.
         For an owner whose memory outside the map grew (a running event log of part ``prefer``) and
         must be given back fairly. ``outside``: the bytes each part holds beyond the map (the owner's
         running logs); with it, a part that has no entry of its own takes only from a part over its
         share counting those bytes, and nothing (False) while none is: a part within its share never
-        pays for another's memory outside the map."""
+        pays for another's memory outside the map. ``protect``: a key never dropped (the entry the
+        owner just wrote: its room is what is being made), as a forced put's own; False when it is
+        the only candidate."""
         with self._lock:
-            if not self._entries:
-                return False
             mine = self._parts.get(prefer) if prefer is not NO_PART else None
-            if mine is not None:
-                victim = next(iter(mine.keys))
-            elif outside is None:
-                victim = self._victim(None)
-            else:
-                name = self._furthest_over(outside)
-                if name is None:
-                    return False
-                victim = next(iter(self._parts[name].keys))
+            victim = self._first(mine.keys, protect) if mine is not None else None
+            if victim is None:
+                if outside is None:
+                    if len(self._entries) > (1 if protect is not None and protect in self._entries else 0):
+                        victim = self._victim(protect)
+                else:
+                    name = self._furthest_over(outside, protect)
+                    if name is not None:
+                        victim = self._first(self._parts[name].keys, protect)
+            if victim is None:
+                return False
             evicted = [(victim, self._evict(victim))]
         self._evicted(evicted)
         return True
 
-    def _furthest_over(self, outside: Mapping[Any, int]) -> Hashable | None:
-        """The part holding an entry that is furthest over its share, its ``outside`` bytes counted
-        (the lock is held); None when no such part is over. A scan of the parts over on their own
-        and of those ``outside`` names (the owner's running logs: a handful per tenant)."""
+    @staticmethod
+    def _first(keys: Iterable[Any], protect: Any) -> Any:
+        """The first of ``keys`` (least recently used first) that is not ``protect``, or None."""
+        for key in keys:
+            if protect is None or key != protect:
+                return key
+        return None
+
+    def _furthest_over(self, outside: Mapping[Any, int], protect: Any = None) -> Hashable | None:
+        """The part holding an entry (other than ``protect``) that is furthest over its share, its
+        ``outside`` bytes counted (the lock is held); None when no such part is over. A scan of the
+        parts over on their own and of those ``outside`` names (the owner's running logs: a handful
+        per tenant)."""
         best, score = None, 1.0
         for name in self._over | outside.keys():
             part = self._parts.get(name)
-            if part is None:
+            if part is None or (protect is not None and len(part.keys) == 1 and protect in part.keys):
                 continue
             mine = max(len(part.keys) / self._share_entries,
                        (part.nbytes + outside.get(name, 0)) / max(1, self._share_bytes))
             if mine > score:
                 best, score = name, mine
         return best
+
+    def recharge(self, key: K, nbytes: int) -> bool:
+        """Charge the entry under ``key`` ``nbytes`` instead, its place in the order unchanged (not a
+        use): an owner whose value shrank or grew in place (a prefix chain that lost a key) keeps the
+        bounds' sums true without making it the most recently used. A growth beyond the bounds evicts
+        others as a forced put does, never ``key`` itself; False (nothing changed) when ``key`` is not
+        held."""
+        name = self._part(key) if self._part is not None else None
+        evicted: list[tuple[K, V]] = []
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None:
+                return False
+            delta = nbytes - hit[1]
+            self._entries[key] = (hit[0], nbytes)  # an existing key: its place stays
+            self.nbytes += delta
+            if self._part is not None:
+                part = self._parts[name]
+                part.nbytes += delta
+                self._reckon(name, part)
+            while (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes) and len(self._entries) > 1:
+                victim = self._victim(key)
+                evicted.append((victim, self._evict(victim)))
+        self._evicted(evicted)
+        return True
 
     def sweep(self, expired: Callable[[V], bool], limit: int | None = 8) -> list[tuple[K, V]]:
         """Remove entries from the least recently used end while ``expired(value)`` says so, at most

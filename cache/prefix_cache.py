@@ -181,7 +181,8 @@ class PrefixCache:
         chain.keys.discard(key)
         self.entries -= 1
         if chain.keys:
-            self._charge(chain)  # smaller now, and the most recently used (the retry named it)
+            chain.nbytes = chain.charge()  # smaller now; its place in the order stays
+            self._chains.recharge(chain, chain.nbytes)
         else:
             self._chains.pop(chain)
             chain.nbytes = 0

@@ -213,3 +213,46 @@ def test_clear_drops_everything_without_calling_on_evict():
     assert len(lru) == 0 and lru.nbytes == 0 and lru.part_usage("t") == (0, 0) and dropped == []
     lru.put(("t", 9), 9, 10)                     # the bookkeeping starts afresh
     assert lru.part_usage("t") == (1, 10) and lru.get(("t", 9)) == 9
+
+
+def test_recharge_changes_an_entrys_charge_and_leaves_its_place_in_the_order():
+    """An owner whose value shrank in place (a prefix chain that lost a key to a retry) charges it
+    anew without making it the most recently used: the next eviction still takes it first."""
+    gone: list[tuple[str, int]] = []
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of, share=1.0,
+                                                        on_evict=lambda k, v: gone.append(k))
+    lru.put(("a", 0), 0, 200)
+    lru.put(("b", 0), 0, 200)
+    assert lru.recharge(("a", 0), 100) and lru.nbytes == 300 and lru.part_usage("a") == (1, 100)
+    assert lru.oldest() == (("a", 0), 0) and lru.hits == 0      # not a use
+    assert not lru.recharge(("c", 0), 10) and lru.nbytes == 300  # not held: nothing changes
+    lru.put(("c", 0), 0, 200)
+    lru.put(("c", 1), 1, 200)
+    lru.put(("b", 1), 1, 200)
+    lru.put(("b", 2), 2, 200)                                     # 1,100 B: one goes
+    assert gone == [("a", 0)] and lru.nbytes == 1_000
+
+
+def test_recharge_that_grows_an_entry_past_the_bound_evicts_others_never_itself():
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000)
+    for i in range(4):
+        lru.put(("t", i), i, 200)
+    assert lru.recharge(("t", 0), 500) and ("t", 0) in lru and lru.nbytes <= 1_000
+    assert [("t", i) in lru for i in range(4)] == [True, False, True, True]
+    assert lru.recharge(("t", 0), 5_000) and len(lru) == 1 and lru.oldest() == (("t", 0), 0)
+
+
+def test_evict_one_never_drops_the_protected_key_while_another_is_held():
+    """The entry an owner just wrote is what room is made for (the Redis store's token and chain
+    caches): ``protect`` skips it — a part whose only entry it is is not a candidate, and without
+    ``outside`` the least recently used of the others goes."""
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of)
+    lru.put(("b", 0), 0, 100)
+    lru.put(("a", 0), 0, 100)
+    assert not lru.evict_one(outside={"a": 900}, protect=("a", 0)) and len(lru) == 2
+    assert lru.evict_one(outside={"a": 900}) and ("a", 0) not in lru   # unprotected: it goes
+    lru.put(("a", 0), 0, 100)
+    assert lru.evict_one(prefer="a", protect=("a", 0)) and ("b", 0) not in lru and ("a", 0) in lru
+    assert not lru.evict_one(protect=("a", 0)) and len(lru) == 1      # the only one left
+    lru.put(("a", 1), 1, 100)
+    assert lru.evict_one(prefer="a", protect=("a", 1)) and list(lru.values()) == [1]
