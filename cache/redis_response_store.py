@@ -183,7 +183,10 @@ class SharedBufferLRU(LRUOwner):
     whose parts are the tenants (its own charge is nil: the buffers are charged here, as memory
     outside the map): while the bytes are over the bound, the least recently used entry of the
     tenant furthest over its share goes, or, when none is over, the least recently used of all — so
-    one tenant's flood of chains churns its own once it holds its share of ``max_bytes``.
+    one tenant's flood of chains churns its own once it holds its share of ``max_bytes``. The entry
+    being written is never the one that goes while another is held (a tenant whose only entry it is
+    counts as not over): a put keeps what it puts unless it alone is above the bound, as before the
+    shares.
     """
 
     def __init__(self, max_bytes: int, share: float = 0.25) -> None:
@@ -215,10 +218,14 @@ class SharedBufferLRU(LRUOwner):
         if charge > ref[1]:
             self._charge(ref, charge - ref[1])
             ref[1] = charge
-        self._lru.put((tenant, key), (value, buf))
+        mine = (tenant, key)
+        self._lru.put(mine, (value, buf))
         while self._bytes > self.max_bytes and len(self._lru):
-            if not self._lru.evict_one(outside=self._tenants):
-                self._lru.evict_one()
+            # the entry just written makes room, never is it (while another is left): by the shares
+            # when a tenant with another entry is over its own, else the least recently used of all
+            protect = mine if len(self._lru) > 1 else None
+            if not self._lru.evict_one(outside=self._tenants, protect=protect):
+                self._lru.evict_one(protect=protect)
 
     def discard(self, key: str, tenant: str | None = None) -> None:
         hit = self._lru.pop((tenant, key))
