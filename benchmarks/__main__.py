@@ -35,12 +35,23 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).parent
-NAMES = ("overhead", "peer", "rollout", "streaming", "concurrency", "work", "http_prefix", "scaling", "vllm_peer",
-         "vllm_prefix")
+NAMES = (
+    "overhead",
+    "peer",
+    "rollout",
+    "streaming",
+    "concurrency",
+    "work",
+    "http_prefix",
+    "scaling",
+    "vllm_peer",
+    "vllm_prefix",
+)
 
 
 def _overhead(out: Path, quick: bool) -> None:
@@ -82,10 +93,22 @@ def _http_prefix(out: Path, quick: bool) -> None:
 def _vllm_prefix(out: Path, quick: bool) -> None:
     from benchmarks import vllm_prefix
 
-    args = ["--chain", "6", "--sizes", "300", "--reps", "1"] if quick else ["--sizes", "500", "1500", "3000", "--reps", "3"]
-    vllm_prefix.main([*args, "--json", str(out / "vllm_prefix.json"),
-                      "--plot-chain", str(out / "vllm_prefix_tokens.png"),
-                      "--plot-ttft", str(out / "vllm_prefix_ttft.png")])
+    args = (
+        ["--chain", "6", "--sizes", "300", "--reps", "1"]
+        if quick
+        else ["--sizes", "500", "1500", "3000", "--reps", "3"]
+    )
+    vllm_prefix.main(
+        [
+            *args,
+            "--json",
+            str(out / "vllm_prefix.json"),
+            "--plot-chain",
+            str(out / "vllm_prefix_tokens.png"),
+            "--plot-ttft",
+            str(out / "vllm_prefix_ttft.png"),
+        ]
+    )
 
 
 def _scaling(out: Path, quick: bool) -> None:
@@ -127,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             try:
                 STEPS[name](out, args.quick)
-            except Exception:   # one broken benchmark must not lose the others' figures
+            except Exception:  # one broken benchmark must not lose the others' figures
                 traceback.print_exc()
                 failed.append(name)
             print(f"== {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)

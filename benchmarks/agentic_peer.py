@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -65,8 +66,18 @@ def find_wheel(folder: Path, version: str = AGENTIC_API_VERSION) -> Path | None:
 def pip_download(folder: Path, version: str = AGENTIC_API_VERSION) -> None:
     """``pip download`` of the pinned wheel for this platform, no dependencies, never a source build."""
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-           "--only-binary=:all:", "-d", str(folder), f"agentic-api=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(folder),
+        f"agentic-api=={version}",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"pip download agentic-api=={version} failed:\n{(done.stdout + done.stderr)[-3000:]}")
@@ -77,8 +88,9 @@ def binary_version(path: Path) -> str:
     return (done.stdout or done.stderr).strip()
 
 
-def install(cache: Path | None = None, version: str = AGENTIC_API_VERSION,
-            download: Callable[[Path, str], None] = pip_download) -> Path:
+def install(
+    cache: Path | None = None, version: str = AGENTIC_API_VERSION, download: Callable[[Path, str], None] = pip_download
+) -> Path:
     """The path of the pinned ``agentic-server`` binary, unpacked from its wheel into ``cache``.
 
     Order: the unpacked binary if it is there and says it is that version; else a wheel already in
@@ -127,8 +139,11 @@ class StubUpstream:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         root = Path(__file__).resolve().parent.parent
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.upstream_stub", "--port", str(self.port),
-                                      "--model", model], cwd=root, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.upstream_stub", "--port", str(self.port), "--model", model],
+            cwd=root,
+            start_new_session=True,
+        )
         self._client = httpx.Client(base_url=self.url, timeout=30)
         wait_healthy(self.proc, self.url, what="upstream stub", timeout_s=60, poll_s=0.05)
 
@@ -139,7 +154,7 @@ class StubUpstream:
         self._client.close()
         _stop(self.proc)
 
-    def __enter__(self) -> "StubUpstream":
+    def __enter__(self) -> StubUpstream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -154,8 +169,9 @@ class AgenticServer:
     setting), so a 128k-token history fits either way.
     """
 
-    def __init__(self, binary: Path, upstream: str, *, log_path: Path | None = None,
-                 ready_timeout_s: float = 120) -> None:
+    def __init__(
+        self, binary: Path, upstream: str, *, log_path: Path | None = None, ready_timeout_s: float = 120
+    ) -> None:
         from tests.conftest import free_port
 
         self.port = free_port()
@@ -165,15 +181,35 @@ class AgenticServer:
         self.log_path = log_path or self.home / "agentic-server.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTIC_", "OPENAI_", "LLM_", "GATEWAY_"))}
         env.update(HOME=str(self.home))
-        cmd = [str(binary), "--llm-api-base", upstream, "--gateway-host", "127.0.0.1",
-               "--gateway-port", str(self.port), "--db-url", f"sqlite://{self.home / 'agentic.db'}?mode=rwc",
-               "--max-request-body-size-bytes", str(64 * 1024 * 1024), "--llm-ready-interval-s", "1"]
+        cmd = [
+            str(binary),
+            "--llm-api-base",
+            upstream,
+            "--gateway-host",
+            "127.0.0.1",
+            "--gateway-port",
+            str(self.port),
+            "--db-url",
+            f"sqlite://{self.home / 'agentic.db'}?mode=rwc",
+            "--max-request-body-size-bytes",
+            str(64 * 1024 * 1024),
+            "--llm-ready-interval-s",
+            "1",
+        ]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=self.home, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.home, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            wait_healthy(self.proc, self.url, what="agentic-server", path="/ready", timeout_s=ready_timeout_s,
-                         poll_s=0.1, log_path=self.log_path)
+            wait_healthy(
+                self.proc,
+                self.url,
+                what="agentic-server",
+                path="/ready",
+                timeout_s=ready_timeout_s,
+                poll_s=0.1,
+                log_path=self.log_path,
+            )
         except BaseException:
             self.close()
             raise
@@ -183,7 +219,7 @@ class AgenticServer:
         self._log.close()
         shutil.rmtree(self.home, ignore_errors=True)
 
-    def __enter__(self) -> "AgenticServer":
+    def __enter__(self) -> AgenticServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,8 +21,10 @@ import httpx
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
-         "upsilon phi chi psi omega").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+    "upsilon phi chi psi omega"
+).split()
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 #: the simulated model's served name (benchmarks/sim_server.py)
 MODEL = "gpt-oss-sim"
@@ -35,7 +37,7 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokens_per_word() -> float:
     from inference.harmony import HarmonyRenderer
 
@@ -49,8 +51,14 @@ def filler(tokens: int, seed: int = 0) -> str:
 
 
 def machine(load0: float, wall_s: float) -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0], "wall_s": wall_s}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1m_start": load0,
+        "loadavg_1m_end": os.getloadavg()[0],
+        "wall_s": wall_s,
+    }
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -66,9 +74,18 @@ def proc_rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, *, what: str, path: str = "/health", timeout_s: float,
-                 poll_s: float, log_path: Path | None = None) -> None:
+def wait_healthy(
+    proc: subprocess.Popen,
+    url: str,
+    *,
+    what: str,
+    path: str = "/health",
+    timeout_s: float,
+    poll_s: float,
+    log_path: Path | None = None,
+) -> None:
     """Poll ``url + path`` until it answers 200; fail with the log's tail if the process exits first."""
+
     def tail() -> str:
         return log_path.read_text(errors="replace")[-3000:] if log_path is not None else ""
 
@@ -127,7 +144,7 @@ class ChildGateway:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
 
-    def __enter__(self) -> "ChildGateway":
+    def __enter__(self) -> ChildGateway:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -67,28 +67,50 @@ def codex_fields() -> dict[str, Any]:
     return {k: body[k] for k in CODEX_FIELDS if k in body}
 
 
-async def session(url: str, turns: int, start: asyncio.Event, history: str, ready: list[int],
-                  extra: dict[str, Any] | None = None, warmup: int = 0, gap_s: float = 0.0) -> list[float]:
+async def session(
+    url: str,
+    turns: int,
+    start: asyncio.Event,
+    history: str,
+    ready: list[int],
+    extra: dict[str, Any] | None = None,
+    warmup: int = 0,
+    gap_s: float = 0.0,
+) -> list[float]:
     extra = extra or {}
     async with connect(url, max_size=None, compression=None, open_timeout=300, ping_interval=None) as ws:
         _, resp = await create(ws, {"input": history, **extra})
         for i in range(warmup):  # untimed, and before the CPU clock starts
-            _, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
-                                        "input": [{"role": "user", "content": f"warm {i}"}]})
+            _, resp = await create(
+                ws, {"previous_response_id": resp["id"], **extra, "input": [{"role": "user", "content": f"warm {i}"}]}
+            )
         ready.append(1)
         await start.wait()
         times = []
         for i in range(turns):
             if gap_s:
                 await asyncio.sleep(gap_s)
-            dt, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
-                                         "input": [{"role": "user", "content": f"step {i}: continue"}]})
+            dt, resp = await create(
+                ws,
+                {
+                    "previous_response_id": resp["id"],
+                    **extra,
+                    "input": [{"role": "user", "content": f"step {i}: continue"}],
+                },
+            )
             times.append(dt)
         return times
 
 
-async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
-                extra: dict[str, Any] | None = None, warmup: int = 0, gap_s: float = 0.0) -> dict[str, Any]:
+async def phase(
+    url: str,
+    sessions: int,
+    turns: int,
+    gw: ChildGateway,
+    extra: dict[str, Any] | None = None,
+    warmup: int = 0,
+    gap_s: float = 0.0,
+) -> dict[str, Any]:
     """``warmup`` untimed turns per session first: the figures are the steady state's, not the first
     turns' one-time work in a fresh process (imports, caches filling, the interpreter specializing).
     ``gap_s``: each session waits that long before each turn, so the server is idle before every
@@ -96,8 +118,9 @@ async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
     start = asyncio.Event()
     history = filler(1000)
     ready: list[int] = []
-    tasks = [asyncio.create_task(session(url, turns, start, history, ready, extra, warmup, gap_s))
-             for _ in range(sessions)]
+    tasks = [
+        asyncio.create_task(session(url, turns, start, history, ready, extra, warmup, gap_s)) for _ in range(sessions)
+    ]
     # every session has connected and made its first turn before the clock starts
     deadline = time.monotonic() + 300
     while len(ready) < sessions:
@@ -110,11 +133,20 @@ async def phase(url: str, sessions: int, turns: int, gw: ChildGateway,
     results = await asyncio.gather(*tasks)
     wall, cpu = time.perf_counter() - t0, gw.cpu_seconds() - cpu0
     times = [t for r in results for t in r]
-    return {"sessions": sessions, "turns_each": turns, "turns": len(times), "gap_s": gap_s,
-            "p50_ms": statistics.median(times) * 1e3, "p99_ms": pct(times, 99) * 1e3,
-            "p99_over_p50": pct(times, 99) / statistics.median(times),
-            "max_ms": max(times) * 1e3, "wall_s": wall, "turns_per_s": len(times) / wall,
-            "server_cpu_s_per_turn": cpu / len(times), "server_cpu_util": cpu / wall}
+    return {
+        "sessions": sessions,
+        "turns_each": turns,
+        "turns": len(times),
+        "gap_s": gap_s,
+        "p50_ms": statistics.median(times) * 1e3,
+        "p99_ms": pct(times, 99) * 1e3,
+        "p99_over_p50": pct(times, 99) / statistics.median(times),
+        "max_ms": max(times) * 1e3,
+        "wall_s": wall,
+        "turns_per_s": len(times) / wall,
+        "server_cpu_s_per_turn": cpu / len(times),
+        "server_cpu_util": cpu / wall,
+    }
 
 
 async def idle_memory(url: str, conns: int, history_tokens: int, gw: ChildGateway) -> dict[str, Any]:
@@ -135,9 +167,14 @@ async def idle_memory(url: str, conns: int, history_tokens: int, gw: ChildGatewa
     rss1 = gw.rss()
     for ws in sockets:
         await ws.close()
-    return {"connections": conns, "state_tokens": input_tokens, "rss_before_mb": rss0 / 2**20,
-            "rss_after_mb": rss1 / 2**20, "bytes_per_idle_connection": (rss1 - rss0) / conns,
-            "bytes_per_state_token": (rss1 - rss0) / conns / input_tokens}
+    return {
+        "connections": conns,
+        "state_tokens": input_tokens,
+        "rss_before_mb": rss0 / 2**20,
+        "rss_after_mb": rss1 / 2**20,
+        "bytes_per_idle_connection": (rss1 - rss0) / conns,
+        "bytes_per_state_token": (rss1 - rss0) / conns / input_tokens,
+    }
 
 
 def _traced(snapshot: Any) -> tuple[int, int]:
@@ -152,7 +189,8 @@ def _traced(snapshot: Any) -> tuple[int, int]:
             continue
         server += stat.size
         if not any("/inference/simulated" in f for f in files) and any(
-                f.endswith("/cache/seq.py") or "/inference/" in f for f in files):
+            f.endswith("/cache/seq.py") or "/inference/" in f for f in files
+        ):
             tokens += stat.size
     return tokens, server
 
@@ -179,8 +217,10 @@ def idle_state(conns: int, history_tokens: int) -> dict[str, Any]:
                 raise RuntimeError(msg[:500])
 
     engine = SimulatedEngine(script=lambda view: Turn(reasoning="ok", text="done"), prefix_cache=False)
-    live = start_gateway(Settings(max_context=300_000, max_request_bytes=64 * 1024 * 1024,
-                                  ws_max_connections_per_key=100_000), engine=engine)
+    live = start_gateway(
+        Settings(max_context=300_000, max_request_bytes=64 * 1024 * 1024, ws_max_connections_per_key=100_000),
+        engine=engine,
+    )
     history = filler(history_tokens)
     sockets: list[Any] = []
     try:
@@ -203,11 +243,14 @@ def idle_state(conns: int, history_tokens: int) -> dict[str, Any]:
         for ws in sockets:
             ws.close()
         stop_gateway(live)
-    return {"connections": conns, "state_tokens": state_tokens // conns,
-            "token_bytes_per_token": (tokens1 - tokens0) / state_tokens,
-            "server_bytes_per_token": (server1 - server0) / state_tokens,
-            # the conversation's own text, one byte a character (ASCII), which the state must keep
-            "text_bytes_per_token": conns * len(history) / state_tokens}
+    return {
+        "connections": conns,
+        "state_tokens": state_tokens // conns,
+        "token_bytes_per_token": (tokens1 - tokens0) / state_tokens,
+        "server_bytes_per_token": (server1 - server0) / state_tokens,
+        # the conversation's own text, one byte a character (ASCII), which the state must keep
+        "text_bytes_per_token": conns * len(history) / state_tokens,
+    }
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -231,10 +274,16 @@ def run(quick: bool) -> dict[str, Any]:
     with ChildGateway("--script", "short") as gw:
         memory_128k = asyncio.run(idle_memory(gw.ws_url, 2 if quick else 8, 131_072, gw))
     traced = [idle_state(2 if quick else 4, n) for n in (32_768, 131_072)]
-    return {"benchmark": "concurrency", "engine": "simulated, zero latency, short turns",
-            "rows": rows, "codex_one_session": codex, "idle_gap_one_session": idle_gap,
-            "idle_memory": memory, "idle_memory_128k": memory_128k,
-            "idle_state": traced}
+    return {
+        "benchmark": "concurrency",
+        "engine": "simulated, zero latency, short turns",
+        "rows": rows,
+        "codex_one_session": codex,
+        "idle_gap_one_session": idle_gap,
+        "idle_memory": memory,
+        "idle_memory_128k": memory_128k,
+        "idle_state": traced,
+    }
 
 
 def plot(result: dict[str, Any], path) -> None:

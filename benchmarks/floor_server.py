@@ -68,8 +68,11 @@ async def _serve(port: int, frames: dict[str, list[bytes]]) -> None:
     async def handler(ws: ServerConnection) -> None:
         protocol, transport = ws.protocol, ws.transport
         async for message in ws:
-            kind = "cap16" if b'"max_output_tokens"' in (message if isinstance(message, bytes)
-                                                            else message.encode()) else "short"
+            kind = (
+                "cap16"
+                if b'"max_output_tokens"' in (message if isinstance(message, bytes) else message.encode())
+                else "short"
+            )
             out = frames[kind]
             for frame in out[:-1]:
                 protocol.send_text(frame)
@@ -79,8 +82,9 @@ async def _serve(port: int, frames: dict[str, list[bytes]]) -> None:
     def health(connection: ServerConnection, request: Any) -> Any:
         return connection.respond(http.HTTPStatus.OK, "ok\n") if request.path == "/health" else None
 
-    async with serve(handler, "127.0.0.1", port, compression=None, max_size=None, ping_interval=None,
-                     process_request=health):
+    async with serve(
+        handler, "127.0.0.1", port, compression=None, max_size=None, ping_interval=None, process_request=health
+    ):
         await asyncio.Future()
 
 

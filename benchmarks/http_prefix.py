@@ -31,8 +31,14 @@ import orjson
 from benchmarks.common import MODEL, ChildGateway, filler, metric_value
 
 RESULTS = Path(__file__).parent / "results"
-TOOLS = [{"type": "function", "name": "shell", "description": "Run a shell command.",
-          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+]
 
 
 def serve(argv: list[str]) -> None:
@@ -52,26 +58,36 @@ def serve(argv: list[str]) -> None:
     def script(view: Any) -> Turn:
         last = view.last
         step = last.text[:24] if last is not None else ""
-        return Turn(reasoning="Looking at the output of the last command, " + filler(90, seed=len(step)),
-                    tool_calls=(ToolCall("shell", {"cmd": f"pytest -q -x  # after {step!r}"}),))
+        return Turn(
+            reasoning="Looking at the output of the last command, " + filler(90, seed=len(step)),
+            tool_calls=(ToolCall("shell", {"cmd": f"pytest -q -x  # after {step!r}"}),),
+        )
 
-    settings = Settings(port=port, max_context=300_000, max_request_bytes=64 * 1024 * 1024, log_level="warning",
-                        usage_journal="", prefix_cache_bytes=cache_bytes, prefix_cache_tenant_bytes=cache_bytes)
+    settings = Settings(
+        port=port,
+        max_context=300_000,
+        max_request_bytes=64 * 1024 * 1024,
+        log_level="warning",
+        usage_journal="",
+        prefix_cache_bytes=cache_bytes,
+        prefix_cache_tenant_bytes=cache_bytes,
+    )
     engine = SimulatedEngine(script=script)
     registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=300_000)])
     app = create_app(settings, registry=registry)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                            **uvicorn_config_kwargs(settings))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **uvicorn_config_kwargs(settings)
+    )
     GatewayServer(config).run()
 
 
 class Gateway(ChildGateway):
     def __init__(self, cache_bytes: int) -> None:
-        from tests.conftest import free_port
         import os
         import subprocess
 
         from benchmarks.common import ROOT, wait_healthy
+        from tests.conftest import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -87,19 +103,29 @@ class Conversation:
         self.http = httpx.Client(base_url=live.url + "/v1", timeout=600)
         self.history: list[dict[str, Any]] = [
             {"role": "developer", "content": "You are a coding agent."},  # the same on both gateways
-            {"role": "user", "content": "Fix the failing tests in this repository."}]
+            {"role": "user", "content": "Fix the failing tests in this repository."},
+        ]
         self.rows: list[dict[str, float]] = []
 
     def counters(self) -> tuple[float, float, float]:
         text = self.live.metrics_text()
-        return (metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
-                + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
-                metric_value(text, "respgate_prefix_cache_checked_tokens_total"),
-                metric_value(text, "respgate_turn_prepare_seconds_sum"))
+        return (
+            metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
+            + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
+            metric_value(text, "respgate_prefix_cache_checked_tokens_total"),
+            metric_value(text, "respgate_turn_prepare_seconds_sum"),
+        )
 
     def turn(self, n: int) -> None:
-        body = orjson.dumps({"model": MODEL, "input": self.history, "store": False, "tools": TOOLS,
-                             "include": ["reasoning.encrypted_content"]})
+        body = orjson.dumps(
+            {
+                "model": MODEL,
+                "input": self.history,
+                "store": False,
+                "tools": TOOLS,
+                "include": ["reasoning.encrypted_content"],
+            }
+        )
         r0, c0, p0 = self.counters()
         t0 = time.perf_counter()
         r = self.http.post("/responses", content=body, headers={"content-type": "application/json"})
@@ -108,12 +134,24 @@ class Conversation:
             raise RuntimeError(f"{self.label}: HTTP {r.status_code} {r.text[:300]}")
         resp = r.json()
         r1, c1, p1 = self.counters()
-        self.rows.append({"prompt": resp["usage"]["input_tokens"], "rendered": r1 - r0, "checked": c1 - c0,
-                          "prepare_ms": (p1 - p0) * 1e3, "client_ms": dt * 1e3})
+        self.rows.append(
+            {
+                "prompt": resp["usage"]["input_tokens"],
+                "rendered": r1 - r0,
+                "checked": c1 - c0,
+                "prepare_ms": (p1 - p0) * 1e3,
+                "client_ms": dt * 1e3,
+            }
+        )
         call = next(o for o in resp["output"] if o["type"] == "function_call")
         self.history += resp["output"]
-        self.history.append({"type": "function_call_output", "call_id": call["call_id"],
-                             "output": f"[turn {n}] " + filler(self.out_tokens, seed=n)})
+        self.history.append(
+            {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": f"[turn {n}] " + filler(self.out_tokens, seed=n),
+            }
+        )
 
 
 def run(turns: int, histories: list[int]) -> dict[str, Any]:
@@ -129,13 +167,13 @@ def run(turns: int, histories: list[int]) -> dict[str, Any]:
             per_out = max(50, (target - 2_000) // turns - 150)
             convs = {k: Conversation(g, f"{k} {target}", per_out) for k, g in gws.items()}
             for n in range(turns):
-                for k in (("cache", "no_cache") if n % 2 else ("no_cache", "cache")):
+                for k in ("cache", "no_cache") if n % 2 else ("no_cache", "cache"):
                     convs[k].turn(n)
             # the same conversation on both: the same prompt lengths turn for turn (the tests compare tokens)
             assert [r["prompt"] for r in convs["cache"].rows] == [r["prompt"] for r in convs["no_cache"].rows]
             run_ = {}
             for k, c in convs.items():
-                last = c.rows[len(c.rows) * 3 // 4:]   # the last quarter: the long-history end
+                last = c.rows[len(c.rows) * 3 // 4 :]  # the last quarter: the long-history end
                 run_[k] = {
                     "final_prompt": c.rows[-1]["prompt"],
                     "rendered_per_turn": [r["rendered"] for r in c.rows],
@@ -170,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1))
     for target, r in result["runs"].items():
         for k, row in r.items():
-            print(f"{target:>7} {k:>9}: final prompt {row['final_prompt']:,}; last quarter medians: rendered "
-                  f"{row['median_rendered_last_quarter']:,.0f} tok, prepare {row['median_prepare_ms_last_quarter']:.2f} ms, "
-                  f"client {row['median_client_ms_last_quarter']:.2f} ms; rendered in all {row['rendered_total']:,.0f}")
+            print(
+                f"{target:>7} {k:>9}: final prompt {row['final_prompt']:,}; last quarter medians: rendered "
+                f"{row['median_rendered_last_quarter']:,.0f} tok, prepare {row['median_prepare_ms_last_quarter']:.2f} ms, "
+                f"client {row['median_client_ms_last_quarter']:.2f} ms; rendered in all {row['rendered_total']:,.0f}"
+            )
     return 0
 
 

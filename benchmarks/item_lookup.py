@@ -25,23 +25,43 @@ from pathlib import Path
 from typing import Any
 
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import MemoryStore
+from cache.seq import TokenSeq
 
 HERE = Path(__file__).parent
 
 
 def state(i: int) -> ResponseState:
-    items = [{"id": f"msg_{i}", "type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": f"question {i} " * 8}]}]
-    output = [{"id": f"rs_{i}", "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text",
-                                                                               "text": "think " * 20}]},
-              {"id": f"fc_{i}", "type": "function_call", "call_id": f"call_{i}", "name": "f", "arguments": "{}"}]
+    items = [
+        {
+            "id": f"msg_{i}",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": f"question {i} " * 8}],
+        }
+    ]
+    output = [
+        {
+            "id": f"rs_{i}",
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "think " * 20}],
+        },
+        {"id": f"fc_{i}", "type": "function_call", "call_id": f"call_{i}", "name": "f", "arguments": "{}"},
+    ]
     response = {"id": f"resp_{i}", "object": "response", "status": "completed", "output": output}
-    return ResponseState(id=f"resp_{i}", response=response, input_items=tuple(items),
-                         context=ItemLog(items + output), history_ids=TokenSeq(), model="m", prelude_key=b"",
-                         store=True, tenant="bench")
+    return ResponseState(
+        id=f"resp_{i}",
+        response=response,
+        input_items=tuple(items),
+        context=ItemLog(items + output),
+        history_ids=TokenSeq(),
+        model="m",
+        prelude_key=b"",
+        store=True,
+        tenant="bench",
+    )
 
 
 async def measure(store: Any, n: int, lookups: int) -> dict[str, float]:
@@ -57,8 +77,12 @@ async def measure(store: Any, n: int, lookups: int) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
         assert item_id in found
     times.sort()
-    return {"responses": n, "lookups": lookups, "median_us": statistics.median(times) * 1e6,
-            "p99_us": times[int(len(times) * 0.99)] * 1e6}
+    return {
+        "responses": n,
+        "lookups": lookups,
+        "median_us": statistics.median(times) * 1e6,
+        "p99_us": times[int(len(times) * 0.99)] * 1e6,
+    }
 
 
 def _free_port() -> int:
@@ -91,8 +115,10 @@ async def run(sizes: list[int], lookups: int) -> dict[str, Any]:
     for n in sizes:
         port = _free_port()
         with tempfile.TemporaryDirectory() as d:
-            proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                     "--appendonly", "no", "--dir", d], stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", d],
+                stdout=subprocess.DEVNULL,
+            )
             try:
                 store = RedisStore.from_url(f"redis://127.0.0.1:{port}/0")
                 for _ in range(100):
@@ -120,8 +146,10 @@ def main() -> None:
     (args.out / "item_lookup.json").write_text(json.dumps(result, indent=2))
     for kind in ("memory", "redis"):
         for row in result.get(kind, []):
-            print(f"{kind:6} {row['responses']:>6} stored responses: median {row['median_us']:.1f} us, "
-                  f"p99 {row['p99_us']:.1f} us per id lookup")
+            print(
+                f"{kind:6} {row['responses']:>6} stored responses: median {row['median_us']:.1f} us, "
+                f"p99 {row['p99_us']:.1f} us per id lookup"
+            )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,16 @@ def _fallbacks(text: str) -> dict[str, float]:
 class Server:
     """One gateway under test and the counters a turn moves on it."""
 
-    def __init__(self, target: str, url: str, ws_url: str, *, gateway: ChildGateway | None = None,
-                 stub: StubUpstream | None = None, model: str = MODEL) -> None:
+    def __init__(
+        self,
+        target: str,
+        url: str,
+        ws_url: str,
+        *,
+        gateway: ChildGateway | None = None,
+        stub: StubUpstream | None = None,
+        model: str = MODEL,
+    ) -> None:
         self.target, self.url, self.ws_url = target, url, ws_url
         self.gateway, self.stub = gateway, stub
         #: the model a turn names (respgate serves the capped chains' endless script under its own)
@@ -115,14 +123,19 @@ class Server:
             from benchmarks.common import metric_value
 
             text = self.gateway.metrics_text()
-            return {"encoded": metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
-                    + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
-                    "fallbacks": _fallbacks(text)}
+            return {
+                "encoded": metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
+                + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
+                "fallbacks": _fallbacks(text),
+            }
         if self.stub is None:
             return {}  # the floor server: nothing to count
         s = self.stub.stats()
-        return {"upstream_bytes": s["body_bytes"].get("POST /v1/responses", 0),
-                "upstream_requests": s["requests"].get("POST /v1/responses", 0), "stub_busy_s": s["busy_s"]}
+        return {
+            "upstream_bytes": s["body_bytes"].get("POST /v1/responses", 0),
+            "upstream_requests": s["requests"].get("POST /v1/responses", 0),
+            "stub_busy_s": s["busy_s"],
+        }
 
 
 class Chain:
@@ -143,7 +156,7 @@ class Chain:
         self.fallbacks: dict[str, float] = {}
         self.upstream_bytes: list[float] = []
         self.upstream_requests: list[float] = []
-        self.stub_ms: list[float] = []      # the upstream stub's own busy time in the turn
+        self.stub_ms: list[float] = []  # the upstream stub's own busy time in the turn
         self.input_tokens = 0
         self.first_input_tokens = 0
         if transport == "ws":
@@ -216,13 +229,12 @@ class Chain:
     def _send_http(self, data: bytes, t0: float) -> tuple[dict[str, Any], float, int]:
         terminal: tuple[dict[str, Any], float, int] | None = None
         n = 0
-        with self.http.stream("POST", "/responses", content=data,
-                              headers={"content-type": "application/json"}) as r:
+        with self.http.stream("POST", "/responses", content=data, headers={"content-type": "application/json"}) as r:
             if r.status_code != 200:
                 raise RuntimeError(f"{self.key}: HTTP {r.status_code}: {r.read()[:500]!r}")
             for line in r.iter_lines():
                 if terminal is not None or not line.startswith("data: ") or line == "data: [DONE]":
-                    continue   # after the terminal event: drained untimed, so the connection is reused
+                    continue  # after the terminal event: drained untimed, so the connection is reused
                 ev = orjson.loads(line[6:])
                 n += 1
                 if ev["type"] in TERMINAL:
@@ -247,21 +259,34 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     history: dict[str, dict[str, int]] = {}
     for c in chains:
-        row = {"median_ms": statistics.median(c.times) * 1e3, "p90_ms": pct(c.times, 90) * 1e3,
-               "p99_ms": pct(c.times, 99) * 1e3, "mean_ms": statistics.fmean(c.times) * 1e3,
-               "turns": len(c.times), "events_per_turn_median": statistics.median(c.events),
-               "statuses": c.statuses}
+        row = {
+            "median_ms": statistics.median(c.times) * 1e3,
+            "p90_ms": pct(c.times, 90) * 1e3,
+            "p99_ms": pct(c.times, 99) * 1e3,
+            "mean_ms": statistics.fmean(c.times) * 1e3,
+            "turns": len(c.times),
+            "events_per_turn_median": statistics.median(c.events),
+            "statuses": c.statuses,
+        }
         if c.target == "respgate":
-            row.update(input_tokens_first=c.first_input_tokens, input_tokens_last=c.input_tokens,
-                       encoded_tokens_per_turn_median=_median(c.encoded), full_render_fallbacks=c.fallbacks,
-                       full_render_fallbacks_total=sum(c.fallbacks.values()), counted_turns=c.counted)
+            row.update(
+                input_tokens_first=c.first_input_tokens,
+                input_tokens_last=c.input_tokens,
+                encoded_tokens_per_turn_median=_median(c.encoded),
+                full_render_fallbacks=c.fallbacks,
+                full_render_fallbacks_total=sum(c.fallbacks.values()),
+                counted_turns=c.counted,
+            )
             history.setdefault(c.shape, {})[str(c.history_tokens)] = c.first_input_tokens
         elif c.target == "agentic":
-            row.update(upstream_bytes_per_turn_median=_median(c.upstream_bytes),
-                       upstream_requests_per_turn_median=_median(c.upstream_requests),
-                       upstream_stub_ms_per_turn_median=_median(c.stub_ms))
-        rows.setdefault(c.target, {}).setdefault(c.transport, {}).setdefault(c.shape, {}) \
-            .setdefault(c.output, {})[str(c.history_tokens)] = row
+            row.update(
+                upstream_bytes_per_turn_median=_median(c.upstream_bytes),
+                upstream_requests_per_turn_median=_median(c.upstream_requests),
+                upstream_stub_ms_per_turn_median=_median(c.stub_ms),
+            )
+        rows.setdefault(c.target, {}).setdefault(c.transport, {}).setdefault(c.shape, {}).setdefault(c.output, {})[
+            str(c.history_tokens)
+        ] = row
     flatness: dict[str, Any] = {}
     ratio: dict[str, Any] = {}
     for target, by_t in rows.items():
@@ -269,39 +294,63 @@ def summarize(chains: list[Chain], args: argparse.Namespace) -> dict[str, Any]:
             for shape, by_o in by_s.items():
                 for output, by_n in by_o.items():
                     if small in by_n and big in by_n:
-                        flatness.setdefault(target, {}).setdefault(transport, {}).setdefault(shape, {})[output] = \
+                        flatness.setdefault(target, {}).setdefault(transport, {}).setdefault(shape, {})[output] = (
                             by_n[big]["median_ms"] / by_n[small]["median_ms"]
+                        )
     if "respgate" in rows and "agentic" in rows:
         for transport, by_s in rows["respgate"].items():
             for shape, by_o in by_s.items():
                 for output, by_n in by_o.items():
                     theirs = rows["agentic"].get(transport, {}).get(shape, {}).get(output, {})
                     ratio.setdefault(transport, {}).setdefault(shape, {})[output] = {
-                        n: {"median": x["median_ms"] / theirs[n]["median_ms"],
-                            "p90": x["p90_ms"] / theirs[n]["p90_ms"]} for n, x in by_n.items() if n in theirs}
-    floor = {shape: {output: by_n[small]["median_ms"] for output, by_n in by_o.items() if small in by_n}
-             for shape, by_o in rows.get(FLOOR, {}).get("ws", {}).items()}
+                        n: {"median": x["median_ms"] / theirs[n]["median_ms"], "p90": x["p90_ms"] / theirs[n]["p90_ms"]}
+                        for n, x in by_n.items()
+                        if n in theirs
+                    }
+    floor = {
+        shape: {output: by_n[small]["median_ms"] for output, by_n in by_o.items() if small in by_n}
+        for shape, by_o in rows.get(FLOOR, {}).get("ws", {}).items()
+    }
     burst: dict[str, Any] = {}
     for c in chains:
         if c.burst_times:
-            burst.setdefault(c.shape, {})[c.target] = {"median_ms": statistics.median(c.burst_times) * 1e3,
-                                                       "p90_ms": pct(c.burst_times, 90) * 1e3,
-                                                       "turns": len(c.burst_times)}
+            burst.setdefault(c.shape, {})[c.target] = {
+                "median_ms": statistics.median(c.burst_times) * 1e3,
+                "p90_ms": pct(c.burst_times, 90) * 1e3,
+                "turns": len(c.burst_times),
+            }
     for by_target in burst.values():
         if "respgate" in by_target and "agentic" in by_target:
             by_target["ratio"] = by_target["respgate"]["median_ms"] / by_target["agentic"]["median_ms"]
-    return {"benchmark": "peer_overhead", "agentic_api_version": AGENTIC_API_VERSION,
-            "written_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "engine": {"respgate": "simulated, zero latency, prefix-cache emulation off",
-                       "agentic": "benchmarks/upstream_stub.py: pre-rendered /v1/responses answers",
-                       FLOOR: "benchmarks/floor_server.py: respgate's recorded frames, one write a turn"},
-            "turns": args.turns, "warmup": args.warmup, "history_tokens": sizes, "item_tokens": ITEM_TOKENS,
-            "cap": CAP, "transports": list(args.transports), "shapes": list(args.shapes),
-            "outputs": list(args.outputs), "history_input_tokens": history, "chains": rows,
-            "flatness_big_over_small": flatness, "ratio_respgate_over_agentic": ratio,
-            "floor_ws_ms": floor,
-            "back_to_back": {"history_tokens": small, "blocks": args.burst_blocks, "per_block": args.burst_turns,
-                             "by_shape": burst}}
+    return {
+        "benchmark": "peer_overhead",
+        "agentic_api_version": AGENTIC_API_VERSION,
+        "written_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "engine": {
+            "respgate": "simulated, zero latency, prefix-cache emulation off",
+            "agentic": "benchmarks/upstream_stub.py: pre-rendered /v1/responses answers",
+            FLOOR: "benchmarks/floor_server.py: respgate's recorded frames, one write a turn",
+        },
+        "turns": args.turns,
+        "warmup": args.warmup,
+        "history_tokens": sizes,
+        "item_tokens": ITEM_TOKENS,
+        "cap": CAP,
+        "transports": list(args.transports),
+        "shapes": list(args.shapes),
+        "outputs": list(args.outputs),
+        "history_input_tokens": history,
+        "chains": rows,
+        "flatness_big_over_small": flatness,
+        "ratio_respgate_over_agentic": ratio,
+        "floor_ws_ms": floor,
+        "back_to_back": {
+            "history_tokens": small,
+            "blocks": args.burst_blocks,
+            "per_block": args.burst_turns,
+            "by_shape": burst,
+        },
+    }
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -311,8 +360,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     shapes, outputs = result["shapes"], result["outputs"]
-    fig, axes = pyplot.subplots(len(shapes), len(outputs), figsize=(6.5 * len(outputs), 4.2 * len(shapes)),
-                                squeeze=False)
+    fig, axes = pyplot.subplots(
+        len(shapes), len(outputs), figsize=(6.5 * len(outputs), 4.2 * len(shapes)), squeeze=False
+    )
     sizes = result["history_tokens"]
     colors = {"ws": "tab:green", "http": "tab:blue"}
     for i, shape in enumerate(shapes):
@@ -323,11 +373,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
                     by_n = result["chains"].get(target, {}).get(transport, {}).get(shape, {}).get(output)
                     if not by_n:
                         continue
-                    ax.errorbar(sizes, [by_n[str(n)]["median_ms"] for n in sizes],
-                                yerr=[[0] * len(sizes), [by_n[str(n)]["p90_ms"] - by_n[str(n)]["median_ms"]
-                                                         for n in sizes]],
-                                fmt=style, color=colors[transport], capsize=3, markersize=4,
-                                label=f"{LABELS[target]}, {transport.upper()}")
+                    ax.errorbar(
+                        sizes,
+                        [by_n[str(n)]["median_ms"] for n in sizes],
+                        yerr=[[0] * len(sizes), [by_n[str(n)]["p90_ms"] - by_n[str(n)]["median_ms"] for n in sizes]],
+                        fmt=style,
+                        color=colors[transport],
+                        capsize=3,
+                        markersize=4,
+                        label=f"{LABELS[target]}, {transport.upper()}",
+                    )
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xticks(sizes, [f"{max(1, round(n / 1024))}k" for n in sizes])
@@ -336,8 +391,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.yaxis.set_minor_formatter(plain)
             ax.set_xlabel("history tokens")
             ax.set_ylabel("ms per turn (median, bar to p90)")
-            ax.set_title(f"history: {'~800-token items' if shape == 'items' else 'one item'}; "
-                         f"output: {'short' if output == 'short' else f'{CAP}-token cap'}", fontsize=10)
+            ax.set_title(
+                f"history: {'~800-token items' if shape == 'items' else 'one item'}; "
+                f"output: {'short' if output == 'short' else f'{CAP}-token cap'}",
+                fontsize=10,
+            )
             ax.legend(fontsize=7)
     fig.suptitle("Continuation turn: respgate (simulated engine) vs agentic-api (instant upstream)", fontsize=11)
     fig.tight_layout()
@@ -350,8 +408,12 @@ def record_frames(respgate: dict[str, Server]) -> dict[str, list[str]]:
     frames: dict[str, list[str]] = {}
     for output, server in respgate.items():
         with connect(server.ws_url, max_size=None, compression=None, open_timeout=60) as ws:
-            body: dict[str, Any] = {"type": "response.create", "model": server.model, "store": False,
-                                    "input": [{"role": "user", "content": filler(64, seed=3)}]}
+            body: dict[str, Any] = {
+                "type": "response.create",
+                "model": server.model,
+                "store": False,
+                "input": [{"role": "user", "content": filler(64, seed=3)}],
+            }
             if output == "cap16":
                 body["max_output_tokens"] = CAP
             first = recorded_turn(ws, body)
@@ -371,8 +433,12 @@ def run_chains(args: argparse.Namespace) -> list[Chain]:
     opened: list[Any] = [gateway]
     chains: list[Chain] = []
     try:
-        respgate = {o: Server("respgate", gateway.url, gateway.ws_url, gateway=gateway,
-                              model=STREAM_MODEL if o == "cap16" else MODEL) for o in args.outputs}
+        respgate = {
+            o: Server(
+                "respgate", gateway.url, gateway.ws_url, gateway=gateway, model=STREAM_MODEL if o == "cap16" else MODEL
+            )
+            for o in args.outputs
+        }
         stub = StubUpstream(MODEL)
         opened.append(stub)
         agentic = AgenticServer(binary, stub.url)

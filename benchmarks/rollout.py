@@ -44,15 +44,30 @@ from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
 
 MODES = ("ws", "http_chained", "http_stateless")
-LABELS = {"ws": "WS chained (store=false)", "http_chained": "HTTP chained (store=true)",
-          "http_stateless": "HTTP full history (store=false)"}
+LABELS = {
+    "ws": "WS chained (store=false)",
+    "http_chained": "HTTP chained (store=true)",
+    "http_stateless": "HTTP full history (store=false)",
+}
 TOOLS = [
-    {"type": "function", "name": "read_file", "description": "Read a file.",
-     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
-    {"type": "function", "name": "shell", "description": "Run a shell command.",
-     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
-    {"type": "function", "name": "apply_patch", "description": "Apply a unified patch.",
-     "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}},
+    {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+    {
+        "type": "function",
+        "name": "apply_patch",
+        "description": "Apply a unified patch.",
+        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]},
+    },
 ]
 STEP = re.compile(r"\[step (\d+)\]")
 DECODE_TPS = 1000.0
@@ -61,8 +76,8 @@ PREFILL_TPS = 10_000.0
 
 @dataclass(frozen=True)
 class Step:
-    turn: Turn          # what the model says and calls
-    output: str         # what the tool returns ("" for the final answer)
+    turn: Turn  # what the model says and calls
+    output: str  # what the tool returns ("" for the final answer)
 
 
 def trajectory(calls: int = 30, seed: int = 7) -> list[Step]:
@@ -70,7 +85,7 @@ def trajectory(calls: int = 30, seed: int = 7) -> list[Step]:
     kinds = ["read"] * (calls * 2 // 5) + ["shell"] * (calls * 2 // 5)
     kinds += ["patch"] * (calls - len(kinds))
     rng.shuffle(kinds)
-    kinds[0] = "read"   # an agent looks before it edits
+    kinds[0] = "read"  # an agent looks before it edits
     steps = []
     for k, kind in enumerate(kinds):
         reasoning = f"Step {k}: " + filler(rng.randint(40, 160), seed=k)
@@ -81,8 +96,10 @@ def trajectory(calls: int = 30, seed: int = 7) -> list[Step]:
             call = ToolCall("shell", {"cmd": f"python -m pytest -q tests/test_mod_{k}.py -x"})
             output = filler(rng.randint(30, 300), seed=k + 5)
         else:
-            call = ToolCall("apply_patch", {"patch": "*** Begin Patch\n" + filler(rng.randint(150, 600), seed=k)
-                                            + "\n*** End Patch"})
+            call = ToolCall(
+                "apply_patch",
+                {"patch": "*** Begin Patch\n" + filler(rng.randint(150, 600), seed=k) + "\n*** End Patch"},
+            )
             output = "Success. Updated 1 file."
         steps.append(Step(Turn(reasoning=reasoning, tool_calls=(call,)), f"[step {k}] {output}"))
     steps.append(Step(Turn(reasoning="All checks pass. " + filler(60, seed=1), text=filler(150, seed=2)), ""))
@@ -111,7 +128,7 @@ class Agent:
         self.engine_s: list[float] = []
         self.prompt_tokens: list[int] = []
         self.cached_tokens: list[int] = []
-        self.prepare_s: list[float] = []    # the gateway's own view: validate .. render, before the engine
+        self.prepare_s: list[float] = []  # the gateway's own view: validate .. render, before the engine
         if mode == "ws":
             self.ws = connect(live.ws_url, max_size=None, compression=None)
         else:
@@ -122,8 +139,7 @@ class Agent:
         t0 = time.perf_counter()
         if self.mode == "http_stateless":
             self.history.extend(items)
-            body: dict[str, Any] = {"input": self.history, "store": False,
-                                    "include": ["reasoning.encrypted_content"]}
+            body: dict[str, Any] = {"input": self.history, "store": False, "include": ["reasoning.encrypted_content"]}
         else:
             body = {"input": items, "store": self.mode == "http_chained"}
             if self.prev:
@@ -137,8 +153,9 @@ class Agent:
                     break
         else:
             body["stream"] = True
-            with self.http.stream("POST", "/responses", content=orjson.dumps(body),
-                                  headers={"content-type": "application/json"}) as r:
+            with self.http.stream(
+                "POST", "/responses", content=orjson.dumps(body), headers={"content-type": "application/json"}
+            ) as r:
                 ev = {"type": f"HTTP {r.status_code}"}
                 for line in r.iter_lines():
                     if line.startswith("data: "):
@@ -167,21 +184,36 @@ class Agent:
 def run(quick: bool) -> dict[str, Any]:
     calls = 10 if quick else 30
     steps = trajectory(calls)
-    live = ChildGateway("--script", "rollout", "--calls", str(calls), "--decode-tps", str(DECODE_TPS),
-                        "--prefill-tps", str(PREFILL_TPS), "--prefix-cache")
+    live = ChildGateway(
+        "--script",
+        "rollout",
+        "--calls",
+        str(calls),
+        "--decode-tps",
+        str(DECODE_TPS),
+        "--prefill-tps",
+        str(PREFILL_TPS),
+        "--prefix-cache",
+    )
     try:
         agents = {m: Agent(live, m) for m in MODES}
-        pending = {m: [{"role": "developer", "content": f"You are a coding agent ({m} run)."},
-                       {"role": "user", "content": "Fix the failing tests in this repository."}] for m in MODES}
+        pending = {
+            m: [
+                {"role": "developer", "content": f"You are a coding agent ({m} run)."},
+                {"role": "user", "content": "Fix the failing tests in this repository."},
+            ]
+            for m in MODES
+        }
         for k in range(len(steps)):
-            order = MODES[k % 3:] + MODES[:k % 3]
+            order = MODES[k % 3 :] + MODES[: k % 3]
             for m in order:
                 resp = agents[m].step(pending[m])
                 calls_out = [o for o in resp["output"] if o["type"] == "function_call"]
                 if k < len(steps) - 1:
                     assert len(calls_out) == 1, resp["output"]
-                    pending[m] = [{"type": "function_call_output", "call_id": calls_out[0]["call_id"],
-                                   "output": steps[k].output}]
+                    pending[m] = [
+                        {"type": "function_call_output", "call_id": calls_out[0]["call_id"], "output": steps[k].output}
+                    ]
                 else:
                     assert not calls_out and resp["output"][-1]["type"] == "message"
         for a in agents.values():
@@ -191,19 +223,36 @@ def run(quick: bool) -> dict[str, Any]:
     rows = {}
     for m, a in agents.items():
         total, eng = sum(a.turn_s), sum(a.engine_s)
-        rows[m] = {"turns": len(a.turn_s), "end_to_end_s": total, "engine_s": eng,
-                   "non_engine_s": total - eng, "non_engine_share": (total - eng) / total,
-                   "gateway_prepare_s": sum(a.prepare_s), "gateway_prepare_share": sum(a.prepare_s) / total,
-                   "final_prompt_tokens": a.prompt_tokens[-1],
-                   "prompt_tokens_total": sum(a.prompt_tokens), "cached_tokens_total": sum(a.cached_tokens),
-                   "per_turn_s": a.turn_s, "per_turn_engine_s": a.engine_s, "per_turn_prompt": a.prompt_tokens,
-                   "per_turn_prepare_s": a.prepare_s}
+        rows[m] = {
+            "turns": len(a.turn_s),
+            "end_to_end_s": total,
+            "engine_s": eng,
+            "non_engine_s": total - eng,
+            "non_engine_share": (total - eng) / total,
+            "gateway_prepare_s": sum(a.prepare_s),
+            "gateway_prepare_share": sum(a.prepare_s) / total,
+            "final_prompt_tokens": a.prompt_tokens[-1],
+            "prompt_tokens_total": sum(a.prompt_tokens),
+            "cached_tokens_total": sum(a.cached_tokens),
+            "per_turn_s": a.turn_s,
+            "per_turn_engine_s": a.engine_s,
+            "per_turn_prompt": a.prompt_tokens,
+            "per_turn_prepare_s": a.prepare_s,
+        }
     ws = rows["ws"]
-    return {"benchmark": "rollout", "tool_calls": calls,
-            "engine": "simulated: 1,000 tok/s decode (1 token/delta), 10,000 tok/s uncached prefill, prefix cache",
-            "modes": rows,
-            "ratios": {m: {"end_to_end_vs_ws": rows[m]["end_to_end_s"] / ws["end_to_end_s"],
-                           "non_engine_vs_ws": rows[m]["non_engine_s"] / ws["non_engine_s"]} for m in MODES}}
+    return {
+        "benchmark": "rollout",
+        "tool_calls": calls,
+        "engine": "simulated: 1,000 tok/s decode (1 token/delta), 10,000 tok/s uncached prefill, prefix cache",
+        "modes": rows,
+        "ratios": {
+            m: {
+                "end_to_end_vs_ws": rows[m]["end_to_end_s"] / ws["end_to_end_s"],
+                "non_engine_vs_ws": rows[m]["non_engine_s"] / ws["non_engine_s"],
+            }
+            for m in MODES
+        },
+    }
 
 
 def plot(result: dict[str, Any], path) -> None:
@@ -224,8 +273,14 @@ def plot(result: dict[str, Any], path) -> None:
     a.legend(fontsize=8, loc="lower right")
     colors = {"ws": "tab:green", "http_chained": "tab:blue", "http_stateless": "tab:red"}
     for m, row in modes.items():
-        b.plot(row["per_turn_prompt"], [(t - e) * 1e3 for t, e in zip(row["per_turn_s"], row["per_turn_engine_s"])],
-               "o-", markersize=3, color=colors[m], label=LABELS[m])
+        b.plot(
+            row["per_turn_prompt"],
+            [(t - e) * 1e3 for t, e in zip(row["per_turn_s"], row["per_turn_engine_s"])],
+            "o-",
+            markersize=3,
+            color=colors[m],
+            label=LABELS[m],
+        )
     b.set_yscale("log")
     b.set_xlabel("prompt tokens at the turn")
     b.set_ylabel("non-engine ms per turn")

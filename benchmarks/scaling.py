@@ -97,12 +97,20 @@ class RedisProbe:
 
     def snap(self) -> dict[str, Any]:
         info = self.r.info("commandstats", "stats", "memory", "cpu")
-        stats = {k[len("cmdstat_"):]: v for k, v in info.items()
-                 if k.startswith("cmdstat_") and k not in ("cmdstat_info", "cmdstat_config")}
-        return {"t": time.perf_counter(), "cpu": info["used_cpu_sys"] + info["used_cpu_user"],
-                "calls": {k: v["calls"] for k, v in stats.items()}, "usec": sum(v["usec"] for v in stats.values()),
-                "net_in": info["total_net_input_bytes"], "net_out": info["total_net_output_bytes"],
-                "used_memory": info["used_memory"]}
+        stats = {
+            k[len("cmdstat_") :]: v
+            for k, v in info.items()
+            if k.startswith("cmdstat_") and k not in ("cmdstat_info", "cmdstat_config")
+        }
+        return {
+            "t": time.perf_counter(),
+            "cpu": info["used_cpu_sys"] + info["used_cpu_user"],
+            "calls": {k: v["calls"] for k, v in stats.items()},
+            "usec": sum(v["usec"] for v in stats.values()),
+            "net_in": info["total_net_input_bytes"],
+            "net_out": info["total_net_output_bytes"],
+            "used_memory": info["used_memory"],
+        }
 
     def data_bytes(self, ledger_stream: str = "respgate:usage", shards: int = 1) -> dict[str, int]:
         """``MEMORY USAGE`` summed over every key, split into the usage ledger's (its streams and
@@ -114,7 +122,7 @@ class RedisProbe:
         sizes: list[int] = []
         for start in range(0, len(keys), 1000):
             pipe = self.r.pipeline(transaction=False)
-            for k in keys[start:start + 1000]:
+            for k in keys[start : start + 1000]:
                 pipe.memory_usage(k, samples=0)
             sizes += [int(x or 0) for x in pipe.execute()]
         streams = shard_streams(ledger_stream, shards)
@@ -124,11 +132,15 @@ class RedisProbe:
 
     def delta(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         names = set(a["calls"]) | set(b["calls"])
-        return {"wall_s": b["t"] - a["t"], "cpu_s": b["cpu"] - a["cpu"], "cmd_usec": b["usec"] - a["usec"],
-                "calls": {n: b["calls"].get(n, 0) - a["calls"].get(n, 0) for n in sorted(names)},
-                "net_in": b["net_in"] - a["net_in"] - self.info_in,
-                "net_out": b["net_out"] - a["net_out"] - self.info_out,
-                "used_memory": b["used_memory"] - a["used_memory"]}
+        return {
+            "wall_s": b["t"] - a["t"],
+            "cpu_s": b["cpu"] - a["cpu"],
+            "cmd_usec": b["usec"] - a["usec"],
+            "calls": {n: b["calls"].get(n, 0) - a["calls"].get(n, 0) for n in sorted(names)},
+            "net_in": b["net_in"] - a["net_in"] - self.info_in,
+            "net_out": b["net_out"] - a["net_out"] - self.info_out,
+            "used_memory": b["used_memory"] - a["used_memory"],
+        }
 
 
 def _per_unit(d: dict[str, Any], idle: dict[str, Any] | None, units: int) -> dict[str, Any]:
@@ -140,16 +152,20 @@ def _per_unit(d: dict[str, Any], idle: dict[str, Any] | None, units: int) -> dic
 
     rate = (lambda k: idle[k] / idle["wall_s"]) if idle else (lambda k: 0.0)
     idle_calls = idle["calls"] if idle else {}
-    commands = {n: round(max(0.0, net(c, idle_calls.get(n, 0) / idle["wall_s"] if idle else 0.0)), 3)
-                for n, c in d["calls"].items()}
-    return {"commands_per_unit": {n: c for n, c in commands.items() if c > 0},
-            "calls_per_unit": round(sum(commands.values()), 3),
-            "net_in_bytes_per_unit": net(d["net_in"], rate("net_in")),
-            "net_out_bytes_per_unit": net(d["net_out"], rate("net_out")),
-            "cpu_s_per_unit": net(d["cpu_s"], rate("cpu_s")),
-            "cmd_usec_per_unit": net(d["cmd_usec"], rate("cmd_usec")),
-            "used_memory_bytes_per_unit": d["used_memory"] / units,
-            "raw": d}
+    commands = {
+        n: round(max(0.0, net(c, idle_calls.get(n, 0) / idle["wall_s"] if idle else 0.0)), 3)
+        for n, c in d["calls"].items()
+    }
+    return {
+        "commands_per_unit": {n: c for n, c in commands.items() if c > 0},
+        "calls_per_unit": round(sum(commands.values()), 3),
+        "net_in_bytes_per_unit": net(d["net_in"], rate("net_in")),
+        "net_out_bytes_per_unit": net(d["net_out"], rate("net_out")),
+        "cpu_s_per_unit": net(d["cpu_s"], rate("cpu_s")),
+        "cmd_usec_per_unit": net(d["cmd_usec"], rate("cmd_usec")),
+        "used_memory_bytes_per_unit": d["used_memory"] / units,
+        "raw": d,
+    }
 
 
 def _chain_class():
@@ -199,8 +215,9 @@ MODES = {
 }
 
 
-def turn_scenario(gw: Any, probe: RedisProbe, idle: dict[str, Any], mode: str, state_tokens: int,
-                  turns: int) -> dict[str, Any]:
+def turn_scenario(
+    gw: Any, probe: RedisProbe, idle: dict[str, Any], mode: str, state_tokens: int, turns: int
+) -> dict[str, Any]:
     from benchmarks.common import filler
 
     mem0 = probe.data_bytes()["other"]
@@ -225,19 +242,28 @@ def turn_scenario(gw: Any, probe: RedisProbe, idle: dict[str, Any], mode: str, s
     chain.close()
     d = probe.delta(a, b)
     label, transport, store = MODES[mode]
-    return {"mode": mode, "label": label, "transport": transport, "store": store, "turns": turns,
-            "new_tokens_per_turn": NEW_TOKENS, "state_tokens_start": start_tokens,
-            "state_tokens_end": chain.input_tokens, "chain_depth_start": start_depth, "chain_depth_end": chain.depth,
-            "wall_s": d["wall_s"],
-            "gateway_cpu_s_per_turn": (cpu - idle["gateway_cpu_s"] / idle["wall_s"] * d["wall_s"]) / turns,
-            "gateway_rss_growth_bytes_per_turn": (rss1 - rss0) / turns,
-            "redis_build_data_bytes": build,
-            "redis_build_data_bytes_per_state_token": build / start_tokens,
-            "redis": _per_unit(d, idle, turns),
-            # what the turns' data takes in Redis: their usage records, and everything else (the
-            # stored responses and item index; a conversation's items; a background turn's event log)
-            "redis_ledger_bytes_per_turn": (data1["ledger"] - data0["ledger"]) / turns,
-            "redis_data_bytes_per_turn": (data1["other"] - data0["other"]) / turns}
+    return {
+        "mode": mode,
+        "label": label,
+        "transport": transport,
+        "store": store,
+        "turns": turns,
+        "new_tokens_per_turn": NEW_TOKENS,
+        "state_tokens_start": start_tokens,
+        "state_tokens_end": chain.input_tokens,
+        "chain_depth_start": start_depth,
+        "chain_depth_end": chain.depth,
+        "wall_s": d["wall_s"],
+        "gateway_cpu_s_per_turn": (cpu - idle["gateway_cpu_s"] / idle["wall_s"] * d["wall_s"]) / turns,
+        "gateway_rss_growth_bytes_per_turn": (rss1 - rss0) / turns,
+        "redis_build_data_bytes": build,
+        "redis_build_data_bytes_per_state_token": build / start_tokens,
+        "redis": _per_unit(d, idle, turns),
+        # what the turns' data takes in Redis: their usage records, and everything else (the
+        # stored responses and item index; a conversation's items; a background turn's event log)
+        "redis_ledger_bytes_per_turn": (data1["ledger"] - data0["ledger"]) / turns,
+        "redis_data_bytes_per_turn": (data1["other"] - data0["other"]) / turns,
+    }
 
 
 async def idle_cpu(url: str, conns: int, seconds: float, gw: Any) -> dict[str, Any]:
@@ -264,13 +290,17 @@ async def idle_cpu(url: str, conns: int, seconds: float, gw: Any) -> dict[str, A
     busy = cpu_seconds(pid) - c0
     for ws in sockets:
         await ws.close()
-    return {"connections": conns, "seconds": seconds, "gateway_cpu_s_none": base, "gateway_cpu_s_open": busy,
-            "rss_mb_open": rss0 / 2**20,
-            "cpu_s_per_connection_second": max(0.0, busy - base) / conns / seconds}
+    return {
+        "connections": conns,
+        "seconds": seconds,
+        "gateway_cpu_s_none": base,
+        "gateway_cpu_s_open": busy,
+        "rss_mb_open": rss0 / 2**20,
+        "cpu_s_per_connection_second": max(0.0, busy - base) / conns / seconds,
+    }
 
 
-async def ledger(url: str, probe: RedisProbe, records: int, shards: int = 1, *,
-                 sharded: bool = True) -> dict[str, Any]:
+async def ledger(url: str, probe: RedisProbe, records: int, shards: int = 1, *, sharded: bool = True) -> dict[str, Any]:
     """Records per second one billing queue sustains into the Redis ledger (``shards`` streams), and
     what each costs Redis; with ``sharded``, the same into ``LEDGER_SHARDS`` shards too."""
     from benchmarks.usage_submit import make_record
@@ -296,8 +326,10 @@ async def ledger(url: str, probe: RedisProbe, records: int, shards: int = 1, *,
         wall = time.perf_counter() - t0
         b = probe.snap()
         stream_bytes = sum(int(probe.r.memory_usage(s, samples=0) or 0) for s in sink.streams)
-        sample = [marker_key(sink.streams[shard_of(r.response_id, shards)], r.response_id)
-                  for r in batch[::max(1, records // 200)]]
+        sample = [
+            marker_key(sink.streams[shard_of(r.response_id, shards)], r.response_id)
+            for r in batch[:: max(1, records // 200)]
+        ]
         marker_bytes = sum(int(probe.r.memory_usage(k, samples=0) or 0) for k in sample) / len(sample)
         await queue.drain()
     d = probe.delta(a, b)
@@ -306,15 +338,24 @@ async def ledger(url: str, probe: RedisProbe, records: int, shards: int = 1, *,
     more: dict[str, Any] = {}
     if sharded:
         more["sharded"] = await ledger(url, probe, records, LEDGER_SHARDS, sharded=False)
-    return {**more, "single": single, "shards": shards, "streams": shard_streams(LEDGER_STREAM, shards),
-            "records": records, "batch_max": queue.batch_max, "wall_s": wall, "records_per_s": records / wall,
-            "appended": sink.appended, "redis": unit,
-            "redis_records_per_cpu_s": 1 / unit["cpu_s_per_unit"] if unit["cpu_s_per_unit"] > 0 else None,
-            "stream_bytes_per_record": stream_bytes / records,
-            # what the markers take with the keyspace's own tables (main and expires dicts), and the key alone
-            "marker_bytes_per_record": (d["used_memory"] - stream_bytes) / records,
-            "marker_key_bytes": marker_bytes,
-            "used_memory_bytes_per_record": d["used_memory"] / records}
+    return {
+        **more,
+        "single": single,
+        "shards": shards,
+        "streams": shard_streams(LEDGER_STREAM, shards),
+        "records": records,
+        "batch_max": queue.batch_max,
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "appended": sink.appended,
+        "redis": unit,
+        "redis_records_per_cpu_s": 1 / unit["cpu_s_per_unit"] if unit["cpu_s_per_unit"] > 0 else None,
+        "stream_bytes_per_record": stream_bytes / records,
+        # what the markers take with the keyspace's own tables (main and expires dicts), and the key alone
+        "marker_bytes_per_record": (d["used_memory"] - stream_bytes) / records,
+        "marker_key_bytes": marker_bytes,
+        "used_memory_bytes_per_record": d["used_memory"] / records,
+    }
 
 
 async def ledger_single(url: str, probe: RedisProbe, records: int, writers: int, shards: int = 1) -> dict[str, Any]:
@@ -342,8 +383,15 @@ async def ledger_single(url: str, probe: RedisProbe, records: int, writers: int,
     for s in sinks:
         await s.close()
     unit = _per_unit(d, None, records)
-    return {"records": records, "writers": writers, "shards": shards, "wall_s": wall, "records_per_s": records / wall,
-            "appended": sum(s.appended for s in sinks), "redis": unit}
+    return {
+        "records": records,
+        "writers": writers,
+        "shards": shards,
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "appended": sum(s.appended for s in sinks),
+        "redis": unit,
+    }
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -357,8 +405,12 @@ def run(quick: bool) -> dict[str, Any]:
     idle_s = 3.0 if quick else 10.0
     server = RedisServer()
     server.start()
-    result: dict[str, Any] = {"benchmark": "scaling", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "engine": "simulated, zero latency, short turns", "redis_server": _server_version(server.url)}
+    result: dict[str, Any] = {
+        "benchmark": "scaling",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "engine": "simulated, zero latency, short turns",
+        "redis_server": _server_version(server.url),
+    }
     try:
         probe = RedisProbe(server.url)
         with ChildGateway("--script", "short", "--redis-url", server.url) as gw:
@@ -369,10 +421,20 @@ def run(quick: bool) -> dict[str, Any]:
             time.sleep(idle_s)
             idle = probe.delta(a, probe.snap())
             idle["gateway_cpu_s"] = cpu_seconds(gw.proc.pid) - c0
-            result["idle"] = {"wall_s": idle["wall_s"], "gateway_cpu_s_per_s": idle["gateway_cpu_s"] / idle["wall_s"],
-                              "redis": _per_unit(idle, None, 1)}
-            plan = [("ws", 32_768), ("ws", 131_072), ("http_chained", 32_768), ("http_chained", 131_072),
-                    ("ws_store", 32_768), ("conversation", 32_768), ("background", 32_768)]
+            result["idle"] = {
+                "wall_s": idle["wall_s"],
+                "gateway_cpu_s_per_s": idle["gateway_cpu_s"] / idle["wall_s"],
+                "redis": _per_unit(idle, None, 1),
+            }
+            plan = [
+                ("ws", 32_768),
+                ("ws", 131_072),
+                ("http_chained", 32_768),
+                ("http_chained", 131_072),
+                ("ws_store", 32_768),
+                ("conversation", 32_768),
+                ("background", 32_768),
+            ]
             result["turns"] = [turn_scenario(gw, probe, idle, mode, size, turns) for mode, size in plan]
         with ChildGateway("--script", "short", "--redis-url", server.url) as gw:
             result["idle_cpu"] = asyncio.run(idle_cpu(gw.ws_url, 32 if quick else 256, 5.0 if quick else 45.0, gw))
@@ -386,11 +448,16 @@ def run(quick: bool) -> dict[str, Any]:
         server.stop()
     with tempfile.TemporaryDirectory() as tmp:
         wal = usage_submit(5 if quick else 50, 256, Path(tmp))
-    result["usage_wal"] = {"submit_us_per_record_wal": wal["submit_us_per_record_median"]["wal"],
-                           "wal_cost_us_per_record": wal["wal_cost_us_per_record"]}
+    result["usage_wal"] = {
+        "submit_us_per_record_wal": wal["submit_us_per_record_median"]["wal"],
+        "wal_cost_us_per_record": wal["wal_cost_us_per_record"],
+    }
     defaults = Settings()
-    result["retention"] = {"store_ttl_s": defaults.store_ttl_s, "ledger_marker_ttl_s": defaults.usage_marker_ttl_s,
-                           "ledger_stream_shards": defaults.usage_stream_shards}
+    result["retention"] = {
+        "store_ttl_s": defaults.store_ttl_s,
+        "ledger_marker_ttl_s": defaults.usage_marker_ttl_s,
+        "ledger_stream_shards": defaults.usage_stream_shards,
+    }
     return result
 
 
@@ -495,9 +562,14 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
     unbatched = max(x["redis"]["cpu_s_per_unit"] for x in single)
     net_per_record = max(max(x["redis"]["net_in_bytes_per_unit"], x["redis"]["net_out_bytes_per_unit"]) for x in single)
     # what one ledger shard holds per record/s: markers over their TTL, entries over the retention
-    held_per_record_s = marker_ttl * led["marker_bytes_per_record"] + LEDGER_RETENTION_PLAN_S * led["stream_bytes_per_record"]
-    ledger_ceiling = {"CPU": SHARD_CPU_TARGET / unbatched, "memory": shard_mem / held_per_record_s,
-                      "network": SHARD_NET_BYTES_S / net_per_record}
+    held_per_record_s = (
+        marker_ttl * led["marker_bytes_per_record"] + LEDGER_RETENTION_PLAN_S * led["stream_bytes_per_record"]
+    )
+    ledger_ceiling = {
+        "CPU": SHARD_CPU_TARGET / unbatched,
+        "memory": shard_mem / held_per_record_s,
+        "network": SHARD_NET_BYTES_S / net_per_record,
+    }
     out = []
     for mode, size in (("ws", 32_768), ("ws", 131_072), ("http_chained", 32_768), ("http_chained", 131_072)):
         t = _row(result, mode, size)
@@ -524,33 +596,67 @@ def plan(result: dict[str, Any]) -> list[dict[str, Any]]:
         store_mem = turns_s * store_ttl * stored_per_response
         marker_mem = turns_s * marker_ttl * led["marker_bytes_per_record"]
         stream_day = turns_s * 86400 * led["stream_bytes_per_record"]
-        shards = max(math.ceil(store_cores / SHARD_CPU_TARGET), math.ceil(store_mem / shard_mem),
-                     math.ceil(max(in_s, out_s) / SHARD_NET_BYTES_S), 1) if t["store"] else 0
+        shards = (
+            max(
+                math.ceil(store_cores / SHARD_CPU_TARGET),
+                math.ceil(store_mem / shard_mem),
+                math.ceil(max(in_s, out_s) / SHARD_NET_BYTES_S),
+                1,
+            )
+            if t["store"]
+            else 0
+        )
         ledger_cpu_ceiling = SHARD_CPU_TARGET / unbatched  # records/s one shard takes, a record per call
         # the ledger's shards, sized like the store's: CPU, memory (markers + retained entries), network
         stream_mem = turns_s * LEDGER_RETENTION_PLAN_S * led["stream_bytes_per_record"]
-        ledger_need = {"CPU": ledger_cores / SHARD_CPU_TARGET, "memory": (marker_mem + stream_mem) / shard_mem,
-                       "network": turns_s * net_per_record / SHARD_NET_BYTES_S}
+        ledger_need = {
+            "CPU": ledger_cores / SHARD_CPU_TARGET,
+            "memory": (marker_mem + stream_mem) / shard_mem,
+            "network": turns_s * net_per_record / SHARD_NET_BYTES_S,
+        }
         ledger_shards = max(max(math.ceil(v) for v in ledger_need.values()), 1)
-        out.append({
-            "mode": mode, "label": t["label"], "name": f"{SHORT[mode]}, {_k(size)}", "state_k": _k(size), "ws": ws, "turns_s": turns_s,
-            "state_tokens": t["state_tokens_start"],
-            "gateway_cores": cores, "cpu_replicas": cpu_replicas, "mem_replicas": mem_replicas,
-            "bytes_per_connection": per_conn, "replicas": replicas,
-            "replicas_bound": "memory" if (mem_replicas or 0) > cpu_replicas else "CPU",
-            "ops_s": ops_s, "in_s": in_s, "out_s": out_s, "redis_cores": redis_cores, "store_cores": store_cores,
-            "ledger_cores": ledger_cores, "stored_per_response": stored_per_response, "store_mem": store_mem,
-            "marker_mem": marker_mem, "stream_day": stream_day, "shards": shards,
-            "ledger_needed": turns_s, "ledger_replica_s": led["records_per_s"],
-            "ledger_cpu_ceiling": ledger_cpu_ceiling, "ledger_cpu_per_record": unbatched,
-            "ledger_cpu_ceiling_batched": SHARD_CPU_TARGET / led["redis"]["cpu_s_per_unit"],
-            "ledger_mem_ceiling_s": shard_mem / (marker_ttl * led["marker_bytes_per_record"]),
-            "ledger_stream_mem": stream_mem, "ledger_net_s": turns_s * net_per_record,
-            "ledger_shards": ledger_shards, "ledger_bound": max(ledger_need, key=lambda k: ledger_need[k]),
-            "ledger_shard_ceiling": ledger_ceiling, "ledger_shard_records_s": min(ledger_ceiling.values()),
-            "ledger_shard_bound": min(ledger_ceiling, key=lambda k: ledger_ceiling[k]),
-            "ledger_old_mem_ceiling_s": shard_mem / (OLD_MARKER_TTL_S * led["marker_bytes_per_record"]),
-        })
+        out.append(
+            {
+                "mode": mode,
+                "label": t["label"],
+                "name": f"{SHORT[mode]}, {_k(size)}",
+                "state_k": _k(size),
+                "ws": ws,
+                "turns_s": turns_s,
+                "state_tokens": t["state_tokens_start"],
+                "gateway_cores": cores,
+                "cpu_replicas": cpu_replicas,
+                "mem_replicas": mem_replicas,
+                "bytes_per_connection": per_conn,
+                "replicas": replicas,
+                "replicas_bound": "memory" if (mem_replicas or 0) > cpu_replicas else "CPU",
+                "ops_s": ops_s,
+                "in_s": in_s,
+                "out_s": out_s,
+                "redis_cores": redis_cores,
+                "store_cores": store_cores,
+                "ledger_cores": ledger_cores,
+                "stored_per_response": stored_per_response,
+                "store_mem": store_mem,
+                "marker_mem": marker_mem,
+                "stream_day": stream_day,
+                "shards": shards,
+                "ledger_needed": turns_s,
+                "ledger_replica_s": led["records_per_s"],
+                "ledger_cpu_ceiling": ledger_cpu_ceiling,
+                "ledger_cpu_per_record": unbatched,
+                "ledger_cpu_ceiling_batched": SHARD_CPU_TARGET / led["redis"]["cpu_s_per_unit"],
+                "ledger_mem_ceiling_s": shard_mem / (marker_ttl * led["marker_bytes_per_record"]),
+                "ledger_stream_mem": stream_mem,
+                "ledger_net_s": turns_s * net_per_record,
+                "ledger_shards": ledger_shards,
+                "ledger_bound": max(ledger_need, key=lambda k: ledger_need[k]),
+                "ledger_shard_ceiling": ledger_ceiling,
+                "ledger_shard_records_s": min(ledger_ceiling.values()),
+                "ledger_shard_bound": min(ledger_ceiling, key=lambda k: ledger_ceiling[k]),
+                "ledger_old_mem_ceiling_s": shard_mem / (OLD_MARKER_TTL_S * led["marker_bytes_per_record"]),
+            }
+        )
     return out
 
 
@@ -565,103 +671,148 @@ def render_doc(result: dict[str, Any]) -> str:
     wal = result["usage_wal"]
     idle = result["idle"]
     quick = " (a `--quick` smoke run: figures are not for planning)" if result.get("quick") else ""
-    L = ["# Capacity on paper: 100,000 agent sessions", "",
-         "<!-- Written by benchmarks/scaling.py (render_doc) from benchmarks/results/scaling.json; do not edit by hand:"
-         " `python -m benchmarks --only scaling` remeasures, `python -m benchmarks --report-only` rewrites it. -->", "",
-         f"Every figure below is computed from one benchmark run (`benchmarks/scaling.py`, "
-         f"`benchmarks/results/scaling.json`) of {result['date']}{quick}: {m['cpus']} vCPUs ({m['platform']}, "
-         f"Python {m['python']}), 1-minute load average {m['loadavg_1m_start']:.1f} at the start and "
-         f"{m['loadavg_1m_end']:.1f} at the end, {_n(m['wall_s'])} s. The machine is small and shared, so "
-         "what is read here is CPU *seconds* from `/proc` and counts and bytes from the servers' own counters, "
-         "not latencies; CPU seconds still inflate somewhat on a loaded machine (shared caches, frequency), "
-         "so the figures err on the expensive side of a dedicated node.", "",
-         f"Set-up: the gateway in its own process (`benchmarks/sim_server.py`), the simulated engine at zero "
-         f"latency with terse answers, {result['redis_server']} for the response store, conversations and the "
-         f"usage ledger. Each measured turn adds one {result['turns'][0]['new_tokens_per_turn']}-token user item "
-         "(a tool output) and gets a short answer; engine time is not part of any gateway figure.", "",
-         "## Measured units", "",
-         "### Gateway, per turn", "",
-         "| turn | state (tokens, start → end) | chain depth | gateway CPU ms / turn | RSS growth / turn |",
-         "|---|---:|---:|---:|---:|"]
+    L = [
+        "# Capacity on paper: 100,000 agent sessions",
+        "",
+        "<!-- Written by benchmarks/scaling.py (render_doc) from benchmarks/results/scaling.json; do not edit by hand:"
+        " `python -m benchmarks --only scaling` remeasures, `python -m benchmarks --report-only` rewrites it. -->",
+        "",
+        f"Every figure below is computed from one benchmark run (`benchmarks/scaling.py`, "
+        f"`benchmarks/results/scaling.json`) of {result['date']}{quick}: {m['cpus']} vCPUs ({m['platform']}, "
+        f"Python {m['python']}), 1-minute load average {m['loadavg_1m_start']:.1f} at the start and "
+        f"{m['loadavg_1m_end']:.1f} at the end, {_n(m['wall_s'])} s. The machine is small and shared, so "
+        "what is read here is CPU *seconds* from `/proc` and counts and bytes from the servers' own counters, "
+        "not latencies; CPU seconds still inflate somewhat on a loaded machine (shared caches, frequency), "
+        "so the figures err on the expensive side of a dedicated node.",
+        "",
+        f"Set-up: the gateway in its own process (`benchmarks/sim_server.py`), the simulated engine at zero "
+        f"latency with terse answers, {result['redis_server']} for the response store, conversations and the "
+        f"usage ledger. Each measured turn adds one {result['turns'][0]['new_tokens_per_turn']}-token user item "
+        "(a tool output) and gets a short answer; engine time is not part of any gateway figure.",
+        "",
+        "## Measured units",
+        "",
+        "### Gateway, per turn",
+        "",
+        "| turn | state (tokens, start → end) | chain depth | gateway CPU ms / turn | RSS growth / turn |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for t in result["turns"]:
-        L.append(f"| {t['label']} | {_n(t['state_tokens_start'])} → {_n(t['state_tokens_end'])} | "
-                 f"{t['chain_depth_start']} → {t['chain_depth_end']} | {_n(t['gateway_cpu_s_per_turn'] * 1e3, 2)} | "
-                 f"{_b(t['gateway_rss_growth_bytes_per_turn'])} |")
-    L += ["", f"The usage WAL (on in production with a journal, off in this gateway process) adds "
-          f"{_n(wal['wal_cost_us_per_record'], 1)} µs of CPU per turn on top (`benchmarks/usage_submit.py`, same run).",
-          "", "### Gateway, per idle WebSocket connection", "",
-          "| state held | connections | RSS per connection | RSS per state token |", "|---:|---:|---:|---:|"]
+        L.append(
+            f"| {t['label']} | {_n(t['state_tokens_start'])} → {_n(t['state_tokens_end'])} | "
+            f"{t['chain_depth_start']} → {t['chain_depth_end']} | {_n(t['gateway_cpu_s_per_turn'] * 1e3, 2)} | "
+            f"{_b(t['gateway_rss_growth_bytes_per_turn'])} |"
+        )
+    L += [
+        "",
+        f"The usage WAL (on in production with a journal, off in this gateway process) adds "
+        f"{_n(wal['wal_cost_us_per_record'], 1)} µs of CPU per turn on top (`benchmarks/usage_submit.py`, same run).",
+        "",
+        "### Gateway, per idle WebSocket connection",
+        "",
+        "| state held | connections | RSS per connection | RSS per state token |",
+        "|---:|---:|---:|---:|",
+    ]
     for x in result["idle_memory"]:
-        L.append(f"| {_n(x['state_tokens'])} | {x['connections']} | {_b(x['bytes_per_idle_connection'])} | "
-                 f"{_n(x['bytes_per_state_token'], 1)} B |")
-    L += ["", f"Idle CPU: {ic['connections']} open connections over {_n(ic['seconds'])} s (the server pings every "
-          f"20 s) cost {_n(ic['cpu_s_per_connection_second'] * 1e6, 2)} µs of gateway CPU per connection per second "
-          f"({_n(ic['gateway_cpu_s_open'], 3)} s vs {_n(ic['gateway_cpu_s_none'], 3)} s with none open).", "",
-          "### Redis, per turn", "",
-          "Calls counted by `INFO commandstats` (a Lua script's or a transaction's inner commands count, as Redis "
-          "executes them); bytes from `total_net_input_bytes` / `total_net_output_bytes`; Redis CPU from `INFO cpu` "
-          "(the server's own user + system time); data: `MEMORY USAGE` summed over every key, before and after "
-          "(the usage record's share: the ledger stream and its markers). What an idle gateway does to Redis "
-          f"({_n(idle['redis']['calls_per_unit'] / idle['wall_s'], 1)} calls/s: "
-          + ", ".join(f"{k} {_n(v / idle['wall_s'], 1)}/s" for k, v in idle['redis']['commands_per_unit'].items())
-          + ") is subtracted at its rate.", "",
-          "| turn | state | calls / turn | bytes in / turn | bytes out / turn | Redis CPU µs / turn | data / turn | of it, usage record | commands / turn |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        L.append(
+            f"| {_n(x['state_tokens'])} | {x['connections']} | {_b(x['bytes_per_idle_connection'])} | "
+            f"{_n(x['bytes_per_state_token'], 1)} B |"
+        )
+    L += [
+        "",
+        f"Idle CPU: {ic['connections']} open connections over {_n(ic['seconds'])} s (the server pings every "
+        f"20 s) cost {_n(ic['cpu_s_per_connection_second'] * 1e6, 2)} µs of gateway CPU per connection per second "
+        f"({_n(ic['gateway_cpu_s_open'], 3)} s vs {_n(ic['gateway_cpu_s_none'], 3)} s with none open).",
+        "",
+        "### Redis, per turn",
+        "",
+        "Calls counted by `INFO commandstats` (a Lua script's or a transaction's inner commands count, as Redis "
+        "executes them); bytes from `total_net_input_bytes` / `total_net_output_bytes`; Redis CPU from `INFO cpu` "
+        "(the server's own user + system time); data: `MEMORY USAGE` summed over every key, before and after "
+        "(the usage record's share: the ledger stream and its markers). What an idle gateway does to Redis "
+        f"({_n(idle['redis']['calls_per_unit'] / idle['wall_s'], 1)} calls/s: "
+        + ", ".join(f"{k} {_n(v / idle['wall_s'], 1)}/s" for k, v in idle["redis"]["commands_per_unit"].items())
+        + ") is subtracted at its rate.",
+        "",
+        "| turn | state | calls / turn | bytes in / turn | bytes out / turn | Redis CPU µs / turn | data / turn | of it, usage record | commands / turn |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for t in result["turns"]:
         r = t["redis"]
         cmds = ", ".join(f"{k} {_n(v, 1)}" for k, v in sorted(r["commands_per_unit"].items(), key=lambda kv: -kv[1]))
-        L.append(f"| {t['label']} | {_k(t['state_tokens_start'])} | {_n(r['calls_per_unit'], 1)} | "
-                 f"{_b(r['net_in_bytes_per_unit'])} | {_b(r['net_out_bytes_per_unit'])} | "
-                 f"{_n(r['cpu_s_per_unit'] * 1e6)} | {_b(t['redis_data_bytes_per_turn'] + t['redis_ledger_bytes_per_turn'])} | "
-                 f"{_b(t['redis_ledger_bytes_per_turn'])} | {cmds} |")
+        L.append(
+            f"| {t['label']} | {_k(t['state_tokens_start'])} | {_n(r['calls_per_unit'], 1)} | "
+            f"{_b(r['net_in_bytes_per_unit'])} | {_b(r['net_out_bytes_per_unit'])} | "
+            f"{_n(r['cpu_s_per_unit'] * 1e6)} | {_b(t['redis_data_bytes_per_turn'] + t['redis_ledger_bytes_per_turn'])} | "
+            f"{_b(t['redis_ledger_bytes_per_turn'])} | {cmds} |"
+        )
     lr = led["redis"]
     h = _row(result, "http_chained", 32_768)
     pexpire = h["redis"]["commands_per_unit"].get("pexpire", 0)
     depths = f"{h['chain_depth_start']} → {h['chain_depth_end']}"
-    L += ["", "Every turn's usage record is part of its row (the ledger's script and its `SET`/`XADD`). "
-          + ("`store=true` chains write one record per response and keep the whole chain alive with one "
-             "`PEXPIRE` of its chain hash (and one of the record), whatever the chain's depth: here "
-             f"{_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}, so calls and bytes per turn do not grow "
-             "with the session's length." if pexpire <= 3 else
-             "`store=true` chains write one record per response and refresh every ancestor's TTL in the same "
-             "transaction, so calls per turn grow with the chain's depth (its number of responses), not its "
-             f"tokens: here {_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}; an agent session of several "
-             "hundred turns pays several hundred a turn, and the plan below holds for chains of the depths "
-             "measured."), "",
-          "### Ledger", "",
-          f"One billing queue (one writer, batches of up to {led['batch_max']}, one in flight) delivered "
-          f"{_n(led['records'])} records into the Redis ledger at **{_n(led['records_per_s'])} records/s**; "
-          f"Redis spent {_n(lr['cpu_s_per_unit'] * 1e6, 1)} µs of CPU per record "
-          f"({_n(lr['calls_per_unit'], 2)} calls, {_b(lr['net_in_bytes_per_unit'])} in per record). Memory per record: "
-          f"{_b(led['stream_bytes_per_record'])} in the stream, {_b(led['marker_bytes_per_record'])} for its "
-          f"dedup marker ({_b(led['marker_key_bytes'])} the key itself, the rest the keyspace's tables; kept "
-          f"{_dur(result['retention']['ledger_marker_ttl_s'])}).", ""] + _sharded_units(result) + [
-          "## Workload", "",
-          f"**{_n(SESSIONS)} concurrent agent sessions, each taking one turn every {_n(TURN_EVERY_S)} s** "
-          f"({_n(SESSIONS / TURN_EVERY_S)} turns/s in all). A coding agent's turn is one model call ending in a "
-          "tool call, then the tool runs; with a fast engine (hundreds of tokens/s per stream, prefix cache hits) "
-          "the model part takes about a second, and the tool — reading files, running a build or the tests, "
-          "waiting on the user's approval — takes the rest. Averaged over many sessions that is a turn every "
-          "several seconds to tens of seconds; every 10 s is a busy fleet, not an idle one. The figures are "
-          "linear in the turn rate: halving the interval doubles every per-turn line below (not the memory "
-          "held per connection).", "",
-          "Four variants: WebSocket `store=false` (Codex's transport: the state lives in the connection), and "
-          "HTTP `store=true` with `previous_response_id` (the SDKs' default: the state lives in Redis), each "
-          "with a 32k- and a 128k-token state per session.", "",
-          "Sizing assumptions: a gateway replica is one process (one event loop: about one core of Python) "
-          f"planned at {_n(100 * REPLICA_CPU_TARGET)}% CPU, with a {_n(REPLICA_MEMORY_GIB)} GiB memory limit of which "
-          f"{_n(100 * REPLICA_MEMORY_USABLE)}% is planned for connection state (the rest: bursts of in-flight turns, "
-          "allocator headroom); the replica's own base RSS is taken from the run. A Redis primary runs commands "
-          f"on one thread, planned at {_n(100 * SHARD_CPU_TARGET)}% of it, with {_n(SHARD_MEMORY_GIB)} GiB for data "
-          f"and {_b(SHARD_NET_BYTES_S)}/s of network each way. Retention: stored responses "
-          f"{_n(result['retention']['store_ttl_s'] / 3600)} h (`store_ttl_s`'s default), ledger markers "
-          f"{_dur(result['retention']['ledger_marker_ttl_s'])} (`usage_marker_ttl_s`'s default), ledger records "
-          f"{_dur(LEDGER_RETENTION_PLAN_S)} in the streams (`usage_stream_retention_s`, off by default: billing "
-          "exports the day's records, then the streams are trimmed). Replicas of each primary (failover) "
-          "double the Redis nodes, not the shard count.", "",
-          "## What 100,000 sessions need", "",
-          "| | " + " | ".join(p["name"] for p in plan(result)) + " |",
-          "|---|" + "---:|" * 4]
+    L += (
+        [
+            "",
+            "Every turn's usage record is part of its row (the ledger's script and its `SET`/`XADD`). "
+            + (
+                "`store=true` chains write one record per response and keep the whole chain alive with one "
+                "`PEXPIRE` of its chain hash (and one of the record), whatever the chain's depth: here "
+                f"{_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}, so calls and bytes per turn do not grow "
+                "with the session's length."
+                if pexpire <= 3
+                else "`store=true` chains write one record per response and refresh every ancestor's TTL in the same "
+                "transaction, so calls per turn grow with the chain's depth (its number of responses), not its "
+                f"tokens: here {_n(pexpire, 1)} `PEXPIRE` a turn over depths {depths}; an agent session of several "
+                "hundred turns pays several hundred a turn, and the plan below holds for chains of the depths "
+                "measured."
+            ),
+            "",
+            "### Ledger",
+            "",
+            f"One billing queue (one writer, batches of up to {led['batch_max']}, one in flight) delivered "
+            f"{_n(led['records'])} records into the Redis ledger at **{_n(led['records_per_s'])} records/s**; "
+            f"Redis spent {_n(lr['cpu_s_per_unit'] * 1e6, 1)} µs of CPU per record "
+            f"({_n(lr['calls_per_unit'], 2)} calls, {_b(lr['net_in_bytes_per_unit'])} in per record). Memory per record: "
+            f"{_b(led['stream_bytes_per_record'])} in the stream, {_b(led['marker_bytes_per_record'])} for its "
+            f"dedup marker ({_b(led['marker_key_bytes'])} the key itself, the rest the keyspace's tables; kept "
+            f"{_dur(result['retention']['ledger_marker_ttl_s'])}).",
+            "",
+        ]
+        + _sharded_units(result)
+        + [
+            "## Workload",
+            "",
+            f"**{_n(SESSIONS)} concurrent agent sessions, each taking one turn every {_n(TURN_EVERY_S)} s** "
+            f"({_n(SESSIONS / TURN_EVERY_S)} turns/s in all). A coding agent's turn is one model call ending in a "
+            "tool call, then the tool runs; with a fast engine (hundreds of tokens/s per stream, prefix cache hits) "
+            "the model part takes about a second, and the tool — reading files, running a build or the tests, "
+            "waiting on the user's approval — takes the rest. Averaged over many sessions that is a turn every "
+            "several seconds to tens of seconds; every 10 s is a busy fleet, not an idle one. The figures are "
+            "linear in the turn rate: halving the interval doubles every per-turn line below (not the memory "
+            "held per connection).",
+            "",
+            "Four variants: WebSocket `store=false` (Codex's transport: the state lives in the connection), and "
+            "HTTP `store=true` with `previous_response_id` (the SDKs' default: the state lives in Redis), each "
+            "with a 32k- and a 128k-token state per session.",
+            "",
+            "Sizing assumptions: a gateway replica is one process (one event loop: about one core of Python) "
+            f"planned at {_n(100 * REPLICA_CPU_TARGET)}% CPU, with a {_n(REPLICA_MEMORY_GIB)} GiB memory limit of which "
+            f"{_n(100 * REPLICA_MEMORY_USABLE)}% is planned for connection state (the rest: bursts of in-flight turns, "
+            "allocator headroom); the replica's own base RSS is taken from the run. A Redis primary runs commands "
+            f"on one thread, planned at {_n(100 * SHARD_CPU_TARGET)}% of it, with {_n(SHARD_MEMORY_GIB)} GiB for data "
+            f"and {_b(SHARD_NET_BYTES_S)}/s of network each way. Retention: stored responses "
+            f"{_n(result['retention']['store_ttl_s'] / 3600)} h (`store_ttl_s`'s default), ledger markers "
+            f"{_dur(result['retention']['ledger_marker_ttl_s'])} (`usage_marker_ttl_s`'s default), ledger records "
+            f"{_dur(LEDGER_RETENTION_PLAN_S)} in the streams (`usage_stream_retention_s`, off by default: billing "
+            "exports the day's records, then the streams are trimmed). Replicas of each primary (failover) "
+            "double the Redis nodes, not the shard count.",
+            "",
+            "## What 100,000 sessions need",
+            "",
+            "| | " + " | ".join(p["name"] for p in plan(result)) + " |",
+            "|---|" + "---:|" * 4,
+        ]
+    )
     P = plan(result)
 
     def row(name: str, cells: list[str]) -> None:
@@ -679,108 +830,138 @@ def render_doc(result: dict[str, Any]) -> str:
     row("store memory at retention", [_b(p["store_mem"]) if p["store_mem"] else "—" for p in P])
     row("**store shards**", [f"**{_n(p['shards'])}**" if p["shards"] else "none (ledger only)" for p in P])
     row("ledger records/s needed", [_n(p["ledger_needed"]) for p in P])
-    row(f"ledger marker memory ({_dur(result['retention']['ledger_marker_ttl_s'])} TTL)", [_b(p["marker_mem"]) for p in P])
+    row(
+        f"ledger marker memory ({_dur(result['retention']['ledger_marker_ttl_s'])} TTL)",
+        [_b(p["marker_mem"]) for p in P],
+    )
     row(f"ledger streams at retention ({_dur(LEDGER_RETENTION_PLAN_S)})", [_b(p["ledger_stream_mem"]) for p in P])
     row("ledger network per s", [_b(p["ledger_net_s"]) for p in P])
     row("**ledger shards**", [f"**{_n(p['ledger_shards'])}** ({p['ledger_bound']})" for p in P])
     L += [""]
     p0 = P[0]
-    L += ["How each line is computed: gateway cores = turns/s × CPU per turn (+ sessions × idle CPU per "
-          "connection for WebSocket); CPU-bound replicas = cores ÷ the CPU target; memory-bound replicas = "
-          "sessions × RSS per idle connection ÷ (planned memory − base RSS); the replica count is the larger. "
-          "Redis: turns/s × each per-turn unit; stored bytes per response = the data a turn added (`MEMORY USAGE`), "
-          "its usage record apart; store shards = the largest of CPU ÷ target, memory at retention ÷ shard memory, network ÷ "
-          "shard network; ledger shards likewise from the ledger's own units (below). The per-turn Redis CPU was measured with one client "
-          "turn at a time, so the server also paid a wake-up per request; a busy shard amortizes those (a "
-          f"WS `store=false` turn cost Redis {_n(_row(result, 'ws', 32_768)['redis']['cpu_s_per_unit'] * 1e6)} µs "
-          f"alone, its usage record {_n(result['ledger']['single']['redis']['cpu_s_per_unit'] * 1e6)} µs from "
-          f"{result['ledger']['single']['writers']} writers at once), so the Redis CPU lines err high.", ""]
+    L += [
+        "How each line is computed: gateway cores = turns/s × CPU per turn (+ sessions × idle CPU per "
+        "connection for WebSocket); CPU-bound replicas = cores ÷ the CPU target; memory-bound replicas = "
+        "sessions × RSS per idle connection ÷ (planned memory − base RSS); the replica count is the larger. "
+        "Redis: turns/s × each per-turn unit; stored bytes per response = the data a turn added (`MEMORY USAGE`), "
+        "its usage record apart; store shards = the largest of CPU ÷ target, memory at retention ÷ shard memory, network ÷ "
+        "shard network; ledger shards likewise from the ledger's own units (below). The per-turn Redis CPU was measured with one client "
+        "turn at a time, so the server also paid a wake-up per request; a busy shard amortizes those (a "
+        f"WS `store=false` turn cost Redis {_n(_row(result, 'ws', 32_768)['redis']['cpu_s_per_unit'] * 1e6)} µs "
+        f"alone, its usage record {_n(result['ledger']['single']['redis']['cpu_s_per_unit'] * 1e6)} µs from "
+        f"{result['ledger']['single']['writers']} writers at once), so the Redis CPU lines err high.",
+        "",
+    ]
     # the ledger: N streams, a hash tag each, sized like the store
     ws_min = min(p["replicas"] for p in P)
     ceil = p0["ledger_shard_ceiling"]
     ttl = result["retention"]["ledger_marker_ttl_s"]
-    L += ["## The ledger's shards", "",
-          "The usage ledger is `usage_stream_shards` Redis Streams, each with its own hash tag and its records' "
-          "dedup markers in its slot, a record's shard chosen by a hash of its response id (`billing/ledger.py`), "
-          "so shards spread over the cluster's nodes like the store's chains, and a replay always meets its "
-          f"record's marker. {_n(SESSIONS)} sessions need **{_n(p0['ledger_needed'])} records/s**. Measured: one "
-          f"replica's queue delivers {_n(led['records_per_s'])} records/s on its own, so the fleet's "
-          f"{_n(ws_min)}+ replicas together have "
-          f"{'ample' if led['records_per_s'] * ws_min > 2 * p0['ledger_needed'] else 'too little'} "
-          f"writer capacity. A replica at the fleet's rate ({_n(p0['turns_s'] / ws_min)} turns/s or fewer) finds "
-          f"about one record per batch, and {led['single']['writers']} clients writing one record per call (the "
-          f"fleet's shape, Redis kept busy) cost Redis {_n(p0['ledger_cpu_per_record'] * 1e6, 1)} µs per record "
-          "(the dearer of one stream and of several shards), so one shard takes "
-          f"{_n(ceil['CPU'])} records/s at the {_n(100 * SHARD_CPU_TARGET)}% CPU target (in full batches "
-          f"{_n(p0['ledger_cpu_ceiling_batched'])}); its memory holds {_n(ceil['memory'])} records/s "
-          f"({_b(led['marker_bytes_per_record'])} of marker for {_dur(ttl)} and "
-          f"{_b(led['stream_bytes_per_record'])} of entry for {_dur(LEDGER_RETENTION_PLAN_S)} each, in "
-          f"{_n(SHARD_MEMORY_GIB)} GiB), and its network {_n(ceil['network'])} records/s. A shard is therefore "
-          f"**{ceil_name(p0)}-bound at {_n(p0['ledger_shard_records_s'])} records/s**, and "
-          f"{_n(SESSIONS)} sessions need **{_n(p0['ledger_shards'])} shards** "
-          f"(`RESPGATE_USAGE_STREAM_SHARDS={_n(p0['ledger_shards'])}` or more): "
-          f"{_b(p0['marker_mem'])} of markers and {_b(p0['ledger_stream_mem'])} of retained entries, "
-          f"{_n(100 * p0['ledger_cores'] / SHARD_CPU_TARGET / p0['ledger_shards'])}% of each shard's CPU budget. "
-          "Without a retention (the default) nothing trims the streams: together they grow "
-          f"{_b(p0['stream_day'])} a day, and the shards' memory runs out within days unless billing trims them.", ""]
+    L += [
+        "## The ledger's shards",
+        "",
+        "The usage ledger is `usage_stream_shards` Redis Streams, each with its own hash tag and its records' "
+        "dedup markers in its slot, a record's shard chosen by a hash of its response id (`billing/ledger.py`), "
+        "so shards spread over the cluster's nodes like the store's chains, and a replay always meets its "
+        f"record's marker. {_n(SESSIONS)} sessions need **{_n(p0['ledger_needed'])} records/s**. Measured: one "
+        f"replica's queue delivers {_n(led['records_per_s'])} records/s on its own, so the fleet's "
+        f"{_n(ws_min)}+ replicas together have "
+        f"{'ample' if led['records_per_s'] * ws_min > 2 * p0['ledger_needed'] else 'too little'} "
+        f"writer capacity. A replica at the fleet's rate ({_n(p0['turns_s'] / ws_min)} turns/s or fewer) finds "
+        f"about one record per batch, and {led['single']['writers']} clients writing one record per call (the "
+        f"fleet's shape, Redis kept busy) cost Redis {_n(p0['ledger_cpu_per_record'] * 1e6, 1)} µs per record "
+        "(the dearer of one stream and of several shards), so one shard takes "
+        f"{_n(ceil['CPU'])} records/s at the {_n(100 * SHARD_CPU_TARGET)}% CPU target (in full batches "
+        f"{_n(p0['ledger_cpu_ceiling_batched'])}); its memory holds {_n(ceil['memory'])} records/s "
+        f"({_b(led['marker_bytes_per_record'])} of marker for {_dur(ttl)} and "
+        f"{_b(led['stream_bytes_per_record'])} of entry for {_dur(LEDGER_RETENTION_PLAN_S)} each, in "
+        f"{_n(SHARD_MEMORY_GIB)} GiB), and its network {_n(ceil['network'])} records/s. A shard is therefore "
+        f"**{ceil_name(p0)}-bound at {_n(p0['ledger_shard_records_s'])} records/s**, and "
+        f"{_n(SESSIONS)} sessions need **{_n(p0['ledger_shards'])} shards** "
+        f"(`RESPGATE_USAGE_STREAM_SHARDS={_n(p0['ledger_shards'])}` or more): "
+        f"{_b(p0['marker_mem'])} of markers and {_b(p0['ledger_stream_mem'])} of retained entries, "
+        f"{_n(100 * p0['ledger_cores'] / SHARD_CPU_TARGET / p0['ledger_shards'])}% of each shard's CPU budget. "
+        "Without a retention (the default) nothing trims the streams: together they grow "
+        f"{_b(p0['stream_day'])} a day, and the shards' memory runs out within days unless billing trims them.",
+        "",
+    ]
     # where the first bottleneck is: the default layout (one stream) first, then the sharded plan
     one = p0["ledger_shard_records_s"] * TURN_EVERY_S  # sessions one ledger shard carries
     old = min(p0["ledger_old_mem_ceiling_s"], p0["ledger_cpu_ceiling"]) * TURN_EVERY_S
     L += ["## Where the first bottleneck is", ""]
     if one < SESSIONS:
-        L += [f"**With the default one ledger stream: the ledger shard's {ceil_name(p0)}.** At one turn every "
-              f"{_n(TURN_EVERY_S)} s one stream (its markers for {_dur(ttl)}, its entries trimmed to "
-              f"{_dur(LEDGER_RETENTION_PLAN_S)}) carries about **{_n(one)} sessions**, whatever the transport "
-              f"(with the week-long markers of earlier releases its memory capped it at {_n(old)}), below the "
-              f"{_n(SESSIONS)} asked for. Sharded as above ({_n(p0['ledger_shards'])} streams), the ledger "
-              "scales out by adding shards like the store, and no single node caps the deployment: every "
-              "part grows by adding units of it; batching records across a replica's turns (a short linger "
-              "before each write) would cut the ledger's CPU per record, not its memory.", ""]
+        L += [
+            f"**With the default one ledger stream: the ledger shard's {ceil_name(p0)}.** At one turn every "
+            f"{_n(TURN_EVERY_S)} s one stream (its markers for {_dur(ttl)}, its entries trimmed to "
+            f"{_dur(LEDGER_RETENTION_PLAN_S)}) carries about **{_n(one)} sessions**, whatever the transport "
+            f"(with the week-long markers of earlier releases its memory capped it at {_n(old)}), below the "
+            f"{_n(SESSIONS)} asked for. Sharded as above ({_n(p0['ledger_shards'])} streams), the ledger "
+            "scales out by adding shards like the store, and no single node caps the deployment: every "
+            "part grows by adding units of it; batching records across a replica's turns (a short linger "
+            "before each write) would cut the ledger's CPU per record, not its memory.",
+            "",
+        ]
     else:
-        L += [f"Not the ledger: its one stream carries {_n(one)} sessions at this turn rate before its "
-              f"{ceil_name(p0)} runs out, above the {_n(SESSIONS)} asked for. The first limits are then the parts "
-              "that scale out, below.", ""]
+        L += [
+            f"Not the ledger: its one stream carries {_n(one)} sessions at this turn rate before its "
+            f"{ceil_name(p0)} runs out, above the {_n(SESSIONS)} asked for. The first limits are then the parts "
+            "that scale out, below.",
+            "",
+        ]
     big = max(P[2:], key=lambda p: p["shards"])
-    L += [f"What then sizes the deployment is Redis memory for `store=true` (the store's "
-          f"{_n(big['shards'])} shards at {big['state_k']}, set by {_store_bound(big)}, against the ledger's "
-          f"{_n(p0['ledger_shards'])}) and gateway replicas for WebSocket sessions (below). The one slot "
-          "still shared by the whole deployment is the background responses' leases (`{bg}`), which only "
-          "background responses touch.", ""]
+    L += [
+        f"What then sizes the deployment is Redis memory for `store=true` (the store's "
+        f"{_n(big['shards'])} shards at {big['state_k']}, set by {_store_bound(big)}, against the ledger's "
+        f"{_n(p0['ledger_shards'])}) and gateway replicas for WebSocket sessions (below). The one slot "
+        "still shared by the whole deployment is the background responses' leases (`{bg}`), which only "
+        "background responses touch.",
+        "",
+    ]
     gw_bound = max(P, key=lambda p: p["replicas"])
     ws32, ws128, h32, h128 = P
     out32, out128 = h32["out_s"] / h32["turns_s"], h128["out_s"] / h128["turns_s"]
     #: does a store=true turn read its history back (bytes out of Redis growing with the state)?
     readback_grows = out128 > 1.5 * out32
-    L += ["Gateway: for WebSocket sessions a replica runs out of "
-          + ("memory" if ws32["replicas_bound"] == "memory" else "CPU")
-          + f" first at 32k ({_n(ws32['replicas'])} replicas) and of "
-          + ("memory" if ws128["replicas_bound"] == "memory" else "CPU")
-          + f" at 128k ({_n(ws128['replicas'])}): the session's state lives in the replica, "
-          f"{_b(ws128['bytes_per_connection'])} of RSS at 128k. HTTP `store=true` sessions hold no connection "
-          "state there (a bounded token cache per replica), but each turn costs more CPU "
-          f"({_n(h32['gateway_cores'] / h32['turns_s'] * 1e3, 2)} ms at 32k, "
-          f"{_n(h128['gateway_cores'] / h128['turns_s'] * 1e3, 2)} ms at 128k, against "
-          f"{_n(ws32['gateway_cores'] / ws32['turns_s'] * 1e3, 2)} ms on WebSocket): "
-          + (f"the response is read back from Redis every turn, every ancestor's delta of it "
-             f"({_b(out32)} out of Redis per turn at 32k, {_b(out128)} at 128k), even on the replica that "
-             "already holds the chain's tokens." if readback_grows else
-             f"what comes out of Redis per turn stays flat ({_b(out32)} at 32k, {_b(out128)} at 128k: the "
-             "replica holds the chain's context and reads only the parent record's own fields), so the extra "
-             "cost is the turn's own round trips — the parent read, the record written (one script in the "
-             "chain's slot), the terminal event held until the write lands — and the Response object parsed "
-             "and serialized on each side.")
-          + f" The largest count is {_n(gw_bound['replicas'])} replicas "
-          f"({gw_bound['name']}), about {_n(SESSIONS / gw_bound['replicas'])} sessions each.", "",
-          f"Store: for `store=true` HTTP the shard count is set by {_store_bound(h32)} at 32k and "
-          f"{_store_bound(h128)} at 128k ({_n(h32['shards'])} and {_n(h128['shards'])} shards). Every turn keeps "
-          "its response for the store's TTL, so memory is turns/s × TTL × bytes per response, and a shorter "
-          "`store_ttl_s` cuts it in proportion"
-          + ("; the read-back above is what makes the network grow with the state." if readback_grows else
-             "; the network per turn does not grow with the state."), "",
-          "What this does not cover: the engine (its GPUs are sized by tokens/s, not by the gateway), output "
-          "streaming beyond a short answer (each output token costs gateway CPU: `benchmarks/results/REPORT.md`, "
-          "(c)), TLS, and a replica rebuilding the tokens of a chain it has not seen (the HTTP `store=true` rows "
-          "are chains the replica already holds tokens for).", ""]
+    L += [
+        "Gateway: for WebSocket sessions a replica runs out of "
+        + ("memory" if ws32["replicas_bound"] == "memory" else "CPU")
+        + f" first at 32k ({_n(ws32['replicas'])} replicas) and of "
+        + ("memory" if ws128["replicas_bound"] == "memory" else "CPU")
+        + f" at 128k ({_n(ws128['replicas'])}): the session's state lives in the replica, "
+        f"{_b(ws128['bytes_per_connection'])} of RSS at 128k. HTTP `store=true` sessions hold no connection "
+        "state there (a bounded token cache per replica), but each turn costs more CPU "
+        f"({_n(h32['gateway_cores'] / h32['turns_s'] * 1e3, 2)} ms at 32k, "
+        f"{_n(h128['gateway_cores'] / h128['turns_s'] * 1e3, 2)} ms at 128k, against "
+        f"{_n(ws32['gateway_cores'] / ws32['turns_s'] * 1e3, 2)} ms on WebSocket): "
+        + (
+            f"the response is read back from Redis every turn, every ancestor's delta of it "
+            f"({_b(out32)} out of Redis per turn at 32k, {_b(out128)} at 128k), even on the replica that "
+            "already holds the chain's tokens."
+            if readback_grows
+            else f"what comes out of Redis per turn stays flat ({_b(out32)} at 32k, {_b(out128)} at 128k: the "
+            "replica holds the chain's context and reads only the parent record's own fields), so the extra "
+            "cost is the turn's own round trips — the parent read, the record written (one script in the "
+            "chain's slot), the terminal event held until the write lands — and the Response object parsed "
+            "and serialized on each side."
+        )
+        + f" The largest count is {_n(gw_bound['replicas'])} replicas "
+        f"({gw_bound['name']}), about {_n(SESSIONS / gw_bound['replicas'])} sessions each.",
+        "",
+        f"Store: for `store=true` HTTP the shard count is set by {_store_bound(h32)} at 32k and "
+        f"{_store_bound(h128)} at 128k ({_n(h32['shards'])} and {_n(h128['shards'])} shards). Every turn keeps "
+        "its response for the store's TTL, so memory is turns/s × TTL × bytes per response, and a shorter "
+        "`store_ttl_s` cuts it in proportion"
+        + (
+            "; the read-back above is what makes the network grow with the state."
+            if readback_grows
+            else "; the network per turn does not grow with the state."
+        ),
+        "",
+        "What this does not cover: the engine (its GPUs are sized by tokens/s, not by the gateway), output "
+        "streaming beyond a short answer (each output token costs gateway CPU: `benchmarks/results/REPORT.md`, "
+        "(c)), TLS, and a replica rebuilding the tokens of a chain it has not seen (the HTTP `store=true` rows "
+        "are chains the replica already holds tokens for).",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -804,30 +985,40 @@ def _sharded_units(result: dict[str, Any]) -> list[str]:
     if sh is None:
         return []
     one, many = led["single"], sh["single"]
-    return [f"Into {sh['shards']} stream shards (the batch split per shard, the shards' scripts concurrent) the "
-            f"same queue delivered {_n(sh['records_per_s'])} records/s, Redis spending "
-            f"{_n(sh['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record ({_n(sh['redis']['calls_per_unit'], 2)} "
-            f"calls); one record per call from {one['writers']} clients cost Redis "
-            f"{_n(one['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record into one stream "
-            f"({_n(one['records_per_s'])} records/s) and {_n(many['redis']['cpu_s_per_unit'] * 1e6, 1)} µs into "
-            f"{sh['shards']} ({_n(many['records_per_s'])} records/s). All of it on this one server: the shards "
-            "do not add capacity here, they show what a record costs a shard (a record is one script on one "
-            "stream either way; the plan takes the dearer of the two figures), and on a cluster each shard "
-            f"is its own node's. Memory per record across {sh['shards']} shards: {_b(sh['stream_bytes_per_record'])} "
-            f"in the streams, {_b(sh['marker_bytes_per_record'])} for the marker.", ""]
+    return [
+        f"Into {sh['shards']} stream shards (the batch split per shard, the shards' scripts concurrent) the "
+        f"same queue delivered {_n(sh['records_per_s'])} records/s, Redis spending "
+        f"{_n(sh['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record ({_n(sh['redis']['calls_per_unit'], 2)} "
+        f"calls); one record per call from {one['writers']} clients cost Redis "
+        f"{_n(one['redis']['cpu_s_per_unit'] * 1e6, 1)} µs per record into one stream "
+        f"({_n(one['records_per_s'])} records/s) and {_n(many['redis']['cpu_s_per_unit'] * 1e6, 1)} µs into "
+        f"{sh['shards']} ({_n(many['records_per_s'])} records/s). All of it on this one server: the shards "
+        "do not add capacity here, they show what a record costs a shard (a record is one script on one "
+        "stream either way; the plan takes the dearer of the two figures), and on a cluster each shard "
+        f"is its own node's. Memory per record across {sh['shards']} shards: {_b(sh['stream_bytes_per_record'])} "
+        f"in the streams, {_b(sh['marker_bytes_per_record'])} for the marker.",
+        "",
+    ]
 
 
 def _store_bound(p: dict[str, Any]) -> str:
     shard_mem = SHARD_MEMORY_GIB * 2**30
-    parts = {"memory": p["store_mem"] / shard_mem, "CPU": p["store_cores"] / SHARD_CPU_TARGET,
-             "network": max(p["in_s"], p["out_s"]) / SHARD_NET_BYTES_S}
+    parts = {
+        "memory": p["store_mem"] / shard_mem,
+        "CPU": p["store_cores"] / SHARD_CPU_TARGET,
+        "network": max(p["in_s"], p["out_s"]) / SHARD_NET_BYTES_S,
+    }
     return max(parts, key=lambda k: parts[k])
 
 
 def section(result: dict[str, Any]) -> list[str]:
     """The REPORT.md section: where the units went (the document is the result)."""
     link = "SCALING.md" if result.get("quick") else "../../deploy/SCALING.md"
-    return ["## Scaling units", "",
-            f"Per-unit costs (gateway CPU and memory per turn and per connection, Redis calls, bytes and memory "
-            f"per turn, ledger throughput: {_n(result['ledger']['records_per_s'])} records/s per replica) and "
-            f"what they imply for {_n(SESSIONS)} agent sessions: [`SCALING.md`]({link}).", ""]
+    return [
+        "## Scaling units",
+        "",
+        f"Per-unit costs (gateway CPU and memory per turn and per connection, Redis calls, bytes and memory "
+        f"per turn, ledger throughput: {_n(result['ledger']['records_per_s'])} records/s per replica) and "
+        f"what they imply for {_n(SESSIONS)} agent sessions: [`SCALING.md`]({link}).",
+        "",
+    ]

@@ -19,14 +19,15 @@ agentic-api).
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
 from benchmarks.common import MODEL
 from gateway.app import create_app, uvicorn_config_kwargs
-from gateway.ops.server import GatewayServer
 from gateway.base.settings import Settings
+from gateway.ops.server import GatewayServer
 from inference.harmony import HarmonyRenderer
 from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine
@@ -47,14 +48,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill-tps", type=float, default=0.0)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--prefix-cache", action="store_true")
-    ap.add_argument("--paced", action="store_true",
-                    help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)")
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="decode on a wall clock; deltas that fall due while the gateway is busy merge (as vLLM's)",
+    )
     ap.add_argument("--max-context", type=int, default=300_000)
-    ap.add_argument("--stream-model", metavar="NAME",
-                    help="also serve the stream script under this model name (one process for both scripts)")
+    ap.add_argument(
+        "--stream-model",
+        metavar="NAME",
+        help="also serve the stream script under this model name (one process for both scripts)",
+    )
     ap.add_argument("--redis-url", help="shared store, conversations and usage ledger in this Redis (default: memory)")
-    ap.add_argument("--count-bytecodes", metavar="FILE",
-                    help="count bytecodes between SIGUSR1 and SIGUSR2, then write them to FILE (benchmarks.work_count)")
+    ap.add_argument(
+        "--count-bytecodes",
+        metavar="FILE",
+        help="count bytecodes between SIGUSR1 and SIGUSR2, then write them to FILE (benchmarks.work_count)",
+    )
     args = ap.parse_args(argv)
     if args.count_bytecodes:
         from benchmarks.work_count import install_counter
@@ -62,9 +72,16 @@ def main(argv: list[str] | None = None) -> None:
         install_counter(args.count_bytecodes)
 
     # a load-test deployment: one key drives hundreds of sessions
-    settings = Settings(port=args.port, max_context=args.max_context, max_request_bytes=64 * 1024 * 1024,
-                        log_level="warning", usage_journal="", ws_max_inflight=16,
-                        ws_max_connections_per_key=100_000, redis_url=args.redis_url)
+    settings = Settings(
+        port=args.port,
+        max_context=args.max_context,
+        max_request_bytes=64 * 1024 * 1024,
+        log_level="warning",
+        usage_journal="",
+        ws_max_inflight=16,
+        ws_max_connections_per_key=100_000,
+        redis_url=args.redis_url,
+    )
     if args.script == "rollout":
         from benchmarks.rollout import planned, trajectory
 
@@ -73,9 +90,15 @@ def main(argv: list[str] | None = None) -> None:
         script = SCRIPTS[args.script]
 
     def route(name: str, script: Callable[[Any], Turn | None]) -> ModelRoute:
-        engine = SimulatedEngine(script=script, prefix_cache=args.prefix_cache, cache_entries=16,
-                                 tokens_per_delta=args.tokens_per_delta, decode_tps=args.decode_tps or None,
-                                 prefill_tps=args.prefill_tps or None, paced=args.paced or args.script == "rollout")
+        engine = SimulatedEngine(
+            script=script,
+            prefix_cache=args.prefix_cache,
+            cache_entries=16,
+            tokens_per_delta=args.tokens_per_delta,
+            decode_tps=args.decode_tps or None,
+            prefill_tps=args.prefill_tps or None,
+            paced=args.paced or args.script == "rollout",
+        )
         return ModelRoute(name=name, engine=engine, renderer=HarmonyRenderer(), max_context=args.max_context)
 
     routes = [route(MODEL, script)]
@@ -83,8 +106,15 @@ def main(argv: list[str] | None = None) -> None:
         routes.append(route(args.stream_model, SCRIPTS["stream"]))
     registry = ModelRegistry(routes)
     app = create_app(settings, registry=registry)
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="on",
-                            backlog=4096, **uvicorn_config_kwargs(settings))
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        lifespan="on",
+        backlog=4096,
+        **uvicorn_config_kwargs(settings),
+    )
     GatewayServer(config).run()  # uvicorn's loop choice (uvloop when installed), as `respgate serve`
 
 

@@ -39,8 +39,15 @@ MODEL = "gpt-oss-sim"
 
 async def one_stream(url: str, tokens: int) -> dict[str, float]:
     async with connect(url, max_size=None, compression=None) as ws:
-        frame = orjson.dumps({"type": "response.create", "model": MODEL, "store": False,
-                              "max_output_tokens": tokens, "input": "Write forever."}).decode()
+        frame = orjson.dumps(
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "store": False,
+                "max_output_tokens": tokens,
+                "input": "Write forever.",
+            }
+        ).decode()
         t0 = time.perf_counter()
         await ws.send(frame)
         first = None
@@ -56,16 +63,16 @@ async def one_stream(url: str, tokens: int) -> dict[str, float]:
                 break
             if '"type":"error"' in msg[:40] or '"response.failed"' in msg[:40]:
                 raise RuntimeError(msg[:500])
-        return {"t0": t0, "first": first or end, "end": end, "output_tokens": usage["output_tokens"],
-                "frames": frames}
+        return {"t0": t0, "first": first or end, "end": end, "output_tokens": usage["output_tokens"], "frames": frames}
 
 
 async def run_streams(url: str, connections: int, tokens: int) -> list[dict[str, float]]:
     return await asyncio.gather(*(one_stream(url, tokens) for _ in range(connections)))
 
 
-def measure(per_delta: int, tokens_one: int, tokens_many: int, connections: int, reps: int,
-            decode_tps: float = 0.0) -> dict[str, Any]:
+def measure(
+    per_delta: int, tokens_one: int, tokens_many: int, connections: int, reps: int, decode_tps: float = 0.0
+) -> dict[str, Any]:
     pace = ["--decode-tps", str(decode_tps), "--paced"] if decode_tps else []
     with ChildGateway("--script", "stream", "--tokens-per-delta", str(per_delta), *pace) as gw:
         asyncio.run(run_streams(gw.ws_url, 2, 2000))  # warm-up: JIT-free, but caches and allocators
@@ -74,10 +81,16 @@ def measure(per_delta: int, tokens_one: int, tokens_many: int, connections: int,
             cpu0 = gw.cpu_seconds()
             (r,) = asyncio.run(run_streams(gw.ws_url, 1, tokens_one))
             cpu = gw.cpu_seconds() - cpu0
-            singles.append({"tok_s": r["output_tokens"] / (r["end"] - r["first"]),
-                            "tokens": r["output_tokens"], "frames": r["frames"],
-                            "ttft_ms": (r["first"] - r["t0"]) * 1e3, "server_cpu_s": cpu,
-                            "wall_s": r["end"] - r["t0"]})
+            singles.append(
+                {
+                    "tok_s": r["output_tokens"] / (r["end"] - r["first"]),
+                    "tokens": r["output_tokens"],
+                    "frames": r["frames"],
+                    "ttft_ms": (r["first"] - r["t0"]) * 1e3,
+                    "server_cpu_s": cpu,
+                    "wall_s": r["end"] - r["t0"],
+                }
+            )
         cpu0 = gw.cpu_seconds()
         many = asyncio.run(run_streams(gw.ws_url, connections, tokens_many))
         cpu = gw.cpu_seconds() - cpu0
@@ -87,15 +100,25 @@ def measure(per_delta: int, tokens_one: int, tokens_many: int, connections: int,
     return {
         "tokens_per_delta": per_delta,
         "decode_tps": decode_tps,
-        "one_connection": {"median_tok_s": statistics.median(s["tok_s"] for s in singles),
-                           "tokens_per_event": sum(s["tokens"] for s in singles) / sum(s["frames"] for s in singles),
-                           "max_tok_s": max(s["tok_s"] for s in singles), "runs": singles,
-                           "server_cpu_s_per_1k_tokens": 1000 * sum(s["server_cpu_s"] for s in singles)
-                           / sum(s["tokens"] for s in singles)},
-        "many": {"connections": connections, "tokens_each": tokens_many, "aggregate_tok_s": total / span,
-                 "per_connection_median_tok_s": statistics.median(per_conn),
-                 "per_connection_min_tok_s": min(per_conn), "server_cpu_s": cpu, "wall_s": span,
-                 "server_cpu_s_per_1k_tokens": 1000 * cpu / total},
+        "one_connection": {
+            "median_tok_s": statistics.median(s["tok_s"] for s in singles),
+            "tokens_per_event": sum(s["tokens"] for s in singles) / sum(s["frames"] for s in singles),
+            "max_tok_s": max(s["tok_s"] for s in singles),
+            "runs": singles,
+            "server_cpu_s_per_1k_tokens": 1000
+            * sum(s["server_cpu_s"] for s in singles)
+            / sum(s["tokens"] for s in singles),
+        },
+        "many": {
+            "connections": connections,
+            "tokens_each": tokens_many,
+            "aggregate_tok_s": total / span,
+            "per_connection_median_tok_s": statistics.median(per_conn),
+            "per_connection_min_tok_s": min(per_conn),
+            "server_cpu_s": cpu,
+            "wall_s": span,
+            "server_cpu_s_per_1k_tokens": 1000 * cpu / total,
+        },
     }
 
 
@@ -105,8 +128,13 @@ def run(quick: bool) -> dict[str, Any]:
     reps = 2 if quick else 5
     rows = [measure(k, tokens_one, tokens_many, 64, reps) for k in (1, 4, 16)]
     rows += [measure(1, tokens_one, tokens_many, 64, reps, decode_tps=r) for r in (25_000.0, 50_000.0)]
-    return {"benchmark": "streaming", "engine": "simulated, unlimited speed, endless answer",
-            "tokens_one_connection": tokens_one, "reps": reps, "rows": rows}
+    return {
+        "benchmark": "streaming",
+        "engine": "simulated, unlimited speed, endless answer",
+        "tokens_one_connection": tokens_one,
+        "reps": reps,
+        "rows": rows,
+    }
 
 
 def plot(result: dict[str, Any], path) -> None:
@@ -114,13 +142,19 @@ def plot(result: dict[str, Any], path) -> None:
 
     pyplot = plt()
     rows = result["rows"]
-    labels = [f"paced {r['decode_tps'] / 1000:g}k/s\n1/step" if r.get("decode_tps") else str(r["tokens_per_delta"])
-              for r in rows]
+    labels = [
+        f"paced {r['decode_tps'] / 1000:g}k/s\n1/step" if r.get("decode_tps") else str(r["tokens_per_delta"])
+        for r in rows
+    ]
     fig, ax = pyplot.subplots(figsize=(7, 4.5))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r["one_connection"]["median_tok_s"] for r in rows], 0.4, label="1 connection")
-    ax.bar([i + 0.2 for i in x], [r["many"]["aggregate_tok_s"] for r in rows], 0.4,
-           label=f"{rows[0]['many']['connections']} connections, aggregate")
+    ax.bar(
+        [i + 0.2 for i in x],
+        [r["many"]["aggregate_tok_s"] for r in rows],
+        0.4,
+        label=f"{rows[0]['many']['connections']} connections, aggregate",
+    )
     ax.axhline(20_000, color="k", linestyle="--", linewidth=0.8, label="target 20k tok/s (1 connection)")
     ax.set_xticks(list(x), labels)
     ax.set_xlabel("tokens per engine delta (engine waits for the gateway) | paced engine, vLLM-style merging")

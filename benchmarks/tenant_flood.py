@@ -48,15 +48,29 @@ def serve(port: int, bound: int) -> None:
     from inference.simulated import SimulatedEngine
     from inference.simulated_script import Turn
 
-    settings = Settings(port=port, log_level="warning", usage_journal="", api_keys=KEYS,
-                        store_max_bytes=bound, conversation_store_max_bytes=bound,
-                        prefix_cache_bytes=OTHER_CACHES // 2, prefix_cache_tenant_bytes=OTHER_CACHES // 8,
-                        item_checks_bytes=OTHER_CACHES // 2)
+    settings = Settings(
+        port=port,
+        log_level="warning",
+        usage_journal="",
+        api_keys=KEYS,
+        store_max_bytes=bound,
+        conversation_store_max_bytes=bound,
+        prefix_cache_bytes=OTHER_CACHES // 2,
+        prefix_cache_tenant_bytes=OTHER_CACHES // 8,
+        item_checks_bytes=OTHER_CACHES // 2,
+    )
     engine = SimulatedEngine(script=lambda view: Turn(text="done"))
-    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(),
-                                         max_context=settings.max_context)])
-    config = uvicorn.Config(create_app(settings, registry=registry), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="on", **uvicorn_config_kwargs(settings))
+    registry = ModelRegistry(
+        [ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=settings.max_context)]
+    )
+    config = uvicorn.Config(
+        create_app(settings, registry=registry),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        **uvicorn_config_kwargs(settings),
+    )
     GatewayServer(config).run()
 
 
@@ -65,8 +79,11 @@ def flood(conversations: int, responses: int, bound: int) -> dict[str, Any]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.tenant_flood", "--serve", str(port),
-                             "--bound-bytes", str(bound)], cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.tenant_flood", "--serve", str(port), "--bound-bytes", str(bound)],
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
         wait_healthy(proc, url, what="tenant_flood server", path="/readyz", timeout_s=120, poll_s=0.1)
         a = httpx.Client(base_url=url + "/v1", headers={"authorization": "Bearer flood-key-a"}, timeout=60)
@@ -89,8 +106,10 @@ def flood(conversations: int, responses: int, bound: int) -> dict[str, Any]:
         for i in range(responses):
             ok(a.post("/responses", json={"model": MODEL, "input": f"a{i}", "metadata": METADATA}))
         rss2 = proc_rss_bytes(proc.pid)
-        b_kept = {"responses": sum(b.get(f"/responses/{rid}").status_code == 200 for rid in b_responses),
-                  "conversations": sum(b.get(f"/conversations/{cid}").status_code == 200 for cid in b_convs)}
+        b_kept = {
+            "responses": sum(b.get(f"/responses/{rid}").status_code == 200 for rid in b_responses),
+            "conversations": sum(b.get(f"/conversations/{cid}").status_code == 200 for cid in b_convs),
+        }
         a.close()
         b.close()
     finally:
@@ -98,11 +117,18 @@ def flood(conversations: int, responses: int, bound: int) -> dict[str, Any]:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
     mib = 1024 * 1024
-    return {"bound_mib_each": bound / mib, "other_caches_mib": OTHER_CACHES / mib,
-            "conversations": conversations, "responses": responses,
-            "rss_before_mib": rss0 / mib, "conversations_growth_mib": (rss1 - rss0) / mib,
-            "responses_growth_mib": (rss2 - rss1) / mib, "total_growth_mib": (rss2 - rss0) / mib,
-            "b_kept": b_kept, "b_stored": {"responses": 20, "conversations": 20}}
+    return {
+        "bound_mib_each": bound / mib,
+        "other_caches_mib": OTHER_CACHES / mib,
+        "conversations": conversations,
+        "responses": responses,
+        "rss_before_mib": rss0 / mib,
+        "conversations_growth_mib": (rss1 - rss0) / mib,
+        "responses_growth_mib": (rss2 - rss1) / mib,
+        "total_growth_mib": (rss2 - rss0) / mib,
+        "b_kept": b_kept,
+        "b_stored": {"responses": 20, "conversations": 20},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

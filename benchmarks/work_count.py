@@ -37,7 +37,10 @@ from benchmarks.concurrency import codex_fields, create
 
 #: stage -> path fragments of the files whose bytecodes it counts (first match wins; the rest is "other")
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("transport and event loop", ("gateway/transport/", "websockets/", "uvicorn/", "starlette/", "asyncio/", "gateway/access/")),
+    (
+        "transport and event loop",
+        ("gateway/transport/", "websockets/", "uvicorn/", "starlette/", "asyncio/", "gateway/access/"),
+    ),
     ("simulated engine", ("inference/simulated",)),
     ("metrics", ("gateway/base/metrics", "prometheus_client/")),
     ("run", ("gateway/turn/run.py", "gateway/turn/events.py", "inference/harmony_parse", "inference/parse")),
@@ -98,14 +101,21 @@ async def _measure(gw: ChildGateway, out: Path, turns: int, extra: dict[str, Any
     async with connect(gw.ws_url, max_size=None, compression=None, ping_interval=None) as ws:
         _, resp = await create(ws, {"input": filler(1000), **extra})
         for i in range(50):  # warm: caches filled, first-turn paths taken
-            _, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
-                                        "input": [{"role": "user", "content": f"warm {i}"}]})
+            _, resp = await create(
+                ws, {"previous_response_id": resp["id"], **extra, "input": [{"role": "user", "content": f"warm {i}"}]}
+            )
         out.unlink(missing_ok=True)
         os.kill(gw.proc.pid, signal.SIGUSR1)
         await asyncio.sleep(0.5)
         for i in range(turns):
-            _, resp = await create(ws, {"previous_response_id": resp["id"], **extra,
-                                        "input": [{"role": "user", "content": f"step {i}: continue"}]})
+            _, resp = await create(
+                ws,
+                {
+                    "previous_response_id": resp["id"],
+                    **extra,
+                    "input": [{"role": "user", "content": f"step {i}: continue"}],
+                },
+            )
         os.kill(gw.proc.pid, signal.SIGUSR2)
         deadline = time.monotonic() + 60
         while not out.exists() and time.monotonic() < deadline:
@@ -116,9 +126,12 @@ async def _measure(gw: ChildGateway, out: Path, turns: int, extra: dict[str, Any
     for where, n in counts.items():
         stages[_stage(where)] += n
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:25]
-    return {"turns": turns, "bytecodes_per_turn": total / turns,
-            "stages": {k: v / turns for k, v in stages.most_common()},
-            "top": [[k, v / turns] for k, v in top]}
+    return {
+        "turns": turns,
+        "bytecodes_per_turn": total / turns,
+        "stages": {k: v / turns for k, v in stages.most_common()},
+        "top": [[k, v / turns] for k, v in top],
+    }
 
 
 def run(quick: bool = False, turns: int | None = None) -> dict[str, Any]:
@@ -160,8 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     result = run(turns=args.turns)
     for kind, r in result.items():
-        print(f"{kind}: {r['bytecodes_per_turn']:,.0f} bytecodes a turn",
-              ", ".join(f"{s} {v:,.0f}" for s, v in r["stages"].items()))
+        print(
+            f"{kind}: {r['bytecodes_per_turn']:,.0f} bytecodes a turn",
+            ", ".join(f"{s} {v:,.0f}" for s, v in r["stages"].items()),
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

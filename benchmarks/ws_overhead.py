@@ -68,9 +68,9 @@ class Chain:
         self.prev: str | None = None
         self.history: list[dict[str, Any]] = []  # http_stateless: the whole conversation, client-side
         self.input_tokens = 0
-        self.encoded: list[float] = []      # renderer tokens encoded, per measured turn
-        self.prepare_ms: list[float] = []   # server prepare time, per measured turn
-        self.times: list[float] = []        # client-side seconds, per measured turn
+        self.encoded: list[float] = []  # renderer tokens encoded, per measured turn
+        self.prepare_ms: list[float] = []  # server prepare time, per measured turn
+        self.times: list[float] = []  # client-side seconds, per measured turn
         if path == "ws":
             self.ws = connect(live.ws_url, max_size=None, compression=None)
         else:
@@ -88,8 +88,13 @@ class Chain:
     def _body(self, item: dict[str, Any]) -> dict[str, Any]:
         if self.path == "http_stateless":
             self.history.append(item)
-            return {"model": MODEL, "store": False, "stream": True, "input": self.history,
-                    "include": ["reasoning.encrypted_content"]}
+            return {
+                "model": MODEL,
+                "store": False,
+                "stream": True,
+                "input": self.history,
+                "include": ["reasoning.encrypted_content"],
+            }
         body: dict[str, Any] = {"model": MODEL, "store": self.path == "http_chained", "input": [item]}
         if self.path != "ws":
             body["stream"] = True
@@ -128,8 +133,7 @@ class Chain:
                 raise RuntimeError(f"{self.path}: {str(ev)[:500]}")
 
     def _send_http(self, data: bytes) -> dict[str, Any]:
-        with self.http.stream("POST", "/responses", content=data,
-                              headers={"content-type": "application/json"}) as r:
+        with self.http.stream("POST", "/responses", content=data, headers={"content-type": "application/json"}) as r:
             if r.status_code != 200:
                 raise RuntimeError(f"{self.path}: HTTP {r.status_code}: {r.read()[:500]!r}")
             for line in r.iter_lines():
@@ -144,9 +148,11 @@ class Chain:
 
     def _server_counters(self) -> tuple[float, float]:
         text = self.live.metrics_text()
-        return (metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
-                + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
-                metric_value(text, "respgate_turn_prepare_seconds_sum"))
+        return (
+            metric_value(text, "respgate_render_tokens_total", '{mode="append"}')
+            + metric_value(text, "respgate_render_tokens_total", '{mode="full"}'),
+            metric_value(text, "respgate_turn_prepare_seconds_sum"),
+        )
 
     def close(self) -> None:
         (self.ws if self.path == "ws" else self.http).close()
@@ -172,8 +178,9 @@ def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load
             "server_prepare_ms_median": statistics.median(c.prepare_ms),
         }
     for row in rows.values():
-        row["ratio_median_vs_smallest"] = {str(n): row[str(n)]["median_ms"] / row[str(small)]["median_ms"]
-                                           for n in sizes}
+        row["ratio_median_vs_smallest"] = {
+            str(n): row[str(n)]["median_ms"] / row[str(small)]["median_ms"] for n in sizes
+        }
         row["ratio_median_big_over_small"] = row[str(big)]["median_ms"] / row[str(small)]["median_ms"]
         row["ratio_p99_big_over_small"] = row[str(big)]["p99_ms"] / row[str(small)]["p99_ms"]
     vs_ws: dict[str, Any] = {}
@@ -181,13 +188,16 @@ def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load
     if "ws" in rows:
         for path in rows:
             if path != "ws":
-                vs_ws[path] = {str(n): rows[path][str(n)]["median_ms"] / rows["ws"][str(n)]["median_ms"]
-                               for n in sizes}
+                vs_ws[path] = {str(n): rows[path][str(n)]["median_ms"] / rows["ws"][str(n)]["median_ms"] for n in sizes}
                 # the target's form: WS overhead as a fraction of the other path's, same history
-                ws_share[path] = {str(n): {
-                    "client_median": rows["ws"][str(n)]["median_ms"] / rows[path][str(n)]["median_ms"],
-                    "server_prepare_median": rows["ws"][str(n)]["server_prepare_ms_median"]
-                    / rows[path][str(n)]["server_prepare_ms_median"]} for n in sizes}
+                ws_share[path] = {
+                    str(n): {
+                        "client_median": rows["ws"][str(n)]["median_ms"] / rows[path][str(n)]["median_ms"],
+                        "server_prepare_median": rows["ws"][str(n)]["server_prepare_ms_median"]
+                        / rows[path][str(n)]["server_prepare_ms_median"],
+                    }
+                    for n in sizes
+                }
     return {
         "benchmark": "ws_overhead",
         "engine": "simulated, zero latency, prefix-cache emulation off",
@@ -197,8 +207,14 @@ def summarize(chains: list[Chain], args: argparse.Namespace, wall_s: float, load
         "paths": rows,
         "median_ratio_vs_ws": vs_ws,
         "ws_fraction_of": ws_share,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_1m_start": load[0], "loadavg_1m_end": load[1], "wall_s": wall_s},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_1m_start": load[0],
+            "loadavg_1m_end": load[1],
+            "wall_s": wall_s,
+        },
     }
 
 
@@ -215,8 +231,11 @@ def plot(chains: list[Chain], result: dict, path: Path) -> None:
     for patch, c in zip(box["boxes"], chains):
         patch.set_facecolor(colors[c.path])
         patch.set_alpha(0.5)
-    left.set_xticks(range(1, len(chains) + 1),
-                    [f"{SHORT[c.path]}\n{max(1, round(c.history_tokens / 1024))}k" for c in chains], fontsize=8)
+    left.set_xticks(
+        range(1, len(chains) + 1),
+        [f"{SHORT[c.path]}\n{max(1, round(c.history_tokens / 1024))}k" for c in chains],
+        fontsize=8,
+    )
     left.set_yscale("log")
     left.set_ylabel("ms per turn (client: send -> response.completed)")
     left.set_title("Per-turn latency, simulated engine at zero latency")
@@ -225,8 +244,13 @@ def plot(chains: list[Chain], result: dict, path: Path) -> None:
         if c.history_tokens not in (sizes[0], sizes[-1]):
             continue
         style = "-" if c.history_tokens == sizes[0] else "--"
-        right.plot([t * 1e3 for t in c.times], style, color=colors[c.path], linewidth=0.8,
-                   label=f"{LABELS[c.path]}, {c.history_tokens:,} tok start")
+        right.plot(
+            [t * 1e3 for t in c.times],
+            style,
+            color=colors[c.path],
+            linewidth=0.8,
+            label=f"{LABELS[c.path]}, {c.history_tokens:,} tok start",
+        )
     right.set_yscale("log")
     right.set_xlabel("measured turn")
     right.set_ylabel("ms")

@@ -33,8 +33,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Generator, Iterable
 from pathlib import Path
-from typing import Any, Generator, Iterable
+from typing import Any
 
 import orjson
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -153,9 +153,16 @@ class RedisLedger:
     #: records per script call: one call blocks its shard for its duration, so keep it short
     max_batch = 256
 
-    def __init__(self, url: str, stream: str = DEFAULT_STREAM, *, shards: int = 1,
-                 marker_ttl_s: int = DEFAULT_MARKER_TTL_S, retention_s: float | None = None,
-                 timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        stream: str = DEFAULT_STREAM,
+        *,
+        shards: int = 1,
+        marker_ttl_s: int = DEFAULT_MARKER_TTL_S,
+        retention_s: float | None = None,
+        timeout_s: float = 2.0,
+    ) -> None:
         self.stream = stream
         #: shard i's stream (refuses a name whose markers could not share its cluster slot)
         self.streams = shard_streams(stream, shards)
@@ -164,8 +171,13 @@ class RedisLedger:
         self.marker_ttl_s = int(marker_ttl_s)
         #: trim each shard to this many seconds of records (None: never trim)
         self.retention_ms = int(retention_s * 1000) if retention_s else 0
-        self.redis = connect(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                             retry=Retry(NoBackoff(), 0), decode_responses=True)
+        self.redis = connect(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
         self._script = self.redis.register_script(_APPEND_ONCE)
         #: records the ledger actually appended (replays of known records are not counted)
         self.appended = 0
@@ -178,8 +190,11 @@ class RedisLedger:
         parts: dict[int, list[UsageRecord]] = {}
         for r in records:
             parts.setdefault(shard_of(r.response_id, len(self.streams)), []).append(r)
-        calls = [self._append(self.streams[shard], part[start:start + self.max_batch])
-                 for shard, part in parts.items() for start in range(0, len(part), self.max_batch)]
+        calls = [
+            self._append(self.streams[shard], part[start : start + self.max_batch])
+            for shard, part in parts.items()
+            for start in range(0, len(part), self.max_batch)
+        ]
         if len(calls) == 1:
             await calls[0]
             return

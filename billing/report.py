@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from billing.ledger import DEFAULT_STREAM, shard_streams
 from billing.usage import UsageRecord
@@ -60,7 +61,7 @@ def usage_report(url: str, stream: str = DEFAULT_STREAM, *, shards: int = 1, pag
     """Aggregate the ledger (every shard) per (tenant, model, day); sorted by day, tenant, model."""
     rows: dict[tuple[str, str, str], UsageRow] = {}
     for r in iter_ledger(url, stream, shards=shards, page=page):
-        day = dt.datetime.fromtimestamp(r.created_at, dt.timezone.utc).strftime("%Y-%m-%d")
+        day = dt.datetime.fromtimestamp(r.created_at, dt.UTC).strftime("%Y-%m-%d")
         key = (r.tenant or "-", r.model, day)
         row = rows.get(key)
         if row is None:
@@ -73,8 +74,7 @@ def usage_report(url: str, stream: str = DEFAULT_STREAM, *, shards: int = 1, pag
     return sorted(rows.values(), key=lambda x: (x.day, x.tenant, x.model))
 
 
-_COLUMNS = ("day", "tenant", "model", "responses", "input_tokens", "cached_tokens", "output_tokens",
-            "reasoning_tokens")
+_COLUMNS = ("day", "tenant", "model", "responses", "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
 
 
 def print_report(rows: list[UsageRow], out: TextIO, *, as_json: bool = False) -> None:
@@ -85,5 +85,6 @@ def print_report(rows: list[UsageRow], out: TextIO, *, as_json: bool = False) ->
     cells = [list(_COLUMNS)] + [[str(getattr(r, c)) for c in _COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
     for row in cells:
-        out.write("  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
-                  .rstrip() + "\n")
+        out.write(
+            "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip() + "\n"
+        )

@@ -36,7 +36,8 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import Any, ClassVar, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -72,7 +73,7 @@ class UsageRecord(msgspec.Struct, frozen=True):
         return msgspec.structs.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "UsageRecord":
+    def from_dict(cls, data: dict[str, Any]) -> UsageRecord:
         """Inverse of ``to_dict``; unknown keys (a newer writer's) are ignored."""
         return cls(**{k: data[k] for k in cls.FIELDS if k in data})
 
@@ -81,7 +82,7 @@ class UsageRecord(msgspec.Struct, frozen=True):
         return {k: "" if v is None else str(v) for k, v in self.to_dict().items()}
 
     @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> "UsageRecord":
+    def from_fields(cls, fields: dict[str, str]) -> UsageRecord:
         data: dict[str, Any] = {}
         for name in cls.FIELDS:
             raw = fields.get(name)
@@ -129,9 +130,19 @@ class MemorySink:
 class UsageQueue:
     """Never-blocking submit, one batching writer, journal fallback and replay (see module doc)."""
 
-    def __init__(self, sink: UsageSink, journal: Journal | None = None, *, maxsize: int = 10_000,
-                 overflow_max: int = 10_000, batch_max: int = 256, write_timeout_s: float = 5.0,
-                 retry_s: float = 0.25, retry_max_s: float = 5.0, wal: WriteAheadLog | bool | None = None) -> None:
+    def __init__(
+        self,
+        sink: UsageSink,
+        journal: Journal | None = None,
+        *,
+        maxsize: int = 10_000,
+        overflow_max: int = 10_000,
+        batch_max: int = 256,
+        write_timeout_s: float = 5.0,
+        retry_s: float = 0.25,
+        retry_max_s: float = 5.0,
+        wal: WriteAheadLog | bool | None = None,
+    ) -> None:
         self.sink = sink
         self.journal = journal
         if wal is None:  # default: on exactly where it adds safety (see the module docstring)
@@ -143,8 +154,10 @@ class UsageQueue:
         #: the write-ahead log ``submit`` appends to (None: off)
         self.wal: WriteAheadLog | None = wal or None
         if journal is None and sink.durable:
-            log.warning("usage ledger without a journal: records in flight are lost if the process dies "
-                        "or the ledger is unreachable (set RESPGATE_USAGE_JOURNAL)")
+            log.warning(
+                "usage ledger without a journal: records in flight are lost if the process dies "
+                "or the ledger is unreachable (set RESPGATE_USAGE_JOURNAL)"
+            )
         self.maxsize = maxsize
         self.overflow_max = overflow_max
         self.batch_max = batch_max

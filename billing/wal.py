@@ -40,9 +40,9 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import msgspec
 
@@ -65,8 +65,9 @@ class _Generation:
 class WriteAheadLog:
     """Unsynced per-record appends in rotating generations; see the module docstring."""
 
-    def __init__(self, journal_path: str | os.PathLike[str], *, max_bytes: int = 4 * 1024 * 1024,
-                 max_age_s: float = 30.0) -> None:
+    def __init__(
+        self, journal_path: str | os.PathLike[str], *, max_bytes: int = 4 * 1024 * 1024, max_age_s: float = 30.0
+    ) -> None:
         self.base = Path(journal_path).expanduser()
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
@@ -147,8 +148,7 @@ class WriteAheadLog:
             if gen.unacked == 0:
                 self._drop(gen)
             else:
-                log.warning("usage WAL %s keeps %d unacknowledged records for the next start", gen.path,
-                            gen.unacked)
+                log.warning("usage WAL %s keeps %d unacknowledged records for the next start", gen.path, gen.unacked)
                 del self._gens[gen.path]
                 os.close(gen.fd)  # releases the lock: the next start (or a sibling) recovers it
         self._where.clear()
@@ -176,8 +176,9 @@ class WriteAheadLog:
                 if records:
                     journal.append(records)  # fsync'd: only now may the WAL file go
                     moved += len(records)
-                    log.warning("usage WAL %s: %d records from a killed process moved to the journal",
-                                path.name, len(records))
+                    log.warning(
+                        "usage WAL %s: %d records from a killed process moved to the journal", path.name, len(records)
+                    )
                 path.unlink(missing_ok=True)
                 _fsync_dir(path.parent)
             except OSError:

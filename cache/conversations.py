@@ -120,8 +120,9 @@ class ConversationStore(Protocol):
     shared: bool
     limits: Limits
 
-    async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
-                     items: Sequence[Item]) -> Conversation:
+    async def create(
+        self, conversation_id: str, tenant: str | None, metadata: dict[str, str], items: Sequence[Item]
+    ) -> Conversation:
         """A new conversation holding ``items`` (bounded like an append; raises ``ConversationFull``,
         ``DuplicateItem``)."""
 
@@ -132,15 +133,17 @@ class ConversationStore(Protocol):
 
     async def delete(self, conversation_id: str, tenant: str | None) -> bool: ...
 
-    async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
-                     force: bool = False) -> Appended:
+    async def append(
+        self, conversation_id: str, tenant: str | None, items: Sequence[Item], *, force: bool = False
+    ) -> Appended:
         """Raises ``ConversationNotFound``; unless ``force``d also ``ConversationFull``, ``DuplicateItem``."""
 
     async def items(self, conversation_id: str, tenant: str | None) -> tuple[Conversation, list[Item]]:
         """Every item, oldest first, with the conversation at that revision (one consistent read)."""
 
-    async def page(self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int,
-                   order: Order) -> Page:
+    async def page(
+        self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int, order: Order
+    ) -> Page:
         """Up to ``limit`` items after the item ``after`` in ``order``; raises ``UnknownCursor``."""
 
     async def item(self, conversation_id: str, tenant: str | None, item_id: str) -> Item | None: ...
@@ -175,8 +178,9 @@ class _Record:
         return self.items_footprint + deep_size(self.metadata) + 2 * len(conversation_id) + RECORD_OVERHEAD
 
     def value(self, conversation_id: str) -> Conversation:
-        return Conversation(conversation_id, self.created_at, dict(self.metadata), self.revision, len(self.seqs),
-                            self.nbytes)
+        return Conversation(
+            conversation_id, self.created_at, dict(self.metadata), self.revision, len(self.seqs), self.nbytes
+        )
 
 
 Key = tuple[str | None, str]  # (tenant, conversation id)
@@ -188,8 +192,14 @@ class MemoryConversationStore(TenantShared):
 
     shared = False
 
-    def __init__(self, limits: Limits = Limits(), *, max_total_bytes: int = 1024 * 1024 * 1024,
-                 ttl_s: float = 30 * 86400.0, max_conversations: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        limits: Limits = Limits(),
+        *,
+        max_total_bytes: int = 1024 * 1024 * 1024,
+        ttl_s: float = 30 * 86400.0,
+        max_conversations: int = 1_000_000,
+    ) -> None:
         self.limits = limits
         self.max_total_bytes = max_total_bytes
         self.max_conversations = max_conversations
@@ -227,8 +237,9 @@ class MemoryConversationStore(TenantShared):
         now = time.monotonic()
         self._lru.sweep(lambda rec: rec.expires < now)
 
-    async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
-                     items: Sequence[Item]) -> Conversation:
+    async def create(
+        self, conversation_id: str, tenant: str | None, metadata: dict[str, str], items: Sequence[Item]
+    ) -> Conversation:
         self._sweep()
         rec = _Record(tenant, int(time.time()), dict(metadata), time.monotonic() + self.ttl_s)
         self._add(conversation_id, rec, items, force=False)  # raises before the conversation exists
@@ -258,8 +269,9 @@ class MemoryConversationStore(TenantShared):
         self._lru.pop((tenant, conversation_id))
         return True
 
-    async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
-                     force: bool = False) -> Appended:
+    async def append(
+        self, conversation_id: str, tenant: str | None, items: Sequence[Item], *, force: bool = False
+    ) -> Appended:
         rec = self._find(conversation_id, tenant)
         before = rec.revision
         added = self._add(conversation_id, rec, items, force=force)
@@ -279,8 +291,11 @@ class MemoryConversationStore(TenantShared):
             seen.add(item_id)
             sizes.append((item, item_bytes(item), deep_size(item) + ITEM_OVERHEAD))
         total = rec.nbytes + sum(n for _, n, _ in sizes)
-        if not force and (len(rec.seqs) + len(sizes) > self.limits.max_items or total > self.limits.max_bytes
-                          or not self._fits(conversation_id, rec, sum(m for _, _, m in sizes))):
+        if not force and (
+            len(rec.seqs) + len(sizes) > self.limits.max_items
+            or total > self.limits.max_bytes
+            or not self._fits(conversation_id, rec, sum(m for _, _, m in sizes))
+        ):
             raise ConversationFull(f"{len(rec.seqs)} items, {rec.nbytes} bytes")
         for item, n, m in sizes:
             seq = rec.next_seq
@@ -296,8 +311,9 @@ class MemoryConversationStore(TenantShared):
         rec = self._find(conversation_id, tenant)
         return rec.value(conversation_id), [rec.by_seq[s][0] for s in rec.seqs]
 
-    async def page(self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int,
-                   order: Order) -> Page:
+    async def page(
+        self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int, order: Order
+    ) -> Page:
         rec = self._find(conversation_id, tenant)
         seqs = rec.seqs
         if after is None:
@@ -308,7 +324,7 @@ class MemoryConversationStore(TenantShared):
                 raise UnknownCursor(after)
             pos = bisect.bisect_left(seqs, at)
             lo, hi = (pos + 1, len(seqs)) if order == "asc" else (0, pos)
-        chosen = seqs[lo:min(hi, lo + limit)] if order == "asc" else seqs[max(lo, hi - limit):hi][::-1]
+        chosen = seqs[lo : min(hi, lo + limit)] if order == "asc" else seqs[max(lo, hi - limit) : hi][::-1]
         return Page([rec.by_seq[s][0] for s in chosen], hi - lo > limit)
 
     async def item(self, conversation_id: str, tenant: str | None, item_id: str) -> Item | None:
@@ -355,8 +371,12 @@ class ConversationTips(TenantShared):
         self.max_bytes = max_bytes
         #: conversation id -> the tenant of its tip (the part of its key)
         self._tenant: dict[str, str | None] = {}
-        self._lru: BoundedLRU[str, Tip] = BoundedLRU(max_entries, max_bytes, part=self._tenant.__getitem__,
-                                                     on_evict=lambda cid, _tip: self._tenant.pop(cid, None))
+        self._lru: BoundedLRU[str, Tip] = BoundedLRU(
+            max_entries,
+            max_bytes,
+            part=self._tenant.__getitem__,
+            on_evict=lambda cid, _tip: self._tenant.pop(cid, None),
+        )
 
     def get(self, conversation_id: str) -> Tip | None:
         tip: Tip | None = self._lru.get(conversation_id)

@@ -38,13 +38,18 @@ from cache.redis_client import AsyncClient
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
-_ACQUIRE = _NOW + """
+_ACQUIRE = (
+    _NOW
+    + """
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 return 1
 """
+)
 
-_RENEW = _NOW + """
+_RENEW = (
+    _NOW
+    + """
 local missing = {}
 for i = 2, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
@@ -55,12 +60,18 @@ for i = 2, #ARGV do
 end
 return missing
 """
+)
 
-_EXPIRED = _NOW + """
+_EXPIRED = (
+    _NOW
+    + """
 return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
 """
+)
 
-_CLAIM = _NOW + """
+_CLAIM = (
+    _NOW
+    + """
 local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if s and tonumber(s) < now then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -68,6 +79,7 @@ if s and tonumber(s) < now then
 end
 return 0
 """
+)
 
 # KEYS run, info; ARGV id
 _RELEASE = """
@@ -83,19 +95,23 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-_STATE = _NOW + """
+_STATE = (
+    _NOW
+    + """
 local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not s then return -1 end
 if tonumber(s) < now then return 0 end
 return 1
 """
+)
 
 
 class RedisLeases:
     """One replica's view of the background responses' leases (see the module docstring)."""
 
-    def __init__(self, client: AsyncClient, *, lease_s: float, prefix: str = "respgate:",
-                 owner: str | None = None) -> None:
+    def __init__(
+        self, client: AsyncClient, *, lease_s: float, prefix: str = "respgate:", owner: str | None = None
+    ) -> None:
         self.redis = client
         self.lease_ms = max(1, int(lease_s * 1000))
         self.prefix = prefix
@@ -116,8 +132,9 @@ class RedisLeases:
 
     async def acquire(self, response_id: str, info: dict[str, Any]) -> None:
         """This replica runs ``response_id`` from now on (before its state is first written)."""
-        await self._acquire(keys=[self._run, self._info],
-                            args=[self.lease_ms, response_id, orjson.dumps({**info, "owner": self.owner})])
+        await self._acquire(
+            keys=[self._run, self._info], args=[self.lease_ms, response_id, orjson.dumps({**info, "owner": self.owner})]
+        )
 
     async def renew(self, response_ids: Sequence[str]) -> list[str]:
         """Extend the leases; returns the ids whose lease was gone (another replica claimed them)."""

@@ -75,8 +75,15 @@ class _Part:
 
 
 class BoundedLRU(Generic[K, V]):
-    def __init__(self, max_entries: int, max_bytes: int | None = None, *, part: Callable[[K], Hashable] | None = None,
-                 share: float = 0.25, on_evict: Callable[[K, V], object] | None = None) -> None:
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int | None = None,
+        *,
+        part: Callable[[K], Hashable] | None = None,
+        share: float = 0.25,
+        on_evict: Callable[[K, V], object] | None = None,
+    ) -> None:
         """``max_bytes``: None bounds the entries only (*Counts only*). ``part``: the part (tenant) a
         key belongs to, for the shares (module docstring); None: one map, no shares. ``share``: the
         fraction of both bounds past which a part gives entries back. ``on_evict``: called (outside
@@ -160,14 +167,16 @@ class BoundedLRU(Generic[K, V]):
                 self._reckon(name, mine)
             protect = key if force else None
             while (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes) and (
-                    protect is None or len(self._entries) > 1):
+                protect is None or len(self._entries) > 1
+            ):
                 victim = self._victim(protect)
                 evicted.append((victim, self._evict(victim)))
         self._evicted(evicted)
         return True
 
-    def evict_one(self, prefer: Hashable = NO_PART, *, outside: Mapping[Any, int] | None = None,
-                  protect: K | None = None) -> bool:
+    def evict_one(
+        self, prefer: Hashable = NO_PART, *, outside: Mapping[Any, int] | None = None, protect: K | None = None
+    ) -> bool:
         """Drop the least recently used entry of part ``prefer`` when it has one; else, without
         ``outside``, the entry a put would evict next (see *Shares*); False when nothing was dropped.
         For an owner whose memory outside the map grew (a running event log of part ``prefer``) and
@@ -212,8 +221,9 @@ class BoundedLRU(Generic[K, V]):
             part = self._parts.get(name)
             if part is None or (protect is not None and len(part.keys) == 1 and protect in part.keys):
                 continue
-            mine = max(len(part.keys) / self._share_entries,
-                       (part.nbytes + outside.get(name, 0)) / max(1, self._share_bytes))
+            mine = max(
+                len(part.keys) / self._share_entries, (part.nbytes + outside.get(name, 0)) / max(1, self._share_bytes)
+            )
             if mine > score:
                 best, score = name, mine
         return best
@@ -296,11 +306,16 @@ class BoundedLRU(Generic[K, V]):
         """The key a put evicts next (the lock is held): see *Shares* in the module docstring; never
         ``protect`` (a forced put's own key; the caller keeps at least two entries then)."""
         parts = self._parts
-        over = [n for n in self._over if not (protect is not None and len(parts[n].keys) == 1
-                                              and protect in parts[n].keys)]
+        over = [
+            n for n in self._over if not (protect is not None and len(parts[n].keys) == 1 and protect in parts[n].keys)
+        ]
         if over:
-            name = max(over, key=lambda n: max(len(parts[n].keys) / self._share_entries,
-                                               parts[n].nbytes / max(1, self._share_bytes)))
+            name = max(
+                over,
+                key=lambda n: max(
+                    len(parts[n].keys) / self._share_entries, parts[n].nbytes / max(1, self._share_bytes)
+                ),
+            )
             for key in parts[name].keys:
                 if key != protect:
                     return key

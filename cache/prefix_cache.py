@@ -56,7 +56,7 @@ class Chain:
 
     def __init__(self, tenant: str, view: TokenSeq) -> None:
         self.tenant = tenant
-        self.view = view          # the longest view of the buffer an entry holds
+        self.view = view  # the longest view of the buffer an entry holds
         self.keys: set[bytes] = set()
         self.nbytes = 0
 
@@ -87,8 +87,9 @@ class PrefixCache:
         self.tenant_bytes = min(tenant_bytes, max_bytes)
         # a tenant's share of the map is its cap (+ half a byte: the float product rounds down)
         share = min(1.0, (self.tenant_bytes + 0.5) / max(1, max_bytes))
-        self._chains: BoundedLRU[Chain, Chain] = BoundedLRU(sys.maxsize, max_bytes, part=operator.attrgetter("tenant"),
-                                                            share=share, on_evict=self._evicted)
+        self._chains: BoundedLRU[Chain, Chain] = BoundedLRU(
+            sys.maxsize, max_bytes, part=operator.attrgetter("tenant"), share=share, on_evict=self._evicted
+        )
         #: (tenant, key) -> entry, for every chain held
         self._entries: dict[tuple[str, bytes], CachedPrefix] = {}
         self._lock = threading.Lock()
@@ -119,8 +120,17 @@ class PrefixCache:
             if entry.chain in self._chains:
                 self._chains.get(entry.chain)
 
-    def put(self, tenant: str | None, key: bytes, ids: TokenSeq, prompt_len: int, outputs: int, flagged: bool,
-            near: Chain | None = None, root_id: str | None = None) -> CachedPrefix | None:
+    def put(
+        self,
+        tenant: str | None,
+        key: bytes,
+        ids: TokenSeq,
+        prompt_len: int,
+        outputs: int,
+        flagged: bool,
+        near: Chain | None = None,
+        root_id: str | None = None,
+    ) -> CachedPrefix | None:
         """Keep ``ids`` under ``key``; ``near`` is the chain the turn continued from (the entry joins
         it when it reads the same buffer). Returns the entry, or None when it was evicted at once
         (larger than the tenant's budget)."""
@@ -129,8 +139,16 @@ class PrefixCache:
             old = self._entries.pop((name, key), None)
             if old is not None:
                 self._drop_key(old.chain, key)  # the same input again (a retry): the newer turn wins
-            chain = near if (near is not None and near.tenant == name and near in self._chains
-                             and ids.shares_prefix_with(near.view)) else None
+            chain = (
+                near
+                if (
+                    near is not None
+                    and near.tenant == name
+                    and near in self._chains
+                    and ids.shares_prefix_with(near.view)
+                )
+                else None
+            )
             if chain is None:
                 chain = Chain(name, ids)
             elif len(ids) > len(chain.view):

@@ -122,6 +122,7 @@ def connect_sync(url: str, **kwargs: Any) -> redis.Redis | redis.RedisCluster:
 def check_prefix(prefix: str) -> str:
     """Refuse a key prefix with a hash tag of its own (see the module docstring)."""
     if "{" in prefix or "}" in prefix:
-        raise ValueError(f"Redis key prefix {prefix!r} must not contain braces: its tag would put every key "
-                         "in one Cluster slot")
+        raise ValueError(
+            f"Redis key prefix {prefix!r} must not contain braces: its tag would put every key in one Cluster slot"
+        )
     return prefix

@@ -156,8 +156,9 @@ class RedisConversationStore:
 
     shared = True
 
-    def __init__(self, client: AsyncClient, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0,
-                 prefix: str = "respgate:") -> None:
+    def __init__(
+        self, client: AsyncClient, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0, prefix: str = "respgate:"
+    ) -> None:
         self.redis = client
         self.limits = limits
         self.ttl_ms = max(1, int(ttl_s * 1000))
@@ -169,8 +170,15 @@ class RedisConversationStore:
         self._update = client.register_script(_UPDATE_LUA)
 
     @classmethod
-    def from_url(cls, url: str, limits: Limits = Limits(), *, ttl_s: float = 30 * 86400.0,
-                 prefix: str = "respgate:", **client_kwargs: Any) -> RedisConversationStore:
+    def from_url(
+        cls,
+        url: str,
+        limits: Limits = Limits(),
+        *,
+        ttl_s: float = 30 * 86400.0,
+        prefix: str = "respgate:",
+        **client_kwargs: Any,
+    ) -> RedisConversationStore:
         # the stores' client (``connect_store``), as the response store: an outage is a 503 in seconds
         return cls(connect_store(url, **client_kwargs), limits, ttl_s=ttl_s, prefix=prefix)
 
@@ -186,21 +194,36 @@ class RedisConversationStore:
         except RedisError as exc:
             raise StoreUnavailable(f"conversation store unavailable: {exc}") from exc
 
-    async def create(self, conversation_id: str, tenant: str | None, metadata: dict[str, str],
-                     items: Sequence[Item]) -> Conversation:
+    async def create(
+        self, conversation_id: str, tenant: str | None, metadata: dict[str, str], items: Sequence[Item]
+    ) -> Conversation:
         created_at = int(time.time())
         res = await self._run_append(conversation_id, tenant, items, "create", created_at, metadata)
         return res.conversation
 
-    async def append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], *,
-                     force: bool = False) -> Appended:
+    async def append(
+        self, conversation_id: str, tenant: str | None, items: Sequence[Item], *, force: bool = False
+    ) -> Appended:
         return await self._run_append(conversation_id, tenant, items, "force" if force else "append", 0, {})
 
-    async def _run_append(self, conversation_id: str, tenant: str | None, items: Sequence[Item], mode: str,
-                          created_at: int, metadata: dict[str, str]) -> Appended:
+    async def _run_append(
+        self,
+        conversation_id: str,
+        tenant: str | None,
+        items: Sequence[Item],
+        mode: str,
+        created_at: int,
+        metadata: dict[str, str],
+    ) -> Appended:
         jsons = [orjson.dumps(item) for item in items]
-        args: list[Any] = [mode, self.limits.max_items, self.limits.max_bytes, self.ttl_ms, created_at,
-                           orjson.dumps(metadata)]
+        args: list[Any] = [
+            mode,
+            self.limits.max_items,
+            self.limits.max_bytes,
+            self.ttl_ms,
+            created_at,
+            orjson.dumps(metadata),
+        ]
         for item, raw in zip(items, jsons):
             args += [item["id"], raw]
         res = await self._io(lambda: self._append(keys=self.keys(conversation_id, tenant), args=args))
@@ -221,8 +244,9 @@ class RedisConversationStore:
         return _conversation(conversation_id, meta) if meta[0] is not None else None
 
     async def update(self, conversation_id: str, tenant: str | None, metadata: dict[str, str]) -> Conversation | None:
-        meta = await self._io(lambda: self._update(keys=self.keys(conversation_id, tenant)[:1],
-                                                   args=[orjson.dumps(metadata)]))
+        meta = await self._io(
+            lambda: self._update(keys=self.keys(conversation_id, tenant)[:1], args=[orjson.dumps(metadata)])
+        )
         return _conversation(conversation_id, meta) if meta else None
 
     async def delete(self, conversation_id: str, tenant: str | None) -> bool:
@@ -236,10 +260,12 @@ class RedisConversationStore:
         meta, raws = res
         return _conversation(conversation_id, meta), [orjson.loads(r) for r in raws if r is not None]
 
-    async def page(self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int,
-                   order: Order) -> Page:
-        res = await self._io(lambda: self._page(keys=self.keys(conversation_id, tenant),
-                                                args=[after or "", limit + 1, order]))
+    async def page(
+        self, conversation_id: str, tenant: str | None, *, after: str | None, limit: int, order: Order
+    ) -> Page:
+        res = await self._io(
+            lambda: self._page(keys=self.keys(conversation_id, tenant), args=[after or "", limit + 1, order])
+        )
         if int(res[0]) == 0:
             raise ConversationNotFound(conversation_id)
         if int(res[0]) == 2:
@@ -262,8 +288,9 @@ class RedisConversationStore:
         return orjson.loads(raw) if raw is not None else None
 
     async def delete_item(self, conversation_id: str, tenant: str | None, item_id: str) -> Conversation | None:
-        res = await self._io(lambda: self._delete_item(keys=self.keys(conversation_id, tenant),
-                                                       args=[item_id, self.ttl_ms]))
+        res = await self._io(
+            lambda: self._delete_item(keys=self.keys(conversation_id, tenant), args=[item_id, self.ttl_ms])
+        )
         if int(res[0]) == 0:
             raise ConversationNotFound(conversation_id)
         return _conversation(conversation_id, res[1]) if int(res[0]) == 1 else None

@@ -192,7 +192,8 @@ class SharedBufferLRU(LRUOwner):
     def __init__(self, max_bytes: int, share: float = 0.25) -> None:
         self.max_bytes = max_bytes
         self._lru: BoundedLRU[tuple[str | None, str], tuple[Any, Any]] = BoundedLRU(
-            sys.maxsize, max_bytes, part=tenant_of, share=share, on_evict=self._dropped)
+            sys.maxsize, max_bytes, part=tenant_of, share=share, on_evict=self._dropped
+        )
         #: id(buffer) -> [entries referring to it, bytes charged for it, the tenant charged]
         self._bufs: dict[int, list[Any]] = {}
         #: tenant -> the bytes of the buffers charged to it
@@ -322,9 +323,15 @@ class RedisStore:
 
     shared = True
 
-    def __init__(self, client: AsyncClient, *, ttl_s: float = 86400.0,
-                 token_cache_bytes: int = 256 * 1024 * 1024, chain_cache_bytes: int = 256 * 1024 * 1024,
-                 prefix: str = "respgate:") -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        ttl_s: float = 86400.0,
+        token_cache_bytes: int = 256 * 1024 * 1024,
+        chain_cache_bytes: int = 256 * 1024 * 1024,
+        prefix: str = "respgate:",
+    ) -> None:
         self.redis = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.prefix = check_prefix(prefix)
@@ -343,13 +350,25 @@ class RedisStore:
         self._delete = client.register_script(_DELETE_LUA)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: float = 86400.0, token_cache_bytes: int = 256 * 1024 * 1024,
-                 chain_cache_bytes: int = 256 * 1024 * 1024, prefix: str = "respgate:",
-                 **client_kwargs: Any) -> RedisStore:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        ttl_s: float = 86400.0,
+        token_cache_bytes: int = 256 * 1024 * 1024,
+        chain_cache_bytes: int = 256 * 1024 * 1024,
+        prefix: str = "respgate:",
+        **client_kwargs: Any,
+    ) -> RedisStore:
         # the stores' client (``connect_store``): a stale pooled connection after a Redis restart is
         # retried once, but an outage surfaces in seconds (as a 503), not after a long backoff
-        return cls(connect_store(url, **client_kwargs), ttl_s=ttl_s, token_cache_bytes=token_cache_bytes,
-                   chain_cache_bytes=chain_cache_bytes, prefix=prefix)
+        return cls(
+            connect_store(url, **client_kwargs),
+            ttl_s=ttl_s,
+            token_cache_bytes=token_cache_bytes,
+            chain_cache_bytes=chain_cache_bytes,
+            prefix=prefix,
+        )
 
     def record_key(self, root: str, response_id: str) -> str:
         """The record of ``response_id`` in the chain rooted at ``root`` (tag ``{root}``: one slot a chain)."""
@@ -385,20 +404,39 @@ class RedisStore:
         if state.parent_id is not None:
             known = self.chains.get(state.parent_id, state.tenant)
             parent: dict[str, Any] | None = (
-                {"root": known.root, "depth": known.depth, "clen": len(known.context)} if known is not None
-                else await self._pointer(state.parent_id))
+                {"root": known.root, "depth": known.depth, "clen": len(known.context)}
+                if known is not None
+                else await self._pointer(state.parent_id)
+            )
             if parent is not None and parent["clen"] <= len(state.context):
                 link = _Link(parent["root"], state.parent_id, parent["depth"] + 1, parent["clen"])
             # else: the parent is not in Redis (a store=false WebSocket turn, or expired): this
             # record is the root of a new chain, its delta is the whole context (rare, and still correct)
-        meta = orjson.dumps({
-            "parent_id": state.parent_id, "root_id": state.root_id, "model": state.model,
-            "pending_calls": sorted(state.pending_calls), "flagged": state.flagged, "store": state.store,
-            "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
-            "created": state.created,
-        })
-        record = ["tenant", orjson.dumps(state.tenant), "meta", meta, "pk", state.prelude_key,
-                  "response", orjson.dumps(state.response), "input", orjson.dumps(list(state.input_items))]
+        meta = orjson.dumps(
+            {
+                "parent_id": state.parent_id,
+                "root_id": state.root_id,
+                "model": state.model,
+                "pending_calls": sorted(state.pending_calls),
+                "flagged": state.flagged,
+                "store": state.store,
+                "nbytes": state.nbytes,
+                "delta_bytes": state.delta_bytes,
+                "created": state.created,
+            }
+        )
+        record = [
+            "tenant",
+            orjson.dumps(state.tenant),
+            "meta",
+            meta,
+            "pk",
+            state.prelude_key,
+            "response",
+            orjson.dumps(state.response),
+            "input",
+            orjson.dumps(list(state.input_items)),
+        ]
         index = [(self.item_key(state.tenant, item_key), where, pos) for item_key, where, pos in index_keys(state)]
         wrote, claimed = await self._send(state, link, record, index, None)
         if not wrote:
@@ -410,18 +448,29 @@ class RedisStore:
             await self._send(state, link, record, index, claimed)
         self.chains.put(state.id, ChainEntry(link.root, link.depth, state.context), state.nbytes, state.tenant)
 
-    async def _send(self, state: ResponseState, link: _Link, record: list[Any], index: list[tuple[str, str, int]],
-                    again: list[bool] | None) -> tuple[Any, list[bool]]:
+    async def _send(
+        self,
+        state: ResponseState,
+        link: _Link,
+        record: list[Any],
+        index: list[tuple[str, str, int]],
+        again: list[bool] | None,
+    ) -> tuple[Any, list[bool]]:
         """The write's script and, beside it, a pipeline of single-key commands (the pointer, the
         item index entries: any slots). Index entries are set ``NX`` (the first response to hold an
         item keeps it), or with ``again`` (a second attempt) exactly those the first attempt
         claimed, overwritten. Returns the script's result and which index entries were set."""
-        entry = orjson.dumps(state.context[link.start:]) + b"\n" + link.parent.encode()
-        write = self._write(keys=[self.record_key(link.root, state.id), self.chain_key(link.root)],
-                            args=[self.ttl_ms, state.id, link.parent, entry, *record])
+        entry = orjson.dumps(state.context[link.start :]) + b"\n" + link.parent.encode()
+        write = self._write(
+            keys=[self.record_key(link.root, state.id), self.chain_key(link.root)],
+            args=[self.ttl_ms, state.id, link.parent, entry, *record],
+        )
         side = self.redis.pipeline(transaction=False)
-        side.set(self.pointer_key(state.id),
-                 orjson.dumps({"root": link.root, "depth": link.depth, "clen": len(state.context)}), px=self.ttl_ms)
+        side.set(
+            self.pointer_key(state.id),
+            orjson.dumps({"root": link.root, "depth": link.depth, "clen": len(state.context)}),
+            px=self.ttl_ms,
+        )
         sent = [again is None or again[n] for n in range(len(index))]
         for (key, where, pos), send in zip(index, sent):
             if send:
@@ -447,21 +496,24 @@ class RedisStore:
             raw_tenant, raw_meta, response, inputs, pk = fields
             if orjson.loads(raw_tenant) != tenant:
                 return None
-            return self._state(response_id, known.root, orjson.loads(raw_meta), response, inputs, pk,
-                               known.context, tenant)
+            return self._state(
+                response_id, known.root, orjson.loads(raw_meta), response, inputs, pk, known.context, tenant
+            )
         self.chain_misses += 1
         pointer = await self._pointer(response_id)
         if pointer is None:
             return None
         root, depth = pointer["root"], pointer["depth"]
-        found = await self._read(keys=[self.record_key(root, response_id), self.chain_key(root)],
-                                 args=[response_id, depth, orjson.dumps(tenant)])
+        found = await self._read(
+            keys=[self.record_key(root, response_id), self.chain_key(root)],
+            args=[response_id, depth, orjson.dumps(tenant)],
+        )
         if not found:
             return None  # missing, another tenant's, or a link of its chain gone: never a truncated context
         _, raw_meta, response, inputs, pk, *links = found
         items: list[dict[str, Any]] = []
         for link in reversed(links):  # the walk went from the response up to the root
-            items.extend(orjson.loads(link[:link.index(b"\n")]))
+            items.extend(orjson.loads(link[: link.index(b"\n")]))
         if len(items) != pointer["clen"]:
             return None
         meta = orjson.loads(raw_meta)
@@ -469,23 +521,41 @@ class RedisStore:
         self.chains.put(response_id, ChainEntry(root, depth, context), meta["nbytes"], tenant)
         return self._state(response_id, root, meta, response, inputs, pk, context, tenant)
 
-    def _state(self, response_id: str, root: str, meta: dict[str, Any], response: bytes, inputs: bytes,
-               pk: bytes | None, context: ItemLog, tenant: str | None) -> ResponseState:
+    def _state(
+        self,
+        response_id: str,
+        root: str,
+        meta: dict[str, Any],
+        response: bytes,
+        inputs: bytes,
+        pk: bytes | None,
+        context: ItemLog,
+        tenant: str | None,
+    ) -> ResponseState:
         history = self.tokens.get(response_id, tenant)
         if history is not None:
             self.token_hits += 1
         else:
             self.token_misses += 1
         return ResponseState(
-            id=response_id, response=orjson.loads(response), input_items=tuple(orjson.loads(inputs)),
-            context=context, history_ids=history if history is not None else TokenSeq(),
-            model=meta["model"], store=meta["store"],
+            id=response_id,
+            response=orjson.loads(response),
+            input_items=tuple(orjson.loads(inputs)),
+            context=context,
+            history_ids=history if history is not None else TokenSeq(),
+            model=meta["model"],
+            store=meta["store"],
             prelude_key=pk if history is not None and pk is not None else b"",
             # the routing root (``ResponseState.root_id``); a record without one: its chain's first
             # stored response (the storage root of the key layout) stands in
-            parent_id=meta["parent_id"], root_id=meta.get("root_id") or root,
-            pending_calls=frozenset(meta["pending_calls"]), flagged=meta["flagged"],
-            tenant=tenant, nbytes=meta["nbytes"], delta_bytes=meta["delta_bytes"], created=meta["created"],
+            parent_id=meta["parent_id"],
+            root_id=meta.get("root_id") or root,
+            pending_calls=frozenset(meta["pending_calls"]),
+            flagged=meta["flagged"],
+            tenant=tenant,
+            nbytes=meta["nbytes"],
+            delta_bytes=meta["delta_bytes"],
+            created=meta["created"],
         )
 
     async def delete(self, response_id: str, tenant: str | None = None) -> bool:
@@ -495,8 +565,10 @@ class RedisStore:
             if pointer is None:
                 return False
             root = pointer["root"]
-            deleted = await self._delete(keys=[self.record_key(root, response_id), self.chain_key(root)],
-                                         args=[orjson.dumps(tenant), response_id])
+            deleted = await self._delete(
+                keys=[self.record_key(root, response_id), self.chain_key(root)],
+                args=[orjson.dumps(tenant), response_id],
+            )
             if deleted:  # no longer found by id either way
                 await self.redis.delete(self.pointer_key(response_id))
         except RedisError as exc:
@@ -523,8 +595,9 @@ class RedisStore:
             if home is not None and len(entry := orjson.loads(home)) == 4:
                 where[item_id] = tuple(entry)
         # per home response, only the list that holds the items: the Response for outputs
-        wanted = sorted({(rid, root, "response" if side == "output" else "input")
-                         for rid, side, _, root in where.values()})
+        wanted = sorted(
+            {(rid, root, "response" if side == "output" else "input") for rid, side, _, root in where.values()}
+        )
         if not wanted:
             return {}
         reads = self.redis.pipeline(transaction=False)

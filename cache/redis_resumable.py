@@ -61,13 +61,24 @@ class ResumeUnavailable(Exception):
 
 def encode(state: ResponseState, tenant: str | None) -> str:
     """The record's plain JSON (before sealing)."""
-    return orjson.dumps({
-        "v": VERSION, "id": state.id, "tenant": tenant, "response": state.response,
-        "input": list(state.input_items), "context": list(state.context), "model": state.model,
-        "store": state.store, "parent_id": state.parent_id, "pending_calls": sorted(state.pending_calls),
-        "flagged": state.flagged, "nbytes": state.nbytes, "delta_bytes": state.delta_bytes,
-        "created": state.created,
-    }).decode()
+    return orjson.dumps(
+        {
+            "v": VERSION,
+            "id": state.id,
+            "tenant": tenant,
+            "response": state.response,
+            "input": list(state.input_items),
+            "context": list(state.context),
+            "model": state.model,
+            "store": state.store,
+            "parent_id": state.parent_id,
+            "pending_calls": sorted(state.pending_calls),
+            "flagged": state.flagged,
+            "nbytes": state.nbytes,
+            "delta_bytes": state.delta_bytes,
+            "created": state.created,
+        }
+    ).decode()
 
 
 def decode(text: str, response_id: str, tenant: str | None) -> ResponseState | None:
@@ -80,10 +91,21 @@ def decode(text: str, response_id: str, tenant: str | None) -> ResponseState | N
     if rec.get("v") != VERSION or rec.get("id") != response_id or rec.get("tenant") != tenant:
         return None
     return ResponseState(
-        id=response_id, response=rec["response"], input_items=tuple(rec["input"]), context=ItemLog(rec["context"]),
-        history_ids=TokenSeq(), model=rec["model"], prelude_key=b"", store=rec["store"],
-        parent_id=rec["parent_id"], pending_calls=frozenset(rec["pending_calls"]), flagged=rec["flagged"],
-        tenant=tenant, nbytes=rec["nbytes"], delta_bytes=rec["delta_bytes"], created=rec["created"],
+        id=response_id,
+        response=rec["response"],
+        input_items=tuple(rec["input"]),
+        context=ItemLog(rec["context"]),
+        history_ids=TokenSeq(),
+        model=rec["model"],
+        prelude_key=b"",
+        store=rec["store"],
+        parent_id=rec["parent_id"],
+        pending_calls=frozenset(rec["pending_calls"]),
+        flagged=rec["flagged"],
+        tenant=tenant,
+        nbytes=rec["nbytes"],
+        delta_bytes=rec["delta_bytes"],
+        created=rec["created"],
     )
 
 

@@ -101,8 +101,13 @@ def record_bytes(state: ResponseState, index_entries: int) -> int:
     """What a stored record costs this process (module docstring): its own items and tokens
     (``delta_bytes``), the Response object and input items as held (walked), its index entries and
     the containers around it. Conservative: what the walk and ``delta_bytes`` both see counts twice."""
-    return (max(state.delta_bytes, 0) + deep_size(state.response) + deep_size(state.input_items)
-            + RECORD_OVERHEAD + INDEX_ENTRY * index_entries)
+    return (
+        max(state.delta_bytes, 0)
+        + deep_size(state.response)
+        + deep_size(state.input_items)
+        + RECORD_OVERHEAD
+        + INDEX_ENTRY * index_entries
+    )
 
 
 Key = tuple[str | None, str]  # (tenant, response id)
@@ -115,13 +120,15 @@ class MemoryStore(TenantShared):
 
     shared = False  # process-local: this process's own pending-write wait covers chaining
 
-    def __init__(self, max_bytes: int = 1024 * 1024 * 1024, ttl_s: float = 24 * 3600.0,
-                 max_entries: int = 1_000_000) -> None:
+    def __init__(
+        self, max_bytes: int = 1024 * 1024 * 1024, ttl_s: float = 24 * 3600.0, max_entries: int = 1_000_000
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self._lru: BoundedLRU[Key, tuple[float, ResponseState]] = BoundedLRU(
-            max_entries, max_bytes, part=tenant_of, on_evict=self._evicted)
+            max_entries, max_bytes, part=tenant_of, on_evict=self._evicted
+        )
         #: (tenant, item id) -> where the response that first held it keeps it; each response's keys
         self._items: dict[tuple[str | None, str], Home] = {}
         self._owned: dict[Key, list[tuple[str | None, str]]] = {}
@@ -176,8 +183,9 @@ class MemoryStore(TenantShared):
             if state is None or home is None:
                 continue
             _, side, pos = home
-            found[item_id] = StoredItem(state.id, state.input_items[pos] if side == "input"
-                                        else state.response["output"][pos])
+            found[item_id] = StoredItem(
+                state.id, state.input_items[pos] if side == "input" else state.response["output"][pos]
+            )
         return found
 
     async def close(self) -> None:

@@ -6,8 +6,8 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request

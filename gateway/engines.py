@@ -56,8 +56,10 @@ class ModelPathError(ValueError):
 
 
 #: how to get the in-process engine, or do without it
-ENGINE_FIX = ("install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; `make serve` "
-              "does this), or serve the simulated model instead: --engine simulated")
+ENGINE_FIX = (
+    "install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; `make serve` "
+    "does this), or serve the simulated model instead: --engine simulated"
+)
 
 
 def vllm_available() -> bool:
@@ -84,8 +86,7 @@ def resolve_engine(settings: Settings) -> str:
 
 
 def engine_missing(settings: Settings) -> ModelPathError:
-    what = ("--engine vllm" if settings.engine == "vllm"
-            else f"model {settings.model_path}")
+    what = "--engine vllm" if settings.engine == "vllm" else f"model {settings.model_path}"
     return ModelPathError(f"{what} needs the vLLM engine, which is not installed here", ENGINE_FIX)
 
 
@@ -145,7 +146,7 @@ def model_entries(settings: Settings) -> list[Settings]:
         names = entry.pop("names", None) or [entry.pop("name", None)]
         entry.pop("name", None)
         if not all(isinstance(n, str) and n for n in names):
-            raise ModelPathError(f"models file {path}: an entry has no \"name\" (or \"names\")", fix)
+            raise ModelPathError(f'models file {path}: an entry has no "name" (or "names")', fix)
         # only what was set is passed on, so an entry's own settings are what it names (model_path_given)
         given = settings.model_dump(include=settings.model_fields_set)
         out.append(Settings.model_validate({**given, **entry, "models": names, "models_file": None}))
@@ -179,9 +180,11 @@ def check_model_folder(folder: Path) -> None:
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         missing.append("tokenizer.json")
     if missing:
-        raise ModelPathError(f"model folder {folder} lacks {', '.join(missing)}, so it is not a model",
-                             "point --model-path / RESPGATE_MODEL_PATH at a complete Hugging Face model folder "
-                             "(hf download ORG/NAME --local-dir DIR)")
+        raise ModelPathError(
+            f"model folder {folder} lacks {', '.join(missing)}, so it is not a model",
+            "point --model-path / RESPGATE_MODEL_PATH at a complete Hugging Face model folder "
+            "(hf download ORG/NAME --local-dir DIR)",
+        )
 
 
 def build_registry(settings: Settings) -> ModelRegistry:
@@ -213,14 +216,26 @@ def _simulated(settings: Settings) -> ModelRegistry:
     from inference.simulated import SimulatedEngine
 
     renderer = HarmonyRenderer()
-    engine = SimulatedEngine(ttft_s=settings.sim_ttft_s, prefill_tps=settings.sim_prefill_tps,
-                             decode_tps=settings.sim_decode_tps)
+    engine = SimulatedEngine(
+        ttft_s=settings.sim_ttft_s, prefill_tps=settings.sim_prefill_tps, decode_tps=settings.sim_decode_tps
+    )
     names = settings.models or [SIMULATED_MODEL]
     cap = output_cap(settings, None)
     sampling = sampling_defaults(settings, None)
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=settings.max_context,
-                                     max_output_tokens=cap, default_temperature=sampling.temperature,
-                                     default_top_p=sampling.top_p) for m in names])
+    return ModelRegistry(
+        [
+            ModelRoute(
+                name=m,
+                engine=engine,
+                renderer=renderer,
+                max_context=settings.max_context,
+                max_output_tokens=cap,
+                default_temperature=sampling.temperature,
+                default_top_p=sampling.top_p,
+            )
+            for m in names
+        ]
+    )
 
 
 def output_cap(settings: Settings, engine_default: int | None) -> int | None:
@@ -256,7 +271,8 @@ def sampling_defaults(settings: Settings, packaged: str | None) -> SamplingDefau
     model = PACKAGED_SAMPLING.get(packaged or "", SamplingDefaults())
     return SamplingDefaults(
         temperature=model.temperature if settings.default_temperature is None else settings.default_temperature,
-        top_p=model.top_p if settings.default_top_p is None else settings.default_top_p)
+        top_p=model.top_p if settings.default_top_p is None else settings.default_top_p,
+    )
 
 
 def packaged_name(settings: Settings) -> str | None:
@@ -277,8 +293,7 @@ def model_folder(settings: Settings) -> tuple[Path, str]:
     folder = locate_model(path)
     assert folder is not None
     check_model_folder(folder)
-    return folder, (folder.name if is_local_path(path) or Path(path).expanduser().is_dir()
-                    else path.rsplit("/", 1)[-1])
+    return folder, (folder.name if is_local_path(path) or Path(path).expanduser().is_dir() else path.rsplit("/", 1)[-1])
 
 
 def is_local_path(path: str) -> bool:
@@ -298,29 +313,36 @@ def locate_model(path: str, *, download: bool = True) -> Path | None:
         return folder
     if is_local_path(path) or not _REPO_ID.fullmatch(path):
         what = "model folder" if is_local_path(path) else "model path"
-        fix = (f"download the model there (hf download ORG/NAME --local-dir {folder}) or point "
-               "--model-path / RESPGATE_MODEL_PATH at a model folder")
+        fix = (
+            f"download the model there (hf download ORG/NAME --local-dir {folder}) or point "
+            "--model-path / RESPGATE_MODEL_PATH at a model folder"
+        )
         from inference.model_assets import packaged_models
 
         if path in packaged_models():  # `--model-path smollm2`: the packaged model was meant
             fix = f"for the packaged model write --model-path packaged:{path}; else {fix}"
         raise ModelPathError(
-            f"{what} {path} does not exist" + ("" if is_local_path(path) else " (and it is not a Hugging Face repo id)"),
-            fix)
+            f"{what} {path} does not exist"
+            + ("" if is_local_path(path) else " (and it is not a Hugging Face repo id)"),
+            fix,
+        )
     return _from_hub(path, download=download)
 
 
 def _from_hub(repo: str, *, download: bool) -> Path | None:
-    fix_offline = (f"fetch it where there is network (hf download {repo} --local-dir DIR), copy DIR here and "
-                   "pass --model-path DIR; a folder path never contacts the Hub")
+    fix_offline = (
+        f"fetch it where there is network (hf download {repo} --local-dir DIR), copy DIR here and "
+        "pass --model-path DIR; a folder path never contacts the Hub"
+    )
     try:
         import huggingface_hub
         from huggingface_hub import constants
         from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
     except ImportError:
-        raise ModelPathError(f"{repo} looks like a Hugging Face repo id, but huggingface_hub is not installed",
-                             "install the engine extra (pip install 'respgate[cpu]' or '[gpu]'), or pass a "
-                             "model folder") from None
+        raise ModelPathError(
+            f"{repo} looks like a Hugging Face repo id, but huggingface_hub is not installed",
+            "install the engine extra (pip install 'respgate[cpu]' or '[gpu]'), or pass a model folder",
+        ) from None
     try:
         return Path(huggingface_hub.snapshot_download(repo, local_files_only=True))  # cached: no network
     except LocalEntryNotFoundError:
@@ -328,20 +350,28 @@ def _from_hub(repo: str, *, download: bool) -> Path | None:
     except Exception as exc:  # a bad id (HFValidationError) or an unreadable cache
         raise ModelPathError(f"model {repo}: {_first_line(exc)}", fix_offline) from None
     if constants.HF_HUB_OFFLINE:
-        raise ModelPathError(f"model {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
-                             "HF_HUB_OFFLINE is set", fix_offline)
+        raise ModelPathError(
+            f"model {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set",
+            fix_offline,
+        )
     try:
         huggingface_hub.model_info(repo, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise ModelPathError(f"model {repo} is gated on the Hugging Face Hub",
-                             "accept its licence on the Hub and set HF_TOKEN to a token of that account") from None
+        raise ModelPathError(
+            f"model {repo} is gated on the Hugging Face Hub",
+            "accept its licence on the Hub and set HF_TOKEN to a token of that account",
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelPathError(f"no model {repo} on the Hugging Face Hub (nor a folder of that name here)",
-                             "check the repo id (org/name), set HF_TOKEN for a private repo, or pass a model "
-                             "folder") from None
+        raise ModelPathError(
+            f"no model {repo} on the Hugging Face Hub (nor a folder of that name here)",
+            "check the repo id (org/name), set HF_TOKEN for a private repo, or pass a model folder",
+        ) from None
     except Exception as exc:  # no network, DNS, proxy, timeout, 5xx
-        raise ModelPathError(f"cannot reach the Hugging Face Hub ({constants.ENDPOINT}) to fetch {repo}: "
-                             f"{_first_line(exc) or type(exc).__name__}", fix_offline) from None
+        raise ModelPathError(
+            f"cannot reach the Hugging Face Hub ({constants.ENDPOINT}) to fetch {repo}: "
+            f"{_first_line(exc) or type(exc).__name__}",
+            fix_offline,
+        ) from None
     if not download:
         return None
     log.info("downloading %s from the Hugging Face Hub into %s", repo, constants.HF_HUB_CACHE)
@@ -354,7 +384,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _served_name(packaged: str) -> str:
     return {"smollm2": "smollm2-135m-instruct", "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct"}.get(
-        packaged, packaged)
+        packaged, packaged
+    )
 
 
 def renderer_family(settings: Settings, folder: Path) -> str:
@@ -372,9 +403,13 @@ def _vllm(settings: Settings) -> ModelRegistry:
     if settings.engine == "remote-vllm":
         from inference.remote_vllm import RemoteVllmEngine, RemoteVllmSettings
 
-        engine: Any = RemoteVllmEngine(RemoteVllmSettings(base_url=settings.remote_url,
-                                                          api_key=settings.remote_api_key,
-                                                          session_header=settings.remote_session_header))
+        engine: Any = RemoteVllmEngine(
+            RemoteVllmSettings(
+                base_url=settings.remote_url,
+                api_key=settings.remote_api_key,
+                session_header=settings.remote_session_header,
+            )
+        )
         max_len = settings.max_model_len
         cap = output_cap(settings, None)  # a GPU server: its context bounds a turn
     else:
@@ -393,9 +428,20 @@ def _vllm(settings: Settings) -> ModelRegistry:
     context = min(settings.max_context, max_len) if max_len else settings.max_context
     names = settings.models or [default_name]
     sampling = sampling_defaults(settings, packaged_name(settings))
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=renderer, max_context=context,
-                                     max_output_tokens=cap, default_temperature=sampling.temperature,
-                                     default_top_p=sampling.top_p) for m in names])
+    return ModelRegistry(
+        [
+            ModelRoute(
+                name=m,
+                engine=engine,
+                renderer=renderer,
+                max_context=context,
+                max_output_tokens=cap,
+                default_temperature=sampling.temperature,
+                default_top_p=sampling.top_p,
+            )
+            for m in names
+        ]
+    )
 
 
 def _in_process(settings: Settings, folder: Path) -> tuple[Any, int | None]:
@@ -403,16 +449,18 @@ def _in_process(settings: Settings, folder: Path) -> tuple[Any, int | None]:
 
     cpu = is_cpu_build()
     max_len = settings.max_model_len or (4096 if cpu else None)
-    engine = VllmEngine(VllmSettings(
-        model=str(folder),
-        dtype="float32" if cpu and settings.dtype == "auto" else settings.dtype,
-        max_model_len=max_len,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        data_parallel_size=settings.data_parallel_size,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        cpu_kv_space_gib=settings.cpu_kv_space_gib,
-        enforce_eager=settings.enforce_eager or cpu,  # torch.compile warm-up costs minutes on CPU
-        max_num_seqs=settings.max_num_seqs,
-        extra={"block_size": settings.block_size or 32} if cpu or settings.block_size else {},
-    ))
+    engine = VllmEngine(
+        VllmSettings(
+            model=str(folder),
+            dtype="float32" if cpu and settings.dtype == "auto" else settings.dtype,
+            max_model_len=max_len,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            data_parallel_size=settings.data_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            cpu_kv_space_gib=settings.cpu_kv_space_gib,
+            enforce_eager=settings.enforce_eager or cpu,  # torch.compile warm-up costs minutes on CPU
+            max_num_seqs=settings.max_num_seqs,
+            extra={"block_size": settings.block_size or 32} if cpu or settings.block_size else {},
+        )
+    )
     return engine, max_len

@@ -21,8 +21,9 @@ message before it — whatever the real history is.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = [
     "ANCHOR",
@@ -39,19 +40,29 @@ ANCHOR: tuple[dict[str, Any], ...] = (
     {"role": "user", "content": "U"},
 )
 _PROBE_FN = "zz_probe_fn"
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": _PROBE_FN, "description": "probe", "parameters": {"type": "object", "properties": {}}}}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": _PROBE_FN, "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 class TemplateError(ValueError):
     """The chat template cannot be used for per-message rendering (or at all)."""
 
 
-def native_render(tokenizer: Any, template: str, messages: Sequence[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None = None, generation_prompt: bool = False) -> str:
+def native_render(
+    tokenizer: Any,
+    template: str,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    generation_prompt: bool = False,
+) -> str:
     """The template's own rendering of ``messages`` (text)."""
     return tokenizer.apply_chat_template(
-        list(messages), tools=tools, chat_template=template, tokenize=False,
+        list(messages),
+        tools=tools,
+        chat_template=template,
+        tokenize=False,
         add_generation_prompt=generation_prompt,
     )
 
@@ -99,7 +110,7 @@ class TemplateProfile:
         text = native_render(tokenizer, template, [*ANCHOR, *messages])
         if not text.startswith(self.anchor_text):
             raise TemplateError("the template re-renders earlier messages when one is added")
-        return text[len(self.anchor_text):]
+        return text[len(self.anchor_text) :]
 
 
 def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[int]]) -> TemplateProfile:
@@ -115,7 +126,7 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
         text = render([*ANCHOR, *msgs])
         if not text.startswith(anchor_text):
             raise TemplateError("the template re-renders earlier messages when one is added")
-        return text[len(anchor_text):]
+        return text[len(anchor_text) :]
 
     def safe_iso(msgs: Sequence[dict[str, Any]]) -> str:
         try:
@@ -127,14 +138,14 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
     gp_full = render(ANCHOR, gp=True)
     if not gp_full.startswith(anchor_text) or gp_full == anchor_text:
         raise TemplateError("the template has no generation prompt")
-    gp = gp_full[len(anchor_text):]
+    gp = gp_full[len(anchor_text) :]
 
     body = "Zq9 probe answer"
     turn = iso([{"role": "assistant", "content": body}])
     if not turn.startswith(gp) or turn.count(body) != 1:
         raise TemplateError("an assistant turn does not start with the generation prompt")
-    post = turn[turn.index(body) + len(body):]
-    if turn[len(gp):turn.index(body)]:
+    post = turn[turn.index(body) + len(body) :]
+    if turn[len(gp) : turn.index(body)]:
         raise TemplateError("the template puts text between the generation prompt and the answer")
     post_ids = encode(post)
     special = set(tokenizer.all_special_ids)
@@ -146,8 +157,11 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
         stops.append(int(tokenizer.eos_token_id))
 
     native_tools = _PROBE_FN in render([{"role": "user", "content": "U"}], tools=[_PROBE_TOOL])
-    calls_msg = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": _PROBE_FN, "arguments": {"x": 1}}}]}
+    calls_msg = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": _PROBE_FN, "arguments": {"x": 1}}}],
+    }
     native_tool_calls = _PROBE_FN in safe_iso([calls_msg])
     tool_text = safe_iso([{"role": "tool", "content": "Tq7 probe"}])
     tool_role = "tool" if "Tq7 probe" in tool_text else "user"
@@ -156,9 +170,11 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
     reasoning = "Rq3 probe" in safe_iso([{"role": "assistant", "content": "A", "reasoning_content": "Rq3 probe"}])
     reasoning_dropped = False
     if reasoning:
-        conv = [{"role": "assistant", "content": "A1", "reasoning_content": "Rq1 probe"},
-                {"role": "user", "content": "U2"},
-                {"role": "assistant", "content": "A2", "reasoning_content": "Rq2 probe"}]
+        conv = [
+            {"role": "assistant", "content": "A1", "reasoning_content": "Rq1 probe"},
+            {"role": "user", "content": "U2"},
+            {"role": "assistant", "content": "A2", "reasoning_content": "Rq2 probe"},
+        ]
         reasoning_dropped = "Rq1 probe" not in safe_iso(conv)
         if reasoning_dropped:
             notes.append("template drops earlier reasoning; we keep it (history is never rewritten)")
@@ -167,8 +183,10 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
     first = render([user_probe])
     default_system = first[: len(first) - len(user_text)] if first.endswith(user_text) else ""
     if default_system:
-        notes.append("template injects a default system prompt when the first message is not system; "
-                     "a first system item then renders after it instead of replacing it")
+        notes.append(
+            "template injects a default system prompt when the first message is not system; "
+            "a first system item then renders after it instead of replacing it"
+        )
 
     kinds: dict[str, dict[str, Any]] = {
         "system": {"role": "system", "content": "Pq1 sys"},
@@ -191,17 +209,33 @@ def probe_template(tokenizer: Any, template: str, encode: Callable[[str], list[i
 
     decomposable = _verify(kinds, joins, iso, encode, notes)
     return TemplateProfile(
-        anchor_text=anchor_text, generation_prompt=gp, end_token=end_token, post_tokens=tuple(post_ids[1:]),
-        stop_token_ids=tuple(stops), native_tools=native_tools, native_tool_calls=native_tool_calls,
-        tool_role=tool_role, wraps_tool_response=wraps, knows_developer=knows_developer, reasoning=reasoning,
-        reasoning_dropped=reasoning_dropped, default_system=default_system, joins=frozenset(joins),
-        decomposable=decomposable, probe_user=(user_probe, user_text), notes=tuple(notes),
+        anchor_text=anchor_text,
+        generation_prompt=gp,
+        end_token=end_token,
+        post_tokens=tuple(post_ids[1:]),
+        stop_token_ids=tuple(stops),
+        native_tools=native_tools,
+        native_tool_calls=native_tool_calls,
+        tool_role=tool_role,
+        wraps_tool_response=wraps,
+        knows_developer=knows_developer,
+        reasoning=reasoning,
+        reasoning_dropped=reasoning_dropped,
+        default_system=default_system,
+        joins=frozenset(joins),
+        decomposable=decomposable,
+        probe_user=(user_probe, user_text),
+        notes=tuple(notes),
     )
 
 
-def _verify(kinds: dict[str, dict[str, Any]], joins: set[tuple[str, str]],
-            iso: Callable[[Sequence[dict[str, Any]]], str], encode: Callable[[str], list[int]],
-            notes: list[str]) -> bool:
+def _verify(
+    kinds: dict[str, dict[str, Any]],
+    joins: set[tuple[str, str]],
+    iso: Callable[[Sequence[dict[str, Any]]], str],
+    encode: Callable[[str], list[int]],
+    notes: list[str],
+) -> bool:
     """Sample conversations (every kind, several orders, repeats) render run by run, exactly."""
     names = list(kinds)
     orders = [names, names[::-1], names[1:] + names[:1], [n for n in names for _ in (0, 1)]]

@@ -150,8 +150,9 @@ class ChatTemplateRenderer:
 
     family = "chat_template"
 
-    def __init__(self, folder: str | Path | None = None, *, tokenizer: Any = None,
-                 chat_template: str | None = None) -> None:
+    def __init__(
+        self, folder: str | Path | None = None, *, tokenizer: Any = None, chat_template: str | None = None
+    ) -> None:
         if tokenizer is None:
             if folder is None:
                 raise TypeError("ChatTemplateRenderer needs a model folder or a tokenizer")
@@ -204,7 +205,8 @@ class ChatTemplateRenderer:
         self._special_firsts = frozenset(t[0] for t in specials)
         self._sentinels = {t: chr(self._SENTINEL_BASE + i) for i, t in enumerate(specials)}
         self._sentinel_re = re.compile(
-            f"[{chr(self._SENTINEL_BASE)}-{chr(self._SENTINEL_BASE + max(len(specials) - 1, 0))}]")
+            f"[{chr(self._SENTINEL_BASE)}-{chr(self._SENTINEL_BASE + max(len(specials) - 1, 0))}]"
+        )
         plain = Tokenizer.from_str(self._fast.to_str())
         plain.encode_special_tokens = True
         self._plain_ids = {t: plain.encode(t, add_special_tokens=False).ids for t in specials}
@@ -237,7 +239,7 @@ class ChatTemplateRenderer:
         pos = 0
         for m in self._sentinel_re.finditer(text):
             if m.start() > pos:
-                out += self._encode(text[pos:m.start()])
+                out += self._encode(text[pos : m.start()])
             out += self._plain_ids[self._specials[ord(m.group(0)) - self._SENTINEL_BASE]]
             pos = m.end()
         if pos < len(text):
@@ -250,8 +252,9 @@ class ChatTemplateRenderer:
         """blake2b of the template and the settings that reach the prompt (reasoning effort does
         not: these templates have no place for it, so changing it needs no re-render)."""
         payload = orjson.dumps([prelude.instructions, prelude.tool_choice], option=orjson.OPT_SORT_KEYS, default=str)
-        return hashlib.blake2b(_KEY_VERSION + self._template_hash + payload + tools_digest(prelude.tools),
-                               digest_size=16).digest()
+        return hashlib.blake2b(
+            _KEY_VERSION + self._template_hash + payload + tools_digest(prelude.tools), digest_size=16
+        ).digest()
 
     def prelude_messages(self, prelude: Prelude) -> list[dict[str, Any]]:
         """The system message built from the prelude (none when it would be empty: the template
@@ -323,8 +326,13 @@ class ChatTemplateRenderer:
             out.append(self._assistant(group))
         return out
 
-    def _other(self, item: Mapping[str, Any], kind: str, local: Mapping[str, Mapping[str, Any]],
-               calls: Mapping[str, Mapping[str, Any]] | None) -> tuple[dict[str, Any], str]:
+    def _other(
+        self,
+        item: Mapping[str, Any],
+        kind: str,
+        local: Mapping[str, Mapping[str, Any]],
+        calls: Mapping[str, Mapping[str, Any]] | None,
+    ) -> tuple[dict[str, Any], str]:
         p = self.profile
         if kind in OUTPUT_TYPES:
             out = item.get("output")
@@ -339,13 +347,18 @@ class ChatTemplateRenderer:
         role = str(item.get("role") or "user")
         if role == "developer" and not p.knows_developer:
             role = "system"
-        return ({"role": role, "content": self._esc(content_text(item.get("content")))},
-                ("system" if role != "user" else "user"))
+        return (
+            {"role": role, "content": self._esc(content_text(item.get("content")))},
+            ("system" if role != "user" else "user"),
+        )
 
     def _assistant(self, group: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], str]:
         reasoning = [self._esc(self._reasoning_text(it)) for it in group if it.get("type") == ItemType.REASONING]
-        texts = [self._esc(content_text(it.get("content"))) for it in group
-                 if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE]
+        texts = [
+            self._esc(content_text(it.get("content")))
+            for it in group
+            if it.get("type", ItemType.MESSAGE) == ItemType.MESSAGE
+        ]
         calls: list[dict[str, Any]] = []
         for it in group:
             if it.get("type") == ItemType.FUNCTION_CALL:
@@ -354,8 +367,12 @@ class ChatTemplateRenderer:
                 args = {CUSTOM_ARG: self._esc(str(it.get("input") or ""))}
             else:
                 continue
-            calls.append({"type": "function", "function": {
-                "name": flat_name(str(it.get("name")), it.get("namespace")), "arguments": args}})
+            calls.append(
+                {
+                    "type": "function",
+                    "function": {"name": flat_name(str(it.get("name")), it.get("namespace")), "arguments": args},
+                }
+            )
         content = "".join(texts)
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
@@ -364,8 +381,11 @@ class ChatTemplateRenderer:
             msg["tool_calls"] = calls
         elif calls:
             blocks = "\n".join(
-                "<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                             ensure_ascii=False) + "\n</tool_call>"
+                "<tool_call>\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+                )
+                + "\n</tool_call>"
                 for c in calls
             )
             msg["content"] = f"{content}\n{blocks}" if content else blocks
@@ -373,8 +393,9 @@ class ChatTemplateRenderer:
 
     # -- rendering -----------------------------------------------------------------------------
 
-    def _segments(self, items: Sequence[Mapping[str, Any]],
-                  calls: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, bool]]:
+    def _segments(
+        self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None
+    ) -> list[tuple[str, bool]]:
         """(text, is_assistant) per run of joined template messages."""
         p = self.profile
         runs: list[list[tuple[dict[str, Any], str]]] = []
@@ -389,8 +410,9 @@ class ChatTemplateRenderer:
             out.append((text, run[0][1].startswith("assistant")))
         return out
 
-    def render_text(self, items: Sequence[Mapping[str, Any]],
-                    calls: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    def render_text(
+        self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> str:
         """The text :meth:`render_items` tokenizes (for tests and debugging)."""
         return self._unesc("".join(t for t, _ in self._segments(items, calls)))
 
@@ -407,7 +429,7 @@ class ChatTemplateRenderer:
         for text, assistant in self._segments(items, calls):
             if assistant and text.startswith(gp):
                 out += self._gp_tokens
-                text = text[len(gp):]
+                text = text[len(gp) :]
             out += self._encode_segment(text)
         return out
 
@@ -470,9 +492,9 @@ class ChatTemplateRenderer:
         minus the generation prompt and minus the post-message tokens, ending in end-of-turn."""
         tokens = self.render_items(outputs)
         gp, post = self._gp_tokens, list(self.profile.post_tokens)
-        if tokens[: len(gp)] != gp or (post and tokens[-len(post):] != post):
+        if tokens[: len(gp)] != gp or (post and tokens[-len(post) :] != post):
             raise ValueError("outputs do not render as one assistant turn")
-        return tokens[len(gp): len(tokens) - len(post)]
+        return tokens[len(gp) : len(tokens) - len(post)]
 
     def token_bytes(self, token_id: int) -> bytes:
         """UTF-8 of the token's text (a token that is part of a multi-byte character decodes to
@@ -529,8 +551,12 @@ class ChatTemplateRenderer:
         return found, fallbacks
 
     @staticmethod
-    def _constraint_fields(catalog: HermesToolCatalog, choice: Any, text_format: Mapping[str, Any] | None,
-                           grammars: Mapping[str, ToolGrammar]) -> dict[str, Any] | None:
+    def _constraint_fields(
+        catalog: HermesToolCatalog,
+        choice: Any,
+        text_format: Mapping[str, Any] | None,
+        grammars: Mapping[str, ToolGrammar],
+    ) -> dict[str, Any] | None:
         if catalog and choice == "required":
             return {"structural_tag": tool_call_structural_tag(catalog, catalog.names(), grammars)}
         if catalog and isinstance(choice, Mapping) and choice.get("name"):
@@ -548,6 +574,7 @@ class ChatTemplateRenderer:
 
     def parser(self, prelude: Prelude) -> HermesStreamParser:
         return HermesStreamParser(
-            self._fast, self._catalogs(prelude.tools), stop_token_ids=self.stop_token_ids,
+            self._fast,
+            self._catalogs(prelude.tools),
+            stop_token_ids=self.stop_token_ids,
         )
-

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -55,7 +56,7 @@ class RequestRouting(msgspec.Struct, frozen=True):
     traceparent: str | None = None
 
     @classmethod
-    def for_chain(cls, tenant: str | None, root_id: str, traceparent: str | None = None) -> "RequestRouting":
+    def for_chain(cls, tenant: str | None, root_id: str, traceparent: str | None = None) -> RequestRouting:
         """The routing of a request on the chain rooted at ``root_id`` of ``tenant``."""
         return cls(session_key=_session_key(tenant, root_id), traceparent=traceparent)
 
@@ -137,7 +138,10 @@ class Engine(Protocol):
     def ready(self) -> bool: ...
 
     def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
         routing: RequestRouting | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
         """Stream the request's tokens. ``routing`` says which chain it belongs to; engines behind a
@@ -145,8 +149,13 @@ class Engine(Protocol):
         closes it (``aclose``) to abort the request."""
         ...
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing: RequestRouting | None = None) -> None:
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        cache_salt: str | None = None,
+        routing: RequestRouting | None = None,
+    ) -> None:
         """Compute and cache the KV of ``prompt_ids`` (under ``cache_salt``) without producing output.
 
         A ``generate: false`` warm-up calls it in the background, so the first real turn after

@@ -22,13 +22,19 @@ grammar tool offered, ``auto`` stays unconstrained.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from inference.harmony_core import ToolCatalog, harmony_tokens, recipient_for
 from inference.item_types import CALLABLE_TOOLS
 from inference.renderer import Constraint
-from inference.tool_grammar import (GrammarUnavailable, ToolGrammar, check_structural_tag, iter_custom_tools,
-                                    tool_grammar)
+from inference.tool_grammar import (
+    GrammarUnavailable,
+    ToolGrammar,
+    check_structural_tag,
+    iter_custom_tools,
+    tool_grammar,
+)
 
 
 def _token(tid: int) -> dict[str, Any]:
@@ -42,25 +48,44 @@ def _text(value: str) -> dict[str, Any]:
 def _optional_reasoning() -> dict[str, Any]:
     t = harmony_tokens()
     markers = [t.start, t.end, t.message, t.channel, t.constrain, t.return_, t.call]
-    return {"type": "optional", "content": {"type": "sequence", "elements": [
-        _token(t.channel), _text("analysis"), _token(t.message),
-        {"type": "any_tokens", "exclude_tokens": markers},
-        _token(t.end), _token(t.start), _text("assistant"),
-    ]}}
+    return {
+        "type": "optional",
+        "content": {
+            "type": "sequence",
+            "elements": [
+                _token(t.channel),
+                _text("analysis"),
+                _token(t.message),
+                {"type": "any_tokens", "exclude_tokens": markers},
+                _token(t.end),
+                _token(t.start),
+                _text("assistant"),
+            ],
+        },
+    }
 
 
 def _call(recipient: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     t = harmony_tokens()
-    return {"type": "sequence", "elements": [
-        _token(t.channel), _text(f"commentary to={recipient} "), _token(t.constrain), _text("json"),
-        _token(t.message), {"type": "json_schema", "json_schema": dict(schema)},
-    ]}
+    return {
+        "type": "sequence",
+        "elements": [
+            _token(t.channel),
+            _text(f"commentary to={recipient} "),
+            _token(t.constrain),
+            _text("json"),
+            _token(t.message),
+            {"type": "json_schema", "json_schema": dict(schema)},
+        ],
+    }
 
 
 def _free_content() -> dict[str, Any]:
     t = harmony_tokens()
-    return {"type": "any_tokens", "exclude_tokens": [t.start, t.end, t.message, t.channel, t.constrain,
-                                                     t.return_, t.call]}
+    return {
+        "type": "any_tokens",
+        "exclude_tokens": [t.start, t.end, t.message, t.channel, t.constrain, t.return_, t.call],
+    }
 
 
 def _custom_call(recipient: str, grammar: ToolGrammar | None) -> dict[str, Any]:
@@ -68,19 +93,27 @@ def _custom_call(recipient: str, grammar: ToolGrammar | None) -> dict[str, Any]:
     raw input following the tool's grammar (free text when it has none or it fell back)."""
     t = harmony_tokens()
     content = {"type": "grammar", "grammar": grammar.ebnf} if grammar else _free_content()
-    return {"type": "sequence", "elements": [
-        _token(t.channel), _text(f"commentary to={recipient}"), _token(t.message), content]}
+    return {
+        "type": "sequence",
+        "elements": [_token(t.channel), _text(f"commentary to={recipient}"), _token(t.message), content],
+    }
 
 
 def _content_type() -> dict[str, Any]:
     """What the parser accepts between a recipient and ``<|message|>``: nothing, `` json``,
     ``<|constrain|>json`` with or without a space before it."""
     t = harmony_tokens()
-    return {"type": "optional", "content": {"type": "or", "elements": [
-        _text(" json"),
-        {"type": "sequence", "elements": [_token(t.constrain), _text("json")]},
-        {"type": "sequence", "elements": [_text(" "), _token(t.constrain), _text("json")]},
-    ]}}
+    return {
+        "type": "optional",
+        "content": {
+            "type": "or",
+            "elements": [
+                _text(" json"),
+                {"type": "sequence", "elements": [_token(t.constrain), _text("json")]},
+                {"type": "sequence", "elements": [_text(" "), _token(t.constrain), _text("json")]},
+            ],
+        },
+    }
 
 
 def _auto(catalog: ToolCatalog, grammars: Mapping[tuple[str | None, str], ToolGrammar]) -> dict[str, Any]:
@@ -100,19 +133,40 @@ def _auto(catalog: ToolCatalog, grammars: Mapping[tuple[str | None, str], ToolGr
     if recipients:
         headers.append({"type": "sequence", "elements": [_text("commentary to="), recipients, _content_type()]})
         lead = [{"type": "optional", "content": {"type": "sequence", "elements": [_text(" to="), recipients]}}]
-    generic = {"type": "sequence", "elements": [
-        *lead, _token(t.channel), {"type": "or", "elements": headers}, _token(t.message), _free_content()]}
+    generic = {
+        "type": "sequence",
+        "elements": [*lead, _token(t.channel), {"type": "or", "elements": headers}, _token(t.message), _free_content()],
+    }
     calls = []
     for (ns, name), grammar in grammars.items():
         recipient, content = recipient_for(name, ns), {"type": "grammar", "grammar": grammar.ebnf}
         calls += [
-            {"type": "sequence", "elements": [_token(t.channel), _text(f"commentary to={recipient}"),
-                                              _content_type(), _token(t.message), content]},
-            {"type": "sequence", "elements": [_text(f" to={recipient}"), _token(t.channel), _text("commentary"),
-                                              _content_type(), _token(t.message), content]},
+            {
+                "type": "sequence",
+                "elements": [
+                    _token(t.channel),
+                    _text(f"commentary to={recipient}"),
+                    _content_type(),
+                    _token(t.message),
+                    content,
+                ],
+            },
+            {
+                "type": "sequence",
+                "elements": [
+                    _text(f" to={recipient}"),
+                    _token(t.channel),
+                    _text("commentary"),
+                    _content_type(),
+                    _token(t.message),
+                    content,
+                ],
+            },
         ]
-    earlier = {"type": "star", "content": {"type": "sequence", "elements": [
-        generic, _token(t.end), _token(t.start), _text("assistant")]}}
+    earlier = {
+        "type": "star",
+        "content": {"type": "sequence", "elements": [generic, _token(t.end), _token(t.start), _text("assistant")]},
+    }
     return {"type": "sequence", "elements": [earlier, {"type": "or", "elements": [generic, *calls]}]}
 
 
@@ -131,8 +185,9 @@ def _grammars(tools: tuple[dict[str, Any], ...]) -> tuple[dict[tuple[str | None,
     return found, fallbacks
 
 
-def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: Any,
-                       text_format: Mapping[str, Any] | None) -> Constraint | None:
+def harmony_constraint(
+    prelude_tools: tuple[dict[str, Any], ...], tool_choice: Any, text_format: Mapping[str, Any] | None
+) -> Constraint | None:
     """vLLM ``StructuredOutputsParams`` fields (a ``structural_tag``), or None when unconstrained.
 
     Custom tools' grammars that cannot be enforced are left out and named in ``fallbacks``; so is
@@ -154,8 +209,12 @@ def harmony_constraint(prelude_tools: tuple[dict[str, Any], ...], tool_choice: A
     return Constraint(fields or {}, fallbacks)
 
 
-def _fields(catalog: ToolCatalog, tool_choice: Any, text_format: Mapping[str, Any] | None,
-            grammars: Mapping[tuple[str | None, str], ToolGrammar]) -> dict[str, Any] | None:
+def _fields(
+    catalog: ToolCatalog,
+    tool_choice: Any,
+    text_format: Mapping[str, Any] | None,
+    grammars: Mapping[tuple[str | None, str], ToolGrammar],
+) -> dict[str, Any] | None:
     t = harmony_tokens()
     wanted: list[tuple[str | None, str]] = []
     if catalog and tool_choice == "required":
@@ -165,20 +224,27 @@ def _fields(catalog: ToolCatalog, tool_choice: Any, text_format: Mapping[str, An
         if (ns, name) in set(catalog.callable_names()):
             wanted = [(ns, name)]
     if wanted:
-        calls = [_custom_call(recipient_for(name, ns), grammars.get((ns, name))) if catalog.is_custom(name, ns)
-                 else _call(recipient_for(name, ns), catalog.parameters(name, ns) or {"type": "object"})
-                 for ns, name in wanted]
+        calls = [
+            _custom_call(recipient_for(name, ns), grammars.get((ns, name)))
+            if catalog.is_custom(name, ns)
+            else _call(recipient_for(name, ns), catalog.parameters(name, ns) or {"type": "object"})
+            for ns, name in wanted
+        ]
         body = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
     elif text_format and text_format.get("type") in ("json_schema", "json_object"):
         schema = text_format.get("schema") if text_format.get("type") == "json_schema" else {"type": "object"}
-        body = {"type": "sequence", "elements": [
-            _token(t.channel), _text("final"), _token(t.message),
-            {"type": "json_schema", "json_schema": dict(schema or {"type": "object"})},
-        ]}
+        body = {
+            "type": "sequence",
+            "elements": [
+                _token(t.channel),
+                _text("final"),
+                _token(t.message),
+                {"type": "json_schema", "json_schema": dict(schema or {"type": "object"})},
+            ],
+        }
     elif grammars and tool_choice in ("auto", None):
         return {"structural_tag": json.dumps({"type": "structural_tag", "format": _auto(catalog, grammars)})}
     else:
         return None
-    tag = {"type": "structural_tag",
-           "format": {"type": "sequence", "elements": [_optional_reasoning(), body]}}
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [_optional_reasoning(), body]}}
     return {"structural_tag": json.dumps(tag)}

@@ -26,7 +26,8 @@ When we do **not** take the fast path (and call ``enc.render``, so behaviour is 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cache.lru import BoundedLRU
 from inference.harmony_core import content_encoding, encode_text, harmony_encoding, harmony_tokens
@@ -59,8 +60,13 @@ def message_of(header: Header, texts: Sequence[str]) -> Any:
     from openai_harmony import Author, Message, Role, TextContent
 
     role, name, channel, recipient, content_type = header
-    return Message(author=Author(role=Role(role), name=name), content=[TextContent(text=t) for t in texts],
-                   channel=channel, recipient=recipient, content_type=content_type)
+    return Message(
+        author=Author(role=Role(role), name=name),
+        content=[TextContent(text=t) for t in texts],
+        channel=channel,
+        recipient=recipient,
+        content_type=content_type,
+    )
 
 
 def _utf8_ok(text: str) -> bool:
@@ -92,8 +98,10 @@ class MessageTokenizer:
         #: header -> its skeleton, least recently used out (thread-safe: the prepare pool renders too)
         self._skeletons: BoundedLRU[tuple, tuple[list[int] | None, list[int] | None]] = BoundedLRU(_MAX_SKELETONS)
         if not self._agrees():
-            log.warning("tiktoken and harmony tokenize message text differently (versions drifted?): "
-                        "rendering every message with harmony, more slowly")
+            log.warning(
+                "tiktoken and harmony tokenize message text differently (versions drifted?): "
+                "rendering every message with harmony, more slowly"
+            )
             self.min_chars = _NEVER
 
     def _agrees(self) -> bool:

@@ -9,12 +9,12 @@ tool, which tools take raw text), so it is computed in one place from the prelud
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
-
-from inference.text_runs import segments
+from typing import Any
 
 from inference.item_types import CALLABLE_TOOLS, ToolType
+from inference.text_runs import segments
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
 
@@ -37,7 +37,7 @@ FREEFORM_NOTE = "This tool takes freeform text input, not JSON: send the raw inp
 
 _lock = threading.Lock()
 _encoding: Any = None
-_tokens: "HarmonyTokens | None" = None
+_tokens: HarmonyTokens | None = None
 _content: Any = None
 
 
@@ -178,9 +178,7 @@ class ToolCatalog:
                     if sub.get("type") in CALLABLE_TOOLS:
                         members.append(self._tool(sub))
         self._namespaces = {ns: v for ns, v in namespaces.items() if v[1]}
-        self._custom = frozenset(
-            (ns, t.name) for ns, (_, ts) in self._namespaces.items() for t in ts if t.custom
-        )
+        self._custom = frozenset((ns, t.name) for ns, (_, ts) in self._namespaces.items() for t in ts if t.custom)
 
     @staticmethod
     def _tool(tool: Mapping[str, Any]) -> _Tool:
@@ -235,13 +233,16 @@ class ToolCatalog:
 
     def function_names(self) -> list[tuple[str | None, str]]:
         """``(namespace or None, name)`` of every JSON-argument tool, in render order."""
-        return [(None if ns == FUNCTIONS else ns, t.name)
-                for ns, (_, tools) in self._namespaces.items() for t in tools if not t.custom]
+        return [
+            (None if ns == FUNCTIONS else ns, t.name)
+            for ns, (_, tools) in self._namespaces.items()
+            for t in tools
+            if not t.custom
+        ]
 
     def callable_names(self) -> list[tuple[str | None, str]]:
         """``(namespace or None, name)`` of every tool, JSON-argument and freeform, in render order."""
-        return [(None if ns == FUNCTIONS else ns, t.name)
-                for ns, (_, tools) in self._namespaces.items() for t in tools]
+        return [(None if ns == FUNCTIONS else ns, t.name) for ns, (_, tools) in self._namespaces.items() for t in tools]
 
     def parameters(self, name: str, namespace: str | None) -> dict | None:
         for t in self._namespaces.get(namespace or FUNCTIONS, (None, []))[1]:

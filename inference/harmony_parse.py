@@ -41,9 +41,10 @@ give the same events (``tests/inference/test_harmony_fast_parse.py``).
 from __future__ import annotations
 
 import re
-from codecs import utf_8_decode as _utf_8_decode
 import threading
-from typing import Any, Sequence
+from codecs import utf_8_decode as _utf_8_decode
+from collections.abc import Sequence
+from typing import Any
 
 from inference.harmony_core import ToolCatalog, content_encoding, harmony_encoding, harmony_tokens
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
@@ -237,14 +238,15 @@ class HarmonyStreamParser:
     def _read_header(self) -> tuple[str, str | None]:
         specials = self._vocab.specials
         try:
-            text = b"".join(specials[t].encode() if t in specials else self._vocab.token_bytes(t)
-                            for t in self._header).decode("utf-8")
+            text = b"".join(
+                specials[t].encode() if t in specials else self._vocab.token_bytes(t) for t in self._header
+            ).decode("utf-8")
         except (KeyError, UnicodeDecodeError) as e:
             raise _Fallback from e
         if self._expect_role:
             if not text.startswith(_ROLE):
                 raise _Fallback
-            text = text[len(_ROLE):]
+            text = text[len(_ROLE) :]
         m = _HEADER.fullmatch(text)
         if m is None or (m["r1"] and m["r2"]):
             raise _Fallback
@@ -314,8 +316,9 @@ class HarmonyStreamParser:
         if recipient and recipient != "assistant":
             name, namespace = self._catalog.split_recipient(recipient)
             custom = self._catalog.is_custom(name, namespace)
-            return ItemStart("custom_tool_call" if custom else "function_call", name=name, namespace=namespace,
-                             phase=channel)
+            return ItemStart(
+                "custom_tool_call" if custom else "function_call", name=name, namespace=namespace, phase=channel
+            )
         if channel == "analysis":
             self._reasoning = True
             self.reasoning_tokens += self._header_tokens

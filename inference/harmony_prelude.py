@@ -35,7 +35,8 @@ prelude without long runs takes harmony's path unchanged.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import regex
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 RUN = 64
 #: marker spacing inside non-word runs (pieces stay about this short)
 _STEP = 32
-_MARKER = "\U0001D7D8"
+_MARKER = "\U0001d7d8"
 _SENTINEL = "Qzrespgatesentinel"
 _LINE_RUN = regex.compile(r"[^\r\n]{%d,}" % RUN)
 _BREAK_RUN = regex.compile(r"[\r\n]{%d,}" % RUN)
@@ -97,7 +98,7 @@ class _Probe:
         run = m.group()
         out: list[str] = []
         for i in range(0, len(run), _STEP):
-            chunk = run[i:i + _STEP]
+            chunk = run[i : i + _STEP]
             out.append(chunk)
             # never between "\r" and "\n" (that would turn one line break into two)
             if i + _STEP < len(run) and not (chunk[-1] == "\r" and run[i + _STEP] == "\n"):
@@ -122,9 +123,12 @@ class _Probe:
         if isinstance(v, dict):
             # tool names and types pass unchanged: the catalog keys, sorts and resolves calls by them
             # (names are at most 64 characters by validation, so they cannot be slow to tokenize)
-            return {self.text(k) if isinstance(k, str) else k:
-                    x if k in _VERBATIM and isinstance(x, str) and len(x) <= 64 else self.value(x)
-                    for k, x in v.items()}
+            return {
+                self.text(k) if isinstance(k, str) else k: x
+                if k in _VERBATIM and isinstance(x, str) and len(x) <= 64
+                else self.value(x)
+                for k, x in v.items()
+            }
         if isinstance(v, list):
             return [self.value(x) for x in v]
         if isinstance(v, tuple):
@@ -159,8 +163,14 @@ def needs_probe(instructions: str | None, tools: Any) -> bool:
     return False
 
 
-def render_developer(instructions: str | None, tools: Any, build: Callable[[str | None, Any], Any],
-                     enc: Any, text_enc: Any, message_token: int) -> list[int] | None:
+def render_developer(
+    instructions: str | None,
+    tools: Any,
+    build: Callable[[str | None, Any], Any],
+    enc: Any,
+    text_enc: Any,
+    message_token: int,
+) -> list[int] | None:
     """Tokens of the developer message ``build(instructions, tools)`` renders, computed without harmony
     tokenizing any long run; None when a check fails (the caller renders with harmony instead)."""
     probe = _Probe()

@@ -70,7 +70,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import orjson
 from openai_harmony import Role
@@ -159,8 +160,11 @@ class HarmonyRenderer:
     def prelude_key(self, prelude: Prelude) -> bytes:
         """blake2b of every prelude field (tools verbatim, through their own digest, so equal keys
         imply equal tokens)."""
-        payload = orjson.dumps([prelude.instructions, prelude.tool_choice, prelude.reasoning_effort],
-                               option=orjson.OPT_SORT_KEYS, default=str)
+        payload = orjson.dumps(
+            [prelude.instructions, prelude.tool_choice, prelude.reasoning_effort],
+            option=orjson.OPT_SORT_KEYS,
+            default=str,
+        )
         return hashlib.blake2b(_KEY_VERSION + payload + tools_digest(prelude.tools), digest_size=16).digest()
 
     def prelude_messages(self, prelude: Prelude) -> list[Any]:
@@ -207,13 +211,19 @@ class HarmonyRenderer:
         """The developer message's tokens; client text with long runs goes through
         :mod:`inference.harmony_prelude` (harmony's tokenizer is quadratic in a run's length)."""
         if needs_probe(prelude.instructions, prelude.tools):
+
             def build(instructions: str | None, tools: Any) -> Any:
-                probe = Prelude(instructions=instructions, tools=tools, tool_choice=prelude.tool_choice,
-                                reasoning_effort=prelude.reasoning_effort)
+                probe = Prelude(
+                    instructions=instructions,
+                    tools=tools,
+                    tool_choice=prelude.tool_choice,
+                    reasoning_effort=prelude.reasoning_effort,
+                )
                 return self.prelude_messages(probe)[1]
 
-            fast = render_developer(prelude.instructions, prelude.tools, build, self._enc, content_encoding(),
-                                    harmony_tokens().message)
+            fast = render_developer(
+                prelude.instructions, prelude.tools, build, self._enc, content_encoding(), harmony_tokens().message
+            )
             if fast is not None:
                 return fast
             log.warning("prelude probe check failed; rendering the developer message with harmony")
@@ -359,8 +369,9 @@ class HarmonyRenderer:
     def _header_recipient(header: Sequence[int]) -> bool:
         """Whether a message header names a recipient other than ``assistant`` (a tool call)."""
         vocab = vocab_bytes()
-        text = b"".join(vocab.specials[t].encode() if t in vocab.specials else vocab.token_bytes(t)
-                        for t in header).decode("utf-8", "replace")
+        text = b"".join(
+            vocab.specials[t].encode() if t in vocab.specials else vocab.token_bytes(t) for t in header
+        ).decode("utf-8", "replace")
         m = _RECIPIENT.search(text)
         return m is not None and m.group(1) != "assistant"
 
@@ -373,9 +384,7 @@ class HarmonyRenderer:
         # tiktoken's ordinary tokens are harmony's (and tiktoken is linear in a run's length)
         return len(encode_text(text))
 
-    def append_break(
-        self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]
-    ) -> str | None:
+    def append_break(self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]) -> str | None:
         """Never: every harmony message renders on its own (contract (a) above)."""
         return None
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from inference.hermes_tools import CUSTOM_ARG, HermesToolCatalog
 from inference.item_types import CALL_TYPES
@@ -64,8 +65,9 @@ def _held_prefix(text: str, tags: Sequence[str]) -> int:
 class HermesStreamParser:
     """:class:`inference.parse.StreamParser` for one generation of a Hermes-format model."""
 
-    def __init__(self, tokenizer: Any, catalog: HermesToolCatalog | None = None, *,
-                 stop_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, tokenizer: Any, catalog: HermesToolCatalog | None = None, *, stop_token_ids: Sequence[int] = ()
+    ) -> None:
         #: a ``tokenizers.Tokenizer`` (the fast backend): only ``decode`` is used
         self._tok = tokenizer
         self._catalog = catalog if catalog is not None else HermesToolCatalog(())
@@ -126,19 +128,19 @@ class HermesStreamParser:
     def _drain(self, events: list[ParseEvent]) -> None:
         """Decode what is still held for an incomplete character (end of text: emit it as is)."""
         if self._read < len(self._ids):
-            tail = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=False)
-            done = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=False)
-            self._pending += tail[len(done):]
+            tail = self._tok.decode(self._ids[self._prefix :], skip_special_tokens=False)
+            done = self._tok.decode(self._ids[self._prefix : self._read], skip_special_tokens=False)
+            self._pending += tail[len(done) :]
             self._prefix = self._read = len(self._ids)
             self._scan(events)
 
     def _decode_step(self) -> str:
         ids = self._ids
-        done = self._tok.decode(ids[self._prefix:self._read], skip_special_tokens=False)
-        text = self._tok.decode(ids[self._prefix:], skip_special_tokens=False)
+        done = self._tok.decode(ids[self._prefix : self._read], skip_special_tokens=False)
+        text = self._tok.decode(ids[self._prefix :], skip_special_tokens=False)
         if len(text) > len(done) and not text.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(ids)
-            return text[len(done):]
+            return text[len(done) :]
         return ""
 
     # -- scanning ------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ class HermesStreamParser:
                     self._reasoning_text(events, self._pending, final=False)
                     return
                 self._reasoning_text(events, self._pending[:i], final=True)
-                self._pending = self._pending[i + len(THINK_CLOSE):]
+                self._pending = self._pending[i + len(THINK_CLOSE) :]
                 self._end(events, complete=True)
                 self._state, self._after_think = _TEXT, True
             else:
@@ -166,7 +168,7 @@ class HermesStreamParser:
                 i, tag = self._find_open()
                 if i < 0:
                     return self._message_text(events, final=False)
-                head, self._pending = self._pending[:i], self._pending[i + len(tag):]
+                head, self._pending = self._pending[:i], self._pending[i + len(tag) :]
                 self._message_text(events, final=True, text=head, before_call=tag == CALL_OPEN)
                 if tag == THINK_OPEN:
                     self._end(events, complete=True)
@@ -183,8 +185,9 @@ class HermesStreamParser:
             return c, CALL_OPEN
         return (t, THINK_OPEN) if t >= 0 else (-1, "")
 
-    def _message_text(self, events: list[ParseEvent], *, final: bool, text: str | None = None,
-                      before_call: bool = False) -> None:
+    def _message_text(
+        self, events: list[ParseEvent], *, final: bool, text: str | None = None, before_call: bool = False
+    ) -> None:
         """Emit outside-tag text; hold back what may be a tag start or a format newline."""
         if text is None:  # streaming: decide how much of the pending text is safe to emit
             text = self._pending
@@ -193,7 +196,7 @@ class HermesStreamParser:
                 hold += 1  # maybe the newline before a <tool_call>
             if self._open != "message" and self._after_call and not text[: len(text) - hold].strip():
                 return  # whitespace after a call is format until real text arrives
-            text, self._pending = text[: len(text) - hold], text[len(text) - hold:]
+            text, self._pending = text[: len(text) - hold], text[len(text) - hold :]
         elif before_call:
             self._call_prefix = "\n" if text.endswith("\n") else ""
             text = text[: len(text) - len(self._call_prefix)]
@@ -230,22 +233,22 @@ class HermesStreamParser:
         i = self._pending.find(CALL_CLOSE)
         if i >= 0:
             self._body += self._pending[:i]
-            self._pending = self._pending[i + len(CALL_CLOSE):]
+            self._pending = self._pending[i + len(CALL_CLOSE) :]
         else:
             hold = _held_prefix(self._pending, (CALL_CLOSE,))
             self._body += self._pending[: len(self._pending) - hold]
-            self._pending = self._pending[len(self._pending) - hold:]
+            self._pending = self._pending[len(self._pending) - hold :]
         closed = i >= 0
         if self._streamed < 0:
             self._try_header(events)
         if self._streamed >= 0:
-            args = self._body[self._header_end:]
+            args = self._body[self._header_end :]
             j = len(args)
             while j and args[j - 1].isspace():
                 j -= 1
             end = j - 1 if j and args[j - 1] == "}" else len(args)  # the envelope's closing brace
             if end > self._streamed:
-                events.append(ItemDelta(args[self._streamed:end]))
+                events.append(ItemDelta(args[self._streamed : end]))
                 self._streamed = end
         if not closed:
             return False
@@ -328,9 +331,9 @@ class HermesStreamParser:
                 self._as_text(events, CALL_OPEN + self._body + pending)
             else:
                 self._body += pending
-                args = self._body[self._header_end:]
+                args = self._body[self._header_end :]
                 if len(args) > self._streamed:
-                    events.append(ItemDelta(args[self._streamed:]))
+                    events.append(ItemDelta(args[self._streamed :]))
                     self._streamed = len(args)
         else:
             self._message_text(events, final=True, text=pending)

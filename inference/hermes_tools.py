@@ -22,8 +22,9 @@ error): the parser could not tell them apart. Hosted tools (``web_search``...) a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from inference.item_types import CALLABLE_TOOLS, ToolType
 from inference.tool_grammar import ToolGrammar
@@ -169,15 +170,19 @@ def _call_prefix(flat: str) -> str:
 
 def _grammar_body(flat: str, grammar: ToolGrammar) -> dict[str, Any]:
     """``{"name": F, "arguments": {"input": "<escaped>"}}`` whose unescaped input follows the grammar."""
-    return {"type": "sequence", "elements": [
-        {"type": "const_string", "value": _call_prefix(flat) + '{"' + CUSTOM_ARG + '": "'},
-        {"type": "grammar", "grammar": grammar.ebnf},
-        {"type": "const_string", "value": '"}}'},
-    ]}
+    return {
+        "type": "sequence",
+        "elements": [
+            {"type": "const_string", "value": _call_prefix(flat) + '{"' + CUSTOM_ARG + '": "'},
+            {"type": "grammar", "grammar": grammar.ebnf},
+            {"type": "const_string", "value": '"}}'},
+        ],
+    }
 
 
-def tool_call_structural_tag(catalog: "HermesToolCatalog", names: Iterable[str],
-                             grammars: Mapping[str, ToolGrammar] | None = None) -> str:
+def tool_call_structural_tag(
+    catalog: HermesToolCatalog, names: Iterable[str], grammars: Mapping[str, ToolGrammar] | None = None
+) -> str:
     """A vLLM/xgrammar ``structural_tag`` for exactly one Hermes call to one of ``names`` whose
     ``arguments`` follow that tool's own JSON schema (so even a 135M model returns valid calls):
     ``<tool_call>\n{"name": <name>, "arguments": <schema-valid object>}\n</tool_call>``; a custom
@@ -190,24 +195,28 @@ def tool_call_structural_tag(catalog: "HermesToolCatalog", names: Iterable[str],
             continue
         fn = catalog.schema_of(flat)["function"]
         params = fn.get("parameters") or {"type": "object"}
-        alternatives.append({
-            "type": "object",
-            "properties": {"name": {"const": flat}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        alternatives.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": flat}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     bodies: list[dict[str, Any]] = [_grammar_body(flat, grammars[flat]) for flat in names if flat in grammars]
     if alternatives:
         schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
         bodies.insert(0, {"type": "json_schema", "json_schema": schema})
     content = bodies[0] if len(bodies) == 1 else {"type": "or", "elements": bodies}
-    return json.dumps({
-        "type": "structural_tag",
-        "format": {"type": "tag", "begin": CALL_BEGIN, "content": content, "end": CALL_END},
-    })
+    return json.dumps(
+        {
+            "type": "structural_tag",
+            "format": {"type": "tag", "begin": CALL_BEGIN, "content": content, "end": CALL_END},
+        }
+    )
 
 
-def triggered_tool_calls_tag(catalog: "HermesToolCatalog", grammars: Mapping[str, ToolGrammar]) -> str:
+def triggered_tool_calls_tag(catalog: HermesToolCatalog, grammars: Mapping[str, ToolGrammar]) -> str:
     """``tool_choice: auto`` with grammar tools: free text, but once the model opens ``<tool_call>``
     the call is one of the offered tools — a grammar tool's input follows its grammar, a function's
     arguments its schema (canonical header spacing, which is how the renderer writes calls)."""
@@ -215,12 +224,27 @@ def triggered_tool_calls_tag(catalog: "HermesToolCatalog", grammars: Mapping[str
     for flat in catalog.names():
         prefix = CALL_BEGIN + _call_prefix(flat)
         if flat in grammars:
-            tags.append({"type": "tag", "begin": prefix + '{"' + CUSTOM_ARG + '": "',
-                         "content": {"type": "grammar", "grammar": grammars[flat].ebnf},
-                         "end": '"}}' + CALL_END})
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": prefix + '{"' + CUSTOM_ARG + '": "',
+                    "content": {"type": "grammar", "grammar": grammars[flat].ebnf},
+                    "end": '"}}' + CALL_END,
+                }
+            )
         else:
             params = catalog.schema_of(flat)["function"].get("parameters") or {"type": "object"}
-            tags.append({"type": "tag", "begin": prefix, "content": {"type": "json_schema", "json_schema": params},
-                         "end": "}" + CALL_END})
-    return json.dumps({"type": "structural_tag", "format": {
-        "type": "triggered_tags", "triggers": [CALL_BEGIN.rstrip("\n")], "tags": tags}})
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": prefix,
+                    "content": {"type": "json_schema", "json_schema": params},
+                    "end": "}" + CALL_END,
+                }
+            )
+    return json.dumps(
+        {
+            "type": "structural_tag",
+            "format": {"type": "triggered_tags", "triggers": [CALL_BEGIN.rstrip("\n")], "tags": tags},
+        }
+    )

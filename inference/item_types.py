@@ -42,8 +42,10 @@ OUTPUT_TYPES: frozenset[str] = frozenset({ItemType.FUNCTION_CALL_OUTPUT, ItemTyp
 #: tool definitions a model can call (a namespace groups them)
 CALLABLE_TOOLS: frozenset[str] = frozenset({ToolType.FUNCTION, ToolType.CUSTOM})
 #: the call item a model writes for each callable tool type
-CALL_OF_TOOL: dict[str, ItemType] = {ToolType.FUNCTION: ItemType.FUNCTION_CALL,
-                                     ToolType.CUSTOM: ItemType.CUSTOM_TOOL_CALL}
+CALL_OF_TOOL: dict[str, ItemType] = {
+    ToolType.FUNCTION: ItemType.FUNCTION_CALL,
+    ToolType.CUSTOM: ItemType.CUSTOM_TOOL_CALL,
+}
 #: the field holding a call's text (JSON arguments, or freeform input)
 CALL_PAYLOAD: dict[str, str] = {ItemType.FUNCTION_CALL: "arguments", ItemType.CUSTOM_TOOL_CALL: "input"}
 

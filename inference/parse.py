@@ -7,7 +7,8 @@ sequence numbers or transports.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 

@@ -42,14 +42,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Sequence
+from typing import Any
 
 import httpx
 import orjson
 
-from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
-                              TokenLogprob)
+from inference.engine import (
+    EngineError,
+    EngineStats,
+    FinishReason,
+    RequestRouting,
+    SamplingParams,
+    TokenDelta,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +99,13 @@ class RemoteVllmSettings:
 class RemoteVllmEngine:
     """:class:`inference.engine.Engine` over a remote vLLM's tokens-in/tokens-out endpoint."""
 
-    def __init__(self, settings: RemoteVllmSettings, *, name: str = "remote-vllm",
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        settings: RemoteVllmSettings,
+        *,
+        name: str = "remote-vllm",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.name = name
         self.settings = settings
         self.stats = EngineStats()
@@ -113,11 +126,13 @@ class RemoteVllmEngine:
         return httpx.AsyncClient(
             base_url=s.base_url.rstrip("/"),
             headers=headers,
-            timeout=httpx.Timeout(connect=s.connect_timeout_s, read=s.read_timeout_s,
-                                  write=s.write_timeout_s, pool=s.pool_timeout_s),
-            limits=httpx.Limits(max_connections=s.max_connections,
-                                max_keepalive_connections=s.max_connections),
-            http1=True, http2=False, transport=self._transport,
+            timeout=httpx.Timeout(
+                connect=s.connect_timeout_s, read=s.read_timeout_s, write=s.write_timeout_s, pool=s.pool_timeout_s
+            ),
+            limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
+            http1=True,
+            http2=False,
+            transport=self._transport,
         )
 
     async def start(self) -> None:
@@ -127,8 +142,10 @@ class RemoteVllmEngine:
         deadline = loop.time() + self.settings.start_timeout_s
         while not await self._probe():
             if loop.time() >= deadline:
-                raise EngineError(f"vLLM at {self.settings.base_url} not healthy after "
-                                  f"{self.settings.start_timeout_s:g} s ({self._last_probe})")
+                raise EngineError(
+                    f"vLLM at {self.settings.base_url} not healthy after "
+                    f"{self.settings.start_timeout_s:g} s ({self._last_probe})"
+                )
             await asyncio.sleep(0.5)
         if self.settings.health_interval_s > 0 and self._monitor is None:
             self._monitor = asyncio.create_task(self._watch_health(), name=f"{self.name}-health")
@@ -168,15 +185,21 @@ class RemoteVllmEngine:
 
     # -- generation --------------------------------------------------------------------------
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing: RequestRouting | None = None) -> None:
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        cache_salt: str | None = None,
+        routing: RequestRouting | None = None,
+    ) -> None:
         """One-token generation whose output is discarded: the server keeps the prompt's KV blocks
         in its prefix cache, so the turn after a warm-up prefills only its delta. It is routed
         like the chain's turns, so the warmed pod is the one the next turn goes to."""
         if self._client is None or not len(prompt_ids):
             return
-        async for _ in self.generate(request_id, prompt_ids,
-                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt), routing):
+        async for _ in self.generate(
+            request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt), routing
+        ):
             pass
         self.stats.prefills += 1
 
@@ -224,7 +247,10 @@ class RemoteVllmEngine:
         return headers
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
         routing: RequestRouting | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
         client = self._client
@@ -239,16 +265,18 @@ class RemoteVllmEngine:
         stats.admit(len(ids))
         server_id = SERVER_ID_PREFIX + request_id
         headers = self.headers(routing)
-        finished = False   # the server is done with the request: nothing to abort
-        failed = False     # we gave up on it (error): abort it, but it is not a consumer abort
+        finished = False  # the server is done with the request: nothing to abort
+        failed = False  # we gave up on it (error): abort it, but it is not a consumer abort
         try:
             async with client.stream("POST", GENERATE_PATH, content=payload, headers=headers) as resp:
                 if resp.status_code != 200:
                     finished = True  # rejected before it was scheduled
-                    raise EngineError(f"vLLM rejected request {request_id}: HTTP {resp.status_code} "
-                                      f"{_error_message(await resp.aread())}")
+                    raise EngineError(
+                        f"vLLM rejected request {request_id}: HTTP {resp.status_code} "
+                        f"{_error_message(await resp.aread())}"
+                    )
                 self._healthy = True
-                last: TokenDelta | None = None   # the terminal delta, held back for the usage chunk
+                last: TokenDelta | None = None  # the terminal delta, held back for the usage chunk
                 cached: int | None = None
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -259,8 +287,7 @@ class RemoteVllmEngine:
                     chunk = json.loads(data)
                     if "error" in chunk:
                         finished = True
-                        raise EngineError(f"vLLM failed request {request_id}: "
-                                          f"{_error_message(chunk)}")
+                        raise EngineError(f"vLLM failed request {request_id}: {_error_message(chunk)}")
                     server_id = chunk.get("request_id") or server_id
                     usage = chunk.get("usage")
                     if usage and usage.get("prompt_tokens_details"):
@@ -279,8 +306,9 @@ class RemoteVllmEngine:
                         stop_id = stop if isinstance(stop, int) and not isinstance(stop, bool) else None
                         if reason == "stop" and stop_id is None and toks and toks[-1] in params.stop_token_ids:
                             stop_id = toks[-1]
-                        last = TokenDelta(token_ids=toks, finish_reason=_finish(reason), stop_token_id=stop_id,
-                                          logprobs=lps)
+                        last = TokenDelta(
+                            token_ids=toks, finish_reason=_finish(reason), stop_token_id=stop_id, logprobs=lps
+                        )
                 if last is None:
                     failed = True
                     raise EngineError(f"vLLM stream for {request_id} ended without a finish reason")
@@ -318,8 +346,12 @@ class RemoteVllmEngine:
         if client is None:
             return
         try:
-            r = await client.post(ABORT_PATH, content=orjson.dumps({"request_ids": server_ids}), headers=headers,
-                                  timeout=self.settings.abort_timeout_s)
+            r = await client.post(
+                ABORT_PATH,
+                content=orjson.dumps({"request_ids": server_ids}),
+                headers=headers,
+                timeout=self.settings.abort_timeout_s,
+            )
             if r.is_success:
                 self.aborts_delivered += 1
             else:
@@ -352,6 +384,11 @@ def _logprobs(wire: Any, top: int | None) -> list[TokenLogprob] | None:
     """``GenerateLogProbs`` (``{"content": [{token_id, logprob, top_logprobs: [...]}]}``) -> ours."""
     if top is None or not isinstance(wire, dict) or not isinstance(wire.get("content"), list):
         return None
-    return [TokenLogprob(int(c["token_id"]), float(c["logprob"]),
-                         tuple((int(t["token_id"]), float(t["logprob"])) for t in (c.get("top_logprobs") or ())[:top]))
-            for c in wire["content"]]
+    return [
+        TokenLogprob(
+            int(c["token_id"]),
+            float(c["logprob"]),
+            tuple((int(t["token_id"]), float(t["logprob"])) for t in (c.get("top_logprobs") or ())[:top]),
+        )
+        for c in wire["content"]
+    ]

@@ -28,7 +28,8 @@ as str), ``custom_tool_call`` (call_id, name, input, namespace?), ``custom_tool_
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import orjson
@@ -119,9 +120,7 @@ class Renderer(Protocol):
         continuation can be rendered with the tool name of a call made in an earlier turn.
         """
 
-    def append_break(
-        self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]
-    ) -> str | None:
+    def append_break(self, previous: Sequence[Mapping[str, Any]], new_items: Sequence[Mapping[str, Any]]) -> str | None:
         """Why appending ``new_items`` after a rendering of ``previous`` would not be token-exact
         (the pipeline then renders in full and counts the reason), or None. Must look at the
         boundary only (the last items of ``previous``), never scan the history."""

@@ -25,11 +25,19 @@ gateway's other connections.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncGenerator, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from inference.engine import (EngineError, EngineStats, FinishReason, RequestRouting, SamplingParams, TokenDelta,
-                              TokenLogprob)
+from inference.engine import (
+    EngineError,
+    EngineStats,
+    FinishReason,
+    RequestRouting,
+    SamplingParams,
+    TokenDelta,
+    TokenLogprob,
+)
 from inference.harmony_core import harmony_encoding, harmony_tokens
 from inference.simulated_cache import Admission, BlockPrefixCache, CacheWork, Known, KnownSequences
 from inference.simulated_prompt import PromptView
@@ -84,7 +92,10 @@ def _chunks(
 
 
 def _plan(
-    tokens: Sequence[int], stops: frozenset[int], max_tokens: int | None, per_delta: int,
+    tokens: Sequence[int],
+    stops: frozenset[int],
+    max_tokens: int | None,
+    per_delta: int,
 ) -> tuple[list[list[int]], int, FinishReason | None, int | None]:
     """The deltas of a finite plan that cannot fail, cut at once: ``(chunks, end, finish_reason,
     stop_token_id)``, where ``end`` is how many tokens the chunks hold.
@@ -108,8 +119,12 @@ def _plan(
     b = per_delta
     if b == 1:
         return list(map(list, zip(cut))), end, finish, stop_id
-    return list(map(list, map(cut.__getitem__, map(slice, range(0, end, b), range(b, end + b, b))))), \
-        end, finish, stop_id
+    return (
+        list(map(list, map(cut.__getitem__, map(slice, range(0, end, b), range(b, end + b, b))))),
+        end,
+        finish,
+        stop_id,
+    )
 
 
 class _YieldNow:
@@ -121,6 +136,7 @@ class _YieldNow:
 
     __slots__ = ()
     if TYPE_CHECKING:  # what the iterator is, to the checker: a generator that yields once
+
         def __await__(self) -> Generator[None, None, None]: ...
     else:
         __await__ = (None,).__iter__
@@ -218,8 +234,13 @@ class SimulatedEngine:
     def ready(self) -> bool:
         return self._started
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing: RequestRouting | None = None) -> None:
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        cache_salt: str | None = None,
+        routing: RequestRouting | None = None,
+    ) -> None:
         """Warm the emulated prefix cache (and pay the emulated prefill time)."""
         if self._cache is None:
             return
@@ -245,7 +266,10 @@ class SimulatedEngine:
                 known.notes = view.known_prelude
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
         routing: RequestRouting | None = None,  # in-process: nothing to route
     ) -> AsyncGenerator[TokenDelta, None]:
         if not self._started:
@@ -365,8 +389,15 @@ class SimulatedEngine:
                     await sleep(per_token * len(chunk))
                 output += chunk
                 stats.generated_tokens += len(chunk)
-                yield TokenDelta(chunk, finish, cached if first else None, stop_id, None if top is None else [
-                    synthetic_logprob(tok, len(output) - len(chunk) + i, top) for i, tok in enumerate(chunk)])
+                yield TokenDelta(
+                    chunk,
+                    finish,
+                    cached if first else None,
+                    stop_id,
+                    None
+                    if top is None
+                    else [synthetic_logprob(tok, len(output) - len(chunk) + i, top) for i, tok in enumerate(chunk)],
+                )
                 first = False
                 if fail:
                     raise EngineError(f"simulated failure after {len(output)} tokens")
@@ -386,4 +417,4 @@ class SimulatedEngine:
             if adm is not None and cache is not None:  # (an admission is only made with a cache)
                 # the last sampled token is never fed back, so a real engine holds no KV for it;
                 # this is also what makes a harmony chain (<|return|> -> <|end|>) hit the cache
-                cache.finish(adm, output[:-1] if planned is None else planned[:sent - 1] if sent > 1 else ())
+                cache.finish(adm, output[:-1] if planned is None else planned[: sent - 1] if sent > 1 else ())

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from cache.lru import BoundedLRU
 
@@ -135,12 +136,12 @@ class KnownSequences:
 class _Block:
     __slots__ = ("key", "parent", "children", "stamp", "pins", "cached")
 
-    def __init__(self, key: int, parent: "_Block | None") -> None:
+    def __init__(self, key: int, parent: _Block | None) -> None:
         self.key = key
         self.parent = parent
         self.children = 0  # cached children: a block without any is a leaf (an eviction candidate)
-        self.stamp = 0     # the newest use of this block or of any block below it
-        self.pins = 0      # running requests whose deepest prompt block this is
+        self.stamp = 0  # the newest use of this block or of any block below it
+        self.pins = 0  # running requests whose deepest prompt block this is
         self.cached = True
 
 
@@ -311,8 +312,11 @@ class BlockPrefixCache:
         if tail is not None:
             tail.pins += 1
         self._touch(tail)
-        if known is not None and tail is not None and (
-                full >= known.hit_depth or known.hit is None or not known.hit.cached):
+        if (
+            known is not None
+            and tail is not None
+            and (full >= known.hit_depth or known.hit is None or not known.hit.cached)
+        ):
             known.hit, known.hit_depth = tail, full  # a shorter view (a retry) keeps the deeper hit
         self._evict()
         tail_hash = hashes[full - 1] if full else self._root(salt)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 from cache.lru import BoundedLRU
 from inference.harmony_core import FREEFORM_NOTE, FUNCTIONS, harmony_encoding, harmony_tokens
@@ -178,9 +179,7 @@ def parse_tool_declarations(developer_text: str) -> tuple[ToolSpec, ...]:
                     params = parser.type()
                 except (ValueError, IndexError):
                     params = ("object", ())
-            tools.append(
-                ToolSpec(name, None if ns == FUNCTIONS else ns, desc, params, FREEFORM_NOTE in desc)
-            )
+            tools.append(ToolSpec(name, None if ns == FUNCTIONS else ns, desc, params, FREEFORM_NOTE in desc))
     return tuple(tools)
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from inference.harmony_core import harmony_encoding, recipient_for
 from inference.harmony_render import render_completion
@@ -25,7 +26,14 @@ from inference.simulated_prompt import PromptView, ToolSpec
 from inference.summary import SUMMARY_PREFIX, is_summary_request
 
 __all__ = [
-    "Script", "ToolCall", "Turn", "completion_tokens", "default_script", "summary_turn", "turn_tokens", "turns_in_order",
+    "Script",
+    "ToolCall",
+    "Turn",
+    "completion_tokens",
+    "default_script",
+    "summary_turn",
+    "turn_tokens",
+    "turns_in_order",
 ]
 
 _FILLER = " lorem ipsum dolor sit amet"
@@ -100,8 +108,9 @@ def _messages(turn: Turn) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _completion(reasoning: str | None, commentary: str | None, tool_calls: tuple[ToolCall, ...],
-                text: str | None, endless: bool) -> tuple[int, ...]:
+def _completion(
+    reasoning: str | None, commentary: str | None, tool_calls: tuple[ToolCall, ...], text: str | None, endless: bool
+) -> tuple[int, ...]:
     """Rendered once per distinct turn: a script that answers alike every time (the benchmarks'
     zero-latency engine) should cost the engine emulation nothing per request. Keyed by the
     fields the rendering reads (not the :class:`Turn`, whose generated ``__hash__`` and ``__eq__``
@@ -207,7 +216,9 @@ def default_script(view: PromptView) -> Turn:
             reasoning=f"The tool {last.tool_name} returned a result. I will report it.",
             text=f"Tool {last.tool_name} returned: {_echo(last.text)}",
         )
-    return Turn(reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {_echo(last.text)}")
+    return Turn(
+        reasoning=f"The {last.role} said: {said}. I will answer directly.", text=f"You said: {_echo(last.text)}"
+    )
 
 
 def summary_turn(view: PromptView) -> Turn:

@@ -35,8 +35,13 @@ SUMMARY_PREFIX = "Summary of the earlier conversation (older messages were compa
 
 def summary_request() -> dict[str, Any]:
     """The user message that asks the model for the summary (never kept in any history)."""
-    return {"type": "message", "role": "user", "id": "msg_compaction_request", "status": "completed",
-            "content": [{"type": "input_text", "text": _REQUEST_TEXT}]}
+    return {
+        "type": "message",
+        "role": "user",
+        "id": "msg_compaction_request",
+        "status": "completed",
+        "content": [{"type": "input_text", "text": _REQUEST_TEXT}],
+    }
 
 
 def is_summary_request(text: str) -> bool:
@@ -45,5 +50,10 @@ def is_summary_request(text: str) -> bool:
 
 def summary_message(summary: str, item_id: str) -> dict[str, Any]:
     """The item that stands for everything the summary replaced."""
-    return {"type": "message", "role": "developer", "id": item_id, "status": "completed",
-            "content": [{"type": "input_text", "text": SUMMARY_PREFIX + summary}]}
+    return {
+        "type": "message",
+        "role": "developer",
+        "id": item_id,
+        "status": "completed",
+        "content": [{"type": "input_text", "text": SUMMARY_PREFIX + summary}],
+    }

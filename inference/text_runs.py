@@ -15,7 +15,8 @@ tokenizes the same way and appends stay exact.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import regex
 
@@ -31,7 +32,8 @@ _N = MAX_RUN + 1
 _LONG_RUN = regex.compile(
     r"(?:\G|(?<![\p{L}\p{M}]))[\p{L}\p{M}]{%d,}"
     r"|(?:\G|(?<!\s))\s{%d,}"
-    r"|(?:\G|(?<![^\s\p{L}\p{N}]))[^\s\p{L}\p{N}]{%d,}" % (_N, _N, _N))
+    r"|(?:\G|(?<![^\s\p{L}\p{N}]))[^\s\p{L}\p{N}]{%d,}" % (_N, _N, _N)
+)
 #: a run longer than MAX_RUN holds a whole window of this size that starts at a multiple of it
 _WINDOW = _N // 2
 #: per class of ``_LONG_RUN``: a character outside it (a window without one is all that class)
@@ -53,7 +55,7 @@ def cut(text: str, runs: Iterable[Any]) -> list[str]:
         start, end = m.span()
         if start > pos:
             out.append(text[pos:start])
-        out.extend(text[i:min(i + MAX_RUN, end)] for i in range(start, end, MAX_RUN))
+        out.extend(text[i : min(i + MAX_RUN, end)] for i in range(start, end, MAX_RUN))
         pos = end
     if pos < len(text):
         out.append(text[pos:])

@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from inference.item_types import ToolType
 
@@ -149,9 +150,9 @@ def check_structural_tag(tag_json: str) -> None:
 
 #: characters JSON must escape inside a string
 _ESCAPED = frozenset([0x22, 0x5C, *range(0x20)])
-_SIMPLE_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B, "f": 0x0C, "b": 0x08, "a": 0x07,
-                   "e": 0x1B, "0": 0x00}
-_TOKEN = re.compile(r"""
+_SIMPLE_ESCAPES = {"n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B, "f": 0x0C, "b": 0x08, "a": 0x07, "e": 0x1B, "0": 0x00}
+_TOKEN = re.compile(
+    r"""
     (?P<ws>\s+)
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<cls>\[(?:[^\]\\]|\\.)*\])
@@ -159,7 +160,9 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)
   | (?P<def>::=)
   | (?P<punct>\(=|\(|\)|\||\*|\+|\?)
-""", re.VERBOSE | re.DOTALL)
+""",
+    re.VERBOSE | re.DOTALL,
+)
 
 
 def _unescape(body: str) -> list[int]:
@@ -176,7 +179,7 @@ def _unescape(body: str) -> list[int]:
         nxt = body[i + 1]
         if nxt in "xuU":
             width = {"x": 8, "u": 4, "U": 8}[nxt]  # xgrammar reads ``\x`` greedily
-            m = re.match(r"[0-9a-fA-F]{1,%d}" % width, body[i + 2:])
+            m = re.match(r"[0-9a-fA-F]{1,%d}" % width, body[i + 2 :])
             if not m:
                 raise ValueError(f"bad escape in {body!r}")
             out.append(int(m.group(0), 16))
@@ -286,7 +289,7 @@ def json_string_ebnf(ebnf: str) -> str:
     while pos < len(ebnf):
         m = _TOKEN.match(ebnf, pos)
         if m is None:
-            raise ValueError(f"unsupported EBNF at {ebnf[pos:pos + 40]!r}")
+            raise ValueError(f"unsupported EBNF at {ebnf[pos : pos + 40]!r}")
         pos = m.end()
         kind, text = m.lastgroup, m.group(0)
         if kind == "str":
@@ -294,7 +297,7 @@ def json_string_ebnf(ebnf: str) -> str:
             out.append(_lit(json.dumps(raw, ensure_ascii=False)[1:-1]))
         elif kind == "cls":
             out.append(_json_class(text))
-        elif kind == "name" and ebnf[pos:pos + 1] == "(":
+        elif kind == "name" and ebnf[pos : pos + 1] == "(":
             raise ValueError(f"unsupported EBNF macro {text}")  # e.g. TagDispatch(...)
         else:
             out.append(text)

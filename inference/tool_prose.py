@@ -7,7 +7,8 @@ Deterministic matters: the prelude's tokens must be identical across turns for a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from inference.item_types import CALLABLE_TOOLS
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Sequence
+from typing import Any
 
 from inference.engine import EngineError, EngineStats, RequestRouting, SamplingParams, TokenDelta, TokenLogprob
 
@@ -131,8 +132,12 @@ class VllmEngine:
         # it blocks, so keep it off the event loop. A custom stat logger turns vLLM's per-request
         # timings on and its default loggers off (``disable_log_stats`` stays True).
         def build() -> Any:
-            return AsyncLLM.from_vllm_config(self.engine_config(), usage_context=_usage_context(),
-                                             stat_loggers=[_quiet_stat_logger()], disable_log_stats=True)
+            return AsyncLLM.from_vllm_config(
+                self.engine_config(),
+                usage_context=_usage_context(),
+                stat_loggers=[_quiet_stat_logger()],
+                disable_log_stats=True,
+            )
 
         self._llm = await asyncio.to_thread(build)
         self._ready = True
@@ -158,7 +163,7 @@ class VllmEngine:
             "seed": params.seed,
             "stop_token_ids": list(params.stop_token_ids),
             "output_kind": RequestOutputKind.DELTA,
-            "detokenize": False,          # the gateway parses token ids itself
+            "detokenize": False,  # the gateway parses token ids itself
             "skip_special_tokens": False,
         }
         if params.structured:
@@ -167,19 +172,28 @@ class VllmEngine:
             kwargs["logprobs"] = params.logprobs
         return VSamplingParams(**kwargs)
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing: RequestRouting | None = None) -> None:
+    async def prefill(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        cache_salt: str | None = None,
+        routing: RequestRouting | None = None,
+    ) -> None:
         """One-token generation whose output is discarded: vLLM keeps the prompt's KV blocks in
         its prefix cache, so the turn after a warm-up prefills only its delta."""
         if self._llm is None or not len(prompt_ids):
             return
-        async for _ in self.generate(request_id, prompt_ids,
-                                     SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)):
+        async for _ in self.generate(
+            request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)
+        ):
             pass
         self.stats.prefills += 1
 
     async def generate(
-        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
         routing: RequestRouting | None = None,  # in-process: nothing to route
     ) -> AsyncGenerator[TokenDelta, None]:
         if self._llm is None:
@@ -258,8 +272,9 @@ def _quiet_stat_logger() -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             pass
 
         def log_engine_initialized(self) -> None:
@@ -299,7 +314,12 @@ def _logprobs(tokens: list[int], per_token: Any, top: int | None) -> list[TokenL
             out.append(TokenLogprob(tok, float("nan")))
             continue
         sampled = entry.get(tok)
-        ranked = sorted(entry.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30))
-        out.append(TokenLogprob(tok, float(sampled.logprob) if sampled is not None else float("nan"),
-                                tuple((t, float(lp.logprob)) for t, lp in ranked[:top])))
+        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        out.append(
+            TokenLogprob(
+                tok,
+                float(sampled.logprob) if sampled is not None else float("nan"),
+                tuple((t, float(lp.logprob)) for t, lp in ranked[:top]),
+            )
+        )
     return out

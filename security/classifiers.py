@@ -12,8 +12,9 @@ client and to store in a review queue (a token type and length, a masked excerpt
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 Action = Literal["allow", "flag", "block"]
 SEVERITY: dict[str, int] = {"allow": 0, "flag": 1, "block": 2}
@@ -23,10 +24,10 @@ SEVERITY: dict[str, int] = {"allow": 0, "flag": 1, "block": 2}
 class ItemText:
     """The classifiable text of one new item, with where it sits in the request."""
 
-    index: int                # position in the request's ``input`` list
+    index: int  # position in the request's ``input`` list
     item_id: str | None
-    type: str                 # item type (message, function_call_output, ...)
-    role: str | None          # message role; None for other items
+    type: str  # item type (message, function_call_output, ...)
+    role: str | None  # message role; None for other items
     text: str
     #: text that came from a tool, not from the user: where prompt injection arrives
     tool_output: bool = False
@@ -58,9 +59,16 @@ class Verdict:
     hint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "category": self.category, "score": round(self.score, 3),
-                "index": self.index, "item_id": self.item_id, "rule": self.rule, "source": self.source,
-                "hint": self.hint}
+        return {
+            "action": self.action,
+            "category": self.category,
+            "score": round(self.score, 3),
+            "index": self.index,
+            "item_id": self.item_id,
+            "rule": self.rule,
+            "source": self.source,
+            "hint": self.hint,
+        }
 
 
 class Classifier(Protocol):
@@ -88,8 +96,13 @@ class Composite:
     the category wins over the source.
     """
 
-    def __init__(self, classifiers: Sequence[Classifier], overrides: Mapping[str, Action] | None = None, *,
-                 thread_bytes: int = 256 * 1024) -> None:
+    def __init__(
+        self,
+        classifiers: Sequence[Classifier],
+        overrides: Mapping[str, Action] | None = None,
+        *,
+        thread_bytes: int = 256 * 1024,
+    ) -> None:
         self.classifiers = tuple(classifiers)  # fixed: the split below is derived from it once
         #: which wait on I/O (``io = True``: the external one) and which scan in CPU, sorted once
         self._io = [c for c in self.classifiers if getattr(c, "io", False)]
@@ -142,8 +155,9 @@ class Composite:
         return replace(v, action=action) if action is not None and action in SEVERITY else v
 
 
-def needle_windows(text: str, lower: str, needles: Iterable[str], before: int, after: int,
-                   max_windows: int = 256) -> list[tuple[int, int]]:
+def needle_windows(
+    text: str, lower: str, needles: Iterable[str], before: int, after: int, max_windows: int = 256
+) -> list[tuple[int, int]]:
     """Merged ``[lo, hi)`` windows around each occurrence of any lowercase ``needle`` in ``lower``.
 
     Why: a regex scan over a whole tool output costs far more per byte than ``str.find``, and the

@@ -28,7 +28,8 @@ was not found to be bad.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import httpx
 
@@ -42,9 +43,17 @@ class ExternalClassifier:
     #: waits on the network: the composite runs it concurrently with the CPU-only classifiers
     io = True
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0, fail_mode: Literal["open", "closed"] = "open",
-                 wire: Literal["respgate", "openai"] = "respgate", api_key: str | None = None,
-                 model: str | None = None, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        fail_mode: Literal["open", "closed"] = "open",
+        wire: Literal["respgate", "openai"] = "respgate",
+        api_key: str | None = None,
+        model: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
         self.url = url
         self.fail_mode = fail_mode
         self.wire = wire
@@ -69,12 +78,28 @@ class ExternalClassifier:
         except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             self.failures += 1
             # the exception's text names the URL or status, never the items' content
-            log.warning("external classifier %s failed (%s: %s); fail-%s", self.url, type(exc).__name__,
-                        str(exc)[:200], self.fail_mode)
+            log.warning(
+                "external classifier %s failed (%s: %s); fail-%s",
+                self.url,
+                type(exc).__name__,
+                str(exc)[:200],
+                self.fail_mode,
+            )
             if self.fail_mode == "closed":
                 raise ClassifierUnavailable("the external content classifier is unavailable") from None
-            return [Verdict("flag", "classifier_unavailable", 0.0, None, None, type(exc).__name__, self.source,
-                            "unclassified content", "external classifier unavailable; turn not checked")]
+            return [
+                Verdict(
+                    "flag",
+                    "classifier_unavailable",
+                    0.0,
+                    None,
+                    None,
+                    type(exc).__name__,
+                    self.source,
+                    "unclassified content",
+                    "external classifier unavailable; turn not checked",
+                )
+            ]
 
     def _body(self, batch: Sequence[ItemText]) -> dict[str, Any]:
         if self.wire == "openai":
@@ -82,8 +107,11 @@ class ExternalClassifier:
             if self.model:
                 body["model"] = self.model
             return body
-        return {"items": [{"index": it.index, "id": it.item_id, "type": it.type, "role": it.role, "text": it.text}
-                          for it in batch]}
+        return {
+            "items": [
+                {"index": it.index, "id": it.item_id, "type": it.type, "role": it.role, "text": it.text} for it in batch
+            ]
+        }
 
     def _verdicts(self, batch: Sequence[ItemText], body: Any) -> list[Verdict]:
         results = body["results"]
@@ -99,8 +127,18 @@ class ExternalClassifier:
                 cats = [c for c, on in (r.get("categories") or {}).items() if on]
                 scores = r.get("category_scores") or {}
                 cat = max(cats, key=lambda c: float(scores.get(c, 0.0)), default="flagged")
-                out.append(Verdict("flag", f"moderation:{cat}", float(scores.get(cat, 1.0)), it.index, it.item_id,
-                                   cat, self.source, f"content the moderation service flagged ({cat})"))
+                out.append(
+                    Verdict(
+                        "flag",
+                        f"moderation:{cat}",
+                        float(scores.get(cat, 1.0)),
+                        it.index,
+                        it.item_id,
+                        cat,
+                        self.source,
+                        f"content the moderation service flagged ({cat})",
+                    )
+                )
             return out
         by_index = {it.index: it for it in batch}
         for r in results:
@@ -114,9 +152,18 @@ class ExternalClassifier:
             if index is not None and sent is None:
                 raise ValueError(f"result for an item that was not sent (index {index})")
             cat = str(r.get("category") or "external")
-            out.append(Verdict(action, f"moderation:{cat}", float(r.get("score", 1.0)), index,
-                               sent.item_id if sent else None, r.get("rule"), self.source,
-                               f"content the moderation service classified as '{cat}'"))
+            out.append(
+                Verdict(
+                    action,
+                    f"moderation:{cat}",
+                    float(r.get("score", 1.0)),
+                    index,
+                    sent.item_id if sent else None,
+                    r.get("rule"),
+                    self.source,
+                    f"content the moderation service classified as '{cat}'",
+                )
+            )
         return out
 
     async def close(self) -> None:

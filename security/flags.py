@@ -24,8 +24,9 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from security.classifiers import Verdict
 
@@ -41,7 +42,7 @@ class FlagRecord:
     category: str
     score: float
     source: str
-    response_id: str | None          # None for a blocked request (no response was created)
+    response_id: str | None  # None for a blocked request (no response was created)
     previous_response_id: str | None
     tenant: str | None
     model: str | None
@@ -56,11 +57,35 @@ class FlagRecord:
     ts: float = field(default_factory=time.time)
 
     @classmethod
-    def of(cls, v: Verdict, *, item_type: str | None, response_id: str | None, previous_response_id: str | None,
-           tenant: str | None, model: str | None, transport: str | None,
-           flagged_before: bool) -> "FlagRecord":
-        return cls(v.action, v.category or "", round(v.score, 3), v.source, response_id, previous_response_id,
-                   tenant, model, transport, v.index, v.item_id, item_type, v.rule, v.hint, flagged_before)
+    def of(
+        cls,
+        v: Verdict,
+        *,
+        item_type: str | None,
+        response_id: str | None,
+        previous_response_id: str | None,
+        tenant: str | None,
+        model: str | None,
+        transport: str | None,
+        flagged_before: bool,
+    ) -> FlagRecord:
+        return cls(
+            v.action,
+            v.category or "",
+            round(v.score, 3),
+            v.source,
+            response_id,
+            previous_response_id,
+            tenant,
+            model,
+            transport,
+            v.index,
+            v.item_id,
+            item_type,
+            v.rule,
+            v.hint,
+            flagged_before,
+        )
 
     def fields(self) -> dict[FieldT, EncodableT]:
         """Flat string fields for ``XADD`` (absent values are left out)."""
@@ -116,8 +141,14 @@ class FlagReporter:
 
     BATCH = 128
 
-    def __init__(self, sink: FlagSink | None = None, *, buffer: int = 10_000, retry_max_s: float = 5.0,
-                 drain_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        sink: FlagSink | None = None,
+        *,
+        buffer: int = 10_000,
+        retry_max_s: float = 5.0,
+        drain_timeout_s: float = 5.0,
+    ) -> None:
         self.sink: FlagSink = sink if sink is not None else MemoryFlagSink()
         self.drain_timeout_s = drain_timeout_s
         self.buffer = buffer
@@ -169,8 +200,12 @@ class FlagReporter:
             except Exception as exc:  # Redis down, timeouts...: keep the records, retry with backoff
                 self.write_failures += 1
                 if self.write_failures == 1 or self.write_failures % 100 == 0:
-                    log.warning("flag sink write failed (%s: %s); %d records buffered", type(exc).__name__, exc,
-                                len(self._pending))
+                    log.warning(
+                        "flag sink write failed (%s: %s); %d records buffered",
+                        type(exc).__name__,
+                        exc,
+                        len(self._pending),
+                    )
                 await asyncio.sleep(delay)
                 delay = min(self.retry_max_s, delay * 2)
                 continue
@@ -189,7 +224,7 @@ class FlagReporter:
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -203,5 +238,10 @@ class FlagReporter:
             log.debug("flag sink close failed", exc_info=True)
 
     def stats(self) -> dict[str, Any]:
-        return {"reported": self.reported, "written": self.written, "dropped": self.dropped,
-                "pending": self.pending, "write_failures": self.write_failures}
+        return {
+            "reported": self.reported,
+            "written": self.written,
+            "dropped": self.dropped,
+            "pending": self.pending,
+            "write_failures": self.write_failures,
+        }

@@ -25,8 +25,8 @@ reviewer sees what triggered it without the gateway storing the whole output.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from security.classifiers import Action, ItemText, Verdict
 from security.secrets import find_secrets
@@ -77,52 +77,96 @@ def _top_level_alternatives(regex: str) -> list[str]:
     return out
 
 
-def _h(name: str, regex: str, weight: float, *needles: tuple[str, ...], flags: int = 0,
-       non_ascii: bool = False, line_start: bool = False) -> Heuristic:
-    return Heuristic(name, re.compile(regex, flags), weight, needles, non_ascii,
-                     re.compile(regex, flags | re.IGNORECASE),
-                     tuple(re.compile(b, flags) for b in _top_level_alternatives(regex)), line_start)
+def _h(
+    name: str,
+    regex: str,
+    weight: float,
+    *needles: tuple[str, ...],
+    flags: int = 0,
+    non_ascii: bool = False,
+    line_start: bool = False,
+) -> Heuristic:
+    return Heuristic(
+        name,
+        re.compile(regex, flags),
+        weight,
+        needles,
+        non_ascii,
+        re.compile(regex, flags | re.IGNORECASE),
+        tuple(re.compile(b, flags) for b in _top_level_alternatives(regex)),
+        line_start,
+    )
 
 
 HEURISTICS: tuple[Heuristic, ...] = (
-    _h("ignore_instructions",
-       r"(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all|any|the|your|previous|prior|above|"
-       r"earlier|preceding|system|developer)\b[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|directions|"
-       r"guidelines|guardrails|messages?)\b", 0.8,
-       ("ignore", "disregard", "forget", "override", "bypass")),
-    _h("role_override",
-       r"you are now\b|from now on,? you (?:are|will|must|should)\b|new (?:system |developer )?"
-       r"(?:instructions?|prompt)\s*:|act as (?:the |an? )?(?:system|developer|admin|root)\b|"
-       r"(?:enter|enable|activate) (?:developer|god|dan|jailbreak) mode\b", 0.6,
-       ("you are now", "from now on", "new ", "act as", "enter ", "enable ", "activate ")),
-    _h("fake_system_turn",
-       r"(?:system|developer)[ \t]*(?:prompt|message|override|instructions?)?[ \t]*:[ \t]*\S", 0.45,
-       ("system", "developer"), line_start=True),
-    _h("fake_system_tag", r"</?(?:system|system-reminder|instructions)>", 0.45,
-       ("<system", "</system", "<instructions", "</instructions")),
-    _h("chat_template_token",
-       r"<\|(?:im_start|im_end|im_sep|start|end|message|channel|constrain|return|call|system|user|assistant|"
-       r"endoftext|eot_id|start_header_id|end_header_id|begin_of_text)\|>|\[/?inst\]|<</?sys>>|"
-       r"<start_of_turn>|<end_of_turn>", 0.9,
-       ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "<start_of_turn>", "<end_of_turn>")),
-    _h("exfiltration",
-       r"(?:send|post|upload|exfiltrate|forward|leak|transmit|e-?mail|paste)\b[^.\n]{0,60}?"
-       r"(?:api[_ ]?keys?|secrets?|credentials?|passwords?|tokens?|\.env\b|ssh[_ ]?keys?|private[_ ]keys?|"
-       r"environment variables|id_rsa)[^.\n]{0,80}?(?:\bto\b|https?://)", 0.8,
-       ("send", "post", "upload", "exfiltrate", "forward", "leak", "transmit", "email", "e-mail", "paste"),
-       ("key", "secret", "credential", "password", "token", ".env", "environment variables", "id_rsa")),
-    _h("shell_exfiltration",
-       r"(?:curl|wget|nc|fetch)\b[^\n]{0,200}?(?:\$\(|`)[^\n]{0,60}?(?:\.ssh|\.env|id_rsa|\.aws|printenv|"
-       r"\benv\b|/etc/passwd|credentials)", 0.9,
-       ("curl", "wget", "nc ", "fetch"), ("$(", "`")),
-    _h("conceal_from_user",
-       r"(?:do not|don't|never)\s+(?:tell|inform|mention|reveal|show)\b[^.\n]{0,20}?\b(?:the )?user\b|"
-       r"without (?:telling|informing|alerting) the user\b|secretly\b", 0.7,
-       ("do not", "don't", "never", "without", "secretly")),
+    _h(
+        "ignore_instructions",
+        r"(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all|any|the|your|previous|prior|above|"
+        r"earlier|preceding|system|developer)\b[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|directions|"
+        r"guidelines|guardrails|messages?)\b",
+        0.8,
+        ("ignore", "disregard", "forget", "override", "bypass"),
+    ),
+    _h(
+        "role_override",
+        r"you are now\b|from now on,? you (?:are|will|must|should)\b|new (?:system |developer )?"
+        r"(?:instructions?|prompt)\s*:|act as (?:the |an? )?(?:system|developer|admin|root)\b|"
+        r"(?:enter|enable|activate) (?:developer|god|dan|jailbreak) mode\b",
+        0.6,
+        ("you are now", "from now on", "new ", "act as", "enter ", "enable ", "activate "),
+    ),
+    _h(
+        "fake_system_turn",
+        r"(?:system|developer)[ \t]*(?:prompt|message|override|instructions?)?[ \t]*:[ \t]*\S",
+        0.45,
+        ("system", "developer"),
+        line_start=True,
+    ),
+    _h(
+        "fake_system_tag",
+        r"</?(?:system|system-reminder|instructions)>",
+        0.45,
+        ("<system", "</system", "<instructions", "</instructions"),
+    ),
+    _h(
+        "chat_template_token",
+        r"<\|(?:im_start|im_end|im_sep|start|end|message|channel|constrain|return|call|system|user|assistant|"
+        r"endoftext|eot_id|start_header_id|end_header_id|begin_of_text)\|>|\[/?inst\]|<</?sys>>|"
+        r"<start_of_turn>|<end_of_turn>",
+        0.9,
+        ("<|", "[inst]", "[/inst]", "<<sys>>", "<</sys>>", "<start_of_turn>", "<end_of_turn>"),
+    ),
+    _h(
+        "exfiltration",
+        r"(?:send|post|upload|exfiltrate|forward|leak|transmit|e-?mail|paste)\b[^.\n]{0,60}?"
+        r"(?:api[_ ]?keys?|secrets?|credentials?|passwords?|tokens?|\.env\b|ssh[_ ]?keys?|private[_ ]keys?|"
+        r"environment variables|id_rsa)[^.\n]{0,80}?(?:\bto\b|https?://)",
+        0.8,
+        ("send", "post", "upload", "exfiltrate", "forward", "leak", "transmit", "email", "e-mail", "paste"),
+        ("key", "secret", "credential", "password", "token", ".env", "environment variables", "id_rsa"),
+    ),
+    _h(
+        "shell_exfiltration",
+        r"(?:curl|wget|nc|fetch)\b[^\n]{0,200}?(?:\$\(|`)[^\n]{0,60}?(?:\.ssh|\.env|id_rsa|\.aws|printenv|"
+        r"\benv\b|/etc/passwd|credentials)",
+        0.9,
+        ("curl", "wget", "nc ", "fetch"),
+        ("$(", "`"),
+    ),
+    _h(
+        "conceal_from_user",
+        r"(?:do not|don't|never)\s+(?:tell|inform|mention|reveal|show)\b[^.\n]{0,20}?\b(?:the )?user\b|"
+        r"without (?:telling|informing|alerting) the user\b|secretly\b",
+        0.7,
+        ("do not", "don't", "never", "without", "secretly"),
+    ),
     _h("hidden_text", r"[\U000E0000-\U000E007F]{4,}|[\u200b\u200c\u200d\u2060\ufeff]{8,}", 0.7, non_ascii=True),
-    _h("comment_instruction",
-       r"<!--(?:(?!-->)[\s\S]){0,400}?\b(?:ignore|instructions?|assistant|ai agent|language model|llm)\b", 0.5,
-       ("<!--",)),
+    _h(
+        "comment_instruction",
+        r"<!--(?:(?!-->)[\s\S]){0,400}?\b(?:ignore|instructions?|assistant|ai agent|language model|llm)\b",
+        0.5,
+        ("<!--",),
+    ),
 )
 
 EXCERPT_CHARS = 80
@@ -170,7 +214,7 @@ def _anchored(h: Heuristic, lower: str) -> re.Match[str] | None:
 
 
 def _at_line_start(text: str, pos: int) -> bool:
-    return not text[text.rfind("\n", 0, pos) + 1:pos].strip(" \t#")
+    return not text[text.rfind("\n", 0, pos) + 1 : pos].strip(" \t#")
 
 
 def injection_score(text: str) -> tuple[float, Heuristic | None, tuple[int, int]]:
@@ -254,6 +298,17 @@ class InjectionHeuristics:
                 continue
             score, best, span = injection_score(it.text)
             if best is not None and score >= self.threshold:
-                verdicts.append(Verdict(self.action, "prompt_injection", score, it.index, it.item_id, best.name,
-                                        self.source, "a likely prompt injection", excerpt(it.text, span)))
+                verdicts.append(
+                    Verdict(
+                        self.action,
+                        "prompt_injection",
+                        score,
+                        it.index,
+                        it.item_id,
+                        best.name,
+                        self.source,
+                        "a likely prompt injection",
+                        excerpt(it.text, span),
+                    )
+                )
         return verdicts

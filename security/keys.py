@@ -53,9 +53,9 @@ class KeyLimits:
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    id: str                      # public handle for list/revoke, e.g. key_3f9c2a...
+    id: str  # public handle for list/revoke, e.g. key_3f9c2a...
     tenant: str
-    hash: str                    # sha256(key), hex
+    hash: str  # sha256(key), hex
     name: str = ""
     created_at: float = 0.0
     limits: KeyLimits = field(default_factory=KeyLimits)
@@ -71,8 +71,15 @@ class KeyRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KeyRecord:
         limits = KeyLimits(**(data.get("limits") or {}))
-        return cls(id=data["id"], tenant=data["tenant"], hash=data["hash"], name=data.get("name", ""),
-                   created_at=float(data.get("created_at", 0.0)), limits=limits, revoked_at=data.get("revoked_at"))
+        return cls(
+            id=data["id"],
+            tenant=data["tenant"],
+            hash=data["hash"],
+            name=data.get("name", ""),
+            created_at=float(data.get("created_at", 0.0)),
+            limits=limits,
+            revoked_at=data.get("revoked_at"),
+        )
 
 
 def hash_key(key: str) -> str:
@@ -90,8 +97,9 @@ def generate_key(tenant: str) -> str:
 
 def check_tenant(tenant: str) -> str:
     if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
-        raise ValueError("tenant must be 1-64 characters: letters, digits, '_', '.', '@', '-' "
-                         "(starting with a letter or digit)")
+        raise ValueError(
+            "tenant must be 1-64 characters: letters, digits, '_', '.', '@', '-' (starting with a letter or digit)"
+        )
     return tenant
 
 
@@ -104,8 +112,14 @@ def new_record(tenant: str, name: str = "", limits: KeyLimits | None = None) -> 
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{f.name} must be a positive integer")
     key = generate_key(tenant)
-    record = KeyRecord(id="key_" + secrets.token_hex(8), tenant=tenant, hash=hash_key(key), name=name,
-                       created_at=time.time(), limits=limits)
+    record = KeyRecord(
+        id="key_" + secrets.token_hex(8),
+        tenant=tenant,
+        hash=hash_key(key),
+        name=name,
+        created_at=time.time(),
+        limits=limits,
+    )
     return key, record
 
 
@@ -129,8 +143,9 @@ class KeyStore(Protocol):
     async def close(self) -> None: ...
 
 
-async def create_key(store: KeyStore, tenant: str, name: str = "", limits: KeyLimits | None = None
-                     ) -> tuple[str, KeyRecord]:
+async def create_key(
+    store: KeyStore, tenant: str, name: str = "", limits: KeyLimits | None = None
+) -> tuple[str, KeyRecord]:
     key, record = new_record(tenant, name, limits)
     await store.add(record)
     return key, record
@@ -154,7 +169,7 @@ class FileKeyStore:
     def __init__(self, path: str) -> None:
         self.path = os.path.expanduser(path)
         self._stamp: tuple[int, int, int] | None = None
-        self._records: dict[str, KeyRecord] = {}     # id -> record
+        self._records: dict[str, KeyRecord] = {}  # id -> record
         self._by_hash: dict[str, KeyRecord] = {}
 
     def _refresh(self) -> None:

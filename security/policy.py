@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -71,7 +72,7 @@ class PolicyConfig(BaseModel):
     patterns: list[PatternRule] = Field(default_factory=list)
 
     @classmethod
-    def load(cls, path: str) -> "PolicyConfig":
+    def load(cls, path: str) -> PolicyConfig:
         try:
             with open(path, "rb") as f:
                 raw: Any = json.load(f)
@@ -102,7 +103,7 @@ class PolicyClassifier:
         self.rules = [_Compiled(r, r.compiled()) for r in config.patterns]
 
     @classmethod
-    def from_file(cls, path: str) -> "PolicyClassifier":
+    def from_file(cls, path: str) -> PolicyClassifier:
         return cls(PolicyConfig.load(path))
 
     async def classify(self, items: Sequence[ItemText]) -> list[Verdict]:
@@ -113,14 +114,34 @@ class PolicyClassifier:
         c = self.config
         verdicts: list[Verdict] = []
         if c.max_items_per_turn is not None and len(items) > c.max_items_per_turn:
-            verdicts.append(Verdict(c.size_action, "policy:too_many_items", 1.0, None, None, "max_items_per_turn",
-                                    self.source, f"more than {c.max_items_per_turn} new input items",
-                                    f"{len(items)} items"))
+            verdicts.append(
+                Verdict(
+                    c.size_action,
+                    "policy:too_many_items",
+                    1.0,
+                    None,
+                    None,
+                    "max_items_per_turn",
+                    self.source,
+                    f"more than {c.max_items_per_turn} new input items",
+                    f"{len(items)} items",
+                )
+            )
         for it in items:
             if c.max_item_bytes is not None and it.nbytes > c.max_item_bytes:
-                verdicts.append(Verdict(c.size_action, "policy:item_too_large", 1.0, it.index, it.item_id,
-                                        "max_item_bytes", self.source,
-                                        f"an item larger than {c.max_item_bytes} bytes", f"{it.nbytes} bytes"))
+                verdicts.append(
+                    Verdict(
+                        c.size_action,
+                        "policy:item_too_large",
+                        1.0,
+                        it.index,
+                        it.item_id,
+                        "max_item_bytes",
+                        self.source,
+                        f"an item larger than {c.max_item_bytes} bytes",
+                        f"{it.nbytes} bytes",
+                    )
+                )
                 if c.size_action == "block":
                     continue  # do not run patterns over an item that is refused for its size
             kind = _kind(it)
@@ -128,7 +149,17 @@ class PolicyClassifier:
                 if r.rule.applies_to is not None and kind not in r.rule.applies_to:
                     continue
                 if r.pattern.search(it.text):
-                    verdicts.append(Verdict(r.rule.action, f"policy:{r.rule.category}", r.rule.score, it.index,
-                                            it.item_id, r.rule.name, self.source,
-                                            f"content matching policy rule '{r.rule.name}'", None))
+                    verdicts.append(
+                        Verdict(
+                            r.rule.action,
+                            f"policy:{r.rule.category}",
+                            r.rule.score,
+                            it.index,
+                            it.item_id,
+                            r.rule.name,
+                            self.source,
+                            f"content matching policy rule '{r.rule.name}'",
+                            None,
+                        )
+                    )
         return verdicts

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 from security.keys import KEY_PATTERN
 
@@ -29,8 +29,10 @@ REDACTED = "[REDACTED]"
 _PATTERNS = [
     KEY_PATTERN,
     re.compile(r"(?i)(bearer|basic|token)(\s+|%20|\+)(?!%)[^\s'\",;]+"),
-    re.compile(r"(?i)((?:proxy-)?authorization|x-api-key|api[-_]?key|openai-api-key)(['\"]?\s*[:=,]\s*(?:b?['\"])?"
-               r"(?:(?:bearer|basic|token)\s+)?)(?!%)[^\s'\",;&]+"),
+    re.compile(
+        r"(?i)((?:proxy-)?authorization|x-api-key|api[-_]?key|openai-api-key)(['\"]?\s*[:=,]\s*(?:b?['\"])?"
+        r"(?:(?:bearer|basic|token)\s+)?)(?!%)[^\s'\",;&]+"
+    ),
     re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
 ]
 

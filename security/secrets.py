@@ -23,8 +23,8 @@ import base64
 import math
 import re
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import orjson
 
@@ -73,34 +73,102 @@ def _jwt_header_ok(token: str) -> bool:
 _AWS_EXAMPLES = frozenset({"AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"})
 
 RULES: tuple[Rule, ...] = (
-    Rule("pem_private_key", "private_key", "a private key",
-         re.compile(r"-----BEGIN ((?:RSA |EC |DSA |OPENSSH |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?)-----"
-                    r"\s*(?:[A-Za-z-]+:[^\n]*\n\s*)*(?:[A-Za-z0-9+/=]{16,}\s*){2,}"), 0.99,
-         needles=("private key",), window=None),
-    Rule("aws_access_key_id", "aws_access_key_id", "an AWS access key id",
-         re.compile(r"(?<![A-Z0-9])((?:AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})(?![A-Za-z0-9])"), 0.95, group=1,
-         min_entropy=3.0, public_prefix=4, needles=("akia", "asia", "abia", "acca")),
-    Rule("aws_secret_access_key", "aws_secret_access_key", "an AWS secret access key",
-         re.compile(r"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
-         0.95, group=1, min_entropy=4.0, needles=("secret",),
-         window=(16, 128)),
-    Rule("github_token", "github_token", "a GitHub token",
-         re.compile(r"(?<![A-Za-z0-9_])(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{60,255})"
-                    r"(?![A-Za-z0-9_])"), 0.97, group=1, min_entropy=3.5, public_prefix=4,
-         needles=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
-    Rule("openai_api_key", "api_key", "an API key",
-         re.compile(r"(?<![A-Za-z0-9_-])(sk-(?:proj-|svcacct-|admin-|ant-(?:api\d\d-)?)?[A-Za-z0-9_-]{20,})"
-                    r"(?![A-Za-z0-9_-])"), 0.9, group=1, min_entropy=3.5, public_prefix=3, needles=("sk-",)),
-    Rule("slack_token", "slack_token", "a Slack token",
-         re.compile(r"(?<![A-Za-z0-9])(xox[abposr]-[A-Za-z0-9-]{10,})(?![A-Za-z0-9-])"), 0.95, group=1,
-         min_entropy=3.0, public_prefix=5, needles=("xox",)),
-    Rule("google_api_key", "google_api_key", "a Google API key",
-         re.compile(r"(?<![A-Za-z0-9_-])(AIza[0-9A-Za-z_-]{35})(?![A-Za-z0-9_-])"), 0.95, group=1,
-         min_entropy=3.5, public_prefix=4, needles=("aiza",)),
-    Rule("jwt", "jwt", "a JSON Web Token",
-         re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,})"),
-         0.85, group=1, public_prefix=3, check=_jwt_header_ok, needles=("eyj",),
-         window=(2, 16384)),
+    Rule(
+        "pem_private_key",
+        "private_key",
+        "a private key",
+        re.compile(
+            r"-----BEGIN ((?:RSA |EC |DSA |OPENSSH |ENCRYPTED |PGP )?PRIVATE KEY(?: BLOCK)?)-----"
+            r"\s*(?:[A-Za-z-]+:[^\n]*\n\s*)*(?:[A-Za-z0-9+/=]{16,}\s*){2,}"
+        ),
+        0.99,
+        needles=("private key",),
+        window=None,
+    ),
+    Rule(
+        "aws_access_key_id",
+        "aws_access_key_id",
+        "an AWS access key id",
+        re.compile(r"(?<![A-Z0-9])((?:AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})(?![A-Za-z0-9])"),
+        0.95,
+        group=1,
+        min_entropy=3.0,
+        public_prefix=4,
+        needles=("akia", "asia", "abia", "acca"),
+    ),
+    Rule(
+        "aws_secret_access_key",
+        "aws_secret_access_key",
+        "an AWS secret access key",
+        re.compile(r"(?i)aws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"),
+        0.95,
+        group=1,
+        min_entropy=4.0,
+        needles=("secret",),
+        window=(16, 128),
+    ),
+    Rule(
+        "github_token",
+        "github_token",
+        "a GitHub token",
+        re.compile(
+            r"(?<![A-Za-z0-9_])(gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{60,255})"
+            r"(?![A-Za-z0-9_])"
+        ),
+        0.97,
+        group=1,
+        min_entropy=3.5,
+        public_prefix=4,
+        needles=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    ),
+    Rule(
+        "openai_api_key",
+        "api_key",
+        "an API key",
+        re.compile(
+            r"(?<![A-Za-z0-9_-])(sk-(?:proj-|svcacct-|admin-|ant-(?:api\d\d-)?)?[A-Za-z0-9_-]{20,})"
+            r"(?![A-Za-z0-9_-])"
+        ),
+        0.9,
+        group=1,
+        min_entropy=3.5,
+        public_prefix=3,
+        needles=("sk-",),
+    ),
+    Rule(
+        "slack_token",
+        "slack_token",
+        "a Slack token",
+        re.compile(r"(?<![A-Za-z0-9])(xox[abposr]-[A-Za-z0-9-]{10,})(?![A-Za-z0-9-])"),
+        0.95,
+        group=1,
+        min_entropy=3.0,
+        public_prefix=5,
+        needles=("xox",),
+    ),
+    Rule(
+        "google_api_key",
+        "google_api_key",
+        "a Google API key",
+        re.compile(r"(?<![A-Za-z0-9_-])(AIza[0-9A-Za-z_-]{35})(?![A-Za-z0-9_-])"),
+        0.95,
+        group=1,
+        min_entropy=3.5,
+        public_prefix=4,
+        needles=("aiza",),
+    ),
+    Rule(
+        "jwt",
+        "jwt",
+        "a JSON Web Token",
+        re.compile(r"(?<![A-Za-z0-9_-])(eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,})"),
+        0.85,
+        group=1,
+        public_prefix=3,
+        check=_jwt_header_ok,
+        needles=("eyj",),
+        window=(2, 16384),
+    ),
 )
 
 #: key names that announce a secret; matched on the lowercased text, then the name is extended to
@@ -108,27 +176,39 @@ RULES: tuple[Rule, ...] = (
 #: per keyword hit, not per character)
 #: any rule's needle: a text without one (and whose lowercase keeps its positions) gives every rule
 #: no window, so one scan in C stands for the per-rule, per-needle ``find`` loop
-_ANY_NEEDLE = re.compile("|".join(re.escape(n) for n in sorted({n for r in RULES for n in r.needles}, key=len,
-                                                                 reverse=True)))
-_KEYWORD = re.compile(r"pass(?:word|wd|phrase)|pwd|secret|api[_-]?key|apikey|(?:access|auth)[_-]?token|"
-                      r"private[_-]?key|token")
+_ANY_NEEDLE = re.compile(
+    "|".join(re.escape(n) for n in sorted({n for r in RULES for n in r.needles}, key=len, reverse=True))
+)
+_KEYWORD = re.compile(
+    r"pass(?:word|wd|phrase)|pwd|secret|api[_-]?key|apikey|(?:access|auth)[_-]?token|"
+    r"private[_-]?key|token"
+)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 #: quoted literal after the name: = "value" / ": "value" / : 'value' / => "value"
 _QUOTED_TAIL = re.compile(r"[\"']?[ \t]*(?:=|:|=>)[ \t]*([\"'])([^\"'\s]{8,200})\1")
 #: unquoted config line after the name: KEY=value / key: value, to the end of the line
 _LINE_TAIL = re.compile(r"[ \t]*[=:][ \t]*([^\s\"'`]{8,200})[ \t]*(?:\r?\n|$)")
 _LINE_HEAD = re.compile(r"[ \t]*(?:export[ \t]+)?")
-_PLACEHOLDER = re.compile(r"(?i)^(?:\$\{?|<|%|\{\{|\*+$|x{4,}|\.\.\.)|changeme|example|placeholder|your[_-]|"
-                          r"redacted|dummy|\bfake|process\.env|os\.environ|getenv|secrets\.|\(|\)")
+_PLACEHOLDER = re.compile(
+    r"(?i)^(?:\$\{?|<|%|\{\{|\*+$|x{4,}|\.\.\.)|changeme|example|placeholder|your[_-]|"
+    r"redacted|dummy|\bfake|process\.env|os\.environ|getenv|secrets\.|\(|\)"
+)
 
 
 def _generic_ok(value: str) -> bool:
     if _PLACEHOLDER.search(value):
         return False
-    classes = sum((any(c.islower() for c in value), any(c.isupper() for c in value), any(c.isdigit() for c in value),
-                   any(not c.isalnum() for c in value)))
-    has_digit_or_mixed = any(c.isdigit() for c in value) or (any(c.islower() for c in value)
-                                                          and any(c.isupper() for c in value))
+    classes = sum(
+        (
+            any(c.islower() for c in value),
+            any(c.isupper() for c in value),
+            any(c.isdigit() for c in value),
+            any(not c.isalnum() for c in value),
+        )
+    )
+    has_digit_or_mixed = any(c.isdigit() for c in value) or (
+        any(c.islower() for c in value) and any(c.isupper() for c in value)
+    )
     return classes >= 2 and has_digit_or_mixed and shannon_entropy(value) >= 3.0
 
 
@@ -194,10 +274,15 @@ def find_secrets(text: str) -> Iterator[Finding]:
         taken.append((vstart, vend))
         password = any(w in lower[start:end] for w in ("pass", "pwd"))
         entropy = shannon_entropy(value)
-        yield Finding("assignment", "password" if password else "generic_secret",
-                      "a password" if password else "a secret value", min(0.9, 0.45 + 0.1 * entropy),
-                      vstart, vend, f"assignment to a {'password' if password else 'secret'}-like key, "
-                                    f"{len(value)} chars")
+        yield Finding(
+            "assignment",
+            "password" if password else "generic_secret",
+            "a password" if password else "a secret value",
+            min(0.9, 0.45 + 0.1 * entropy),
+            vstart,
+            vend,
+            f"assignment to a {'password' if password else 'secret'}-like key, {len(value)} chars",
+        )
 
 
 def _scan(pattern: re.Pattern[str], text: str, windows: list[tuple[int, int]]) -> Iterator[re.Match[str]]:
@@ -244,6 +329,9 @@ class SecretDetector:
                 if f.category not in best or f.score > best[f.category].score:
                     best[f.category] = f
             for f in best.values():
-                verdicts.append(Verdict(self.action, f.category, f.score, it.index, it.item_id, f.rule, self.source,
-                                        f.label, f.hint))
+                verdicts.append(
+                    Verdict(
+                        self.action, f.category, f.score, it.index, it.item_id, f.rule, self.source, f.label, f.hint
+                    )
+                )
         return verdicts

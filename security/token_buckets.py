@@ -206,8 +206,9 @@ class RedisRateLimiter:
         from redis.exceptions import RedisError
 
         try:
-            answer: list[Any] = await self._script(keys=[f"{self.prefix}rl:{subject}"],
-                                                   args=[quota.rpm or 0, quota.tpm or 0, requests, tokens, mode])
+            answer: list[Any] = await self._script(
+                keys=[f"{self.prefix}rl:{subject}"], args=[quota.rpm or 0, quota.tpm or 0, requests, tokens, mode]
+            )
             return answer
         except (TimeoutError, RedisError, OSError) as exc:
             raise RateLimiterUnavailable(str(exc)) from exc

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -45,8 +46,8 @@ def _status_kib(pid: int, key: str) -> int:
 class Peak:
     """Filled in when the ``rss_peak`` block ends."""
 
-    before: int = 0   # bytes resident when the block began
-    peak: int = 0     # the highest resident set seen during the block
+    before: int = 0  # bytes resident when the block began
+    peak: int = 0  # the highest resident set seen during the block
     method: str = ""  # "hwm" (kernel high-water mark) or "sampled"
 
     @property
@@ -85,7 +86,7 @@ class ChaosGateway:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, log_dir: Path) -> "ChaosGateway":
+    def start(self, log_dir: Path) -> ChaosGateway:
         self.port = free_port()
         env = {**os.environ, "RESPGATE_LOG_LEVEL": "info"}
         env.pop("RESPGATE_REDIS_URL", None)
@@ -97,9 +98,24 @@ class ChaosGateway:
         self.log_path = log_dir / f"gateway-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--host", "127.0.0.1",
-                 "--port", str(self.port), *self.extra_args],
-                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "serve",
+                    "--engine",
+                    "simulated",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    *self.extra_args,
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         wait_until_ready(self.proc, self.port, self.log_path, timeout=90)
         return self
 

@@ -41,8 +41,14 @@ from inference.simulated import SimulatedEngine  # noqa: E402
 
 #: the team's shared folder: beside the checkout (CI clones elsewhere with a copy of shared/ next to
 #: it), else the workspace's
-SHARED = next((p for p in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared"))
-               if (p / "fixtures").is_dir()), Path("/work/shared"))
+SHARED = next(
+    (
+        p
+        for p in (Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared"))
+        if (p / "fixtures").is_dir()
+    ),
+    Path("/work/shared"),
+)
 
 MODEL = "gpt-oss-sim"
 
@@ -52,8 +58,12 @@ MODEL = "gpt-oss-sim"
 #: default_server asks for vllm_gateway by name, after its importorskip); the vLLM server processes,
 #: one file after the other, so that at most two run at once (the remote engine's last test kills its
 #: server before the two pods start). The units are handed out in this order, first of all.
-SHARED_UNITS = {"vllm_gateway": "real-engine", "default_server": "real-engine",
-                "vllm_server": "vllm-servers", "two_pods": "vllm-servers"}
+SHARED_UNITS = {
+    "vllm_gateway": "real-engine",
+    "default_server": "real-engine",
+    "vllm_server": "vllm-servers",
+    "two_pods": "vllm-servers",
+}
 UNIT_ORDER = ("real-engine", "vllm-servers")
 
 
@@ -173,8 +183,8 @@ def free_port() -> int:
 
 @dataclass
 class LiveGateway:
-    url: str           # http://127.0.0.1:PORT
-    ws_url: str        # ws://127.0.0.1:PORT/v1/responses
+    url: str  # http://127.0.0.1:PORT
+    ws_url: str  # ws://127.0.0.1:PORT/v1/responses
     gw: GatewayState
     engine: SimulatedEngine
     server: uvicorn.Server
@@ -202,12 +212,17 @@ class LiveGateway:
 
 
 def _simulated_registry(settings: Settings, engine: SimulatedEngine) -> ModelRegistry:
-    return ModelRegistry([ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(),
-                                     max_context=settings.max_context) for m in settings.models or [MODEL]])
+    return ModelRegistry(
+        [
+            ModelRoute(name=m, engine=engine, renderer=HarmonyRenderer(), max_context=settings.max_context)
+            for m in settings.models or [MODEL]
+        ]
+    )
 
 
-def gateway_state(settings: Settings | None = None, *, engine: SimulatedEngine | None = None,
-                  **app_kwargs: Any) -> GatewayState:
+def gateway_state(
+    settings: Settings | None = None, *, engine: SimulatedEngine | None = None, **app_kwargs: Any
+) -> GatewayState:
     """The gateway's objects as ``create_app`` wires them (the turn pipeline and its stages, stores,
     metrics, settings), never served: no uvicorn thread, no lifespan, engines not started. For tests
     of a turn stage called directly (``gw.pipeline.resolver._validate``); a test of what a client
@@ -217,15 +232,17 @@ def gateway_state(settings: Settings | None = None, *, engine: SimulatedEngine |
     return create_app(settings, registry=registry, **app_kwargs).state.gateway
 
 
-def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine | None = None,
-                  **app_kwargs: Any) -> LiveGateway:
+def start_gateway(
+    settings: Settings | None = None, *, engine: SimulatedEngine | None = None, **app_kwargs: Any
+) -> LiveGateway:
     settings = settings or Settings()
     settings = settings.model_copy(update={"port": free_port()})
     engine = engine or SimulatedEngine(record_prompts=True)
     registry = app_kwargs.pop("registry", None) or _simulated_registry(settings, engine)
     app = create_app(settings, registry=registry, **app_kwargs)
-    config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on",
-                            **uvicorn_config_kwargs(settings))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=settings.port, log_level="warning", lifespan="on", **uvicorn_config_kwargs(settings)
+    )
     server = GatewayServer(config)
     loop_box: dict[str, asyncio.AbstractEventLoop] = {}
 
@@ -243,8 +260,14 @@ def start_gateway(settings: Settings | None = None, *, engine: SimulatedEngine |
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("gateway did not start")
         time.sleep(0.01)
-    live = LiveGateway(url=f"http://127.0.0.1:{settings.port}", ws_url=f"ws://127.0.0.1:{settings.port}/v1/responses",
-                       gw=app.state.gateway, engine=engine, server=server, loop=loop_box["loop"])
+    live = LiveGateway(
+        url=f"http://127.0.0.1:{settings.port}",
+        ws_url=f"ws://127.0.0.1:{settings.port}/v1/responses",
+        gw=app.state.gateway,
+        engine=engine,
+        server=server,
+        loop=loop_box["loop"],
+    )
     live._thread = thread  # type: ignore[attr-defined]
     return live
 
@@ -293,10 +316,20 @@ def vllm_gateway() -> Iterator[LiveGateway]:
     from inference.vllm_engine import VllmEngine, VllmSettings
 
     folder = prepare_model("smollm2")
-    engine = VllmEngine(VllmSettings(model=str(folder), dtype="float32", max_model_len=4096, enforce_eager=True,
-                                     cpu_kv_space_gib=1, seed=0, extra={"block_size": 32}))
-    registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder),
-                                         max_context=4096)])
+    engine = VllmEngine(
+        VllmSettings(
+            model=str(folder),
+            dtype="float32",
+            max_model_len=4096,
+            enforce_eager=True,
+            cpu_kv_space_gib=1,
+            seed=0,
+            extra={"block_size": 32},
+        )
+    )
+    registry = ModelRegistry(
+        [ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder), max_context=4096)]
+    )
     live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
     try:
         yield live
@@ -334,9 +367,21 @@ class RedisServer:
     def start(self) -> None:
         import subprocess
 
-        self.proc = subprocess.Popen([redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while True:
             try:

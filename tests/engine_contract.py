@@ -17,10 +17,17 @@ from tests.conftest import VLLM_MODEL, LiveGateway
 BLOCK = 32  # the engines' KV block size in these tests: prefix-cache hits are whole blocks
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather for a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                                "unit": {"type": "string", "enum": ["c", "f"]}},
-                               "required": ["city", "unit"], "additionalProperties": False}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+}
 
 
 def expected_cached(parent_usage) -> int:
@@ -43,11 +50,13 @@ def terminal(conn):
 
 def check_http_chain_reuses_the_parents_kv(live: LiveGateway) -> None:
     client = live.openai()
-    first = client.responses.create(model=VLLM_MODEL, input="What is the capital of France? Answer briefly.",
-                                    temperature=0, max_output_tokens=32)
+    first = client.responses.create(
+        model=VLLM_MODEL, input="What is the capital of France? Answer briefly.", temperature=0, max_output_tokens=32
+    )
     assert first.status in ("completed", "incomplete") and first.output_text
-    second = client.responses.create(model=VLLM_MODEL, previous_response_id=first.id, input="And of Italy?",
-                                     temperature=0, max_output_tokens=32)
+    second = client.responses.create(
+        model=VLLM_MODEL, previous_response_id=first.id, input="And of Italy?", temperature=0, max_output_tokens=32
+    )
     assert second.output_text
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     cached = second.usage.input_tokens_details.cached_tokens
@@ -59,11 +68,16 @@ def check_http_chain_reuses_the_parents_kv(live: LiveGateway) -> None:
 
 def check_ws_chain_reuses_the_parents_kv(live: LiveGateway) -> None:
     with live.openai().responses.connect() as conn:
-        conn.response.create(model=VLLM_MODEL, input="Name a colour.", store=False, temperature=0,
-                             max_output_tokens=24)
+        conn.response.create(model=VLLM_MODEL, input="Name a colour.", store=False, temperature=0, max_output_tokens=24)
         first = terminal(conn)
-        conn.response.create(model=VLLM_MODEL, input="Name another one.", store=False, temperature=0,
-                             max_output_tokens=24, previous_response_id=first.id)
+        conn.response.create(
+            model=VLLM_MODEL,
+            input="Name another one.",
+            store=False,
+            temperature=0,
+            max_output_tokens=24,
+            previous_response_id=first.id,
+        )
         second = terminal(conn)
     assert first.output and second.output
     assert second.usage.input_tokens > first.usage.input_tokens
@@ -72,8 +86,14 @@ def check_ws_chain_reuses_the_parents_kv(live: LiveGateway) -> None:
 
 
 def check_required_tool_call_is_schema_valid(live: LiveGateway):
-    r = live.openai().responses.create(model=VLLM_MODEL, input="What's the weather in Paris?", tools=[WEATHER_TOOL],
-                                       tool_choice="required", temperature=0, max_output_tokens=64)
+    r = live.openai().responses.create(
+        model=VLLM_MODEL,
+        input="What's the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=64,
+    )
     assert r.status == "completed", r
     calls = [o for o in r.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
@@ -89,17 +109,38 @@ def check_warm_up_prefill_is_hit(live: LiveGateway, session: str) -> None:
     prefills = engine.stats.prefills
     instructions = f"You answer in one short sentence. Session {session}. " * 8
     with connect(live.ws_url, max_size=None) as ws:
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "generate": False, "store": False,
-                              "instructions": instructions, "input": []}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": VLLM_MODEL,
+                    "generate": False,
+                    "store": False,
+                    "instructions": instructions,
+                    "input": [],
+                }
+            ).decode()
+        )
         while (warm := json.loads(ws.recv(timeout=60)))["type"] != "response.completed":
             assert warm["type"] not in ("error", "response.failed"), warm
         deadline = time.monotonic() + 60  # bounded polling, no timing assertion
         while engine.stats.prefills == prefills:
             assert time.monotonic() < deadline, "no background prefill"
             time.sleep(0.05)
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "store": False, "temperature": 0,
-                              "max_output_tokens": 16, "input": "Say hi.", "instructions": instructions,
-                              "previous_response_id": warm["response"]["id"]}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": VLLM_MODEL,
+                    "store": False,
+                    "temperature": 0,
+                    "max_output_tokens": 16,
+                    "input": "Say hi.",
+                    "instructions": instructions,
+                    "previous_response_id": warm["response"]["id"],
+                }
+            ).decode()
+        )
         while (done := json.loads(ws.recv(timeout=120)))["type"] not in ("response.completed", "response.incomplete"):
             assert done["type"] not in ("error", "response.failed"), done
     warm_tokens = warm["response"]["usage"]["input_tokens"]
@@ -110,9 +151,18 @@ def check_warm_up_prefill_is_hit(live: LiveGateway, session: str) -> None:
 def start_long_story(live: LiveGateway, deltas: int = 3) -> ClientConnection:
     """Open a socket, start a long generation and return once ``deltas`` text deltas arrived."""
     ws = connect(live.ws_url, max_size=None)
-    ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
-                          "max_output_tokens": 2000,
-                          "input": "Write a very long story about a dragon, with many chapters."}).decode())
+    ws.send(
+        orjson.dumps(
+            {
+                "type": "response.create",
+                "model": VLLM_MODEL,
+                "temperature": 1.0,
+                "seed": 7,
+                "max_output_tokens": 2000,
+                "input": "Write a very long story about a dragon, with many chapters.",
+            }
+        ).decode()
+    )
     seen = 0
     while seen < deltas:
         ev = json.loads(ws.recv(timeout=120))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -29,16 +30,22 @@ def parse_sse(raw: bytes) -> list[dict[str, Any]]:
         assert len(lines) == 2, f"frame must be exactly 'event:' + 'data:' lines: {frame[:200]!r}"
         assert lines[0].startswith(b"event: "), lines[0]
         assert lines[1].startswith(b"data: "), lines[1][:200]
-        name = lines[0][len(b"event: "):].decode()
-        data = json.loads(lines[1][len(b"data: "):])
+        name = lines[0][len(b"event: ") :].decode()
+        data = json.loads(lines[1][len(b"data: ") :])
         assert isinstance(data, dict)
         assert data.get("type") == name, f"event name {name!r} != data.type {data.get('type')!r}"
         events.append(data)
     return events
 
 
-def post(live: LiveGateway, body: Any, *, path: str = "/responses", headers: dict[str, str] | None = None,
-         timeout: float = 30) -> httpx.Response:
+def post(
+    live: LiveGateway,
+    body: Any,
+    *,
+    path: str = "/responses",
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> httpx.Response:
     """POST a JSON body (or raw bytes) and return the response."""
     hdrs = {"content-type": "application/json", **(headers or {})}
     content = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
@@ -63,8 +70,15 @@ def stream(live: LiveGateway, **fields: Any) -> tuple[httpx.Response, bytes, lis
     return r, raw, parse_sse(raw)
 
 
-def assert_error(r: httpx.Response, status: int, *, code: Any = "<any>", param: Any = "<any>",
-                 type_: str = "invalid_request_error", message: str | None = None) -> dict[str, Any]:
+def assert_error(
+    r: httpx.Response,
+    status: int,
+    *,
+    code: Any = "<any>",
+    param: Any = "<any>",
+    type_: str = "invalid_request_error",
+    message: str | None = None,
+) -> dict[str, Any]:
     """An OpenAI-shaped error: JSON content type and ``{"error": {message, type, param, code}}``."""
     assert r.status_code == status, (r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json"), r.headers
@@ -108,5 +122,10 @@ def output_types(response: dict[str, Any]) -> list[str]:
 
 
 def message_text(response: dict[str, Any]) -> str:
-    return "".join(p.get("text", "") for o in response["output"] if o["type"] == "message"
-                   for p in o["content"] if p["type"] == "output_text")
+    return "".join(
+        p.get("text", "")
+        for o in response["output"]
+        if o["type"] == "message"
+        for p in o["content"]
+        if p["type"] == "output_text"
+    )

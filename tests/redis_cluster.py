@@ -16,7 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -56,11 +56,31 @@ class RedisCluster:
 
         self.dir = tempfile.mkdtemp(prefix="respgate-cluster-")
         for port in self.ports:
-            self.procs.append(subprocess.Popen(
-                [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                 "--cluster-node-timeout", "5000", "--dir", self.dir],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        redis_server_binary(),
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--dir",
+                        self.dir,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         clients = [redis.Redis(host="127.0.0.1", port=p, socket_connect_timeout=0.5) for p in self.ports]
         for client in clients:
@@ -71,8 +91,12 @@ class RedisCluster:
             if i:
                 client.execute_command("CLUSTER", "MEET", "127.0.0.1", self.ports[0])
         for client in clients:
-            _until(deadline, lambda c=client: c.cluster("info").get("cluster_state") == "ok"
-                   and len(c.cluster("slots")) == len(self.ports))
+            _until(
+                deadline,
+                lambda c=client: (
+                    c.cluster("info").get("cluster_state") == "ok" and len(c.cluster("slots")) == len(self.ports)
+                ),
+            )
         for client in clients:
             client.close()
 

@@ -24,12 +24,11 @@ from typing import Any
 
 import pydantic
 from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
-
 from openai.types.responses import Response
 from openai.types.responses.response_stream_event import ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 SCHEMA_FILE = Path(__file__).parent / "schemas" / "openresponses-openapi-2026-04-24.json"
 _DOC_URI = "urn:openresponses:openapi"
@@ -37,18 +36,26 @@ _DOC_URI = "urn:openresponses:openapi"
 #: (SDK model name, field) pairs that may be absent, and why. Everything else the SDK declares
 #: must be present.
 SDK_ABSENT_OK: dict[tuple[str, str], str] = {
-    ("ResponseReasoningItem", "encrypted_content"):
-        "OpenResponses types ReasoningBody.encrypted_content as a (non-null) string: it is sent only "
-        "when include=['reasoning.encrypted_content'] asks for it",
-    ("ResponseCompactionItem", "created_by"):
-        "OpenResponses types CompactionBody.created_by as a (non-null) string and the gateway has no "
-        "actor id to put there",
+    (
+        "ResponseReasoningItem",
+        "encrypted_content",
+    ): "OpenResponses types ReasoningBody.encrypted_content as a (non-null) string: it is sent only "
+    "when include=['reasoning.encrypted_content'] asks for it",
+    (
+        "ResponseCompactionItem",
+        "created_by",
+    ): "OpenResponses types CompactionBody.created_by as a (non-null) string and the gateway has no "
+    "actor id to put there",
     # The WebSocket error envelope as the project's spec pins it (spec/ws-mode.md §4.3):
-    ("ResponseWsError", "sequence_number"):
-        "present when the error comes out of a response stream, absent on a request or connection error",
+    (
+        "ResponseWsError",
+        "sequence_number",
+    ): "present when the error comes out of a response stream, absent on a request or connection error",
     ("ResponseWsErrorError", "headers"): "present when the error carries headers (rate limits)",
-    ("ResponseWsErrorError", "misalignment"):
-        "the envelope's error object is exactly type/code/message/param(/headers)",
+    (
+        "ResponseWsErrorError",
+        "misalignment",
+    ): "the envelope's error object is exactly type/code/message/param(/headers)",
 }
 #: WebSocket envelope fields the SDK's ``ResponsesServerEvent`` variants declare: ``stream_id`` is
 #: sent only on multiplexed lanes (a create that named one).
@@ -89,8 +96,9 @@ def _missing(model: Any, raw: Any, path: str, absent_ok: frozenset[str] = frozen
     return out
 
 
-def sdk_check(obj: dict[str, Any], model: type[pydantic.BaseModel],
-              absent_ok: frozenset[str] = frozenset()) -> list[str]:
+def sdk_check(
+    obj: dict[str, Any], model: type[pydantic.BaseModel], absent_ok: frozenset[str] = frozenset()
+) -> list[str]:
     """Parse ``obj`` as ``model``; return problems (a parse error, or every missing declared field)."""
     try:
         parsed = model.model_validate(obj)
@@ -165,12 +173,15 @@ class OpenResponses:
         if name not in self._validators:
             assert name in self.schemas, name
             self._validators[name] = Draft202012Validator(
-                {"$ref": f"{_DOC_URI}#/components/schemas/{name}"}, registry=self.registry)
+                {"$ref": f"{_DOC_URI}#/components/schemas/{name}"}, registry=self.registry
+            )
         return self._validators[name]
 
     def errors(self, obj: Any, name: str) -> list[str]:
-        return [f"{name} at /{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}"
-                for e in self.validator(name).iter_errors(obj)]
+        return [
+            f"{name} at /{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}"
+            for e in self.validator(name).iter_errors(obj)
+        ]
 
     # -- what the document cannot describe --------------------------------------------------------
 

@@ -17,7 +17,8 @@ import json
 import os
 import threading
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -26,15 +27,15 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.chaos import MiB, ChaosGateway, chaos_gateway
+from tests.chaos import ChaosGateway, MiB, chaos_gateway
 from tests.conftest import MODEL
 
 pytestmark = pytest.mark.slow
 
-LIMIT = 1024 * 1024          # max_request_bytes of the gateway under attack
-SLACK = 64 * 1024            # gateway/app.py WS_FRAME_SLACK: read beyond the limit before closing 1009
-DEPTH = 64                   # max_json_depth (default)
-BASE_RSS_SLACK = 48 * MiB    # allocator noise, a turn's own buffers, the probes' sockets
+LIMIT = 1024 * 1024  # max_request_bytes of the gateway under attack
+SLACK = 64 * 1024  # gateway/app.py WS_FRAME_SLACK: read beyond the limit before closing 1009
+DEPTH = 64  # max_json_depth (default)
+BASE_RSS_SLACK = 48 * MiB  # allocator noise, a turn's own buffers, the probes' sockets
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,14 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosGateway]:
 
 
 def report(case: str, tried: int, answers: Counter[str], peak: Any, stall: Any = None) -> None:
-    line = {"case": case, "tried": tried, "answers": dict(answers), "rss_before_mib": round(peak.before / MiB),
-            "rss_peak_mib": round(peak.peak / MiB), "healthz_worst_s": None if stall is None else round(stall.worst, 3)}
+    line = {
+        "case": case,
+        "tried": tried,
+        "answers": dict(answers),
+        "rss_before_mib": round(peak.before / MiB),
+        "rss_peak_mib": round(peak.peak / MiB),
+        "healthz_worst_s": None if stall is None else round(stall.worst, 3),
+    }
     print(json.dumps(line))
     if path := os.environ.get("RESPGATE_CHAOS_REPORT"):
         with open(path, "a") as f:
@@ -110,8 +117,9 @@ def test_case1_deep_nesting_answers_400_naming_the_param_never_500(target: Chaos
         for place, wrap in PLACES.items():
             for inner in (126, 260, 500, 1000, 5000, 20_000):
                 body = frame_with({"model": MODEL, **wrap(HOLE)}, nest(inner, "dl"))
-                r = client.post(target.url + "/v1/responses", content=body,
-                                headers={"content-type": "application/json"})
+                r = client.post(
+                    target.url + "/v1/responses", content=body, headers={"content-type": "application/json"}
+                )
                 tried += 1
                 answers[str(r.status_code)] += 1
                 assert r.status_code == 400, (place, inner, r.text[:300])
@@ -131,6 +139,7 @@ def test_case1_deep_nesting_answers_400_naming_the_param_never_500(target: Chaos
 
 
 # -- compression bombs ----------------------------------------------------------------------------
+
 
 def test_case4_compression_bombs_cost_at_most_one_frame_limit_per_connection(target: ChaosGateway):
     """30 connections each send a ~64 KB deflated frame that inflates to 64 MiB. Before: inflated in
@@ -165,6 +174,7 @@ def test_case4_compression_bombs_cost_at_most_one_frame_limit_per_connection(tar
 
 # -- frame bytes, not characters ------------------------------------------------------------------
 
+
 def test_case9_frames_are_measured_in_utf8_bytes(target: ChaosGateway):
     answers: Counter[str] = Counter()
     with target.rss_peak() as peak, connect(target.ws_url, max_size=None, open_timeout=30) as ws:
@@ -181,12 +191,13 @@ def test_case9_frames_are_measured_in_utf8_bytes(target: ChaosGateway):
 
 # -- counters and origins ------------------------------------------------------------------------
 
+
 def metric(gw: ChaosGateway, name: str, **labels: str) -> float:
     text = httpx.get(gw.url + "/metrics", timeout=30).text
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
         if line.startswith(name + "{"):
-            got = line[len(name) + 1:line.index("}")]
+            got = line[len(name) + 1 : line.index("}")]
             if ",".join(sorted(got.split(","))) == want:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -194,17 +205,24 @@ def metric(gw: ChaosGateway, name: str, **labels: str) -> float:
 
 def test_case10_rejections_are_counted_and_browser_origins_refused(target: ChaosGateway):
     since = len(target.log())
-    before = {r: metric(target, "respgate_input_rejections_total", transport="http", reason=r)
-              for r in ("size", "depth", "count")}
+    before = {
+        r: metric(target, "respgate_input_rejections_total", transport="http", reason=r)
+        for r in ("size", "depth", "count")
+    }
     answers: Counter[str] = Counter()
     with target.rss_peak() as peak, httpx.Client(timeout=60) as client:
         for _ in range(50):  # a flood of refusals: counted each, logged a few times
-            r = client.post(target.url + "/v1/responses", content=b'{"model": "x", "input": "' + b"a" * (LIMIT + 1) + b'"}',
-                            headers={"content-type": "application/json"})
+            r = client.post(
+                target.url + "/v1/responses",
+                content=b'{"model": "x", "input": "' + b"a" * (LIMIT + 1) + b'"}',
+                headers={"content-type": "application/json"},
+            )
             answers[str(r.status_code)] += 1
             assert r.status_code == 413
-            r = client.post(target.url + "/v1/responses", content=frame_with({"model": MODEL, **PLACES["tools"](HOLE)},
-                                                                             nest(100, "d")))
+            r = client.post(
+                target.url + "/v1/responses",
+                content=frame_with({"model": MODEL, **PLACES["tools"](HOLE)}, nest(100, "d")),
+            )
             answers[str(r.status_code)] += 1
             assert r.status_code == 400
         for _ in range(50):
@@ -213,8 +231,11 @@ def test_case10_rejections_are_counted_and_browser_origins_refused(target: Chaos
                     pass
             answers[f"ws {refused.value.response.status_code}"] += 1
             assert refused.value.response.status_code == 403
-            r = client.post(target.url + "/v1/responses", content=json.dumps({"model": MODEL, "input": "hi"}),
-                            headers={"content-type": "text/plain", "origin": "http://evil.example"})
+            r = client.post(
+                target.url + "/v1/responses",
+                content=json.dumps({"model": MODEL, "input": "hi"}),
+                headers={"content-type": "text/plain", "origin": "http://evil.example"},
+            )
             answers[str(r.status_code)] += 1
             assert r.status_code == 403
     report("10 refusal floods (413, depth 400, cross-origin WS and POST)", 200, answers, peak)
@@ -228,6 +249,7 @@ def test_case10_rejections_are_counted_and_browser_origins_refused(target: Chaos
 
 
 # -- fuzz: nesting x placement x compression x size ----------------------------------------------
+
 
 def expected(depth: int, nbytes: int) -> str:
     """The documented answer to one create frame: by size first (the frame is measured before it is
@@ -248,21 +270,32 @@ def fuzz_log() -> Iterator[Counter[str]]:
     print("fuzz answers:", dict(seen))
 
 
-@settings(max_examples=60, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck),
-          database=None)
-@given(place=st.sampled_from(sorted(PLACES)), inner=st.integers(0, 400), kinds=st.sampled_from(["d", "l", "dl", "ldd"]),
-       pad=st.sampled_from([0, 1000, LIMIT - 4000, LIMIT + 1000, LIMIT + SLACK + 5000]),
-       char=st.sampled_from(["a", "中", "😀"]), deflate=st.booleans())
-def test_fuzz_nesting_and_compression(target: ChaosGateway, fuzz_log: Counter[str], place: str, inner: int,
-                                      kinds: str, pad: int, char: str, deflate: bool) -> None:
-    body = {"type": "response.create", "model": MODEL, "max_output_tokens": 16, **PLACES[place](HOLE),
-            "instructions": char * (pad // len(char.encode()))}
+@settings(
+    max_examples=60, deadline=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck), database=None
+)
+@given(
+    place=st.sampled_from(sorted(PLACES)),
+    inner=st.integers(0, 400),
+    kinds=st.sampled_from(["d", "l", "dl", "ldd"]),
+    pad=st.sampled_from([0, 1000, LIMIT - 4000, LIMIT + 1000, LIMIT + SLACK + 5000]),
+    char=st.sampled_from(["a", "中", "😀"]),
+    deflate=st.booleans(),
+)
+def test_fuzz_nesting_and_compression(
+    target: ChaosGateway, fuzz_log: Counter[str], place: str, inner: int, kinds: str, pad: int, char: str, deflate: bool
+) -> None:
+    body = {
+        "type": "response.create",
+        "model": MODEL,
+        "max_output_tokens": 16,
+        **PLACES[place](HOLE),
+        "instructions": char * (pad // len(char.encode())),
+    }
     frame = frame_with(body, nest(inner, kinds))
     # a create frame is the same object as an HTTP body: the same depth
     want = expected(body_depth(place, inner), len(frame.encode()))
     try:
-        with connect(target.ws_url, compression="deflate" if deflate else None, max_size=None,
-                     open_timeout=30) as ws:
+        with connect(target.ws_url, compression="deflate" if deflate else None, max_size=None, open_timeout=30) as ws:
             ws.send(frame)
             ev = json.loads(ws.recv(timeout=60))
             if ev["type"] == "error":
@@ -289,6 +322,7 @@ def test_fuzz_left_the_gateway_bounded(target: ChaosGateway) -> None:
 
 # -- tokenizer-hostile text -------------------------------------------------------------------------
 
+
 def test_case7_runs_of_one_character_cost_linear_time_and_never_panic(target: ChaosGateway):
     """A run of one character is one tokenizer piece: harmony's BPE is quadratic in it (32,000 "中"
     in instructions took 11.6 s with the GIL held: every client frozen; 1 MB took minutes) and 1 MB
@@ -301,20 +335,32 @@ def test_case7_runs_of_one_character_cost_linear_time_and_never_panic(target: Ch
     with target.rss_peak() as peak, target.healthz_stall() as stall, httpx.Client(timeout=300) as client:
         for ch in ("a", " ", "\n", "中", "😀", "!"):
             run = ch * (size // len(json.dumps(ch, ensure_ascii=False).encode()[1:-1]))
-            for body in ({"instructions": run, "input": "hi"}, {"input": run},
-                         {"input": "hi", "tools": [{"type": "function", "name": "f", "description": run,
-                                                    "parameters": {"type": "object"}}]}):
-                r = client.post(target.url + "/v1/responses", headers={"content-type": "application/json"},
-                                content=json.dumps({"model": MODEL, "max_output_tokens": 16, **body},
-                                                   ensure_ascii=False).encode())
+            for body in (
+                {"instructions": run, "input": "hi"},
+                {"input": run},
+                {
+                    "input": "hi",
+                    "tools": [{"type": "function", "name": "f", "description": run, "parameters": {"type": "object"}}],
+                },
+            ):
+                r = client.post(
+                    target.url + "/v1/responses",
+                    headers={"content-type": "application/json"},
+                    content=json.dumps({"model": MODEL, "max_output_tokens": 16, **body}, ensure_ascii=False).encode(),
+                )
                 tried += 1
                 answers[str(r.status_code)] += 1
                 if r.status_code == 400:  # a megabyte of "中" is 900k tokens: more than the context holds
                     assert r.json()["error"]["code"] == "context_length_exceeded", r.text[:500]
                 else:
                     assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text[:500]
-    report("7 tokenizer-hostile runs (900 KB of one character in instructions / input / a tool description)",
-           tried, answers, peak, stall)
+    report(
+        "7 tokenizer-hostile runs (900 KB of one character in instructions / input / a tool description)",
+        tried,
+        answers,
+        peak,
+        stall,
+    )
     assert stall.samples > tried  # the loop kept answering between (and during) the big requests
     assert peak.growth < 512 * MiB, peak
     still_serves(target)

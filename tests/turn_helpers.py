@@ -13,7 +13,8 @@ Counts, not time: a test asserts how many tokens were rendered or read, never ho
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import orjson
 
@@ -49,14 +50,21 @@ def ws_turn(ws: Any, model: str, items: str | list[dict], prev: str | None, **fi
 
 def render_tokens(live: Any) -> tuple[float, float]:
     """Tokens the gateway rendered so far: (appended to a parent's rendering, rendered in full)."""
-    return (live.metric("respgate_render_tokens_total", {"mode": "append"}),
-            live.metric("respgate_render_tokens_total", {"mode": "full"}))
+    return (
+        live.metric("respgate_render_tokens_total", {"mode": "append"}),
+        live.metric("respgate_render_tokens_total", {"mode": "full"}),
+    )
 
 
 def full_render_fallbacks(live: Any) -> float:
     """Continuations rendered in full instead of appended, whatever the reason."""
-    return sum(s.value for m in live.gw.metrics.registry.collect() if m.name == "respgate_render_full_fallbacks"
-               for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in live.gw.metrics.registry.collect()
+        if m.name == "respgate_render_full_fallbacks"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 # -- the engine boundary --------------------------------------------------------------------------
@@ -82,14 +90,16 @@ class TokenScriptEngine:
     def ready(self) -> bool:
         return True
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing: object = None) -> None: ...
+    async def prefill(
+        self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None, routing: object = None
+    ) -> None: ...
 
     def completion(self, turn: int, params: SamplingParams) -> list[int]:
         return self.completions[min(turn, len(self.completions) - 1)]
 
-    async def generate(self, request_id: str, prompt_ids: Sequence[int],
-                       params: SamplingParams, routing: object = None) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, routing: object = None
+    ) -> AsyncIterator[TokenDelta]:
         self.stats.admit(len(prompt_ids))
         self.stats.prompts.append(list(prompt_ids))
         tokens = self.completion(len(self.stats.prompts) - 1, params)
@@ -98,8 +108,9 @@ class TokenScriptEngine:
             for i, tok in enumerate(tokens):
                 last = i == len(tokens) - 1
                 stop = last and self.finish_reason == "stop" and tok in params.stop_token_ids
-                yield TokenDelta([tok], finish_reason=self.finish_reason if last else None,
-                                 stop_token_id=tok if stop else None)
+                yield TokenDelta(
+                    [tok], finish_reason=self.finish_reason if last else None, stop_token_id=tok if stop else None
+                )
             finished = True
         finally:
             self.stats.running -= 1

@@ -30,12 +30,20 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from gateway.wire.errors import ApiError
-from security.keys import (KEY_PATTERN, TENANT, FileKeyStore, KeyLimits, KeyStore, KeyStoreUnavailable, RedisKeyStore,
-                           hash_key)
+from security.keys import (
+    KEY_PATTERN,
+    TENANT,
+    FileKeyStore,
+    KeyLimits,
+    KeyStore,
+    KeyStoreUnavailable,
+    RedisKeyStore,
+    hash_key,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,24 +68,34 @@ class OpenModeRefused(RuntimeError):
 
 
 def key_store_unavailable() -> ApiError:
-    return ApiError(503, "The API key store is temporarily unavailable. Please retry your request.",
-                    type="server_error", code="server_is_overloaded")
+    return ApiError(
+        503,
+        "The API key store is temporarily unavailable. Please retry your request.",
+        type="server_error",
+        code="server_is_overloaded",
+    )
 
 
 def missing_api_key() -> ApiError:
     """401 for a request that sent no bearer token (or one in another scheme) where keys are required."""
-    return ApiError(401, "Missing API key: this gateway requires one. Send it in an Authorization header using "
-                         "Bearer auth (Authorization: Bearer YOUR_KEY; the OpenAI SDKs send their api_key so). "
-                         "Keys are issued with `respgate keys create`.",
-                    code="invalid_api_key", headers={"www-authenticate": 'Bearer realm="respgate"'})
+    return ApiError(
+        401,
+        "Missing API key: this gateway requires one. Send it in an Authorization header using "
+        "Bearer auth (Authorization: Bearer YOUR_KEY; the OpenAI SDKs send their api_key so). "
+        "Keys are issued with `respgate keys create`.",
+        code="invalid_api_key",
+        headers={"www-authenticate": 'Bearer realm="respgate"'},
+    )
 
 
 def incorrect_api_key() -> ApiError:
     """401 for a bearer token that is no active key here (unknown or revoked: not told apart)."""
-    return ApiError(401, "Incorrect API key provided: the bearer token is not an active API key of this gateway "
-                         "(unknown, or revoked).",
-                    code="invalid_api_key",
-                    headers={"www-authenticate": 'Bearer realm="respgate", error="invalid_token"'})
+    return ApiError(
+        401,
+        "Incorrect API key provided: the bearer token is not an active API key of this gateway (unknown, or revoked).",
+        code="invalid_api_key",
+        headers={"www-authenticate": 'Bearer realm="respgate", error="invalid_token"'},
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -101,8 +119,14 @@ class KeyAuth:
     #: how long "are there any keys?" is cached while in open mode with a Redis store
     COUNT_TTL_S = 1.0
 
-    def __init__(self, keys: list[str], store: KeyStore | None = None, *, open_mode: bool = False,
-                 allowed_origins: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        keys: list[str],
+        store: KeyStore | None = None,
+        *,
+        open_mode: bool = False,
+        allowed_origins: list[str] | tuple[str, ...] = (),
+    ) -> None:
         """``allowed_origins``: browser origins (``scheme://host[:port]``, or ``*``) whose pages may call
         the gateway; a request or handshake carrying any other ``Origin`` is refused (403)."""
         self._static: dict[str, Principal] = dict(_static_principal(k) for k in keys if k)
@@ -159,9 +183,13 @@ class KeyAuth:
         origin = headers.get("origin")
         if origin is None or "*" in self.allowed_origins or origin.rstrip("/").lower() in self.allowed_origins:
             return
-        raise ApiError(403, f"Requests from the browser origin '{origin[:200]}' are not allowed. "
-                            "List it in allowed_origins (RESPGATE_ALLOWED_ORIGINS) to let its pages call this gateway.",
-                       type="invalid_request_error", code="origin_not_allowed")
+        raise ApiError(
+            403,
+            f"Requests from the browser origin '{origin[:200]}' are not allowed. "
+            "List it in allowed_origins (RESPGATE_ALLOWED_ORIGINS) to let its pages call this gateway.",
+            type="invalid_request_error",
+            code="origin_not_allowed",
+        )
 
     async def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller's principal, or ``ApiError`` 401 (no key / not a key) / 403 (a browser origin
@@ -217,7 +245,8 @@ class KeyAuth:
         raise OpenModeRefused(
             f"refusing to serve on {host} without API keys: anyone who can reach this address could use "
             f"the gateway. Create a key (respgate keys create --tenant NAME), set RESPGATE_API_KEYS, bind to "
-            f"127.0.0.1, or pass --open-mode (RESPGATE_OPEN_MODE=1) to serve without authentication.")
+            f"127.0.0.1, or pass --open-mode (RESPGATE_OPEN_MODE=1) to serve without authentication."
+        )
 
     async def close(self) -> None:
         if self.store is not None:

@@ -13,12 +13,13 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gateway.access.auth import Principal
 from gateway.base.metrics import Metrics
-from gateway.wire.errors import ApiError
 from gateway.base.settings import Settings
+from gateway.wire.errors import ApiError
 from security.token_buckets import Decision, Kind, Quota, RateLimiter, RateLimiterUnavailable
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,10 @@ class Access:
 
     def quota(self, principal: Principal) -> Quota:
         lim = principal.limits
-        return Quota(rpm=lim.rpm if lim.rpm is not None else self.settings.rate_limit_rpm,
-                     tpm=lim.tpm if lim.tpm is not None else self.settings.rate_limit_tpm)
+        return Quota(
+            rpm=lim.rpm if lim.rpm is not None else self.settings.rate_limit_rpm,
+            tpm=lim.tpm if lim.tpm is not None else self.settings.rate_limit_tpm,
+        )
 
     # -- rate limits --------------------------------------------------------------------------------
 
@@ -60,8 +63,9 @@ class Access:
         """Take one request; 429 when the request or token bucket is empty. None = unlimited."""
         return await self._step(principal, requests=1, tokens=0, transport=transport)
 
-    async def reserve(self, principal: Principal, prompt_tokens: int, transport: str = "http"
-                      ) -> tuple[Decision | None, Callable[[Mapping[str, Any]], None] | None]:
+    async def reserve(
+        self, principal: Principal, prompt_tokens: int, transport: str = "http"
+    ) -> tuple[Decision | None, Callable[[Mapping[str, Any]], None] | None]:
         """Take the rendered prompt's tokens. Returns the decision and, when the key is limited, the
         hook that charges the rest once the turn's usage is known (``Pipeline.run(on_usage=...)``)."""
         decision = await self._step(principal, requests=0, tokens=prompt_tokens, transport=transport)
@@ -83,8 +87,9 @@ class Access:
             return None
         if not decision.allowed:
             self.rejected(transport, decision.refused or "requests")
-            raise rate_limit_error(self._message(principal, decision), decision.refused or "requests",
-                                   self.headers(decision))
+            raise rate_limit_error(
+                self._message(principal, decision), decision.refused or "requests", self.headers(decision)
+            )
         return decision
 
     def _settler(self, principal: Principal, reserved: int) -> Callable[[Mapping[str, Any]], None]:
@@ -124,10 +129,14 @@ class Access:
         who = f"key {principal.key_id}" if principal.key_id else "this gateway"
         wait = d.retry_after_s
         if math.isinf(wait):
-            return (f"Request too large for {word} per min ({abbr}) on {who}: Limit {cap}, Requested {d.needed}. "
-                    f"The input or output tokens must be reduced in order to run successfully.")
-        return (f"Rate limit reached for {word} per min ({abbr}) on {who}: Limit {cap}, "
-                f"Remaining {d.remaining(kind)}, Requested {d.needed}. Please try again in {duration(wait)}.")
+            return (
+                f"Request too large for {word} per min ({abbr}) on {who}: Limit {cap}, Requested {d.needed}. "
+                f"The input or output tokens must be reduced in order to run successfully."
+            )
+        return (
+            f"Rate limit reached for {word} per min ({abbr}) on {who}: Limit {cap}, "
+            f"Remaining {d.remaining(kind)}, Requested {d.needed}. Please try again in {duration(wait)}."
+        )
 
     @staticmethod
     def headers(d: Decision | None) -> dict[str, str]:
@@ -151,8 +160,11 @@ class Access:
         n = self._ws.get(principal.subject, 0)
         if limit is not None and n >= limit:
             self.rejected("ws", "connections")
-            raise rate_limit_error(f"Too many concurrent WebSocket connections for this API key (limit {limit}). "
-                                   "Close a connection or retry later.", "requests")
+            raise rate_limit_error(
+                f"Too many concurrent WebSocket connections for this API key (limit {limit}). "
+                "Close a connection or retry later.",
+                "requests",
+            )
         self._ws[principal.subject] = n + 1
 
     def ws_close(self, principal: Principal) -> None:

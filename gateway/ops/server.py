@@ -69,7 +69,8 @@ import logging
 import socket
 import sys
 import time
-from typing import Any, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -112,8 +113,10 @@ def bind_listeners(host: str, port: int, option: str = "--port") -> list[socket.
 
     Raises :class:`ListenError`, naming the port and ``option`` (the flag that sets it)."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    host_fix = (f"pass an address of this machine: {option.replace('port', 'host')} 127.0.0.1 (this machine only) "
-                "or 0.0.0.0 (every interface)")
+    host_fix = (
+        f"pass an address of this machine: {option.replace('port', 'host')} 127.0.0.1 (this machine only) "
+        "or 0.0.0.0 (every interface)"
+    )
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -185,12 +188,15 @@ def _accepting(family: int, address: Any) -> bool:
 def _listen_error(exc: OSError, host: str, port: int, where: str, option: str, host_fix: str) -> ListenError:
     if exc.errno == errno.EADDRINUSE:
         free = _free_port_near(host, port)
-        return ListenError(f"port {port} is already in use on {host} (another respgate, or another program, "
-                           "listens there)", f"stop that program, or pass another port: {option} "
-                           f"{free or port + 1} (or {_env_name(option)})")
+        return ListenError(
+            f"port {port} is already in use on {host} (another respgate, or another program, listens there)",
+            f"stop that program, or pass another port: {option} {free or port + 1} (or {_env_name(option)})",
+        )
     if exc.errno == errno.EACCES:
-        return ListenError(f"cannot listen on {where}: permission denied",
-                           f"ports below 1024 need privileges: pass {option} 8000 or another port above 1023")
+        return ListenError(
+            f"cannot listen on {where}: permission denied",
+            f"ports below 1024 need privileges: pass {option} 8000 or another port above 1023",
+        )
     if exc.errno == errno.EADDRNOTAVAIL:
         return ListenError(f"cannot listen on {where}: {host} is not an address of this machine", host_fix)
     return ListenError(f"cannot listen on {where}: {exc.strerror or exc}", f"pass another {option} or host")
@@ -216,8 +222,13 @@ class GatewayServer(uvicorn.Server):
     _metrics: MetricsServer | None = None
     _metrics_task: asyncio.Task[None] | None = None
 
-    def __init__(self, config: uvicorn.Config, *, metrics_sockets: list[socket.socket] | None = None,
-                 on_ready: Callable[[Any, list[socket.socket]], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        metrics_sockets: list[socket.socket] | None = None,
+        on_ready: Callable[[Any, list[socket.socket]], Awaitable[None]] | None = None,
+    ) -> None:
         """``metrics_sockets``: the metrics listener's, bound by the caller before the engines load
         (else bound here, at start-up). ``on_ready(gateway_state, listeners)``: awaited once the
         gateway accepts connections (``serve`` prints its banner)."""
@@ -238,8 +249,11 @@ class GatewayServer(uvicorn.Server):
                     log.error("metrics listener: %s; fix: %s", exc, exc.fix)
                     sys.exit(3)  # as uvicorn does when the main port is taken
             await self._start_metrics(gw.metrics.registry, reusable(metrics_sockets), settings.log_level)
-            log.info("metrics listener on http://%s:%d/metrics (no authentication)", host,
-                     metrics_sockets[0].getsockname()[1])
+            log.info(
+                "metrics listener on http://%s:%d/metrics (no authentication)",
+                host,
+                metrics_sockets[0].getsockname()[1],
+            )
         await super().startup(reusable(sockets) if sockets is not None else None)
         settle_heap()
         if self._on_ready is not None and gw is not None and not self.should_exit:
@@ -249,8 +263,9 @@ class GatewayServer(uvicorn.Server):
     async def _start_metrics(self, registry: Any, sockets: list[socket.socket], log_level: str) -> None:
         from prometheus_client import make_asgi_app
 
-        config = uvicorn.Config(make_asgi_app(registry), lifespan="off", log_config=None, log_level=log_level,
-                                access_log=False)
+        config = uvicorn.Config(
+            make_asgi_app(registry), lifespan="off", log_config=None, log_level=log_level, access_log=False
+        )
         self._metrics = MetricsServer(config)
         self._metrics_task = asyncio.ensure_future(self._metrics.serve(sockets=sockets))
         while not self._metrics.started and not self._metrics_task.done():
@@ -279,8 +294,9 @@ class GatewayServer(uvicorn.Server):
         deadline = time.monotonic() + grace
         conns, turns = list(gw.connections), list(gw.http_turns)
         if conns or turns:
-            log.info("draining %d WebSocket connection(s) and %d HTTP turn(s) (up to %g s)",
-                     len(conns), len(turns), grace)
+            log.info(
+                "draining %d WebSocket connection(s) and %d HTTP turn(s) (up to %g s)", len(conns), len(turns), grace
+            )
             drains = {asyncio.ensure_future(x.drain()): x for x in (*conns, *turns)}
             _, late = await asyncio.wait(drains, timeout=grace)
             if late:
@@ -289,8 +305,13 @@ class GatewayServer(uvicorn.Server):
                 gw.metrics.shutdown_cut.inc(n)
                 on_sockets = set(conns)
                 sockets_cut = sum(1 for t in late if drains[t] in on_sockets)
-                log.warning("shutdown deadline (%g s) passed: aborted %d turn(s) on %d socket(s) and %d HTTP "
-                            "request(s)", grace, n, sockets_cut, len(late) - sockets_cut)
+                log.warning(
+                    "shutdown deadline (%g s) passed: aborted %d turn(s) on %d socket(s) and %d HTTP request(s)",
+                    grace,
+                    n,
+                    sockets_cut,
+                    len(late) - sockets_cut,
+                )
                 for t in late:
                     t.cancel()
         # the HTTP answers (and requests that are not turns) get what is left of the same deadline

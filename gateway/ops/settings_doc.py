@@ -79,10 +79,11 @@ def sections(source: str | None = None) -> list[Section]:
         if heading:
             out.append(Section(heading))
         if not doc:
-            raise UndocumentedSetting(f"gateway/base/settings.py:{node.lineno}: {node.target.id} has no `#:` "
-                                      "comment above it; every setting documents itself there")
-        out[-1].entries.append(Entry(node.target.id, doc, ast.unparse(node.annotation),
-                                     _default_source(node.value)))
+            raise UndocumentedSetting(
+                f"gateway/base/settings.py:{node.lineno}: {node.target.id} has no `#:` "
+                "comment above it; every setting documents itself there"
+            )
+        out[-1].entries.append(Entry(node.target.id, doc, ast.unparse(node.annotation), _default_source(node.value)))
     return [s for s in out if s.entries]
 
 
@@ -122,8 +123,7 @@ def serve_flags() -> dict[str, str]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     serve = sub.choices["serve"]
-    return {a.dest: a.option_strings[0] for a in serve._actions
-            if a.option_strings and a.dest in Settings.model_fields}
+    return {a.dest: a.option_strings[0] for a in serve._actions if a.option_strings and a.dest in Settings.model_fields}
 
 
 def _md(text: str) -> str:
@@ -158,8 +158,12 @@ def _default(entry: Entry) -> str:
 
 def _bounds(name: str) -> str:
     signs = {Ge: ("≥", "ge"), Gt: (">", "gt"), Le: ("≤", "le"), Lt: ("<", "lt")}
-    return ", ".join(f"{sign} {getattr(meta, attr)}" for meta in Settings.model_fields[name].metadata
-                     for kind, (sign, attr) in signs.items() if isinstance(meta, kind))
+    return ", ".join(
+        f"{sign} {getattr(meta, attr)}"
+        for meta in Settings.model_fields[name].metadata
+        for kind, (sign, attr) in signs.items()
+        if isinstance(meta, kind)
+    )
 
 
 def render() -> str:

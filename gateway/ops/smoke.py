@@ -28,8 +28,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -39,11 +40,17 @@ TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "The current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                   "additionalProperties": False},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
 }
-INSTRUCTIONS = ("You are the assistant of an operator checking a fresh deployment. Answer every question in "
-                "one short sentence, in English, without lists.")
+INSTRUCTIONS = (
+    "You are the assistant of an operator checking a fresh deployment. Answer every question in "
+    "one short sentence, in English, without lists."
+)
 
 
 @dataclass
@@ -58,15 +65,21 @@ class SmokeFailure(Exception):
     """A check's reason to fail (the message is its table row's detail)."""
 
 
-def add_smoke_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], formatter: type[argparse.HelpFormatter]) -> None:
+def add_smoke_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], formatter: type[argparse.HelpFormatter]
+) -> None:
     smoke = sub.add_parser(
-        "smoke", formatter_class=formatter, help="check a running deployment: HTTP, SSE, WebSocket chain, tool call",
+        "smoke",
+        formatter_class=formatter,
+        help="check a running deployment: HTTP, SSE, WebSocket chain, tool call",
         description="Run an HTTP turn, an SSE turn, a WebSocket chain (the second turn must report cached_tokens) "
-                    "and a tool call against a running gateway, and print a pass/fail table. Exit status 1 "
-                    "when any check fails.")
+        "and a tool call against a running gateway, and print a pass/fail table. Exit status 1 "
+        "when any check fails.",
+    )
     smoke.add_argument("base_url", metavar="BASE_URL", help="the gateway, e.g. http://HOST:8000 (or .../v1)")
-    smoke.add_argument("--api-key", default=None,
-                       help="bearer key (default: $RESPGATE_API_KEY, else none: a gateway in open mode)")
+    smoke.add_argument(
+        "--api-key", default=None, help="bearer key (default: $RESPGATE_API_KEY, else none: a gateway in open mode)"
+    )
     smoke.add_argument("--model", default=None, help="served model name (default: the first of GET /v1/models)")
     smoke.add_argument("--max-output-tokens", type=int, default=64, help="output cap of each turn")
     smoke.add_argument("--timeout", type=float, default=180.0, help="seconds each check may take")
@@ -77,8 +90,7 @@ def run_smoke(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     out = out or sys.stdout
     key = args.api_key or os.environ.get("RESPGATE_API_KEY")
-    smoke = Smoke(args.base_url, key, model=args.model, max_output_tokens=args.max_output_tokens,
-                  timeout=args.timeout)
+    smoke = Smoke(args.base_url, key, model=args.model, max_output_tokens=args.max_output_tokens, timeout=args.timeout)
     checks = smoke.run()
     print_table(checks, out, header=f"respgate smoke {smoke.base} (model {smoke.model or '?'})")
     return 0 if all(c.ok for c in checks) else 1
@@ -96,8 +108,15 @@ def print_table(checks: list[Check], out: TextIO, header: str = "") -> None:
 
 
 class Smoke:
-    def __init__(self, base_url: str, api_key: str | None, *, model: str | None = None,
-                 max_output_tokens: int = 64, timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        model: str | None = None,
+        max_output_tokens: int = 64,
+        timeout: float = 180.0,
+    ) -> None:
         self.base = _api_base(base_url)
         self.key = api_key
         self.model = model
@@ -112,9 +131,15 @@ class Smoke:
                 self.model = self.model or self._first_model()
             except SmokeFailure as exc:
                 return [Check(name, False, 0.0, str(exc)) for name in ("http", "sse", "websocket", "tool")]
-            return [self._timed(name, step) for name, step in (
-                ("http", self.http_turn), ("sse", self.sse_turn), ("websocket", self.ws_chain),
-                ("tool", self.tool_call))]
+            return [
+                self._timed(name, step)
+                for name, step in (
+                    ("http", self.http_turn),
+                    ("sse", self.sse_turn),
+                    ("websocket", self.ws_chain),
+                    ("tool", self.tool_call),
+                )
+            ]
         finally:
             self.client.close()
 
@@ -164,20 +189,28 @@ class Smoke:
     def ws_chain(self) -> str:
         with self._ws() as ws:
             first = self._ws_turn(ws, {"input": "What is the capital of France?", "store": False})
-            second = self._ws_turn(ws, {"input": "And of Italy?", "store": False,
-                                        "previous_response_id": first["id"]})
+            second = self._ws_turn(ws, {"input": "And of Italy?", "store": False, "previous_response_id": first["id"]})
         usage = second.get("usage") or {}
         cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
         if cached <= 0:
-            raise SmokeFailure(f"second turn reports cached_tokens {cached} of {usage.get('input_tokens')} input "
-                               "tokens: the engine's prefix cache was not reused (split deployment: start vLLM "
-                               "with --enable-prompt-tokens-details and prefix caching on)")
+            raise SmokeFailure(
+                f"second turn reports cached_tokens {cached} of {usage.get('input_tokens')} input "
+                "tokens: the engine's prefix cache was not reused (split deployment: start vLLM "
+                "with --enable-prompt-tokens-details and prefix caching on)"
+            )
         return f"2 chained turns, cached_tokens {cached} of {usage.get('input_tokens')} input tokens"
 
     def tool_call(self) -> str:
         with self._ws() as ws:
-            first = self._ws_turn(ws, {"input": "What is the weather in Paris? Use the tool.", "store": False,
-                                       "tools": [TOOL], "tool_choice": "required"})
+            first = self._ws_turn(
+                ws,
+                {
+                    "input": "What is the weather in Paris? Use the tool.",
+                    "store": False,
+                    "tools": [TOOL],
+                    "tool_choice": "required",
+                },
+            )
             calls = [i for i in first.get("output", []) if i.get("type") == "function_call"]
             if not calls:
                 kinds = [i.get("type") for i in first.get("output", [])]
@@ -186,14 +219,26 @@ class Smoke:
             try:
                 arguments = json.loads(call.get("arguments") or "")
             except ValueError:
-                raise SmokeFailure(f"{call.get('name')} called with arguments that are not JSON: "
-                                   f"{_snippet(call.get('arguments') or '')}") from None
-            second = self._ws_turn(ws, {"input": [{"type": "function_call_output", "call_id": call["call_id"],
-                                                   "output": json.dumps({"city": arguments.get("city"),
-                                                                         "weather": "sunny, 21C"})}],
-                                        "store": False, "tools": [TOOL], "previous_response_id": first["id"]})
-        return (f"{call.get('name')}({json.dumps(arguments, ensure_ascii=False)}) -> output -> "
-                f"{second.get('status')}")
+                raise SmokeFailure(
+                    f"{call.get('name')} called with arguments that are not JSON: "
+                    f"{_snippet(call.get('arguments') or '')}"
+                ) from None
+            second = self._ws_turn(
+                ws,
+                {
+                    "input": [
+                        {
+                            "type": "function_call_output",
+                            "call_id": call["call_id"],
+                            "output": json.dumps({"city": arguments.get("city"), "weather": "sunny, 21C"}),
+                        }
+                    ],
+                    "store": False,
+                    "tools": [TOOL],
+                    "previous_response_id": first["id"],
+                },
+            )
+        return f"{call.get('name')}({json.dumps(arguments, ensure_ascii=False)}) -> output -> {second.get('status')}"
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -224,8 +269,12 @@ class Smoke:
         return first
 
     def _request(self, fields: dict[str, Any]) -> dict[str, Any]:
-        return {"model": self.model, "instructions": INSTRUCTIONS, "max_output_tokens": self.max_output_tokens,
-                **fields}
+        return {
+            "model": self.model,
+            "instructions": INSTRUCTIONS,
+            "max_output_tokens": self.max_output_tokens,
+            **fields,
+        }
 
     def _post(self, fields: dict[str, Any]) -> dict[str, Any]:
         r = self.client.post(self.base + "/responses", json=self._request(fields))
@@ -238,8 +287,13 @@ class Smoke:
     def _ws(self) -> Any:
         from websockets.sync.client import connect
 
-        return connect(_ws_url(self.base), additional_headers=self.headers, max_size=None,
-                       open_timeout=self.timeout, close_timeout=5)
+        return connect(
+            _ws_url(self.base),
+            additional_headers=self.headers,
+            max_size=None,
+            open_timeout=self.timeout,
+            close_timeout=5,
+        )
 
     def _ws_turn(self, ws: Any, fields: dict[str, Any]) -> dict[str, Any]:
         ws.send(json.dumps({"type": "response.create", **self._request(fields)}))
@@ -289,8 +343,13 @@ def _error_text(body: Any) -> str:
 
 
 def _output_text(body: dict[str, Any]) -> str:
-    return "".join(part.get("text", "") for item in body.get("output", []) if item.get("type") == "message"
-                   for part in item.get("content", []) if part.get("type") == "output_text")
+    return "".join(
+        part.get("text", "")
+        for item in body.get("output", [])
+        if item.get("type") == "message"
+        for part in item.get("content", [])
+        if part.get("type") == "output_text"
+    )
 
 
 def _snippet(text: str, limit: int = 60) -> str:

@@ -18,7 +18,8 @@ on a conversation (``conversation`` on a create) is the responses routes' busine
 from __future__ import annotations
 
 import functools
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -30,8 +31,18 @@ from gateway.transport.services import GatewayState
 from gateway.turn.checks import no_call_for, orphan_outputs
 from gateway.turn.conversation import Conversations
 from gateway.turn.types import TurnContext
-from gateway.wire.conversations import (CreateBody, ItemsBody, UpdateBody, conversation_not_found, conversation_object,
-                                        deleted_object, item_list, item_not_found, item_object, parse_body)
+from gateway.wire.conversations import (
+    CreateBody,
+    ItemsBody,
+    UpdateBody,
+    conversation_not_found,
+    conversation_object,
+    deleted_object,
+    item_list,
+    item_not_found,
+    item_object,
+    parse_body,
+)
 from gateway.wire.errors import ApiError, is_fault, unknown_parameter
 from gateway.wire.items import new_id
 from gateway.wire.kinds import CALL_TYPES
@@ -78,8 +89,9 @@ def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), media_type="application/json", headers=headers)
 
 
-def _conversation_json(conv: Conversation | None, conversation_id: str,
-                       headers: dict[str, str] | None = None) -> Response:
+def _conversation_json(
+    conv: Conversation | None, conversation_id: str, headers: dict[str, str] | None = None
+) -> Response:
     """The conversation object answer (create, retrieve, update, an item's delete): one place
     shapes it, and answers 404 where the store found none (another tenant's id is one too), so
     that the routes cannot drift apart in either."""
@@ -118,8 +130,9 @@ def _only(request: Request, *allowed: str) -> list[str]:
     return values
 
 
-async def _added(request: Request, convs: Conversations, raw_items: list[Any], tenant: str | None,
-                 conversation_id: str | None = None) -> list[Any]:
+async def _added(
+    request: Request, convs: Conversations, raw_items: list[Any], tenant: str | None, conversation_id: str | None = None
+) -> list[Any]:
     """Items a client adds: canonical, checked as a create's input is, then classified once as they
     enter the conversation (a turn on it treats them as history, as it treats a parent's items).
 
@@ -145,8 +158,9 @@ async def create_conversation(request: Request) -> Response:
     req: CreateBody = parse_body(CreateBody, body)
     items = await _added(request, convs, parse_items(req.items or [], "items"), tenant)
     conversation_id = new_id("conv")
-    conv = await convs.call("create", conversation_id, convs.store.create, conversation_id, tenant,
-                            req.metadata or {}, items)
+    conv = await convs.call(
+        "create", conversation_id, convs.store.create, conversation_id, tenant, req.metadata or {}, items
+    )
     return _conversation_json(conv, conversation_id, headers)
 
 
@@ -162,8 +176,7 @@ async def get_conversation(request: Request, conversation_id: str) -> Response:
 async def update_conversation(request: Request, conversation_id: str) -> Response:
     _, convs, tenant, headers, body = await _writer(request)
     req: UpdateBody = parse_body(UpdateBody, body)
-    conv = await convs.call("update", conversation_id, convs.store.update, conversation_id, tenant,
-                            req.metadata or {})
+    conv = await convs.call("update", conversation_id, convs.store.update, conversation_id, tenant, req.metadata or {})
     return _conversation_json(conv, conversation_id, headers)
 
 
@@ -181,8 +194,9 @@ async def delete_conversation(request: Request, conversation_id: str) -> Respons
 async def list_items(request: Request, conversation_id: str) -> Response:
     convs, tenant = await _reader(request)
     q = parse_list_query(request.query_params, request.query_params.multi_items())
-    page = await convs.call("page", conversation_id, convs.store.page, conversation_id, tenant, after=q.after,
-                            limit=q.limit, order=q.order)
+    page = await convs.call(
+        "page", conversation_id, convs.store.page, conversation_id, tenant, after=q.after, limit=q.limit, order=q.order
+    )
     return _json(item_list(page.items, page.has_more))
 
 
@@ -210,8 +224,7 @@ async def get_item(request: Request, conversation_id: str, item_id: str) -> Resp
 async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
     convs, tenant = await _reader(request)
     _only(request)
-    conv = await convs.call("delete_item", conversation_id, convs.store.delete_item, conversation_id, tenant,
-                            item_id)
+    conv = await convs.call("delete_item", conversation_id, convs.store.delete_item, conversation_id, tenant, item_id)
     if conv is None:
         raise item_not_found(item_id)
     return _conversation_json(conv, conversation_id)

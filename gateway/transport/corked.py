@@ -78,8 +78,21 @@ from websockets.protocol import OPEN
 from gateway.base.log_limit import RateLimitedLog
 from gateway.transport.ws_inflate import stepped_extensions
 
-__all__ = ["CorkedTransport", "CorkedWebSocketProtocol", "FLUSH_BYTES", "HIGH_WATER", "LINGER_S", "LOW_WATER",
-           "READ_AHEAD", "READ_AHEAD_BYTES", "SEND_STALLED_CODE", "SEND_STALLED_REASON", "SendStalled", "TEXT_FRAMES", "TextFrames"]
+__all__ = [
+    "CorkedTransport",
+    "CorkedWebSocketProtocol",
+    "FLUSH_BYTES",
+    "HIGH_WATER",
+    "LINGER_S",
+    "LOW_WATER",
+    "READ_AHEAD",
+    "READ_AHEAD_BYTES",
+    "SEND_STALLED_CODE",
+    "SEND_STALLED_REASON",
+    "SendStalled",
+    "TEXT_FRAMES",
+    "TextFrames",
+]
 
 log = logging.getLogger(__name__)
 rejections = RateLimitedLog(log)
@@ -132,18 +145,33 @@ class CorkedTransport:
     still unsent ``close_grace_s`` later.
     """
 
-    __slots__ = ("_transport", "_loop", "_chunks", "_size", "_scheduled", "_fresh", "_since", "_close_grace_s",
-                 "_abort_timer", "_closed", "_app_hold", "_write_hold", "written", "flushes")
+    __slots__ = (
+        "_transport",
+        "_loop",
+        "_chunks",
+        "_size",
+        "_scheduled",
+        "_fresh",
+        "_since",
+        "_close_grace_s",
+        "_abort_timer",
+        "_closed",
+        "_app_hold",
+        "_write_hold",
+        "written",
+        "flushes",
+    )
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, *,
-                 close_grace_s: float = 10.0) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, *, close_grace_s: float = 10.0
+    ) -> None:
         self._transport = transport
         self._loop = loop
         self._chunks: list[bytes] = []
         self._size = 0
         self._scheduled = False
-        self._fresh = False     # a frame was corked since the last flush callback ran
-        self._since = 0.0       # loop time of the oldest corked frame
+        self._fresh = False  # a frame was corked since the last flush callback ran
+        self._since = 0.0  # loop time of the oldest corked frame
         self._close_grace_s = close_grace_s
         self._abort_timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -254,7 +282,7 @@ class CorkedTransport:
         if self._transport.is_closing():
             return
         if self._app_hold or self._write_hold:
-            self._transport.pause_reading()   # both idempotent in asyncio and uvloop
+            self._transport.pause_reading()  # both idempotent in asyncio and uvloop
         else:
             self._transport.resume_reading()
 
@@ -272,7 +300,7 @@ class TextFrames:
 
     __slots__ = ("_protocol",)
 
-    def __init__(self, protocol: "CorkedWebSocketProtocol") -> None:
+    def __init__(self, protocol: CorkedWebSocketProtocol) -> None:
         self._protocol = protocol
 
     def try_send(self, payload: bytes) -> bool:
@@ -297,8 +325,13 @@ class TextFrames:
             return True
         heads, medium = _SHORT_HEADS, _MEDIUM.pack  # each frame's header inline: no call a frame
         cork = p.transport.cork  # type: ignore[attr-defined]  # a CorkedTransport (connection_made)
-        cork([(heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536
-               else _LONG.pack(0x81, 127, n)) + x for x in payloads])
+        cork(
+            [
+                (heads[n] if (n := len(x)) < 126 else medium(0x81, 126, n) if n < 65536 else _LONG.pack(0x81, 127, n))
+                + x
+                for x in payloads
+            ]
+        )
         return True
 
     async def send(self, payload: bytes) -> None:
@@ -323,7 +356,7 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
     send_deadline_s: float = 10.0
 
     @classmethod
-    def configured(cls, *, send_deadline_s: float) -> type["CorkedWebSocketProtocol"]:
+    def configured(cls, *, send_deadline_s: float) -> type[CorkedWebSocketProtocol]:
         """This protocol with the given send deadline (uvicorn instantiates the class it is given)."""
         return type(cls.__name__, (cls,), {"send_deadline_s": send_deadline_s})
 
@@ -423,8 +456,13 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         if n < 6 or data[0] != 0x81 or self.frames or self.close_sent:
             return False
         conn = self.conn
-        if conn.state is not OPEN or conn.extensions or conn.cur_size is not None or conn.reader.buffer \
-                or conn.parser_exc is not None:
+        if (
+            conn.state is not OPEN
+            or conn.extensions
+            or conn.cur_size is not None
+            or conn.reader.buffer
+            or conn.parser_exc is not None
+        ):
             return False
         length = data[1] ^ 0x80  # the mask bit set: the length below 128
         if length < 126:
@@ -438,7 +476,7 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         if n != head + length or (conn.max_size is not None and length > conn.max_size):
             return False
         self.curr_msg_data_type = "text"
-        self.frames = [apply_mask(data[head:], data[head - 4:head])]
+        self.frames = [apply_mask(data[head:], data[head - 4 : head])]
         self.send_receive_event_to_app()
         return True
 
@@ -469,11 +507,19 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.close_sent or self.disconnected:  # already closing (keepalive, app), and that is stuck too
             self.transport.abort()
             return
-        rejections.warning("ws_send_stalled", "WebSocket client %s took %d bytes in %gs with %d buffered: closing %d (%s)",
-                           _peer(self.client), taken, self.send_deadline_s, self.transport.get_write_buffer_size(),
-                           SEND_STALLED_CODE, SEND_STALLED_REASON)
-        self.queue.put_nowait({"type": "websocket.disconnect", "code": SEND_STALLED_CODE,
-                               "reason": SEND_STALLED_REASON})
+        rejections.warning(
+            "ws_send_stalled",
+            "WebSocket client %s took %d bytes in %gs with %d buffered: closing %d (%s)",
+            _peer(self.client),
+            taken,
+            self.send_deadline_s,
+            self.transport.get_write_buffer_size(),
+            SEND_STALLED_CODE,
+            SEND_STALLED_REASON,
+        )
+        self.queue.put_nowait(
+            {"type": "websocket.disconnect", "code": SEND_STALLED_CODE, "reason": SEND_STALLED_REASON}
+        )
         self.stop_keepalive()
         self.conn.fail(SEND_STALLED_CODE, SEND_STALLED_REASON)
         self.transport.write(b"".join(self.conn.data_to_send()))
@@ -528,8 +574,13 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
         """A frame the protocol refused (1002 protocol error, 1007 invalid data, 1009 too big)."""
         sent = self.conn.close_sent
         if sent is not None:
-            rejections.info(f"ws_refused_{sent.code}", "WebSocket frame from %s refused: closing %d (%s)",
-                            _peer(self.client), sent.code, sent.reason)
+            rejections.info(
+                f"ws_refused_{sent.code}",
+                "WebSocket frame from %s refused: closing %d (%s)",
+                _peer(self.client),
+                sent.code,
+                sent.reason,
+            )
         self._forget_message()
         super().handle_parser_exception()
 
@@ -542,8 +593,11 @@ class CorkedWebSocketProtocol(WebSocketsSansIOProtocol):
             if self.stalled:  # it waited on the paused transport when the deadline passed
                 raise SendStalled(SEND_STALLED_REASON) from None
             raise
-        if (message["type"] == "websocket.http.response.body" and not message.get("more_body", False)
-                and self.initial_response is not None):
+        if (
+            message["type"] == "websocket.http.response.body"
+            and not message.get("more_body", False)
+            and self.initial_response is not None
+        ):
             # The handshake was answered with an HTTP response (a refusal: 401, 403, 429): as far as
             # the app is concerned it is complete. uvicorn would log "ASGI callable returned without
             # completing handshake" at ERROR for every refused handshake otherwise — an error line an

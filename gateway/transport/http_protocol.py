@@ -131,8 +131,12 @@ class _HeadLimits:
                 continue
             self._head_bytes += len(piece)
             if self._head_bytes > limit:
-                self._refuse(431, "header_size", "request_header_fields_too_large",
-                             f"Request header fields too large (limit {limit} bytes).")
+                self._refuse(
+                    431,
+                    "header_size",
+                    "request_header_fields_too_large",
+                    f"Request header fields too large (limit {limit} bytes).",
+                )
                 return
 
     def _open(self) -> bool:
@@ -155,8 +159,12 @@ class _HeadLimits:
         self._head_timer = None
         if not self._open() or not self._head_pending():
             return
-        self._refuse(408, "header_timeout", "request_timeout",
-                     f"The request headers were not received in time (limit {self.header_timeout_s:g} s).")
+        self._refuse(
+            408,
+            "header_timeout",
+            "request_timeout",
+            f"The request headers were not received in time (limit {self.header_timeout_s:g} s).",
+        )
 
     # -- refusing -----------------------------------------------------------------------------------
 
@@ -174,10 +182,13 @@ class _HeadLimits:
             self.transport.close()  # nobody to answer
             return
         log_rejection(reason, status, self.client, message)
-        body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                       "code": code}})
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                             b"connection: close\r\n\r\n%s" % (status, _PHRASES[status], len(body), body))
+        body = orjson.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        )
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, _PHRASES[status], len(body), body)
+        )
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.transport.resume_reading()
@@ -203,6 +214,7 @@ class LimitedH11Protocol(_HeadLimits, H11Protocol):
 
 
 if HttpToolsProtocol is not None:
+
     class LimitedHttpToolsProtocol(_HeadLimits, HttpToolsProtocol):
         #: from a message's first byte (and the connection's start) to the end of its head
         _pending = True
@@ -233,5 +245,8 @@ def http_protocol(settings: Settings) -> type[asyncio.Protocol]:
         base: type = LimitedHttpToolsProtocol
     else:
         base = LimitedH11Protocol
-    return type(base.__name__, (base,), {"max_header_bytes": settings.max_header_bytes,
-                                         "header_timeout_s": settings.header_timeout_s})
+    return type(
+        base.__name__,
+        (base,),
+        {"max_header_bytes": settings.max_header_bytes, "header_timeout_s": settings.header_timeout_s},
+    )

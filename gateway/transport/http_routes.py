@@ -15,7 +15,8 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any, AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -27,16 +28,24 @@ from cache.response_state import ResponseState
 from cache.response_store import StoreUnavailable
 from gateway.access.rate_limits import rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
-from gateway.transport.http_protocol import log_rejection
 from gateway.sessions.background import limit_message
 from gateway.sessions.background_turn import ACTIVE, Slot
+from gateway.transport.http_protocol import log_rejection
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import sse_encoded, sse_frame, timing_comment, wants_server_timing
 from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn, TurnContext
-from gateway.wire.errors import (ApiError, bad_request, is_fault, model_not_found, response_not_found, server_error,
-                                 shutting_down, store_unavailable)
+from gateway.wire.errors import (
+    ApiError,
+    bad_request,
+    is_fault,
+    model_not_found,
+    response_not_found,
+    server_error,
+    shutting_down,
+    store_unavailable,
+)
 from gateway.wire.kinds import TERMINAL_EVENT
 from gateway.wire.listing import cursor_page, parse_list_query
 from gateway.wire.response import usage_object
@@ -71,8 +80,17 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     limit = s.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _refused(request, gw, InputRejected("size", 413, f"Request body too large (limit {limit} bytes).",
-                                                  code="request_too_large", headers={"connection": "close"}))
+        raise _refused(
+            request,
+            gw,
+            InputRejected(
+                "size",
+                413,
+                f"Request body too large (limit {limit} bytes).",
+                code="request_too_large",
+                headers={"connection": "close"},
+            ),
+        )
     chunks: list[bytes] = []
     size = 0
     stream = request.stream()
@@ -84,24 +102,55 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
             break
         except ClientDisconnect:
             # the client left mid-body: nobody to answer, and no fault of ours (not a 500 with a traceback)
-            raise _refused(request, gw, InputRejected(
-                "disconnected", 400, "The client disconnected before the request body was complete.",
-                code="client_disconnected", headers={"connection": "close"})) from None
+            raise _refused(
+                request,
+                gw,
+                InputRejected(
+                    "disconnected",
+                    400,
+                    "The client disconnected before the request body was complete.",
+                    code="client_disconnected",
+                    headers={"connection": "close"},
+                ),
+            ) from None
         except TimeoutError:
-            raise _refused(request, gw, InputRejected(
-                "body_timeout", 408, f"The request body stalled: no data for {s.body_timeout_s:g} s.",
-                code="request_timeout", headers={"connection": "close"})) from None
+            raise _refused(
+                request,
+                gw,
+                InputRejected(
+                    "body_timeout",
+                    408,
+                    f"The request body stalled: no data for {s.body_timeout_s:g} s.",
+                    code="request_timeout",
+                    headers={"connection": "close"},
+                ),
+            ) from None
         size += len(chunk)
         if size > limit:
-            raise _refused(request, gw, InputRejected("size", 413, f"Request body too large (limit {limit} bytes).",
-                                                      code="request_too_large", headers={"connection": "close"}))
+            raise _refused(
+                request,
+                gw,
+                InputRejected(
+                    "size",
+                    413,
+                    f"Request body too large (limit {limit} bytes).",
+                    code="request_too_large",
+                    headers={"connection": "close"},
+                ),
+            )
         chunks.append(chunk)
     raw = b"".join(chunks)
     cpu = gw.pipeline.offload.for_size(len(raw))
     try:
-        return await cpu(decode_body, raw, max_depth=s.max_json_depth, max_items=s.max_input_items,
-                         max_tools=s.max_tools, max_schema_bytes=s.max_schema_bytes,
-                         known_tools=gw.pipeline.known_tools(tenant)), len(raw)
+        return await cpu(
+            decode_body,
+            raw,
+            max_depth=s.max_json_depth,
+            max_items=s.max_input_items,
+            max_tools=s.max_tools,
+            max_schema_bytes=s.max_schema_bytes,
+            known_tools=gw.pipeline.known_tools(tenant),
+        ), len(raw)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
 
@@ -173,8 +222,12 @@ async def create_response(request: Request) -> Response:
             await queue.put((ev, frame))
 
         running = HttpTurn.start(gw.http_turns, turn, events, deliver)
-        return TurnStream(running, _sse(running, queue), media_type="text/event-stream; charset=utf-8",
-                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers})
+        return TurnStream(
+            running,
+            _sse(running, queue),
+            media_type="text/event-stream; charset=utf-8",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers},
+        )
     response = await _collect(request, gw, turn, events)
     response.headers.update(limit_headers)
     if response.status_code == 200:
@@ -182,8 +235,14 @@ async def create_response(request: Request) -> Response:
     return response
 
 
-async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterator[Event], slot: Slot,
-                      on_usage: Any, headers: dict[str, str]) -> Response:
+async def _background(
+    gw: GatewayState,
+    turn: PreparedTurn,
+    events: AsyncIterator[Event],
+    slot: Slot,
+    on_usage: Any,
+    headers: dict[str, str],
+) -> Response:
     """A background create: the turn starts detached; the answer is its ``queued`` Response, or
     (``stream: true``) its event log followed from the start — leaving it stops the reading only."""
     bg = await gw.background.start(turn, events, slot, on_usage)
@@ -192,9 +251,11 @@ async def _background(gw: GatewayState, turn: PreparedTurn, events: AsyncIterato
         response.headers.update(headers)
         return response
     logged = await gw.background.open_events(bg.state, turn.ctx.tenant, -1)
-    return StreamingResponse(_sse_logged(logged), media_type
-="text/event-stream; charset=utf-8",
-                             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
+    return StreamingResponse(
+        _sse_logged(logged),
+        media_type="text/event-stream; charset=utf-8",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
+    )
 
 
 #: faults on the create, input_tokens and compaction routes: whatever made one, a client can repeat
@@ -345,15 +406,21 @@ async def get_response(request: Request, response_id: str) -> Response:
     q = request.query_params
     stream = q.get("stream", "false").lower()
     if stream not in ("true", "false", "1", "0"):
-        raise bad_request(f"Invalid value for 'stream': expected a boolean, but got '{q['stream']}' instead.",
-                          code="invalid_type", param="stream")
+        raise bad_request(
+            f"Invalid value for 'stream': expected a boolean, but got '{q['stream']}' instead.",
+            code="invalid_type",
+            param="stream",
+        )
     after = _starting_after(q.get("starting_after"))
     gw, tenant, state = await _stored(request, response_id)
     if stream in ("false", "0"):
         return _json(state.response)
     events = await gw.background.open_events(state, tenant, after)
-    return StreamingResponse(_sse_logged(events), media_type="text/event-stream; charset=utf-8",
-                             headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+    return StreamingResponse(
+        _sse_logged(events),
+        media_type="text/event-stream; charset=utf-8",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
 
 
 async def _sse_logged(events: AsyncGenerator[LoggedEvent, None]) -> AsyncIterator[bytes]:
@@ -370,11 +437,15 @@ def _starting_after(raw: str | None) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise bad_request("Invalid type for 'starting_after': expected an integer.", code="invalid_type",
-                          param="starting_after") from None
+        raise bad_request(
+            "Invalid type for 'starting_after': expected an integer.", code="invalid_type", param="starting_after"
+        ) from None
     if value < 0:
-        raise bad_request(f"Invalid 'starting_after': expected a value >= 0, but got {value} instead.",
-                          code="integer_below_min_value", param="starting_after")
+        raise bad_request(
+            f"Invalid 'starting_after': expected a value >= 0, but got {value} instead.",
+            code="integer_below_min_value",
+            param="starting_after",
+        )
     return value
 
 
@@ -384,8 +455,11 @@ async def delete_response(request: Request, response_id: str) -> Response:
     gw, tenant, state = await _stored(request, response_id)
     if state.response.get("background") and state.status in ACTIVE:
         # its owner writes the final state when it ends: deleting now would be undone then
-        raise bad_request(f"Response '{response_id}' is still {state.status}; cancel it before deleting it.",
-                          code="invalid_request", param="response_id")
+        raise bad_request(
+            f"Response '{response_id}' is still {state.status}; cancel it before deleting it.",
+            code="invalid_request",
+            param="response_id",
+        )
     try:
         await gw.store.delete(response_id, tenant)
     except StoreUnavailable:
@@ -413,13 +487,15 @@ async def list_input_items(request: Request, response_id: str) -> Response:
     q = parse_list_query(request.query_params, request.query_params.multi_items(), before=True)
     _, _, state = await _stored(request, response_id)
     page, has_more = cursor_page(state.input_items, q)
-    return _json({
-        "object": "list",
-        "data": page,
-        "first_id": page[0].get("id") if page else None,
-        "last_id": page[-1].get("id") if page else None,
-        "has_more": has_more,
-    })
+    return _json(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": has_more,
+        }
+    )
 
 
 @router.post("/v1/responses/input_tokens")
@@ -496,8 +572,14 @@ async def readiness(request: Request) -> Response:
     gw = _gw(request)
     engines = {e.name: e.ready() for e in gw.registry.engines()}
     ready = all(engines.values()) and gw.accepting
-    return _json({"status": "ready" if ready else "not_ready", "engines": engines,
-                  "uptime_s": round(time.time() - gw.started_at, 3)}, 200 if ready else 503)
+    return _json(
+        {
+            "status": "ready" if ready else "not_ready",
+            "engines": engines,
+            "uptime_s": round(time.time() - gw.started_at, 3),
+        },
+        200 if ready else 503,
+    )
 
 
 #: the bounded JSON body reader and the fault answer, shared with the other HTTP route modules

@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from gateway.turn.events import Event, late_terminal
 from gateway.turn.types import PreparedTurn
@@ -42,8 +43,13 @@ log = logging.getLogger(__name__)
 class HttpTurn:
     """One HTTP create's turn: its events go to ``deliver``, from the turn's own task."""
 
-    def __init__(self, turn: PreparedTurn, events: AsyncIterator[Event],
-                 deliver: Callable[[Event], Awaitable[None]], settle: Settle | None = None) -> None:
+    def __init__(
+        self,
+        turn: PreparedTurn,
+        events: AsyncIterator[Event],
+        deliver: Callable[[Event], Awaitable[None]],
+        settle: Settle | None = None,
+    ) -> None:
         #: the live Response: once the task ended, the snapshot as it was billed
         self.response: dict[str, Any] = turn.response
         #: the shutdown deadline cut the turn while it ran
@@ -55,8 +61,14 @@ class HttpTurn:
         self.task: asyncio.Task[None] = asyncio.ensure_future(self._pump(events, deliver, settle))
 
     @classmethod
-    def start(cls, registry: set[Any], turn: PreparedTurn, events: AsyncIterator[Event],
-              deliver: Callable[[Event], Awaitable[None]], settle: Settle | None = None) -> "HttpTurn":
+    def start(
+        cls,
+        registry: set[Any],
+        turn: PreparedTurn,
+        events: AsyncIterator[Event],
+        deliver: Callable[[Event], Awaitable[None]],
+        settle: Settle | None = None,
+    ) -> HttpTurn:
         """Start the turn and keep it in ``registry`` until its task ends."""
         running = cls(turn, events, deliver, settle)
         registry.add(running)
@@ -70,8 +82,9 @@ class HttpTurn:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("response %s crashed", self.response.get("id"), exc_info=exc)
 
-    async def _pump(self, events: AsyncIterator[Event], deliver: Callable[[Event], Awaitable[None]],
-                    settle: Settle | None) -> None:
+    async def _pump(
+        self, events: AsyncIterator[Event], deliver: Callable[[Event], Awaitable[None]], settle: Settle | None
+    ) -> None:
         self._started = True
         fault: BaseException | None = None
         try:

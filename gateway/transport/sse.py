@@ -20,7 +20,8 @@ should pay for bytes they did not ask for. (The WebSocket form: ``gateway.transp
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import orjson
 

@@ -78,8 +78,9 @@ router = APIRouter()
 
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")  # used with fullmatch: "$" would accept a trailing "\n"
 TERMINAL_EVENTS = frozenset(TERMINAL_EVENT.values())
-LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
-                 "Create a new websocket connection to continue.")
+LIMIT_MESSAGE = (
+    "Responses websocket connection limit reached (60 minutes). Create a new websocket connection to continue."
+)
 
 
 @router.websocket("/v1/responses")
@@ -92,8 +93,10 @@ async def responses_ws(websocket: WebSocket) -> None:
     except ApiError as err:
         # Reject before the upgrade with an HTTP status and an OpenAI error body (no 101).
         await websocket.send_denial_response(
-            Response(orjson.dumps(err.body()), status_code=err.status, media_type="application/json",
-                     headers=err.headers))
+            Response(
+                orjson.dumps(err.body()), status_code=err.status, media_type="application/json", headers=err.headers
+            )
+        )
         return
     try:
         await websocket.accept()
@@ -117,8 +120,11 @@ class WsConnection:
         self.principal = principal
         self.tenant = principal.tenant
         self.cache = ConnectionCache(gw.settings.ws_cache_bytes)
-        self.machine = LaneMachine(max_inflight=gw.settings.ws_max_inflight, max_queued=gw.settings.ws_max_queued,
-                                   max_lanes=gw.settings.ws_max_lanes)
+        self.machine = LaneMachine(
+            max_inflight=gw.settings.ws_max_inflight,
+            max_queued=gw.settings.ws_max_queued,
+            max_lanes=gw.settings.ws_max_lanes,
+        )
         self.opened = time.monotonic()
         self.closed = False
         self._send_lock = asyncio.Lock()
@@ -136,8 +142,9 @@ class WsConnection:
         self._last_active = time.monotonic()
         self._parked = False  # the lanes were handed to ``gw.resumable`` (once, at close)
         #: opted in to Server-Timing on terminal events (module docstring)
-        self.server_timing = (wants_server_timing(websocket.headers)
-                              or websocket.query_params.get("server_timing", "").lower() in ("1", "true", "on"))
+        self.server_timing = wants_server_timing(websocket.headers) or websocket.query_params.get(
+            "server_timing", ""
+        ).lower() in ("1", "true", "on")
         tracing = gw.metrics.tracing
         #: the upgrade's trace headers: the parent of turns whose create names none
         self._trace_parent = tracing.parent_of(websocket.headers) if tracing is not None else None
@@ -165,8 +172,9 @@ class WsConnection:
                     try:  # some proxies send binary frames: treat them as UTF-8 JSON
                         data = message["bytes"].decode("utf-8")
                     except UnicodeDecodeError:
-                        await self._send_error(bad_request("Binary frame is not valid UTF-8 JSON.",
-                                                           code="invalid_json"))
+                        await self._send_error(
+                            bad_request("Binary frame is not valid UTF-8 JSON.", code="invalid_json")
+                        )
                         continue
                 if data is None:
                     continue
@@ -181,8 +189,9 @@ class WsConnection:
     async def _on_frame(self, data: str) -> None:
         limit = self.settings.max_request_bytes
         # bytes, not characters: a frame of "中" is three bytes a character (encoded only when it can matter)
-        if len(data) > limit or (len(data) * 4 > limit and not data.isascii()
-                                 and len(data.encode("utf-8", "surrogatepass")) > limit):
+        if len(data) > limit or (
+            len(data) * 4 > limit and not data.isascii() and len(data.encode("utf-8", "surrogatepass")) > limit
+        ):
             self.gw.metrics.input_rejections.labels("ws", "size").inc()
             err = ApiError(413, f"Frame too large (limit {limit} bytes).", code="request_too_large")
             log_rejection("size", 413, self.ws.client, err.message, "ws")
@@ -201,34 +210,55 @@ class WsConnection:
             await self._send_error(bad_request("Invalid JSON in WebSocket frame.", code="invalid_json"))
             return
         try:
-            check_counts(event, max_items=self.settings.max_input_items, max_tools=self.settings.max_tools,
-                         max_schema_bytes=self.settings.max_schema_bytes, known_tools=known_tools)
+            check_counts(
+                event,
+                max_items=self.settings.max_input_items,
+                max_tools=self.settings.max_tools,
+                max_schema_bytes=self.settings.max_schema_bytes,
+                known_tools=known_tools,
+            )
         except InputRejected as err:
             self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
             log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")
             await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            await self._send_error(bad_request("Each frame must be a JSON object with a string 'type'.",
-                                               code="invalid_event", param="type"))
+            await self._send_error(
+                bad_request(
+                    "Each frame must be a JSON object with a string 'type'.", code="invalid_event", param="type"
+                )
+            )
             return
         kind = event["type"]
         if kind == "response.create":
             stream_id = event.get("stream_id")
             valid = stream_id is None or (isinstance(stream_id, str) and STREAM_ID.fullmatch(stream_id) is not None)
-            await self._feed(Event(Ev.CREATE, lane=stream_id if valid and stream_id is not None else DEFAULT_LANE,
-                                   frame=Create(event, len(data)), previous_response_id=_prev(event), valid_lane=valid,
-                                   aged=self._age() >= self.settings.ws_max_age_s))
+            await self._feed(
+                Event(
+                    Ev.CREATE,
+                    lane=stream_id if valid and stream_id is not None else DEFAULT_LANE,
+                    frame=Create(event, len(data)),
+                    previous_response_id=_prev(event),
+                    valid_lane=valid,
+                    aged=self._age() >= self.settings.ws_max_age_s,
+                )
+            )
         elif kind == "response.processed":
             return  # Codex acknowledges consumed responses; any reply would fail its next turn
         elif kind == "response.steer":
             await self._on_steer(event)
         elif kind == "response.inject":
-            await self._send_error(bad_request("response.inject (hosted multi-agent beta) is not supported.",
-                                               code="unsupported_event", param="type"))
+            await self._send_error(
+                bad_request(
+                    "response.inject (hosted multi-agent beta) is not supported.",
+                    code="unsupported_event",
+                    param="type",
+                )
+            )
         else:
-            await self._send_error(bad_request(f"Unknown event type: '{kind}'.", code="unknown_event_type",
-                                               param="type"))
+            await self._send_error(
+                bad_request(f"Unknown event type: '{kind}'.", code="unknown_event_type", param="type")
+            )
 
     async def _on_steer(self, event: dict[str, Any]) -> None:
         target = event.get("previous_response_id")
@@ -240,8 +270,8 @@ class WsConnection:
         if extra:
             code, message = "invalid_input", f"response.steer does not accept: {', '.join(sorted(extra))}."
         elif isinstance(inp, list) and any(
-                not isinstance(m, dict) or m.get("role") != "user" or m.get("type", "message") != "message"
-                for m in inp):
+            not isinstance(m, dict) or m.get("role") != "user" or m.get("type", "message") != "message" for m in inp
+        ):
             code, message = "invalid_input", "response.steer input may only contain user messages."
         elif not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
             code, message = "invalid_input", "response.steer input must be a string or a non-empty list."
@@ -324,24 +354,36 @@ class WsConnection:
     def _refusal(self, why: Refusal) -> ApiError:
         s = self.settings
         if why is Refusal.BAD_LANE:
-            return bad_request("Invalid 'stream_id': expected 1-256 characters matching ^[A-Za-z0-9_.-]+$.",
-                               code="invalid_stream_id", param="stream_id")
+            return bad_request(
+                "Invalid 'stream_id': expected 1-256 characters matching ^[A-Za-z0-9_.-]+$.",
+                code="invalid_stream_id",
+                param="stream_id",
+            )
         if why is Refusal.LANE_LIMIT:
             return bad_request(
                 f"This WebSocket connection has reached its maximum number of distinct stream IDs "
                 f"({s.ws_max_lanes}). Reuse an existing stream_id or open a new WebSocket connection.",
-                code="websocket_stream_limit_reached", param="stream_id")
-        return ApiError(429, f"Too many response.create frames queued on this connection (limit {s.ws_max_queued}). "
-                             "Wait for responses to finish or open another connection.",
-                        type="requests", code="rate_limit_exceeded")
+                code="websocket_stream_limit_reached",
+                param="stream_id",
+            )
+        return ApiError(
+            429,
+            f"Too many response.create frames queued on this connection (limit {s.ws_max_queued}). "
+            "Wait for responses to finish or open another connection.",
+            type="requests",
+            code="rate_limit_exceeded",
+        )
 
     def _farewell(self, why: Farewell) -> ApiError:
         if why is Farewell.AGE_LIMIT:
             return ApiError(400, LIMIT_MESSAGE, code="websocket_connection_limit_reached")
         if why is Farewell.IDLE:
-            return ApiError(400, f"Responses websocket connection closed after {self.settings.ws_idle_timeout_s:g} "
-                                 "seconds without activity. Create a new websocket connection to continue.",
-                            code="websocket_idle_timeout")
+            return ApiError(
+                400,
+                f"Responses websocket connection closed after {self.settings.ws_idle_timeout_s:g} "
+                "seconds without activity. Create a new websocket connection to continue.",
+                code="websocket_idle_timeout",
+            )
         if why is Farewell.REVOKED:
             return invalid_api_key()
         return SHUTTING_DOWN
@@ -362,16 +404,24 @@ class WsConnection:
                 raise
             log.exception("turn crashed on lane %r", lane)
             failed = True
-            await self._send_error(ApiError(500, "The server had an error while processing your request.",
-                                            type="server_error", code="server_error"), lane or None)
+            await self._send_error(
+                ApiError(
+                    500,
+                    "The server had an error while processing your request.",
+                    type="server_error",
+                    code="server_error",
+                ),
+                lane or None,
+            )
         finally:
             self.gw.metrics.ws_inflight.dec()
             self._last_active = time.monotonic()
         if gone is not None:
             await self._feed(Event(gone))
         else:
-            await self._feed(Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane,
-                                   previous_response_id=_prev(create.body)))
+            await self._feed(
+                Event(Ev.TURN_FAILED if failed else Ev.TURN_DONE, lane=lane, previous_response_id=_prev(create.body))
+            )
 
     async def _run_turn(self, lane: str, create: Create) -> bool:
         """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
@@ -380,8 +430,9 @@ class WsConnection:
         prev = frame.get("previous_response_id")
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
             await self._resume(lane, prev)
-        ctx = TurnContext(transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane,
-                          body_bytes=create.nbytes)
+        ctx = TurnContext(
+            transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane, body_bytes=create.nbytes
+        )
         tracing = self.gw.metrics.tracing
         if tracing is not None:  # this turn's parent: its create's client_metadata, else the upgrade's
             meta = frame.get("client_metadata")

@@ -23,7 +23,8 @@ Installed by ``CorkedWebSocketProtocol`` (gateway/transport/corked.py) in place 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from websockets.extensions.base import ServerExtensionFactory
 from websockets.extensions.permessage_deflate import PerMessageDeflate, ServerPerMessageDeflateFactory
@@ -91,11 +92,17 @@ class SteppedDeflateFactory(ServerExtensionFactory):
         self.inner = inner
         self.name = inner.name
 
-    def process_request_params(self, params: Sequence[tuple[str, str | None]],
-                               accepted_extensions: Sequence[Any]) -> tuple[list[tuple[str, str | None]], Any]:
+    def process_request_params(
+        self, params: Sequence[tuple[str, str | None]], accepted_extensions: Sequence[Any]
+    ) -> tuple[list[tuple[str, str | None]], Any]:
         response, ext = self.inner.process_request_params(params, accepted_extensions)
-        return response, SteppedDeflate(ext.remote_no_context_takeover, ext.local_no_context_takeover,
-                                        ext.remote_max_window_bits, ext.local_max_window_bits, ext.compress_settings)
+        return response, SteppedDeflate(
+            ext.remote_no_context_takeover,
+            ext.local_no_context_takeover,
+            ext.remote_max_window_bits,
+            ext.local_max_window_bits,
+            ext.compress_settings,
+        )
 
 
 def stepped_extensions(factories: Sequence[Any] | None) -> list[Any] | None:

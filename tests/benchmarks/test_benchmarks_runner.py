@@ -12,7 +12,8 @@ import builtins
 import json
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -18,16 +18,24 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from billing.journal import Journal
-from billing.ledger import (DEFAULT_MARKER_TTL_S, DEFAULT_STREAM, RedisLedger, marker_key, shard_of, shard_stream,
-                            shard_streams)
+from billing.ledger import (
+    DEFAULT_MARKER_TTL_S,
+    DEFAULT_STREAM,
+    RedisLedger,
+    marker_key,
+    shard_of,
+    shard_stream,
+    shard_streams,
+)
 from billing.report import iter_ledger, usage_report
 from billing.usage import UsageQueue, UsageRecord
 from billing.wal import WriteAheadLog, record_line
@@ -54,10 +62,21 @@ async def await_for(predicate: Callable[[], Any], what: str = "condition", timeo
 
 
 def record(i: int, **kw: Any) -> UsageRecord:
-    base: dict[str, Any] = dict(response_id=f"resp_{i}", model="m", tenant="t", status="completed", input_tokens=10 + i,
-                                cached_tokens=i, output_tokens=3, reasoning_tokens=1, transport="ws",
-                                created_at=1_700_000_000.0 + i, finished_at=1_700_000_001.0 + i, ttft_s=0.01,
-                                duration_s=1.0)
+    base: dict[str, Any] = dict(
+        response_id=f"resp_{i}",
+        model="m",
+        tenant="t",
+        status="completed",
+        input_tokens=10 + i,
+        cached_tokens=i,
+        output_tokens=3,
+        reasoning_tokens=1,
+        transport="ws",
+        created_at=1_700_000_000.0 + i,
+        finished_at=1_700_000_001.0 + i,
+        ttft_s=0.01,
+        duration_s=1.0,
+    )
     base.update(kw)
     return UsageRecord(**base)
 
@@ -81,10 +100,25 @@ class DurableRedis(RedisServer):
         self.folder = folder
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--dir", str(self.folder), "--save", "", "--appendonly", "yes",
-                                      "--appendfsync", "always"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis.from_url(self.url)
         wait_for(lambda: _pings(client), 10, "redis to answer")
 
@@ -124,7 +158,7 @@ class Load:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self.thread.start()
         return self
 
@@ -142,15 +176,22 @@ class Load:
                     for _ in range(count):
                         n += 1
                         if n % self.http_every == 0:
-                            r = http.post(self.base + "/v1/responses", headers=headers,
-                                          json={"model": MODEL, "input": f"http {n}", "store": False})
+                            r = http.post(
+                                self.base + "/v1/responses",
+                                headers=headers,
+                                json={"model": MODEL, "input": f"http {n}", "store": False},
+                            )
                             body = r.json()
                             assert r.status_code == 200 and body["status"] == "completed", body
                             self.created.append(body["id"])
                             self._done(body)
                             continue
-                        msg: dict[str, Any] = {"type": "response.create", "model": MODEL, "input": f"turn {n}",
-                                               "store": False}
+                        msg: dict[str, Any] = {
+                            "type": "response.create",
+                            "model": MODEL,
+                            "input": f"turn {n}",
+                            "store": False,
+                        }
                         if prev is not None:
                             msg["previous_response_id"] = prev
                         ws.send(json.dumps(msg))
@@ -164,7 +205,7 @@ class Load:
                                 self._done(ev["response"])
                                 prev = ev["response"]["id"]
                                 break
-        except BaseException as exc:  # noqa: BLE001 - reported by join()
+        except BaseException as exc:
             self.error = exc
 
     def _done(self, response: dict[str, Any]) -> None:
@@ -267,7 +308,10 @@ def test_wal_rotates_truncates_and_deletes_generations_as_records_are_acknowledg
     gens = wal_files(base)
     assert wal.generations == gens and len(gens) == 3 and wal.rotations == 2
     assert [[r["response_id"] for r in Journal.read(g)] for g in gens] == [
-        ["resp_0", "resp_1", "resp_2"], ["resp_3", "resp_4", "resp_5"], ["resp_6"]]
+        ["resp_0", "resp_1", "resp_2"],
+        ["resp_3", "resp_4", "resp_5"],
+        ["resp_6"],
+    ]
     assert [UsageRecord.from_dict(r) for r in Journal.read(gens[0])] == [record(0), record(1), record(2)]
     wal.ack(["resp_0", "resp_2", "resp_4", "resp_unknown"])  # out of order, plus one it never held
     assert wal_files(base) == gens and wal.unacked == 4
@@ -393,7 +437,11 @@ async def test_ledger_is_idempotent_by_response_id(redis_url: str) -> None:
         await ledger.write_batch([record(2), record(4), record(4)])  # known + new + a duplicate in one batch
         assert ledger.appended == 4
         assert await ledger.redis.xlen("test:usage") == 4
-        assert DEFAULT_MARKER_TTL_S - 60 < await ledger.redis.ttl(marker_key("test:usage", "resp_1")) <= DEFAULT_MARKER_TTL_S
+        assert (
+            DEFAULT_MARKER_TTL_S - 60
+            < await ledger.redis.ttl(marker_key("test:usage", "resp_1"))
+            <= DEFAULT_MARKER_TTL_S
+        )
     finally:
         await ledger.close()
     # the stream round-trips the records exactly (None fields included)
@@ -429,7 +477,8 @@ def test_one_shard_is_the_layout_before_shards_and_more_shards_spread_over_slots
         assert len({key_slot(n.encode()) for n in names}) == 8, names  # each shard its own slot
         for n in names:  # and each shard's script is single-slot
             assert {key_slot(k.encode()) for k in [n, *(marker_key(n, f"resp_{i}") for i in range(20))]} == {
-                key_slot(n.encode())}
+                key_slot(n.encode())
+            }
     # a record's shard is a function of its id alone (the same in every process), and ids spread
     spread = Counter(shard_of(f"resp_{i:04x}", 8) for i in range(4000))
     assert set(spread) == set(range(8)) and min(spread.values()) > 4000 / 8 * 0.8
@@ -440,7 +489,8 @@ def test_one_shard_is_the_layout_before_shards_and_more_shards_spread_over_slots
 
 
 async def test_a_sharded_ledger_counts_each_record_once_across_shards_replays_and_restarts(
-        redis_url: str, tmp_path: Path) -> None:
+    redis_url: str, tmp_path: Path
+) -> None:
     """Each record goes to its id's shard only; replays of a batch that every shard, or only some
     shards, took (a reply lost, a batch cut off at one shard) append nothing twice — through the
     same ledger, a fresh one (a restart), and the journal's start-up replay of a real queue."""
@@ -463,7 +513,8 @@ async def test_a_sharded_ledger_counts_each_record_once_across_shards_replays_an
     assert sum(lengths) == 40 and all(n > 0 for n in lengths), lengths
     for s in streams:  # every record on its id's shard, nowhere else
         assert {f["response_id"] for _, f in client.xrange(s)} == {
-            r.response_id for r in batch if streams[shard_of(r.response_id, 4)] == s}
+            r.response_id for r in batch if streams[shard_of(r.response_id, 4)] == s
+        }
 
     # a restart: the batch sat in the journal (its reply timed out), and a new process replays it
     journal = Journal(tmp_path / "j.jsonl")
@@ -480,7 +531,8 @@ async def test_a_sharded_ledger_counts_each_record_once_across_shards_replays_an
     assert sorted(got, key=lambda r: r.response_id) == sorted(batch, key=lambda r: r.response_id)
     for s in streams:  # a merge: each shard's own order is kept
         assert [r.response_id for r in got if streams[shard_of(r.response_id, 4)] == s] == [
-            f["response_id"] for _, f in client.xrange(s)]
+            f["response_id"] for _, f in client.xrange(s)
+        ]
     assert len(list(iter_ledger(redis_url, "test:usage", page=3))) == lengths[0]
     assert usage_report(redis_url, "test:usage", shards=4)[0].responses == 40
 
@@ -570,8 +622,7 @@ async def test_queue_journals_while_the_sink_is_down_and_replays_when_it_is_back
     sink.up = True
     # the replay clears ``sink_down`` after its segment is discarded: wait for both, or record 6
     # is (correctly, but not what this test checks) journaled for the next replay
-    await await_for(lambda: len(sink.records) == 5 and not journal.pending() and not queue.sink_down,
-                      "the replay")
+    await await_for(lambda: len(sink.records) == 5 and not journal.pending() and not queue.sink_down, "the replay")
     queue.submit(record(6))
     await await_for(lambda: queue.written == 1, "direct writes once the sink is back")
     await queue.drain()
@@ -599,7 +650,8 @@ async def test_shutdown_with_a_blocked_sink_journals_and_start_up_replays(tmp_pa
 
 
 def test_redis_outage_during_a_load_leaves_exactly_one_record_per_response(
-        make_gateway: Callable[..., Any], durable_redis: DurableRedis, tmp_path: Path) -> None:
+    make_gateway: Callable[..., Any], durable_redis: DurableRedis, tmp_path: Path
+) -> None:
     journal_path = tmp_path / "j.jsonl"
     live = make_gateway(Settings(redis_url=durable_redis.url, usage_journal=str(journal_path)))
     load = Load(live.url, [10, 10, 10, 10]).start()
@@ -623,7 +675,10 @@ def test_redis_outage_during_a_load_leaves_exactly_one_record_per_response(
     for rid, usage in load.usage.items():
         r = by_id[rid]
         assert (r.input_tokens, r.cached_tokens, r.output_tokens) == (
-            usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"])
+            usage["input_tokens"],
+            usage["input_tokens_details"]["cached_tokens"],
+            usage["output_tokens"],
+        )
         assert r.status == "completed" and r.model == MODEL and r.finished_at >= r.created_at
         assert r.ttft_s is not None and 0 <= r.ttft_s <= r.duration_s
     assert Counter(r.transport for r in by_id.values()) == {"ws": 30, "http": 10}
@@ -639,8 +694,7 @@ def test_a_blocked_sink_never_blocks_turns(make_gateway: Callable[..., Any], tmp
     wait_for(lambda: set(sink.records) == set(load.completed), 60, "every record after release")
 
 
-def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis: DurableRedis,
-                                                                  tmp_path: Path) -> None:
+def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis: DurableRedis, tmp_path: Path) -> None:
     """The guarantee under test: every response the client saw complete before the process was
     SIGKILLed is in the ledger exactly once after restart — not only the records the ledger or
     the journal had acknowledged: the rest were in the usage WAL, written before the terminal
@@ -653,14 +707,19 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
     while Redis is up and records flow straight to the stream."""
     journal_path = tmp_path / "j.jsonl"
     port = _free_port()
-    env = {**os.environ, "RESPGATE_REDIS_URL": durable_redis.url, "RESPGATE_USAGE_JOURNAL": str(journal_path),
-           "RESPGATE_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "RESPGATE_REDIS_URL": durable_redis.url,
+        "RESPGATE_USAGE_JOURNAL": str(journal_path),
+        "RESPGATE_LOG_LEVEL": "warning",
+    }
     journaled = lambda: {r["response_id"] for r in Journal(journal_path).records()}  # noqa: E731
     in_stream = lambda: set(stream_ids(durable_redis.url))  # noqa: E731
 
     def serve() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated",
-                                 "--port", str(port)], env=env, cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)], env=env, cwd=REPO
+        )
         wait_for(lambda: proc.poll() is not None or _listening(port), 60, "the gateway to listen")
         assert proc.poll() is None
         return proc
@@ -721,21 +780,31 @@ def test_sigkill_loses_no_acknowledged_record_and_duplicates_none(durable_redis:
             assert len(in_flight) <= 1 and all(last_seen < r.created_at for r in in_flight), (in_flight, last_seen)
         assert len(unseen) <= len(kills), unseen
         for rid, usage in {**load.usage, **load2.usage}.items():  # the WAL's copy is the same record
-            assert (by_id[rid].input_tokens, by_id[rid].output_tokens) == (usage["input_tokens"],
-                                                                           usage["output_tokens"])
+            assert (by_id[rid].input_tokens, by_id[rid].output_tokens) == (
+                usage["input_tokens"],
+                usage["output_tokens"],
+            )
     finally:
         proc.terminate()
         proc.wait(30)
 
 
 @pytest.mark.parametrize("shards", [1, 4])
-def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], redis_url: str, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                            shards: int) -> None:
+def test_usage_report_per_key_model_and_day(
+    make_gateway: Callable[..., Any],
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    shards: int,
+) -> None:
     from gateway.ops.cli import main
 
-    live = make_gateway(Settings(redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j"),
-                                 usage_stream_shards=shards))
+    live = make_gateway(
+        Settings(
+            redis_url=redis_url, api_keys=["k1", "k2"], usage_journal=str(tmp_path / "j"), usage_stream_shards=shards
+        )
+    )
     loads = {"k1": Load(live.url, [7], key="k1").start(), "k2": Load(live.url, [5], key="k2", http_every=2).start()}
     for load in loads.values():
         load.join()
@@ -751,18 +820,28 @@ def test_usage_report_per_key_model_and_day(make_gateway: Callable[..., Any], re
         mine = [r for r in rows if r["tenant"] == tenant]
         assert {r["model"] for r in mine} == {MODEL}
         assert all(time.strptime(r["day"], "%Y-%m-%d") for r in mine)
-        total = lambda f: sum(r[f] for r in mine)  # noqa: E731
+        total = lambda f, mine=mine: sum(r[f] for r in mine)  # noqa: E731
         assert total("responses") == len(load.completed)
         assert total("input_tokens") == sum(u["input_tokens"] for u in load.usage.values())
         assert total("cached_tokens") == sum(u["input_tokens_details"]["cached_tokens"] for u in load.usage.values())
         assert total("output_tokens") == sum(u["output_tokens"] for u in load.usage.values())
-    assert usage_report(redis_url, shards=shards, page=5) == usage_report(redis_url, shards=shards)  # paging changes nothing
+    assert usage_report(redis_url, shards=shards, page=5) == usage_report(
+        redis_url, shards=shards
+    )  # paging changes nothing
 
     monkeypatch.setenv("RESPGATE_USAGE_STREAM_SHARDS", str(shards))  # the setting, as the gateway reads it
     assert main(["usage", "--redis-url", redis_url]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["day", "tenant", "model", "responses", "input_tokens", "cached_tokens",
-                                "output_tokens", "reasoning_tokens"]
+    assert table[0].split() == [
+        "day",
+        "tenant",
+        "model",
+        "responses",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+    ]
     assert len(table) == 1 + len(rows)
 
 

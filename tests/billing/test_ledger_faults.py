@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
@@ -39,8 +40,12 @@ from tests.schema_check import sdk_check_event, sdk_check_response
 from tests.ws_helpers import create, fixed, recv, send, until_terminal, ws_open
 
 TRANSPORTS = ("json", "sse", "ws")
-SHUTTING_DOWN = {"message": "The server is shutting down. Reconnect to continue.", "type": "server_error",
-                 "param": None, "code": "server_shutting_down"}
+SHUTTING_DOWN = {
+    "message": "The server is shutting down. Reconnect to continue.",
+    "type": "server_error",
+    "param": None,
+    "code": "server_shutting_down",
+}
 #: a final answer the harmony encoder cannot render: one run of a million "x" overflows the stack of
 #: the tokenizer's regex engine, and openai_harmony panics (``pyo3_runtime.PanicException``, which
 #: derives from BaseException, not Exception) inside the engine's generate
@@ -103,8 +108,9 @@ def test_an_engine_panic_is_a_failed_response_never_a_5xx_and_never_billed_compl
         response = r.json()
     elif transport == "sse":
         try:
-            with httpx.stream("POST", live.base_url + "/responses", timeout=60,
-                              json={"model": MODEL, "input": "hi", "stream": True}) as r:
+            with httpx.stream(
+                "POST", live.base_url + "/responses", timeout=60, json={"model": MODEL, "input": "hi", "stream": True}
+            ) as r:
                 raw = r.read()
         except httpx.RemoteProtocolError as exc:  # the stream was cut: no terminal event
             pytest.fail(f"SSE stream cut without a terminal event: {exc}")
@@ -146,8 +152,9 @@ class PanickingRenderer(HarmonyRenderer):
 def test_a_fault_before_the_response_exists_is_an_openai_shaped_500_and_bills_nothing(make_gateway):
     sink = CountingSink()
     engine = SimulatedEngine()
-    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=PanickingRenderer(),
-                                         max_context=Settings().max_context)])
+    registry = ModelRegistry(
+        [ModelRoute(name=MODEL, engine=engine, renderer=PanickingRenderer(), max_context=Settings().max_context)]
+    )
     live = make_gateway(engine=engine, registry=registry, usage_sink=sink)
     for path in ("/responses", "/responses/input_tokens"):
         r = httpx.post(live.base_url + path, json={"model": MODEL, "input": "hi"}, timeout=60)
@@ -182,11 +189,13 @@ class SurrogateRenderer(HarmonyRenderer):
 
 @pytest.mark.parametrize("transport", ("json", "sse"))
 def test_a_response_the_gateway_cannot_encode_is_a_5xx_or_an_error_event_and_never_billed_completed(
-        make_gateway, transport):
+    make_gateway, transport
+):
     sink = CountingSink()
     engine = SimulatedEngine(script=fixed(Turn(text="an answer")))
-    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=SurrogateRenderer(),
-                                         max_context=Settings().max_context)])
+    registry = ModelRegistry(
+        [ModelRoute(name=MODEL, engine=engine, renderer=SurrogateRenderer(), max_context=Settings().max_context)]
+    )
     live = make_gateway(engine=engine, registry=registry, usage_sink=sink)
     if transport == "json":
         r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, timeout=60)
@@ -194,8 +203,9 @@ def test_a_response_the_gateway_cannot_encode_is_a_5xx_or_an_error_event_and_nev
         assert "Traceback" not in r.text
     else:
         try:
-            with httpx.stream("POST", live.base_url + "/responses", timeout=60,
-                              json={"model": MODEL, "input": "hi", "stream": True}) as r:
+            with httpx.stream(
+                "POST", live.base_url + "/responses", timeout=60, json={"model": MODEL, "input": "hi", "stream": True}
+            ) as r:
                 raw = r.read()
         except httpx.RemoteProtocolError as exc:
             pytest.fail(f"SSE stream cut without an error event: {exc}")
@@ -223,8 +233,9 @@ def test_turns_cut_by_the_shutdown_deadline_are_answered_and_billed_once_as_canc
     def sse_client() -> None:
         chunks: list[bytes] = []
         try:
-            with httpx.stream("POST", live.base_url + "/responses", timeout=30,
-                              json={"model": MODEL, "input": "b", "stream": True}) as r:
+            with httpx.stream(
+                "POST", live.base_url + "/responses", timeout=30, json={"model": MODEL, "input": "b", "stream": True}
+            ) as r:
                 box["sse_status"] = r.status_code
                 for chunk in r.iter_raw():
                     chunks.append(chunk)
@@ -262,7 +273,8 @@ def test_turns_cut_by_the_shutdown_deadline_are_answered_and_billed_once_as_canc
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"], [e["type"] for e in events][-3:]
     error, failed = events[-2], events[-1]
     assert {k: error[k] for k in ("code", "message", "param")} == {
-        k: SHUTTING_DOWN[k] for k in ("code", "message", "param")}
+        k: SHUTTING_DOWN[k] for k in ("code", "message", "param")
+    }
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert not sdk_check_event(error) and not sdk_check_event(failed)  # the SDK's ResponseErrorEvent / FailedEvent
     sse_response = failed["response"]
@@ -288,8 +300,11 @@ def test_a_create_sent_while_draining_is_refused_with_503_and_never_reaches_the_
     with httpx.Client(base_url=live.base_url, timeout=30) as client:  # one keep-alive connection
         assert client.get("/models").status_code == 200
         box: dict[str, Any] = {}
-        worker = threading.Thread(target=lambda: box.update(
-            first=httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "a"}, timeout=30)))
+        worker = threading.Thread(
+            target=lambda: box.update(
+                first=httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "a"}, timeout=30)
+            )
+        )
         worker.start()
         wait_for(lambda: engine.stats.running == 1, what="the first turn running")
         stopper = threading.Thread(target=stop_gateway, args=(live,))
@@ -306,15 +321,17 @@ def test_a_create_sent_while_draining_is_refused_with_503_and_never_reaches_the_
 
 @pytest.mark.parametrize("transport", ("json", "ws"))
 def test_a_turn_cut_while_its_store_write_hangs_is_billed_once_as_cancelled_never_completed(
-        make_gateway, redis_url, transport):
+    make_gateway, redis_url, transport
+):
     """Generation is done, the store write blocks (Redis pauses writes), the shutdown deadline
     passes: the terminal that waited for the write is withdrawn, never sent, and billed cancelled."""
     import redis
 
     sink = CountingSink()
     engine = SimulatedEngine(script=fixed(Turn(text="a short answer")))
-    live = make_gateway(Settings(shutdown_grace_s=0.5), engine=engine, store=RedisStore.from_url(redis_url),
-                        usage_sink=sink)
+    live = make_gateway(
+        Settings(shutdown_grace_s=0.5), engine=engine, store=RedisStore.from_url(redis_url), usage_sink=sink
+    )
     admin = redis.Redis.from_url(redis_url)
     box: dict[str, Any] = {}
 
@@ -380,29 +397,36 @@ def stored_failure(response: dict[str, Any]) -> bool:
     """The documented answer to a failed store write: ``failed``, ``server_error`` (the code the
     SDKs' types allow), a message that says so."""
     error = response.get("error") or {}
-    return (response["status"] == "failed" and error.get("code") == "server_error"
-            and error.get("type") == "server_error" and "could not be stored" in error.get("message", ""))
+    return (
+        response["status"] == "failed"
+        and error.get("code") == "server_error"
+        and error.get("type") == "server_error"
+        and "could not be stored" in error.get("message", "")
+    )
 
 
 def assert_chainable(reader: LiveGateway, response: dict[str, Any]) -> None:
     """A completed store=true response, as another replica sees it: retrievable and continued from."""
     got = httpx.get(reader.base_url + f"/responses/{response['id']}", timeout=30)
     assert got.status_code == 200 and got.json()["status"] == response["status"], got.text[:300]
-    r = httpx.post(reader.base_url + "/responses", timeout=30,
-                   json={"model": MODEL, "input": "and then?", "previous_response_id": response["id"]})
+    r = httpx.post(
+        reader.base_url + "/responses",
+        timeout=30,
+        json={"model": MODEL, "input": "and then?", "previous_response_id": response["id"]},
+    )
     assert r.status_code == 200 and r.json()["status"] == "completed", r.text[:300]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_failed_store_write_is_never_reported_completed_and_every_completed_response_chains(
-        make_gateway, redis_url, transport):
+    make_gateway, redis_url, transport
+):
     sink = CountingSink()
     writer = make_gateway(store=RedisStore.from_url(redis_url), usage_sink=sink)
     reader = make_gateway(store=RedisStore.from_url(redis_url))
     told: list[dict[str, Any]] = [turn_over(writer, transport, input="before the fault")]
     with redis_refuses_writes(redis_url):
-        during = turn_over(writer, transport, input="while Redis refuses writes",
-                           previous_response_id=told[0]["id"])
+        during = turn_over(writer, transport, input="while Redis refuses writes", previous_response_id=told[0]["id"])
     told.append(during)
     told.append(turn_over(writer, transport, input="after the fault", previous_response_id=told[0]["id"]))
 
@@ -421,8 +445,9 @@ def test_a_failed_store_write_is_never_reported_completed_and_every_completed_re
 
 
 @pytest.mark.parametrize("transport", ("json", "ws"))
-def test_a_store_outage_mid_turn_fails_the_turn_and_the_client_can_retry_it(make_gateway, redis_server,
-                                                                            redis_url, transport):
+def test_a_store_outage_mid_turn_fails_the_turn_and_the_client_can_retry_it(
+    make_gateway, redis_server, redis_url, transport
+):
     """Redis goes away while the model generates: the write at the end fails, the client is told so
     (not ``completed`` and later ``previous_response_not_found``), and its retry once Redis is back
     completes and chains."""

@@ -10,15 +10,25 @@ from hypothesis import strategies as st
 
 from cache.connection_state import ConnectionCache
 from cache.item_log import ItemLog
-from cache.seq import AppendOnlyView, TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import MemoryStore, record_bytes
+from cache.seq import AppendOnlyView, TokenSeq
 
 
 def state(rid: str, nbytes: int = 100, delta: int = 100, tenant: str | None = None, status: str = "completed"):
-    return ResponseState(id=rid, response={"id": rid, "status": status}, input_items=(), context=ItemLog(),
-                         history_ids=TokenSeq(), model="m", prelude_key=b"k", store=True, tenant=tenant,
-                         nbytes=nbytes, delta_bytes=delta)
+    return ResponseState(
+        id=rid,
+        response={"id": rid, "status": status},
+        input_items=(),
+        context=ItemLog(),
+        history_ids=TokenSeq(),
+        model="m",
+        prelude_key=b"k",
+        store=True,
+        tenant=tenant,
+        nbytes=nbytes,
+        delta_bytes=delta,
+    )
 
 
 # -- append-only views ---------------------------------------------------------------------------
@@ -145,9 +155,17 @@ async def test_memory_store_charges_what_a_record_holds_and_counts_entries():
     store is bounded in entries too (before: 1,500 records with 9 KB of metadata each, charged 100
     bytes each, all stayed under a 16 MiB bound)."""
     meta = {f"k{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
-    rich = ResponseState(id="rich", response={"id": "rich", "status": "completed", "metadata": meta},
-                         input_items=(), context=ItemLog(), history_ids=TokenSeq(), model="m", prelude_key=b"k",
-                         store=True, delta_bytes=100)
+    rich = ResponseState(
+        id="rich",
+        response={"id": "rich", "status": "completed", "metadata": meta},
+        input_items=(),
+        context=ItemLog(),
+        history_ids=TokenSeq(),
+        model="m",
+        prelude_key=b"k",
+        store=True,
+        delta_bytes=100,
+    )
     assert record_bytes(rich, 0) > 16 * (64 + 512)  # at least the characters, plus what holds them
     store = MemoryStore(max_bytes=10**9, max_entries=8)
     for i in range(20):
@@ -158,11 +176,21 @@ async def test_memory_store_charges_what_a_record_holds_and_counts_entries():
 async def test_memory_store_gives_each_tenant_its_share_and_keeps_the_item_index_consistent():
     """Item 9: tenant A's flood evicts A's own records once the store is full, never B's (before:
     1,500 records of A evicted all 100 of B's); the item-id index follows every eviction."""
+
     def with_item(rid: str, tenant: str) -> ResponseState:
         item = {"type": "message", "id": f"msg_{rid}", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
-        return ResponseState(id=rid, response={"id": rid, "status": "completed", "output": []},
-                             input_items=(item,), context=ItemLog(), history_ids=TokenSeq(), model="m",
-                             prelude_key=b"k", store=True, tenant=tenant, delta_bytes=100)
+        return ResponseState(
+            id=rid,
+            response={"id": rid, "status": "completed", "output": []},
+            input_items=(item,),
+            context=ItemLog(),
+            history_ids=TokenSeq(),
+            model="m",
+            prelude_key=b"k",
+            store=True,
+            tenant=tenant,
+            delta_bytes=100,
+        )
 
     size = record_bytes(with_item("b0", "B"), 1)
     store = MemoryStore(max_bytes=400 * size)
@@ -183,8 +211,17 @@ async def test_memory_store_gives_each_tenant_its_share_and_keeps_the_item_index
 
 async def test_memory_store_refuses_a_record_above_its_tenants_share():
     store = MemoryStore(max_bytes=4_000)
-    big = ResponseState(id="big", response={"id": "big", "text": "x" * 2_000}, input_items=(), context=ItemLog(),
-                        history_ids=TokenSeq(), model="m", prelude_key=b"k", store=True, delta_bytes=10)
+    big = ResponseState(
+        id="big",
+        response={"id": "big", "text": "x" * 2_000},
+        input_items=(),
+        context=ItemLog(),
+        history_ids=TokenSeq(),
+        model="m",
+        prelude_key=b"k",
+        store=True,
+        delta_bytes=10,
+    )
     await store.put(big)
     assert await store.get("big") is None and store.refused == 1 and store.nbytes == 0
 
@@ -194,11 +231,21 @@ async def test_memory_store_a_refused_re_store_keeps_the_record_stored_before():
     all (the old one was dropped first): a background response stored when queued, re-stored when
     done, answered 404. Now the record stored before stays, and so do its index entries; an accepted
     re-store moves them to where the new record keeps its items, and forgets those it no longer has."""
+
     def with_items(rid: str, output: list, text: str = "") -> ResponseState:
         msg = {"type": "message", "id": "msg_in", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
-        return ResponseState(id=rid, response={"id": rid, "status": "completed", "output": output, "text": text},
-                             input_items=(msg,), context=ItemLog(), history_ids=TokenSeq(), model="m",
-                             prelude_key=b"k", store=True, tenant="A", delta_bytes=100)
+        return ResponseState(
+            id=rid,
+            response={"id": rid, "status": "completed", "output": output, "text": text},
+            input_items=(msg,),
+            context=ItemLog(),
+            history_ids=TokenSeq(),
+            model="m",
+            prelude_key=b"k",
+            store=True,
+            tenant="A",
+            delta_bytes=100,
+        )
 
     out = {"type": "message", "id": "msg_out", "role": "assistant", "content": []}
     store = MemoryStore(max_bytes=40_000)

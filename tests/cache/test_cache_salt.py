@@ -8,7 +8,8 @@ CPU engine test checks vLLM itself.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -34,8 +35,9 @@ class RecordingEngine(SimulatedEngine):
         self.salts.append(("generate", params.cache_salt))
         return super().generate(request_id, prompt_ids, params, routing)
 
-    async def prefill(self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None,
-                      routing=None) -> None:
+    async def prefill(
+        self, request_id: str, prompt_ids: Sequence[int], cache_salt: str | None = None, routing=None
+    ) -> None:
         self.salts.append(("prefill", cache_salt))
         await super().prefill(request_id, prompt_ids, cache_salt, routing)
 
@@ -85,11 +87,21 @@ def test_warm_up_prefill_and_its_continuation_share_the_salt(two_tenants):
     from websockets.sync.client import connect
 
     with connect(live.ws_url, additional_headers={"authorization": "Bearer key-acme"}) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": PROMPT, "generate": False,
-                            "store": False}))
+        ws.send(
+            json.dumps({"type": "response.create", "model": MODEL, "input": PROMPT, "generate": False, "store": False})
+        )
         warm = _terminal(ws)
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "go on", "store": False,
-                            "previous_response_id": warm["id"]}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "input": "go on",
+                    "store": False,
+                    "previous_response_id": warm["id"],
+                }
+            )
+        )
         done = _terminal(ws)
     assert done["status"] == "completed"
     kinds = [kind for kind, _ in engine.salts]
@@ -121,9 +133,10 @@ def test_cpu_engine_keeps_tenants_apart(vllm_gateway: LiveGateway):
     text = "Describe the harbour of Bergen in one sentence. " * 20  # several 32-token blocks
 
     async def turn(tenant: str) -> dict[str, Any]:
-        prepared = await pipeline.prepare({"model": VLLM_MODEL, "input": text, "max_output_tokens": 16,
-                                           "temperature": 0, "store": False},
-                                          TurnContext(transport="http", tenant=tenant))
+        prepared = await pipeline.prepare(
+            {"model": VLLM_MODEL, "input": text, "max_output_tokens": 16, "temperature": 0, "store": False},
+            TurnContext(transport="http", tenant=tenant),
+        )
         final: dict[str, Any] = {}
         async for ev in pipeline.run(prepared):
             if ev["type"] in ("response.completed", "response.incomplete", "response.failed"):

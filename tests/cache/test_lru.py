@@ -12,10 +12,10 @@ def test_a_plain_map_evicts_the_least_recently_used_by_entries_and_bytes():
     lru: BoundedLRU[str, int] = BoundedLRU(3, 1000)
     for k in "abc":
         lru.put(k, 0, 100)
-    assert lru.get("a") == 0        # a is now the most recently used
+    assert lru.get("a") == 0  # a is now the most recently used
     lru.put("d", 0, 100)
     assert "b" not in lru and {"a", "c", "d"} == {k for k in "abcd" if k in lru}
-    lru.put("e", 0, 260)            # above a quarter of the bytes: never kept
+    lru.put("e", 0, 260)  # above a quarter of the bytes: never kept
     assert "e" not in lru and lru.nbytes == 300
     lru.put("f", 0, 250)
     lru.put("g", 0, 250)
@@ -34,34 +34,34 @@ def test_a_lone_tenant_has_the_whole_map():
 
 def test_a_flooding_tenant_takes_at_most_its_share_and_then_churns_its_own():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10_000, part=tenant_of, share=0.25)
-    for i in range(75):                              # the victims fill three quarters
+    for i in range(75):  # the victims fill three quarters
         lru.put((f"victim{i % 3}", i), i, 100)
-    for i in range(10_000):                          # then the attacker floods, entries and bytes
+    for i in range(10_000):  # then the attacker floods, entries and bytes
         lru.put(("attacker", i), i, 100)
         assert lru.part_usage("attacker")[0] <= 25 and lru.nbytes <= 10_000
     assert all((f"victim{i % 3}", i) in lru for i in range(75)), "a victim's entry went"
     assert lru.part_usage("attacker") == (25, 2_500)
-    assert ("attacker", 9_999) in lru and ("attacker", 9_974) not in lru   # its own least recent went
+    assert ("attacker", 9_999) in lru and ("attacker", 9_974) not in lru  # its own least recent went
 
 
 def test_shares_bound_by_bytes_too():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(1_000, 10_000, part=tenant_of, share=0.25)
     for i in range(25):
-        lru.put(("victim", i), i, 100)               # its share of the bytes, in few of the entries
+        lru.put(("victim", i), i, 100)  # its share of the bytes, in few of the entries
     for i in range(200):
         lru.put(("attacker", i), i, 500)
         assert lru.nbytes <= 10_000
     assert all(("victim", i) in lru for i in range(25))
-    assert lru.part_usage("attacker")[1] == 7_500   # the room the victim left, no more
+    assert lru.part_usage("attacker")[1] == 7_500  # the room the victim left, no more
     small = BoundedLRU(1_000, 10_000, part=tenant_of, share=0.1)
-    assert not small.put(("a", 0), 0, 1_500)         # above its share (1,000), below a quarter: refused
-    assert BoundedLRU(1_000, 10_000).put(("a", 0), 0, 1_500)   # without parts: kept
+    assert not small.put(("a", 0), 0, 1_500)  # above its share (1,000), below a quarter: refused
+    assert BoundedLRU(1_000, 10_000).put(("a", 0), 0, 1_500)  # without parts: kept
 
 
 def test_two_tenants_that_both_want_more_end_up_with_equal_shares():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 10**9, part=tenant_of, share=0.25)
     for i in range(100):
-        lru.put(("first", i), i, 1)                  # alone: the whole map
+        lru.put(("first", i), i, 1)  # alone: the whole map
     for i in range(1_000):
         lru.put(("second", i), i, 1)
         lru.put(("first", 100 + i), i, 1)
@@ -71,10 +71,10 @@ def test_two_tenants_that_both_want_more_end_up_with_equal_shares():
 def test_a_tenant_below_its_share_evicts_the_least_recently_used_of_all():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(8, 10**9, part=tenant_of, share=0.25)
     for i in range(8):
-        lru.put(("big", i), i, 1)                    # one tenant fills the map alone
-    lru.put(("small", 0), 0, 1)                      # a newcomer evicts the oldest of all: big's
+        lru.put(("big", i), i, 1)  # one tenant fills the map alone
+    lru.put(("small", 0), 0, 1)  # a newcomer evicts the oldest of all: big's
     assert ("big", 0) not in lru and ("small", 0) in lru
-    lru.put(("big", 8), 8, 1)                        # big is above its share (2): it evicts its own
+    lru.put(("big", 8), 8, 1)  # big is above its share (2): it evicts its own
     assert ("small", 0) in lru and ("big", 1) not in lru
 
 
@@ -89,7 +89,7 @@ def test_the_bookkeeping_matches_the_map_under_random_use():
             lru.get(key) if rng.random() < 0.5 else lru.get_many([key, (key[0], key[1] + 1)])
         else:
             assert lru.put(key, 0, rng.randrange(1, 400))
-            assert key in lru                              # a put never evicts its own key
+            assert key in lru  # a put never evicts its own key
             assert len(lru) <= 40 and lru.nbytes <= 4_000
         parts = {t: lru.part_usage(t) for t in "abcde"}
         assert sum(n for n, _ in parts.values()) == len(lru)
@@ -116,7 +116,7 @@ def test_item_checks_hold_each_tenant_to_its_share():
 
 def test_a_tenant_within_its_share_never_loses_an_entry_to_one_over_it():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(8, 10**9, part=tenant_of, share=0.25)
-    lru.put(("small", 0), 0, 1)                      # the oldest of all, within its share (2)
+    lru.put(("small", 0), 0, 1)  # the oldest of all, within its share (2)
     for i in range(50):
         lru.put(("big", i), i, 1)
     lru.put(("small", 1), 1, 1)
@@ -129,7 +129,7 @@ def test_get_many_is_get_for_each_key():
         lru.put(("t", i), i * 10, 1)
     assert lru.get_many([("t", 0), ("t", 9), ("t", 2)]) == [0, None, 20]
     assert (lru.hits, lru.misses) == (2, 1)
-    lru.put(("t", 3), 30, 1)                           # 1 is now the least recently used
+    lru.put(("t", 3), 30, 1)  # 1 is now the least recently used
     assert ("t", 1) not in lru and ("t", 0) in lru and ("t", 2) in lru
 
 
@@ -187,8 +187,8 @@ def test_a_forced_put_is_kept_above_the_cap_and_never_evicts_itself():
     lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of)
     lru.put(("b", 0), 0, 100)
     lru.put(("a", 0), 0, 100)
-    assert not lru.put(("a", 1), 1, 600)            # above the share (250): refused
-    assert lru.put(("a", 1), 1, 900, force=True)    # forced: kept; its own tenant makes room first
+    assert not lru.put(("a", 1), 1, 600)  # above the share (250): refused
+    assert lru.put(("a", 1), 1, 900, force=True)  # forced: kept; its own tenant makes room first
     assert ("a", 1) in lru and ("b", 0) in lru and ("a", 0) not in lru and lru.nbytes <= 1_000
     assert lru.put(("a", 2), 2, 2_000, force=True)  # alone above the whole bound: still kept
     assert ("a", 2) in lru and len(lru) == 1
@@ -197,7 +197,7 @@ def test_a_forced_put_is_kept_above_the_cap_and_never_evicts_itself():
 def test_without_a_byte_bound_it_is_bounded_by_entries_alone():
     lru: BoundedLRU[str, str] = BoundedLRU(3)
     for k in "abc":
-        assert lru.put(k, k.upper())            # no charge: a memo of small values
+        assert lru.put(k, k.upper())  # no charge: a memo of small values
     assert lru.get("a") == "A"
     lru.put("d", "D")
     assert [k for k in "abcd" if k in lru] == ["a", "c", "d"] and lru.nbytes == 0 and lru.evictions == 1
@@ -205,13 +205,14 @@ def test_without_a_byte_bound_it_is_bounded_by_entries_alone():
 
 def test_clear_drops_everything_without_calling_on_evict():
     dropped: list[str] = []
-    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(4, 100, part=tenant_of,
-                                                        on_evict=lambda k, v: dropped.append(k[0]))
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(
+        4, 100, part=tenant_of, on_evict=lambda k, v: dropped.append(k[0])
+    )
     for i in range(3):
         lru.put(("t", i), i, 10)
     lru.clear()
     assert len(lru) == 0 and lru.nbytes == 0 and lru.part_usage("t") == (0, 0) and dropped == []
-    lru.put(("t", 9), 9, 10)                     # the bookkeeping starts afresh
+    lru.put(("t", 9), 9, 10)  # the bookkeeping starts afresh
     assert lru.part_usage("t") == (1, 10) and lru.get(("t", 9)) == 9
 
 
@@ -219,17 +220,18 @@ def test_recharge_changes_an_entrys_charge_and_leaves_its_place_in_the_order():
     """An owner whose value shrank in place (a prefix chain that lost a key to a retry) charges it
     anew without making it the most recently used: the next eviction still takes it first."""
     gone: list[tuple[str, int]] = []
-    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(100, 1_000, part=tenant_of, share=1.0,
-                                                        on_evict=lambda k, v: gone.append(k))
+    lru: BoundedLRU[tuple[str, int], int] = BoundedLRU(
+        100, 1_000, part=tenant_of, share=1.0, on_evict=lambda k, v: gone.append(k)
+    )
     lru.put(("a", 0), 0, 200)
     lru.put(("b", 0), 0, 200)
     assert lru.recharge(("a", 0), 100) and lru.nbytes == 300 and lru.part_usage("a") == (1, 100)
-    assert lru.oldest() == (("a", 0), 0) and lru.hits == 0      # not a use
+    assert lru.oldest() == (("a", 0), 0) and lru.hits == 0  # not a use
     assert not lru.recharge(("c", 0), 10) and lru.nbytes == 300  # not held: nothing changes
     lru.put(("c", 0), 0, 200)
     lru.put(("c", 1), 1, 200)
     lru.put(("b", 1), 1, 200)
-    lru.put(("b", 2), 2, 200)                                     # 1,100 B: one goes
+    lru.put(("b", 2), 2, 200)  # 1,100 B: one goes
     assert gone == [("a", 0)] and lru.nbytes == 1_000
 
 
@@ -250,9 +252,9 @@ def test_evict_one_never_drops_the_protected_key_while_another_is_held():
     lru.put(("b", 0), 0, 100)
     lru.put(("a", 0), 0, 100)
     assert not lru.evict_one(outside={"a": 900}, protect=("a", 0)) and len(lru) == 2
-    assert lru.evict_one(outside={"a": 900}) and ("a", 0) not in lru   # unprotected: it goes
+    assert lru.evict_one(outside={"a": 900}) and ("a", 0) not in lru  # unprotected: it goes
     lru.put(("a", 0), 0, 100)
     assert lru.evict_one(prefer="a", protect=("a", 0)) and ("b", 0) not in lru and ("a", 0) in lru
-    assert not lru.evict_one(protect=("a", 0)) and len(lru) == 1      # the only one left
+    assert not lru.evict_one(protect=("a", 0)) and len(lru) == 1  # the only one left
     lru.put(("a", 1), 1, 100)
     assert lru.evict_one(prefer="a", protect=("a", 1)) and list(lru.values()) == [1]

@@ -20,7 +20,7 @@ def test_prefix_cache_a_chain_above_its_tenants_cap_takes_nothing_from_another_t
     assert cache.put("b", b"b", TokenSeq(list(range(100))), 100, 0, False) is not None
     assert cache.put("b", b"big", TokenSeq(list(range(160))), 160, 0, False) is None
     assert cache.get("a", b"a") is not None and cache.tenant_nbytes("a") == _chain_bytes(100)
-    assert cache.get("b", b"b") is None and cache.tenant_nbytes("b") == 0   # its own went first, as before
+    assert cache.get("b", b"b") is None and cache.tenant_nbytes("b") == 0  # its own went first, as before
 
 
 def test_prefix_cache_a_growing_chain_evicts_its_tenants_older_chains_before_itself():
@@ -37,11 +37,11 @@ def test_the_redis_token_cache_never_evicts_the_chain_being_written_for_room():
     """Review of issue 29 item 3: a tenant whose one new chain puts it over its share (counting that
     chain) is the tenant furthest over, but its only entry is the one being written — the room comes
     from the least recently used entry of all instead (as the plain LRU before the shares did)."""
-    cache = TokenCache(10_000)                                   # 4 B a token; each share 2,500 B
+    cache = TokenCache(10_000)  # 4 B a token; each share 2,500 B
     for name, tenant in (("b0", "b"), ("b1", "b"), ("c0", "c"), ("c1", "c"), ("d0", "d")):
-        cache.put(name, TokenSeq(range(300)), tenant)            # 1,200 B each: 6,000 B, none over
-    cache.put("a1", TokenSeq(range(1_100)), "a")                 # 4,400 B: 10,400 B in all
+        cache.put(name, TokenSeq(range(300)), tenant)  # 1,200 B each: 6,000 B, none over
+    cache.put("a1", TokenSeq(range(1_100)), "a")  # 4,400 B: 10,400 B in all
     assert cache.get("a1", "a") is not None and cache.nbytes == 9_200
     assert cache.get("b0", "b") is None and all(cache.get(n, n[0]) is not None for n in ("b1", "c0", "c1", "d0"))
-    cache.put("z", TokenSeq(range(3_000)), "z")                  # alone above the whole bound: dropped last
+    cache.put("z", TokenSeq(range(3_000)), "z")  # alone above the whole bound: dropped last
     assert len(cache) == 0 and cache.nbytes == 0

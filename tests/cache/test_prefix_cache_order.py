@@ -41,8 +41,11 @@ class _OldPrefixCache:
             else:
                 self._forget(old)
         mine = self.tenant_chains.setdefault(name, OrderedDict())
-        chain = near if (near is not None and near.tenant == name and near in mine
-                         and ids.shares_prefix_with(near.view)) else None
+        chain = (
+            near
+            if (near is not None and near.tenant == name and near in mine and ids.shares_prefix_with(near.view))
+            else None
+        )
         if chain is None:
             chain = Chain(name, ids)
             mine[chain] = self.chains[chain] = None

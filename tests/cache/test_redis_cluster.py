@@ -154,8 +154,12 @@ async def exercise(url: str) -> None:
 
     flags = RedisFlagSink(url, "respgate:flags")
     try:
-        await flags.write([FlagRecord("flag", "c", 0.5, "s", f"resp_{i}", None, "t1", "m", "http", 0, None, None,
-                                      None, None) for i in range(2)])
+        await flags.write(
+            [
+                FlagRecord("flag", "c", 0.5, "s", f"resp_{i}", None, "t1", "m", "http", 0, None, None, None, None)
+                for i in range(2)
+            ]
+        )
     finally:
         await flags.close()
 
@@ -190,7 +194,7 @@ class Recorder:
 def command_keys(parser: Any, conn: redis.Redis, args: tuple[Any, ...]) -> list[Any]:
     name = str(args[0]).upper()
     if name in ("EVALSHA", "EVAL"):
-        return list(args[3:3 + int(args[2])])
+        return list(args[3 : 3 + int(args[2])])
     return list(parser.get_keys(conn, *args) or [])
 
 
@@ -220,11 +224,11 @@ def test_every_multi_key_operation_names_keys_of_one_slot(redis_url, monkeypatch
         widest[what.split()[1]] = max(widest[what.split()[1]], len(keys))
     assert widest["EVALSHA"] >= 2 and widest["DEL"] == 3, widest
     joined = [b"|".join(_b(k) for k in keys) for _, keys in spans]
-    assert any(b"r:{resp_0}:resp_3" in j and b"c:{resp_0}" in j for j in joined)     # a chain write / read
+    assert any(b"r:{resp_0}:resp_3" in j and b"c:{resp_0}" in j for j in joined)  # a chain write / read
     # a store write is O(1) keys whatever the chain's depth: no script names an ancestor's record
     assert not [j for j in joined if j.count(b"respgate:r:") > 1]
-    assert any(b"{respgate:usage}:seen:" in j for j in joined)                       # ledger batch
-    assert any(b"{bg}:run" in j and b"{bg}:info" in j for j in joined)               # lease release
+    assert any(b"{respgate:usage}:seen:" in j for j in joined)  # ledger batch
+    assert any(b"{bg}:run" in j and b"{bg}:info" in j for j in joined)  # lease release
 
 
 def _b(key: Any) -> bytes:
@@ -232,9 +236,18 @@ def _b(key: Any) -> bytes:
 
 
 #: every module that talks to Redis, each driven by ``exercise`` above (add a new one there)
-CONSUMERS = {"cache/redis_response_store.py", "cache/redis_conversations.py", "billing/ledger.py", "billing/report.py",
-             "security/keys.py", "security/token_buckets.py", "security/flags.py", "gateway/sessions/replicas.py",
-             "gateway/ops/check.py", "cache/redis_resumable.py"}
+CONSUMERS = {
+    "cache/redis_response_store.py",
+    "cache/redis_conversations.py",
+    "billing/ledger.py",
+    "billing/report.py",
+    "security/keys.py",
+    "security/token_buckets.py",
+    "security/flags.py",
+    "gateway/sessions/replicas.py",
+    "gateway/ops/check.py",
+    "cache/redis_resumable.py",
+}
 
 
 def test_every_redis_client_is_built_by_cache_redis_client():
@@ -254,8 +267,14 @@ def test_every_redis_client_is_built_by_cache_redis_client():
 
 
 #: the consumers on a request's path, whose client is the stores' (``connect_store``)
-STORES = {"cache/redis_response_store.py", "cache/redis_conversations.py", "cache/redis_resumable.py",
-          "gateway/sessions/replicas.py", "security/keys.py", "security/token_buckets.py"}
+STORES = {
+    "cache/redis_response_store.py",
+    "cache/redis_conversations.py",
+    "cache/redis_resumable.py",
+    "gateway/sessions/replicas.py",
+    "security/keys.py",
+    "security/token_buckets.py",
+}
 
 
 def test_the_stores_options_are_written_once_in_connect_store():
@@ -275,8 +294,12 @@ def test_the_stores_options_are_written_once_in_connect_store():
     assert not by_hand, f"the stores' retry written by hand outside cache/redis_client.py: {by_hand}"
     assert stores == STORES, stores ^ STORES
     url = "redis://127.0.0.1:1/0"  # nothing connects: the options are read off the pool
-    for client in (RedisStore.from_url(url).redis, RedisConversationStore.from_url(url).redis,
-                   RedisKeyStore.from_url(url).redis, RedisRateLimiter.from_url(url).redis):
+    for client in (
+        RedisStore.from_url(url).redis,
+        RedisConversationStore.from_url(url).redis,
+        RedisKeyStore.from_url(url).redis,
+        RedisRateLimiter.from_url(url).redis,
+    ):
         options = client.connection_pool.connection_kwargs
         assert (options["socket_connect_timeout"], options["socket_timeout"]) == (2.0, 5.0)
         assert options["retry"]._retries == 1
@@ -328,8 +351,9 @@ def test_chains_spread_over_the_nodes(redis_cluster_url, redis_cluster):
 
 @pytest.fixture
 def pair(make_gateway, redis_cluster_url, tmp_path) -> tuple[LiveGateway, LiveGateway]:
-    return tuple(make_gateway(Settings(redis_url=redis_cluster_url, usage_journal=str(tmp_path / name)))
-                 for name in ("a", "b"))  # type: ignore[return-value]
+    return tuple(
+        make_gateway(Settings(redis_url=redis_cluster_url, usage_journal=str(tmp_path / name))) for name in ("a", "b")
+    )  # type: ignore[return-value]
 
 
 def landed(live: LiveGateway, response_id: str) -> None:
@@ -353,7 +377,7 @@ def test_http_chain_continues_across_gateways_on_the_cluster(pair, redis_cluster
     assert isinstance(a.gw.store, RedisStore) and isinstance(a.gw.store.redis, ClusterClient)
     r1 = create(a, input="the code word is PELICAN")
     landed(a, r1["id"])
-    r2 = create(b, input="second", previous_response_id=r1["id"])   # B has only the items: full render
+    r2 = create(b, input="second", previous_response_id=r1["id"])  # B has only the items: full render
     assert r2["status"] == "completed" and r2["previous_response_id"] == r1["id"]
     assert b.gw.store.token_misses == 1 and fallbacks(b) == 1
     # B prompted the engine with the history A built: A's prompt is a prefix of B's
@@ -367,12 +391,19 @@ def test_http_chain_continues_across_gateways_on_the_cluster(pair, redis_cluster
     assert httpx.get(f"{a.base_url}/responses/{r1['id']}").status_code == 404
     assert create(b, input="fourth", previous_response_id=r3["id"])["status"] == "completed"  # tombstone holds
     # the whole chain lives in one slot; the usage ledger (on the cluster too) has each response once
-    pointers = [json.loads(v) for v in (redis.RedisCluster.from_url("redis://" + redis_cluster_url.split("://")[1])
-                                        .get(f"respgate:p:{rid}") for rid in (r2["id"], r3["id"]))]
+    pointers = [
+        json.loads(v)
+        for v in (
+            redis.RedisCluster.from_url("redis://" + redis_cluster_url.split("://")[1]).get(f"respgate:p:{rid}")
+            for rid in (r2["id"], r3["id"])
+        )
+    ]
     assert {p["root"] for p in pointers} == {r1["id"]}
     wanted = {r1["id"], r2["id"], r3["id"]}
-    ledger = wait_for(lambda: (got := [r.response_id for r in iter_ledger(redis_cluster_url)])
-                      and wanted <= set(got) and got, what="usage records on the cluster")
+    ledger = wait_for(
+        lambda: (got := [r.response_id for r in iter_ledger(redis_cluster_url)]) and wanted <= set(got) and got,
+        what="usage records on the cluster",
+    )
     assert len(ledger) == len(set(ledger))
 
 
@@ -445,7 +476,7 @@ async def _ledger_twice(url: str) -> tuple[int, int, int]:
     first, again = RedisLedger(url), RedisLedger(url)  # two replicas, or a journal replay
     try:
         await first.write_batch([record(1), record(2)])
-        await again.write_batch([record(2)])            # the same usage record, submitted again
+        await again.write_batch([record(2)])  # the same usage record, submitted again
         await again.write_batch([record(1), record(3), record(3)])
         return first.appended, again.appended, await first.redis.xlen("respgate:usage")
     finally:
@@ -457,7 +488,6 @@ def test_ledger_counts_a_record_once_on_the_cluster(redis_cluster_url):
     assert asyncio.run(_ledger_twice(redis_cluster_url)) == (2, 1, 3)
     assert [r.response_id for r in iter_ledger(redis_cluster_url)] == ["resp_1", "resp_2", "resp_3"]
     assert key_slot(marker_key("respgate:usage", "resp_1").encode()) == key_slot(b"respgate:usage")
-
 
 
 async def _sharded_ledger_twice(url: str) -> tuple[int, int]:

@@ -20,9 +20,9 @@ import redis
 
 from cache.item_log import ItemLog
 from cache.redis_response_store import ChainCache, ChainEntry, RedisStore, TokenCache
-from cache.seq import TOKEN_BYTES, TokenSeq
 from cache.response_state import ResponseState
 from cache.response_store import StoreUnavailable
+from cache.seq import TOKEN_BYTES, TokenSeq
 from gateway.base.settings import Settings
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, create, post, wait_for
@@ -44,12 +44,25 @@ def chain(n: int, tenant: str | None = "t1", name: str = "resp", width: int = 0)
         new, out = [item(f"in{k}")], [item(f"out{k}", "assistant")]
         context = context.extend(new + out)
         ids = ids.extend(range(10 * i, 10 * i + 10))
-        states.append(ResponseState(
-            id=f"{name}_{k}", response={"id": f"{name}_{k}", "status": "completed", "output": out},
-            input_items=tuple(new), context=context, history_ids=ids, model="m", prelude_key=b"\x00pk\xff",
-            store=True, parent_id=states[-1].id if states else None, pending_calls=frozenset({f"call_{k}"}),
-            flagged=i == 1, tenant=tenant, nbytes=100 * (i + 1) if not width else 10 ** width,
-            delta_bytes=100, **({"created": 1.5} if width else {})))
+        states.append(
+            ResponseState(
+                id=f"{name}_{k}",
+                response={"id": f"{name}_{k}", "status": "completed", "output": out},
+                input_items=tuple(new),
+                context=context,
+                history_ids=ids,
+                model="m",
+                prelude_key=b"\x00pk\xff",
+                store=True,
+                parent_id=states[-1].id if states else None,
+                pending_calls=frozenset({f"call_{k}"}),
+                flagged=i == 1,
+                tenant=tenant,
+                nbytes=100 * (i + 1) if not width else 10**width,
+                delta_bytes=100,
+                **({"created": 1.5} if width else {}),
+            )
+        )
     return states
 
 
@@ -82,7 +95,10 @@ async def test_chain_round_trip_from_a_second_process_hydrates_context_and_misse
         record = redis.Redis.from_url(redis_url).hgetall("respgate:r:{resp_0}:resp_3")
         assert sorted(record) == [b"input", b"meta", b"pk", b"response", b"tenant"]
         assert json.loads(redis.Redis.from_url(redis_url).get("respgate:p:resp_3")) == {
-            "root": "resp_0", "depth": 3, "clen": 8}
+            "root": "resp_0",
+            "depth": 3,
+            "clen": 8,
+        }
 
         got = await b.get("resp_3", "t1")
         assert got is not None
@@ -141,7 +157,7 @@ async def test_a_response_expires_from_its_own_write_its_chain_from_the_newest(r
         async def root_gone() -> bool:
             return await store.get("resp_0", "t1") is None
 
-        await until(root_gone, "expired resp_0")                 # its own TTL, from its own write
+        await until(root_gone, "expired resp_0")  # its own TTL, from its own write
         assert r.exists("respgate:r:{resp_0}:resp_0", "respgate:p:resp_0") == 0
         cold = RedisStore.from_url(redis_url)  # a replica that never saw the chain: hydrates whole
         try:
@@ -153,7 +169,7 @@ async def test_a_response_expires_from_its_own_write_its_chain_from_the_newest(r
         async def all_gone() -> bool:
             return await store.get("resp_1", "t1") is None and redis_keys(redis_url) == []
 
-        await until(all_gone, "expired the chain")               # and nothing is left behind
+        await until(all_gone, "expired the chain")  # and nothing is left behind
     finally:
         await store.close()
 
@@ -165,8 +181,8 @@ async def test_delete_keeps_descendants_whole_and_removes_leaves_outright(redis_
         for s in states:
             await store.put(s)
         assert await store.delete("resp_1", "t1")
-        assert await store.get("resp_1", "t1") is None           # gone for retrieval and chaining
-        assert not await store.delete("resp_1", "t1")           # a second delete is a miss
+        assert await store.get("resp_1", "t1") is None  # gone for retrieval and chaining
+        assert not await store.delete("resp_1", "t1")  # a second delete is a miss
         got = await store.get("resp_2", "t1")
         assert got is not None and list(got.context) == list(states[2].context)
         # the tombstone keeps only what descendants need: its delta (no record, no pointer)
@@ -180,7 +196,7 @@ async def test_delete_keeps_descendants_whole_and_removes_leaves_outright(redis_
         finally:
             await cold.close()
 
-        assert await store.delete("resp_2", "t1")               # a leaf: removed outright
+        assert await store.delete("resp_2", "t1")  # a leaf: removed outright
         keys = redis_keys(redis_url)
         assert b"respgate:r:{resp_0}:resp_2" not in keys and link(redis_url, "resp_0", "resp_2") is None
         # and no longer counts as its parent's child
@@ -198,7 +214,7 @@ async def test_missing_ancestor_fails_cleanly_and_parentless_records_stand_alone
         redis.Redis.from_url(redis_url).hdel("respgate:c:{resp_0}", "d:resp_0")  # e.g. lost in a failover
         other = RedisStore.from_url(redis_url)  # another replica: it must read the ancestors' deltas
         try:
-            assert await other.get("resp_2", "t1") is None             # never a truncated context
+            assert await other.get("resp_2", "t1") is None  # never a truncated context
         finally:
             await other.close()
         # the writer holds resp_2's whole context itself: still exact, and nothing truncated
@@ -218,8 +234,7 @@ def commands(r: redis.Redis) -> dict[str, int]:
     """Data commands since the last ``CONFIG RESETSTAT`` (INFO, CONFIG and a new connection's
     handshake not counted); a script's own commands count, each."""
     skip = tuple(f"cmdstat_{c}" for c in ("info", "config", "hello", "client", "select", "ping"))
-    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()
-            if not k.startswith(skip)}
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items() if not k.startswith(skip)}
 
 
 async def load_scripts(url: str) -> None:
@@ -270,7 +285,7 @@ async def test_a_write_costs_the_same_calls_and_bytes_at_depth_2_and_40(redis_ur
         digits = len("40") - len("2") + len(str(len(states[40].context))) - len(str(len(states[2].context)))
         assert (warm_40[1] - warm_2[1], cold_41[1] - cold_3[1]) == (digits, digits), (warm_2, warm_40, cold_3, cold_41)
         assert warm_40[0] == {"evalsha": 1, "hexists": 1, "hset": 2, "hincrby": 1, "pexpire": 2, "set": 3}
-        assert cold_41[0] == {**warm_40[0], "get": 1}                  # + the parent's pointer
+        assert cold_41[0] == {**warm_40[0], "get": 1}  # + the parent's pointer
         # what stays in Redis per response is O(1) too: the pointer has no ancestor list
         assert len(r.get("respgate:p:resp_40")) - len(r.get("respgate:p:resp_02")) == digits
         for st in states[:3] + states[38:]:
@@ -290,15 +305,39 @@ async def test_a_cold_read_hydrates_a_deep_chain_exactly_in_two_round_trips(redi
     try:
         states, context = [], ItemLog()
         for i in range(200):
-            new = [{"type": "message", "role": "user", "id": f"msg_u{i}",
-                    "content": [{"type": "input_text", "text": f"line one\nline {i} — 日本語 ✓ \"q\"\\"}]}]
-            out = [{"type": "function_call", "id": f"fc_{i}", "call_id": f"call_{i}", "name": "f",
-                    "arguments": json.dumps({"n": i, "nested": {"list": [1, 2.5, None, True]}})}]
+            new = [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "id": f"msg_u{i}",
+                    "content": [{"type": "input_text", "text": f'line one\nline {i} — 日本語 ✓ "q"\\'}],
+                }
+            ]
+            out = [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{i}",
+                    "call_id": f"call_{i}",
+                    "name": "f",
+                    "arguments": json.dumps({"n": i, "nested": {"list": [1, 2.5, None, True]}}),
+                }
+            ]
             context = context.extend(new + out)
-            states.append(ResponseState(
-                id=f"resp_{i}", response={"id": f"resp_{i}", "output": out}, input_items=tuple(new),
-                context=context, history_ids=TokenSeq(), model="m", prelude_key=b"", store=True,
-                parent_id=f"resp_{i - 1}" if i else None, tenant="t1", nbytes=i + 1))
+            states.append(
+                ResponseState(
+                    id=f"resp_{i}",
+                    response={"id": f"resp_{i}", "output": out},
+                    input_items=tuple(new),
+                    context=context,
+                    history_ids=TokenSeq(),
+                    model="m",
+                    prelude_key=b"",
+                    store=True,
+                    parent_id=f"resp_{i - 1}" if i else None,
+                    tenant="t1",
+                    nbytes=i + 1,
+                )
+            )
             await writer.put(states[-1])
         await load_scripts(redis_url)
         r.config_resetstat()
@@ -307,7 +346,7 @@ async def test_a_cold_read_hydrates_a_deep_chain_exactly_in_two_round_trips(redi
         assert json.dumps(list(got.context)) == json.dumps(list(states[199].context))  # byte for byte
         assert got.context.call("call_7") == states[7].response["output"][0]
         assert commands(r) == {"get": 1, "evalsha": 1, "hmget": 1, "hget": 200}
-        assert await cold.get("resp_199", "t2") is None            # another tenant's: not walked
+        assert await cold.get("resp_199", "t2") is None  # another tenant's: not walked
     finally:
         await writer.close()
         await cold.close()
@@ -341,8 +380,11 @@ async def test_a_lost_chain_is_not_found_never_truncated_and_a_holder_starts_a_n
             assert got is not None and list(got.context) == list(states[4].context)
             assert got.parent_id == "resp_3"  # the client's chain, unchanged
             found = await cold.items(["msg_in4", "msg_out4", "msg_in0"], "t1")
-            assert {k: v.response_id for k, v in found.items()} == {"msg_in4": "resp_4", "msg_out4": "resp_4",
-                                                                  "msg_in0": "resp_0"}
+            assert {k: v.response_id for k, v in found.items()} == {
+                "msg_in4": "resp_4",
+                "msg_out4": "resp_4",
+                "msg_in0": "resp_0",
+            }
         finally:
             await cold.close()
     finally:
@@ -354,13 +396,15 @@ async def test_a_pointer_of_the_previous_layout_is_not_found(redis_url):
     holds its delta) is not found — not read as a chain of one."""
     r = redis.Redis.from_url(redis_url)
     r.set("respgate:p:resp_old", json.dumps({"root": "resp_old", "anc": [], "clen": 2}))
-    r.hset("respgate:r:{resp_old}:resp_old", mapping={
-        "tenant": json.dumps("t1"), "meta": "{}", "response": "{}", "input": "[]", "delta": "[]", "pk": ""})
+    r.hset(
+        "respgate:r:{resp_old}:resp_old",
+        mapping={"tenant": json.dumps("t1"), "meta": "{}", "response": "{}", "input": "[]", "delta": "[]", "pk": ""},
+    )
     store = RedisStore.from_url(redis_url)
     try:
         assert await store.get("resp_old", "t1") is None and not await store.delete("resp_old", "t1")
         child = msgspec.structs.replace(chain(1)[0], id="resp_new", parent_id="resp_old")
-        await store.put(child)                                     # its parent is unknown: a new chain
+        await store.put(child)  # its parent is unknown: a new chain
         assert json.loads(r.get("respgate:p:resp_new"))["root"] == "resp_new"
     finally:
         await store.close()
@@ -389,12 +433,16 @@ async def test_a_process_reads_a_chain_it_holds_in_one_round_trip_whatever_its_d
         assert commands(r) == {"get": 1, "evalsha": 1, "hmget": 1, "hget": 40}
         r.config_resetstat()
         assert list((await other.get("resp_39", "t1")).context) == list(states[39].context)
-        assert commands(r) == {"hmget": 1}                            # read once: held from then on
+        assert commands(r) == {"hmget": 1}  # read once: held from then on
         assert (writer.chain_hits, writer.chain_misses, other.chain_hits, other.chain_misses) == (2, 0, 1, 1)
         # a child written by a process that holds its parent skips the parent's pointer too
         r.config_resetstat()
-        child = msgspec.structs.replace(states[39], id="resp_40", parent_id="resp_39",
-                        context=states[39].context.extend([item("in40"), item("out40", "assistant")]))
+        child = msgspec.structs.replace(
+            states[39],
+            id="resp_40",
+            parent_id="resp_39",
+            context=states[39].context.extend([item("in40"), item("out40", "assistant")]),
+        )
         await writer.put(child)
         assert "get" not in commands(r)
         assert list((await other.get("resp_40", "t1")).context) == list(child.context)
@@ -409,11 +457,11 @@ async def test_a_held_chain_is_still_checked_deleted_elsewhere_another_tenant_ex
         states = chain(3)
         for st in states:
             await a.put(st)
-        assert await a.get("resp_2", "t2") is None                     # another tenant: not found
+        assert await a.get("resp_2", "t2") is None  # another tenant: not found
         assert await b.get("resp_2", "t1") is not None
-        assert await b.delete("resp_2", "t1")                          # deleted on another replica
+        assert await b.delete("resp_2", "t1")  # deleted on another replica
         assert await a.get("resp_2", "t1") is None and a.chains.get("resp_2", "t1") is None
-        redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_1")   # expired
+        redis.Redis.from_url(redis_url).delete("respgate:r:{resp_0}:resp_1")  # expired
         assert await a.get("resp_1", "t1") is None
         assert await a.get("resp_0", "t1") is not None
     finally:
@@ -427,10 +475,10 @@ def test_chain_cache_charges_a_shared_item_buffer_once_and_is_bounded():
     child = root.extend([item("b")])
     cache.put("r0", ChainEntry("r0", 0, root), 300)
     cache.put("r1", ChainEntry("r0", 1, child), 400)
-    assert cache.nbytes == 400                                          # one buffer, its largest charge
+    assert cache.nbytes == 400  # one buffer, its largest charge
     cache.put("x", ChainEntry("x", 0, ItemLog([item("c")])), 500)
     assert cache.nbytes == 900
-    cache.put("y", ChainEntry("y", 0, ItemLog([item("d")])), 500)    # over: the oldest entries go
+    cache.put("y", ChainEntry("y", 0, ItemLog([item("d")])), 500)  # over: the oldest entries go
     assert cache.nbytes <= 1000 and cache.get("y") is not None and cache.evictions >= 1
     cache.discard("y")
     cache.discard("x")
@@ -443,15 +491,15 @@ def test_token_cache_charges_shared_buffers_once_and_is_bounded_lru():
     child = root.extend(range(30))
     cache.put("a", root)
     cache.put("b", child)
-    assert cache.nbytes == TOKEN_BYTES * 60           # one buffer of 60 tokens, not 30 + 60
+    assert cache.nbytes == TOKEN_BYTES * 60  # one buffer of 60 tokens, not 30 + 60
     other = TokenSeq(list(range(30)))
     cache.put("c", other)
-    assert cache.get("a") is root                     # touch: "b" is now the oldest
-    cache.put("d", TokenSeq(list(range(20))))         # 60 + 30 + 20 > 100: evict LRU entries
+    assert cache.get("a") is root  # touch: "b" is now the oldest
+    cache.put("d", TokenSeq(list(range(20))))  # 60 + 30 + 20 > 100: evict LRU entries
     # "b" goes first but frees nothing ("a" still pins the shared buffer), so "c" goes too
     assert cache.get("b") is None and cache.get("c") is None
     assert cache.get("a") is root and cache.get("d") is not None and cache.nbytes == TOKEN_BYTES * 80
-    cache.put("huge", TokenSeq(list(range(1000))))    # bigger than the bound: not kept
+    cache.put("huge", TokenSeq(list(range(1000))))  # bigger than the bound: not kept
     assert cache.get("huge") is None and cache.nbytes <= cache.max_bytes
 
 
@@ -534,10 +582,11 @@ def test_an_http_response_is_in_the_shared_store_when_the_client_sees_it_end(mak
     b = make_gateway(store=RedisStore.from_url(redis_url))
     for _ in range(3):
         if stream:
-            with httpx.stream("POST", a.base_url + "/responses", timeout=30,
-                              json={"model": MODEL, "input": "hello", "stream": True}) as r:
+            with httpx.stream(
+                "POST", a.base_url + "/responses", timeout=30, json={"model": MODEL, "input": "hello", "stream": True}
+            ) as r:
                 lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-            rid = json.loads(lines[-1][len("data: "):])["response"]["id"]
+            rid = json.loads(lines[-1][len("data: ") :])["response"]["id"]
         else:
             rid = create(a, input="hello")["id"]
         assert create(b, input="next", previous_response_id=rid)["status"] == "completed"
@@ -555,11 +604,11 @@ def test_http_chain_continues_across_gateways(pair):
     a, b = pair
     r1 = create(a, input="the code word is PELICAN")
     landed(a, r1["id"])
-    r2 = create(a, input="second", previous_response_id=r1["id"])   # A holds r1's tokens: append
+    r2 = create(a, input="second", previous_response_id=r1["id"])  # A holds r1's tokens: append
     landed(a, r2["id"])
     assert a.gw.store.token_hits == 1 and fallbacks(a) == 0
 
-    r3 = create(b, input="third", previous_response_id=r2["id"])   # B has only the items: full render
+    r3 = create(b, input="third", previous_response_id=r2["id"])  # B has only the items: full render
     assert b.gw.store.token_misses == 1 and fallbacks(b) == 1
     landed(b, r3["id"])
     # B prompted the engine with the same history A would have: A's last prompt + its output is a prefix
@@ -568,7 +617,7 @@ def test_http_chain_continues_across_gateways(pair):
     assert b.gw.store.token_hits == 1 and fallbacks(b) == 1
     landed(b, r4["id"])
 
-    r5 = create(a, input="fifth", previous_response_id=r4["id"])   # and back on A: one re-render there
+    r5 = create(a, input="fifth", previous_response_id=r4["id"])  # and back on A: one re-render there
     assert fallbacks(a) == 1 and r5["previous_response_id"] == r4["id"]
     assert r5["usage"]["input_tokens"] > r4["usage"]["input_tokens"]
 
@@ -609,8 +658,9 @@ def test_retrieve_list_and_delete_through_the_other_gateway(pair):
 
     page = httpx.get(f"{b.base_url}/responses/{r1['id']}/input_items", params={"limit": 2, "order": "asc"}).json()
     assert [i["content"][0]["text"] for i in page["data"]] == ["m0", "m1"] and page["has_more"]
-    rest = httpx.get(f"{b.base_url}/responses/{r1['id']}/input_items",
-                     params={"order": "asc", "after": page["last_id"]}).json()
+    rest = httpx.get(
+        f"{b.base_url}/responses/{r1['id']}/input_items", params={"order": "asc", "after": page["last_id"]}
+    ).json()
     assert [i["content"][0]["text"] for i in rest["data"]] == ["m2", "m3", "m4"] and not rest["has_more"]
 
     r2 = create(a, input="child", previous_response_id=r1["id"])
@@ -618,8 +668,11 @@ def test_retrieve_list_and_delete_through_the_other_gateway(pair):
     d = httpx.delete(f"{b.base_url}/responses/{r1['id']}")
     assert d.status_code == 200 and d.json() == {"id": r1["id"], "object": "response", "deleted": True}
     assert_error(httpx.get(f"{a.base_url}/responses/{r1['id']}"), 404)
-    assert_error(post(a, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}), 400,
-                 code="previous_response_not_found")
+    assert_error(
+        post(a, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}),
+        400,
+        code="previous_response_not_found",
+    )
     # its descendant still carries the whole context
     r3 = create(b, input="grandchild", previous_response_id=r2["id"])
     assert r3["status"] == "completed" and r3["usage"]["input_tokens"] > r2["usage"]["input_tokens"]
@@ -636,8 +689,11 @@ def test_tenants_are_the_same_on_every_replica(make_gateway, redis_url):
     landed(a, rid)
     assert httpx.get(f"{b.base_url}/responses/{rid}", headers=one).status_code == 200
     assert_error(httpx.get(f"{b.base_url}/responses/{rid}", headers=two), 404)
-    assert_error(post(b, {"model": MODEL, "input": "x", "previous_response_id": rid}, headers=two), 400,
-                 code="previous_response_not_found")
+    assert_error(
+        post(b, {"model": MODEL, "input": "x", "previous_response_id": rid}, headers=two),
+        400,
+        code="previous_response_not_found",
+    )
 
 
 def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_server):
@@ -646,11 +702,16 @@ def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_s
     landed(a, r1["id"])
     redis_server.stop()
     try:
-        err = assert_error(post(b, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}), 503,
-                           code="server_is_overloaded", type_="server_error")
+        err = assert_error(
+            post(b, {"model": MODEL, "input": "x", "previous_response_id": r1["id"]}),
+            503,
+            code="server_is_overloaded",
+            type_="server_error",
+        )
         assert "retry" in err["message"].lower()
-        assert_error(httpx.get(f"{b.base_url}/responses/{r1['id']}"), 503, code="server_is_overloaded",
-                     type_="server_error")
+        assert_error(
+            httpx.get(f"{b.base_url}/responses/{r1['id']}"), 503, code="server_is_overloaded", type_="server_error"
+        )
         # non-chained requests keep being served; a store=true one cannot be kept, so it is never
         # reported completed (it fails: "could not be stored"), a store=false one completes
         plain = create(b, input="no parent needed")
@@ -664,7 +725,7 @@ def test_redis_outage_is_a_clean_503_and_recovery_needs_no_restart(pair, redis_s
             assert _ws_completed(conn)["status"] == "completed"
     finally:
         redis_server.start()
-    r2 = create(a, input="after the outage")      # a fresh, empty server: a new chain works across replicas
+    r2 = create(a, input="after the outage")  # a fresh, empty server: a new chain works across replicas
     landed(a, r2["id"])
     wait_for(lambda: b.call(b.gw.store.get(r2["id"])) is not None, what="the write on A")
     r3 = create(b, input="continued", previous_response_id=r2["id"])
@@ -677,7 +738,7 @@ async def test_a_tenants_flood_of_chains_leaves_anothers_cached_tokens_and_conte
     t1's next read still costs one round trip and needs no full render."""
     store = RedisStore.from_url(redis_url, token_cache_bytes=TOKEN_BYTES * 100, chain_cache_bytes=4000)
     try:
-        mine = chain(2)                                   # one buffer of 20 tokens, context charged 200
+        mine = chain(2)  # one buffer of 20 tokens, context charged 200
         for s in mine:
             await store.put(s)
         for k in range(40):

@@ -15,18 +15,19 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from billing.report import iter_ledger
+from tests.billing.test_billing import REPO, TERMINAL, _listening
 from tests.conftest import MODEL, free_port
 from tests.http_helpers import wait_for
-from tests.billing.test_billing import REPO, TERMINAL, _listening
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -69,14 +70,21 @@ def replicas(redis_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica]
     try:
         for name in ("a", "b"):
             port = free_port()
-            env = {**base, "RESPGATE_REDIS_URL": redis_url, "RESPGATE_LOG_LEVEL": "warning",
-                   # each replica its own journal (and WAL), as on two hosts
-                   "RESPGATE_USAGE_JOURNAL": str(tmp_path / f"journal-{name}.jsonl")}
-            proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated",
-                                     "--port", str(port)], env=env, cwd=REPO)
+            env = {
+                **base,
+                "RESPGATE_REDIS_URL": redis_url,
+                "RESPGATE_LOG_LEVEL": "warning",
+                # each replica its own journal (and WAL), as on two hosts
+                "RESPGATE_USAGE_JOURNAL": str(tmp_path / f"journal-{name}.jsonl"),
+            }
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)],
+                env=env,
+                cwd=REPO,
+            )
             started.append(Replica(name, port, proc))
         for r in started:
-            wait_for(lambda: r.proc.poll() is not None or _listening(r.port), 60, f"replica {r.name} to listen")
+            wait_for(lambda r=r: r.proc.poll() is not None or _listening(r.port), 60, f"replica {r.name} to listen")
             assert r.proc.poll() is None, f"replica {r.name} exited"
         yield started[0], started[1]
     finally:
@@ -112,8 +120,9 @@ def assert_one_ledger_record_each(redis_url: str, ids: set[str]) -> None:
     assert sorted(ledger) == sorted(ids)
 
 
-def test_http_chain_created_on_one_process_continues_on_the_other(replicas: tuple[Replica, Replica],
-                                                                   redis_url: str) -> None:
+def test_http_chain_created_on_one_process_continues_on_the_other(
+    replicas: tuple[Replica, Replica], redis_url: str
+) -> None:
     a, b = replicas
     inputs = [{"type": "message", "role": "user", "content": f"m{i}"} for i in range(5)]
     r1 = create(a, input=inputs, store=True)  # a shared store: the write lands before the body returns
@@ -129,18 +138,21 @@ def test_http_chain_created_on_one_process_continues_on_the_other(replicas: tupl
 
     got = httpx.get(f"{b.url}/responses/{r1['id']}", timeout=10)
     assert got.status_code == 200 and got.json() == r1
-    page = httpx.get(f"{b.url}/responses/{r1['id']}/input_items", params={"limit": 2, "order": "asc"},
-                     timeout=10).json()
+    page = httpx.get(
+        f"{b.url}/responses/{r1['id']}/input_items", params={"limit": 2, "order": "asc"}, timeout=10
+    ).json()
     assert [i["content"][0]["text"] for i in page["data"]] == ["m0", "m1"] and page["has_more"]
-    rest = httpx.get(f"{b.url}/responses/{r1['id']}/input_items", params={"order": "asc", "after": page["last_id"]},
-                     timeout=10).json()
+    rest = httpx.get(
+        f"{b.url}/responses/{r1['id']}/input_items", params={"order": "asc", "after": page["last_id"]}, timeout=10
+    ).json()
     assert [i["content"][0]["text"] for i in rest["data"]] == ["m2", "m3", "m4"] and not rest["has_more"]
 
     deleted = httpx.delete(f"{b.url}/responses/{r1['id']}", timeout=10)
     assert deleted.status_code == 200 and deleted.json() == {"id": r1["id"], "object": "response", "deleted": True}
     assert httpx.get(f"{a.url}/responses/{r1['id']}", timeout=10).status_code == 404  # A sees B's delete
-    gone = httpx.post(a.url + "/responses", json={"model": MODEL, "input": "x", "previous_response_id": r1["id"]},
-                      timeout=30)
+    gone = httpx.post(
+        a.url + "/responses", json={"model": MODEL, "input": "x", "previous_response_id": r1["id"]}, timeout=30
+    )
     assert gone.status_code == 400 and gone.json()["error"]["code"] == "previous_response_not_found"
     r5 = create(a, input="fifth", previous_response_id=r4["id"])  # descendants keep the whole context
     assert r5["usage"]["input_tokens"] > r4["usage"]["input_tokens"]
@@ -148,8 +160,9 @@ def test_http_chain_created_on_one_process_continues_on_the_other(replicas: tupl
     assert_one_ledger_record_each(redis_url, {r["id"] for r in (r1, r2, r3, r4, r5)})
 
 
-def test_ws_turns_on_one_process_continue_on_a_socket_to_the_other(replicas: tuple[Replica, Replica],
-                                                                    redis_url: str) -> None:
+def test_ws_turns_on_one_process_continue_on_a_socket_to_the_other(
+    replicas: tuple[Replica, Replica], redis_url: str
+) -> None:
     from websockets.sync.client import connect
 
     a, b = replicas
@@ -159,8 +172,9 @@ def test_ws_turns_on_one_process_continue_on_a_socket_to_the_other(replicas: tup
         t3 = ws_turn(ws, input="kept local", previous_response_id=t2["id"], store=False)
     # A WebSocket turn's store write is not awaited before its terminal event (its continuations
     # come from the connection cache): wait until B can read it
-    wait_for(lambda: httpx.get(f"{b.url}/responses/{t2['id']}", timeout=10).status_code == 200, 30,
-               "t2 in the shared store")
+    wait_for(
+        lambda: httpx.get(f"{b.url}/responses/{t2['id']}", timeout=10).status_code == 200, 30, "t2 in the shared store"
+    )
     assert httpx.get(f"{b.url}/responses/{t3['id']}", timeout=10).status_code == 404  # store=false stays on A
 
     misses, renders = b.misses(), b.full_renders()

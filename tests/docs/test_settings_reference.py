@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_committed_page_is_the_generated_one():
     committed = (REPO / settings_doc.PAGE).read_text()
     assert committed == settings_doc.render(), (
-        f"{settings_doc.PAGE} differs from gateway/base/settings.py: run `{settings_doc.COMMAND}` and commit it")
+        f"{settings_doc.PAGE} differs from gateway/base/settings.py: run `{settings_doc.COMMAND}` and commit it"
+    )
 
 
 def test_every_setting_is_on_the_page_with_its_variable():
@@ -65,18 +66,20 @@ def test_a_setting_without_a_doc_comment_is_refused():
 
 
 def test_doc_comments_and_section_headings_are_read_from_the_source():
-    source = '''class Settings(BaseModel):
+    source = """class Settings(BaseModel):
     # -- the first room (somewhere.py) ----
     #: one line
     #: and its second
     alpha: int = 1
     #: beta's doc
     beta: str = Field(default="b", ge=1)
-'''
+"""
     (section,) = settings_doc.sections(source)
     assert section.title == "the first room (somewhere.py)"
     assert [(e.name, e.doc, e.default_source) for e in section.entries] == [
-        ("alpha", "one line and its second", "1"), ("beta", "beta's doc", "'b'")]
+        ("alpha", "one line and its second", "1"),
+        ("beta", "beta's doc", "'b'"),
+    ]
 
 
 def test_the_command_rewrites_the_page(tmp_path, capsys):

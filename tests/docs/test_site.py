@@ -20,8 +20,14 @@ def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
-                           "-d", str(site)], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_the_site_builds_strict(tmp_path):
@@ -42,6 +48,6 @@ def test_a_broken_link_fails_the_build(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "index.md").write_text("# home\n\n[gone](no-such-page.md)\n")
     config = (REPO / "mkdocs.yml").read_text()
-    (tmp_path / "mkdocs.yml").write_text(config[:config.index("\nnav:")] + "\nnav:\n  - Home: index.md\n")
+    (tmp_path / "mkdocs.yml").write_text(config[: config.index("\nnav:")] + "\nnav:\n  - Home: index.md\n")
     r = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert r.returncode != 0 and "no-such-page.md" in r.stdout + r.stderr, r.stdout + r.stderr

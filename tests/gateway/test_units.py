@@ -9,9 +9,9 @@ import pytest
 
 from billing.usage import MemorySink, UsageQueue, UsageRecord
 from gateway.access.auth import KeyAuth
-from gateway.wire.errors import ApiError
 from gateway.turn.events import IllegalTransition, ResponseEvents
-from gateway.turn.sealing import SealError, Sealer
+from gateway.turn.sealing import Sealer, SealError
+from gateway.wire.errors import ApiError
 from inference.parse import ItemDelta, ItemEnd, ItemStart
 
 
@@ -23,12 +23,15 @@ def test_sealed_reasoning_roundtrips_and_is_opaque():
     assert sealer.seal("x") != sealer.seal("x")  # random nonce
 
 
-@pytest.mark.parametrize("mangle", [
-    lambda b: b[:-4] + ("AAAA" if not b.endswith("AAAA") else "BBBB"),
-    lambda b: "rg1" + b,
-    lambda b: "not base64 at all!",
-    lambda b: "",
-])
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b[:-4] + ("AAAA" if not b.endswith("AAAA") else "BBBB"),
+        lambda b: "rg1" + b,
+        lambda b: "not base64 at all!",
+        lambda b: "",
+    ],
+)
 def test_tampered_or_foreign_blobs_are_rejected(mangle):
     sealer = Sealer(b"secret")
     with pytest.raises(SealError):
@@ -48,8 +51,12 @@ def test_status_machine_allows_exactly_one_terminal_transition():
     ev = _events()
     ev.created()
     ev.complete({"input_tokens": 1})
-    for again in (lambda: ev.complete({}), lambda: ev.fail(None, "server_error", "x"),
-                  lambda: ev.incomplete({}, "max_output_tokens"), lambda: ev.cancel(None)):
+    for again in (
+        lambda: ev.complete({}),
+        lambda: ev.fail(None, "server_error", "x"),
+        lambda: ev.incomplete({}, "max_output_tokens"),
+        lambda: ev.cancel(None),
+    ):
         with pytest.raises(IllegalTransition):
             again()
 
@@ -79,8 +86,17 @@ def test_cut_off_item_is_closed_incomplete_on_termination():
 
 
 def _record(i: int) -> UsageRecord:
-    return UsageRecord(response_id=f"r{i}", model="m", tenant=None, status="completed", input_tokens=1,
-                       cached_tokens=0, output_tokens=1, reasoning_tokens=0, transport="ws")
+    return UsageRecord(
+        response_id=f"r{i}",
+        model="m",
+        tenant=None,
+        status="completed",
+        input_tokens=1,
+        cached_tokens=0,
+        output_tokens=1,
+        reasoning_tokens=0,
+        transport="ws",
+    )
 
 
 async def test_usage_queue_never_blocks_and_drains_everything_at_shutdown():
@@ -136,8 +152,14 @@ def test_component_counters_are_exported_at_scrape_time(make_gateway):
         assert time.monotonic() < deadline, "usage record never written"
         time.sleep(0.02)
     text = httpx.get(live.url + "/metrics").text
-    for name in ("respgate_usage_records_total", "respgate_usage_pending", "respgate_store_token_cache_total",
-                 "respgate_store_chain_cache_total", "respgate_store_rerooted_total", "respgate_sequence_copies_total"):
+    for name in (
+        "respgate_usage_records_total",
+        "respgate_usage_pending",
+        "respgate_store_token_cache_total",
+        "respgate_store_chain_cache_total",
+        "respgate_store_rerooted_total",
+        "respgate_sequence_copies_total",
+    ):
         assert name in text, name
 
 
@@ -155,8 +177,12 @@ def test_rate_limited_log_keeps_a_flood_to_a_few_lines_and_counts_the_rest(caplo
         now[0] = 10.0
         assert limited.warning("size", "frame too large (%d bytes)", 100)
     lines = [r.getMessage() for r in caplog.records if r.name == "t.flood"]
-    assert lines == ["frame too large (0 bytes)", "frame too large (1 bytes)", "too deep",
-                     "frame too large (100 bytes) (98 similar line(s) suppressed)"]
+    assert lines == [
+        "frame too large (0 bytes)",
+        "frame too large (1 bytes)",
+        "too deep",
+        "frame too large (100 bytes) (98 similar line(s) suppressed)",
+    ]
     assert all(r.exc_info is None for r in caplog.records)
 
 
@@ -165,8 +191,10 @@ def test_the_served_process_freezes_its_start_up_heap_and_collects_the_young_les
     import subprocess
     import sys
 
-    code = ("import gc; from gateway.ops.server import GC_YOUNG_THRESHOLD, settle_heap; junk = [[] for _ in range(1000)]; "
-            "settle_heap(); print(gc.get_freeze_count() >= 1000, gc.get_threshold()[0] == GC_YOUNG_THRESHOLD, "
-            "gc.get_count()[0] < 100)")
+    code = (
+        "import gc; from gateway.ops.server import GC_YOUNG_THRESHOLD, settle_heap; junk = [[] for _ in range(1000)]; "
+        "settle_heap(); print(gc.get_freeze_count() >= 1000, gc.get_threshold()[0] == GC_YOUNG_THRESHOLD, "
+        "gc.get_count()[0] < 100)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["True", "True", "True"], out

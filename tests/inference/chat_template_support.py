@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from .harmony_support import APPLY_PATCH, GET_WEATHER, MCP, NO_PARAMS, WEB_SEARCH, content_parts
 
-QWEN25_TEMPLATE = '{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- messages[0][\'content\'] }}\n    {%- else %}\n        {{- \'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\' }}\n    {%- endif %}\n    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n{%- else %}\n    {%- if messages[0][\'role\'] == \'system\' %}\n        {{- \'<|im_start|>system\\n\' + messages[0][\'content\'] + \'<|im_end|>\\n\' }}\n    {%- else %}\n        {{- \'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n        {{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}\n    {%- elif message.role == "assistant" %}\n        {{- \'<|im_start|>\' + message.role }}\n        {%- if message.content %}\n            {{- \'\\n\' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- \'\\n<tool_call>\\n{"name": "\' }}\n            {{- tool_call.name }}\n            {{- \'", "arguments": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- \'}\\n</tool_call>\' }}\n        {%- endfor %}\n        {{- \'<|im_end|>\\n\' }}\n    {%- elif message.role == "tool" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n            {{- \'<|im_start|>user\' }}\n        {%- endif %}\n        {{- \'\\n<tool_response>\\n\' }}\n        {{- message.content }}\n        {{- \'\\n</tool_response>\' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n            {{- \'<|im_end|>\\n\' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|im_start|>assistant\\n\' }}\n{%- endif %}\n'
+QWEN25_TEMPLATE = "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == \"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + message.role }}\n        {%- if message.content %}\n            {{- '\\n' + message.content }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
 
 ALL_TOOLS = (GET_WEATHER, NO_PARAMS, APPLY_PATCH, MCP, WEB_SEARCH)
 
@@ -25,18 +25,30 @@ ALL_TOOLS = (GET_WEATHER, NO_PARAMS, APPLY_PATCH, MCP, WEB_SEARCH)
 # (that difference is the injection fix; tests/gateway/turn/test_render_injection.py covers it)
 TEXT = st.one_of(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30).filter(lambda s: "<|" not in s),
-    st.sampled_from(["", " ", "\n\n", "héllo 世界 🎉🎉", '{"a": [1, 2]}', "<tool_call>", "</tool_response>",
-                     "<think>x</think>", " lead", "trail\n"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\n\n",
+            "héllo 世界 🎉🎉",
+            '{"a": [1, 2]}',
+            "<tool_call>",
+            "</tool_response>",
+            "<think>x</think>",
+            " lead",
+            "trail\n",
+        ]
+    ),
 )
 # model output text: what the parser can give back verbatim (no tags, not whitespace-only)
 OUT_TEXT = st.one_of(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30),
     st.sampled_from(["héllo 世界 🎉🎉", '{"a": [1, 2]}', "line1\nline2", "trail\n", "x  ", "a\n\nb"]),
-).filter(lambda s: s.strip() and "<|" not in s and "<think>" not in s and "<tool_call>" not in s
-         and not s[0].isspace())
+).filter(lambda s: s.strip() and "<|" not in s and "<think>" not in s and "<tool_call>" not in s and not s[0].isspace())
 NAME = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True).filter(lambda s: "__" not in s)
 JSON_OBJ = st.dictionaries(
-    st.text(max_size=6), st.one_of(st.none(), st.booleans(), st.integers(), TEXT, st.lists(st.integers(), max_size=2)),
+    st.text(max_size=6),
+    st.one_of(st.none(), st.booleans(), st.integers(), TEXT, st.lists(st.integers(), max_size=2)),
     max_size=3,
 )
 JSON_ARGS = JSON_OBJ.map(lambda d: json.dumps(d, ensure_ascii=False))
@@ -60,8 +72,11 @@ def _call(draw: st.DrawFn) -> list[dict]:
         call = {"type": "custom_tool_call", "name": "apply_patch", "input": draw(TEXT)}
         out = {"type": "custom_tool_call_output", "output": draw(TEXT)}
     else:
-        call = {"type": "function_call", "name": draw(st.sampled_from(["get_weather", "read_file"]) | NAME),
-                "arguments": draw(JSON_ARGS | st.sampled_from(["", "{}", "not json"]))}
+        call = {
+            "type": "function_call",
+            "name": draw(st.sampled_from(["get_weather", "read_file"]) | NAME),
+            "arguments": draw(JSON_ARGS | st.sampled_from(["", "{}", "not json"])),
+        }
         if kind == "namespace":
             call["namespace"] = "mcp_fs"
         out = {"type": "function_call_output", "output": draw(TEXT)}
@@ -86,9 +101,9 @@ def _number_calls(blocks: list[list[dict]]) -> list[dict]:
     return items + pending
 
 
-CONVERSATIONS = st.lists(
-    st.one_of(_message(), _reasoning(), _call(), _call()), min_size=0, max_size=12
-).map(_number_calls)
+CONVERSATIONS = st.lists(st.one_of(_message(), _reasoning(), _call(), _call()), min_size=0, max_size=12).map(
+    _number_calls
+)
 
 
 @st.composite
@@ -98,19 +113,35 @@ def model_outputs(draw: st.DrawFn) -> list[dict]:
     items: list[dict] = []
     n_calls = draw(st.integers(0, 3))
     if n_calls == 0 or draw(st.booleans()):
-        items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": draw(OUT_TEXT)}]})
+        items.append(
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": draw(OUT_TEXT)}]}
+        )
     for _ in range(n_calls):
         kind = draw(st.sampled_from(["function", "namespace", "custom", "custom_ns", "unknown"]))
         if kind == "function":
             items.append({"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": draw(JSON_ARGS)})
         elif kind == "namespace":
-            items.append({"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs",
-                          "arguments": draw(JSON_ARGS)})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": "c",
+                    "name": "read_file",
+                    "namespace": "mcp_fs",
+                    "arguments": draw(JSON_ARGS),
+                }
+            )
         elif kind == "custom":
             items.append({"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": draw(TEXT)})
         elif kind == "custom_ns":
-            items.append({"type": "custom_tool_call", "call_id": "c", "name": "write_raw", "namespace": "mcp_fs",
-                          "input": draw(TEXT)})
+            items.append(
+                {
+                    "type": "custom_tool_call",
+                    "call_id": "c",
+                    "name": "write_raw",
+                    "namespace": "mcp_fs",
+                    "input": draw(TEXT),
+                }
+            )
         else:
             items.append({"type": "function_call", "call_id": "c", "name": draw(NAME), "arguments": draw(JSON_ARGS)})
     return items

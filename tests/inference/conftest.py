@@ -3,7 +3,7 @@ and a started simulated engine per test."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 

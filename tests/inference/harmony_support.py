@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -49,8 +50,12 @@ MCP = {
     "name": "mcp_fs",
     "description": "A filesystem MCP server.",
     "tools": [
-        {"type": "function", "name": "read_file", "description": "Read a file.",
-         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
+        {
+            "type": "function",
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
         {"type": "custom", "name": "write_raw", "description": "Write raw text.", "format": {"type": "text"}},
     ],
 }
@@ -61,7 +66,7 @@ ALL_TOOLS = (GET_WEATHER, NO_PARAMS, APPLY_PATCH, MCP, WEB_SEARCH)
 SPECIAL_LOOKALIKES = ["<|end|>", "<|start|>assistant", "<|call|><|return|>", "<|channel|>final<|message|>"]
 TEXT = st.one_of(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
-    st.sampled_from(["", " ", "\n\n", "héllo 世界 🎉🎉", "{\"a\": [1, 2]}", *SPECIAL_LOOKALIKES]),
+    st.sampled_from(["", " ", "\n\n", "héllo 世界 🎉🎉", '{"a": [1, 2]}', *SPECIAL_LOOKALIKES]),
 )
 NAME = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
 JSON_ARGS = st.dictionaries(
@@ -131,9 +136,7 @@ def _number_calls(blocks: list[list[dict]]) -> list[dict]:
     return items
 
 
-CONVERSATIONS = st.lists(
-    st.one_of(_message(), _reasoning(), _call_pair()), min_size=0, max_size=12
-).map(_number_calls)
+CONVERSATIONS = st.lists(st.one_of(_message(), _reasoning(), _call_pair()), min_size=0, max_size=12).map(_number_calls)
 
 
 @st.composite
@@ -143,21 +146,41 @@ def model_outputs(draw: st.DrawFn) -> list[dict]:
     if draw(st.booleans()):
         items.append({"type": "reasoning", "content": [{"type": "reasoning_text", "text": draw(TEXT)}]})
     if draw(st.integers(0, 3)) == 0:
-        items.append({"type": "message", "role": "assistant", "phase": "commentary",
-                      "content": [{"type": "output_text", "text": draw(TEXT)}]})
+        items.append(
+            {
+                "type": "message",
+                "role": "assistant",
+                "phase": "commentary",
+                "content": [{"type": "output_text", "text": draw(TEXT)}],
+            }
+        )
     end = draw(st.sampled_from(["final", "function", "namespace", "custom", "custom_ns"]))
     if end == "final":
         items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": draw(TEXT)}]})
     elif end == "function":
         items.append({"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": draw(JSON_ARGS)})
     elif end == "namespace":
-        items.append({"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs",
-                      "arguments": draw(JSON_ARGS)})
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": "c",
+                "name": "read_file",
+                "namespace": "mcp_fs",
+                "arguments": draw(JSON_ARGS),
+            }
+        )
     elif end == "custom":
         items.append({"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": draw(TEXT)})
     else:
-        items.append({"type": "custom_tool_call", "call_id": "c", "name": "write_raw", "namespace": "mcp_fs",
-                      "input": draw(TEXT)})
+        items.append(
+            {
+                "type": "custom_tool_call",
+                "call_id": "c",
+                "name": "write_raw",
+                "namespace": "mcp_fs",
+                "input": draw(TEXT),
+            }
+        )
     return items
 
 

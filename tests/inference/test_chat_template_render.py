@@ -24,8 +24,9 @@ from inference.renderer import Prelude
 from .chat_template_support import ALL_TOOLS, CONVERSATIONS, TEXT, call_index, model_outputs
 from .harmony_support import GET_WEATHER, MCP, feed_all, items_from_events, random_sizes
 
-PROPS = settings(max_examples=60, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 PRELUDES = st.builds(
     Prelude,
     instructions=st.one_of(st.none(), TEXT),
@@ -163,10 +164,12 @@ def test_equals_the_template_rendering(ct_renderer: ChatTemplateRenderer, prelud
         # system prompt (or render nothing at all); we keep the prelude and render the item after it
         sys_x = [{"role": "system", "content": "X"}]
         rest = native_render(r.tokenizer, r.template, sys_x + msgs, tools)
-        assert ours == r.prelude_text(prelude) + rest[len(native_render(r.tokenizer, r.template, sys_x, tools)):]
+        assert ours == r.prelude_text(prelude) + rest[len(native_render(r.tokenizer, r.template, sys_x, tools)) :]
     else:
         assert ours == native_render(r.tokenizer, r.template, head + msgs, tools)
-    assert r.render_prelude(prelude) + r.render_items(items) == r._encode(r.prelude_text(prelude)) + r.render_items(items)
+    assert r.render_prelude(prelude) + r.render_items(items) == r._encode(r.prelude_text(prelude)) + r.render_items(
+        items
+    )
     if not any(m["role"] == "assistant" and m["content"][:1].isspace() for m in msgs):
         # tokens are the tokenizer's tokens of the text (segment boundaries are special tokens)
         assert r.render_prelude(prelude) + r.render_items(items) == r._encode(ours)
@@ -184,8 +187,9 @@ def test_assistant_body_is_tokenized_after_the_generation_prompt(smollm2_rendere
 
 @PROPS
 @given(outputs=model_outputs(), history=CONVERSATIONS, seed=st.integers(0, 2**32))
-def test_model_turn_round_trips(ct_renderer: ChatTemplateRenderer, outputs: list[dict], history: list[dict],
-                                seed: int) -> None:
+def test_model_turn_round_trips(
+    ct_renderer: ChatTemplateRenderer, outputs: list[dict], history: list[dict], seed: int
+) -> None:
     r = ct_renderer
     prelude = Prelude(tools=ALL_TOOLS)
     # the GGUF-converted SmolLM2 vocab lacks some byte tokens (e.g. for U+40000): such text is lost
@@ -240,24 +244,38 @@ def test_qwen_default_system_with_tools(qwen25_renderer: ChatTemplateRenderer) -
     assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.") and "# Tools" in text
 
 
-@pytest.mark.parametrize("choice,line", [
-    ("required", TOOL_CHOICE_REQUIRED), ("none", TOOL_CHOICE_NONE),
-    ({"type": "function", "name": "get_weather"}, "You must call the tool `get_weather`."),
-    ({"type": "function", "name": "read_file", "namespace": "mcp_fs"}, "You must call the tool `mcp_fs__read_file`."),
-])
+@pytest.mark.parametrize(
+    "choice,line",
+    [
+        ("required", TOOL_CHOICE_REQUIRED),
+        ("none", TOOL_CHOICE_NONE),
+        ({"type": "function", "name": "get_weather"}, "You must call the tool `get_weather`."),
+        (
+            {"type": "function", "name": "read_file", "namespace": "mcp_fs"},
+            "You must call the tool `mcp_fs__read_file`.",
+        ),
+    ],
+)
 def test_tool_choice_line(ct_renderer: ChatTemplateRenderer, choice, line: str) -> None:
     assert line in ct_renderer.prelude_text(Prelude(tools=(GET_WEATHER, MCP), tool_choice=choice))
     assert line not in ct_renderer.prelude_text(Prelude(tool_choice=choice))  # no tools, no line
 
 
-def test_prelude_key_tracks_what_reaches_the_prompt(ct_renderer: ChatTemplateRenderer,
-                                                    smollm2_renderer, qwen25_renderer) -> None:
+def test_prelude_key_tracks_what_reaches_the_prompt(
+    ct_renderer: ChatTemplateRenderer, smollm2_renderer, qwen25_renderer
+) -> None:
     base = Prelude(instructions="x", tools=(GET_WEATHER,), tool_choice="auto")
     key = ct_renderer.prelude_key(base)
-    for variant in (Prelude(instructions="y", tools=(GET_WEATHER,)), Prelude(instructions="x", tools=(GET_WEATHER, MCP)),
-                    Prelude(instructions="x", tools=(GET_WEATHER,), tool_choice="required"), Prelude(instructions="x")):
+    for variant in (
+        Prelude(instructions="y", tools=(GET_WEATHER,)),
+        Prelude(instructions="x", tools=(GET_WEATHER, MCP)),
+        Prelude(instructions="x", tools=(GET_WEATHER,), tool_choice="required"),
+        Prelude(instructions="x"),
+    ):
         assert ct_renderer.prelude_key(variant) != key
-    assert ct_renderer.prelude_key(Prelude(instructions="x", tools=(dict(GET_WEATHER),), reasoning_effort="high")) == key
+    assert (
+        ct_renderer.prelude_key(Prelude(instructions="x", tools=(dict(GET_WEATHER),), reasoning_effort="high")) == key
+    )
     assert smollm2_renderer.prelude_key(base) != qwen25_renderer.prelude_key(base)  # the template is in the key
     assert ct_renderer.render_prelude(base) == ct_renderer.render_prelude(base)  # cached copy
 
@@ -275,7 +293,11 @@ def test_tool_name_collision_is_rejected(ct_renderer: ChatTemplateRenderer) -> N
 
 def test_item_rendering_smollm2(smollm2_renderer: ChatTemplateRenderer) -> None:
     items = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"}, {"type": "input_image"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "look"}, {"type": "input_image"}],
+        },
         {"type": "message", "role": "developer", "content": "dev note"},
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "sum"}]},
         answer("Checking."),
@@ -368,8 +390,11 @@ def test_constraint(ct_renderer: ChatTemplateRenderer) -> None:
     weather = fmt["content"]["json_schema"]["anyOf"][0]["properties"]["arguments"]
     assert weather == GET_WEATHER["parameters"]
     xgrammar.Grammar.from_structural_tag(json.dumps(required))  # compiles
-    named = json.loads(r.constraint(Prelude(tools=tools, tool_choice={"type": "function", "name": "read_file",
-                                                                      "namespace": "mcp_fs"}), None)["structural_tag"])
+    named = json.loads(
+        r.constraint(
+            Prelude(tools=tools, tool_choice={"type": "function", "name": "read_file", "namespace": "mcp_fs"}), None
+        )["structural_tag"]
+    )
     assert named["format"]["content"]["json_schema"]["properties"]["name"] == {"const": "mcp_fs__read_file"}
     assert r.constraint(Prelude(tools=tools), None) is None
     assert r.constraint(Prelude(tools=tools, tool_choice="none"), None) is None

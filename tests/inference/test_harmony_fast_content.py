@@ -21,13 +21,26 @@ from inference.harmony import HarmonyRenderer
 from inference.harmony_content import MessageTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-PROPS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(
+    max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 SPECIALS = [
-    "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
-    "<|endoftext|>", "<|endofprompt|>", "<|reserved_200013|>", "<|", "|>", " to=functions.f",
-    "<|start|>assistant<|channel|>final<|message|>", "<|constrain|>json",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+    "<|endoftext|>",
+    "<|endofprompt|>",
+    "<|reserved_200013|>",
+    "<|",
+    "|>",
+    " to=functions.f",
+    "<|start|>assistant<|channel|>final<|message|>",
+    "<|constrain|>json",
 ]
 SURROGATES = ["\ud800", "\udfff", "\ud83d", "a\udc00b"]  # lone: harmony raises, tiktoken would not
 RUN_CHARS = [" ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "0", "7", "a", "é", "😀", "👩‍👩‍👧", "\x00", "-", "#"]
@@ -75,9 +88,11 @@ def _texts_ok(*texts: str) -> bool:
 
 
 @PROPS
-@given(role=st.sampled_from(["user", "developer", "system", "assistant"]),
-       phase=st.sampled_from([None, "commentary", "final_answer"]),
-       texts=st.lists(TEXT, min_size=0, max_size=4))
+@given(
+    role=st.sampled_from(["user", "developer", "system", "assistant"]),
+    phase=st.sampled_from([None, "commentary", "final_answer"]),
+    texts=st.lists(TEXT, min_size=0, max_size=4),
+)
 def test_messages(fast: HarmonyRenderer, enc, role: str, phase, texts: list[str]) -> None:
     kind = "output_text" if role == "assistant" else "input_text"
     item = {"type": "message", "role": role, "content": [{"type": kind, "text": t} for t in texts]}
@@ -116,8 +131,7 @@ def test_tool_outputs(fast: HarmonyRenderer, enc, name: str, output, custom: boo
     call = {"type": "custom_tool_call" if custom else "function_call", "call_id": "c", "name": name}
     if isinstance(output, list):
         output = [{"type": "input_text", "text": t} for t in output]
-    item = {"type": "custom_tool_call_output" if custom else "function_call_output", "call_id": "c",
-            "output": output}
+    item = {"type": "custom_tool_call_output" if custom else "function_call_output", "call_id": "c", "output": output}
     assert_matches_harmony(fast, enc, [item], calls={"c": call})
 
 
@@ -149,13 +163,17 @@ def test_real_source_files(renderer: HarmonyRenderer, enc, path: Path) -> None:
     text = path.read_text()
     call = {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "x"}'}
     before = renderer._messages.fast_renders
-    assert_matches_harmony(renderer, enc, [
-        call,
-        {"type": "function_call_output", "call_id": "c1", "output": text},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
-        {"type": "function_call", "call_id": "c2", "name": "write", "arguments": text},
-        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]},
-    ])
+    assert_matches_harmony(
+        renderer,
+        enc,
+        [
+            call,
+            {"type": "function_call_output", "call_id": "c1", "output": text},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            {"type": "function_call", "call_id": "c2", "name": "write", "arguments": text},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]},
+        ],
+    )
     sizes = [len(call["arguments"])] + [len(text)] * 4
     assert renderer._messages.fast_renders == before + sum(n >= harmony_content.FAST_MIN_CHARS for n in sizes)
 
@@ -232,7 +250,8 @@ def test_concurrent_renders_agree(enc) -> None:
     text = (ROOT / "inference" / "harmony_content.py").read_text()
     messages = [
         Message.from_author_and_content(Author.new(Role.TOOL, f"functions.t{i % 5}"), text[: 200 * i])
-        .with_channel("commentary").with_recipient("assistant")
+        .with_channel("commentary")
+        .with_recipient("assistant")
         for i in range(40)
     ]
     expected = [enc.render(m) for m in messages]

@@ -22,11 +22,17 @@ from .harmony_support import ALL_TOOLS, model_outputs
 
 PRELUDE = Prelude(tools=ALL_TOOLS)
 CATALOG = ToolCatalog(ALL_TOOLS)
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 HEADERS = [
-    "<|channel|>analysis", "<|channel|>final", "<|channel|>commentary",
+    "<|channel|>analysis",
+    "<|channel|>final",
+    "<|channel|>commentary",
     "<|channel|>commentary to=functions.get_weather <|constrain|>json",
     "<|channel|>commentary to=functions.get_weather<|constrain|>json",
     " to=functions.get_weather<|channel|>commentary json",
@@ -36,20 +42,39 @@ HEADERS = [
     "<|channel|>commentary to=functions.get_weather json",
     " to=functions.get_weather<|channel|>commentary <|constrain|>json",
     " to=functions.get_weather<|channel|>commentary<|constrain|>json",
-    "<|channel|>commentary json", "<|channel|>analysis to=functions.ping",
+    "<|channel|>commentary json",
+    "<|channel|>analysis to=functions.ping",
     "<|channel|>commentary to=functions.get_weather  <|constrain|>json",
     "<|channel|>commentary to=functions.get_weather <|constrain|>json ",
     # shapes the fast path leaves to harmony
-    "", "<|channel|> final", "<|channel|>final extra words", "junk<|channel|>final",
-    "<|channel|>commentary<|constrain|>json", "<|channel|>commentary to=functions.x code",
-    "<|channel|>reflection", " to=a<|channel|>commentary to=b", "<|channel|>final<|start|>",
+    "",
+    "<|channel|> final",
+    "<|channel|>final extra words",
+    "junk<|channel|>final",
+    "<|channel|>commentary<|constrain|>json",
+    "<|channel|>commentary to=functions.x code",
+    "<|channel|>reflection",
+    " to=a<|channel|>commentary to=b",
+    "<|channel|>final<|start|>",
 ]
 ROLES = ["assistant", "assistant", "assistant", "user", "tool", "assistant to=functions.ping"]
 TERMINATORS = ["<|end|>", "<|return|>", "<|call|>"]
 CONTENT = st.one_of(
     st.text(max_size=40),
-    st.sampled_from(["héllo 世界 🎉", "{\"city\":\"Oslo\"}", "a<|start|>b", "x<|channel|>y", "<|constrain|>",
-                     " ", "\n\n", "<|endoftext|>", "tail<|message|>", ""]),
+    st.sampled_from(
+        [
+            "héllo 世界 🎉",
+            '{"city":"Oslo"}',
+            "a<|start|>b",
+            "x<|channel|>y",
+            "<|constrain|>",
+            " ",
+            "\n\n",
+            "<|endoftext|>",
+            "tail<|message|>",
+            "",
+        ]
+    ),
 )
 
 
@@ -76,7 +101,7 @@ def run(tokens: list[int], sizes: list[int], fast: bool) -> tuple[list, int, str
     try:
         while i < len(tokens):
             n = sizes[k % len(sizes)]
-            events += parser.feed(tokens[i:i + n])
+            events += parser.feed(tokens[i : i + n])
             i, k = i + n, k + 1
         events += parser.finish()
     except HarmonyParseError:
@@ -99,13 +124,16 @@ CHUNKS = st.lists(st.integers(1, 7), min_size=1, max_size=4)
 
 @SETTINGS
 @given(outputs=model_outputs(), sizes=CHUNKS)
-def test_canonical_outputs_are_read_by_the_fast_path(renderer: HarmonyRenderer, outputs: list[dict],
-                                                     sizes: list[int]) -> None:
+def test_canonical_outputs_are_read_by_the_fast_path(
+    renderer: HarmonyRenderer, outputs: list[dict], sizes: list[int]
+) -> None:
     tokens = render_completion(renderer.item_messages(outputs))
     read_fast = same_as_harmony(tokens, sizes)
     text = harmony_encoding().decode_utf8(tokens)
-    unusual = any(s in text.split("<|message|>", 1)[-1] for s in ("<|start|>", "<|channel|>", "<|message|>",
-                                                                  "<|constrain|>", "<|endoftext|>"))
+    unusual = any(
+        s in text.split("<|message|>", 1)[-1]
+        for s in ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|endoftext|>")
+    )
     if not unusual:  # special tokens inside content are harmony's to read
         assert read_fast, text[:300]
 
@@ -117,14 +145,23 @@ def test_any_header_shape_content_and_garbage(text: str, sizes: list[int]) -> No
 
 
 # token soup: ordinary tokens, byte fragments that are not UTF-8 alone, specials, out-of-vocabulary ids
-SOUP = st.lists(st.one_of(st.integers(0, 2000), st.integers(199990, 200020), st.integers(201080, 201100),
-                          st.sampled_from([200005, 200008, 200007, 200006, 173781, 35644, 12606, 17196])),
-                max_size=40)
+SOUP = st.lists(
+    st.one_of(
+        st.integers(0, 2000),
+        st.integers(199990, 200020),
+        st.integers(201080, 201100),
+        st.sampled_from([200005, 200008, 200007, 200006, 173781, 35644, 12606, 17196]),
+    ),
+    max_size=40,
+)
 
 
 @SETTINGS
-@given(prefix=st.sampled_from(["", "<|channel|>final<|message|>", "<|channel|>analysis<|message|>x"]),
-       soup=SOUP, sizes=CHUNKS)
+@given(
+    prefix=st.sampled_from(["", "<|channel|>final<|message|>", "<|channel|>analysis<|message|>x"]),
+    soup=SOUP,
+    sizes=CHUNKS,
+)
 def test_token_soup(prefix: str, soup: list[int], sizes: list[int]) -> None:
     same_as_harmony(harmony_encoding().encode(prefix, allowed_special="all") + soup, sizes)
 
@@ -144,8 +181,10 @@ def test_a_typical_turn_never_touches_harmonys_parser(renderer: HarmonyRenderer)
 def test_model_header_variants_stay_fast() -> None:
     """Shapes a real gpt-oss samples (recipient in the role header, ``json`` without constrain)."""
     enc = harmony_encoding()
-    text = ("<|channel|>analysis<|message|>Need weather.<|end|>"
-            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Oslo\"}<|call|>")
+    text = (
+        "<|channel|>analysis<|message|>Need weather.<|end|>"
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Oslo"}<|call|>'
+    )
     assert same_as_harmony(enc.encode(text, allowed_special="all"), [1])
 
 

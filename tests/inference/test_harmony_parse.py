@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,8 +13,6 @@ from inference.renderer import Prelude
 from .harmony_support import ALL_TOOLS, feed_all, items_from_events, model_outputs
 
 PRELUDE = Prelude(tools=ALL_TOOLS)
-
-
 
 
 def sample(enc, text: str) -> list[int]:
@@ -67,7 +64,9 @@ def test_event_sequence_for_reasoning_then_call(renderer: HarmonyRenderer, enc) 
 
 def test_namespace_and_custom_tools(renderer: HarmonyRenderer, enc) -> None:
     cases = {
-        "commentary to=mcp_fs.read_file <|constrain|>json": ItemStart("function_call", "read_file", "mcp_fs", "commentary"),
+        "commentary to=mcp_fs.read_file <|constrain|>json": ItemStart(
+            "function_call", "read_file", "mcp_fs", "commentary"
+        ),
         "commentary to=mcp_fs.write_raw": ItemStart("custom_tool_call", "write_raw", "mcp_fs", "commentary"),
         "commentary to=functions.apply_patch": ItemStart("custom_tool_call", "apply_patch", None, "commentary"),
         "commentary to=other.thing": ItemStart("function_call", "thing", "other", "commentary"),
@@ -81,7 +80,9 @@ def test_namespace_and_custom_tools(renderer: HarmonyRenderer, enc) -> None:
 
 def test_custom_tool_unknown_without_prelude(renderer: HarmonyRenderer, enc) -> None:
     """Which tools are freeform comes from the prelude the generation ran under."""
-    events = renderer.parser(Prelude()).feed(sample(enc, "<|channel|>commentary to=functions.apply_patch<|message|>x<|call|>"))
+    events = renderer.parser(Prelude()).feed(
+        sample(enc, "<|channel|>commentary to=functions.apply_patch<|message|>x<|call|>")
+    )
     assert events[0].kind == "function_call"
 
 
@@ -93,7 +94,10 @@ def test_recipient_in_role_header(renderer: HarmonyRenderer, enc) -> None:
 
 
 def test_commentary_without_recipient_is_a_message(renderer: HarmonyRenderer, enc) -> None:
-    tokens = sample(enc, "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>final<|message|>Done<|return|>")
+    tokens = sample(
+        enc,
+        "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>final<|message|>Done<|return|>",  # noqa: E501 (a token string as the model writes it)
+    )
     parser = renderer.parser(PRELUDE)
     events = feed_all(parser, tokens, [3])
     assert [e for e in events if isinstance(e, ItemStart)] == [

@@ -21,29 +21,69 @@ from inference.harmony_render import HarmonyRenderer
 from inference.renderer import Prelude
 from inference.text_runs import MAX_RUN
 
-PROPS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPS = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-CHARS = [" ", "\t", "\n", "\r\n", "\r", "a", "Z", "é", "e\u0301", "中", "😀", "\"", "\\", "//", "*/", "`", "{", "}",
-         "<|end|>", "0", "9", "_", "-", "\u2028", "\x00", "\u00a0"]
+CHARS = [
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "a",
+    "Z",
+    "é",
+    "e\u0301",
+    "中",
+    "😀",
+    '"',
+    "\\",
+    "//",
+    "*/",
+    "`",
+    "{",
+    "}",
+    "<|end|>",
+    "0",
+    "9",
+    "_",
+    "-",
+    "\u2028",
+    "\x00",
+    "\u00a0",
+]
 RUN = st.builds(lambda c, n: c * n, st.sampled_from(CHARS), st.integers(1, 300))
-TEXT = st.lists(st.one_of(RUN, st.text(max_size=40, alphabet=st.characters(blacklist_categories=("Cs",)))),
-                min_size=1, max_size=5).map("".join)
+TEXT = st.lists(
+    st.one_of(RUN, st.text(max_size=40, alphabet=st.characters(blacklist_categories=("Cs",)))), min_size=1, max_size=5
+).map("".join)
 KEY = st.one_of(st.sampled_from(["a", "city", "my-key"]), TEXT)
 
 
 @st.composite
 def preludes(draw) -> Prelude:
     keys = draw(st.lists(KEY, min_size=0, max_size=3, unique=True))
-    props = {k: {"type": "string", "description": draw(TEXT),
-                 **({"enum": draw(st.lists(TEXT, min_size=1, max_size=2))} if draw(st.booleans()) else {})}
-             for k in keys}
+    props = {
+        k: {
+            "type": "string",
+            "description": draw(TEXT),
+            **({"enum": draw(st.lists(TEXT, min_size=1, max_size=2))} if draw(st.booleans()) else {}),
+        }
+        for k in keys
+    }
     params = {"type": "object", "properties": props, "required": keys[: draw(st.integers(0, len(keys)))]}
     tools = [{"type": "function", "name": "f", "description": draw(TEXT), "parameters": params}]
     if draw(st.booleans()):
         tools.append({"type": "function", "name": "g", "description": draw(TEXT), "parameters": {"type": "object"}})
-    return Prelude(instructions=draw(st.one_of(st.none(), TEXT)), tools=tuple(tools) if draw(st.booleans()) else (),
-                   tool_choice=draw(st.sampled_from(["auto", "required", "none"])))
+    return Prelude(
+        instructions=draw(st.one_of(st.none(), TEXT)),
+        tools=tuple(tools) if draw(st.booleans()) else (),
+        tool_choice=draw(st.sampled_from(["auto", "required", "none"])),
+    )
 
 
 def harmony_direct(r: HarmonyRenderer, p: Prelude) -> list[int]:
@@ -73,10 +113,17 @@ def test_the_probe_path_is_taken_for_long_text(monkeypatch) -> None:
 
     monkeypatch.setattr("inference.harmony_render.render_developer", spy)
     r = HarmonyRenderer()
-    p = Prelude(instructions="word " * 100 + "中" * 500 + "\n" * 200,
-                tools=({"type": "function", "name": "f", "description": "\"q\" " * 50 + "\n\n" + "x" * 300,
-                        "parameters": {"type": "object", "properties": {"k" * 80: {"type": "string"}},
-                                       "required": ["k" * 80]}},))
+    p = Prelude(
+        instructions="word " * 100 + "中" * 500 + "\n" * 200,
+        tools=(
+            {
+                "type": "function",
+                "name": "f",
+                "description": '"q" ' * 50 + "\n\n" + "x" * 300,
+                "parameters": {"type": "object", "properties": {"k" * 80: {"type": "string"}}, "required": ["k" * 80]},
+            },
+        ),
+    )
     assert r.render_prelude(p) == harmony_direct(r, p)
     assert calls == [True]
     short = Prelude(instructions="Be brief.")
@@ -89,10 +136,19 @@ def test_a_megabyte_run_in_any_field_renders_and_round_trips(run: str) -> None:
     """1 MB runs: harmony panics (stack overflow) or takes minutes on these; ours are linear."""
     big = run * (1_000_000 // len(run.encode()))
     r = HarmonyRenderer()
-    for p in (Prelude(instructions=big),
-              Prelude(tools=({"type": "function", "name": "f", "description": big, "parameters": {"type": "object"}},)),
-              Prelude(tools=({"type": "function", "name": "f", "parameters": {
-                  "type": "object", "properties": {"a": {"type": "string", "enum": [big]}}}},))):
+    for p in (
+        Prelude(instructions=big),
+        Prelude(tools=({"type": "function", "name": "f", "description": big, "parameters": {"type": "object"}},)),
+        Prelude(
+            tools=(
+                {
+                    "type": "function",
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "string", "enum": [big]}}},
+                },
+            )
+        ),
+    ):
         ids = r.render_prelude(p)
         text = r._enc.decode(ids)
         lines = [ln.strip() for ln in big.splitlines() if ln.strip()]

@@ -76,9 +76,7 @@ def test_equals_harmony_render_conversation(
 
 @PROPS
 @given(outputs=model_outputs(), history=CONVERSATIONS, seed=st.integers(0, 2**32))
-def test_model_turn_round_trips(
-    renderer: HarmonyRenderer, outputs: list[dict], history: list[dict], seed: int
-) -> None:
+def test_model_turn_round_trips(renderer: HarmonyRenderer, outputs: list[dict], history: list[dict], seed: int) -> None:
     """(c) generation_prompt + history_tokens(canonical sample) == render_items(parsed items), and
     appending that to a rendered history is the full render of history + outputs."""
     prelude = Prelude(tools=ALL_TOOLS)
@@ -176,7 +174,11 @@ def test_prelude_key_tracks_every_setting(renderer: HarmonyRenderer) -> None:
 
 def test_item_rendering(renderer: HarmonyRenderer, enc) -> None:
     items = [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"}, {"type": "input_image"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "look"}, {"type": "input_image"}],
+        },
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "sum"}]},
         {"type": "function_call", "call_id": "1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
         {"type": "function_call_output", "call_id": "1", "output": "cold"},
@@ -184,14 +186,19 @@ def test_item_rendering(renderer: HarmonyRenderer, enc) -> None:
         {"type": "function_call_output", "call_id": "2", "output": "data"},
         {"type": "custom_tool_call", "call_id": "3", "name": "apply_patch", "input": "*** Begin Patch"},
         {"type": "custom_tool_call_output", "call_id": "3", "output": "Done"},
-        {"type": "message", "role": "assistant", "phase": "commentary", "content": [{"type": "output_text", "text": "Working"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "phase": "commentary",
+            "content": [{"type": "output_text", "text": "Working"}],
+        },
         {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
         {"type": "item_reference", "id": "x"},
     ]
     assert enc.decode(renderer.render_items(items)) == (
         "<|start|>user<|message|>look[image]<|end|>"
         "<|start|>assistant<|channel|>analysis<|message|>sum<|end|>"
-        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>'
+        '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>'  # noqa: E501 (a token string as the model writes it)
         "<|start|>functions.get_weather<|channel|>commentary to=assistant<|message|>cold<|end|>"
         "<|start|>assistant<|channel|>commentary to=mcp_fs.read_file <|constrain|>json<|message|>{}<|call|>"
         "<|start|>mcp_fs.read_file<|channel|>commentary to=assistant<|message|>data<|end|>"
@@ -212,7 +219,7 @@ def test_special_token_text_stays_text(renderer: HarmonyRenderer, enc) -> None:
 def test_tool_output_name_resolution(renderer: HarmonyRenderer) -> None:
     call = {"type": "function_call", "call_id": "c9", "name": "read_file", "namespace": "mcp_fs", "arguments": "{}"}
     out = {"type": "function_call_output", "call_id": "c9", "output": "ok"}
-    expected = renderer.render_items([call, out])[len(renderer.render_items([call])):]
+    expected = renderer.render_items([call, out])[len(renderer.render_items([call])) :]
     assert renderer.render_items([out], calls={"c9": call}) == expected
     named = dict(out, name="read_file", namespace="mcp_fs")  # an item may carry its call's name
     assert renderer.render_items([named]) == expected
@@ -244,10 +251,12 @@ def test_count_text_tokens(renderer: HarmonyRenderer) -> None:
 
 
 def test_render_completion_shapes(renderer: HarmonyRenderer, enc) -> None:
-    msgs = renderer.item_messages([
-        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r"}]},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
-    ])
+    msgs = renderer.item_messages(
+        [
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        ]
+    )
     assert enc.decode(render_completion(msgs)) == (
         "<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final<|message|>a<|return|>"
     )

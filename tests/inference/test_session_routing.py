@@ -17,8 +17,9 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -34,8 +35,8 @@ from inference.remote_vllm import ABORT_PATH, GENERATE_PATH, SERVER_ID_PREFIX, R
 from inference.simulated import SimulatedEngine
 from tests.conftest import MODEL, LiveGateway, free_port, start_gateway, stop_gateway
 
-HEADER = "x-chain-key"   # not the default: the setting is what decides the header's name
-HOLD = 777               # a generate asking for this many tokens streams one chunk, then waits for the client to go
+HEADER = "x-chain-key"  # not the default: the setting is what decides the header's name
+HOLD = 777  # a generate asking for this many tokens streams one chunk, then waits for the client to go
 KEYS = {"acme": "key-acme", "beta": "key-beta"}
 
 
@@ -91,25 +92,42 @@ class Upstream:
         sp = req["sampling_params"]
         rid = SERVER_ID_PREFIX + req["request_id"]
         hold = sp.get("max_tokens") == HOLD
-        params = SamplingParams(max_tokens=sp.get("max_tokens"), temperature=sp["temperature"],
-                                stop_token_ids=tuple(sp["stop_token_ids"]), cache_salt=req.get("cache_salt"))
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        params = SamplingParams(
+            max_tokens=sp.get("max_tokens"),
+            temperature=sp["temperature"],
+            stop_token_ids=tuple(sp["stop_token_ids"]),
+            cache_salt=req.get("cache_salt"),
+        )
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         cached = 0
         async for d in self.sim.generate(req["request_id"], req["token_ids"], params):
             cached = d.num_cached_tokens if d.num_cached_tokens is not None else cached
-            choice = {"index": 0, "token_ids": d.token_ids, "finish_reason": None if hold else d.finish_reason,
-                      "stop_reason": d.stop_token_id}
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": b"data: " + orjson.dumps({"request_id": rid, "choices": [choice]}) + b"\n\n"})
+            choice = {
+                "index": 0,
+                "token_ids": d.token_ids,
+                "finish_reason": None if hold else d.finish_reason,
+                "stop_reason": d.stop_token_id,
+            }
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": b"data: " + orjson.dumps({"request_id": rid, "choices": [choice]}) + b"\n\n",
+                }
+            )
             if hold:  # stream nothing more: the client must go away (ASGI tells us with http.disconnect)
                 while (await receive())["type"] != "http.disconnect":
                     pass
                 self.dropped.append(rid)
                 return
         usage = {"prompt_tokens": len(req["token_ids"]), "prompt_tokens_details": {"cached_tokens": cached}}
-        await send({"type": "http.response.body", "more_body": True,
-                    "body": b"data: " + orjson.dumps({"request_id": rid, "choices": [], "usage": usage}) + b"\n\n"})
+        await send(
+            {
+                "type": "http.response.body",
+                "more_body": True,
+                "body": b"data: " + orjson.dumps({"request_id": rid, "choices": [], "usage": usage}) + b"\n\n",
+            }
+        )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
@@ -138,11 +156,13 @@ def upstream() -> Iterator[Upstream]:
 @pytest.fixture
 def routed(upstream: Upstream) -> Iterator[tuple[LiveGateway, Upstream, RemoteVllmEngine]]:
     """The gateway (two tenants, Harmony) whose only route is the remote engine on the upstream."""
-    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=upstream.url, session_header=HEADER,
-                                                 health_interval_s=0, start_timeout_s=30))
+    engine = RemoteVllmEngine(
+        RemoteVllmSettings(base_url=upstream.url, session_header=HEADER, health_interval_s=0, start_timeout_s=30)
+    )
     registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=8192)])
-    live = start_gateway(Settings(api_keys=[f"{t}:{k}" for t, k in KEYS.items()], keys_file=None),
-                         engine=engine, registry=registry)  # type: ignore[arg-type]
+    live = start_gateway(
+        Settings(api_keys=[f"{t}:{k}" for t, k in KEYS.items()], keys_file=None), engine=engine, registry=registry
+    )  # type: ignore[arg-type]
     try:
         yield live, upstream, engine
     finally:
@@ -154,8 +174,12 @@ def _auth(tenant: str) -> dict[str, str]:
 
 
 def _http(live: LiveGateway, tenant: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "max_output_tokens": 24, **body},
-                   headers=_auth(tenant), timeout=30)
+    r = httpx.post(
+        live.base_url + "/responses",
+        json={"model": MODEL, "max_output_tokens": 24, **body},
+        headers=_auth(tenant),
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     assert r.json()["status"] in ("completed", "incomplete"), r.text
     return r.json()
@@ -184,16 +208,15 @@ def _wait(cond: Any, what: str, timeout: float = 30) -> None:
 def test_every_request_of_a_chain_carries_its_session_key_and_salt(routed):
     live, up, engine = routed
     with connect(live.ws_url, additional_headers=_auth("acme")) as ws:
-        root = _ws_turn(ws, input="Tell me about tides.", store=True)          # WS, stored: the root
+        root = _ws_turn(ws, input="Tell me about tides.", store=True)  # WS, stored: the root
         ws_child = _ws_turn(ws, input="And the moon?", previous_response_id=root["id"], store=False)
-        warm = _ws_turn(ws, input="More context.", previous_response_id=ws_child["id"], generate=False,
-                        store=False)
+        warm = _ws_turn(ws, input="More context.", previous_response_id=ws_child["id"], generate=False, store=False)
         _wait(lambda: engine.stats.prefills == 1, "the warm-up's prefill did not run")
         _ws_turn(ws, input="Go on.", previous_response_id=warm["id"], store=False)
     fork = _http(live, "acme", input="Something else about tides.", previous_response_id=root["id"])  # HTTP fork
-    _http(live, "acme", input="Continue.", previous_response_id=fork["id"])      # HTTP chain on the fork
+    _http(live, "acme", input="Continue.", previous_response_id=fork["id"])  # HTTP chain on the fork
     other_root = _http(live, "acme", input="A new conversation.")
-    _http(live, "beta", input="Tell me about tides.")                          # another tenant
+    _http(live, "beta", input="Tell me about tides.")  # another tenant
 
     gens = up.of(GENERATE_PATH)
     assert len(gens) == 8  # 3 WS turns + the prefill + 2 HTTP chain turns + 2 new chains
@@ -228,8 +251,18 @@ def test_the_abort_of_a_dropped_turn_carries_the_chains_key(routed):
     live, up, engine = routed
     with connect(live.ws_url, additional_headers=_auth("acme")) as ws:
         root = _ws_turn(ws, input="Tell me about tides.", store=False)
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "max_output_tokens": HOLD,
-                            "input": "Now a long story.", "previous_response_id": root["id"], "store": False}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "max_output_tokens": HOLD,
+                    "input": "Now a long story.",
+                    "previous_response_id": root["id"],
+                    "store": False,
+                }
+            )
+        )
         _wait(lambda: len(up.of(GENERATE_PATH)) == 2, "the held turn did not reach the upstream")
     # the socket is gone: the turn is cancelled, its stream closed and the abort posted
     _wait(lambda: up.of(ABORT_PATH) and up.dropped, "the dropped turn was not aborted")
@@ -246,13 +279,13 @@ async def test_headers_name_the_setting_and_forward_the_trace_context(upstream: 
     """Engine level: the header's name is the setting (empty: none), ``traceparent`` goes along when set."""
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     for name in ("x-session-id", ""):
-        engine = RemoteVllmEngine(RemoteVllmSettings(base_url=upstream.url, session_header=name,
-                                                     health_interval_s=0))
+        engine = RemoteVllmEngine(RemoteVllmSettings(base_url=upstream.url, session_header=name, health_interval_s=0))
         await engine.start()
         try:
             routing = RequestRouting(session_key="k1", traceparent=tp)
-            async for _ in engine.generate(f"direct-{name or 'none'}", [1, 2, 3], SamplingParams(max_tokens=4),
-                                           routing):
+            async for _ in engine.generate(
+                f"direct-{name or 'none'}", [1, 2, 3], SamplingParams(max_tokens=4), routing
+            ):
                 pass
             await engine.prefill(f"warm-{name or 'none'}", [1, 2, 3], "salt-1", routing)
         finally:
@@ -286,13 +319,21 @@ def test_a_chain_keeps_its_key_across_replicas_sharing_redis(upstream: Upstream,
     lives = []
     try:
         for _ in range(2):
-            engine = RemoteVllmEngine(RemoteVllmSettings(base_url=upstream.url, session_header=HEADER,
-                                                         health_interval_s=0, start_timeout_s=30))
-            registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(),
-                                                 max_context=8192)])
-            lives.append(start_gateway(Settings(api_keys=[f"{t}:{k}" for t, k in KEYS.items()], keys_file=None,
-                                                redis_url=redis_url),
-                                       engine=engine, registry=registry))  # type: ignore[arg-type]
+            engine = RemoteVllmEngine(
+                RemoteVllmSettings(
+                    base_url=upstream.url, session_header=HEADER, health_interval_s=0, start_timeout_s=30
+                )
+            )
+            registry = ModelRegistry(
+                [ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=8192)]
+            )
+            lives.append(
+                start_gateway(
+                    Settings(api_keys=[f"{t}:{k}" for t, k in KEYS.items()], keys_file=None, redis_url=redis_url),
+                    engine=engine,
+                    registry=registry,
+                )
+            )  # type: ignore[arg-type]
         a, b = lives
         root = _http(a, "acme", input="Tell me about tides.")
         child = _http(b, "acme", input="And the moon?", previous_response_id=root["id"])
@@ -304,18 +345,29 @@ def test_a_chain_keeps_its_key_across_replicas_sharing_redis(upstream: Upstream,
             stop_gateway(live)
 
 
-async def test_stored_records_keep_the_root_and_older_records_fall_back_to_their_chains_first_stored_response(redis_url: str):
+async def test_stored_records_keep_the_root_and_older_records_fall_back_to_their_chains_first_stored_response(
+    redis_url: str,
+):
     from cache.item_log import ItemLog
     from cache.redis_response_store import RedisStore
-    from cache.seq import TokenSeq
     from cache.response_state import ResponseState
+    from cache.seq import TokenSeq
 
     def state(i: int, root: str | None) -> ResponseState:
         msg = {"type": "message", "role": "user", "id": f"msg_{i}", "content": [{"type": "input_text", "text": "x"}]}
-        return ResponseState(id=f"resp_r{i}", response={"id": f"resp_r{i}", "status": "completed", "output": []},
-                             input_items=(msg,), context=ItemLog([msg] * (i + 1)), history_ids=TokenSeq(),
-                             model="m", prelude_key=b"", store=True, parent_id=f"resp_r{i - 1}" if i else None,
-                             root_id=root, tenant="t1")
+        return ResponseState(
+            id=f"resp_r{i}",
+            response={"id": f"resp_r{i}", "status": "completed", "output": []},
+            input_items=(msg,),
+            context=ItemLog([msg] * (i + 1)),
+            history_ids=TokenSeq(),
+            model="m",
+            prelude_key=b"",
+            store=True,
+            parent_id=f"resp_r{i - 1}" if i else None,
+            root_id=root,
+            tenant="t1",
+        )
 
     writer, reader = RedisStore.from_url(redis_url), RedisStore.from_url(redis_url)
     try:
@@ -341,8 +393,9 @@ async def test_stored_records_keep_the_root_and_older_records_fall_back_to_their
 
 #: long standing instructions (~1,300 tokens): the share of a turn's prompt that is new (its input,
 #: the partial last KV block: vLLM's CPU attention takes blocks of 32 only) stays small, as in an agent's session
-INSTRUCTIONS = " ".join(f"Rule {i}: answer in at most five words and stay on the topic the user names."
-                        for i in range(80))
+INSTRUCTIONS = " ".join(
+    f"Rule {i}: answer in at most five words and stay on the topic the user names." for i in range(80)
+)
 
 
 @dataclass
@@ -395,13 +448,22 @@ class SessionRouter:
         rid = orjson.loads(body).get("request_id") if body and scope["path"] == GENERATE_PATH else None
         self.routed.append(Routed(scope["path"], key, backend, rid))
         fwd = {k: v for k, v in headers.items() if k not in ("host", "content-length")}
-        req = self.client.build_request(scope["method"], self.backends[backend] + scope["path"], headers=fwd,
-                                        content=body)
+        req = self.client.build_request(
+            scope["method"], self.backends[backend] + scope["path"], headers=fwd, content=body
+        )
         resp = await self.client.send(req, stream=True)
         try:
-            await send({"type": "http.response.start", "status": resp.status_code,
-                        "headers": [(k.encode(), v.encode()) for k, v in resp.headers.items()
-                                    if k not in ("content-length", "transfer-encoding", "connection")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": resp.status_code,
+                    "headers": [
+                        (k.encode(), v.encode())
+                        for k, v in resp.headers.items()
+                        if k not in ("content-length", "transfer-encoding", "connection")
+                    ],
+                }
+            )
 
             async def pump() -> None:
                 async for chunk in resp.aiter_raw():
@@ -434,9 +496,10 @@ def two_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoPods]:
     from tests.inference.test_remote_vllm import launch_vllm, stop_vllm, wait_healthy
 
     tmp = tmp_path_factory.mktemp("two-pods")
-    servers = [launch_vllm(tmp / f"pod{i}.log",
-                           env={"VLLM_CPU_OMP_THREADS_BIND": str(i), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
-               for i in range(2)]
+    servers = [
+        launch_vllm(tmp / f"pod{i}.log", env={"VLLM_CPU_OMP_THREADS_BIND": str(i), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+        for i in range(2)
+    ]
     server = None
     thread = None
     try:
@@ -444,8 +507,7 @@ def two_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoPods]:
             wait_healthy(s)
         router = SessionRouter([s.url for s in servers])
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(router, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="on"))
+        server = uvicorn.Server(uvicorn.Config(router, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
         thread = threading.Thread(target=server.run, name="session-router", daemon=True)
         thread.start()
         _wait(lambda: server.started, "the session router did not start")
@@ -465,10 +527,21 @@ def pods_gateway(two_pods: TwoPods) -> Iterator[LiveGateway]:
     from tests.conftest import VLLM_MODEL
     from tests.inference.test_remote_vllm import API_KEY
 
-    engine = RemoteVllmEngine(RemoteVllmSettings(base_url=two_pods.url, api_key=API_KEY, model=VLLM_MODEL,
-                                                 start_timeout_s=60, health_interval_s=0))
-    registry = ModelRegistry([ModelRoute(name=VLLM_MODEL, engine=engine,
-                                         renderer=ChatTemplateRenderer(prepare_model("smollm2")), max_context=4096)])
+    engine = RemoteVllmEngine(
+        RemoteVllmSettings(
+            base_url=two_pods.url, api_key=API_KEY, model=VLLM_MODEL, start_timeout_s=60, health_interval_s=0
+        )
+    )
+    registry = ModelRegistry(
+        [
+            ModelRoute(
+                name=VLLM_MODEL,
+                engine=engine,
+                renderer=ChatTemplateRenderer(prepare_model("smollm2")),
+                max_context=4096,
+            )
+        ]
+    )
     live = start_gateway(Settings(models=[VLLM_MODEL]), engine=engine, registry=registry)  # type: ignore[arg-type]
     try:
         yield live
@@ -487,8 +560,7 @@ def test_a_20_turn_chain_stays_on_one_pod_and_reuses_its_kv(two_pods: TwoPods, p
 
     live, router = pods_gateway, two_pods.router
     done = [s.metric("vllm:request_success_total") for s in two_pods.servers]
-    base = {"model": VLLM_MODEL, "instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": 16,
-            "store": True}
+    base = {"model": VLLM_MODEL, "instructions": INSTRUCTIONS, "temperature": 0, "max_output_tokens": 16, "store": True}
     turns: list[dict[str, Any]] = []
     with connect(live.ws_url, max_size=None) as ws:
         for i in range(20):  # odd turns over the socket, even ones as HTTP continuations of them
@@ -506,8 +578,12 @@ def test_a_20_turn_chain_stays_on_one_pod_and_reuses_its_kv(two_pods: TwoPods, p
     assert {g.key for g in gens} == {RequestRouting.for_chain(None, turns[0]["id"]).session_key}
     (pod,) = {g.backend for g in gens}
     shares = [t["usage"]["input_tokens_details"]["cached_tokens"] / t["usage"]["input_tokens"] for t in turns]
-    print("cached share per turn:", [round(s, 3) for s in shares],
-          "prompt tokens:", [t["usage"]["input_tokens"] for t in turns])
+    print(
+        "cached share per turn:",
+        [round(s, 3) for s in shares],
+        "prompt tokens:",
+        [t["usage"]["input_tokens"] for t in turns],
+    )
     assert all(s >= 0.9 for s in shares[2:]), shares
     after = [s.metric("vllm:request_success_total") for s in two_pods.servers]
     assert after[pod] - done[pod] == 20 and after[1 - pod] == done[1 - pod], (done, after)
@@ -516,8 +592,11 @@ def test_a_20_turn_chain_stays_on_one_pod_and_reuses_its_kv(two_pods: TwoPods, p
     # words: a request whose items the tenant sent before is a prefix-cache hit and continues that
     # conversation's root (and pod) — prefix-aware by design (gateway.turn.prefix)
     for attempt in range(16):
-        other = httpx.post(live.base_url + "/responses",
-                           json={**base, "store": False, "input": f"Hello, chain {attempt}."}, timeout=120).json()
+        other = httpx.post(
+            live.base_url + "/responses",
+            json={**base, "store": False, "input": f"Hello, chain {attempt}."},
+            timeout=120,
+        ).json()
         if _generates(router)[-1].backend != pod:
             break
     else:
@@ -535,7 +614,8 @@ def test_vllm_aborts_a_generate_whose_client_disconnects(two_pods: TwoPods):
 
     server = two_pods.servers[0]
     body = RemoteVllmEngine(RemoteVllmSettings()).request_body(
-        "drop-1", list(range(1000, 1100)), SamplingParams(max_tokens=2000, temperature=1.0))
+        "drop-1", list(range(1000, 1100)), SamplingParams(max_tokens=2000, temperature=1.0)
+    )
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as raw:
         with raw.stream("POST", GENERATE_PATH, json=body) as resp:
             chunks = 0
@@ -544,8 +624,11 @@ def test_vllm_aborts_a_generate_whose_client_disconnects(two_pods: TwoPods):
                 if chunks == 3:
                     break
     # the stream is closed, nothing was posted to the abort endpoint
-    _wait(lambda: f"Request {SERVER_ID_PREFIX}drop-1 aborted." in server.log_text(),
-          "vLLM did not abort the request of a client that disconnected", timeout=60)
+    _wait(
+        lambda: f"Request {SERVER_ID_PREFIX}drop-1 aborted." in server.log_text(),
+        "vLLM did not abort the request of a client that disconnected",
+        timeout=60,
+    )
     # ("Request X aborted." is the line of generate's own cancellation; a posted abort logs "Aborted request(s)")
     _wait(lambda: not server.metric("vllm:num_requests_running"), "vLLM still runs the dropped request", 60)
 
@@ -560,9 +643,20 @@ def test_a_dropped_turn_is_aborted_on_the_pod_that_runs_it(two_pods: TwoPods, po
     aborts = engine.aborts_delivered
     with connect(live.ws_url, max_size=None) as ws:
         root = _ws_turn(ws, model=VLLM_MODEL, input="Hi.", temperature=0, max_output_tokens=16, store=False)
-        ws.send(json.dumps({"type": "response.create", "model": VLLM_MODEL, "temperature": 1.0, "seed": 7,
-                            "max_output_tokens": 2000, "previous_response_id": root["id"], "store": False,
-                            "input": "Write a very long story about a dragon, with many chapters."}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": VLLM_MODEL,
+                    "temperature": 1.0,
+                    "seed": 7,
+                    "max_output_tokens": 2000,
+                    "previous_response_id": root["id"],
+                    "store": False,
+                    "input": "Write a very long story about a dragon, with many chapters.",
+                }
+            )
+        )
         seen = 0
         while seen < 3:  # the pod is generating it
             ev = json.loads(ws.recv(timeout=120))
@@ -572,9 +666,14 @@ def test_a_dropped_turn_is_aborted_on_the_pod_that_runs_it(two_pods: TwoPods, po
     assert turn.key == RequestRouting.for_chain(None, root["id"]).session_key
     pod, server_id = turn.backend, SERVER_ID_PREFIX + turn.request_id
     serving, idle = two_pods.servers[pod], two_pods.servers[1 - pod]
-    _wait(lambda: f"Request {server_id} aborted." in serving.log_text()
-          or f"Aborted request(s) {server_id}" in serving.log_text(),
-          f"the serving pod did not abort {server_id}:\n{serving.log_tail()}", timeout=60)
+    _wait(
+        lambda: (
+            f"Request {server_id} aborted." in serving.log_text()
+            or f"Aborted request(s) {server_id}" in serving.log_text()
+        ),
+        f"the serving pod did not abort {server_id}:\n{serving.log_tail()}",
+        timeout=60,
+    )
     _wait(lambda: engine.aborts_delivered > aborts, "the posted abort was not acknowledged", 60)
     (posted,) = [r for r in router.routed if r.path == ABORT_PATH][-1:]
     assert posted.backend == pod and posted.key == turn.key

@@ -31,15 +31,22 @@ pytestmark = pytest.mark.timeout(180)
 
 MODEL = "gpt-oss-sim"
 BLOCK = 16
-TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 SMALL, LARGE = 1_000, 128_000
 
 
 def work(engine: SimulatedEngine) -> dict[str, int]:
     s = engine.stats
-    return {**dataclasses.asdict(s.cache), "prompt_tokens_read": s.prompt_tokens_read,
-            "prompt_tokens_copied": s.prompt_tokens_copied}
+    return {
+        **dataclasses.asdict(s.cache),
+        "prompt_tokens_read": s.prompt_tokens_read,
+        "prompt_tokens_copied": s.prompt_tokens_copied,
+    }
 
 
 def spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -101,8 +108,9 @@ def test_ws_continuation_work_is_independent_of_history(make_gateway) -> None:
 # -- at the engine API ---------------------------------------------------------------------------
 
 
-async def engine_continuation_work(engine: SimulatedEngine, renderer: HarmonyRenderer, history_tokens: int,
-                                   views: bool = True) -> dict[str, int]:
+async def engine_continuation_work(
+    engine: SimulatedEngine, renderer: HarmonyRenderer, history_tokens: int, views: bool = True
+) -> dict[str, int]:
     """A conversation driven the way the gateway drives it (prompt = history + new items +
     generation prompt, history = prompt + the sampled tokens as rendered); the work of its third
     continuation. ``views=False`` passes each prompt as a fresh list instead."""

@@ -51,17 +51,30 @@ def general(turn: Turn) -> Turn:
 
 def observed(engine: SimulatedEngine) -> dict:
     s = engine.stats
-    return {"stats": (s.requests, s.aborts, s.prompt_tokens, s.cached_tokens, s.generated_tokens, s.running,
-                      s.prompt_tokens_read, s.prompt_tokens_copied, s.last_prompt_len),
-            "cache_work": dataclasses.asdict(s.cache), "blocks": len(engine._cache) if engine._cache else None}
+    return {
+        "stats": (
+            s.requests,
+            s.aborts,
+            s.prompt_tokens,
+            s.cached_tokens,
+            s.generated_tokens,
+            s.running,
+            s.prompt_tokens_read,
+            s.prompt_tokens_copied,
+            s.last_prompt_len,
+        ),
+        "cache_work": dataclasses.asdict(s.cache),
+        "blocks": len(engine._cache) if engine._cache else None,
+    }
 
 
 def as_tuple(d: TokenDelta) -> tuple:
     return (list(d.token_ids), d.finish_reason, d.num_cached_tokens, d.stop_token_id, d.logprobs)
 
 
-async def play(engine: SimulatedEngine, ids, params: SamplingParams, take: int | None = None,
-               cancel_after_steps: int | None = None) -> tuple[list[tuple], str]:
+async def play(
+    engine: SimulatedEngine, ids, params: SamplingParams, take: int | None = None, cancel_after_steps: int | None = None
+) -> tuple[list[tuple], str]:
     """Run one request; stop after ``take`` deltas (``aclose``) or cancel the consuming task after
     that many event-loop steps. Returns the deltas seen and how it ended."""
     seen: list[tuple] = []
@@ -88,8 +101,16 @@ async def play(engine: SimulatedEngine, ids, params: SamplingParams, take: int |
     return seen, how
 
 
-async def both(turn: Turn, params: SamplingParams, renderer: HarmonyRenderer, *, views: bool = True,
-               take: int | None = None, cancel_after_steps: int | None = None, **config) -> tuple:
+async def both(
+    turn: Turn,
+    params: SamplingParams,
+    renderer: HarmonyRenderer,
+    *,
+    views: bool = True,
+    take: int | None = None,
+    cancel_after_steps: int | None = None,
+    **config,
+) -> tuple:
     """The same three-turn conversation on a fast-path engine and a general-path one."""
     results = []
     for t in (turn, general(turn)):
@@ -113,8 +134,9 @@ def renderer() -> HarmonyRenderer:
 @pytest.mark.parametrize("per_delta", [1, 2, 3, 7])
 @pytest.mark.parametrize("max_tokens", [None, 0, 1, 2, 5, 11, 10**6])
 async def test_fast_path_deltas_stats_and_cache_match_the_general_path(renderer, turn, per_delta, max_tokens) -> None:
-    fast, slow = await both(turn, SamplingParams(max_tokens=max_tokens), renderer, tokens_per_delta=per_delta,
-                            cache_block_size=4)
+    fast, slow = await both(
+        turn, SamplingParams(max_tokens=max_tokens), renderer, tokens_per_delta=per_delta, cache_block_size=4
+    )
     assert fast == slow
     deltas = fast[0][0]
     assert deltas[0][2] is not None and all(d[2] is None for d in deltas[1:])  # cached: first delta only
@@ -127,8 +149,9 @@ async def test_request_stop_tokens_and_engine_stops_match(renderer, turn, eos) -
     for stop in {tokens[1], tokens[len(tokens) // 2], tokens[-1]}:
         for per_delta in (1, 4):
             params = SamplingParams(stop_token_ids=(stop, 999_999))
-            fast, slow = await both(turn, params, renderer, tokens_per_delta=per_delta, eos_token_ids=eos,
-                                    prefix_cache=False, views=False)
+            fast, slow = await both(
+                turn, params, renderer, tokens_per_delta=per_delta, eos_token_ids=eos, prefix_cache=False, views=False
+            )
             assert fast == slow
 
 
@@ -136,8 +159,7 @@ async def test_request_stop_tokens_and_engine_stops_match(renderer, turn, eos) -
 @pytest.mark.parametrize("take", [1, 2, 5])
 async def test_aclose_mid_stream_counts_and_caches_alike(renderer, per_delta, take) -> None:
     turn = TURNS[1]
-    fast, slow = await both(turn, SamplingParams(), renderer, take=take, tokens_per_delta=per_delta,
-                            cache_block_size=1)
+    fast, slow = await both(turn, SamplingParams(), renderer, take=take, tokens_per_delta=per_delta, cache_block_size=1)
     assert fast == slow
     assert fast[-1]["stats"][1] == 3  # three aborts, none finished
 
@@ -173,11 +195,19 @@ async def test_the_fast_path_yields_to_the_loop_between_deltas(renderer) -> None
 
 
 @settings(max_examples=300, deadline=None)
-@given(tokens=st.lists(st.integers(0, 6), max_size=30), stops=st.frozensets(st.integers(0, 6), max_size=3),
-       max_tokens=st.none() | st.integers(-1, 35), per_delta=st.integers(1, 6))
+@given(
+    tokens=st.lists(st.integers(0, 6), max_size=30),
+    stops=st.frozensets(st.integers(0, 6), max_size=3),
+    max_tokens=st.none() | st.integers(-1, 35),
+    per_delta=st.integers(1, 6),
+)
 def test_plan_cuts_like_chunks(tokens, stops, max_tokens, per_delta) -> None:
-    expected = [(list(c), f, s) for c, f, s, _ in
-                _chunks(iter(tokens), stops=stops, max_tokens=max_tokens, per_delta=per_delta, fail_after=None)]
+    expected = [
+        (list(c), f, s)
+        for c, f, s, _ in _chunks(
+            iter(tokens), stops=stops, max_tokens=max_tokens, per_delta=per_delta, fail_after=None
+        )
+    ]
     for seq in (tokens, tuple(tokens)):
         chunks, end, finish, stop_id = _plan(seq, stops, max_tokens, per_delta)
         got = [(c, None, None) for c in chunks[:-1]] + ([(chunks[-1], finish, stop_id)] if chunks else [])

@@ -6,6 +6,8 @@ import asyncio
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inference.engine import Engine, EngineError, SamplingParams, TokenDelta
 from inference.harmony import HarmonyRenderer, harmony_tokens
@@ -14,9 +16,6 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_cache import BlockPrefixCache, KnownSequences
 from inference.simulated_prompt import PromptView, parse_tool_declarations
 from inference.simulated_script import ToolCall, Turn, turns_in_order
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from .harmony_support import APPLY_PATCH, CONVERSATIONS, GET_WEATHER, MCP, NO_PARAMS, PRELUDES, items_from_events
 
@@ -77,8 +76,11 @@ async def test_summary_request_gets_a_deterministic_summary_even_with_tools(engi
     from inference.summary import SUMMARY_PREFIX, summary_message, summary_request
 
     prelude = Prelude(tools=(GET_WEATHER,))  # a plain user message would call the tool
-    history = [summary_message("old stuff", "cmp_1"), user("Weather in Oslo tomorrow, please?"),
-               {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]
+    history = [
+        summary_message("old stuff", "cmp_1"),
+        user("Weather in Oslo tomorrow, please?"),
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+    ]
     ids = prompt(renderer, prelude, history + [summary_request()])
     first = parse(renderer, prelude, await run(engine, ids))
     again = parse(renderer, prelude, await run(engine, ids))
@@ -118,8 +120,13 @@ async def test_tool_choice_none_and_named(engine, renderer) -> None:
     assert items[-1]["type"] == "message"
     named = Prelude(tools=(GET_WEATHER, MCP), tool_choice={"type": "function", "name": "read_file"})
     items = parse(renderer, named, await run(engine, prompt(renderer, named, [user("/etc/hosts")])))
-    assert items[-1] == {"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs",
-                         "arguments": '{"path":"/etc/hosts"}'}
+    assert items[-1] == {
+        "type": "function_call",
+        "call_id": "c",
+        "name": "read_file",
+        "namespace": "mcp_fs",
+        "arguments": '{"path":"/etc/hosts"}',
+    }
 
 
 async def test_freeform_only_tools_get_raw_input(engine, renderer) -> None:
@@ -199,7 +206,12 @@ async def test_prefix_cache_reports_the_served_prefix(renderer) -> None:
     assert d1[0].num_cached_tokens == 0
     assert all(d.num_cached_tokens is None for d in d1[1:])
     # the continuation: parent prompt + sampled history + new items + generation prompt
-    second = first + renderer.history_tokens(sampled(d1)) + renderer.render_items([user("two")]) + renderer.generation_prompt()
+    second = (
+        first
+        + renderer.history_tokens(sampled(d1))
+        + renderer.render_items([user("two")])
+        + renderer.generation_prompt()
+    )
     d2 = await run(engine, second)
     assert d2[0].num_cached_tokens == len(first) + len(sampled(d1)) - 1  # <|return|> became <|end|>
     assert engine.stats.cached_tokens == d2[0].num_cached_tokens
@@ -263,15 +275,15 @@ def test_block_cache_reports_whole_blocks_never_the_whole_prompt() -> None:
         return adm.cached
 
     assert request(list(range(100))) == 0
-    assert request(list(range(100)) + [5]) == 96          # 6 full blocks
-    assert request(list(range(96))) == 80                 # 6 cached, but never the whole prompt
-    assert request(list(range(40)) + [-1] * 60) == 32     # a change in block 2 stops the hit there
-    assert request(list(range(100)), salt="t1") == 0      # another salt never hits
+    assert request(list(range(100)) + [5]) == 96  # 6 full blocks
+    assert request(list(range(96))) == 80  # 6 cached, but never the whole prompt
+    assert request(list(range(40)) + [-1] * 60) == 32  # a change in block 2 stops the hit there
+    assert request(list(range(100)), salt="t1") == 0  # another salt never hits
     assert request(list(range(100)), salt="t1") == 96
-    assert request(list(range(10))) == 0                  # no full block
+    assert request(list(range(10))) == 0  # no full block
     # what a request computed after its prompt (output but the last token) is cached too
     assert request(list(range(200, 220)), output=list(range(220, 250))) == 0
-    assert request(list(range(200, 260))) == 48           # 20 prompt + 29 output tokens held: 3 blocks
+    assert request(list(range(200, 260))) == 48  # 20 prompt + 29 output tokens held: 3 blocks
 
 
 def test_block_cache_evicts_least_recently_used_leaves() -> None:
@@ -285,14 +297,25 @@ def test_block_cache_evicts_least_recently_used_leaves() -> None:
     assert cache.work.blocks_evicted > 0
 
 
-OPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["turn", "turn", "turn", "retry", "fork"]),
-                         st.lists(st.integers(0, 2), max_size=12), st.lists(st.integers(0, 2), max_size=6)),
-               min_size=1, max_size=25)
+OPS = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        st.sampled_from(["turn", "turn", "turn", "retry", "fork"]),
+        st.lists(st.integers(0, 2), max_size=12),
+        st.lists(st.integers(0, 2), max_size=6),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(block=st.sampled_from([1, 2, 4, 16]), capacity=st.integers(1, 40), ops=OPS,
-       salts=st.tuples(st.sampled_from([None, "a"]), st.sampled_from([None, "b"]), st.sampled_from([None, "a"])))
+@given(
+    block=st.sampled_from([1, 2, 4, 16]),
+    capacity=st.integers(1, 40),
+    ops=OPS,
+    salts=st.tuples(st.sampled_from([None, "a"]), st.sampled_from([None, "b"]), st.sampled_from([None, "a"])),
+)
 def test_block_cache_matches_the_reference_with_lists_and_views(block, capacity, ops, salts) -> None:
     """Random conversations (continued, retried from an earlier prompt, forked into a fresh
     buffer) over a tiny alphabet, so chains share prefixes: the emulation — given fresh lists, or
@@ -327,18 +350,31 @@ def test_block_cache_matches_the_reference_with_lists_and_views(block, capacity,
 
 async def test_scripts_and_turn_order(renderer) -> None:
     prelude = Prelude(tools=(GET_WEATHER, MCP, APPLY_PATCH))
-    script = turns_in_order([
-        Turn(commentary="Reading.", tool_calls=(ToolCall("read_file", {"path": "/x"}, namespace="mcp_fs"),)),
-        Turn(tool_calls=(ToolCall("apply_patch", "*** Begin Patch", custom=True),)),
-        None,  # default behaviour for this one
-    ])
+    script = turns_in_order(
+        [
+            Turn(commentary="Reading.", tool_calls=(ToolCall("read_file", {"path": "/x"}, namespace="mcp_fs"),)),
+            Turn(tool_calls=(ToolCall("apply_patch", "*** Begin Patch", custom=True),)),
+            None,  # default behaviour for this one
+        ]
+    )
     engine = SimulatedEngine(script=script)
     await engine.start()
     ids = prompt(renderer, prelude, [user("go")])
     items = parse(renderer, prelude, await run(engine, ids))
     assert items == [
-        {"type": "message", "role": "assistant", "phase": "commentary", "content": [{"type": "output_text", "text": "Reading."}]},
-        {"type": "function_call", "call_id": "c", "name": "read_file", "namespace": "mcp_fs", "arguments": '{"path":"/x"}'},
+        {
+            "type": "message",
+            "role": "assistant",
+            "phase": "commentary",
+            "content": [{"type": "output_text", "text": "Reading."}],
+        },
+        {
+            "type": "function_call",
+            "call_id": "c",
+            "name": "read_file",
+            "namespace": "mcp_fs",
+            "arguments": '{"path":"/x"}',
+        },
     ]
     items = parse(renderer, prelude, await run(engine, ids))
     assert items == [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": "*** Begin Patch"}]
@@ -399,7 +435,9 @@ async def test_output_is_canonical_so_the_contract_holds(engine, renderer) -> No
     assert out[-1]["content"][0]["text"] == "Tool get_weather returned: cold"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(prelude=PRELUDES, items=CONVERSATIONS)
 def test_any_rendered_conversation_gets_a_canonical_answer(renderer, prelude: Prelude, items: list[dict]) -> None:
     """Whatever the renderer produced, the engine reads it and answers with tokens that parse,
@@ -408,7 +446,9 @@ def test_any_rendered_conversation_gets_a_canonical_answer(renderer, prelude: Pr
     async def go() -> list[TokenDelta]:
         engine = SimulatedEngine()
         await engine.start()
-        return await run(engine, prompt(renderer, prelude, items), SamplingParams(stop_token_ids=renderer.stop_token_ids))
+        return await run(
+            engine, prompt(renderer, prelude, items), SamplingParams(stop_token_ids=renderer.stop_token_ids)
+        )
 
     deltas = asyncio.run(go())
     out = parse(renderer, prelude, deltas)
@@ -496,7 +536,10 @@ def test_tool_declarations_parse_back(renderer, enc) -> None:
             "ty": {"type": ["string", "null"]},
             "url": {"type": "string", "enum": ["http://a//b", "x"], "default": "x"},
             "n": {"type": "integer", "enum": [3, 4]},
-            "objs": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}},
+            "objs": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]},
+            },
             "free": {"type": "object"},
             "opt": {"type": "string"},
         },
@@ -512,12 +555,20 @@ def test_tool_declarations_parse_back(renderer, enc) -> None:
     text = enc.decode(enc.render(dev)).split("<|message|>", 1)[1]
     specs = parse_tool_declarations(text)
     assert [(s.name, s.namespace, s.freeform) for s in specs] == [
-        ("weird", None, False), ("ping", None, False), ("apply_patch", None, True),
-        ("read_file", "mcp_fs", False), ("write_raw", "mcp_fs", True),
+        ("weird", None, False),
+        ("ping", None, False),
+        ("apply_patch", None, True),
+        ("read_file", "mcp_fs", False),
+        ("write_raw", "mcp_fs", True),
     ]
     assert specs[0].description == "Line one\nline two"
     assert specs[0].example_arguments("v") == {
-        "u": "v", "ty": "v", "url": "http://a//b", "n": 1, "objs": [{"k": "v"}], "free": {},
+        "u": "v",
+        "ty": "v",
+        "url": "http://a//b",
+        "n": 1,
+        "objs": [{"k": "v"}],
+        "free": {},
     }
     assert specs[1].params is None and specs[1].example_arguments("v") == {}
 
@@ -530,24 +581,27 @@ async def test_paced_engine_samples_the_same_tokens(renderer) -> None:
     ids = prompt(renderer, Prelude(tools=(GET_WEATHER,)), [user("Weather in Oslo?")])
     outs = []
     for paced in (False, True):
-        engine = SimulatedEngine(script=turns_in_order(turns), decode_tps=5000.0, prefill_tps=1e6,
-                                 tokens_per_delta=3, paced=paced)
+        engine = SimulatedEngine(
+            script=turns_in_order(turns), decode_tps=5000.0, prefill_tps=1e6, tokens_per_delta=3, paced=paced
+        )
         await engine.start()
         outs.append(await run(engine, ids))
     plain, paced_deltas = outs
     assert sampled(plain) == sampled(paced_deltas)
     assert [(d.finish_reason, d.stop_token_id) for d in (plain[-1], paced_deltas[-1])] == [
-        ("stop", plain[-1].stop_token_id)] * 2
-    cuts = {sum(len(d.token_ids) for d in plain[:i + 1]) for i in range(len(plain))}
-    assert {sum(len(d.token_ids) for d in paced_deltas[:i + 1]) for i in range(len(paced_deltas))} <= cuts
+        ("stop", plain[-1].stop_token_id)
+    ] * 2
+    cuts = {sum(len(d.token_ids) for d in plain[: i + 1]) for i in range(len(plain))}
+    assert {sum(len(d.token_ids) for d in paced_deltas[: i + 1]) for i in range(len(paced_deltas))} <= cuts
 
 
 async def test_paced_engine_merges_what_fell_due_while_the_consumer_was_busy(renderer) -> None:
     """A consumer slower than the engine gets several tokens per delta (vLLM's output collector
     does the same), never a token twice or out of order; ``finish_reason`` stays on the last."""
     ids = prompt(renderer, Prelude(), [user("Write.")])
-    engine = SimulatedEngine(script=turns_in_order([Turn(text="word " * 200)]), decode_tps=20_000.0,
-                             tokens_per_delta=1, paced=True)
+    engine = SimulatedEngine(
+        script=turns_in_order([Turn(text="word " * 200)]), decode_tps=20_000.0, tokens_per_delta=1, paced=True
+    )
     await engine.start()
     deltas = []
     async for d in engine.generate("slow", ids, SamplingParams()):
@@ -564,8 +618,9 @@ async def test_paced_merge_hands_over_what_is_due_and_no_more(renderer) -> None:
     """After a long stall the next delta holds what fell due during it, not the rest of the plan
     (merging reads the clock once: it cannot chase a clock that moves while it merges)."""
     ids = prompt(renderer, Prelude(), [user("Write forever.")])
-    engine = SimulatedEngine(script=turns_in_order([Turn(endless=True)]), decode_tps=50_000.0,
-                             tokens_per_delta=1, paced=True)
+    engine = SimulatedEngine(
+        script=turns_in_order([Turn(endless=True)]), decode_tps=50_000.0, tokens_per_delta=1, paced=True
+    )
     await engine.start()
     gen = engine.generate("stall", ids, SamplingParams(max_tokens=200_000))
     first = await gen.__anext__()
@@ -574,4 +629,3 @@ async def test_paced_merge_hands_over_what_is_due_and_no_more(renderer) -> None:
     await gen.aclose()
     assert len(first.token_ids) >= 1 and 1 < len(second.token_ids) < 100_000
     assert second.finish_reason is None
-

@@ -41,13 +41,23 @@ def _text(rng: random.Random) -> str:
     for _ in range(rng.randint(1, 12)):
         kind = rng.choice(list(CLASSES))
         if rng.random() < 0.25:
-            n = rng.choice([MAX_RUN - 1, MAX_RUN, MAX_RUN + 1, MAX_RUN + 2, 2 * MAX_RUN + 1,
-                            text_runs._WINDOW - 1, text_runs._WINDOW, text_runs._WINDOW + 1]) + rng.randint(-3, 3)
+            n = rng.choice(
+                [
+                    MAX_RUN - 1,
+                    MAX_RUN,
+                    MAX_RUN + 1,
+                    MAX_RUN + 2,
+                    2 * MAX_RUN + 1,
+                    text_runs._WINDOW - 1,
+                    text_runs._WINDOW,
+                    text_runs._WINDOW + 1,
+                ]
+            ) + rng.randint(-3, 3)
         else:
             n = rng.choice([1, 2, 5, 40, 300])
         chars = CLASSES[kind] if kind != "marks" else CLASSES["letters"] + CLASSES["marks"]
         pattern = "".join(rng.choices(chars, k=17))  # a run of the class, built at C speed
-        parts.append((pattern * (n // 17 + 1))[:max(1, n)])
+        parts.append((pattern * (n // 17 + 1))[: max(1, n)])
         if rng.random() < 0.5:
             parts.append(rng.choice(["hello world ", "x = 1\n", "  ", "."]))
     return "".join(parts)
@@ -78,10 +88,17 @@ def test_runs_of_two_classes_that_share_marks_and_runs_just_under_the_limit():
     """Combining marks belong to the letter class and to the symbol class: a symbol run may start
     right after a letter run that ended in marks (the search's ``\\G``), and a run may begin with
     marks; runs one short of the limit are read once each (the input that was quadratic)."""
-    cases = [base64.b64encode(random.Random(1).randbytes(9000)).decode() + "A" * _N,
-             "a" * 5000 + "\u0301" + "-" * 5000, "-" * 3000 + "\u0301" * 3000 + "a" * 5000,
-             "x" + "\u0301" * MAX_RUN, "-" + "\u0301" * MAX_RUN + "a" * _N, " " * 5000 + "a" * _N + "!" * _N,
-             ("a" * MAX_RUN + " ") * 3, ("-" * MAX_RUN + "a") * 3, ("\u3000" * MAX_RUN + "z") * 3]
+    cases = [
+        base64.b64encode(random.Random(1).randbytes(9000)).decode() + "A" * _N,
+        "a" * 5000 + "\u0301" + "-" * 5000,
+        "-" * 3000 + "\u0301" * 3000 + "a" * 5000,
+        "x" + "\u0301" * MAX_RUN,
+        "-" + "\u0301" * MAX_RUN + "a" * _N,
+        " " * 5000 + "a" * _N + "!" * _N,
+        ("a" * MAX_RUN + " ") * 3,
+        ("-" * MAX_RUN + "a") * 3,
+        ("\u3000" * MAX_RUN + "z") * 3,
+    ]
     for text in cases:
         assert segments(text) == reference(text), text[:20]
     hostile = ("a" * MAX_RUN + " ") * 40  # 160 KB that took the plain search 5 s

@@ -21,8 +21,12 @@ FRAME = SHARED / "fixtures/codex/ws-apply-patch/002-ws_message.json"
 CODEX_TOOLS = tuple(json.loads(FRAME.read_text())["body"]["tools"])
 APPLY_PATCH = next(t for t in CODEX_TOOLS if t["type"] == "custom" and t["name"] == "apply_patch")
 EXEC = next(t for t in CODEX_TOOLS if t.get("name") == "exec_command")
-BAD_LARK = {"type": "custom", "name": "broken", "description": "x",
-            "format": {"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}}
+BAD_LARK = {
+    "type": "custom",
+    "name": "broken",
+    "description": "x",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"},
+}
 
 PATCHES = [
     "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch\n",
@@ -31,8 +35,13 @@ PATCHES = [
     "*** Begin Patch\n*** Delete File: old.txt\n*** Update File: x\n*** Move to: y\n @@ ctx\n*** End Patch\n",
     "*** Begin Patch\n*** Add File: ctrl\n+\x01\x1f\x7f\r\n*** End Patch\n",
 ]
-NOT_PATCHES = ["", "hello", "*** Begin Patch\n*** End Patch\n", "*** Begin Patch\n*** Add File: a\n+x\n",
-               "*** Begin Patch\n*** Add File: a\n+x\n*** End Patch\n\n"]
+NOT_PATCHES = [
+    "",
+    "hello",
+    "*** Begin Patch\n*** End Patch\n",
+    "*** Begin Patch\n*** Add File: a\n+x\n",
+    "*** Begin Patch\n*** Add File: a\n+x\n*** End Patch\n\n",
+]
 
 
 _LLG_TOKENIZER = None
@@ -83,24 +92,34 @@ def test_the_json_grammar_wants_canonical_escapes_and_no_raw_control_characters(
 
 
 def test_regex_grammars_and_classes_with_escaped_characters():
-    tool = {"type": "custom", "name": "r", "format": {"type": "grammar", "syntax": "regex",
-                                                       "definition": r'say "[a-z\\]+"\t[^a-z]{2}'}}
+    tool = {
+        "type": "custom",
+        "name": "r",
+        "format": {"type": "grammar", "syntax": "regex", "definition": r'say "[a-z\\]+"\t[^a-z]{2}'},
+    }
     g = tool_grammar(tool)
     assert g is not None and g.syntax == "regex"
     esc = json_string_ebnf(g.ebnf)
-    for text, want in [('say "ab\\c"\t"\n', True), ('say "ab"\t12', True), ('say "AB"\t12', False),
-                       ('say "ab"\tab', False)]:
+    for text, want in [
+        ('say "ab\\c"\t"\n', True),
+        ('say "ab"\t12', True),
+        ('say "AB"\t12', False),
+        ('say "ab"\tab', False),
+    ]:
         assert grammar_accepts(g.ebnf, text) is want, text
         assert grammar_accepts(esc, escaped(text)) is want, text
 
 
-@pytest.mark.parametrize("fmt, syntax", [
-    ({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}, "lark"),
-    ({"type": "grammar", "syntax": "lark", "definition": "start: ("}, "lark"),
-    ({"type": "grammar", "syntax": "regex", "definition": "(unclosed"}, "regex"),
-    ({"type": "grammar", "syntax": "gbnf", "definition": 'root ::= "x"'}, "gbnf"),
-    ({"type": "grammar", "syntax": "lark", "definition": ""}, "lark"),
-])
+@pytest.mark.parametrize(
+    "fmt, syntax",
+    [
+        ({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}, "lark"),
+        ({"type": "grammar", "syntax": "lark", "definition": "start: ("}, "lark"),
+        ({"type": "grammar", "syntax": "regex", "definition": "(unclosed"}, "regex"),
+        ({"type": "grammar", "syntax": "gbnf", "definition": 'root ::= "x"'}, "gbnf"),
+        ({"type": "grammar", "syntax": "lark", "definition": ""}, "lark"),
+    ],
+)
 def test_a_grammar_that_cannot_be_enforced_says_so_with_its_syntax(fmt, syntax):
     with pytest.raises(GrammarUnavailable) as err:
         tool_grammar({"type": "custom", "name": "t", "format": fmt})
@@ -117,8 +136,9 @@ def test_tools_without_a_grammar_have_none():
 
 @pytest.fixture(scope="module")
 def ct_compiler(smollm2_renderer):  # the Qwen2.5 template under test runs on SmolLM2's tokenizer too
-    info = xgr.TokenizerInfo.from_huggingface(smollm2_renderer.tokenizer,
-                                              stop_token_ids=list(smollm2_renderer.stop_token_ids))
+    info = xgr.TokenizerInfo.from_huggingface(
+        smollm2_renderer.tokenizer, stop_token_ids=list(smollm2_renderer.stop_token_ids)
+    )
     return xgr.GrammarCompiler(info)
 
 

@@ -15,14 +15,13 @@ from tests.conftest import VLLM_MODEL, LiveGateway
 from tests.engine_contract import (
     WEATHER_TOOL,
     check_http_chain_reuses_the_parents_kv,
-    check_warm_up_prefill_is_hit,
     check_required_tool_call_is_schema_valid,
+    check_warm_up_prefill_is_hit,
     check_ws_chain_reuses_the_parents_kv,
     start_long_story,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may load vLLM (minutes when loaded)
-
 
 
 def test_http_chained_turns_reuse_the_parents_kv(vllm_gateway: LiveGateway):
@@ -52,11 +51,19 @@ def test_client_dropping_mid_generation_leaves_no_running_request(vllm_gateway: 
 
 
 def test_json_schema_text_format_returns_schema_valid_json(vllm_gateway: LiveGateway):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
-              "required": ["city", "population"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
     r = vllm_gateway.openai().responses.create(
-        model=VLLM_MODEL, input="Give me a city and its population as JSON.", temperature=0, max_output_tokens=64,
-        text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+        model=VLLM_MODEL,
+        input="Give me a city and its population as JSON.",
+        temperature=0,
+        max_output_tokens=64,
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}},
+    )
     assert r.status == "completed", r
     data = json.loads(r.output_text)
     assert set(data) == {"city", "population"}
@@ -67,8 +74,13 @@ def test_tool_choice_required_yields_a_schema_valid_function_call(vllm_gateway: 
     r, call = check_required_tool_call_is_schema_valid(vllm_gateway)
     # the tool loop continues: the output is accepted and the model answers
     follow = vllm_gateway.openai().responses.create(
-        model=VLLM_MODEL, previous_response_id=r.id, tools=[WEATHER_TOOL], temperature=0, max_output_tokens=32,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}])
+        model=VLLM_MODEL,
+        previous_response_id=r.id,
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_output_tokens=32,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}],
+    )
     assert follow.status in ("completed", "incomplete") and follow.output
 
 
@@ -101,8 +113,18 @@ def _server_config(settings) -> object:
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    flags = ["--model", settings.model, "--dtype", settings.dtype, "--max-model-len", str(settings.max_model_len),
-             "--seed", str(settings.seed), "--block-size", str(settings.extra["block_size"])]
+    flags = [
+        "--model",
+        settings.model,
+        "--dtype",
+        settings.dtype,
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--seed",
+        str(settings.seed),
+        "--block-size",
+        str(settings.extra["block_size"]),
+    ]
     if settings.enforce_eager:
         flags.append("--enforce-eager")
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
@@ -118,10 +140,13 @@ def test_in_process_engine_config_is_the_one_vllm_serve_builds(vllm_gateway: Liv
     a, b = _flat(ours), _flat(theirs)
     differ = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
     assert set(differ) <= {"instance_id", "model_config.served_model_name"}, differ
-    live = engine._llm.vllm_config.scheduler_config   # the running engine was built from that config
+    live = engine._llm.vllm_config.scheduler_config  # the running engine was built from that config
     want = theirs.scheduler_config
     assert (live.max_num_batched_tokens, live.max_num_seqs, live.enable_chunked_prefill) == (
-        want.max_num_batched_tokens, want.max_num_seqs, want.enable_chunked_prefill)
+        want.max_num_batched_tokens,
+        want.max_num_seqs,
+        want.enable_chunked_prefill,
+    )
 
 
 def test_in_process_engine_takes_vllm_serves_batch_defaults_on_any_device(vllm_gateway: LiveGateway, monkeypatch):
@@ -131,8 +156,10 @@ def test_in_process_engine_takes_vllm_serves_batch_defaults_on_any_device(vllm_g
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    h100 = ({UsageContext.LLM_CLASS: 16384, UsageContext.OPENAI_API_SERVER: 8192},
-            {UsageContext.LLM_CLASS: 1024, UsageContext.OPENAI_API_SERVER: 1024})
+    h100 = (
+        {UsageContext.LLM_CLASS: 16384, UsageContext.OPENAI_API_SERVER: 8192},
+        {UsageContext.LLM_CLASS: 1024, UsageContext.OPENAI_API_SERVER: 1024},
+    )
     monkeypatch.setattr(EngineArgs, "get_batch_defaults", classmethod(lambda cls, world_size: h100))
     scheduler = vllm_gateway.engine.engine_config().scheduler_config
     assert (scheduler.max_num_batched_tokens, scheduler.max_num_seqs) == (8192, 1024)
@@ -158,17 +185,24 @@ def test_engine_reports_its_own_time_to_first_token_per_request(vllm_gateway: Li
     engine = vllm_gateway.engine
     count, total = engine.stats.engine_ttft_count, engine.stats.engine_ttft_s
     requests = engine.stats.requests
-    r = vllm_gateway.openai().responses.create(model=VLLM_MODEL, input="Say hi.", temperature=0,
-                                               max_output_tokens=16)
+    r = vllm_gateway.openai().responses.create(model=VLLM_MODEL, input="Say hi.", temperature=0, max_output_tokens=16)
     assert r.status in ("completed", "incomplete")
     assert engine.stats.requests == requests + 1
     assert engine.stats.engine_ttft_count == count + 1
     assert engine.stats.engine_ttft_s > total
     labels = {"engine": engine.name}
-    assert vllm_gateway.metric("respgate_engine_time_to_first_token_seconds_count", labels) == engine.stats.engine_ttft_count
+    assert (
+        vllm_gateway.metric("respgate_engine_time_to_first_token_seconds_count", labels)
+        == engine.stats.engine_ttft_count
+    )
     assert vllm_gateway.metric("respgate_engine_time_to_first_token_seconds_sum", labels) == pytest.approx(
-        engine.stats.engine_ttft_s)
+        engine.stats.engine_ttft_s
+    )
     loggers = engine._llm.logger_manager.stat_loggers
-    per_engine = [lg for adapter in loggers if isinstance(adapter, PerEngineStatLoggerAdapter)
-                  for lg in adapter.per_engine_stat_loggers.values()]
+    per_engine = [
+        lg
+        for adapter in loggers
+        if isinstance(adapter, PerEngineStatLoggerAdapter)
+        for lg in adapter.per_engine_stat_loggers.values()
+    ]
     assert per_engine and not any(isinstance(lg, LoggingStatLogger) for lg in per_engine)

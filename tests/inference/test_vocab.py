@@ -12,8 +12,14 @@ from inference import vocab
 from inference.vocab import ensure_offline_vocab
 
 EXPECTED = {
-    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d", "fb374d419588a4632f3f557e76b4b70aebbca790"),
-    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7", "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"),
+    "o200k_base": (
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        "fb374d419588a4632f3f557e76b4b70aebbca790",
+    ),
+    "cl100k_base": (
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        "9b5ad71b2ce5302211f9c61530b329a4922fc6a4",
+    ),
 }
 
 

@@ -27,8 +27,11 @@ def test_cross_origin_handshake_and_simple_post_are_refused(gateway):
     assert refused.value.response.status_code == 403
     assert json.loads(refused.value.response.body)["error"]["code"] == "origin_not_allowed"
     # a no-preflight POST a page can send: text/plain, JSON inside
-    r = httpx.post(gateway.base_url + "/responses", content=json.dumps({"model": MODEL, "input": "hi"}),
-                   headers={"content-type": "text/plain", "origin": EVIL})
+    r = httpx.post(
+        gateway.base_url + "/responses",
+        content=json.dumps({"model": MODEL, "input": "hi"}),
+        headers={"content-type": "text/plain", "origin": EVIL},
+    )
     assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
     assert gateway.engine.stats.requests == 0
     # clients without a browser send no Origin and are served as before
@@ -41,12 +44,17 @@ def test_cross_origin_handshake_and_simple_post_are_refused(gateway):
 
 def test_listed_origins_are_served(make_gateway):
     live = make_gateway(Settings(allowed_origins=["https://app.example"]))
-    r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"},
-                   headers={"origin": "https://app.example"})
+    r = httpx.post(
+        live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, headers={"origin": "https://app.example"}
+    )
     assert r.status_code == 200
     with connect(live.ws_url, origin="https://app.example") as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
         while json.loads(ws.recv(timeout=10))["type"] != "response.completed":
             pass
-    assert httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"},
-                      headers={"origin": EVIL}).status_code == 403
+    assert (
+        httpx.post(
+            live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, headers={"origin": EVIL}
+        ).status_code
+        == 403
+    )

@@ -30,13 +30,13 @@ from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from security.keys import KEY_PATTERN, FileKeyStore, KeyLimits, create_key, hash_key
-from security.token_buckets import MemoryRateLimiter, Quota, RedisRateLimiter
 from security.redact import REDACTED, RedactingFilter
+from security.token_buckets import MemoryRateLimiter, Quota, RedisRateLimiter
 from tests.conftest import MODEL, LiveGateway, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
-LONG = " ".join(f"word{i}" for i in range(150))   # ~300 output tokens
+LONG = " ".join(f"word{i}" for i in range(150))  # ~300 output tokens
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -105,8 +105,9 @@ def ws_create(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
     return until_terminal(ws)
 
 
-def handshake_error(live: LiveGateway, key: str | None, headers: dict[str, str] | None = None
-                    ) -> tuple[int, dict[str, Any], Any]:
+def handshake_error(
+    live: LiveGateway, key: str | None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], Any]:
     with pytest.raises(InvalidStatus) as exc:
         connect(live.ws_url, additional_headers=bearer(key) if headers is None else headers, open_timeout=10)
     resp = exc.value.response
@@ -129,7 +130,7 @@ def test_key_format_hashing_and_file_permissions(tmp_path):
     store = FileKeyStore(str(tmp_path / "keys.json"))
     key, record = asyncio.run(create_key(store, "Acme_Corp", name="ci"))
     assert KEY_PATTERN.fullmatch(key) and key.startswith("rg-acmecorp-")
-    assert len(key.rsplit("-", 1)[1]) == 43                 # 256 bits of base62
+    assert len(key.rsplit("-", 1)[1]) == 43  # 256 bits of base62
     raw = (tmp_path / "keys.json").read_text()
     assert key not in raw and key.rsplit("-", 1)[1] not in raw and hash_key(key) in raw
     assert (tmp_path / "keys.json").stat().st_mode & 0o077 == 0
@@ -143,8 +144,14 @@ def test_key_format_hashing_and_file_permissions(tmp_path):
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("kind", ["file", "redis"])
@@ -153,10 +160,12 @@ def test_cli_keys_create_list_revoke(kind, tmp_path, redis_url):
     made = _cli("keys", *where, "create", "--tenant", "acme", "--name", "laptop", "--rpm", "7", "--tpm", "900")
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
-    assert KEY_PATTERN.fullmatch(key), made.stdout           # stdout is the key alone (scriptable)
+    assert KEY_PATTERN.fullmatch(key), made.stdout  # stdout is the key alone (scriptable)
     assert "only once" in made.stderr
     listed = _cli("keys", *where, "list")
-    assert listed.returncode == 0 and "acme" in listed.stdout and "laptop" in listed.stdout and "active" in listed.stdout
+    assert (
+        listed.returncode == 0 and "acme" in listed.stdout and "laptop" in listed.stdout and "active" in listed.stdout
+    )
     as_json = _cli("keys", *where, "list", "--json")
     rows = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert len(rows) == 1 and rows[0]["limits"] == {"rpm": 7, "tpm": 900, "ws_connections": None}
@@ -172,12 +181,17 @@ def test_cli_keys_create_list_revoke(kind, tmp_path, redis_url):
     assert bad.returncode == 2 and "tenant" in bad.stderr
 
 
-HTTP_ROUTES = [("POST", "/responses", {"model": MODEL, "input": "hi"}), ("GET", "/responses/resp_x", None),
-               ("DELETE", "/responses/resp_x", None), ("POST", "/responses/resp_x/cancel", None),
-               ("GET", "/responses/resp_x/input_items", None),
-               ("POST", "/responses/input_tokens", {"model": MODEL, "input": "hi"}),
-               ("POST", "/responses/compact", {"model": MODEL, "input": "hi"}),
-               ("GET", "/models", None), ("GET", f"/models/{MODEL}", None)]
+HTTP_ROUTES = [
+    ("POST", "/responses", {"model": MODEL, "input": "hi"}),
+    ("GET", "/responses/resp_x", None),
+    ("DELETE", "/responses/resp_x", None),
+    ("POST", "/responses/resp_x/cancel", None),
+    ("GET", "/responses/resp_x/input_items", None),
+    ("POST", "/responses/input_tokens", {"model": MODEL, "input": "hi"}),
+    ("POST", "/responses/compact", {"model": MODEL, "input": "hi"}),
+    ("GET", "/models", None),
+    ("GET", f"/models/{MODEL}", None),
+]
 
 
 @pytest.mark.parametrize("kind", ["file", "redis"])
@@ -185,8 +199,14 @@ def test_issued_keys_guard_every_route_and_the_handshake(kind, tmp_path, redis_u
     settings = settings_for(kind, tmp_path, redis_url)
     key = issue(settings, "acme")
     live = make_gateway(settings)
-    for headers in ({}, bearer("rg-acme-" + "A" * 43), bearer(key + "x"), {"authorization": "Basic " + key},
-                    {"authorization": key}, {"x-api-key": key}):
+    for headers in (
+        {},
+        bearer("rg-acme-" + "A" * 43),
+        bearer(key + "x"),
+        {"authorization": "Basic " + key},
+        {"authorization": key},
+        {"x-api-key": key},
+    ):
         for method, path, body in HTTP_ROUTES:
             r = httpx.request(method, live.base_url + path, json=body, headers=headers, timeout=30)
             assert r.status_code == 401, (method, path, r.text)
@@ -210,9 +230,9 @@ def test_issued_keys_guard_every_route_and_the_handshake(kind, tmp_path, redis_u
 def test_revocation_applies_to_the_next_request_on_every_replica(kind, tmp_path, redis_url, make_gateway):
     settings = settings_for(kind, tmp_path, redis_url)
     key = issue(settings, "acme")
-    issue(settings, "beta")                                     # not the last key: keys stay required
+    issue(settings, "beta")  # not the last key: keys stay required
     one = make_gateway(settings)
-    two = make_gateway(settings) if kind == "redis" else one   # a second replica on the same Redis
+    two = make_gateway(settings) if kind == "redis" else one  # a second replica on the same Redis
     body = {"model": MODEL, "input": "hi", "store": False}
     assert post(one, body, key).status_code == 200 and post(two, body, key).status_code == 200
     ws = ws_open(two, key)
@@ -233,8 +253,11 @@ def test_revocation_applies_to_the_next_request_on_every_replica(kind, tmp_path,
 
 
 def test_static_keys_with_tenants(make_gateway, tmp_path):
-    live = make_gateway(Settings(api_keys=["acme:static-acme-1", "acme:static-acme-2", "loner-key"],
-                                 keys_file=str(tmp_path / "none.json")))
+    live = make_gateway(
+        Settings(
+            api_keys=["acme:static-acme-1", "acme:static-acme-2", "loner-key"], keys_file=str(tmp_path / "none.json")
+        )
+    )
     made = post(live, {"model": MODEL, "input": "hi"}, "static-acme-1").json()
     same_tenant = httpx.get(f"{live.base_url}/responses/{made['id']}", headers=bearer("static-acme-2"))
     assert same_tenant.status_code == 200 and same_tenant.json()["id"] == made["id"]
@@ -248,32 +271,36 @@ def test_open_mode_on_loopback_until_a_key_exists(make_gateway, tmp_path):
     settings = Settings(keys_file=str(tmp_path / "keys.json"))
     live = make_gateway(settings)
     body = {"model": MODEL, "input": "hi", "store": False}
-    assert post(live, body, None).status_code == 200            # single-user open mode, any or no bearer
+    assert post(live, body, None).status_code == 200  # single-user open mode, any or no bearer
     assert post(live, body, "anything").status_code == 200
     with ws_open(live, None) as ws:
         assert ws_create(ws)[-1]["type"] == "response.completed"
-    key = issue(settings, "me")                                  # a key appears: keys are required now
+    key = issue(settings, "me")  # a key appears: keys are required now
     assert post(live, body, None).status_code == 401
     assert post(live, body, key).status_code == 200
     assert handshake_error(live, "anything")[0] == 401
-    revoke(settings, key)                     # the last key revoked: open again, as a restart would be here
+    revoke(settings, key)  # the last key revoked: open again, as a restart would be here
     assert post(live, body, None).status_code == 200
-    assert post(live, body, key).status_code == 200              # the revoked key is just a placeholder now
+    assert post(live, body, key).status_code == 200  # the revoked key is just a placeholder now
 
 
 def _missing_and_incorrect(live: LiveGateway, wrong: str) -> None:
     """No bearer and a wrong bearer: both 401 ``invalid_api_key`` in OpenAI's shape, with messages
     that say which (HTTP, the WS handshake, and the SDK's ``AuthenticationError``)."""
-    for headers, says in (({}, "Missing API key"), ({"authorization": "Basic abc"}, "Missing API key"),
-                          (bearer(wrong), "Incorrect API key provided")):
+    for headers, says in (
+        ({}, "Missing API key"),
+        ({"authorization": "Basic abc"}, "Missing API key"),
+        (bearer(wrong), "Incorrect API key provided"),
+    ):
         r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"}, headers=headers, timeout=30)
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
         err = assert_openai_error(r.json(), "invalid_request_error", "invalid_api_key")
         assert err["message"].startswith(says), err
         assert ("Authorization: Bearer" in err["message"]) == (says == "Missing API key"), err
         status, body, _ = handshake_error(live, None, headers)
-        assert status == 401 and assert_openai_error(body, "invalid_request_error", "invalid_api_key")["message"] \
-            .startswith(says)
+        assert status == 401 and assert_openai_error(body, "invalid_request_error", "invalid_api_key")[
+            "message"
+        ].startswith(says)
     with pytest.raises(openai.AuthenticationError) as exc:
         live.openai(api_key=wrong).responses.create(model=MODEL, input="hi")
     assert exc.value.code == "invalid_api_key" and "Incorrect API key provided" in exc.value.message
@@ -285,28 +312,27 @@ def test_401_says_whether_a_key_was_missing_or_wrong(kind, tmp_path, redis_url, 
     key = issue(settings, "acme")
     live = make_gateway(settings)
     _missing_and_incorrect(live, key + "x")
-    static = make_gateway(Settings(api_keys=["acme:static-1"], keys_file=None))   # the static-keys path too
+    static = make_gateway(Settings(api_keys=["acme:static-1"], keys_file=None))  # the static-keys path too
     _missing_and_incorrect(static, "static-2")
 
 
 @pytest.mark.parametrize("kind", ["file", "redis"])
-def test_revoking_the_last_key_reopens_a_loopback_gateway_on_its_next_request(kind, tmp_path, redis_url,
-                                                                              make_gateway):
+def test_revoking_the_last_key_reopens_a_loopback_gateway_on_its_next_request(kind, tmp_path, redis_url, make_gateway):
     settings = settings_for(kind, tmp_path, redis_url)
     one, two = issue(settings, "acme"), issue(settings, "beta")
     live = make_gateway(settings)
     body = {"model": MODEL, "input": "hi", "store": False}
     assert post(live, body, None).status_code == 401
-    revoke(settings, one)                                        # a key is left: still closed
+    revoke(settings, one)  # a key is left: still closed
     assert post(live, body, None).status_code == 401 and post(live, body, one).status_code == 401
     assert post(live, body, two).status_code == 200
-    revoke(settings, two)                                        # none left: open from the very next request
+    revoke(settings, two)  # none left: open from the very next request
     assert post(live, body, None).status_code == 200
     with ws_open(live, None) as ws:
         assert ws_create(ws)[-1]["type"] == "response.completed"
-    three = issue(settings, "gamma")                             # and closed again once a key is used
+    three = issue(settings, "gamma")  # and closed again once a key is used
     assert post(live, body, three).status_code == 200 and post(live, body, None).status_code == 401
-    if kind == "file":                                           # deleting the key file is revoking them all
+    if kind == "file":  # deleting the key file is revoking them all
         os.remove(settings.keys_file)
         assert post(live, body, None).status_code == 200
 
@@ -330,7 +356,7 @@ def test_revoking_the_last_key_never_opens_a_gateway_off_loopback(kind, tmp_path
         os.remove(closed_settings.keys_file)
         assert post(closed, body, None).status_code == 401
     else:
-        asyncio.run(_flush(redis_url))                           # every key gone, not just revoked
+        asyncio.run(_flush(redis_url))  # every key gone, not just revoked
     opened_settings = settings_for(kind, tmp_path / "open", redis_url, host="0.0.0.0", open_mode=True)
     key = issue(opened_settings, "acme")
     opened = make_gateway(opened_settings)
@@ -338,7 +364,7 @@ def test_revoking_the_last_key_never_opens_a_gateway_off_loopback(kind, tmp_path
     revoke(opened_settings, key)
     assert post(opened, body, None).status_code == 200
     if kind == "redis":
-        assert post(closed, body, None).status_code == 401       # the first one still refuses
+        assert post(closed, body, None).status_code == 401  # the first one still refuses
 
 
 async def _flush(url: str) -> None:
@@ -352,11 +378,22 @@ async def _flush(url: str) -> None:
 
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RESPGATE_CACHE_DIR": str(tmp_path), "RESPGATE_USAGE_JOURNAL": "",
-           **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RESPGATE_CACHE_DIR": str(tmp_path),
+        "RESPGATE_USAGE_JOURNAL": "",
+        **(env or {}),
+    }
     env.pop("REDIS_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", *args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
@@ -473,7 +510,7 @@ def test_requests_per_minute_per_key_http_and_ws(kind, tmp_path, redis_url, make
     message = _check_429(third.status_code, third.json(), third.headers, "requests")
     assert third.headers["x-ratelimit-remaining-requests"] == "0" and int(third.headers["retry-after"]) >= 1
     assert "Please try again in" in message
-    with pytest.raises(openai.RateLimitError):                   # the SDK maps it to RateLimitError
+    with pytest.raises(openai.RateLimitError):  # the SDK maps it to RateLimitError
         live.openai(api_key=limited).responses.create(model=MODEL, input="hi")
     assert post(live, body, other).headers["x-ratelimit-limit-requests"] == "1000"
     # WebSocket: an error frame (429, headers inside), lane-scoped, and the socket stays open
@@ -484,7 +521,7 @@ def test_requests_per_minute_per_key_http_and_ws(kind, tmp_path, redis_url, make
         assert err["error"]["code"] == "rate_limit_exceeded" and err["error"]["type"] == "requests"
         assert err["error"]["headers"]["x-ratelimit-remaining-requests"] == "0"
         ws.send("{not json")
-        assert recv(ws)["error"]["code"] == "invalid_json"             # still open and answering
+        assert recv(ws)["error"]["code"] == "invalid_json"  # still open and answering
     with ws_open(live, other) as ws:
         assert ws_create(ws)[-1]["type"] == "response.completed"
 
@@ -497,13 +534,13 @@ def test_tokens_per_minute_reconciled_after_the_turn(kind, tmp_path, redis_url, 
     body = {"model": MODEL, "input": "hi", "store": False}
     counted = httpx.post(live.base_url + "/responses/input_tokens", json={"model": MODEL, "input": "hi"})
     prompt = counted.json()["input_tokens"]
-    tpm = 2 * prompt + 40                                        # two prompts fit; prompt + ~300 output do not
+    tpm = 2 * prompt + 40  # two prompts fit; prompt + ~300 output do not
     key, ws_key = issue(settings, "acme", tpm=tpm), issue(settings, "acme", tpm=tpm)
     tiny = issue(settings, "acme", tpm=prompt - 1)
     first = post(live, body, key)
     assert first.status_code == 200 and first.json()["usage"]["output_tokens"] > 200
     assert first.headers["x-ratelimit-limit-tokens"] == str(tpm)
-    live.call(live.gw.access.flush())                            # the reconciliation has landed
+    live.call(live.gw.access.flush())  # the reconciliation has landed
     second = post(live, body, key)
     message = _check_429(second.status_code, second.json(), second.headers, "tokens")
     assert second.headers["x-ratelimit-remaining-tokens"] == "0" and "try again in" in message
@@ -517,7 +554,7 @@ def test_tokens_per_minute_reconciled_after_the_turn(kind, tmp_path, redis_url, 
         assert len(err) == 1 and err[0]["status"] == 429 and err[0]["error"]["type"] == "tokens"
         assert err[0]["error"]["code"] == "rate_limit_exceeded"
         ws.send("[]")
-        assert recv(ws)["type"] == "error"                          # the socket stays open
+        assert recv(ws)["type"] == "error"  # the socket stays open
 
 
 def test_rate_limits_are_shared_and_atomic_across_replicas(redis_url, make_gateway, tmp_path):
@@ -532,15 +569,16 @@ def test_rate_limits_are_shared_and_atomic_across_replicas(redis_url, make_gatew
         # 2 "replicas" (2 clients) x 60 concurrent attempts on a fresh bucket of 20
         limiters = [RedisRateLimiter.from_url(redis_url), RedisRateLimiter.from_url(redis_url)]
         t0 = time.monotonic()
-        results = await asyncio.gather(*(limiters[i % 2].acquire("burst", Quota(rpm=20), requests=1)
-                                         for i in range(120)))
+        results = await asyncio.gather(
+            *(limiters[i % 2].acquire("burst", Quota(rpm=20), requests=1) for i in range(120))
+        )
         elapsed = time.monotonic() - t0
         for lim in limiters:
             await lim.close()
         return sum(d.allowed for d in results), elapsed
 
     allowed, elapsed = asyncio.run(burst())
-    assert 20 <= allowed <= 20 + int(elapsed * 20 / 60) + 1     # never more than the bucket + its refill
+    assert 20 <= allowed <= 20 + int(elapsed * 20 / 60) + 1  # never more than the bucket + its refill
 
 
 def test_memory_bucket_refill_debt_and_retry_after():
@@ -553,10 +591,10 @@ def test_memory_bucket_refill_debt_and_retry_after():
         assert d.allowed and d.remaining("requests") == 59 and d.remaining("tokens") == 600
         d = await lim.acquire("k", q, tokens=500)
         assert d.allowed and d.remaining("tokens") == 100
-        await lim.adjust("k", q, 300)                             # output tokens: 200 in debt
+        await lim.adjust("k", q, 300)  # output tokens: 200 in debt
         d = await lim.acquire("k", q, requests=1)
         assert not d.allowed and d.refused == "tokens" and d.retry_after_s == pytest.approx(20.1)
-        now[0] += 21                                              # 210 tokens refilled: out of debt
+        now[0] += 21  # 210 tokens refilled: out of debt
         d = await lim.acquire("k", q, requests=1)
         assert d.allowed and d.reset_s("tokens") == pytest.approx((600 - 10) / 10)
         assert not (await lim.acquire("k", q, tokens=601)).allowed  # larger than the limit: never
@@ -573,10 +611,10 @@ def test_ws_connections_per_key(make_gateway, tmp_path):
     status, body, _ = handshake_error(live, two)
     assert status == 429
     assert_openai_error(body, "requests", "rate_limit_exceeded")
-    with ws_open(live, other) as c:                               # another key is not affected
+    with ws_open(live, other) as c:  # another key is not affected
         assert ws_create(c)[-1]["type"] == "response.completed"
     a.close()
-    deadline = time.monotonic() + 20                              # the server notices the close
+    deadline = time.monotonic() + 20  # the server notices the close
     while True:
         try:
             d = ws_open(live, two)
@@ -591,8 +629,9 @@ def test_ws_connections_per_key(make_gateway, tmp_path):
 
 def test_ws_queued_creates_lanes_and_frame_size(make_gateway):
     engine = SimulatedEngine(decode_tps=200, script=lambda view: Turn(text=LONG))
-    live = make_gateway(Settings(ws_max_queued=3, ws_max_lanes=2, max_request_bytes=4096, keys_file=None),
-                        engine=engine)
+    live = make_gateway(
+        Settings(ws_max_queued=3, ws_max_lanes=2, max_request_bytes=4096, keys_file=None), engine=engine
+    )
     with ws_open(live, None) as ws:
         for i in range(5):
             ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": f"q{i}", "store": False}))
@@ -608,8 +647,17 @@ def test_ws_queued_creates_lanes_and_frame_size(make_gateway):
         assert all(e["error"]["code"] == "rate_limit_exceeded" and "queued" in e["error"]["message"] for e in errors)
         # lanes: the third distinct stream_id is refused (configured limit 2)
         for lane in ("a", "b", "c"):
-            ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "x", "stream_id": lane,
-                                "max_output_tokens": 16}))
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "model": MODEL,
+                        "input": "x",
+                        "stream_id": lane,
+                        "max_output_tokens": 16,
+                    }
+                )
+            )
         seen = {}
         while len(seen) < 3:
             ev = recv(ws, timeout=60)
@@ -622,8 +670,11 @@ def test_ws_queued_creates_lanes_and_frame_size(make_gateway):
         err = recv(ws)
         assert err["status"] == 413 and err["error"]["code"] == "request_too_large"
         assert ws_create(ws, max_output_tokens=16)[-1]["type"] in ("response.completed", "response.incomplete")
-    r = httpx.post(live.base_url + "/responses", content=b'{"input": "' + b"x" * 5000 + b'"}',
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        live.base_url + "/responses",
+        content=b'{"input": "' + b"x" * 5000 + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
@@ -634,7 +685,7 @@ def test_ws_idle_timeout_closes_cleanly_but_not_while_generating(make_gateway):
         # a generation far longer than the idle timeout runs to completion
         frames = ws_create(ws, store=False)
         assert frames[-1]["type"] == "response.completed" and len(frames) > 100
-        err = recv(ws, timeout=30)                                  # then, idle: error frame + 1000
+        err = recv(ws, timeout=30)  # then, idle: error frame + 1000
         assert err["type"] == "error" and err["error"]["code"] == "websocket_idle_timeout"
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=30)
@@ -672,8 +723,9 @@ def test_redacting_filter_scrubs_records():
     log.propagate = False
     try:
         log.warning("< %s: %s", "Authorization", f"Bearer {key}")
-        log.warning('%s - "GET /v1/responses/%s?api_key=%s HTTP/1.1" %d', "127.0.0.1:1", key,
-                    "static-secret-value", 404)
+        log.warning(
+            '%s - "GET /v1/responses/%s?api_key=%s HTTP/1.1" %d', "127.0.0.1:1", key, "static-secret-value", 404
+        )
         log.warning("headers=%r", [(b"x-api-key", b"static-secret-value"), (b"authorization", b"Basic abc123")])
         try:
             raise ValueError(f"bad key {key}")
@@ -683,7 +735,7 @@ def test_redacting_filter_scrubs_records():
         log.removeHandler(handler)
     text = "\n".join(handler_records)
     assert key not in text and "static-secret-value" not in text and "abc123" not in text
-    assert text.count(REDACTED) >= 5 and " 404" in text                # numbers still format
+    assert text.count(REDACTED) >= 5 and " 404" in text  # numbers still format
 
 
 @pytest.mark.slow
@@ -703,25 +755,34 @@ def test_serve_logs_capture_no_key(tmp_path):
         body = {"model": "gpt-oss-sim", "input": "hi", "store": False}
         with httpx.Client(timeout=30) as c:
             for key in (issued, revoked, static):
-                for headers in ({"authorization": f"Bearer {key}"}, {"authorization": f"Basic {key}"},
-                                {"authorization": f"Bearer {key} trailing junk"}, {"x-api-key": key},
-                                {"authorization": key}, {"api-key": key}):
+                for headers in (
+                    {"authorization": f"Bearer {key}"},
+                    {"authorization": f"Basic {key}"},
+                    {"authorization": f"Bearer {key} trailing junk"},
+                    {"x-api-key": key},
+                    {"authorization": key},
+                    {"api-key": key},
+                ):
                     c.post(base + "/responses", json=body, headers=headers)
                 c.get(f"{base}/responses/{key}", headers={"authorization": f"Bearer {issued}"})
                 c.get(f"{base}/models?api_key={key}")
-                c.post(base + "/responses", content=b'{"model": "' + key.encode() + b'", "input": 1',
-                       headers={"authorization": f"Bearer {key}"})
+                c.post(
+                    base + "/responses",
+                    content=b'{"model": "' + key.encode() + b'", "input": 1',
+                    headers={"authorization": f"Bearer {key}"},
+                )
                 for headers in ({"Authorization": f"Bearer {key}"}, {"X-Api-Key": key}):
                     try:
-                        with connect(f"ws://127.0.0.1:{port}/v1/responses?key={key}", additional_headers=headers,
-                                     open_timeout=10) as ws:
+                        with connect(
+                            f"ws://127.0.0.1:{port}/v1/responses?key={key}", additional_headers=headers, open_timeout=10
+                        ) as ws:
                             ws.send(json.dumps({"type": "response.create", "model": key, "input": key}))
                             ws.recv(timeout=20)
                     except InvalidStatus:
                         pass
     finally:
         out = _stop(proc)
-    assert "/v1/responses" in out and REDACTED in out, out[-3000:]   # the requests were logged, scrubbed
+    assert "/v1/responses" in out and REDACTED in out, out[-3000:]  # the requests were logged, scrubbed
     for secret in secrets:
         assert secret not in out, f"secret leaked into the logs: {secret[:12]}..."
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ops.cli import main
 from gateway.base.settings import ConfigError, Settings
+from gateway.ops.cli import main
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -66,8 +66,7 @@ def test_missing_model_folder_and_unwritable_journal_say_what_to_fix(capsys, mon
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("RESPGATE_USAGE_JOURNAL", str(blocker / "journal.jsonl"))
-    code, out = run_check(capsys, "--engine", "vllm", "--model-path", str(tmp_path / "no-such-model"),
-                          "--no-engine")
+    code, out = run_check(capsys, "--engine", "vllm", "--model-path", str(tmp_path / "no-such-model"), "--no-engine")
     assert code == 1
     models = line(out, "models")
     assert models.startswith("[FAIL]")
@@ -85,16 +84,26 @@ def test_incomplete_model_folder_and_unreachable_remote_engine(capsys, tmp_path)
     (folder / "tokenizer.json").write_text("{}")
     remote = f"http://127.0.0.1:{free_port()}"
     (tmp_path / "c.toml").write_text(f'remote_url = "{remote}"\n')
-    code, out = run_check(capsys, "--config", str(tmp_path / "c.toml"), "--engine", "remote-vllm",
-                          "--model-path", str(folder), "--no-engine")
+    code, out = run_check(
+        capsys,
+        "--config",
+        str(tmp_path / "c.toml"),
+        "--engine",
+        "remote-vllm",
+        "--model-path",
+        str(folder),
+        "--no-engine",
+    )
     assert code == 1 and f"remote vLLM at {remote} is unreachable" in line(out, "models")
     assert "RESPGATE_REMOTE_URL" in out
 
 
 def test_models_file_entries_are_each_checked(capsys, tmp_path):
     models = tmp_path / "models.json"
-    models.write_text('[{"name": "sim", "engine": "simulated"}, '
-                      f'{{"name": "big", "engine": "vllm", "model_path": "{tmp_path}/absent"}}]')
+    models.write_text(
+        '[{"name": "sim", "engine": "simulated"}, '
+        f'{{"name": "big", "engine": "vllm", "model_path": "{tmp_path}/absent"}}]'
+    )
     code, out = run_check(capsys, "--models-file", str(models), "--no-engine")
     assert code == 1 and line(out, "models").startswith("[FAIL]") and "big:" in line(out, "models")
     models.write_text('[{"name": "sim", "engine": "simulated"}, {"name": "sim2", "engine": "simulated"}]')
@@ -105,10 +114,13 @@ def test_models_file_entries_are_each_checked(capsys, tmp_path):
 
 # -- configuration -----------------------------------------------------------------------------------
 
+
 def test_config_file_values_apply_and_environment_and_flags_override_them(tmp_path, monkeypatch):
     cfg = tmp_path / "respgate.toml"
-    cfg.write_text('port = 9001\nhost = "0.0.0.0"\nshutdown_grace_s = 12.5\nmodels = ["a", "b"]\n'
-                   '[ignored_table_is_rejected_below]\n')
+    cfg.write_text(
+        'port = 9001\nhost = "0.0.0.0"\nshutdown_grace_s = 12.5\nmodels = ["a", "b"]\n'
+        "[ignored_table_is_rejected_below]\n"
+    )
     with pytest.raises(ConfigError, match="ignored_table_is_rejected_below"):
         Settings.load(str(cfg))
     cfg.write_text('[respgate]\nport = 9001\nhost = "0.0.0.0"\nshutdown_grace_s = 12.5\nmodels = ["a", "b"]\n')
@@ -153,8 +165,14 @@ def test_serve_refuses_several_workers(capsys):
 
 def test_help_texts_through_the_real_command():
     def helptext(*args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "gateway", *args, "--help"], cwd=REPO, capture_output=True,
-                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway", *args, "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -165,7 +183,22 @@ def test_help_texts_through_the_real_command():
     serve = helptext("serve")
     assert "1001" in serve and "--log-format" in serve and "--workers" in serve
     assert "Redis" in helptext("check") and "--no-engine" in helptext("check")
-    r = subprocess.run([sys.executable, "-m", "gateway", "check", "--engine", "simulated", "--no-engine",
-                        "--redis-url", f"redis://127.0.0.1:{free_port()}/0"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "check",
+            "--engine",
+            "simulated",
+            "--no-engine",
+            "--redis-url",
+            f"redis://127.0.0.1:{free_port()}/0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 1 and "[FAIL] redis" in r.stdout

@@ -38,9 +38,14 @@ def test_respgate_serve_defaults_to_a_real_model_answering_over_websocket(tmp_pa
         with client.responses.connect() as conn:
             previous = None
             for question in ("What is the capital of France?", "And of Italy?"):
-                conn.response.create(model="smollm2-135m-instruct", input=question, store=False,
-                                     max_output_tokens=24, temperature=0,
-                                     **({"previous_response_id": previous.id} if previous else {}))
+                conn.response.create(
+                    model="smollm2-135m-instruct",
+                    input=question,
+                    store=False,
+                    max_output_tokens=24,
+                    temperature=0,
+                    **({"previous_response_id": previous.id} if previous else {}),
+                )
                 for event in conn:
                     assert event.type != "error", event
                     if event.type in ("response.completed", "response.incomplete", "response.failed"):

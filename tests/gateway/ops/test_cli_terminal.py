@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[3]
-BANNER = re.compile(r"^respgate ready: http://127\.0\.0\.1:(\d+)/v1  model (\S+)( \(simulated engine\))?  "
-                    r"auth: (open \(no key\)|API key required)  — Ctrl-C to stop$")
+BANNER = re.compile(
+    r"^respgate ready: http://127\.0\.0\.1:(\d+)/v1  model (\S+)( \(simulated engine\))?  "
+    r"auth: (open \(no key\)|API key required)  — Ctrl-C to stop$"
+)
 
 
 class Terminal:
@@ -37,8 +38,9 @@ class Terminal:
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path = REPO) -> None:
         master, slave = pty.openpty()
-        self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True
+        )
         os.close(slave)
         self._master = master
         self._chunks: list[bytes] = []
@@ -96,8 +98,14 @@ class Terminal:
 
 def serve_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "PYTHON"))}
-    env.update(PYTHONPATH=str(REPO), HOME=str(home), RESPGATE_KEYS_FILE=str(home / "keys.json"),
-               RESPGATE_USAGE_JOURNAL=str(home / "journal.jsonl"), TERM="xterm", **extra)
+    env.update(
+        PYTHONPATH=str(REPO),
+        HOME=str(home),
+        RESPGATE_KEYS_FILE=str(home / "keys.json"),
+        RESPGATE_USAGE_JOURNAL=str(home / "journal.jsonl"),
+        TERM="xterm",
+        **extra,
+    )
     return env
 
 
@@ -110,8 +118,9 @@ def assert_quiet(lines: list[str]) -> None:
 
 def test_serve_on_a_terminal_shows_plain_lines_and_a_banner_and_logs_to_a_file(tmp_path):
     port = free_port()
-    term = Terminal([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)],
-                    serve_env(tmp_path))
+    term = Terminal(
+        [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)], serve_env(tmp_path)
+    )
     try:
         banner = term.wait_for(BANNER.pattern, 120)
         assert banner.group(1) == str(port) and banner.group(2) == "gpt-oss-sim" and banner.group(3)
@@ -139,8 +148,13 @@ def test_serve_on_a_terminal_shows_plain_lines_and_a_banner_and_logs_to_a_file(t
 def test_serve_not_on_a_terminal_keeps_json_logs_with_the_banner_as_one_of_them(tmp_path):
     port = free_port()
     with open(tmp_path / "out.log", "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port",
-                                 str(port)], stdout=out, stderr=subprocess.STDOUT, env=serve_env(tmp_path), cwd=REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=serve_env(tmp_path),
+            cwd=REPO,
+        )
         try:
             wait_until_ready(proc, port, tmp_path / "out.log", 120)
             deadline = time.monotonic() + 30
@@ -158,8 +172,21 @@ def test_serve_not_on_a_terminal_keeps_json_logs_with_the_banner_as_one_of_them(
 
 def test_the_banner_says_when_a_key_is_required_and_the_log_file_setting_keeps_logs_on_the_terminal(tmp_path):
     port = free_port()
-    term = Terminal([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port),
-                     "--api-key", "acme:sk-test-1234"], serve_env(tmp_path, RESPGATE_LOG_FILE="-"))
+    term = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--engine",
+            "simulated",
+            "--port",
+            str(port),
+            "--api-key",
+            "acme:sk-test-1234",
+        ],
+        serve_env(tmp_path, RESPGATE_LOG_FILE="-"),
+    )
     try:
         banner = term.wait_for(BANNER.pattern, 120)
         assert banner.group(4) == "API key required"
@@ -175,8 +202,10 @@ def test_a_failed_start_on_a_terminal_says_why_in_one_line_and_where_the_log_is(
     port = free_port()
     models = tmp_path / "models.json"
     models.write_text(json.dumps([{"name": "a", "engine": "simulated"}, {"name": "a", "engine": "simulated"}]))
-    term = Terminal([sys.executable, "-m", "gateway", "serve", "--models-file", str(models), "--port", str(port)],
-                    serve_env(tmp_path))
+    term = Terminal(
+        [sys.executable, "-m", "gateway", "serve", "--models-file", str(models), "--port", str(port)],
+        serve_env(tmp_path),
+    )
     try:
         code = term.proc.wait(timeout=120)
     finally:
@@ -184,8 +213,9 @@ def test_a_failed_start_on_a_terminal_says_why_in_one_line_and_where_the_log_is(
     lines = term.lines
     log = tmp_path / ".cache" / "respgate" / "logs" / f"serve-{port}.log"
     assert code == 1 and len(lines) == 2, term.text
-    assert lines[1] == (f"respgate serve: ValueError: {models}: model name 'a' is declared twice (traceback in "
-                        f"{log})"), lines
+    assert lines[1] == (
+        f"respgate serve: ValueError: {models}: model name 'a' is declared twice (traceback in {log})"
+    ), lines
     assert "Traceback" in log.read_text()
 
 
@@ -198,7 +228,12 @@ def test_check_on_a_terminal_prints_its_report_there(tmp_path):
     lines = term.lines
     assert code == 0, term.text
     assert [x[:14] for x in lines if x.startswith("[")] == [
-        "[ ok ] vocab  ", "[ ok ] models ", "[warn] redis  ", "[ ok ] journal", "[ ok ] engine "], lines
+        "[ ok ] vocab  ",
+        "[ ok ] models ",
+        "[warn] redis  ",
+        "[ ok ] journal",
+        "[ ok ] engine ",
+    ], lines
     assert lines[-1] == f"(the engine's own output is in {tmp_path}/.cache/respgate/logs/check.log)", lines
     assert_quiet(lines)
 

@@ -37,8 +37,7 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """Sum of the samples of ``name`` whose labels include ``labels``."""
-        return sum(s.value for s in self.samples.get(name, [])
-                   if all(s.labels.get(k) == v for k, v in labels.items()))
+        return sum(s.value for s in self.samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items()))
 
     def has(self, name: str) -> bool:
         """Exported: as a sample, or as a declared family (a labelled counter with no child yet)."""
@@ -92,18 +91,27 @@ def test_ws_session_then_scrape_agrees_with_the_session(make_gateway):
     assert m.value("respgate_render_tokens_total", mode="append") > 0
     reused = m.value("respgate_render_reused_tokens_total")
     assert reused >= first["usage"]["input_tokens"] + first["usage"]["output_tokens"] - 1 > 0
-    assert m.value("respgate_prompt_tokens_total", model=MODEL) == sum(
-        r["usage"]["input_tokens"] for r in (first, second, lane)) + warm["usage"]["input_tokens"]
-    assert m.value("respgate_cached_tokens_total", model=MODEL) == sum(
-        r["usage"]["input_tokens_details"]["cached_tokens"] for r in (first, second, lane)) > 0
+    assert (
+        m.value("respgate_prompt_tokens_total", model=MODEL)
+        == sum(r["usage"]["input_tokens"] for r in (first, second, lane)) + warm["usage"]["input_tokens"]
+    )
+    assert (
+        m.value("respgate_cached_tokens_total", model=MODEL)
+        == sum(r["usage"]["input_tokens_details"]["cached_tokens"] for r in (first, second, lane))
+        > 0
+    )
     assert m.value("respgate_output_tokens_total", model=MODEL) == sum(
-        r["usage"]["output_tokens"] for r in (first, second, lane))
+        r["usage"]["output_tokens"] for r in (first, second, lane)
+    )
     assert m.value("respgate_engine_cached_tokens_total", engine="simulated") == engine.stats.cached_tokens > 0
     assert m.value("respgate_engine_requests_total", engine="simulated") == engine.stats.requests == generated
 
     # latency histograms: one observation per generating turn
-    for name in ("respgate_time_to_first_token_seconds", "respgate_inter_token_latency_seconds",
-                 "respgate_output_tokens_per_second"):
+    for name in (
+        "respgate_time_to_first_token_seconds",
+        "respgate_inter_token_latency_seconds",
+        "respgate_output_tokens_per_second",
+    ):
         assert m.value(name + "_count", model=MODEL, transport="ws") == generated, name
 
     # connection cache: 3 continuations resolved on the connection, 1 miss -> not found
@@ -114,8 +122,8 @@ def test_ws_session_then_scrape_agrees_with_the_session(make_gateway):
     assert m.value("respgate_warmups_total", transport="ws") == 1
     assert m.value("respgate_turns_total", transport="ws", status="completed") == 4
     assert m.value("respgate_classified_items_total") == 4  # one new message per turn, none of the history
-    assert m.value("respgate_store_seconds_count", op="get") == 1              # the dangling id
-    assert m.value("respgate_store_seconds_count", op="put") == 2              # warm-up and lane turn stored
+    assert m.value("respgate_store_seconds_count", op="get") == 1  # the dangling id
+    assert m.value("respgate_store_seconds_count", op="put") == 2  # warm-up and lane turn stored
 
     # gauges: the open socket had 2 lanes; after close everything is back to zero
     o = session["open"]
@@ -156,11 +164,46 @@ def test_queued_creates_are_visible_while_a_lane_is_busy(make_gateway):
 
 PROMQL_WORDS = {
     # functions
-    "rate", "irate", "increase", "sum", "avg", "min", "max", "count", "histogram_quantile", "clamp_min",
-    "clamp_max", "topk", "bottomk", "abs", "delta", "deriv", "vector", "scalar", "time", "avg_over_time",
-    "max_over_time", "min_over_time", "sum_over_time", "label_replace", "absent", "round", "ceil", "floor",
+    "rate",
+    "irate",
+    "increase",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "topk",
+    "bottomk",
+    "abs",
+    "delta",
+    "deriv",
+    "vector",
+    "scalar",
+    "time",
+    "avg_over_time",
+    "max_over_time",
+    "min_over_time",
+    "sum_over_time",
+    "label_replace",
+    "absent",
+    "round",
+    "ceil",
+    "floor",
     # keywords
-    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "bool",
 }
 
 
@@ -184,18 +227,20 @@ def dashboard_exprs() -> list[str]:
 def metric_names(expr: str) -> set[str]:
     """Metric names in a PromQL expression: identifiers that are not functions, keywords, label
     names in ``{...}`` / ``by (...)``, durations, or Grafana variables."""
-    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)                 # string literals
-    e = re.sub(r"\{[^}]*\}", "", e)                              # label matchers
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    e = re.sub(r"\{[^}]*\}", "", e)  # label matchers
     e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
-    e = re.sub(r"\[[^\]]*\]", "", e)                             # range selectors
-    e = re.sub(r"\$\{?\w+\}?", "", e)                            # Grafana variables
+    e = re.sub(r"\[[^\]]*\]", "", e)  # range selectors
+    e = re.sub(r"\$\{?\w+\}?", "", e)  # Grafana variables
     names = set(re.findall(r"(?<![\w.])[a-zA-Z_:][a-zA-Z0-9_:]*", e))
     return {n for n in names if n not in PROMQL_WORDS and not re.fullmatch(r"\d+\w*", n)}
 
 
 def test_metric_name_extraction():
-    assert metric_names('histogram_quantile(0.95, sum by (le, stage) (rate(respgate_stage_seconds_bucket'
-                        '{transport=~"$transport"}[5m])))') == {"respgate_stage_seconds_bucket"}
+    assert metric_names(
+        "histogram_quantile(0.95, sum by (le, stage) (rate(respgate_stage_seconds_bucket"
+        '{transport=~"$transport"}[5m])))'
+    ) == {"respgate_stage_seconds_bucket"}
     assert metric_names("sum(rate(a_total[1m])) / clamp_min(sum(rate(b_total[1m])), 1)") == {"a_total", "b_total"}
 
 
@@ -208,7 +253,7 @@ EXPORTED_WITH = {
 #: metrics the gateway declares that are deliberately not on the dashboard, and why
 NOT_ON_DASHBOARD = {
     "respgate_tenant_tokens": "opt-in (metrics_per_tenant) and labelled per tenant: for ad-hoc queries, not a "
-                              "shared board",
+    "shared board",
 }
 GATEWAY = DASHBOARD.parents[3] / "gateway"
 
@@ -225,8 +270,13 @@ def base_name(sample: str) -> str:
 
 def test_every_declared_metric_is_on_the_dashboard_or_deliberately_not():
     declared = declared_metrics()
-    assert {"respgate_turns", "respgate_conversation_store_seconds", "respgate_background_event_log_bytes",
-            "respgate_engine_time_to_first_token_seconds", "respgate_compactions"} <= declared, declared
+    assert {
+        "respgate_turns",
+        "respgate_conversation_store_seconds",
+        "respgate_background_event_log_bytes",
+        "respgate_engine_time_to_first_token_seconds",
+        "respgate_compactions",
+    } <= declared, declared
     shown = {base_name(n) for e in dashboard_exprs() for n in metric_names(e)}
     absent = sorted(declared - shown - set(NOT_ON_DASHBOARD))
     assert not absent, f"metrics neither on the dashboard nor listed in NOT_ON_DASHBOARD: {absent}"
@@ -244,17 +294,28 @@ def test_every_metric_the_dashboard_queries_is_exported(make_gateway):
     missing = sorted(n for n in wanted if not m.has(n) and n not in EXPORTED_WITH)
     assert not missing, f"dashboard queries metrics /metrics does not export: {missing}"
     # and the dashboard covers what operators asked for
-    for must in ("respgate_stage_seconds_bucket", "respgate_time_to_first_token_seconds_bucket",
-                 "respgate_inter_token_latency_seconds_bucket", "respgate_render_reused_tokens_total",
-                 "respgate_connection_cache_lookups_total", "respgate_previous_response_not_found_total",
-                 "respgate_ws_connections", "respgate_ws_queued_creates", "respgate_billing_lag_seconds",
-                 "respgate_billing_journal_bytes", "respgate_classifier_verdicts_total",
-                 "respgate_rate_limit_rejections_total", "respgate_store_seconds_bucket",
-                 "respgate_engine_aborts_total", "respgate_warmups_total"):
+    for must in (
+        "respgate_stage_seconds_bucket",
+        "respgate_time_to_first_token_seconds_bucket",
+        "respgate_inter_token_latency_seconds_bucket",
+        "respgate_render_reused_tokens_total",
+        "respgate_connection_cache_lookups_total",
+        "respgate_previous_response_not_found_total",
+        "respgate_ws_connections",
+        "respgate_ws_queued_creates",
+        "respgate_billing_lag_seconds",
+        "respgate_billing_journal_bytes",
+        "respgate_classifier_verdicts_total",
+        "respgate_rate_limit_rejections_total",
+        "respgate_store_seconds_bucket",
+        "respgate_engine_aborts_total",
+        "respgate_warmups_total",
+    ):
         assert must in wanted, must
 
 
 # -- logs ------------------------------------------------------------------------------------------
+
 
 def test_json_log_lines_carry_request_and_response_ids(make_gateway):
     from gateway.ops.logging_setup import ContextFilter, json_formatter
@@ -269,8 +330,12 @@ def test_json_log_lines_carry_request_and_response_ids(make_gateway):
     logger.setLevel(logging.INFO)
     try:
         live = make_gateway()
-        r = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"},
-                       headers={"Authorization": "Bearer k", "X-Request-Id": "req-from-client-1"}, timeout=30)
+        r = httpx.post(
+            live.base_url + "/responses",
+            json={"model": MODEL, "input": "hi"},
+            headers={"Authorization": "Bearer k", "X-Request-Id": "req-from-client-1"},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.headers["x-request-id"] == "req-from-client-1"
         rid = r.json()["id"]
         with ws_open(live) as ws:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway.engines import build_registry
 from gateway.base.settings import Settings
+from gateway.engines import build_registry
 from tests.conftest import start_gateway, stop_gateway
 
 
@@ -17,8 +17,13 @@ def test_models_file_declares_several_models_with_their_own_engines(tmp_path):
     folder = prepare_model("smollm2")
     spec = [
         {"names": ["gpt-oss-sim", "agent-sim"], "engine": "simulated"},
-        {"name": "small-remote", "engine": "remote-vllm", "model_path": str(folder),
-         "remote_url": "http://127.0.0.1:9", "max_model_len": 2048},
+        {
+            "name": "small-remote",
+            "engine": "remote-vllm",
+            "model_path": str(folder),
+            "remote_url": "http://127.0.0.1:9",
+            "max_model_len": 2048,
+        },
     ]
     path = tmp_path / "models.json"
     path.write_text(json.dumps(spec))

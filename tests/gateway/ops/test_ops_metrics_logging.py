@@ -23,8 +23,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _turn(live, key: str | None) -> None:
-    r = httpx.post(live.base_url + "/responses", json={"model": "gpt-oss-sim", "input": "hi"},
-                   headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)
+    r = httpx.post(
+        live.base_url + "/responses",
+        json={"model": "gpt-oss-sim", "input": "hi"},
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
 
 
@@ -66,16 +70,38 @@ def _serve_env(tmp_path: Path) -> dict[str, str]:
     # the suite's own process may have gone offline (inference.model_assets sets HF_HUB_OFFLINE and
     # TRANSFORMERS_OFFLINE when it prepares a packaged model): children start from a clean environment
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RESPGATE_", "VLLM_", "HF_", "TRANSFORMERS_"))}
-    return {**env, "PYTHONPATH": str(REPO), "RESPGATE_KEYS_FILE": str(tmp_path / "keys.json"),
-            "RESPGATE_USAGE_JOURNAL": str(tmp_path / "journal.jsonl")}
+    return {
+        **env,
+        "PYTHONPATH": str(REPO),
+        "RESPGATE_KEYS_FILE": str(tmp_path / "keys.json"),
+        "RESPGATE_USAGE_JOURNAL": str(tmp_path / "journal.jsonl"),
+    }
 
 
 def test_serve_flags_start_the_metrics_listener_and_a_taken_port_stops_the_start(tmp_path):
     port, mport = free_port(), free_port()
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port),
-                             "--api-key", "k", "--metrics-port", str(mport), "--metrics-host", "127.0.0.1"],
-                            stdout=log, stderr=subprocess.STDOUT, env=_serve_env(tmp_path))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--engine",
+            "simulated",
+            "--port",
+            str(port),
+            "--api-key",
+            "k",
+            "--metrics-port",
+            str(mport),
+            "--metrics-host",
+            "127.0.0.1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=_serve_env(tmp_path),
+    )
     try:
         wait_until_ready(proc, port, tmp_path / "serve.log", 60)
         assert httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).status_code == 200
@@ -88,10 +114,26 @@ def test_serve_flags_start_the_metrics_listener_and_a_taken_port_stops_the_start
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         busy = taken.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port",
-                            str(free_port()), "--metrics-port", str(taken.getsockname()[1]),
-                            "--metrics-host", "127.0.0.1"],
-                           capture_output=True, text=True, timeout=60, env=_serve_env(tmp_path))
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--engine",
+                "simulated",
+                "--port",
+                str(free_port()),
+                "--metrics-port",
+                str(taken.getsockname()[1]),
+                "--metrics-host",
+                "127.0.0.1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_serve_env(tmp_path),
+        )
     # bound before the engines load: one line naming the port and the flag (issue 28, item 3)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
     assert f"port {busy} is already in use" in r.stderr and "--metrics-port" in r.stderr
@@ -115,8 +157,14 @@ init_logger("vllm.engine.probe").warning("theirs %s", 42)
 @pytest.mark.slow
 def test_vllm_log_records_go_through_our_json_formatter(tmp_path):
     pytest.importorskip("vllm")
-    r = subprocess.run([sys.executable, "-c", _LOG_PROBE.format(fmt="json")], cwd=REPO, capture_output=True,
-                       text=True, timeout=120, env=_serve_env(tmp_path))
+    r = subprocess.run(
+        [sys.executable, "-c", _LOG_PROBE.format(fmt="json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_serve_env(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "theirs" not in r.stdout  # vLLM's own handler writes plain text to stdout
     records = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
@@ -130,24 +178,41 @@ def test_vllm_log_records_go_through_our_json_formatter(tmp_path):
 def test_an_operators_vllm_logging_config_is_left_alone(tmp_path):
     pytest.importorskip("vllm")
     own = tmp_path / "vllm-logging.json"
-    own.write_text(json.dumps({"version": 1, "disable_existing_loggers": False,
-                               "formatters": {"f": {"format": "OWN %(name)s %(message)s"}},
-                               "handlers": {"h": {"class": "logging.StreamHandler", "formatter": "f",
-                                                  "stream": "ext://sys.stdout"}},
-                               "loggers": {"vllm": {"handlers": ["h"], "level": "INFO", "propagate": False}}}))
-    r = subprocess.run([sys.executable, "-c", _LOG_PROBE.format(fmt="json")], cwd=REPO, capture_output=True,
-                       text=True, timeout=120, env={**_serve_env(tmp_path), "VLLM_LOGGING_CONFIG_PATH": str(own)})
+    own.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "disable_existing_loggers": False,
+                "formatters": {"f": {"format": "OWN %(name)s %(message)s"}},
+                "handlers": {"h": {"class": "logging.StreamHandler", "formatter": "f", "stream": "ext://sys.stdout"}},
+                "loggers": {"vllm": {"handlers": ["h"], "level": "INFO", "propagate": False}},
+            }
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _LOG_PROBE.format(fmt="json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_serve_env(tmp_path), "VLLM_LOGGING_CONFIG_PATH": str(own)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "OWN vllm.engine.probe theirs 42" in r.stdout
 
 
 # -- default output cap per route ------------------------------------------------------------------------
 
+
 def test_routes_carry_the_default_output_cap():
     sim = build_registry(Settings(engine="simulated"))
     assert [r.max_output_tokens for r in sim.routes()] == [None]  # tests and benchmarks: uncapped
-    assert build_registry(Settings(engine="simulated", default_max_output_tokens=100)).routes()[0].max_output_tokens == 100
-    assert build_registry(Settings(engine="simulated", default_max_output_tokens=0)).routes()[0].max_output_tokens is None
+    assert (
+        build_registry(Settings(engine="simulated", default_max_output_tokens=100)).routes()[0].max_output_tokens == 100
+    )
+    assert (
+        build_registry(Settings(engine="simulated", default_max_output_tokens=0)).routes()[0].max_output_tokens is None
+    )
     with pytest.raises(ValueError):
         Settings(default_max_output_tokens=-1)
 
@@ -166,8 +231,9 @@ def test_the_cpu_default_model_gets_a_cap_that_ends_turns_in_seconds(monkeypatch
     # a few capped turns fit the 4,096-token context the CPU build gets
     assert 3 * CPU_MAX_OUTPUT_TOKENS < route.max_context // 2
     assert build_registry(Settings(engine="vllm", default_max_output_tokens=0)).routes()[0].max_output_tokens is None
-    models = build_registry(Settings.load(None, models_file=None, engine="remote-vllm",
-                                          model_path=registry_folder(route))).routes()[0]
+    models = build_registry(
+        Settings.load(None, models_file=None, engine="remote-vllm", model_path=registry_folder(route))
+    ).routes()[0]
     assert models.max_output_tokens is None  # a remote (GPU) server: no cap unless set
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -59,7 +59,7 @@ def test_in_flight_turn_completes_then_error_and_1001_and_every_usage_record_is_
 
     stopper = _start_stop(live)
     requests_before = engine.stats.requests
-    send(busy, create(input="sent while draining"))     # refused: never reaches the engine
+    send(busy, create(input="sent while draining"))  # refused: never reaches the engine
     frames, code = _read_until_closed(busy)
     idle_frames, idle_code = _read_until_closed(idle)
     stopper.join(30)
@@ -109,8 +109,12 @@ def test_http_request_in_flight_finishes_during_shutdown(make_gateway):
     box: dict[str, Any] = {}
 
     def post() -> None:
-        box["r"] = httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "hi"},
-                              headers={"Authorization": "Bearer k"}, timeout=30)
+        box["r"] = httpx.post(
+            live.base_url + "/responses",
+            json={"model": MODEL, "input": "hi"},
+            headers={"Authorization": "Bearer k"},
+            timeout=30,
+        )
 
     client = threading.Thread(target=post)
     client.start()
@@ -130,22 +134,37 @@ def test_sigterm_to_respgate_serve_drains_to_the_redis_ledger(tmp_path, redis_ur
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")}
-    env.update(RESPGATE_ENGINE="simulated", RESPGATE_SIM_DECODE_TPS="200", RESPGATE_REDIS_URL=redis_url,
-               RESPGATE_USAGE_JOURNAL=str(tmp_path / "journal.jsonl"), RESPGATE_LOG_FORMAT="json",
-               PYTHONPATH=REPO)
+    env.update(
+        RESPGATE_ENGINE="simulated",
+        RESPGATE_SIM_DECODE_TPS="200",
+        RESPGATE_REDIS_URL=redis_url,
+        RESPGATE_USAGE_JOURNAL=str(tmp_path / "journal.jsonl"),
+        RESPGATE_LOG_FORMAT="json",
+        PYTHONPATH=REPO,
+    )
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port)], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     try:
         wait_until_ready(proc, port, tmp_path / "serve.log", 60, poll=0.2)
         from websockets.sync.client import connect
 
-        with connect(f"ws://127.0.0.1:{port}/v1/responses", open_timeout=10,
-                     additional_headers={"Authorization": "Bearer k"}) as ws:
+        with connect(
+            f"ws://127.0.0.1:{port}/v1/responses", open_timeout=10, additional_headers={"Authorization": "Bearer k"}
+        ) as ws:
             send(ws, create(model="gpt-oss-sim", input="a first turn"))
             first = until_terminal(ws)[-1]["response"]["id"]
-            send(ws, create(model="gpt-oss-sim", input="write a long answer", max_output_tokens=300,
-                            previous_response_id=first))
+            send(
+                ws,
+                create(
+                    model="gpt-oss-sim", input="write a long answer", max_output_tokens=300, previous_response_id=first
+                ),
+            )
             created = recv(ws)
             assert created["type"] == "response.created"
             proc.send_signal(signal.SIGTERM)

@@ -15,13 +15,16 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                       ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from websockets.sync.client import connect
 
 from gateway.base import tracing
@@ -33,10 +36,19 @@ from tests.conftest import MODEL
 MARKER = "quokkaverbatim"  # in every piece of content the tests send; never in an exported span
 KEY = "acme:sk-" + "k" * 40  # tenant "acme": the tenant may be exported, the key never
 STAGES = {"validate", "resolve", "classify", "render", "engine_submit", "finalize", "billing"}
-ALLOWED_ATTRS = {"respgate.transport", "respgate.status", "respgate.tenant", "respgate.previous_response_id",
-                 "gen_ai.response.id", "gen_ai.request.model", "gen_ai.usage.input_tokens",
-                 "gen_ai.usage.output_tokens", "respgate.usage.cached_tokens", "respgate.usage.reasoning_tokens",
-                 "error.type"}
+ALLOWED_ATTRS = {
+    "respgate.transport",
+    "respgate.status",
+    "respgate.tenant",
+    "respgate.previous_response_id",
+    "gen_ai.response.id",
+    "gen_ai.request.model",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "respgate.usage.cached_tokens",
+    "respgate.usage.reasoning_tokens",
+    "error.type",
+}
 
 
 class Collector:
@@ -49,7 +61,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -111,8 +123,9 @@ class TraceparentEngine(SimulatedEngine):
         super().__init__(**kw)
         self.traceparents: list[str | None] = []
 
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                       routing: RequestRouting | None = None) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams, routing: RequestRouting | None = None
+    ) -> AsyncIterator[TokenDelta]:
         self.traceparents.append(routing.traceparent if routing is not None else None)
         async for delta in super().generate(request_id, prompt_ids, params, routing):
             yield delta
@@ -120,8 +133,9 @@ class TraceparentEngine(SimulatedEngine):
 
 def traced(make_gateway: Any, collector: Collector, **kw: Any) -> Any:
     engine = TraceparentEngine()
-    settings = Settings(api_keys=[KEY], otel_traces=True, otel_endpoint=collector.url,
-                        otel_service_name="respgate-test", **kw)
+    settings = Settings(
+        api_keys=[KEY], otel_traces=True, otel_endpoint=collector.url, otel_service_name="respgate-test", **kw
+    )
     return make_gateway(settings, engine=engine)
 
 
@@ -130,16 +144,19 @@ def parent_header() -> tuple[str, str, str]:
     return f"00-{trace_id}-{span_id}-01", trace_id, span_id
 
 
-WEATHER = {"type": "function", "name": "lookup", "description": f"Looks up {MARKER} facts.",
-           "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": MARKER}},
-                          "required": ["q"]}}
+WEATHER = {
+    "type": "function",
+    "name": "lookup",
+    "description": f"Looks up {MARKER} facts.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": MARKER}}, "required": ["q"]},
+}
 
 
 def tree(spans: list[Any], turn: Any) -> dict[str, Any]:
     """Span name -> span, for the turn span's children and the engine span's children."""
     children = {s.name: s for s in spans if s.parent_span_id == turn.span_id and s.trace_id == turn.trace_id}
     engine = children.get("engine")
-    under_engine = ({s.name: s for s in spans if s.parent_span_id == engine.span_id} if engine is not None else {})
+    under_engine = {s.name: s for s in spans if s.parent_span_id == engine.span_id} if engine is not None else {}
     return {**children, **{f"engine/{k}": v for k, v in under_engine.items()}}
 
 
@@ -163,10 +180,17 @@ def check_bounded(collector: Collector) -> None:
 def test_http_turn_joins_the_callers_trace_with_a_span_per_stage(collector, make_gateway):
     live = traced(make_gateway, collector)
     header, trace_id, parent_id = parent_header()
-    r = httpx.post(f"{live.base_url}/responses", headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}",
-                                                         "traceparent": header},
-                   json={"model": MODEL, "input": f"Please look up {MARKER}.", "instructions": f"Be {MARKER}.",
-                         "tools": [WEATHER]}, timeout=30)
+    r = httpx.post(
+        f"{live.base_url}/responses",
+        headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}", "traceparent": header},
+        json={
+            "model": MODEL,
+            "input": f"Please look up {MARKER}.",
+            "instructions": f"Be {MARKER}.",
+            "tools": [WEATHER],
+        },
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert MARKER in json.dumps(body["output"])  # the marker did reach the output (tool arguments)
@@ -203,19 +227,47 @@ def test_websocket_turns_are_spans_under_the_create_or_the_upgrade_traceparent(c
     per_turn, turn_trace, turn_span = parent_header()
     auth = {"authorization": f"Bearer {KEY.split(':', 1)[1]}", "traceparent": upgrade}
     with connect(live.ws_url, additional_headers=auth) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "store": False, "tools": [WEATHER],
-                            "input": f"Look up {MARKER} please."}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "store": False,
+                    "tools": [WEATHER],
+                    "input": f"Look up {MARKER} please.",
+                }
+            )
+        )
         first = _terminal(ws)
         call = next(o for o in first["response"]["output"] if o["type"] == "function_call")
         assert MARKER in call["arguments"]
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "store": False, "tools": [WEATHER],
-                            "previous_response_id": first["response"]["id"],
-                            "client_metadata": {"traceparent": per_turn, "x-codex-turn": "1"},
-                            "input": [{"type": "function_call_output", "call_id": call["call_id"],
-                                       "output": f"{MARKER} facts: none"}]}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "store": False,
+                    "tools": [WEATHER],
+                    "previous_response_id": first["response"]["id"],
+                    "client_metadata": {"traceparent": per_turn, "x-codex-turn": "1"},
+                    "input": [
+                        {"type": "function_call_output", "call_id": call["call_id"], "output": f"{MARKER} facts: none"}
+                    ],
+                }
+            )
+        )
         second = _terminal(ws)
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "store": False,
-                            "previous_response_id": "resp_missing", "input": f"{MARKER} again"}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "store": False,
+                    "previous_response_id": "resp_missing",
+                    "input": f"{MARKER} again",
+                }
+            )
+        )
         refused = json.loads(ws.recv(timeout=30))
     assert first["type"] == second["type"] == "response.completed"
     assert refused["type"] == "error" and refused["error"]["code"] == "previous_response_not_found"
@@ -231,8 +283,9 @@ def test_websocket_turns_are_spans_under_the_create_or_the_upgrade_traceparent(c
         assert STAGES | {"engine", "engine/engine_ttft", "engine/streaming"} <= set(t), sorted(t)
         assert "store" not in t  # store=false: no write awaited
     # the refused create: a turn span of its own (the upgrade's trace), status ERROR, the code only
-    rejected = [s for s in collector.spans if s.name == tracing.TURN_SPAN
-                and attrs(s).get("respgate.status") == "rejected"]
+    rejected = [
+        s for s in collector.spans if s.name == tracing.TURN_SPAN and attrs(s).get("respgate.status") == "rejected"
+    ]
     assert len(rejected) == 1
     assert attrs(rejected[0])["error.type"] == "previous_response_not_found"
     assert rejected[0].status.code == rejected[0].status.STATUS_CODE_ERROR
@@ -266,10 +319,15 @@ class Counts:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.n: dict[str, int] = {}
-        for owner, name in ((sdk.Tracer, "start_span"), (api.NoOpTracer, "start_span"),
-                            (api.ProxyTracer, "start_span"), (TraceContextTextMapPropagator, "extract"),
-                            (tracing.TracedTimer, "__init__"), (sdk.Span, "__init__"),
-                            (api.NonRecordingSpan, "__init__")):
+        for owner, name in (
+            (sdk.Tracer, "start_span"),
+            (api.NoOpTracer, "start_span"),
+            (api.ProxyTracer, "start_span"),
+            (TraceContextTextMapPropagator, "extract"),
+            (tracing.TracedTimer, "__init__"),
+            (sdk.Span, "__init__"),
+            (api.NonRecordingSpan, "__init__"),
+        ):
             self._count(monkeypatch, owner, name)
 
     def _count(self, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
@@ -295,8 +353,11 @@ def _turns(live: Any, headers: dict[str, str]) -> None:
     for _ in client.responses.create(model=MODEL, input="hi", stream=True, extra_headers={"traceparent": header}):
         pass
     with connect(live.ws_url, additional_headers={**headers, "traceparent": header}) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi",
-                            "client_metadata": {"traceparent": header}}))
+        ws.send(
+            json.dumps(
+                {"type": "response.create", "model": MODEL, "input": "hi", "client_metadata": {"traceparent": header}}
+            )
+        )
         assert _terminal(ws)["type"] == "response.completed"
 
 
@@ -339,8 +400,11 @@ def test_a_turn_whose_client_leaves_ends_cancelled_with_the_cut_as_its_own_stage
     live = traced(make_gateway, collector)
     live.engine.decode_tps = 20  # slow enough to leave mid-stream
     with connect(live.ws_url, additional_headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}"}) as ws:
-        ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "store": False,
-                            "max_output_tokens": 400}))
+        ws.send(
+            json.dumps(
+                {"type": "response.create", "model": MODEL, "input": "hi", "store": False, "max_output_tokens": 400}
+            )
+        )
         while json.loads(ws.recv(timeout=30))["type"] != "response.output_text.delta":
             pass  # leave mid-stream
     deadline = time.monotonic() + 30

@@ -15,11 +15,20 @@ import pytest
 from websockets.sync.client import connect
 
 from gateway.app import uvicorn_config_kwargs
-from gateway.transport.corked import (FLUSH_BYTES, HIGH_WATER, LINGER_S, READ_AHEAD, READ_AHEAD_BYTES,
-                                      SEND_STALLED_CODE, CorkedTransport,
-                                      CorkedWebSocketProtocol, SendStalled, TextFrames)
-from gateway.transport.lanes import Farewell
 from gateway.base.settings import Settings
+from gateway.transport.corked import (
+    FLUSH_BYTES,
+    HIGH_WATER,
+    LINGER_S,
+    READ_AHEAD,
+    READ_AHEAD_BYTES,
+    SEND_STALLED_CODE,
+    CorkedTransport,
+    CorkedWebSocketProtocol,
+    SendStalled,
+    TextFrames,
+)
+from gateway.transport.lanes import Farewell
 
 
 async def _pair() -> tuple[asyncio.Transport, list[int], socket.socket]:
@@ -71,6 +80,7 @@ def test_one_iteration_one_write_in_order():
 
 def test_frames_of_consecutive_iterations_leave_in_one_write():
     """A zero-latency engine hands over a delta per loop iteration: the run is one write."""
+
     async def main() -> None:
         transport, writes, peer = await _pair()
         corked = CorkedTransport(transport, asyncio.get_running_loop())
@@ -93,13 +103,14 @@ def test_frames_of_consecutive_iterations_leave_in_one_write():
 def test_a_producer_that_never_pauses_is_written_within_the_linger_bound():
     """Frames every iteration, for ever: each write goes out once its oldest frame is LINGER_S old
     (the transport's clock is a fake one here, so the bound is checked without timing anything)."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         transport, writes, peer = await _pair()
         corked = CorkedTransport(transport, loop)
         now = [0.0]
         corked._loop = SimpleNamespace(time=lambda: now[0], call_soon=loop.call_soon)  # type: ignore[assignment]
-        for i in range(30):
+        for _ in range(30):
             corked.write(b"x")
             await asyncio.sleep(0)
         assert writes == []  # the clock stood still: still lingering
@@ -107,7 +118,7 @@ def test_a_producer_that_never_pauses_is_written_within_the_linger_bound():
         corked.write(b"x")
         await asyncio.sleep(0)
         assert writes == [31]  # due: written although the producer did not pause
-        for i in range(3):
+        for _ in range(3):
             corked.write(b"y")
             await asyncio.sleep(0)
         assert writes == [31]  # a new linger began with the next frame
@@ -146,8 +157,9 @@ def test_gateway_websocket_frames_arrive_whole_and_in_order(make_gateway):
     assert issubclass(ws, CorkedWebSocketProtocol) and ws.send_deadline_s == 7.5
     live = make_gateway()
     with connect(live.ws_url, max_size=None, compression=None) as ws:
-        ws.send(orjson.dumps({"type": "response.create", "model": "gpt-oss-sim", "input": "hello",
-                              "store": False}).decode())
+        ws.send(
+            orjson.dumps({"type": "response.create", "model": "gpt-oss-sim", "input": "hello", "store": False}).decode()
+        )
         seqs, types = [], []
         while True:
             ev = orjson.loads(ws.recv(timeout=30))
@@ -170,9 +182,14 @@ def _frame_writer() -> tuple[TextFrames, Any, list[bytes]]:
     from websockets.server import ServerProtocol
 
     written: list[bytes] = []
-    protocol = SimpleNamespace(_write_paused=False, close_sent=False, disconnected=False, handshake_complete=True,
-                               conn=ServerProtocol(), transport=SimpleNamespace(write=written.append,
-                                                                                 cork=written.extend))
+    protocol = SimpleNamespace(
+        _write_paused=False,
+        close_sent=False,
+        disconnected=False,
+        handshake_complete=True,
+        conn=ServerProtocol(),
+        transport=SimpleNamespace(write=written.append, cork=written.extend),
+    )
     protocol.conn.state = OPEN
     return TextFrames(protocol), protocol, written  # type: ignore[arg-type]
 
@@ -270,7 +287,6 @@ def test_uvicorn_protocol_still_has_what_the_cork_relies_on():
     assert "self.transport.write" in inspect.getsource(WebSocketsSansIOProtocol.send)
 
 
-
 def test_a_refused_handshake_logs_no_error(make_gateway):
     """A 401 before the upgrade is an answer, not a server error (issue 14, case 10)."""
     import logging
@@ -308,6 +324,7 @@ def test_a_refused_handshake_logs_no_error(make_gateway):
 def test_reading_stays_paused_while_either_holder_wants_it():
     """uvicorn pauses reading while a message waits for the app; write flow control holds it while
     the write buffer is full. Neither may resume what the other paused."""
+
     async def main() -> None:
         transport, _, peer = await _pair()
         corked = CorkedTransport(transport, asyncio.get_running_loop())
@@ -338,6 +355,7 @@ class _Lost(asyncio.Protocol):
 def test_a_close_whose_bytes_the_client_never_takes_is_reset_after_the_grace():
     """asyncio's close() waits for the buffer to drain: with a client that does not read, for ever
     (the keepalive's close, the app's close). The cork aborts it once the grace has passed."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         ours, peer = socket.socketpair()
@@ -362,13 +380,15 @@ def _protocol(deadline: float) -> CorkedWebSocketProtocol:
     config = Config(app=app, lifespan="off")
     config.load()
     return CorkedWebSocketProtocol.configured(send_deadline_s=deadline)(
-        config=config, server_state=ServerState(), app_state={})
+        config=config, server_state=ServerState(), app_state={}
+    )
 
 
 def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
     """While writing is paused, each deadline window must see at least HIGH_WATER bytes taken by
     the client; a window without is a stall: the app hears 1008 and its blocked send raises. (The
     windows are ended by hand here; the live cases are in tests/gateway/transport/test_ws_backpressure.py.)"""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         proto = _protocol(deadline=3600)
@@ -391,8 +411,11 @@ def test_send_deadline_spares_a_slow_reader_and_fails_a_stalled_one_with_1008():
         proto._disarm()
         proto._deadline_passed()  # a window in which the client took nothing
         assert proto.stalled and transport.is_closing()
-        assert proto.queue.get_nowait() == {"type": "websocket.disconnect", "code": 1008,
-                                            "reason": "send deadline exceeded"}
+        assert proto.queue.get_nowait() == {
+            "type": "websocket.disconnect",
+            "code": 1008,
+            "reason": "send deadline exceeded",
+        }
         with pytest.raises(SendStalled):
             await asyncio.wait_for(blocked, 30)
         with pytest.raises(SendStalled):
@@ -422,6 +445,7 @@ def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
     """uvicorn paused reading after every client message and resumed once the app took it: two
     epoll_ctl calls a turn while the app was already waiting. Reading now pauses once READ_AHEAD
     messages wait, and resumes once fewer do: what waits stays bounded."""
+
     async def main() -> None:
         proto, transport, peer = await _connected()
         arrive = partial(_arrive, proto)
@@ -447,20 +471,21 @@ def test_reading_pauses_once_read_ahead_messages_wait_for_the_app():
 def test_a_big_message_pauses_reading_at_once_and_until_it_is_taken():
     """Only small messages are read ahead: what waits is at most one message of max_size plus
     READ_AHEAD_BYTES, as uvicorn's pause-at-one allowed one message."""
+
     async def main() -> None:
         proto, transport, peer = await _connected()
         arrive = partial(_arrive, proto)
         big = "x" * (READ_AHEAD_BYTES + 1)
         arrive(big)
-        assert not transport.is_reading()              # alone, and paused
+        assert not transport.is_reading()  # alone, and paused
         assert (await proto.receive())["text"] == big
         assert transport.is_reading()
         arrive("small")
         assert transport.is_reading()
-        arrive(big)                                    # behind a small one: paused
+        arrive(big)  # behind a small one: paused
         assert not transport.is_reading()
         assert (await proto.receive())["text"] == "small"
-        assert not transport.is_reading()              # the big one still waits
+        assert not transport.is_reading()  # the big one still waits
         assert (await proto.receive())["text"] == big
         assert transport.is_reading()
         transport.abort()

@@ -22,9 +22,17 @@ from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL
 from tests.http_helpers import assert_error, assert_still_serving, create, message_text, post
 
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"], "additionalProperties": False}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
 
 
 def scripted(*turns: Turn, then=None) -> SimulatedEngine:
@@ -42,6 +50,7 @@ def prompt_texts(live, index: int = -1) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Create (non-streaming)
 # ---------------------------------------------------------------------------------------------
+
 
 def test_create_minimal_returns_completed_message_with_consistent_usage(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="Hello there!")))
@@ -76,16 +85,39 @@ def test_create_echoes_defaults(make_gateway):
     assert body["metadata"] == {}
     assert body["background"] is False
     assert isinstance(body["completed_at"], int) and body["completed_at"] >= body["created_at"]
-    for key in ("id", "object", "created_at", "error", "incomplete_details", "instructions", "model", "tools",
-                "output", "parallel_tool_calls", "metadata", "tool_choice", "temperature", "top_p"):
+    for key in (
+        "id",
+        "object",
+        "created_at",
+        "error",
+        "incomplete_details",
+        "instructions",
+        "model",
+        "tools",
+        "output",
+        "parallel_tool_calls",
+        "metadata",
+        "tool_choice",
+        "temperature",
+        "top_p",
+    ):
         assert key in body, key
     assert body["error"] is None and body["incomplete_details"] is None and body["instructions"] is None
 
 
 def test_create_echoes_request_settings(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="ok")))
-    body = create(live, input="hi", temperature=0.25, top_p=0.5, metadata={"k": "v"}, store=False,
-                  text={"verbosity": "low"}, max_output_tokens=64, parallel_tool_calls=False)
+    body = create(
+        live,
+        input="hi",
+        temperature=0.25,
+        top_p=0.5,
+        metadata={"k": "v"},
+        store=False,
+        text={"verbosity": "low"},
+        max_output_tokens=64,
+        parallel_tool_calls=False,
+    )
     assert body["temperature"] == 0.25 and body["top_p"] == 0.5
     assert body["metadata"] == {"k": "v"} and body["store"] is False
     assert body["text"] == {"format": {"type": "text"}, "verbosity": "low"}
@@ -106,8 +138,9 @@ def test_usage_has_all_detail_fields(make_gateway):
 def test_missing_model_is_400_missing_required_parameter(make_gateway):
     live = make_gateway()
     r = post(live, {"input": "hi"})
-    assert_error(r, 400, code="missing_required_parameter", param="model",
-                 message="Missing required parameter: 'model'.")
+    assert_error(
+        r, 400, code="missing_required_parameter", param="model", message="Missing required parameter: 'model'."
+    )
     assert_still_serving(live)
 
 
@@ -118,8 +151,13 @@ def test_unknown_model_is_404_model_not_found(make_gateway):
     assert exc.value.status_code == 404
     assert exc.value.code == "model_not_found"
     r = post(live, {"model": "no-such-model", "input": "hi"})
-    assert_error(r, 404, code="model_not_found", param=None,
-                 message="The model `no-such-model` does not exist or you do not have access to it.")
+    assert_error(
+        r,
+        404,
+        code="model_not_found",
+        param=None,
+        message="The model `no-such-model` does not exist or you do not have access to it.",
+    )
     assert live.engine.stats.requests == 0
     assert_still_serving(live)
 
@@ -131,16 +169,25 @@ def test_max_output_tokens_below_minimum_is_400(make_gateway):
     assert exc.value.code == "integer_below_min_value"
     assert exc.value.param == "max_output_tokens"
     r = post(live, {"model": MODEL, "input": "hi", "max_output_tokens": 8})
-    assert_error(r, 400, code="integer_below_min_value", param="max_output_tokens",
-                 message="Invalid 'max_output_tokens': integer below minimum value. "
-                         "Expected a value >= 16, but got 8 instead.")
+    assert_error(
+        r,
+        400,
+        code="integer_below_min_value",
+        param="max_output_tokens",
+        message="Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16, but got 8 instead.",
+    )
 
 
 def test_max_output_tokens_wrong_type_is_400_invalid_type(make_gateway):
     live = make_gateway()
     r = post(live, {"model": MODEL, "input": "hi", "max_output_tokens": "lots"})
-    assert_error(r, 400, code="invalid_type", param="max_output_tokens",
-                 message="Invalid type for 'max_output_tokens': expected an integer, but got a string instead.")
+    assert_error(
+        r,
+        400,
+        code="invalid_type",
+        param="max_output_tokens",
+        message="Invalid type for 'max_output_tokens': expected an integer, but got a string instead.",
+    )
     assert live.engine.stats.requests == 0
 
 
@@ -150,15 +197,21 @@ def test_unknown_top_level_field_is_400_unknown_parameter(make_gateway):
         live.openai().responses.create(model=MODEL, input="hi", extra_body={"frobnicate": True})
     assert exc.value.code == "unknown_parameter"
     assert exc.value.param == "frobnicate"
-    assert_error(post(live, {"model": MODEL, "input": "hi", "frobnicate": 1}), 400, code="unknown_parameter",
-                 param="frobnicate", message="Unknown parameter: 'frobnicate'.")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "frobnicate": 1}),
+        400,
+        code="unknown_parameter",
+        param="frobnicate",
+        message="Unknown parameter: 'frobnicate'.",
+    )
 
 
 def test_ws_only_fields_are_unknown_over_http(make_gateway):
     live = make_gateway()
     for field, value in (("type", "response.create"), ("generate", False), ("stream_id", "a")):
-        assert_error(post(live, {"model": MODEL, "input": "hi", field: value}), 400, code="unknown_parameter",
-                     param=field)
+        assert_error(
+            post(live, {"model": MODEL, "input": "hi", field: value}), 400, code="unknown_parameter", param=field
+        )
 
 
 def test_max_output_tokens_cap_makes_response_incomplete(make_gateway):
@@ -185,24 +238,31 @@ def test_backend_failure_non_streaming_is_a_failed_response_not_retried(make_gat
 
 def test_array_input_with_all_message_roles_is_accepted(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="ok")))
-    body = create(live, input=[
-        {"role": "system", "content": "SYS-RULE"},
-        {"role": "developer", "content": "DEV-RULE"},
-        {"role": "user", "content": "USER-QUESTION"},
-        {"role": "assistant", "content": "ASSISTANT-ANSWER"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "USER-PARTS"}]},
-    ])
+    body = create(
+        live,
+        input=[
+            {"role": "system", "content": "SYS-RULE"},
+            {"role": "developer", "content": "DEV-RULE"},
+            {"role": "user", "content": "USER-QUESTION"},
+            {"role": "assistant", "content": "ASSISTANT-ANSWER"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "USER-PARTS"}]},
+        ],
+    )
     assert body["status"] == "completed"
     seen = [(m.role, m.text) for m in prompt_messages(live)]
-    for pair in (("system", "SYS-RULE"), ("developer", "DEV-RULE"), ("user", "USER-QUESTION"),
-                 ("assistant", "ASSISTANT-ANSWER"), ("user", "USER-PARTS")):
+    for pair in (
+        ("system", "SYS-RULE"),
+        ("developer", "DEV-RULE"),
+        ("user", "USER-QUESTION"),
+        ("assistant", "ASSISTANT-ANSWER"),
+        ("user", "USER-PARTS"),
+    ):
         assert pair in seen, (pair, seen)
 
 
 def test_assistant_message_with_input_text_part_is_400(make_gateway):
     live = make_gateway()
-    r = post(live, {"model": MODEL, "input": [
-        {"role": "assistant", "content": [{"type": "input_text", "text": "x"}]}]})
+    r = post(live, {"model": MODEL, "input": [{"role": "assistant", "content": [{"type": "input_text", "text": "x"}]}]})
     err = assert_error(r, 400, code="invalid_value")
     assert err["param"].startswith("input[0]")
     assert "'input_text'" in err["message"] and "'output_text' and 'refusal'" in err["message"]
@@ -226,6 +286,7 @@ def test_instructions_applied_echoed_and_not_inherited(make_gateway):
 # Tools
 # ---------------------------------------------------------------------------------------------
 
+
 def test_function_tool_without_strict_is_echoed_strict_true(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="ok")))
     body = create(live, input="hi", tools=[WEATHER_TOOL])
@@ -238,8 +299,9 @@ def test_function_tool_without_strict_is_echoed_strict_true(make_gateway):
 
 
 def test_model_chosen_function_call_output_item(make_gateway):
-    live = make_gateway(engine=scripted(Turn(reasoning="need weather",
-                                             tool_calls=(ToolCall("get_weather", {"city": "Paris"}),))))
+    live = make_gateway(
+        engine=scripted(Turn(reasoning="need weather", tool_calls=(ToolCall("get_weather", {"city": "Paris"}),)))
+    )
     resp = live.openai().responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL])
     assert resp.status == "completed"
     calls = [o for o in resp.output if o.type == "function_call"]
@@ -259,8 +321,11 @@ def test_function_call_output_follow_up_produces_final_answer(make_gateway):
     first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL])
     call = next(o for o in first.output if o.type == "function_call")
     second = client.responses.create(
-        model=MODEL, tools=[WEATHER_TOOL], previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21C and sunny"}])
+        model=MODEL,
+        tools=[WEATHER_TOOL],
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21C and sunny"}],
+    )
     assert second.status == "completed"
     assert second.previous_response_id == first.id
     assert second.output_text == "Tool get_weather returned: 21C and sunny"
@@ -270,56 +335,96 @@ def test_function_call_output_follow_up_produces_final_answer(make_gateway):
 
 def test_function_call_output_with_unknown_call_id_is_400(make_gateway):
     live = make_gateway()
-    r = post(live, {"model": MODEL, "input": [
-        {"role": "user", "content": "hi"},
-        {"type": "function_call_output", "call_id": "call_nope", "output": "x"}]})
+    r = post(
+        live,
+        {
+            "model": MODEL,
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "call_nope", "output": "x"},
+            ],
+        },
+    )
     assert_error(r, 400, param="input", message="No tool call found for function call output with call_id call_nope.")
     assert live.engine.stats.requests == 0
 
 
 def test_function_call_without_output_in_full_history_is_400(make_gateway):
     live = make_gateway()
-    r = post(live, {"model": MODEL, "tools": [WEATHER_TOOL], "input": [
-        {"role": "user", "content": "Weather?"},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}]})
+    r = post(
+        live,
+        {
+            "model": MODEL,
+            "tools": [WEATHER_TOOL],
+            "input": [
+                {"role": "user", "content": "Weather?"},
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            ],
+        },
+    )
     assert_error(r, 400, param="input", message="No tool output found for function call call_1.")
     # the same history with the output is fine
-    body = create(live, tools=[WEATHER_TOOL], input=[
-        {"role": "user", "content": "Weather?"},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "cold"}])
+    body = create(
+        live,
+        tools=[WEATHER_TOOL],
+        input=[
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "cold"},
+        ],
+    )
     assert body["status"] == "completed"
 
 
 def test_function_call_chain_without_output_is_400(make_gateway):
     live = make_gateway(engine=scripted(Turn(tool_calls=(ToolCall("get_weather", {"city": "Rome"}),))))
     first = create(live, input="Weather in Rome?", tools=[WEATHER_TOOL])
-    r = post(live, {"model": MODEL, "tools": [WEATHER_TOOL], "previous_response_id": first["id"],
-                    "input": "never mind"})
+    r = post(
+        live, {"model": MODEL, "tools": [WEATHER_TOOL], "previous_response_id": first["id"], "input": "never mind"}
+    )
     call_id = first["output"][-1]["call_id"]
     assert_error(r, 400, param="input", message=f"No tool output found for function call {call_id}.")
 
 
 def test_custom_tool_call_item_and_output_next_turn(make_gateway):
     # grammar-constrained sampling is out of scope here; this checks the item shapes and pairing
-    tool = {"type": "custom", "name": "apply_patch", "description": "Apply a patch.",
-            "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[\\s\\S]+/"}}
-    live = make_gateway(engine=scripted(Turn(tool_calls=(ToolCall("apply_patch", "*** Begin Patch\n*** End Patch",
-                                                                  custom=True),))))
+    tool = {
+        "type": "custom",
+        "name": "apply_patch",
+        "description": "Apply a patch.",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /[\\s\\S]+/"},
+    }
+    live = make_gateway(
+        engine=scripted(Turn(tool_calls=(ToolCall("apply_patch", "*** Begin Patch\n*** End Patch", custom=True),)))
+    )
     first = create(live, input="fix it", tools=[tool])
     call = first["output"][-1]
     assert call["type"] == "custom_tool_call" and call["id"].startswith("ctc_")
     assert call["call_id"].startswith("call_") and call["name"] == "apply_patch"
     assert call["input"] == "*** Begin Patch\n*** End Patch"
-    second = create(live, tools=[tool], previous_response_id=first["id"], input=[
-        {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "patched"}])
+    second = create(
+        live,
+        tools=[tool],
+        previous_response_id=first["id"],
+        input=[{"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "patched"}],
+    )
     assert message_text(second) == "Tool apply_patch returned: patched"
 
 
 def test_namespace_tool_calls_carry_namespace(make_gateway):
-    ns_tool = {"type": "namespace", "name": "weather", "description": "Weather tools.", "tools": [
-        {"type": "function", "name": "current", "description": "Current weather.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]}
+    ns_tool = {
+        "type": "namespace",
+        "name": "weather",
+        "description": "Weather tools.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "current",
+                "description": "Current weather.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            }
+        ],
+    }
     live = make_gateway(engine=scripted(Turn(tool_calls=(ToolCall("current", {"city": "Lima"}, namespace="weather"),))))
     client = live.openai()
     first = client.responses.create(model=MODEL, input="Weather in Lima?", tools=[ns_tool])
@@ -327,8 +432,11 @@ def test_namespace_tool_calls_carry_namespace(make_gateway):
     assert call.name == "current"
     assert call.namespace == "weather"
     second = client.responses.create(
-        model=MODEL, tools=[ns_tool], previous_response_id=first.id,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "warm"}])
+        model=MODEL,
+        tools=[ns_tool],
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "warm"}],
+    )
     assert second.output_text == "Tool current returned: warm"
     assert prompt_messages(live)[-1].author == "weather.current"
     # the echoed tools keep the namespace structure
@@ -350,8 +458,12 @@ def test_hosted_tool_rejected_when_configured(make_gateway):
         live.openai().responses.create(model=MODEL, input="hi", tools=[WEATHER_TOOL, {"type": "web_search"}])
     assert exc.value.code == "unsupported_value"
     assert exc.value.param == "tools[1].type"
-    assert_error(post(live, {"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}), 400,
-                 code="unsupported_value", param="tools[0].type")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}),
+        400,
+        code="unsupported_value",
+        param="tools[0].type",
+    )
     assert live.engine.stats.requests == 0
     assert_still_serving(live)
 
@@ -372,10 +484,12 @@ def test_encrypted_reasoning_round_trip_stateless(make_gateway):
     assert isinstance(blob, str) and blob and "Zanzibar" not in blob
     # the response was not stored: a stateless follow-up replays everything, reasoning as the blob only
     assert post(live, {"model": MODEL, "input": "x", "previous_response_id": first["id"]}).status_code == 400
-    replay = [{"role": "user", "content": "What is the code?"},
-              {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": blob},
-              first["output"][1],
-              {"role": "user", "content": "Why?"}]
+    replay = [
+        {"role": "user", "content": "What is the code?"},
+        {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": blob},
+        first["output"][1],
+        {"role": "user", "content": "Why?"},
+    ]
     second = create(live, input=replay, store=False, include=["reasoning.encrypted_content"])
     assert second["status"] == "completed"
     analysis = [m for m in prompt_messages(live, 1) if m.role == "assistant" and m.channel == "analysis"]
@@ -395,10 +509,18 @@ def test_tampered_encrypted_content_is_400(make_gateway):
     blob = first["output"][0]["encrypted_content"]
     flipped = blob[:-6] + ("A" if blob[-6] != "A" else "B") + blob[-5:]
     for bad in (flipped, "not-a-blob", blob[:20]):
-        r = post(live, {"model": MODEL, "store": False, "input": [
-            {"role": "user", "content": "q"},
-            {"type": "reasoning", "id": "rs_x1", "summary": [], "encrypted_content": bad},
-            {"role": "user", "content": "more"}]})
+        r = post(
+            live,
+            {
+                "model": MODEL,
+                "store": False,
+                "input": [
+                    {"role": "user", "content": "q"},
+                    {"type": "reasoning", "id": "rs_x1", "summary": [], "encrypted_content": bad},
+                    {"role": "user", "content": "more"},
+                ],
+            },
+        )
         assert_error(r, 400, param="input[1].encrypted_content")
     assert live.engine.stats.requests == 1
     assert_still_serving(live)
@@ -418,8 +540,13 @@ def test_reasoning_summary_auto_produces_summary_text(make_gateway):
 def test_reasoning_without_summary_has_empty_summary(make_gateway):
     live = make_gateway(engine=scripted(Turn(reasoning="private thoughts", text="Sunny")))
     body = create(live, input="hi")
-    assert body["reasoning"] == {"effort": None, "summary": None, "context": None, "generate_summary": None,
-                                 "mode": None}
+    assert body["reasoning"] == {
+        "effort": None,
+        "summary": None,
+        "context": None,
+        "generate_summary": None,
+        "mode": None,
+    }
     item = body["output"][0]
     assert item["type"] == "reasoning" and item["summary"] == []
     assert body["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
@@ -429,6 +556,7 @@ def test_reasoning_without_summary_has_empty_summary(make_gateway):
 # Chaining & storage
 # ---------------------------------------------------------------------------------------------
 
+
 def test_previous_response_id_recalls_input_and_output(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="Nice to meet you, Quintus."), Turn(text="Quintus")))
     client = live.openai()
@@ -437,16 +565,24 @@ def test_previous_response_id_recalls_input_and_output(make_gateway):
     assert second.previous_response_id == first.id
     assert first.previous_response_id is None
     msgs = [(m.role, m.text) for m in prompt_messages(live, 1)]
-    assert msgs[-3:] == [("user", "My name is Quintus."), ("assistant", "Nice to meet you, Quintus."),
-                         ("user", "What is my name?")]
+    assert msgs[-3:] == [
+        ("user", "My name is Quintus."),
+        ("assistant", "Nice to meet you, Quintus."),
+        ("user", "What is my name?"),
+    ]
 
 
 def test_previous_response_id_of_unstored_response_is_400(make_gateway):
     live = make_gateway()
     first = create(live, input="hi", store=False)
     r = post(live, {"model": MODEL, "input": "again", "previous_response_id": first["id"]})
-    assert_error(r, 400, code="previous_response_not_found", param="previous_response_id",
-                 message=f"Previous response with id '{first['id']}' not found.")
+    assert_error(
+        r,
+        400,
+        code="previous_response_not_found",
+        param="previous_response_id",
+        message=f"Previous response with id '{first['id']}' not found.",
+    )
 
 
 def test_unknown_previous_response_id_is_400_with_exact_message(make_gateway):
@@ -455,9 +591,13 @@ def test_unknown_previous_response_id_is_400_with_exact_message(make_gateway):
         live.openai().responses.create(model=MODEL, input="hi", previous_response_id="resp_doesnotexist")
     assert exc.value.code == "previous_response_not_found"
     assert exc.value.param == "previous_response_id"
-    assert_error(post(live, {"model": MODEL, "input": "hi", "previous_response_id": "resp_doesnotexist"}), 400,
-                 code="previous_response_not_found", param="previous_response_id",
-                 message="Previous response with id 'resp_doesnotexist' not found.")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "previous_response_id": "resp_doesnotexist"}),
+        400,
+        code="previous_response_not_found",
+        param="previous_response_id",
+        message="Previous response with id 'resp_doesnotexist' not found.",
+    )
     assert live.engine.stats.requests == 0
 
 
@@ -478,8 +618,9 @@ def test_duplicate_item_id_in_chain_is_400(make_gateway):
     assert err["message"].startswith("Duplicate item found with id msg_client_dup_1")
     # replaying a server-made output item of the parent is a duplicate too
     out = first["output"][-1]
-    r = post(live, {"model": MODEL, "input": [out, {"role": "user", "content": "x"}],
-                    "previous_response_id": first["id"]})
+    r = post(
+        live, {"model": MODEL, "input": [out, {"role": "user", "content": "x"}], "previous_response_id": first["id"]}
+    )
     assert_error(r, 400, param="input")
     # and so is the same id twice in one request
     r = post(live, {"model": MODEL, "input": [item, dict(item, content="again")]})
@@ -488,16 +629,27 @@ def test_duplicate_item_id_in_chain_is_400(make_gateway):
 
 def test_item_reference_resolves_and_unknown_is_400(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="noted"), Turn(text="pineapple")))
-    first = create(live, input=[{"type": "message", "id": "msg_ref_1", "role": "user",
-                                 "content": "The secret fruit is pineapple."}])
-    second = create(live, previous_response_id=first["id"], input=[
-        {"type": "item_reference", "id": "msg_ref_1"}, {"role": "user", "content": "Which fruit?"}])
+    first = create(
+        live,
+        input=[{"type": "message", "id": "msg_ref_1", "role": "user", "content": "The secret fruit is pineapple."}],
+    )
+    second = create(
+        live,
+        previous_response_id=first["id"],
+        input=[{"type": "item_reference", "id": "msg_ref_1"}, {"role": "user", "content": "Which fruit?"}],
+    )
     assert second["status"] == "completed"
     texts = prompt_texts(live, 1)
     assert texts.count("The secret fruit is pineapple.") == 2  # inherited + referenced
     assert texts[-1] == "Which fruit?"
-    r = post(live, {"model": MODEL, "previous_response_id": first["id"],
-                    "input": [{"type": "item_reference", "id": "msg_unknown"}]})
+    r = post(
+        live,
+        {
+            "model": MODEL,
+            "previous_response_id": first["id"],
+            "input": [{"type": "item_reference", "id": "msg_unknown"}],
+        },
+    )
     err = assert_error(r, 400)
     assert "msg_unknown" in err["message"] and err["param"].startswith("input[0]")
 

@@ -20,8 +20,12 @@ from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL
 from tests.http_helpers import assert_error, assert_still_serving, create, post
 
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def get(live, path: str, **kw) -> httpx.Response:
@@ -31,6 +35,7 @@ def get(live, path: str, **kw) -> httpx.Response:
 # ---------------------------------------------------------------------------------------------
 # GET / DELETE / cancel
 # ---------------------------------------------------------------------------------------------
+
 
 def test_retrieve_returns_stored_response(make_gateway):
     live = make_gateway()
@@ -70,8 +75,12 @@ def test_delete_then_retrieve_is_404(make_gateway):
     assert_error(get(live, f"/responses/{created.id}"), 404)
     assert_error(httpx.delete(f"{live.base_url}/responses/{created.id}"), 404)
     # chaining from a deleted response fails like an unknown id
-    assert_error(post(live, {"model": MODEL, "input": "x", "previous_response_id": created.id}), 400,
-                 code="previous_response_not_found", param="previous_response_id")
+    assert_error(
+        post(live, {"model": MODEL, "input": "x", "previous_response_id": created.id}),
+        400,
+        code="previous_response_not_found",
+        param="previous_response_id",
+    )
     # the SDK's delete() (Accept: */*, body discarded)
     other = client.responses.create(model=MODEL, input="hi")
     assert client.responses.delete(other.id) is None
@@ -92,11 +101,11 @@ def test_cancel_foreground_response_is_400_and_unknown_is_404(make_gateway):
 
 
 def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tracebacks(
-        make_gateway, redis_url, caplog, monkeypatch):
+    make_gateway, redis_url, caplog, monkeypatch
+):
     """A record that does not decode (or any fault of the store other than an outage) is an
     OpenAI-shaped 500 on every route that reads it, never Starlette's plain-text one; a client
     repeating the request gets a few logged tracebacks, and every one is counted."""
-    import logging
 
     import redis
 
@@ -112,8 +121,7 @@ def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tra
     caplog.set_level("ERROR", logger=http_routes.log.name)
     for _ in range(10):
         assert_error(get(live, f"/responses/{bad['id']}"), 500, code="server_error", type_="server_error")
-    assert_error(httpx.delete(f"{live.base_url}/responses/{bad['id']}"), 500, code="server_error",
-                 type_="server_error")
+    assert_error(httpx.delete(f"{live.base_url}/responses/{bad['id']}"), 500, code="server_error", type_="server_error")
     assert_error(get(live, f"/responses/{bad['id']}/input_items"), 500, code="server_error", type_="server_error")
     lines = [r for r in caplog.records if "response store get of" in r.getMessage()]
     assert len(lines) == 5 and all(r.exc_info is not None for r in lines), [r.getMessage() for r in lines]
@@ -124,8 +132,9 @@ def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tra
         raise RuntimeError("unexpected")
 
     monkeypatch.setattr(store, "delete", broken_delete)
-    assert_error(httpx.delete(f"{live.base_url}/responses/{good['id']}"), 500, code="server_error",
-                 type_="server_error")
+    assert_error(
+        httpx.delete(f"{live.base_url}/responses/{good['id']}"), 500, code="server_error", type_="server_error"
+    )
     deleted = [r for r in caplog.records if "response store delete of" in r.getMessage()]
     assert len(deleted) == 1 and deleted[0].exc_info[0] is RuntimeError
     assert get(live, f"/responses/{good['id']}").status_code == 200
@@ -134,6 +143,7 @@ def test_a_store_fault_on_retrieve_or_delete_is_a_json_500_logged_with_a_few_tra
 # ---------------------------------------------------------------------------------------------
 # input_items
 # ---------------------------------------------------------------------------------------------
+
 
 def _many_items(n: int) -> list[dict]:
     return [{"role": "user", "content": f"message number {i}"} for i in range(n)]
@@ -156,8 +166,11 @@ def test_input_items_default_order_limit_and_paging(make_gateway):
     assert [i["content"][0]["text"] for i in rest["data"]] == [f"message number {i}" for i in range(4, -1, -1)]
     assert rest["has_more"] is False and rest["last_id"] == rest["data"][-1]["id"]
     asc = get(live, f"/responses/{rid}/input_items", params={"order": "asc", "limit": 3}).json()
-    assert [i["content"][0]["text"] for i in asc["data"]] == ["message number 0", "message number 1",
-                                                               "message number 2"]
+    assert [i["content"][0]["text"] for i in asc["data"]] == [
+        "message number 0",
+        "message number 1",
+        "message number 2",
+    ]
     assert asc["has_more"] is True
     exact = get(live, f"/responses/{rid}/input_items", params={"limit": 25}).json()
     assert len(exact["data"]) == 25 and exact["has_more"] is False
@@ -180,12 +193,19 @@ def test_input_items_limit_validation(make_gateway):
 
 
 def test_input_items_lists_only_this_requests_items(make_gateway):
-    live = make_gateway(engine=SimulatedEngine(script=turns_in_order(
-        [Turn(tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)), Turn(text="cold")])))
+    live = make_gateway(
+        engine=SimulatedEngine(
+            script=turns_in_order([Turn(tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)), Turn(text="cold")])
+        )
+    )
     first = create(live, input="Weather in Oslo?", tools=[WEATHER_TOOL])
     call_id = first["output"][-1]["call_id"]
-    second = create(live, previous_response_id=first["id"], tools=[WEATHER_TOOL], input=[
-        {"type": "function_call_output", "call_id": call_id, "output": "cold", "id": "fco_client_1"}])
+    second = create(
+        live,
+        previous_response_id=first["id"],
+        tools=[WEATHER_TOOL],
+        input=[{"type": "function_call_output", "call_id": call_id, "output": "cold", "id": "fco_client_1"}],
+    )
     items = get(live, f"/responses/{second['id']}/input_items").json()["data"]
     assert [(i["type"], i["id"]) for i in items] == [("function_call_output", "fco_client_1")]
     items = get(live, f"/responses/{first['id']}/input_items").json()["data"]
@@ -193,10 +213,16 @@ def test_input_items_lists_only_this_requests_items(make_gateway):
 
 
 #: one mistake each in a list query, and the parameter its 400 names
-LIST_MISTAKES = [({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"), ({"limit": "x"}, "limit"),
-                 ({"order": "sideways"}, "order"), ({"after": "msg_nope"}, "after"), ({"foo": "1"}, "foo"),
-                 ([("include[]", "message.output_text.logprobs"), ("include[]", "nope")], "include[1]"),
-                 ({"include": "nope"}, "include[0]")]
+LIST_MISTAKES = [
+    ({"limit": "0"}, "limit"),
+    ({"limit": "101"}, "limit"),
+    ({"limit": "x"}, "limit"),
+    ({"order": "sideways"}, "order"),
+    ({"after": "msg_nope"}, "after"),
+    ({"foo": "1"}, "foo"),
+    ([("include[]", "message.output_text.logprobs"), ("include[]", "nope")], "include[1]"),
+    ({"include": "nope"}, "include[0]"),
+]
 
 
 @pytest.mark.parametrize("params,param", LIST_MISTAKES)
@@ -231,8 +257,12 @@ def test_before_pages_input_items_backwards_and_only_input_items_take_it(make_ga
     between = listed(order="asc", after=ids[1], before=ids[5])
     assert [i["id"] for i in between["data"]] == ids[2:5] and between["has_more"] is False
     assert listed(order="asc", after=ids[3], before=ids[2])["data"] == []
-    assert_error(get(live, f"/responses/{rid}/input_items", params={"before": "msg_nope"}), 400,
-                 code="invalid_value", param="before")
+    assert_error(
+        get(live, f"/responses/{rid}/input_items", params={"before": "msg_nope"}),
+        400,
+        code="invalid_value",
+        param="before",
+    )
     cid = post(live, {}, path="/conversations").json()["id"]
     assert_error(get(live, f"/conversations/{cid}/items", params={"before": ids[0]}), 400, param="before")
 
@@ -241,14 +271,17 @@ def test_before_pages_input_items_backwards_and_only_input_items_take_it(make_ga
 # input_tokens
 # ---------------------------------------------------------------------------------------------
 
+
 def test_input_tokens_matches_real_usage(make_gateway):
     live = make_gateway(engine=SimulatedEngine(script=lambda v: Turn(text="ok")))
     client = live.openai()
     cases = [
         {"input": "hi"},
         {"input": "How is the weather?", "instructions": "Be brief.", "tools": [WEATHER_TOOL]},
-        {"input": [{"role": "developer", "content": "rules"}, {"role": "user", "content": "a b c d e"}],
-         "reasoning": {"effort": "high"}},
+        {
+            "input": [{"role": "developer", "content": "rules"}, {"role": "user", "content": "a b c d e"}],
+            "reasoning": {"effort": "high"},
+        },
     ]
     for case in cases:
         counted = client.responses.input_tokens.count(model=MODEL, **case)
@@ -270,10 +303,15 @@ def test_input_tokens_does_not_generate_or_store(make_gateway):
     r = post(live, {"model": MODEL, "input": "hi"}, path="/responses/input_tokens")
     assert r.status_code == 200 and r.json()["input_tokens"] > 0
     assert live.engine.stats.requests == before
-    assert_error(post(live, {"model": MODEL, "input": "hi", "stream": True}, path="/responses/input_tokens"), 400,
-                 code="unknown_parameter", param="stream")
-    assert_error(post(live, {"model": "nope", "input": "hi"}, path="/responses/input_tokens"), 404,
-                 code="model_not_found")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "stream": True}, path="/responses/input_tokens"),
+        400,
+        code="unknown_parameter",
+        param="stream",
+    )
+    assert_error(
+        post(live, {"model": "nope", "input": "hi"}, path="/responses/input_tokens"), 404, code="model_not_found"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,8 +339,9 @@ def test_every_error_body_has_four_keys(make_gateway):
     live = make_gateway()
     for method, path, body, status in ERROR_CASES:
         content = body if isinstance(body, bytes) else (None if body is None else json.dumps(body).encode())
-        r = httpx.request(method, live.base_url + path, content=content,
-                          headers={"content-type": "application/json"}, timeout=30)
+        r = httpx.request(
+            method, live.base_url + path, content=content, headers={"content-type": "application/json"}, timeout=30
+        )
         assert_error(r, status)
     assert live.engine.stats.requests == 0
     assert_still_serving(live)
@@ -310,16 +349,23 @@ def test_every_error_body_has_four_keys(make_gateway):
 
 def test_streaming_request_rejected_before_first_event_is_plain_json_error(make_gateway):
     live = make_gateway()
-    with httpx.stream("POST", live.base_url + "/responses", json={"model": MODEL, "input": "hi", "stream": True,
-                                                                   "previous_response_id": "resp_gone"}) as r:
+    with httpx.stream(
+        "POST",
+        live.base_url + "/responses",
+        json={"model": MODEL, "input": "hi", "stream": True, "previous_response_id": "resp_gone"},
+    ) as r:
         r.read()
     assert_error(r, 400, code="previous_response_not_found")
 
 
 def test_bad_or_missing_api_key_is_401(make_gateway):
     live = make_gateway(Settings(api_keys=["sk-good"]))
-    for headers in ({}, {"authorization": "Bearer sk-bad"}, {"authorization": "Basic sk-good"},
-                    {"authorization": "Bearer"}):
+    for headers in (
+        {},
+        {"authorization": "Bearer sk-bad"},
+        {"authorization": "Basic sk-good"},
+        {"authorization": "Bearer"},
+    ):
         r = post(live, {"model": MODEL, "input": "hi"}, headers=headers)
         assert_error(r, 401, code="invalid_api_key", param=None)
         assert_error(get(live, "/responses/resp_x", headers=headers), 401, code="invalid_api_key")
@@ -334,6 +380,7 @@ def test_bad_or_missing_api_key_is_401(make_gateway):
 # ---------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------
+
 
 def test_invalid_json_body_is_400(make_gateway):
     live = make_gateway()
@@ -363,10 +410,11 @@ WRONG_FIELDS = [
 def test_wrong_field_types_are_400(make_gateway):
     live = make_gateway()
     for field, value, param, message in WRONG_FIELDS:
-        err = assert_error(post(live, {"model": MODEL, "input": "hi", field: value}), 400, param=param,
-                           message=message)
-        assert err["code"] in ("invalid_type", "invalid_value", "decimal_above_max_value",
-                               "integer_above_max_value"), (field, err)
+        err = assert_error(post(live, {"model": MODEL, "input": "hi", field: value}), 400, param=param, message=message)
+        assert err["code"] in ("invalid_type", "invalid_value", "decimal_above_max_value", "integer_above_max_value"), (
+            field,
+            err,
+        )
         assert f"'{param}'" in err["message"] or "Invalid value" in err["message"], err
     assert live.engine.stats.requests == 0
     assert_still_serving(live)
@@ -398,10 +446,11 @@ def test_oversize_body_is_rejected_and_server_keeps_serving(make_gateway):
 
     def chunks():
         for i in range(0, len(payload), 1000):
-            yield payload[i:i + 1000]
+            yield payload[i : i + 1000]
 
-    r = httpx.post(live.base_url + "/responses", content=chunks(), headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        live.base_url + "/responses", content=chunks(), headers={"content-type": "application/json"}, timeout=30
+    )
     assert "content-length" not in r.request.headers
     assert_error(r, 413, code="request_too_large")
     with pytest.raises(openai.APIStatusError) as exc:

@@ -18,8 +18,12 @@ from inference.simulated_script import ToolCall, Turn, turns_in_order
 from tests.conftest import MODEL
 from tests.http_helpers import TERMINAL_EVENTS, create, parse_sse, stream, wait_for
 
-WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def scripted(*turns: Turn) -> SimulatedEngine:
@@ -73,6 +77,7 @@ def check_invariants(events: list[dict[str, Any]]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
+
 def test_sse_framing_and_content_type(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="Hello there, friend.")))
     r, raw, events = stream(live, input="hi")
@@ -94,8 +99,9 @@ def test_sequence_numbers_start_at_zero_and_are_dense(make_gateway):
 
 def test_no_done_sentinel_and_stream_closes_after_terminal(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="bye")))
-    with httpx.stream("POST", live.base_url + "/responses", json={"model": MODEL, "input": "hi", "stream": True},
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", live.base_url + "/responses", json={"model": MODEL, "input": "hi", "stream": True}, timeout=30
+    ) as r:
         chunks = list(r.iter_raw())  # returns only when the server closes the stream
     raw = b"".join(chunks)
     assert b"[DONE]" not in raw
@@ -109,9 +115,16 @@ def test_text_answer_event_sequence_is_exact(make_gateway):
     _, _, events = stream(live, input="hi")
     check_invariants(events)
     assert collapse(types(events)) == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta+", "response.output_text.done", "response.content_part.done",
-        "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta+",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     added = events[2]["item"]
     assert added["type"] == "message" and added["status"] == "in_progress" and added["content"] == []
     assert added["role"] == "assistant" and added["id"].startswith("msg_")
@@ -149,15 +162,19 @@ def test_created_and_in_progress_are_empty_completed_is_full(make_gateway):
 def test_text_delta_carries_logprobs_and_matching_ids(make_gateway):
     live = make_gateway(engine=scripted(Turn(reasoning="think", text="alpha beta gamma delta")))
     _, _, events = stream(live, input="hi")
-    part_added = next(e for e in events if e["type"] == "response.content_part.added"
-                      and e["part"]["type"] == "output_text")
+    part_added = next(
+        e for e in events if e["type"] == "response.content_part.added" and e["part"]["type"] == "output_text"
+    )
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert len(deltas) > 1
     assert events.index(part_added) < events.index(deltas[0])
     for d in deltas:
         assert d["logprobs"] == []
         assert (d["item_id"], d["output_index"], d["content_index"]) == (
-            part_added["item_id"], part_added["output_index"], part_added["content_index"])
+            part_added["item_id"],
+            part_added["output_index"],
+            part_added["content_index"],
+        )
     assert part_added["output_index"] == 1
 
 
@@ -166,9 +183,14 @@ def test_function_call_stream(make_gateway):
     _, _, events = stream(live, input="Weather?", tools=[WEATHER_TOOL])
     check_invariants(events)
     assert collapse(types(events)) == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.function_call_arguments.delta+", "response.function_call_arguments.done",
-        "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta+",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     added = events[2]["item"]
     assert added["type"] == "function_call" and added["arguments"] == "" and added["status"] == "in_progress"
     assert added["id"].startswith("fc_") and added["call_id"].startswith("call_") and added["name"] == "get_weather"
@@ -186,8 +208,15 @@ def test_function_call_stream(make_gateway):
 def test_several_items_use_dense_output_indexes_and_do_not_interleave(make_gateway):
     # gpt-oss (harmony) stops sampling at the first <|call|>, so a response holds at most one call;
     # reasoning + preamble + call gives three items to check the numbering on.
-    live = make_gateway(engine=scripted(Turn(reasoning="I should look it up.", commentary="Let me check.",
-                                             tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))))
+    live = make_gateway(
+        engine=scripted(
+            Turn(
+                reasoning="I should look it up.",
+                commentary="Let me check.",
+                tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),),
+            )
+        )
+    )
     _, _, events = stream(live, input="Weather?", tools=[WEATHER_TOOL])
     check_invariants(events)
     items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
@@ -196,8 +225,9 @@ def test_several_items_use_dense_output_indexes_and_do_not_interleave(make_gatew
 
 
 def test_reasoning_hidden_mode_has_no_reasoning_events(make_gateway):
-    live = make_gateway(Settings(reasoning_text="hidden"),
-                        engine=scripted(Turn(reasoning="secret chain of thought", text="Answer.")))
+    live = make_gateway(
+        Settings(reasoning_text="hidden"), engine=scripted(Turn(reasoning="secret chain of thought", text="Answer."))
+    )
     _, _, events = stream(live, input="hi")
     check_invariants(events)
     assert not [t for t in types(events) if t.startswith("response.reasoning")]
@@ -214,8 +244,13 @@ def test_reasoning_raw_mode_streams_reasoning_text(make_gateway):
     check_invariants(events)
     reasoning_part = [e for e in events if e.get("output_index") == 0]
     assert collapse(types(reasoning_part)) == [
-        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta+",
-        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done"]
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta+",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
     assert reasoning_part[1]["part"] == {"type": "reasoning_text", "text": ""}
     text = "".join(e["delta"] for e in reasoning_part if e["type"] == "response.reasoning_text.delta")
     assert text == "step one then step two"
@@ -229,9 +264,13 @@ def test_reasoning_summary_events(make_gateway):
     check_invariants(events)
     reasoning_part = [e for e in events if e.get("output_index") == 0]
     assert collapse(types(reasoning_part)) == [
-        "response.output_item.added", "response.reasoning_summary_part.added",
-        "response.reasoning_summary_text.delta+", "response.reasoning_summary_text.done",
-        "response.reasoning_summary_part.done", "response.output_item.done"]
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta+",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
     # the simulated model produces one reasoning message, hence one summary part (summary_index 0)
     assert {e["summary_index"] for e in reasoning_part if "summary_index" in e} == {0}
     assert reasoning_part[1]["part"] == {"type": "summary_text", "text": ""}
@@ -274,8 +313,12 @@ def test_backend_failure_mid_stream_ends_with_one_failed(make_gateway):
 
 
 def test_no_top_level_error_key_in_any_event(make_gateway):
-    live = make_gateway(engine=scripted(Turn(reasoning="r", tool_calls=(ToolCall("get_weather", {"city": "x"}),)),
-                                        Turn(text="ok", fail_after_tokens=3)))
+    live = make_gateway(
+        engine=scripted(
+            Turn(reasoning="r", tool_calls=(ToolCall("get_weather", {"city": "x"}),)),
+            Turn(text="ok", fail_after_tokens=3),
+        )
+    )
     for fields in ({"input": "hi", "tools": [WEATHER_TOOL]}, {"input": "hi"}):
         _, raw, events = stream(live, **fields)
         for e in events:
@@ -317,8 +360,9 @@ def test_sdk_stream_helper_and_final_response(make_gateway):
 def test_client_disconnect_mid_stream_cancels_generation(make_gateway):
     live = make_gateway(engine=scripted(Turn(text="never", endless=True, delay_per_token_s=0.002)))
     assert live.engine.stats.aborts == 0
-    with httpx.stream("POST", live.base_url + "/responses", json={"model": MODEL, "input": "talk forever",
-                                                                  "stream": True}, timeout=30) as r:
+    with httpx.stream(
+        "POST", live.base_url + "/responses", json={"model": MODEL, "input": "talk forever", "stream": True}, timeout=30
+    ) as r:
         buf = b""
         for chunk in r.iter_raw():
             buf += chunk
@@ -327,16 +371,21 @@ def test_client_disconnect_mid_stream_cancels_generation(make_gateway):
     assert live.engine.stats.requests == 1
     wait_for(lambda: live.engine.stats.aborts == 1, what="engine abort after client disconnect")
     wait_for(lambda: live.engine.stats.running == 0, what="engine slot freed")
-    wait_for(lambda: live.metric("respgate_generation_aborts_total", {"transport": "http"}) == 1,
-             what="abort metric")
+    wait_for(lambda: live.metric("respgate_generation_aborts_total", {"transport": "http"}) == 1, what="abort metric")
     generated = live.engine.stats.generated_tokens
     assert generated < 100_000  # it did not run to max_tokens
     # what was produced is recorded as a cancelled response (never chained from)
     rid = parse_sse(buf.split(b"\n\n", 1)[0] + b"\n\n")[0]["response"]["id"]
-    wait_for(lambda: httpx.get(f"{live.base_url}/responses/{rid}").json().get("status") == "cancelled",
-             what="cancelled snapshot stored")
-    assert httpx.post(live.base_url + "/responses", json={"model": MODEL, "input": "x",
-                                                          "previous_response_id": rid}).status_code == 400
+    wait_for(
+        lambda: httpx.get(f"{live.base_url}/responses/{rid}").json().get("status") == "cancelled",
+        what="cancelled snapshot stored",
+    )
+    assert (
+        httpx.post(
+            live.base_url + "/responses", json={"model": MODEL, "input": "x", "previous_response_id": rid}
+        ).status_code
+        == 400
+    )
     # the server keeps serving
     live.engine.script = None
     assert create(live, input="hello")["status"] == "completed"

@@ -38,7 +38,7 @@ def _send_all_tolerant(s: socket.socket, data: bytes, chunk: int = 256 * 1024) -
     """Send ``data``; False if the server closed the connection before it was all sent."""
     for i in range(0, len(data), chunk):
         try:
-            s.sendall(data[i:i + chunk])
+            s.sendall(data[i : i + chunk])
         except (BrokenPipeError, ConnectionResetError):
             return False
     return True
@@ -69,13 +69,15 @@ def _head(extra: bytes = b"", path: bytes = b"/v1/responses", method: bytes = b"
 
 # -- header size ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("parser", PARSERS)
 def test_a_1_mib_header_is_431_and_the_server_goes_on(make_gateway, parser):
     live = make_gateway(Settings(http_parser=parser))
     body = orjson.dumps({"model": MODEL, "input": "hi"})
     with _sock(live.url) as s:
-        _send_all_tolerant(s, _head(b"x-big: " + b"a" * MiB + b"\r\n")
-                           + b"content-length: %d\r\n\r\n" % len(body) + body)
+        _send_all_tolerant(
+            s, _head(b"x-big: " + b"a" * MiB + b"\r\n") + b"content-length: %d\r\n\r\n" % len(body) + body
+        )
         answer = _read_answer(s)
     assert _status(answer) == 431, answer[:200]
     assert _json_of(answer)["error"]["code"] == "request_header_fields_too_large"
@@ -83,8 +85,9 @@ def test_a_1_mib_header_is_431_and_the_server_goes_on(make_gateway, parser):
     assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "header_size"}) == 1
     # a head just under the limit is served, and so is the next client
     under = 60 * 1024
-    r = httpx.post(live.url + "/v1/responses", json={"model": MODEL, "input": "hi"},
-                   headers={"x-pad": "b" * under}, timeout=30)
+    r = httpx.post(
+        live.url + "/v1/responses", json={"model": MODEL, "input": "hi"}, headers={"x-pad": "b" * under}, timeout=30
+    )
     assert r.status_code == 200, r.text
     assert post(live, {"model": MODEL, "input": "hi"}).status_code == 200
 
@@ -97,9 +100,14 @@ def test_a_websocket_handshake_is_bounded_too_and_upgrades_still_work(make_gatew
         while (ev := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
             assert ev["type"] != "error", ev
     with _sock(live.url) as s:
-        _send_all_tolerant(s, _head(b"upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\n"
-                                    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nx-big: " + b"a" * 20_000
-                                    + b"\r\n\r\n", method=b"GET"))
+        _send_all_tolerant(
+            s,
+            _head(
+                b"upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-version: 13\r\n"
+                b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nx-big: " + b"a" * 20_000 + b"\r\n\r\n",
+                method=b"GET",
+            ),
+        )
         assert _status(_read_answer(s)) == 431
     assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "header_size"}) == 1
 
@@ -122,8 +130,16 @@ def test_a_64_mib_header_is_refused_with_bounded_memory(tmp_path: Path):
 
 # -- header and body read timeouts ----------------------------------------------------------------------
 
-def _dribble(socks: list[socket.socket], heads: list[bytes | None], rounds: int, every: float,
-            answers: dict[int, bytes], live: LiveGateway | None = None, served: list[int] | None = None) -> None:
+
+def _dribble(
+    socks: list[socket.socket],
+    heads: list[bytes | None],
+    rounds: int,
+    every: float,
+    answers: dict[int, bytes],
+    live: LiveGateway | None = None,
+    served: list[int] | None = None,
+) -> None:
     """Each round, send the next byte of its head on each open socket (None: send nothing) and see
     whether the server answered or closed it (recorded in ``answers``); in round 3, ``live`` is asked
     a normal request (its status goes to ``served``)."""
@@ -134,7 +150,7 @@ def _dribble(socks: list[socket.socket], heads: list[bytes | None], rounds: int,
             try:
                 head = heads[i]
                 if head is not None:
-                    s.sendall(head[r % len(head):r % len(head) + 1])
+                    s.sendall(head[r % len(head) : r % len(head) + 1])
                 s.setblocking(False)
                 try:
                     data: bytes | None = s.recv(65536)
@@ -229,12 +245,14 @@ def test_rejections_log_one_line_each_without_traceback(make_gateway, caplog, mo
 
 # -- fair CPU -------------------------------------------------------------------------------------------
 
+
 def test_one_maximal_request_does_not_stop_the_loop(tmp_path: Path):
     """20,000 items (the cap), truncated to fit: seconds of preparation. Served from a worker thread,
     /healthz keeps answering meanwhile; served on the loop (before), it got a handful of answers in
     as many seconds. The stall itself is a figure for the note, not an assertion."""
-    items = [{"role": "user", "content": f"item {i}: the quick brown fox jumps over the lazy dog"}
-             for i in range(20_000)]
+    items = [
+        {"role": "user", "content": f"item {i}: the quick brown fox jumps over the lazy dog"} for i in range(20_000)
+    ]
     raw = orjson.dumps({"model": MODEL, "input": items, "truncation": "auto", "max_output_tokens": 16})
     with chaos_gateway(tmp_path) as gw, httpx.Client(timeout=300) as client:
         client.post(gw.url + "/v1/responses", json={"model": MODEL, "input": "warm up"})
@@ -263,8 +281,9 @@ def test_light_requests_are_prepared_inline_heavy_ones_in_the_pool(make_gateway)
     live = make_gateway(Settings(inline_prepare_bytes=32 * 1024))
     offload = live.gw.pipeline.offload
     first = post(live, {"model": MODEL, "input": "hi", "instructions": "be brief " * 2000}).json()
-    post(live, {"model": MODEL, "input": [{"role": "user", "content": "continue"}],
-                "previous_response_id": first["id"]}).raise_for_status()
+    post(
+        live, {"model": MODEL, "input": [{"role": "user", "content": "continue"}], "previous_response_id": first["id"]}
+    ).raise_for_status()
     assert offload.offloaded == 0  # 18 KB of instructions (the cached prelude) count 1/16
     post(live, {"model": MODEL, "input": "x " * 20_000}).raise_for_status()
     assert offload.offloaded == 2  # the body's decoding, then its preparation
@@ -276,17 +295,32 @@ def test_the_pool_prepares_exactly_what_inline_would(make_gateway):
     params = {"type": "object", "properties": {"a": {"type": "string"}}}
     tools = [{"type": "function", "name": f"t{i}", "parameters": params} for i in range(3)]
     items = [{"role": "user", "content": f"line {i}"} for i in range(200)] + [
-        {"type": "function_call", "call_id": "call_1", "name": "t0", "arguments": "{\"a\": \"b\"}"},
-        {"type": "function_call_output", "call_id": "call_1", "output": "done"}]
+        {"type": "function_call", "call_id": "call_1", "name": "t0", "arguments": '{"a": "b"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "done"},
+    ]
     seen = []
     for live in (inline, pooled):
         first = post(live, {"model": MODEL, "input": items, "tools": tools, "instructions": "be brief"}).json()
-        second = post(live, {"model": MODEL, "input": "and now?", "previous_response_id": first["id"],
-                             "tools": tools, "instructions": "be brief"}).json()
+        second = post(
+            live,
+            {
+                "model": MODEL,
+                "input": "and now?",
+                "previous_response_id": first["id"],
+                "tools": tools,
+                "instructions": "be brief",
+            },
+        ).json()
         tokens = post(live, {"model": MODEL, "input": items, "tools": tools}, path="/responses/input_tokens").json()
-        seen.append((first["usage"]["input_tokens"], second["usage"]["input_tokens"],
-                     second["usage"]["input_tokens_details"], tokens["input_tokens"],
-                     [o["type"] for o in second["output"]]))
+        seen.append(
+            (
+                first["usage"]["input_tokens"],
+                second["usage"]["input_tokens"],
+                second["usage"]["input_tokens_details"],
+                tokens["input_tokens"],
+                [o["type"] for o in second["output"]],
+            )
+        )
         assert second["status"] == "completed"
     assert seen[0] == seen[1]
     assert inline.gw.pipeline.offload.offloaded == 0 and pooled.gw.pipeline.offload.offloaded == 6
@@ -303,8 +337,10 @@ def test_a_client_that_leaves_mid_body_is_a_counted_rejection_not_a_server_fault
             time.sleep(0.2)
         time.sleep(0.2)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and live.metric(
-            "respgate_input_rejections_total", {"transport": "http", "reason": "disconnected"}) < 3:
+    while (
+        time.monotonic() < deadline
+        and live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "disconnected"}) < 3
+    ):
         time.sleep(0.1)
     assert live.metric("respgate_input_rejections_total", {"transport": "http", "reason": "disconnected"}) == 3
     assert live.metric("respgate_request_errors_total", {"transport": "http", "code": "server_error"}) == 0

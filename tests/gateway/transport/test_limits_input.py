@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from gateway.base.settings import Settings
@@ -37,12 +38,15 @@ def tool(depth: int) -> dict[str, Any]:
     return {"type": "function", "name": "deep", "parameters": nested(depth)}
 
 
-@pytest.mark.parametrize("field,body", [
-    ("tools", {"tools": [tool(130)]}),
-    ("text", {"text": {"format": {"type": "json_schema", "name": "s", "schema": nested(200)}}}),
-    ("tool_choice", {"tool_choice": {"type": "function", "name": "f", "x": deep_list(270)}}),
-    ("input", {"input": [{"role": "user", "content": "hi", "extra": nested(300)}]}),
-])
+@pytest.mark.parametrize(
+    "field,body",
+    [
+        ("tools", {"tools": [tool(130)]}),
+        ("text", {"text": {"format": {"type": "json_schema", "name": "s", "schema": nested(200)}}}),
+        ("tool_choice", {"tool_choice": {"type": "function", "name": "f", "x": deep_list(270)}}),
+        ("input", {"input": [{"role": "user", "content": "hi", "extra": nested(300)}]}),
+    ],
+)
 def test_deep_nesting_is_a_400_naming_the_parameter(gateway, field, body):
     r = post(gateway, {"model": MODEL, **body})
     assert_error(r, 400, code="invalid_value", param=field)
@@ -102,9 +106,10 @@ def test_rate_connection_and_queue_refusals_are_counted(make_gateway):
     assert live.metric("respgate_rate_limit_rejections_total", {"transport": "http", "limit": "requests"}) == 1
     live2 = make_gateway(Settings(ws_max_connections_per_key=1, ws_max_queued=1), engine=slow)
     with connect(live2.ws_url) as ws:
-        with pytest.raises(Exception):
+        with pytest.raises(InvalidStatus) as refused:
             with connect(live2.ws_url):
                 pass
+        assert refused.value.response.status_code == 429
         assert live2.metric("respgate_rate_limit_rejections_total", {"transport": "ws", "limit": "connections"}) == 1
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "a", "store": False}))
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "b", "store": False}))
@@ -123,8 +128,9 @@ def test_items_and_tools_per_request_are_capped_before_validation(make_gateway):
     r = post(live, {"model": MODEL, "input": items})
     assert_error(r, 400, code="array_above_max_length", param="input")
     tools = [{"type": "function", "name": f"t{i}", "parameters": {"type": "object"}} for i in range(5)]
-    assert_error(post(live, {"model": MODEL, "input": "hi", "tools": tools}), 400, code="array_above_max_length",
-                 param="tools")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "tools": tools}), 400, code="array_above_max_length", param="tools"
+    )
     with connect(live.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": items}))
         err = json.loads(ws.recv(timeout=10))
@@ -159,15 +165,22 @@ def test_a_schema_over_max_schema_bytes_is_a_400_naming_it(make_gateway):
     live = make_gateway(Settings(max_schema_bytes=4096))
     big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 40} for i in range(100)}}
     small = {"type": "object", "properties": {"a": {"type": "string"}}}
-    tools = [{"type": "function", "name": "ok", "parameters": small}, {"type": "function", "name": "big", "parameters": big}]
+    tools = [
+        {"type": "function", "name": "ok", "parameters": small},
+        {"type": "function", "name": "big", "parameters": big},
+    ]
     r = post(live, {"model": MODEL, "input": "hi", "tools": tools})
     assert_error(r, 400, code="invalid_value", param="tools[1].parameters")
     assert "schema too large" in r.json()["error"]["message"]
     fmt = {"format": {"type": "json_schema", "name": "s", "schema": big}}
-    assert_error(post(live, {"model": MODEL, "input": "hi", "text": fmt}), 400, code="invalid_value",
-                 param="text.format.schema")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi", "text": fmt}), 400, code="invalid_value", param="text.format.schema"
+    )
     ns = [{"type": "namespace", "name": "n", "description": "x", "tools": [tools[1]]}]
-    assert post(live, {"model": MODEL, "input": "hi", "tools": ns}).json()["error"]["param"] == "tools[0].tools[0].parameters"
+    assert (
+        post(live, {"model": MODEL, "input": "hi", "tools": ns}).json()["error"]["param"]
+        == "tools[0].tools[0].parameters"
+    )
     with connect(live.ws_url) as ws:
         ws.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "tools": tools}))
         err = json.loads(ws.recv(timeout=10))

@@ -46,14 +46,22 @@ def test_json_create_carries_server_timing_with_every_stage(gateway):
     timing = parse(r.headers["server-timing"])
     assert PREPARE | RUN | {"store", "total"} <= set(timing), timing  # store=true: the write is awaited
     # a refused create has no turn to time
-    bad = httpx.post(f"{gateway.base_url}/responses", json={"model": MODEL, "input": "hi",
-                                                            "previous_response_id": "resp_nope"}, timeout=30)
+    bad = httpx.post(
+        f"{gateway.base_url}/responses",
+        json={"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"},
+        timeout=30,
+    )
     assert bad.status_code == 400 and "server-timing" not in bad.headers  # previous_response_not_found
 
 
 def _raw_stream(gateway: Any, headers: dict[str, str]) -> str:
-    with httpx.stream("POST", f"{gateway.base_url}/responses", headers=headers, timeout=30,
-                      json={"model": MODEL, "input": "hi", "stream": True, "store": False}) as r:
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/responses",
+        headers=headers,
+        timeout=30,
+        json={"model": MODEL, "input": "hi", "stream": True, "store": False},
+    ) as r:
         assert r.status_code == 200 and "server-timing" not in r.headers
         return r.read().decode()
 

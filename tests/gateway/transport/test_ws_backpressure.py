@@ -43,8 +43,12 @@ def ws_handshake(port: int, *, rcvbuf: int | None = None) -> tuple[socket.socket
     sock.settimeout(30)
     sock.connect(("127.0.0.1", port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    sock.sendall(
+        (
+            f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = sock.recv(4096)
@@ -85,7 +89,7 @@ def read_until_closed(sock: socket.socket, buf: bytes = b"") -> tuple[int, int |
                 n, at = struct.unpack("!Q", buf[2:10])[0], 10
             if len(buf) < at + n:
                 break
-            payload, buf = buf[at:at + n], buf[at + n:]
+            payload, buf = buf[at : at + n], buf[at + n :]
             frames += 1
             if opcode == CLOSE:
                 return frames, struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None, "close"
@@ -100,8 +104,9 @@ def read_until_closed(sock: socket.socket, buf: bytes = b"") -> tuple[int, int |
 
 def one_turn(ws_url: str) -> dict[str, Any]:
     with connect(ws_url, max_size=None) as ws:
-        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "input": "still there?",
-                              "store": False}).decode())
+        ws.send(
+            orjson.dumps({"type": "response.create", "model": MODEL, "input": "still there?", "store": False}).decode()
+        )
         while True:
             ev = orjson.loads(ws.recv(timeout=30))
             if ev["type"] in ("response.completed", "response.failed", "response.incomplete", "error"):
@@ -110,8 +115,8 @@ def one_turn(ws_url: str) -> dict[str, Any]:
 
 # -- case 5: a ping flood from a client that never reads -------------------------------------------
 
-PINGS = 1_000_000           # 125-byte payloads: 131 MB sent, as many pong bytes owed
-PINGS_PER_CHUNK = 8192      # ~1 MiB per sendall
+PINGS = 1_000_000  # 125-byte payloads: 131 MB sent, as many pong bytes owed
+PINGS_PER_CHUNK = 8192  # ~1 MiB per sendall
 
 
 def test_a_ping_flood_that_never_reads_its_pongs_stays_bounded(tmp_path):
@@ -131,7 +136,7 @@ def test_a_ping_flood_that_never_reads_its_pongs_stays_bounded(tmp_path):
                     sent += PINGS_PER_CHUNK
             except (ConnectionResetError, BrokenPipeError):
                 ended = "reset"
-            except socket.timeout:
+            except TimeoutError:
                 ended = "send blocked"
         print(f"ping flood: {sent:,} pings sent ({ended}); {peak}")
         sock.close()
@@ -146,6 +151,7 @@ def test_a_ping_flood_that_never_reads_its_pongs_stays_bounded(tmp_path):
 
 # -- case 6: a client that starts a long streamed turn and stops reading ------------------------------
 
+
 def test_a_client_that_stops_reading_is_closed_1008_its_turn_aborted_and_billed(make_gateway):
     """Before: the turn waited on the paused socket for ever (2.8 MB queued, engine request
     running, no keepalive/idle/age close). Now, after ``ws_send_deadline_s`` without progress, the
@@ -155,11 +161,26 @@ def test_a_client_that_stops_reading_is_closed_1008_its_turn_aborted_and_billed(
     engine = SimulatedEngine(script=lambda view: Turn(text="x", endless=True) if view.last.text == "talk" else None)
     live = make_gateway(Settings(ws_send_deadline_s=1.0), engine=engine, usage_sink=sink)
     sock, rest = ws_handshake(live.server.config.port, rcvbuf=4096)
-    sock.sendall(client_frame(TEXT, orjson.dumps({"type": "response.create", "model": MODEL, "input": "talk",
-                                                  "max_output_tokens": 2_000_000, "store": False})))
+    sock.sendall(
+        client_frame(
+            TEXT,
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "input": "talk",
+                    "max_output_tokens": 2_000_000,
+                    "store": False,
+                }
+            ),
+        )
+    )
     # ... and read nothing: the gateway's buffers fill, its sends wait, the deadline passes
-    wait_for(lambda: engine.stats.aborts == 1 and len(sink.records) == 1, timeout=60,
-             what="the stalled turn aborted and billed")
+    wait_for(
+        lambda: engine.stats.aborts == 1 and len(sink.records) == 1,
+        timeout=60,
+        what="the stalled turn aborted and billed",
+    )
     (record,) = sink.records.values()
     assert record.status == "cancelled" and record.transport == "ws"
     assert 0 < record.output_tokens < 2_000_000
@@ -169,8 +190,10 @@ def test_a_client_that_stops_reading_is_closed_1008_its_turn_aborted_and_billed(
     wait_for(lambda: not live.gw.connections, timeout=30, what="the connection forgotten")
     frames, code, how = read_until_closed(sock, rest)
     sock.close()
-    print(f"stalled reader: {record.output_tokens:,} tokens billed as cancelled; then read {frames:,} frames, "
-          f"ended by {how} {code or ''}")
+    print(
+        f"stalled reader: {record.output_tokens:,} tokens billed as cancelled; then read {frames:,} frames, "
+        f"ended by {how} {code or ''}"
+    )
     # the close frame sits behind what the client did not read: it sees 1008 if it reads within
     # another deadline, else a reset; either way the connection is over
     assert (how, code) in (("close", 1008), ("reset", None), ("eof", None)), (how, code)
@@ -179,6 +202,7 @@ def test_a_client_that_stops_reading_is_closed_1008_its_turn_aborted_and_billed(
 
 
 # -- logs: a text frame that is not UTF-8 -----------------------------------------------------------
+
 
 def test_an_invalid_utf8_text_frame_closes_1007_without_an_error_line(tmp_path):
     """Before: uvicorn logged "Invalid UTF-8 sequence received from client." at ERROR with a

@@ -88,9 +88,7 @@ def error_frame(conn: Any) -> dict[str, Any]:
 
 def output_text(resp: dict[str, Any]) -> str:
     return "".join(
-        part.get("text", "")
-        for item in resp["output"] if item["type"] == "message"
-        for part in item["content"]
+        part.get("text", "") for item in resp["output"] if item["type"] == "message" for part in item["content"]
     )
 
 
@@ -122,8 +120,12 @@ def test_continuation_sees_parent_input_and_output_store_false(echo_gw):
         r1 = completed(conn)
         assert output_text(r1) == "ack<the code word is PELICAN>"
 
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], store=False,
-                             input=[{"type": "message", "role": "user", "content": "RECALL"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            store=False,
+            input=[{"type": "message", "role": "user", "content": "RECALL"}],
+        )
         r2 = completed(conn)
     assert r2["previous_response_id"] == r1["id"]
     seen = output_text(r2).splitlines()
@@ -145,11 +147,15 @@ def test_instructions_not_inherited(echo_gw):
         r1 = completed(conn)
         conn.response.create(model=MODEL, input="two", previous_response_id=r1["id"], store=False)
         r2 = completed(conn)
-        conn.response.create(model=MODEL, input="three", previous_response_id=r2["id"], store=False,
-                             instructions="Answer in GERMAN.")
+        conn.response.create(
+            model=MODEL, input="three", previous_response_id=r2["id"], store=False, instructions="Answer in GERMAN."
+        )
         r3 = completed(conn)
     assert (r1["instructions"], r2["instructions"], r3["instructions"]) == (
-        "Always answer in FRENCH.", None, "Answer in GERMAN.")
+        "Always answer in FRENCH.",
+        None,
+        "Answer in GERMAN.",
+    )
     # what the model was actually prompted with, turn by turn
     p1, p2, p3 = (PromptView(p).messages() for p in echo_gw.engine.stats.prompts[-3:])
     dev1 = [m.text for m in p1 if m.role == "developer"]
@@ -165,8 +171,10 @@ def test_instructions_not_inherited(echo_gw):
 
 def test_function_call_output_for_parent_call_accepted(make_gateway):
     call = ToolCall("get_weather", {"city": "Oslo"})
-    script = turns_in_order([Turn(reasoning="Need the weather.", tool_calls=(call,))],
-                            then=lambda view: Turn(text=f"tool said: {view.last.text} ({view.last.tool_name})"))
+    script = turns_in_order(
+        [Turn(reasoning="Need the weather.", tool_calls=(call,))],
+        then=lambda view: Turn(text=f"tool said: {view.last.text} ({view.last.tool_name})"),
+    )
     gw = make_gateway(Settings(), engine=SimulatedEngine(script=script, record_prompts=True))
     client = gw.openai()
     with client.responses.connect() as conn:
@@ -176,8 +184,13 @@ def test_function_call_output_for_parent_call_accepted(make_gateway):
         assert len(calls) == 1 and calls[0]["name"] == "get_weather"
         call_id = calls[0]["call_id"]
 
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], tools=[WEATHER_TOOL], store=False,
-                             input=[{"type": "function_call_output", "call_id": call_id, "output": "sunny, 21C"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            tools=[WEATHER_TOOL],
+            store=False,
+            input=[{"type": "function_call_output", "call_id": call_id, "output": "sunny, 21C"}],
+        )
         r2 = completed(conn)
     assert output_text(r2) == "tool said: sunny, 21C (get_weather)"
 
@@ -189,8 +202,13 @@ def test_function_call_output_for_unknown_call_rejected(make_gateway):
     with client.responses.connect() as conn:
         conn.response.create(model=MODEL, input="Weather in Oslo?", tools=[WEATHER_TOOL], store=False)
         r1 = completed(conn)
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], tools=[WEATHER_TOOL], store=False,
-                             input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            tools=[WEATHER_TOOL],
+            store=False,
+            input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}],
+        )
         err = error_frame(conn)
     assert err["status"] == 400
     assert err["error"]["param"] == "input"
@@ -252,11 +270,15 @@ def test_4xx_continuation_evicts_parent(echo_gw):
         conn.response.create(model=MODEL, input="two", previous_response_id=r1["id"], store=False)
         assert error_frame(conn) == not_found_frame(r1["id"])
         # recovery as the docs prescribe: full context, no previous_response_id
-        conn.response.create(model=MODEL, store=False, input=[
-            {"role": "user", "content": "one"},
-            {"role": "assistant", "content": output_text(r1)},
-            {"role": "user", "content": "two"},
-        ])
+        conn.response.create(
+            model=MODEL,
+            store=False,
+            input=[
+                {"role": "user", "content": "one"},
+                {"role": "assistant", "content": output_text(r1)},
+                {"role": "user", "content": "two"},
+            ],
+        )
         completed(conn)
 
 
@@ -300,17 +322,21 @@ def test_full_context_request_on_socket_holding_a_chain(echo_gw):
         r2 = completed(conn)
         # Codex-style unchained request: the whole history, with the server's output items replayed
         # verbatim (ids included); ids already in the cached chain are no duplicates here
-        history = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one"}]},
-                   *r1["output"],
-                   {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]},
-                   *r2["output"],
-                   {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "RECALL"}]}]
+        history = [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "one"}]},
+            *r1["output"],
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]},
+            *r2["output"],
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "RECALL"}]},
+        ]
         conn.response.create(model=MODEL, input=history, store=False)
         r3 = completed(conn)
         assert r3["previous_response_id"] is None
         assert output_text(r3).splitlines() == [
-            "user/-: one", "assistant/final: ack<one>",
-            "user/-: two", "assistant/final: ack<two>",
+            "user/-: one",
+            "assistant/final: ack<one>",
+            "user/-: two",
+            "assistant/final: ack<two>",
             "user/-: RECALL",
         ]
         # and the fresh chain continues incrementally
@@ -380,8 +406,12 @@ def test_duplicate_input_item_id_rejected(echo_gw):
     with client.responses.connect() as conn:
         conn.response.create(model=MODEL, input=[first], store=False)
         r1 = completed(conn)
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], store=False,
-                             input=[dict(first), {"role": "user", "content": "two"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            store=False,
+            input=[dict(first), {"role": "user", "content": "two"}],
+        )
         err = error_frame(conn)
     assert err["status"] == 400
     assert err["error"]["type"] == "invalid_request_error"
@@ -396,8 +426,12 @@ def test_duplicate_output_item_id_rejected(echo_gw):
         conn.response.create(model=MODEL, input="one", store=False)
         r1 = completed(conn)
         out_id = r1["output"][0]["id"]
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], store=False,
-                             input=[*r1["output"], {"role": "user", "content": "two"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            store=False,
+            input=[*r1["output"], {"role": "user", "content": "two"}],
+        )
         err = error_frame(conn)
     assert err["status"] == 400
     assert err["error"]["message"].startswith(f"Duplicate item found with id {out_id}")

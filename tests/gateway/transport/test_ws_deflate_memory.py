@@ -23,7 +23,8 @@ import json
 import threading
 import tracemalloc
 import zlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -33,12 +34,12 @@ from websockets.frames import Frame, Opcode
 from websockets.sync.client import connect
 
 from gateway.transport.ws_inflate import INFLATE_STEP, SteppedDeflate, SteppedInflater, stepped_extensions
-from tests.chaos import MiB, ChaosGateway, chaos_gateway
+from tests.chaos import ChaosGateway, MiB, chaos_gateway
 from tests.conftest import MODEL
 
-LIMIT = 32 * MiB             # max_request_bytes (the default): frames up to LIMIT + 64 KiB are read
-RSS_SLACK = 64 * MiB         # what the server may keep after the bursts (allocator, sockets, logs)
-BURST, BURSTS = 30, 3        # the issue's figures: 30 x ~64 KB frames each inflating to 64 MiB
+LIMIT = 32 * MiB  # max_request_bytes (the default): frames up to LIMIT + 64 KiB are read
+RSS_SLACK = 64 * MiB  # what the server may keep after the bursts (allocator, sockets, logs)
+BURST, BURSTS = 30, 3  # the issue's figures: 30 x ~64 KB frames each inflating to 64 MiB
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosGateway]:
         yield gw
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def deflated(wbits: int, pieces: tuple[bytes, ...]) -> tuple[bytes, ...]:
     """``pieces`` as consecutive parts of one permessage-deflate message (RFC 7692: the last one
     without its trailing empty block), compressed with the negotiated window."""
@@ -65,8 +66,12 @@ def send_compressed(url: str, pieces: tuple[bytes, ...]) -> Any:
             (ext,) = ws.protocol.extensions
             assert isinstance(ext, PerMessageDeflate), ws.protocol.extensions
             parts = deflated(ext.local_max_window_bits, pieces)
-            frames = [bytearray(Frame(Opcode.TEXT if i == 0 else Opcode.CONT, data, fin=i == len(parts) - 1)
-                                .serialize(mask=True)) for i, data in enumerate(parts)]
+            frames = [
+                bytearray(
+                    Frame(Opcode.TEXT if i == 0 else Opcode.CONT, data, fin=i == len(parts) - 1).serialize(mask=True)
+                )
+                for i, data in enumerate(parts)
+            ]
             frames[0][0] |= 0x40  # RSV1: the message is compressed (serialize() sets no RSV bit itself)
             ws.socket.sendall(b"".join(frames))
             ws.recv(timeout=60)
@@ -136,13 +141,18 @@ def test_a_compressed_http_body_is_never_inflated(gateway: ChaosGateway, encodin
     body = json.dumps({"model": MODEL, "input": "a" * (64 * MiB)}).encode()
     data = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
     start = gateway.rss()
-    r = httpx.post(gateway.url + "/v1/responses", content=data, timeout=60,
-                   headers={"content-encoding": encoding, "content-type": "application/json"})
+    r = httpx.post(
+        gateway.url + "/v1/responses",
+        content=data,
+        timeout=60,
+        headers={"content-encoding": encoding, "content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
     assert gateway.rss() - start < RSS_SLACK
 
 
 # -- the stepped inflater, in process ------------------------------------------------------------
+
 
 def _extension(decoder_cls: type = SteppedDeflate, *, takeover: bool = True) -> PerMessageDeflate:
     return decoder_cls(not takeover, not takeover, 12, 12)

@@ -51,9 +51,13 @@ def bogus(size: int = 0) -> bytes:
 def _open(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                  "Authorization: Bearer test-key\r\n\r\n").encode())
+    sock.sendall(
+        (
+            f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            "Authorization: Bearer test-key\r\n\r\n"
+        ).encode()
+    )
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = sock.recv(4096)
@@ -72,7 +76,7 @@ def _replies(sock: socket.socket, wait_s: float = 1.5) -> list[Any]:
     while time.monotonic() < deadline:
         try:
             chunk = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except ConnectionResetError:
             break
@@ -86,7 +90,7 @@ def _replies(sock: socket.socket, wait_s: float = 1.5) -> list[Any]:
             n, head = struct.unpack("!H", buf[2:4])[0], 4
         elif n == 127:
             n, head = struct.unpack("!Q", buf[2:10])[0], 10
-        payload, buf = buf[head:head + n], buf[head + n:]
+        payload, buf = buf[head : head + n], buf[head + n :]
         if op == 1:
             ev = json.loads(payload)
             out.append(("text", ev["type"], (ev.get("error") or {}).get("code")))

@@ -77,8 +77,7 @@ def by_response(events: list[dict[str, Any]]) -> dict[str, list[int]]:
 
 
 def created_ids(events: list[dict[str, Any]], lane: str | None = None) -> list[str]:
-    return [e["response"]["id"] for e in events
-            if e["type"] == "response.created" and e.get("stream_id") == lane]
+    return [e["response"]["id"] for e in events if e["type"] == "response.created" and e.get("stream_id") == lane]
 
 
 def terminal(events: list[dict[str, Any]], rid: str) -> dict[str, Any]:
@@ -243,8 +242,11 @@ def test_33rd_distinct_stream_id_is_rejected(make_gateway):
         assert err["error"]["code"] == "websocket_stream_limit_reached" and err["stream_id"] == "s33"
 
 
-@pytest.mark.parametrize("bad", ["", "x" * 257, "a b", "a\n", "lane/1", "é", 7],
-                         ids=["empty", "257-chars", "space", "trailing-newline", "slash", "non-ascii", "not-a-string"])
+@pytest.mark.parametrize(
+    "bad",
+    ["", "x" * 257, "a b", "a\n", "lane/1", "é", 7],
+    ids=["empty", "257-chars", "space", "trailing-newline", "slash", "non-ascii", "not-a-string"],
+)
 def test_invalid_stream_id(make_gateway, bad):
     gw = make_gateway(Settings(), engine=SimulatedEngine(script=lambda v: Turn(text="ok")))
     client = gw.openai()
@@ -272,10 +274,12 @@ def test_fork_sees_parent_context_and_parent_lane_continues_in_parallel(slow_gw)
     with client.responses.connect() as conn:
         conn.response.create(model=MODEL, input="fact KESTREL", store=False, stream_id="a")
         (a1,) = [e["response"] for e in collect(conn, 1) if e["type"] == "response.completed"]
-        conn.response.create(model=MODEL, input="RECALL fork", previous_response_id=a1["id"], store=False,
-                             stream_id="f")
-        conn.response.create(model=MODEL, input="RECALL main", previous_response_id=a1["id"], store=False,
-                             stream_id="a")
+        conn.response.create(
+            model=MODEL, input="RECALL fork", previous_response_id=a1["id"], store=False, stream_id="f"
+        )
+        conn.response.create(
+            model=MODEL, input="RECALL main", previous_response_id=a1["id"], store=False, stream_id="a"
+        )
         events = collect(conn, 2)
     assert not any(e["type"] == "error" for e in events)
     (f1,), (a2,) = created_ids(events, "f"), created_ids(events, "a")
@@ -318,22 +322,20 @@ def test_failed_fork_does_not_evict_parent(slow_gw, failure):
         conn.response.create(model=MODEL, input="fact HERON", store=False, stream_id="a")
         (a1,) = [e["response"] for e in collect(conn, 1) if e["type"] == "response.completed"]
         if failure == "4xx":
-            conn.response.create(model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False,
-                                 stream_id="f", temperature=5)
+            conn.response.create(
+                model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False, stream_id="f", temperature=5
+            )
             (err,) = collect(conn, 1)
             assert err["type"] == "error" and err["status"] == 400 and err["stream_id"] == "f"
         else:
-            conn.response.create(model=MODEL, input="FAIL", previous_response_id=a1["id"], store=False,
-                                 stream_id="f")
+            conn.response.create(model=MODEL, input="FAIL", previous_response_id=a1["id"], store=False, stream_id="f")
             evs = collect(conn, 1)
             assert evs[-1]["type"] == "response.failed" and evs[-1]["stream_id"] == "f"
         # another fork from the same parent still works ...
-        conn.response.create(model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False,
-                             stream_id="g")
+        conn.response.create(model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False, stream_id="g")
         assert collect(conn, 1)[-1]["type"] == "response.completed"
         # ... and lane a continues from the shared parent
-        conn.response.create(model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False,
-                             stream_id="a")
+        conn.response.create(model=MODEL, input="RECALL", previous_response_id=a1["id"], store=False, stream_id="a")
         evs = collect(conn, 1)
         assert evs[-1]["type"] == "response.completed", evs[-1]
         assert text_of(evs[-1]["response"]).splitlines()[0] == "user: fact HERON"

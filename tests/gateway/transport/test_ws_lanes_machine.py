@@ -3,12 +3,24 @@ a check that every row is exercised, and the illegal transitions."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
-from gateway.transport.lanes import (DEFAULT_LANE, TABLE, Act, Action, Ev, Event, Farewell, LaneError, LaneMachine,
-                                     Refusal, Row, State)
+from gateway.transport.lanes import (
+    DEFAULT_LANE,
+    TABLE,
+    Act,
+    Action,
+    Ev,
+    Event,
+    Farewell,
+    LaneError,
+    LaneMachine,
+    Refusal,
+    Row,
+    State,
+)
 
 
 def machine(**kw: int) -> LaneMachine:
@@ -49,6 +61,7 @@ def applied(m: LaneMachine, event: Event, rows: set[Row]) -> list[Action]:
 
 
 # -- OPEN --------------------------------------------------------------------------------------------
+
 
 @scenario
 def open_create_aged() -> set[Row]:
@@ -131,8 +144,10 @@ def open_refused() -> set[Row]:
     m = machine()
     err = object()
     actions = applied(m, Event(Ev.REFUSED, lane="a", previous_response_id="resp_p", error=err), rows)
-    assert [(a.kind, a.lane, a.previous_response_id) for a in actions] == [(Act.EVICT, "a", "resp_p"),
-                                                                           (Act.ERROR, "a", "resp_p")]
+    assert [(a.kind, a.lane, a.previous_response_id) for a in actions] == [
+        (Act.EVICT, "a", "resp_p"),
+        (Act.ERROR, "a", "resp_p"),
+    ]
     assert actions[1].error is err and m.state is State.OPEN
     return rows
 
@@ -168,8 +183,10 @@ def open_turn_failed() -> set[Row]:
     start(m, "a", frame="a1")
     start(m, "a", frame="a2")
     actions = applied(m, Event(Ev.TURN_FAILED, lane="a", previous_response_id="resp_p"), rows)
-    assert actions == [Action(Act.EVICT, lane="a", previous_response_id="resp_p"),
-                       Action(Act.START, lane="a", frame="a2")]
+    assert actions == [
+        Action(Act.EVICT, lane="a", previous_response_id="resp_p"),
+        Action(Act.START, lane="a", frame="a2"),
+    ]
     return rows
 
 
@@ -227,6 +244,7 @@ def open_deadline() -> set[Row]:
 
 # -- DRAINING ----------------------------------------------------------------------------------------
 
+
 @scenario
 def draining_create_and_admitted_drop() -> set[Row]:
     rows: set[Row] = set()
@@ -267,7 +285,8 @@ def draining_turn_failed() -> set[Row]:
     start(m, "b")
     m.handle(Event(Ev.AGE_LIMIT))
     assert applied(m, Event(Ev.TURN_FAILED, lane="a", previous_response_id="p"), rows) == [
-        Action(Act.EVICT, lane="a", previous_response_id="p")]
+        Action(Act.EVICT, lane="a", previous_response_id="p")
+    ]
     return rows
 
 
@@ -297,6 +316,7 @@ def draining_first_farewell_stands() -> set[Row]:
 
 
 # -- any state ---------------------------------------------------------------------------------------
+
 
 @scenario
 def client_gone_aborts() -> set[Row]:

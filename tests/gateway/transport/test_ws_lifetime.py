@@ -20,12 +20,13 @@ from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
 from tests.conftest import MODEL, LiveGateway
-from tests.ws_helpers import TERMINAL, create, fixed, recv, send, until_terminal, ws_open
 from tests.http_helpers import wait_for
+from tests.ws_helpers import TERMINAL, create, fixed, recv, send, until_terminal, ws_open
 
-LIMIT_MESSAGE = ("Responses websocket connection limit reached (60 minutes). "
-                 "Create a new websocket connection to continue.")
-LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens
+LIMIT_MESSAGE = (
+    "Responses websocket connection limit reached (60 minutes). Create a new websocket connection to continue."
+)
+LONG_TEXT = " ".join(f"word{i}" for i in range(150))  # ~300 tokens
 
 
 def wait_past_age(opened: float, limit: float) -> None:
@@ -79,7 +80,7 @@ def test_sdk_iteration_ends_cleanly_after_limit_error(make_gateway):
         opened = time.monotonic()
         wait_past_age(opened, 0.5)
         conn.response.create(model=MODEL, input="too late")
-        received = [ev.type for ev in conn]             # ends by itself: close code 1000
+        received = [ev.type for ev in conn]  # ends by itself: close code 1000
     assert received == ["error"]
     assert live.engine.stats.requests == 0
 
@@ -87,13 +88,13 @@ def test_sdk_iteration_ends_cleanly_after_limit_error(make_gateway):
 def test_idle_socket_at_limit_gets_error_and_close_1000(make_gateway):
     live = make_gateway(Settings(ws_max_age_s=0.3))
     with ws_open(live) as ws:
-        assert_limit_error(recv(ws, timeout=10))        # no request needed: the idle socket is retired
+        assert_limit_error(recv(ws, timeout=10))  # no request needed: the idle socket is retired
         assert_closed_1000(ws)
     wait_for(lambda: live.metric("respgate_ws_connections") == 0, what="connection gauge back to 0")
 
 
 def test_response_in_flight_at_limit_finishes_before_close(make_gateway):
-    turn = Turn(text=LONG_TEXT, delay_per_token_s=0.005)        # ~1.5 s of streaming, limit at 0.3 s
+    turn = Turn(text=LONG_TEXT, delay_per_token_s=0.005)  # ~1.5 s of streaming, limit at 0.3 s
     live = make_gateway(Settings(ws_max_age_s=0.3), engine=SimulatedEngine(script=fixed(turn)))
     with ws_open(live) as ws:
         send(ws, create(input="long answer please"))
@@ -112,15 +113,16 @@ def test_response_in_flight_at_limit_finishes_before_close(make_gateway):
         assert events[-1]["type"] == "response.completed"
         assert final["output"][-1]["content"][0]["text"] == LONG_TEXT
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
-        assert_limit_error(recv(ws))                     # then the limit error ...
-        assert_closed_1000(ws)                           # ... and the close
+        assert_limit_error(recv(ws))  # then the limit error ...
+        assert_closed_1000(ws)  # ... and the close
     assert live.engine.stats.aborts == 0
 
 
 def test_create_after_limit_while_response_in_flight_waits_for_its_terminal(make_gateway):
     turn = Turn(text=LONG_TEXT, delay_per_token_s=0.005)
-    live = make_gateway(Settings(ws_max_age_s=0.3, ws_close_idle_at_limit=False),
-                        engine=SimulatedEngine(script=fixed(turn)))
+    live = make_gateway(
+        Settings(ws_max_age_s=0.3, ws_close_idle_at_limit=False), engine=SimulatedEngine(script=fixed(turn))
+    )
     with ws_open(live) as ws:
         opened = time.monotonic()
         send(ws, create(input="first"))
@@ -142,7 +144,7 @@ def test_create_after_limit_while_response_in_flight_waits_for_its_terminal(make
 def _drop(ws: ClientConnection, how: str) -> None:
     if how == "close_frame":
         ws.close()
-    else:   # abrupt: TCP gone without a close frame (Codex just drops the socket)
+    else:  # abrupt: TCP gone without a close frame (Codex just drops the socket)
         ws.socket.shutdown(socket.SHUT_RDWR)
         ws.socket.close()
         try:
@@ -173,17 +175,18 @@ def test_close_mid_generation_aborts_the_engine_and_frees_the_slot(make_gateway,
     assert live.metric("respgate_ws_inflight") == 1
     _drop(ws, how)
     wait_for(lambda: engine.stats.aborts == 1 and engine.stats.running == 0, what="engine abort")
-    wait_for(lambda: live.metric("respgate_generation_aborts_total", {"transport": "ws"}) == 1,
-             what="abort metric")
-    wait_for(lambda: live.metric("respgate_ws_inflight") == 0 and live.metric("respgate_ws_connections") == 0,
-             what="slot and connection released")
+    wait_for(lambda: live.metric("respgate_generation_aborts_total", {"transport": "ws"}) == 1, what="abort metric")
+    wait_for(
+        lambda: live.metric("respgate_ws_inflight") == 0 and live.metric("respgate_ws_connections") == 0,
+        what="slot and connection released",
+    )
     assert live.metric("respgate_abort_seconds_count") == 1
-    assert live.metric("respgate_abort_seconds_bucket", {"le": "5.0"}) == 1     # disconnect -> abort within 5 s
+    assert live.metric("respgate_abort_seconds_bucket", {"le": "5.0"}) == 1  # disconnect -> abort within 5 s
     assert engine.stats.requests == 1
     # the capacity is really free: a new connection generates normally
     with ws_open(live) as ws2:
         send(ws2, create(input="next client", max_output_tokens=20))
-        assert until_terminal(ws2)[-1]["type"] == "response.incomplete"   # endless script stops at the cap
+        assert until_terminal(ws2)[-1]["type"] == "response.incomplete"  # endless script stops at the cap
     assert engine.stats.aborts == 1
 
 
@@ -195,8 +198,7 @@ def test_close_drops_queued_requests_without_running_them(make_gateway):
     send(ws, create(input="queued behind"))
     send(ws, create(input="queued too"))
     ws.close()
-    wait_for(lambda: engine.stats.running == 0 and live.metric("respgate_ws_connections") == 0,
-             what="socket torn down")
+    wait_for(lambda: engine.stats.running == 0 and live.metric("respgate_ws_connections") == 0, what="socket torn down")
     assert engine.stats.requests == 1 and engine.stats.aborts == 1
 
 
@@ -257,7 +259,7 @@ def test_client_pings_get_pongs_while_a_slow_generation_streams(make_gateway):
         for i in range(3):
             pong = ws.ping(f"p{i}".encode())
             assert pong.wait(timeout=5), f"no pong for ping {i}"
-            assert engine.stats.running == 1             # answered while the generation was streaming
+            assert engine.stats.running == 1  # answered while the generation was streaming
         events += until_terminal(ws)
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][-1]["content"][0]["text"] == LONG_TEXT
@@ -284,4 +286,4 @@ def test_server_shutdown_finishes_in_flight_responses_and_closes_1001(make_gatew
     types = [f["type"] for f in frames]
     assert "response.completed" in types, types
     assert types[-1] == "error" and frames[-1]["status"] == 503 and frames[-1]["error"]["type"] == "server_error"
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001   # going away (gateway/ops/server.py)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001  # going away (gateway/ops/server.py)

@@ -27,11 +27,11 @@ from gateway.base.settings import Settings
 from inference.harmony_core import harmony_encoding
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn, turns_in_order
-from tests.conftest import SHARED, MODEL, LiveGateway
+from tests.conftest import MODEL, SHARED, LiveGateway
 from tests.ws_helpers import TERMINAL, recv, send, until_terminal, ws_open
 
 CODEX_FIXTURES = SHARED / "fixtures/codex/ws-gpt-5.5"
-LONG_TEXT = " ".join(f"word{i}" for i in range(150))   # ~300 tokens: streams for seconds at 100 tok/s
+LONG_TEXT = " ".join(f"word{i}" for i in range(150))  # ~300 tokens: streams for seconds at 100 tok/s
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_handshake_without_valid_key_is_http_401_json(make_gateway):
         with pytest.raises(InvalidStatus) as exc_info:
             ws_open(live, additional_headers=headers)
         resp = exc_info.value.response
-        assert resp.status_code == 401, auth     # an HTTP error, never a 101 followed by a close
+        assert resp.status_code == 401, auth  # an HTTP error, never a 101 followed by a close
         assert resp.headers["content-type"].startswith("application/json")
         body = json.loads(bytes(resp.body))
         assert set(body) == {"error"}
@@ -171,10 +171,16 @@ def test_codex_handshake_and_warmup_replay(make_gateway):
     warmup = json.loads((CODEX_FIXTURES / "002-ws_message.json").read_text())["body"]
     engine = SimulatedEngine(record_prompts=True)
     live = make_gateway(Settings(models=[warmup["model"]]), engine=engine)
-    hop_by_hop = {"host", "connection", "upgrade", "sec-websocket-version", "sec-websocket-key",
-                  "sec-websocket-extensions"}
+    hop_by_hop = {
+        "host",
+        "connection",
+        "upgrade",
+        "sec-websocket-version",
+        "sec-websocket-key",
+        "sec-websocket-extensions",
+    }
     headers = {k: v for k, v in handshake["headers"].items() if k not in hop_by_hop}
-    headers["authorization"] = "Bearer test-key"          # the fixture's key is redacted
+    headers["authorization"] = "Bearer test-key"  # the fixture's key is redacted
     assert handshake["headers"]["sec-websocket-extensions"].startswith("permessage-deflate")
     with connect(live.ws_url, additional_headers=headers, compression="deflate", open_timeout=10) as ws:
         assert ws.response.status_code == 101
@@ -191,8 +197,17 @@ def test_codex_handshake_and_warmup_replay(make_gateway):
         assert final["id"].startswith("resp_") and final["id"] == events[0]["response"]["id"]
         assert final["object"] == "response" and final["model"] == warmup["model"]
         assert final["store"] is False
-        for key in ("created_at", "completed_at", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
-                    "text", "error", "incomplete_details"):
+        for key in (
+            "created_at",
+            "completed_at",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "reasoning",
+            "text",
+            "error",
+            "incomplete_details",
+        ):
             assert key in final, key
         assert final["error"] is None
         assert engine.stats.requests == 0 and engine.stats.prompts == []
@@ -201,7 +216,7 @@ def test_codex_handshake_and_warmup_replay(make_gateway):
 @pytest.mark.parametrize("compression", ["deflate", None])
 def test_permessage_deflate_negotiated_and_frames_round_trip(make_gateway, compression):
     live = make_gateway(engine=SimulatedEngine(script=fixed(Turn(text="short answer")), record_prompts=True))
-    big = "compress me please " * 20_000               # ~380 KB, highly compressible, in both directions
+    big = "compress me please " * 20_000  # ~380 KB, highly compressible, in both directions
     with ws_open(live, compression=compression) as ws:
         ext = ws.response.headers.get("Sec-WebSocket-Extensions", "")
         negotiated = [e for e in ws.protocol.extensions if isinstance(e, PerMessageDeflate)]
@@ -235,12 +250,12 @@ def test_20mib_frame_is_accepted(make_gateway):
 
 
 def test_every_server_frame_is_one_json_object_in_a_text_frame(make_gateway):
-    script = fixed(Turn(reasoning="Let me think.", commentary="Calling the tool.",
-                        tool_calls=(), text="All done."))
+    script = fixed(Turn(reasoning="Let me think.", commentary="Calling the tool.", tool_calls=(), text="All done."))
     live = make_gateway(engine=SimulatedEngine(script=script, record_prompts=True))
     tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
     frames: list[str | bytes] = []
     with ws_open(live) as ws:
+
         def take_until_terminal() -> None:
             while True:
                 raw = ws.recv(timeout=15)
@@ -249,14 +264,14 @@ def test_every_server_frame_is_one_json_object_in_a_text_frame(make_gateway):
                 if ev["type"] in TERMINAL or ev["type"] == "error":
                     return
 
-        send(ws, create(input="hi", tools=tools))        # reasoning + commentary + text
+        send(ws, create(input="hi", tools=tools))  # reasoning + commentary + text
         take_until_terminal()
-        send(ws, create(input=[], generate=False))       # warm-up
+        send(ws, create(input=[], generate=False))  # warm-up
         take_until_terminal()
-        send(ws, create(foo=1))                          # error frame
+        send(ws, create(foo=1))  # error frame
         take_until_terminal()
         send(ws, {"type": "response.steer", "previous_response_id": "resp_x", "input": "go"})
-        raw = ws.recv(timeout=15)                        # steer.failed
+        raw = ws.recv(timeout=15)  # steer.failed
         frames.append(raw)
         # the next frame after each terminal is the next response's first event: nothing in between
         send(ws, create(input="last"))
@@ -265,12 +280,17 @@ def test_every_server_frame_is_one_json_object_in_a_text_frame(make_gateway):
     for raw in frames:
         assert isinstance(raw, str), f"binary frame: {raw[:60]!r}"
         assert raw.strip() != "[DONE]"
-        ev = json.loads(raw)                             # exactly one JSON value per frame
+        ev = json.loads(raw)  # exactly one JSON value per frame
         assert isinstance(ev, dict) and isinstance(ev.get("type"), str)
         assert ev["type"] != "response.done"
         seen.add(ev["type"])
-    assert {"response.created", "response.output_text.delta", "response.completed", "error",
-            "response.steer.failed"} <= seen
+    assert {
+        "response.created",
+        "response.output_text.delta",
+        "response.completed",
+        "error",
+        "response.steer.failed",
+    } <= seen
     created = [json.loads(f) for f in frames if json.loads(f)["type"] == "response.created"]
     assert len(created) == 3
 
@@ -290,18 +310,22 @@ def test_flat_create_matches_sse_stream_of_same_request(make_gateway):
 
     sse_events: list[dict[str, Any]] = []
     with httpx.Client(timeout=30) as http:
-        with http.stream("POST", live.base_url + "/responses", json={**body, "stream": True},
-                         headers={"Authorization": "Bearer test-key"}) as resp:
+        with http.stream(
+            "POST",
+            live.base_url + "/responses",
+            json={**body, "stream": True},
+            headers={"Authorization": "Bearer test-key"},
+        ) as resp:
             assert resp.status_code == 200
             for line in resp.iter_lines():
                 if line.startswith("data: "):
-                    sse_events.append(json.loads(line[len("data: "):]))
+                    sse_events.append(json.loads(line[len("data: ") :]))
 
     assert types(ws_events)[0] == "response.created" and types(ws_events)[-1] == "response.completed"
     assert "response.output_text.delta" in types(ws_events)
     assert types(ws_events) == types(sse_events)
     assert normalize(ws_events) == normalize(sse_events)
-    assert all("stream_id" not in e for e in ws_events)   # default lane: no stream_id
+    assert all("stream_id" not in e for e in ws_events)  # default lane: no stream_id
 
 
 def _stream_flag_case(live: LiveGateway, flag: bool) -> None:
@@ -315,7 +339,7 @@ def _stream_flag_case(live: LiveGateway, flag: bool) -> None:
     assert_one_full_response(flagged)
     assert types(flagged) == types(baseline)
     assert "response.output_text.delta" in types(flagged)
-    assert normalize(flagged) == normalize(baseline)    # same events, same payloads
+    assert normalize(flagged) == normalize(baseline)  # same events, same payloads
     assert live.engine.stats.requests == 2
 
 
@@ -349,10 +373,18 @@ def test_client_metadata_and_access_programs_are_accepted(make_gateway):
     live = make_gateway()
     client = live.openai()
     with client.responses.connect() as conn:
-        conn.send(create(input="hi", stream=True, store=False,
-                         client_metadata={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-                                          "x-codex-installation-id": "5e4a4512"},
-                         access_programs=["codex"]))
+        conn.send(
+            create(
+                input="hi",
+                stream=True,
+                store=False,
+                client_metadata={
+                    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                    "x-codex-installation-id": "5e4a4512",
+                },
+                access_programs=["codex"],
+            )
+        )
         final = assert_one_full_response(sdk_until_terminal(conn))
         assert final["status"] == "completed"
 
@@ -415,21 +447,34 @@ def test_warmup_generate_false_with_empty_input(make_gateway):
     assert final["usage"]["output_tokens"] == 0
     assert final["usage"]["total_tokens"] == final["usage"]["input_tokens"]
     assert final["id"] == events[0]["response"]["id"]
-    assert live.engine.stats.requests == 0          # no model call
+    assert live.engine.stats.requests == 0  # no model call
 
 
 def test_warmup_prefix_is_used_by_the_next_turn(make_gateway):
     live = make_gateway(engine=SimulatedEngine(script=fixed(Turn(text="Bonjour.")), record_prompts=True))
-    tools = [{"type": "function", "name": "lookup_zebra", "description": "Looks up zebras.",
-              "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]
+    tools = [
+        {
+            "type": "function",
+            "name": "lookup_zebra",
+            "description": "Looks up zebras.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }
+    ]
     instructions = "Always answer in French. The codeword is PAPAYA."
-    prefix = [{"type": "message", "role": "developer", "id": "msg_dev1",
-               "content": [{"type": "input_text", "text": "Project ORCHID context lives here."}]},
-              {"type": "message", "role": "user", "content": "Say hello to QUOKKA."}]
+    prefix = [
+        {
+            "type": "message",
+            "role": "developer",
+            "id": "msg_dev1",
+            "content": [{"type": "input_text", "text": "Project ORCHID context lives here."}],
+        },
+        {"type": "message", "role": "user", "content": "Say hello to QUOKKA."},
+    ]
     client = live.openai()
     with client.responses.connect() as conn:
-        conn.response.create(model=MODEL, instructions=instructions, tools=tools, input=prefix, generate=False,
-                             store=False)
+        conn.response.create(
+            model=MODEL, instructions=instructions, tools=tools, input=prefix, generate=False, store=False
+        )
         warm = sdk_until_terminal(conn)
         warm_final = assert_one_full_response(warm)
         assert warm_final["output"] == [] and warm_final["usage"]["output_tokens"] == 0
@@ -438,8 +483,9 @@ def test_warmup_prefix_is_used_by_the_next_turn(make_gateway):
         full_after_warmup = live.metric("respgate_render_tokens_total", {"mode": "full"})
         assert full_after_warmup > 0
 
-        conn.response.create(model=MODEL, instructions=instructions, tools=tools, input=[],
-                             previous_response_id=warm_id, store=False)
+        conn.response.create(
+            model=MODEL, instructions=instructions, tools=tools, input=[], previous_response_id=warm_id, store=False
+        )
         events = sdk_until_terminal(conn)
     final = assert_one_full_response(events)
     assert final["previous_response_id"] == warm_id
@@ -511,7 +557,7 @@ def test_error_on_lane_a_does_not_disturb_response_on_lane_b(make_gateway):
     with ws_open(live) as ws:
         send(ws, create(stream_id="b", input="long one"))
         b_events: list[dict[str, Any]] = []
-        while True:                                     # wait until b is streaming text
+        while True:  # wait until b is streaming text
             ev = recv(ws)
             b_events.append(ev)
             if ev["type"] == "response.output_text.delta":
@@ -539,20 +585,25 @@ def test_response_processed_produces_no_frame(make_gateway):
     live = make_gateway()
     client = live.openai()
     with client.responses.connect() as conn:
-        conn.send({"type": "response.processed", "response_id": "resp_x"})    # before any response
+        conn.send({"type": "response.processed", "response_id": "resp_x"})  # before any response
         conn.response.create(model=MODEL, input="one")
         first = sdk_until_terminal(conn)
         assert_one_full_response(first)
         conn.send({"type": "response.processed", "response_id": first[-1]["response"]["id"]})
         conn.response.create(model=MODEL, input="two")
         second = sdk_until_terminal(conn)
-        assert_one_full_response(second)               # its first frame is response.created: nothing in between
+        assert_one_full_response(second)  # its first frame is response.created: nothing in between
 
 
 def test_unknown_event_type_gets_one_error_and_socket_stays_open(make_gateway):
     live = make_gateway()
-    stray = ["response.cancel", "session.update", "conversation.item.create", "input_audio_buffer.append",
-             "response.done"]
+    stray = [
+        "response.cancel",
+        "session.update",
+        "conversation.item.create",
+        "input_audio_buffer.append",
+        "response.done",
+    ]
     with ws_open(live) as ws:
         for event_type in stray:
             send(ws, {"type": event_type, "response_id": "resp_x"})
@@ -560,21 +611,20 @@ def test_unknown_event_type_gets_one_error_and_socket_stays_open(make_gateway):
             assert_error_frame(err, 400)
             assert err["error"]["code"] == "unknown_event_type"
             send(ws, create(input="after stray"))
-            assert_one_full_response(until_terminal(ws))    # the frame after the one error is response.created
+            assert_one_full_response(until_terminal(ws))  # the frame after the one error is response.created
     assert live.engine.stats.requests == len(stray)
 
 
 def test_invalid_json_or_non_event_gets_one_error_and_socket_stays_open(make_gateway):
     live = make_gateway()
-    garbage = ["{not json", '{"type": "response.create", ', "", "null", '"text"', "[]", '{"type": 5}',
-               '{"model": "x"}']
+    garbage = ["{not json", '{"type": "response.create", ', "", "null", '"text"', "[]", '{"type": 5}', '{"model": "x"}']
     with ws_open(live) as ws:
         for raw in garbage:
             send(ws, raw)
             err = recv(ws)
             assert_error_frame(err, 400)
             send(ws, create(input="after garbage"))
-            assert_one_full_response(until_terminal(ws))    # exactly one error, then the socket works
+            assert_one_full_response(until_terminal(ws))  # exactly one error, then the socket works
     assert live.engine.stats.requests == len(garbage)
 
 
@@ -615,12 +665,15 @@ def _start_slow_response(conn: Any, **fields: Any) -> tuple[str, list[dict[str, 
 
 
 def test_steer_is_not_supported_and_echoes_input(make_gateway):
-    live = make_gateway(engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)),
-                                               record_prompts=True))
+    live = make_gateway(
+        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True)
+    )
     steer_inputs = [
         "Keep the scope small.",
-        [{"type": "message", "role": "user", "content": "Keep the scope small."},
-         {"role": "user", "content": [{"type": "input_text", "text": "And be quick."}]}],
+        [
+            {"type": "message", "role": "user", "content": "Keep the scope small."},
+            {"role": "user", "content": [{"type": "input_text", "text": "And be quick."}]},
+        ],
     ]
     client = live.openai()
     with client.responses.connect() as conn:
@@ -636,7 +689,7 @@ def test_steer_is_not_supported_and_echoes_input(make_gateway):
                 events.append(ev)
                 if ev["type"] in TERMINAL or ev["type"] == "error":
                     break
-            final = assert_one_full_response(events)    # the steered response is untouched, no error frame
+            final = assert_one_full_response(events)  # the steered response is untouched, no error frame
             assert final["output"][-1]["content"][0]["text"] == LONG_TEXT
             assert len(steers) == 1
             failed = steers[0]
@@ -646,12 +699,13 @@ def test_steer_is_not_supported_and_echoes_input(make_gateway):
             assert failed["error"]["type"] == "invalid_request_error" and failed["error"]["message"]
             assert failed["steer"]["previous_response_id"] == rid
             assert failed["steer"]["input"] == steer_input
-            assert "stream_id" not in failed               # default-lane target
+            assert "stream_id" not in failed  # default-lane target
 
 
 def test_steer_on_named_lane_response_carries_its_stream_id(make_gateway):
-    live = make_gateway(engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)),
-                                               record_prompts=True))
+    live = make_gateway(
+        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True)
+    )
     with ws_open(live) as ws:
         send(ws, create(input="lane a", stream_id="a"))
         created = recv(ws)
@@ -704,8 +758,14 @@ def test_inject_and_multi_agent_are_rejected_with_error_frames(make_gateway):
     live = make_gateway()
     headers = {"Authorization": "Bearer test-key", "OpenAI-Beta": "responses_multi_agent=v1"}
     with ws_open(live, additional_headers=headers) as ws:
-        send(ws, {"type": "response.inject", "response_id": "resp_x",
-                  "input": [{"type": "function_call_output", "call_id": "call_1", "output": "done"}]})
+        send(
+            ws,
+            {
+                "type": "response.inject",
+                "response_id": "resp_x",
+                "input": [{"type": "function_call_output", "call_id": "call_1", "output": "done"}],
+            },
+        )
         assert_error_frame(recv(ws), 400)
         send(ws, create(input="spawn agents", multi_agent={"enabled": True, "max_concurrent_subagents": 2}))
         err = recv(ws)

@@ -23,15 +23,16 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import Turn
 from inference.summary import SUMMARY_PREFIX, SUMMARY_REQUEST, is_summary_request
+from tests.billing.test_ledger_faults import CountingSink, NativePanic, billed
 from tests.conftest import MODEL
 from tests.http_helpers import assert_error, create, post, stream
-from tests.billing.test_ledger_faults import CountingSink, NativePanic, billed
 
 pytestmark = pytest.mark.timeout(120)
 
 #: a first message long enough (~1,600 tokens) to cross the minimum compact_threshold (1000)
 LONG = "Background for the task, codeword ZEBRA-DROPPED-7731: " + " ".join(
-    f"line {i} of the build log says the linker failed on object{i}.o." for i in range(110))
+    f"line {i} of the build log says the linker failed on object{i}.o." for i in range(110)
+)
 THRESHOLD = [{"type": "compaction", "compact_threshold": 1000}]
 
 
@@ -70,11 +71,14 @@ def test_compact_endpoint_with_sdk_and_output_continues_the_conversation(gateway
     kinds = [o.type for o in compacted.output]
     assert kinds == ["message", "message", "compaction"]  # all (recent) user messages, then the item
     assert [o.content[0].text for o in compacted.output[:2]] == [
-        "Please remember the codeword PINEAPPLE-ALPHA-4471 for later.", "Also note that the deadline is Friday."]
+        "Please remember the codeword PINEAPPLE-ALPHA-4471 for later.",
+        "Also note that the deadline is Friday.",
+    ]
     item = compacted.output[-1]
     assert item.id.startswith("cmp_")
     assert "Compacted" not in item.encrypted_content and "Compacted" not in base64.urlsafe_b64decode(
-        item.encrypted_content).decode("latin-1")  # opaque
+        item.encrypted_content
+    ).decode("latin-1")  # opaque
     # usage: the summarization prompt and the summary, billed
     assert compacted.usage.input_tokens == len(gateway.engine.stats.prompts[-1])
     assert compacted.usage.output_tokens > 0
@@ -95,8 +99,11 @@ def test_compact_with_previous_response_id_and_usage_is_billed(make_gateway):
     sink = MemorySink()
     live = make_gateway(usage_sink=sink)
     r1 = create(live, input="Remember: the port is 8443.")
-    r = post(live, {"model": MODEL, "previous_response_id": r1["id"], "input": [user("And the host is db1.")]},
-             path="/responses/compact")
+    r = post(
+        live,
+        {"model": MODEL, "previous_response_id": r1["id"], "input": [user("And the host is db1.")]},
+        path="/responses/compact",
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {"id", "object", "created_at", "output", "usage", "image"}
@@ -111,19 +118,30 @@ def test_compact_with_previous_response_id_and_usage_is_billed(make_gateway):
     while body["id"] not in sink.records and time.monotonic() < deadline:
         time.sleep(0.02)
     record = sink.records[body["id"]]
-    assert (record.input_tokens, record.output_tokens) == (body["usage"]["input_tokens"],
-                                                           body["usage"]["output_tokens"])
+    assert (record.input_tokens, record.output_tokens) == (
+        body["usage"]["input_tokens"],
+        body["usage"]["output_tokens"],
+    )
     assert record.status == "completed" and record.model == MODEL
 
 
 def test_compact_endpoint_rejects_bad_bodies(gateway):
     assert_error(post(gateway, {"input": "hi"}, path="/responses/compact"), 400, param="model")
-    assert_error(post(gateway, {"model": MODEL, "input": "hi", "stream": True}, path="/responses/compact"), 400,
-                 code="unknown_parameter", param="stream")
+    assert_error(
+        post(gateway, {"model": MODEL, "input": "hi", "stream": True}, path="/responses/compact"),
+        400,
+        code="unknown_parameter",
+        param="stream",
+    )
     assert_error(post(gateway, {"model": MODEL, "input": []}, path="/responses/compact"), 400, param="input")
     assert_error(post(gateway, {"model": "nope", "input": "hi"}, path="/responses/compact"), 404)
-    assert_error(post(gateway, {"model": MODEL, "previous_response_id": "resp_missing", "input": "hi"},
-                      path="/responses/compact"), 400, code="previous_response_not_found")
+    assert_error(
+        post(
+            gateway, {"model": MODEL, "previous_response_id": "resp_missing", "input": "hi"}, path="/responses/compact"
+        ),
+        400,
+        code="previous_response_not_found",
+    )
     # the unversioned alias answers too
     r = httpx.post(gateway.url + "/responses/compact", json={"model": MODEL, "input": "compact me"}, timeout=30)
     assert r.status_code == 200 and r.json()["output"][-1]["type"] == "compaction"
@@ -139,8 +157,12 @@ def _fails_to_summarize(view: PromptView) -> Turn | None:
 def test_summarization_failure_is_a_500_or_a_failed_response_and_billed(make_gateway):
     sink = MemorySink()
     live = make_gateway(engine=SimulatedEngine(script=_fails_to_summarize, record_prompts=True), usage_sink=sink)
-    assert_error(post(live, {"model": MODEL, "input": "hi"}, path="/responses/compact"), 500,
-                 code="server_error", type_="server_error")
+    assert_error(
+        post(live, {"model": MODEL, "input": "hi"}, path="/responses/compact"),
+        500,
+        code="server_error",
+        type_="server_error",
+    )
     _, _, events = stream(live, input=[user("hello"), {"type": "compaction_trigger"}])
     final = events[-1]
     assert final["type"] == "response.failed" and final["response"]["error"]["code"] == "server_error"
@@ -155,8 +177,10 @@ def test_summarization_failure_is_a_500_or_a_failed_response_and_billed(make_gat
     assert failed.status == "failed" and failed.output_tokens == 2  # the summary's tokens, billed
     # the failed /compact call was billed too (its id never reached the client)
     compact_prompt = live.engine.stats.prompts[0]
-    assert any(r.status == "failed" and r.input_tokens == len(compact_prompt) and r.output_tokens == 2
-               for r in sink.records.values())
+    assert any(
+        r.status == "failed" and r.input_tokens == len(compact_prompt) and r.output_tokens == 2
+        for r in sink.records.values()
+    )
     # the server is fine afterwards
     assert create(live, input="still alive")["status"] == "completed"
 
@@ -229,16 +253,21 @@ def test_tampered_or_forged_compaction_item_is_rejected(gateway):
     r = post(gateway, {"model": MODEL, "input": [{"type": "compaction", "encrypted_content": rs_blob}]})
     assert_error(r, 400, code="invalid_encrypted_content", param="input[0].encrypted_content")
     # the compact endpoint checks its input the same way
-    assert_error(post(gateway, {"model": MODEL, "input": [tampered]}, path="/responses/compact"), 400,
-                 param="input[0].encrypted_content")
+    assert_error(
+        post(gateway, {"model": MODEL, "input": [tampered]}, path="/responses/compact"),
+        400,
+        param="input[0].encrypted_content",
+    )
     # a blob from another gateway (another secret) does not open either: the server never crashed
     assert create(gateway, input=window + [user("still fine")])["status"] == "completed"
 
 
 def test_items_before_the_latest_compaction_item_are_dropped(gateway):
     window = _window(gateway)
-    stale = [user("STALE-ITEM-XYZ should be dropped"), {"type": "message", "role": "assistant",
-                                                        "content": "STALE-ANSWER-XYZ"}]
+    stale = [
+        user("STALE-ITEM-XYZ should be dropped"),
+        {"type": "message", "role": "assistant", "content": "STALE-ANSWER-XYZ"},
+    ]
     r = create(gateway, input=stale + window + [user("next")])
     assert r["status"] == "completed"
     prompt = decoded(gateway.engine.stats.prompts[-1])
@@ -249,20 +278,33 @@ def test_items_before_the_latest_compaction_item_are_dropped(gateway):
 def test_codex_shaped_compact_body_and_input_tokens_of_a_window(gateway):
     """Codex's remote compaction sends tools, reasoning, text and cache fields along."""
     tool = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
-    body = {"model": MODEL, "instructions": "You are a coding agent.", "tools": [tool], "parallel_tool_calls": True,
-            "reasoning": {"effort": "low", "summary": "auto"}, "service_tier": "priority",
-            "prompt_cache_key": "conv-1", "text": {"verbosity": "low"},
-            "input": [user("fix the build"), {"type": "function_call", "call_id": "call_1", "name": "shell",
-                                              "arguments": "{}"},
-                      {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]}
+    body = {
+        "model": MODEL,
+        "instructions": "You are a coding agent.",
+        "tools": [tool],
+        "parallel_tool_calls": True,
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "service_tier": "priority",
+        "prompt_cache_key": "conv-1",
+        "text": {"verbosity": "low"},
+        "input": [
+            user("fix the build"),
+            {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+        ],
+    }
     r = post(gateway, body, path="/responses/compact")
     assert r.status_code == 200, r.text
     window = r.json()["output"]
     assert [o["type"] for o in window] == ["message", "compaction"]
     assert "You are a coding agent." in decoded(gateway.engine.stats.prompts[-1])  # instructions render
     stale = [user("STALE " * 50)]
-    counted = [post(gateway, {"model": MODEL, "input": pre + window + [user("next")]},
-                    path="/responses/input_tokens").json()["input_tokens"] for pre in ([], stale)]
+    counted = [
+        post(gateway, {"model": MODEL, "input": pre + window + [user("next")]}, path="/responses/input_tokens").json()[
+            "input_tokens"
+        ]
+        for pre in ([], stale)
+    ]
     assert counted[0] == counted[1]  # items before the compaction item do not count
 
 
@@ -273,16 +315,21 @@ def _sse_compacting_turn(gateway: Any) -> tuple[dict[str, Any], dict[str, Any], 
     """Turn 1 (long, no compaction), then turn 2 over SSE with a threshold it crosses."""
     r1 = create(gateway, input=LONG)
     assert r1["usage"]["input_tokens"] > 1000
-    _, _, events = stream(gateway, previous_response_id=r1["id"], input=[user("What is the codeword?")],
-                          context_management=THRESHOLD)
+    _, _, events = stream(
+        gateway, previous_response_id=r1["id"], input=[user("What is the codeword?")], context_management=THRESHOLD
+    )
     return r1, events[-1]["response"], events
 
 
 def test_context_management_over_sse_emits_compaction_item_and_prunes(gateway):
     r1, r2, events = _sse_compacting_turn(gateway)
     types = [e["type"] for e in events]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.output_item.done"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.output_item.done",
+    ]
     assert types[-1] == "response.completed"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     added, done = events[2], events[3]
@@ -313,8 +360,9 @@ def test_continuation_after_compaction_is_incremental_and_small(gateway):
     p_gen = gateway.engine.stats.prompts[-1]
     append0 = gateway.metric("respgate_render_tokens_total", {"mode": "append"})
     full0 = gateway.metric("respgate_render_tokens_total", {"mode": "full"})
-    r3 = create(gateway, previous_response_id=r2["id"], input=[user("Thanks, and the next step?")],
-                context_management=THRESHOLD)
+    r3 = create(
+        gateway, previous_response_id=r2["id"], input=[user("Thanks, and the next step?")], context_management=THRESHOLD
+    )
     assert r3["status"] == "completed"
     assert all(o["type"] != "compaction" for o in r3["output"])  # small again: no second compaction
     p3 = gateway.engine.stats.prompts[-1]
@@ -341,8 +389,9 @@ def test_stateless_client_replaying_outputs_gets_the_same_pruned_prompt(gateway)
 
 def test_compaction_trigger_item_forces_compaction(gateway):
     r1 = create(gateway, input="short question one")
-    r2 = create(gateway, previous_response_id=r1["id"], input=[user("short question two"),
-                                                               {"type": "compaction_trigger"}])
+    r2 = create(
+        gateway, previous_response_id=r1["id"], input=[user("short question two"), {"type": "compaction_trigger"}]
+    )
     assert r2["output"][0]["type"] == "compaction"
     generate = decoded(gateway.engine.stats.prompts[-1])
     assert "short question one" not in generate.split(SUMMARY_PREFIX)[0]
@@ -351,8 +400,10 @@ def test_compaction_trigger_item_forces_compaction(gateway):
 
 
 def test_compact_threshold_below_minimum_is_rejected(gateway):
-    r = post(gateway, {"model": MODEL, "input": "hi", "context_management": [{"type": "compaction",
-                                                                            "compact_threshold": 999}]})
+    r = post(
+        gateway,
+        {"model": MODEL, "input": "hi", "context_management": [{"type": "compaction", "compact_threshold": 999}]},
+    )
     assert_error(r, 400, param="context_management[0].compact_threshold")
 
 
@@ -361,8 +412,13 @@ def test_context_management_over_websocket(gateway):
     with client.responses.connect() as conn:
         conn.response.create(model=MODEL, input=LONG, store=False)
         r1 = _ws_turn(conn)[-1]["response"]
-        conn.response.create(model=MODEL, previous_response_id=r1["id"], store=False,
-                             input=[user("What is the codeword?")], context_management=THRESHOLD)
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r1["id"],
+            store=False,
+            input=[user("What is the codeword?")],
+            context_management=THRESHOLD,
+        )
         events = _ws_turn(conn)
         assert [e["type"] for e in events[2:4]] == ["response.output_item.added", "response.output_item.done"]
         assert events[3]["item"]["type"] == "compaction" and events[3]["output_index"] == 0
@@ -370,8 +426,13 @@ def test_context_management_over_websocket(gateway):
         assert r2["status"] == "completed" and r2["output"][0]["type"] == "compaction"
         p2 = gateway.engine.stats.prompts[-1]
         # the connection cache holds the pruned state: the next turn continues from it
-        conn.response.create(model=MODEL, previous_response_id=r2["id"], store=False,
-                             input=[user("And then?")], context_management=THRESHOLD)
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=r2["id"],
+            store=False,
+            input=[user("And then?")],
+            context_management=THRESHOLD,
+        )
         r3 = _ws_turn(conn)[-1]["response"]
         assert r3["status"] == "completed"
         p3 = gateway.engine.stats.prompts[-1]
@@ -385,8 +446,9 @@ def test_context_management_over_websocket(gateway):
         assert SUMMARY_PREFIX in decoded(gateway.engine.stats.prompts[-1])
 
         # below the minimum threshold: one error frame, the socket stays usable
-        conn.response.create(model=MODEL, input="hi", context_management=[{"type": "compaction",
-                                                                           "compact_threshold": 10}])
+        conn.response.create(
+            model=MODEL, input="hi", context_management=[{"type": "compaction", "compact_threshold": 10}]
+        )
         err = _ws_turn(conn)
         assert [e["type"] for e in err] == ["error"] and err[0]["status"] == 400
 
@@ -423,20 +485,26 @@ def test_real_vllm_compacts_and_continues(vllm_gateway):
         assert 0 < compacted.usage.output_tokens <= 48 and compacted.usage.input_tokens > 0
 
         window = [o.model_dump(exclude_none=True, warnings=False) for o in compacted.output]
-        r2 = client.responses.create(model=VLLM_MODEL, input=window + [user("Where do I live?")], temperature=0,
-                                     max_output_tokens=16)
+        r2 = client.responses.create(
+            model=VLLM_MODEL, input=window + [user("Where do I live?")], temperature=0, max_output_tokens=16
+        )
         assert r2.status in ("completed", "incomplete") and r2.output_text
 
-        r3 = client.responses.create(model=VLLM_MODEL, previous_response_id=r2.id, temperature=0,
-                                     max_output_tokens=16,
-                                     input=[user("Thanks."), {"type": "compaction_trigger"}])  # type: ignore[list-item]
+        r3 = client.responses.create(
+            model=VLLM_MODEL,
+            previous_response_id=r2.id,
+            temperature=0,
+            max_output_tokens=16,
+            input=[user("Thanks."), {"type": "compaction_trigger"}],
+        )  # type: ignore[list-item]
         assert r3.output[0].type == "compaction"
         assert r3.status in ("completed", "incomplete")
         # billed: the summarization's prompt is in the usage on top of the (short) pruned prompt
         assert r3.usage is not None and r3.usage.input_tokens > r2.usage.input_tokens
         # the pruned state chains
-        r4 = client.responses.create(model=VLLM_MODEL, previous_response_id=r3.id, temperature=0,
-                                     max_output_tokens=16, input="Bye.")
+        r4 = client.responses.create(
+            model=VLLM_MODEL, previous_response_id=r3.id, temperature=0, max_output_tokens=16, input="Bye."
+        )
         assert r4.status in ("completed", "incomplete")
     finally:
         compactor.max_summary_tokens = bound

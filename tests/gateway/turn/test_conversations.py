@@ -28,10 +28,20 @@ import httpx
 import openai
 import pytest
 import redis
+from openai.types.conversations.conversation import Conversation as SdkConversation
+from openai.types.conversations.conversation_deleted_resource import ConversationDeletedResource
+from openai.types.conversations.conversation_item import ConversationItem
+from openai.types.conversations.conversation_item_list import ConversationItemList
 
 from billing.usage import MemorySink
-from cache.conversations import (ConversationFull, ConversationNotFound, DuplicateItem, Limits,
-                                 MemoryConversationStore, UnknownCursor)
+from cache.conversations import (
+    ConversationFull,
+    ConversationNotFound,
+    DuplicateItem,
+    Limits,
+    MemoryConversationStore,
+    UnknownCursor,
+)
 from cache.redis_conversations import RedisConversationStore
 from gateway.base.settings import Settings
 from inference.harmony import HarmonyRenderer
@@ -39,10 +49,6 @@ from inference.renderer import Prelude
 from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn, turns_in_order
-from openai.types.conversations.conversation import Conversation as SdkConversation
-from openai.types.conversations.conversation_deleted_resource import ConversationDeletedResource
-from openai.types.conversations.conversation_item import ConversationItem
-from openai.types.conversations.conversation_item_list import ConversationItemList
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, post, stream, wait_for
 from tests.schema_check import OpenResponses, _variants, sdk_check, sdk_check_event, sdk_check_response
@@ -50,8 +56,14 @@ from tests.schema_check import OpenResponses, _variants, sdk_check, sdk_check_ev
 pytestmark = pytest.mark.timeout(180)
 
 ITEM_TYPES = _variants(ConversationItem)
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 
 
 def user(text: str) -> dict[str, Any]:
@@ -69,8 +81,9 @@ def check_list(body: dict[str, Any]) -> None:
         check_item(item)
 
 
-def raw(live: LiveGateway, method: str, path: str, body: Any = None, key: str | None = None,
-        params: Any = None) -> httpx.Response:
+def raw(
+    live: LiveGateway, method: str, path: str, body: Any = None, key: str | None = None, params: Any = None
+) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     return httpx.request(method, live.base_url + path, json=body, headers=headers, params=params, timeout=30)
 
@@ -88,14 +101,16 @@ def metric(live: LiveGateway, name: str, **labels: str) -> float:
 # the stores
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(params=["memory", "redis"])
 async def make_store(request):
     made: list[Any] = []
     url = request.getfixturevalue("redis_url") if request.param == "redis" else None
 
     def make(limits: Limits = Limits(), **kw: Any):
-        store = (MemoryConversationStore(limits, **kw) if url is None
-                 else RedisConversationStore.from_url(url, limits, **kw))
+        store = (
+            MemoryConversationStore(limits, **kw) if url is None else RedisConversationStore.from_url(url, limits, **kw)
+        )
         made.append(store)
         return store
 
@@ -114,9 +129,13 @@ async def test_store_crud_revisions_and_tenants(make_store):
     assert (c.id, c.count, c.revision, c.metadata) == ("conv_a", 2, 0, {"k": "v"})
     # another tenant sees nothing, through every operation
     assert await s.get("conv_a", "beta") is None and await s.get("conv_a", None) is None
-    for op in (s.items("conv_a", "beta"), s.append("conv_a", "beta", [{"id": "x"}]),
-               s.page("conv_a", "beta", after=None, limit=5, order="asc"), s.item("conv_a", "beta", "m1"),
-               s.delete_item("conv_a", "beta", "m1")):
+    for op in (
+        s.items("conv_a", "beta"),
+        s.append("conv_a", "beta", [{"id": "x"}]),
+        s.page("conv_a", "beta", after=None, limit=5, order="asc"),
+        s.item("conv_a", "beta", "m1"),
+        s.delete_item("conv_a", "beta", "m1"),
+    ):
         with pytest.raises(ConversationNotFound):
             await op
     assert await s.update("conv_a", "beta", {}) is None and not await s.delete("conv_a", "beta")
@@ -232,31 +251,45 @@ async def test_redis_store_down_is_unavailable_not_missing():
 # the endpoints, through the SDK
 # ---------------------------------------------------------------------------------------------
 
+
 def test_every_endpoint_with_the_sdk_and_the_sdk_types(gateway):
     client = gateway.openai()
-    conv = client.conversations.create(items=[user("Hello"), {"type": "message", "role": "assistant",
-                                                              "content": "Hi! How can I help?"}],
-                                       metadata={"topic": "demo"})
+    conv = client.conversations.create(
+        items=[user("Hello"), {"type": "message", "role": "assistant", "content": "Hi! How can I help?"}],
+        metadata={"topic": "demo"},
+    )
     assert conv.id.startswith("conv_") and conv.metadata == {"topic": "demo"}
     body = raw(gateway, "GET", f"/conversations/{conv.id}").json()
-    assert body == {"id": conv.id, "object": "conversation", "created_at": conv.created_at,
-                    "metadata": {"topic": "demo"}}
+    assert body == {
+        "id": conv.id,
+        "object": "conversation",
+        "created_at": conv.created_at,
+        "metadata": {"topic": "demo"},
+    }
     assert not sdk_check(body, SdkConversation)
 
     listed = raw(gateway, "GET", f"/conversations/{conv.id}/items", params={"order": "asc"}).json()
     check_list(listed)
     assert [(i["role"], i["content"][0]["text"]) for i in listed["data"]] == [
-        ("user", "Hello"), ("assistant", "Hi! How can I help?")]
+        ("user", "Hello"),
+        ("assistant", "Hi! How can I help?"),
+    ]
     assert all(i["id"].startswith("msg_") and i["status"] == "completed" for i in listed["data"])
     assert (listed["first_id"], listed["last_id"], listed["has_more"]) == (
-        listed["data"][0]["id"], listed["data"][1]["id"], False)
+        listed["data"][0]["id"],
+        listed["data"][1]["id"],
+        False,
+    )
 
-    added = client.conversations.items.create(conv.id, items=[
-        user("Weather?"),
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
-        {"type": "function_call_output", "call_id": "call_1",
-         "output": [{"type": "input_text", "text": "12C"}]},
-        {"type": "message", "role": "user", "content": "Thanks", "id": "msg_mine"}])
+    added = client.conversations.items.create(
+        conv.id,
+        items=[
+            user("Weather?"),
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "12C"}]},
+            {"type": "message", "role": "user", "content": "Thanks", "id": "msg_mine"},
+        ],
+    )
     assert [i.type for i in added.data] == ["message", "function_call", "function_call_output", "message"]
     assert added.data[-1].id == "msg_mine"  # an item that has an id keeps it
     assert added.data[1].id.startswith("fc_") and added.data[2].id.startswith("fco_")
@@ -297,18 +330,26 @@ def test_items_by_reference_and_reasoning_from_a_stored_response(gateway):
     reasoning = next(o for o in resp.output if o.type == "reasoning")
     message = next(o for o in resp.output if o.type == "message")
     conv = client.conversations.create()
-    added = client.conversations.items.create(conv.id, items=[
-        {"type": "item_reference", "id": message.id},
-        # sealed reasoning as a stateless client keeps it: opened for the renderer
-        {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}])
+    added = client.conversations.items.create(
+        conv.id,
+        items=[
+            {"type": "item_reference", "id": message.id},
+            # sealed reasoning as a stateless client keeps it: opened for the renderer
+            {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content},
+        ],
+    )
     assert [i.id for i in added.data] == [message.id, reasoning.id]
     kept = stored_items(gateway, conv.id)
     assert kept[0]["content"] == message.model_dump()["content"]
     assert kept[1]["content"] == [{"type": "reasoning_text", "text": reasoning.content[0].text}]
     r = raw(gateway, "POST", f"/conversations/{conv.id}/items", {"items": [{"type": "item_reference", "id": "msg_x"}]})
     assert_error(r, 400, code="invalid_value", param="items[0].id")
-    r = raw(gateway, "POST", f"/conversations/{conv.id}/items",
-            {"items": [{"type": "reasoning", "summary": [], "encrypted_content": "forged"}]})
+    r = raw(
+        gateway,
+        "POST",
+        f"/conversations/{conv.id}/items",
+        {"items": [{"type": "reasoning", "summary": [], "encrypted_content": "forged"}]},
+    )
     assert_error(r, 400, code="invalid_encrypted_content", param="items[0].encrypted_content")
 
 
@@ -329,7 +370,10 @@ def test_items_added_through_the_api_are_classified_once_as_they_enter(make_gate
     sink = live.gw.pipeline.flags.sink  # the two blocks are in the review stream too, without the value
     wait_for(lambda: len(sink.records) == 3, what="three flag records")
     assert [(f.action, f.category, f.item_index, f.response_id) for f in sink.records] == [
-        ("block", "private_key", 1, None), ("block", "private_key", 0, None), ("flag", "github_token", 0, None)]
+        ("block", "private_key", 1, None),
+        ("block", "private_key", 0, None),
+        ("flag", "github_token", 0, None),
+    ]
     assert metric(live, "respgate_classified_items_total") == classified + 1
     # a turn on the conversation classifies its own input only, not the items again
     client.responses.create(model=MODEL, input="next", conversation=conv.id)
@@ -340,32 +384,54 @@ def test_request_errors_are_openais(gateway):
     r = raw(gateway, "POST", "/conversations", {"items": [user(str(i)) for i in range(21)]})
     assert_error(r, 400, code="array_above_max_length", param="items")
     assert_error(raw(gateway, "POST", "/conversations", {"nope": 1}), 400, code="unknown_parameter", param="nope")
-    assert_error(raw(gateway, "POST", "/conversations", {"metadata": {f"k{i}": "v" for i in range(17)}}), 400,
-                 param="metadata")
-    assert_error(raw(gateway, "POST", "/conversations", {"items": [{"type": "message", "role": "user"}]}), 400,
-                 param="items[0].content")
-    assert_error(raw(gateway, "POST", "/conversations", {"items": [{"type": "compaction_trigger"}]}), 400,
-                 param="items[0].type")
+    assert_error(
+        raw(gateway, "POST", "/conversations", {"metadata": {f"k{i}": "v" for i in range(17)}}), 400, param="metadata"
+    )
+    assert_error(
+        raw(gateway, "POST", "/conversations", {"items": [{"type": "message", "role": "user"}]}),
+        400,
+        param="items[0].content",
+    )
+    assert_error(
+        raw(gateway, "POST", "/conversations", {"items": [{"type": "compaction_trigger"}]}), 400, param="items[0].type"
+    )
     assert_error(raw(gateway, "POST", "/conversations", [1]), 400, code="invalid_type")
     conv = raw(gateway, "POST", "/conversations", {}).json()
     cid = conv["id"]
-    assert_error(raw(gateway, "POST", f"/conversations/{cid}", {}), 400, code="missing_required_parameter",
-                 param="metadata")
-    assert_error(raw(gateway, "POST", f"/conversations/{cid}/items", {}), 400, code="missing_required_parameter",
-                 param="items")
-    r = raw(gateway, "POST", f"/conversations/{cid}/items", {"items": [user("a"), user("b") | {"id": "msg_1"},
-                                                                      user("c") | {"id": "msg_1"}]})
+    assert_error(
+        raw(gateway, "POST", f"/conversations/{cid}", {}), 400, code="missing_required_parameter", param="metadata"
+    )
+    assert_error(
+        raw(gateway, "POST", f"/conversations/{cid}/items", {}), 400, code="missing_required_parameter", param="items"
+    )
+    r = raw(
+        gateway,
+        "POST",
+        f"/conversations/{cid}/items",
+        {"items": [user("a"), user("b") | {"id": "msg_1"}, user("c") | {"id": "msg_1"}]},
+    )
     assert_error(r, 400, code="invalid_value", param="items")
     assert raw(gateway, "GET", f"/conversations/{cid}/items").json()["data"] == []  # refused whole
-    for params, param in (({"limit": "0"}, "limit"), ({"limit": "101"}, "limit"), ({"limit": "x"}, "limit"),
-                          ({"order": "up"}, "order"), ({"after": "msg_nope"}, "after"), ({"foo": "1"}, "foo"),
-                          ({"include": "nope"}, "include[0]")):
+    for params, param in (
+        ({"limit": "0"}, "limit"),
+        ({"limit": "101"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"order": "up"}, "order"),
+        ({"after": "msg_nope"}, "after"),
+        ({"foo": "1"}, "foo"),
+        ({"include": "nope"}, "include[0]"),
+    ):
         assert_error(raw(gateway, "GET", f"/conversations/{cid}/items", params=params), 400, param=param)
-    ok = raw(gateway, "GET", f"/conversations/{cid}/items",
-             params=[("include[]", "message.output_text.logprobs"), ("limit", "100")])
+    ok = raw(
+        gateway,
+        "GET",
+        f"/conversations/{cid}/items",
+        params=[("include[]", "message.output_text.logprobs"), ("limit", "100")],
+    )
     assert ok.status_code == 200
-    assert_error(raw(gateway, "GET", f"/conversations/{cid}/items/msg_nope"), 404,
-                 message="Item with id 'msg_nope' not found.")
+    assert_error(
+        raw(gateway, "GET", f"/conversations/{cid}/items/msg_nope"), 404, message="Item with id 'msg_nope' not found."
+    )
     assert_error(raw(gateway, "DELETE", f"/conversations/{cid}/items/msg_nope"), 404)
 
 
@@ -375,10 +441,15 @@ def test_another_tenants_conversation_is_indistinguishable_from_a_missing_one(ma
     conv = acme.conversations.create(items=[user("acme's secret plan")])
     item_id = acme.conversations.items.list(conv.id).data[0].id
     missing = "conv_" + "0" * 48
-    calls = [("GET", "/conversations/{}", None), ("POST", "/conversations/{}", {"metadata": {}}),
-             ("GET", "/conversations/{}/items", None), ("POST", "/conversations/{}/items", {"items": [user("x")]}),
-             ("GET", "/conversations/{}/items/" + item_id, None),
-             ("DELETE", "/conversations/{}/items/" + item_id, None), ("DELETE", "/conversations/{}", None)]
+    calls = [
+        ("GET", "/conversations/{}", None),
+        ("POST", "/conversations/{}", {"metadata": {}}),
+        ("GET", "/conversations/{}/items", None),
+        ("POST", "/conversations/{}/items", {"items": [user("x")]}),
+        ("GET", "/conversations/{}/items/" + item_id, None),
+        ("DELETE", "/conversations/{}/items/" + item_id, None),
+        ("DELETE", "/conversations/{}", None),
+    ]
     for method, path, body in calls:
         theirs = raw(live, method, path.format(conv.id), body, key="key-beta")
         unknown = raw(live, method, path.format(missing), body, key="key-beta")
@@ -410,13 +481,17 @@ def test_bounds_through_the_api_and_a_turn_that_crosses_them(make_gateway):
     resp = client.responses.create(model=MODEL, input="three", conversation=conv.id)
     assert resp.status == "completed"
     assert len(stored_items(live, conv.id)) == 5
-    assert_error(raw(live, "POST", f"/conversations/{conv.id}/items", {"items": [user("six")]}), 400,
-                 code="conversation_too_large")
+    assert_error(
+        raw(live, "POST", f"/conversations/{conv.id}/items", {"items": [user("six")]}),
+        400,
+        code="conversation_too_large",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # conversation turns
 # ---------------------------------------------------------------------------------------------
+
 
 def prompt_texts(engine: SimulatedEngine, i: int = -1) -> list[tuple[str, str]]:
     return [(m.role, m.text) for m in PromptView(engine.stats.prompts[i]).messages() if m.role != "system"]
@@ -424,8 +499,9 @@ def prompt_texts(engine: SimulatedEngine, i: int = -1) -> list[tuple[str, str]]:
 
 def test_a_turn_reads_the_conversation_and_appends_its_items(gateway):
     client = gateway.openai()
-    conv = client.conversations.create(items=[user("My name is Ada."),
-                                              {"type": "message", "role": "assistant", "content": "Hello Ada."}])
+    conv = client.conversations.create(
+        items=[user("My name is Ada."), {"type": "message", "role": "assistant", "content": "Hello Ada."}]
+    )
     before = [i.id for i in client.conversations.items.list(conv.id, order="asc")]
     resp = client.responses.create(model=MODEL, input="What is my name?", conversation=conv.id)
     assert resp.status == "completed" and resp.conversation.id == conv.id and resp.previous_response_id is None
@@ -464,22 +540,32 @@ def test_conversation_refusals(gateway):
     r = post(gateway, {"model": MODEL, "input": "x", "previous_response_id": first.id, "conversation": conv.id})
     assert_error(r, 400, param="conversation")
     for bad in (7, ["conv_1"], True):
-        assert_error(post(gateway, {"model": MODEL, "input": "x", "conversation": bad}), 400, code="invalid_type",
-                     param="conversation")
-    assert_error(post(gateway, {"model": MODEL, "input": "x", "conversation": {"id": conv.id, "x": 1}}), 400,
-                 code="unknown_parameter")
-    assert_error(post(gateway, {"model": MODEL, "input": "x", "conversation": "conv_missing"}), 404,
-                 param="conversation")
-    r = post(gateway, {"model": MODEL, "conversation": conv.id,
-                       "input": [{"type": "compaction", "encrypted_content": "x"}]})
+        assert_error(
+            post(gateway, {"model": MODEL, "input": "x", "conversation": bad}),
+            400,
+            code="invalid_type",
+            param="conversation",
+        )
+    assert_error(
+        post(gateway, {"model": MODEL, "input": "x", "conversation": {"id": conv.id, "x": 1}}),
+        400,
+        code="unknown_parameter",
+    )
+    assert_error(
+        post(gateway, {"model": MODEL, "input": "x", "conversation": "conv_missing"}), 404, param="conversation"
+    )
+    r = post(
+        gateway, {"model": MODEL, "conversation": conv.id, "input": [{"type": "compaction", "encrypted_content": "x"}]}
+    )
     assert_error(r, 400, code="unsupported_parameter", param="input[0]")
     assert list(client.conversations.items.list(conv.id)) == []  # nothing was appended by refusals
 
 
 def test_a_failed_turn_appends_nothing_and_is_billed_once(make_gateway):
     sink = MemorySink()
-    engine = SimulatedEngine(record_prompts=True, script=turns_in_order([Turn(text="fine"),
-                                                                        Turn(text="broken", fail_after_tokens=3)]))
+    engine = SimulatedEngine(
+        record_prompts=True, script=turns_in_order([Turn(text="fine"), Turn(text="broken", fail_after_tokens=3)])
+    )
     live = make_gateway(engine=engine, usage_sink=sink)
     client = live.openai()
     conv = client.conversations.create()
@@ -505,14 +591,16 @@ def test_a_turn_whose_conversation_is_deleted_meanwhile_fails_and_is_billed_once
     import threading
 
     sink = MemorySink()
-    engine = SimulatedEngine(record_prompts=True, script=turns_in_order([
-        Turn(text="word " * 60, delay_per_token_s=0.02)]))
+    engine = SimulatedEngine(
+        record_prompts=True, script=turns_in_order([Turn(text="word " * 60, delay_per_token_s=0.02)])
+    )
     live = make_gateway(engine=engine, usage_sink=sink)
     client = live.openai()
     conv = client.conversations.create(items=[user("hello")])
     out: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: out.update(r=client.responses.create(
-        model=MODEL, input="talk", conversation=conv.id)))
+    worker = threading.Thread(
+        target=lambda: out.update(r=client.responses.create(model=MODEL, input="talk", conversation=conv.id))
+    )
     worker.start()
     wait_for(lambda: engine.stats.running == 1, what="the turn generating")
     client.conversations.delete(conv.id)
@@ -546,30 +634,40 @@ def test_chained_conversation_turns_append_their_new_input_only(make_gateway):
         items_before = stored_items(live, conv.id)
         full0 = metric(live, "respgate_render_tokens_total", mode="full")
         app0 = metric(live, "respgate_render_tokens_total", mode="append")
-        resp = client.responses.create(model=MODEL, input=f"Question {i}", conversation=conv.id,
-                                       instructions="Be terse.", tools=TOOLS)
+        resp = client.responses.create(
+            model=MODEL, input=f"Question {i}", conversation=conv.id, instructions="Be terse.", tools=TOOLS
+        )
         assert resp.status == "completed"
         full = metric(live, "respgate_render_tokens_total", mode="full") - full0
         app = metric(live, "respgate_render_tokens_total", mode="append") - app0
         prompt = engine.stats.prompts[i]
-        new_ids = renderer.render_items([{"type": "message", "role": "user",
-                                          "content": [{"type": "input_text", "text": f"Question {i}"}]}])
+        new_ids = renderer.render_items(
+            [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Question {i}"}]}]
+        )
         # the append is exact: a full render of the conversation's items + the new one
-        assert prompt == (renderer.render_prelude(prelude) + renderer.render_items(items_before) + new_ids
-                          + renderer.generation_prompt()), f"turn {i}"
+        assert prompt == (
+            renderer.render_prelude(prelude)
+            + renderer.render_items(items_before)
+            + new_ids
+            + renderer.generation_prompt()
+        ), f"turn {i}"
         assert resp.usage.input_tokens == len(prompt)
         if i == 0:
             assert (full, app) == (len(prompt) - len(renderer.generation_prompt()), 0)
             rendered.append(("full", full))
         else:
             assert (full, app) == (0, len(new_ids)), f"turn {i}"
-            assert prompt[:len(engine.stats.prompts[i - 1])] == engine.stats.prompts[i - 1]
+            assert prompt[: len(engine.stats.prompts[i - 1])] == engine.stats.prompts[i - 1]
             assert resp.usage.input_tokens_details.cached_tokens > 0
             rendered.append(("append", app))
     assert metric(live, "respgate_conversation_turns_total", context="tip") == n - 1
     assert metric(live, "respgate_conversation_turns_total", context="items") == 1
-    print("\nconversation turns, rendered tokens per turn:", rendered,
-          "prompt lengths:", [len(p) for p in engine.stats.prompts])
+    print(
+        "\nconversation turns, rendered tokens per turn:",
+        rendered,
+        "prompt lengths:",
+        [len(p) for p in engine.stats.prompts],
+    )
 
 
 def test_a_conversation_changed_between_turns_is_rendered_from_its_items(gateway):
@@ -581,12 +679,16 @@ def test_a_conversation_changed_between_turns_is_rendered_from_its_items(gateway
     client.responses.create(model=MODEL, input="second", conversation=conv.id)
     texts = prompt_texts(gateway.engine)
     assert ("user", "a note added through the API") in texts and texts.index(("user", "first")) < texts.index(
-        ("user", "a note added through the API")) < texts.index(("user", "second"))
+        ("user", "a note added through the API")
+    ) < texts.index(("user", "second"))
     assert metric(gateway, "respgate_render_full_fallbacks_total", reason="tokens_missing") == fallbacks0 + 1
     assert metric(gateway, "respgate_conversation_turns_total", context="items") == 2
     # a deleted item is gone from the next turn's context, too
-    note = next(i for i in client.conversations.items.list(conv.id) if i.type == "message"
-                and i.content[0].text == "a note added through the API")
+    note = next(
+        i
+        for i in client.conversations.items.list(conv.id)
+        if i.type == "message" and i.content[0].text == "a note added through the API"
+    )
     client.conversations.items.delete(note.id, conversation_id=conv.id)
     client.responses.create(model=MODEL, input="third", conversation=conv.id)
     assert ("user", "a note added through the API") not in prompt_texts(gateway.engine)
@@ -596,11 +698,17 @@ def test_a_conversation_changed_between_turns_is_rendered_from_its_items(gateway
 
 
 def test_a_tool_loop_on_a_conversation_over_websocket_and_http(make_gateway):
-    engine = SimulatedEngine(record_prompts=True, script=turns_in_order([
-        Turn(reasoning="Check the weather.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
-        Turn(text="It is 12C in Oslo."),
-        Turn(reasoning="Again.", tool_calls=(ToolCall("get_weather", {"city": "Rome"}),)),
-        Turn(text="Rome: 20C.")]))
+    engine = SimulatedEngine(
+        record_prompts=True,
+        script=turns_in_order(
+            [
+                Turn(reasoning="Check the weather.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),)),
+                Turn(text="It is 12C in Oslo."),
+                Turn(reasoning="Again.", tool_calls=(ToolCall("get_weather", {"city": "Rome"}),)),
+                Turn(text="Rome: 20C."),
+            ]
+        ),
+    )
     live = make_gateway(engine=engine)
     client = live.openai()
     conv = client.conversations.create()
@@ -609,8 +717,12 @@ def test_a_tool_loop_on_a_conversation_over_websocket_and_http(make_gateway):
         first = _ws_final(ws)
         call = next(o for o in first.output if o.type == "function_call")
         assert first.conversation.id == conv.id
-        ws.response.create(model=MODEL, conversation=conv.id, tools=TOOLS,
-                           input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12C"}])
+        ws.response.create(
+            model=MODEL,
+            conversation=conv.id,
+            tools=TOOLS,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12C"}],
+        )
         second = _ws_final(ws)
         assert second.status == "completed" and "12C" in second.output_text
         # a user message while a call of the conversation is unanswered is refused, as in a chain
@@ -621,15 +733,30 @@ def test_a_tool_loop_on_a_conversation_over_websocket_and_http(make_gateway):
         err = next(iter(ws))
         assert err.type == "error" and "No tool output found" in err.error.message
     # the same conversation goes on over HTTP in the same process: still the tip (an append)
-    fourth = client.responses.create(model=MODEL, conversation=conv.id, tools=TOOLS, input=[
-        {"type": "function_call_output", "call_id": call2.call_id, "output": "20C"}])
+    fourth = client.responses.create(
+        model=MODEL,
+        conversation=conv.id,
+        tools=TOOLS,
+        input=[{"type": "function_call_output", "call_id": call2.call_id, "output": "20C"}],
+    )
     assert fourth.status == "completed"
     assert metric(live, "respgate_conversation_turns_total", context="tip") == 4
     assert metric(live, "respgate_render_tokens_total", mode="full") == len(engine.stats.prompts[0]) - len(
-        HarmonyRenderer().generation_prompt())
+        HarmonyRenderer().generation_prompt()
+    )
     items = list(client.conversations.items.list(conv.id, order="asc"))
-    assert [i.type for i in items] == ["message", "reasoning", "function_call", "function_call_output", "message",
-                                       "message", "reasoning", "function_call", "function_call_output", "message"]
+    assert [i.type for i in items] == [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "message",
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert items[2].call_id == call.call_id and items[3].output == "12C"
 
 
@@ -676,6 +803,7 @@ def client_input_id(client: Any, response_id: str) -> str:
 # real clients: openai-agents
 # ---------------------------------------------------------------------------------------------
 
+
 def _weather_agent():
     from agents import Agent, function_tool
 
@@ -705,6 +833,7 @@ def test_openai_agents_conversations_session_multi_turn_tool_agent(make_gateway)
     as input, and adds what the run produced. The stored conversation must equal what the agent saw:
     the last model call's input (the session's history + the new item) plus that call's output."""
     from agents import OpenAIConversationsSession, Runner, set_tracing_disabled
+
     from tests.clients.test_real_clients import record_wire
 
     engine = SimulatedEngine(record_prompts=True, script=_answer_after_tool)
@@ -728,8 +857,14 @@ def test_openai_agents_conversations_session_multi_turn_tool_agent(make_gateway)
     assert seen == ["Oslo.", "Rome.", "Paris"]
     assert [r.final_output for r in results] == [f"FINAL: {c}: 21C and sunny" for c in ("Oslo.", "Rome.", "Paris")]
     stored = stored_items(live, conversation_id)
-    assert [i["type"] for i in stored] == ["message", "reasoning", "function_call", "function_call_output",
-                                           "reasoning", "message"] * 3
+    assert [i["type"] for i in stored] == [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "message",
+    ] * 3
     # what the agent saw on its last model call: its input, then the response's output
     creates = wire.http_bodies  # the bodies of POST /v1/responses
     assert len(creates) == 6 and all("conversation" not in c for c in creates)
@@ -762,6 +897,7 @@ def test_openai_agents_runner_on_a_server_side_conversation(make_gateway):
     """``Runner.run(conversation_id=...)``: the agent sends only new items with ``conversation``; the
     gateway keeps the history, and every model call after the first appends to its tokens."""
     from agents import Runner, set_tracing_disabled
+
     from tests.clients.test_real_clients import record_wire
 
     engine = SimulatedEngine(record_prompts=True, script=_answer_after_tool)
@@ -774,8 +910,9 @@ def test_openai_agents_runner_on_a_server_side_conversation(make_gateway):
         set_tracing_disabled(True)
         from agents import set_default_openai_client
 
-        set_default_openai_client(openai.AsyncOpenAI(base_url=live.base_url, api_key="test-key", max_retries=0),
-                                  use_for_tracing=False)
+        set_default_openai_client(
+            openai.AsyncOpenAI(base_url=live.base_url, api_key="test-key", max_retries=0), use_for_tracing=False
+        )
         return [await Runner.run(agent, f"Weather in {c}", conversation_id=conv.id) for c in ("Oslo.", "Rome.")]
 
     results = asyncio.run(asyncio.wait_for(main(), 120))
@@ -783,18 +920,31 @@ def test_openai_agents_runner_on_a_server_side_conversation(make_gateway):
     creates = wire.http_bodies  # the bodies of POST /v1/responses
     assert len(creates) == 4 and all(c["conversation"] == conv.id for c in creates)
     assert [[i.get("type", "message") for i in c["input"]] for c in creates] == [
-        ["message"], ["function_call_output"], ["message"], ["function_call_output"]]
+        ["message"],
+        ["function_call_output"],
+        ["message"],
+        ["function_call_output"],
+    ]
     # one full render (the first call), then appends only
     assert metric(live, "respgate_conversation_turns_total", context="tip") == 3
     assert metric(live, "respgate_render_tokens_total", mode="full") == len(engine.stats.prompts[0]) - len(
-        HarmonyRenderer().generation_prompt())
+        HarmonyRenderer().generation_prompt()
+    )
     for i in range(1, 4):
-        assert engine.stats.prompts[i][:len(engine.stats.prompts[i - 1])] == engine.stats.prompts[i - 1]
+        assert engine.stats.prompts[i][: len(engine.stats.prompts[i - 1])] == engine.stats.prompts[i - 1]
     stored = stored_items(live, conv.id)
-    assert [i["type"] for i in stored] == ["message", "reasoning", "function_call", "function_call_output",
-                                           "reasoning", "message"] * 2
+    assert [i["type"] for i in stored] == [
+        "message",
+        "reasoning",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "message",
+    ] * 2
     # the stored conversation is exactly what the model was prompted with, then its last output
-    texts = [(m.role, m.text) for m in PromptView(engine.stats.prompts[-1]).messages() if m.role not in
-             ("system", "developer")]
+    texts = [
+        (m.role, m.text)
+        for m in PromptView(engine.stats.prompts[-1]).messages()
+        if m.role not in ("system", "developer")
+    ]
     assert [t for t in texts if t[0] == "user"] == [("user", "Weather in Oslo."), ("user", "Weather in Rome.")]
-

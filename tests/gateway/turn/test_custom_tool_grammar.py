@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.conftest import VLLM_MODEL, LiveGateway
 from tests.inference.test_tool_grammar import APPLY_PATCH, BAD_LARK, CODEX_TOOLS, llguidance_accepts
 
@@ -20,9 +21,17 @@ CODEX_INSTRUCTIONS = "You are a coding agent. Edit files with apply_patch."
 #: 135M model copies that shape; with no example it fills the grammar with one endless file name)
 PATCH_LOOP = [
     {"type": "message", "role": "user", "content": "Create the file a.txt containing the line 'hi'."},
-    {"type": "custom_tool_call", "call_id": "call_0", "name": "apply_patch",
-     "input": "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"},
-    {"type": "custom_tool_call_output", "call_id": "call_0", "output": "Success. Updated the following files:\nA a.txt\n"},
+    {
+        "type": "custom_tool_call",
+        "call_id": "call_0",
+        "name": "apply_patch",
+        "input": "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n",
+    },
+    {
+        "type": "custom_tool_call_output",
+        "call_id": "call_0",
+        "output": "Success. Updated the following files:\nA a.txt\n",
+    },
     {"type": "message", "role": "assistant", "content": "Created a.txt."},
     {"type": "message", "role": "user", "content": "Create the file hello.txt containing the line 'hello world'."},
 ]
@@ -47,8 +56,14 @@ def test_an_uncompilable_grammar_still_answers_and_is_counted(gateway: LiveGatew
 @pytest.mark.timeout(900)  # the first CPU-engine test of a session loads vLLM
 def test_cpu_model_call_to_codex_apply_patch_parses_against_its_grammar(vllm_gateway: LiveGateway):
     r = vllm_gateway.openai().responses.create(
-        model=VLLM_MODEL, instructions=CODEX_INSTRUCTIONS, input=PATCH_LOOP, tools=codex_tools(),
-        tool_choice={"type": "custom", "name": "apply_patch"}, temperature=0, max_output_tokens=160)
+        model=VLLM_MODEL,
+        instructions=CODEX_INSTRUCTIONS,
+        input=PATCH_LOOP,
+        tools=codex_tools(),
+        tool_choice={"type": "custom", "name": "apply_patch"},
+        temperature=0,
+        max_output_tokens=160,
+    )
     assert r.status == "completed", [o.model_dump() for o in r.output]
     calls = [o for o in r.output if o.type == "custom_tool_call"]
     assert len(calls) == 1 and calls[0].name == "apply_patch", r.output
@@ -62,8 +77,13 @@ def test_cpu_model_call_to_codex_apply_patch_parses_against_its_grammar(vllm_gat
 def test_cpu_engine_turn_with_an_uncompilable_grammar_answers_in_prose(vllm_gateway: LiveGateway):
     before = vllm_gateway.metric(FALLBACKS, {"syntax": "lark"})
     r = vllm_gateway.openai().responses.create(
-        model=VLLM_MODEL, input="Fix it.", tools=[BAD_LARK], tool_choice={"type": "custom", "name": "broken"},
-        temperature=0, max_output_tokens=48)
+        model=VLLM_MODEL,
+        input="Fix it.",
+        tools=[BAD_LARK],
+        tool_choice={"type": "custom", "name": "broken"},
+        temperature=0,
+        max_output_tokens=48,
+    )
     assert r.status in ("completed", "incomplete"), r
     assert vllm_gateway.metric(FALLBACKS, {"syntax": "lark"}) == before + 1
     calls = [o for o in r.output if o.type == "custom_tool_call"]
@@ -83,7 +103,10 @@ def test_a_chain_re_sending_codex_tools_builds_their_constraint_once(gateway: Li
     cache = gateway.gw.pipeline.constraints
     client = gateway.openai()
     # a tool set no other test of this gateway sends, so its first turn must be the one that builds
-    tools = [*codex_tools(), {"type": "function", "name": f"probe_{uuid.uuid4().hex[:8]}", "parameters": {"type": "object"}}]
+    tools = [
+        *codex_tools(),
+        {"type": "function", "name": f"probe_{uuid.uuid4().hex[:8]}", "parameters": {"type": "object"}},
+    ]
     hits, misses = cache.hits, cache.misses
     for i in range(4):  # (the simulated model answers with a call, so each turn starts a chain of its own)
         r = client.responses.create(model="gpt-oss-sim", input=f"step {i}", tools=tools, store=False)
@@ -93,7 +116,7 @@ def test_a_chain_re_sending_codex_tools_builds_their_constraint_once(gateway: Li
     from inference.harmony import HarmonyRenderer
     from inference.renderer import Prelude
 
-    cached = list(cache.lru.values())[-1]   # the most recently used: this test's
+    cached = list(cache.lru.values())[-1]  # the most recently used: this test's
     assert cached == HarmonyRenderer().constraint(Prelude(tools=tuple(tools)), None)
 
 
@@ -115,14 +138,14 @@ def test_constraints_are_kept_per_tenant_model_and_tool_set():
     turn = lambda tools: SimpleNamespace(prelude=Prelude(tools=tools))  # noqa: E731
     t1, t2 = ({"type": "function", "name": "a"},), ({"type": "function", "name": "b"},)
     assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 1}
-    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 1}      # hit
-    assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}      # another tenant builds its own
-    assert cache.constraint(route, turn(t2), None, "tenant-a") == {"n": 3}      # other tools
+    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 1}  # hit
+    assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}  # another tenant builds its own
+    assert cache.constraint(route, turn(t2), None, "tenant-a") == {"n": 3}  # other tools
     assert cache.constraint(route, turn(t1), {"type": "json_object"}, "tenant-a") == {"n": 4}  # other format
-    assert len(cache.lru) == 3                                              # bounded: the oldest went
+    assert len(cache.lru) == 3  # bounded: the oldest went
     assert cache.constraint(route, turn(t1), None, "tenant-b") == {"n": 2}
-    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 5}      # evicted: built again
-    assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 6}      # no tools: not cached
+    assert cache.constraint(route, turn(t1), None, "tenant-a") == {"n": 5}  # evicted: built again
+    assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 6}  # no tools: not cached
     assert cache.constraint(route, turn(()), None, "tenant-a") == {"n": 7}
 
 
@@ -141,7 +164,7 @@ def test_the_first_grammar_turn_is_prepared_off_the_event_loop(gateway: LiveGate
     assert offload.offloaded == before + 1 and tool_grammar.grammar_library_ready()
     assert client.responses.create(model="gpt-oss-sim", input="hi", tools=[BAD_LARK]).status == "completed"
     assert client.responses.create(model="gpt-oss-sim", input="hi").status == "completed"
-    assert offload.offloaded == before + 1   # loaded now, and a turn without grammars never needed it
+    assert offload.offloaded == before + 1  # loaded now, and a turn without grammars never needed it
     assert tool_grammar.needs_grammar_library(codex_tools())
     assert not tool_grammar.needs_grammar_library([t for t in codex_tools() if t["type"] == "function"])
 
@@ -182,16 +205,17 @@ def test_the_constraint_cache_is_bounded_in_bytes():
     route = SimpleNamespace(name="m", renderer=Renderer())
 
     def ask(i, size):
-        return cache.constraint(route, SimpleNamespace(prelude=Prelude(tools=({"name": f"t{i}", "size": size},))),
-                                None, "tenant")
+        return cache.constraint(
+            route, SimpleNamespace(prelude=Prelude(tools=({"name": f"t{i}", "size": size},))), None, "tenant"
+        )
 
     for i in range(10):
         ask(i, 5_000)
-    assert cache.nbytes <= 40_000 and len(cache.lru) == 7          # the oldest went, by bytes
-    ask(99, 20_000)                                                      # over a quarter: not kept
+    assert cache.nbytes <= 40_000 and len(cache.lru) == 7  # the oldest went, by bytes
+    ask(99, 20_000)  # over a quarter: not kept
     assert cache.nbytes <= 40_000 and len(cache.lru) == 7
     misses = cache.misses
     ask(99, 20_000)
-    assert cache.misses == misses + 1                                    # built again, every time
+    assert cache.misses == misses + 1  # built again, every time
     ask(9, 5_000)
-    assert cache.misses == misses + 1                                    # a kept one is still a hit
+    assert cache.misses == misses + 1  # a kept one is still a hit

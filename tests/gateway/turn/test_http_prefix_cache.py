@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import pytest
@@ -46,9 +47,11 @@ from tests.inference import harmony_support as hs
 from tests.turn_helpers import render_tokens, ws_turn
 from tests.ws_helpers import ws_open
 
-PROPS = settings(max_examples=150, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                        HealthCheck.function_scoped_fixture])
+PROPS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 BIG = 1 << 40
 
 
@@ -66,37 +69,60 @@ class Harness:
         self.route = ModelRoute(name="m", engine=None, renderer=renderer, max_context=1 << 30)  # type: ignore[arg-type]
         self.renderer = renderer
 
-    def turn(self, items: Sequence[dict], prelude: Prelude, tenant: str | None = None, salt: str | None = None,
-             cached: bool = True) -> TurnInput:
+    def turn(
+        self,
+        items: Sequence[dict],
+        prelude: Prelude,
+        tenant: str | None = None,
+        salt: str | None = None,
+        cached: bool = True,
+    ) -> TurnInput:
         items = [dict(it) for it in items]
         calls = {it["call_id"]: it for it in items if it.get("type") in CALL_TYPES}
         body = {"model": "m", **({"cache_salt": salt} if salt else {})}
         prefix = self.reuse.match(items, calls, self.route, prelude, tenant, salt) if cached else None
-        return TurnInput(req=CreateRequest.model_validate(body), route=self.route, tools=prelude.tools,
-                         prelude=prelude, parent=None, base_context=ItemLog(), new_items=tuple(items),
-                         input_items=tuple(items), new_calls=calls, pending_calls=frozenset(),
-                         compact_trigger=False, generate=True, store=False, prefix=prefix)
+        return TurnInput(
+            req=CreateRequest.model_validate(body),
+            route=self.route,
+            tools=prelude.tools,
+            prelude=prelude,
+            parent=None,
+            base_context=ItemLog(),
+            new_items=tuple(items),
+            input_items=tuple(items),
+            new_calls=calls,
+            pending_calls=frozenset(),
+            compact_trigger=False,
+            generate=True,
+            store=False,
+            prefix=prefix,
+        )
 
     def prompt(self, turn: TurnInput) -> list[int]:
         r = render_stage.render(turn)
         return (r.base_ids.tolist() if r.base_ids is not None else []) + r.new_ids + r.gen_ids
 
-    def full(self, items: Sequence[dict], prelude: Prelude, tenant: str | None = None,
-             salt: str | None = None) -> list[int]:
+    def full(
+        self, items: Sequence[dict], prelude: Prelude, tenant: str | None = None, salt: str | None = None
+    ) -> list[int]:
         return self.prompt(self.turn(items, prelude, tenant, salt, cached=False))
 
-    def run(self, turn: TurnInput, tail: Sequence[int], outputs: int, flagged: bool = False,
-            tenant: str | None = None) -> TokenSeq:
+    def run(
+        self, turn: TurnInput, tail: Sequence[int], outputs: int, flagged: bool = False, tenant: str | None = None
+    ) -> TokenSeq:
         """The turn runs: its prompt is extended as ``gateway.turn.run`` does (in place at a tip) and
         ``tail`` (the generation prompt and the sampled tokens) appended; the hook records it."""
         rendered = render_stage.render(turn)
         base = rendered.base_ids
         turn_ids = base.extend(rendered.new_ids) if base is not None else TokenSeq(rendered.new_ids)
         history = turn_ids.extend(tail)
-        prepared = SimpleNamespace(input=turn, rendered=rendered, flagged=flagged, id="resp_x",
-                                   ctx=SimpleNamespace(tenant=tenant))
+        prepared = SimpleNamespace(
+            input=turn, rendered=rendered, flagged=flagged, id="resp_x", ctx=SimpleNamespace(tenant=tenant)
+        )
         outcome = SimpleNamespace(compacted=None, history=history, output=[None] * outputs)
-        state = SimpleNamespace(history_ids=history, root="resp_x", prefix_digest=turn.prefix.digest if turn.prefix else None)
+        state = SimpleNamespace(
+            history_ids=history, root="resp_x", prefix_digest=turn.prefix.digest if turn.prefix else None
+        )
         self.reuse.record(prepared, outcome, state)  # type: ignore[arg-type]
         return history
 
@@ -104,8 +130,9 @@ class Harness:
         return self.metrics.registry.get_sample_value("respgate_prefix_cache_lookups_total", {"outcome": outcome}) or 0
 
 
-def sampled_tail(h: Harness, outputs: Sequence[dict], canonical: bool, noise: int,
-                 calls: dict | None = None) -> list[int]:
+def sampled_tail(
+    h: Harness, outputs: Sequence[dict], canonical: bool, noise: int, calls: dict | None = None
+) -> list[int]:
     """What a turn appends after its prompt: the outputs' canonical rendering (generation prompt
     included: harmony's ``<|start|>assistant…``), or — a real model's non-canonical tokens — that
     rendering with one token changed, or extra tokens."""
@@ -133,14 +160,20 @@ def edit(items: list[dict], kind: str, pos: int, other: int) -> list[dict]:
         for holder in holders:
             for key in STRING_KEYS:
                 if isinstance(holder.get(key), str):
-                    holder[key] = holder[key][:other % (len(holder[key]) + 1)] + "§" + holder[key][other % (len(holder[key]) + 1):]
+                    holder[key] = (
+                        holder[key][: other % (len(holder[key]) + 1)]
+                        + "§"
+                        + holder[key][other % (len(holder[key]) + 1) :]
+                    )
                     return items
         items[pos]["role" if "role" in items[pos] else "type"] = items[pos].get("role", "x")
     elif kind == "swap":
         j = other % len(items)
         items[pos], items[j] = items[j], items[pos]
     elif kind == "insert":
-        items.insert(pos, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"new {other}"}]})
+        items.insert(
+            pos, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"new {other}"}]}
+        )
     elif kind == "delete":
         del items[pos]
     return items
@@ -159,10 +192,15 @@ def rollouts(draw: st.DrawFn, conversations: Any) -> dict[str, Any]:
         turns.append((end, m, draw(st.booleans()), draw(st.integers(0, 99))))
         step = draw(st.integers(0, 3))
         end = end + m + step if step or m else end + 1
-    return {"conv": conv, "turns": turns,
-            "edit": draw(st.sampled_from(["none", "char", "char", "swap", "insert", "delete", "prelude", "tenant",
-                                          "salt", "output"])),
-            "pos": draw(st.integers(0, 50)), "other": draw(st.integers(0, 50))}
+    return {
+        "conv": conv,
+        "turns": turns,
+        "edit": draw(
+            st.sampled_from(["none", "char", "char", "swap", "insert", "delete", "prelude", "tenant", "salt", "output"])
+        ),
+        "pos": draw(st.integers(0, 50)),
+        "other": draw(st.integers(0, 50)),
+    }
 
 
 def check_rollout(h: Harness, case: dict[str, Any], prelude: Prelude, prelude2: Prelude) -> None:
@@ -176,7 +214,7 @@ def check_rollout(h: Harness, case: dict[str, Any], prelude: Prelude, prelude2: 
             assume(False)
         turn = h.turn(items, prelude)
         assert h.prompt(turn) == full, "a cached prefix gave other tokens than a full render"
-        h.run(turn, sampled_tail(h, conv[end:end + m], canonical, noise, turn.new_calls | calls), m)
+        h.run(turn, sampled_tail(h, conv[end : end + m], canonical, noise, turn.new_calls | calls), m)
     # the client's next request: everything, after an edit anywhere
     items, pre, tenant, salt = list(conv), prelude, None, None
     kind = case["edit"]
@@ -191,7 +229,7 @@ def check_rollout(h: Harness, case: dict[str, Any], prelude: Prelude, prelude2: 
     elif kind == "output":  # the last turn's outputs re-sent differently (an item dropped)
         end, m, _, _ = case["turns"][-1]
         if m:
-            items = conv[:end] + conv[end + 1:]
+            items = conv[:end] + conv[end + 1 :]
     try:
         full = h.full(items, pre, tenant, salt)
     except Exception:
@@ -234,8 +272,14 @@ def ct(request):
     return request.getfixturevalue(f"{request.param}_renderer")
 
 
-CT_PRELUDES = st.sampled_from([Prelude(tools=cts.ALL_TOOLS), Prelude(), Prelude(instructions="Be brief."),
-                               Prelude(tools=cts.ALL_TOOLS[:1], tool_choice="required")])
+CT_PRELUDES = st.sampled_from(
+    [
+        Prelude(tools=cts.ALL_TOOLS),
+        Prelude(),
+        Prelude(instructions="Be brief."),
+        Prelude(tools=cts.ALL_TOOLS[:1], tool_choice="required"),
+    ]
+)
 
 
 @settings(PROPS, max_examples=60)
@@ -255,8 +299,12 @@ def user(text: str) -> dict:
 
 
 def call(n: int, city: str = "Oslo") -> dict:
-    return {"type": "function_call", "call_id": f"call_{n}", "name": "get_weather",
-            "arguments": json.dumps({"city": city})}
+    return {
+        "type": "function_call",
+        "call_id": f"call_{n}",
+        "name": "get_weather",
+        "arguments": json.dumps({"city": city}),
+    }
 
 
 def output(n: int, text: str = "sunny") -> dict:
@@ -349,7 +397,7 @@ def test_cache_charges_a_shared_buffer_once_and_evicts_whole_conversations():
     cache = PrefixCache(max_bytes=10_000, tenant_bytes=6_000)
     a1 = TokenSeq(list(range(100)))
     e1 = cache.put("t", b"a1", a1, 100, 0, False)
-    a2 = a1.extend(range(100))           # the next turn of the same conversation, in place
+    a2 = a1.extend(range(100))  # the next turn of the same conversation, in place
     cache.put("t", b"a2", a2, 200, 0, False, near=e1.chain)
     assert cache.nbytes == 200 * TOKEN_BYTES + 2 * ENTRY_BYTES and len(cache) == 2
     # other conversations of the same tenant push the least recently used one out, whole
@@ -379,15 +427,21 @@ def test_a_retry_replaces_its_entry():
 
 # -- the live gateway --------------------------------------------------------------------------------
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def tool_loop(view: PromptView) -> Turn:
     """The model reasons, then calls the tool, every turn (the newest tool output in its reasoning)."""
     last = view.last
     said = last.text[:20] if last is not None else ""
-    return Turn(reasoning=f"Checking the next city after {said!r}.", tool_calls=(ToolCall("get_weather", {"city": said}),))
+    return Turn(
+        reasoning=f"Checking the next city after {said!r}.", tool_calls=(ToolCall("get_weather", {"city": said}),)
+    )
 
 
 def post(client: httpx.Client, body: dict, key: str | None = None) -> dict:
@@ -397,8 +451,9 @@ def post(client: httpx.Client, body: dict, key: str | None = None) -> dict:
     return r.json()
 
 
-def run_full_history(live: Any, turns: int, style: str = "codex", key: str | None = None,
-                     outputs: dict[int, str] | None = None) -> list[dict[str, float]]:
+def run_full_history(
+    live: Any, turns: int, style: str = "codex", key: str | None = None, outputs: dict[int, str] | None = None
+) -> list[dict[str, float]]:
     """A client that keeps the conversation and posts all of it every turn (``store: false``):
     ``codex`` re-sends the output items as received; ``aisdk`` as the AI SDK does without a store
     (reasoning dropped, the call re-sent without its id, arguments re-serialized)."""
@@ -409,13 +464,24 @@ def run_full_history(live: Any, turns: int, style: str = "codex", key: str | Non
         for n in range(turns):
             before = sum(render_tokens(live)), live.metric("respgate_classified_items_total")
             resp = post(client, {"model": MODEL, "input": history, "store": False, "tools": [WEATHER]}, key)
-            per_turn.append({"rendered": sum(render_tokens(live)) - before[0],
-                             "classified": live.metric("respgate_classified_items_total") - before[1]})
+            per_turn.append(
+                {
+                    "rendered": sum(render_tokens(live)) - before[0],
+                    "classified": live.metric("respgate_classified_items_total") - before[1],
+                }
+            )
             outs = resp["output"]
             if style == "aisdk":
-                outs = [{"type": "function_call", "call_id": o["call_id"], "name": o["name"],
-                         "arguments": json.dumps(json.loads(o["arguments"]), separators=(",", ":"))}
-                        for o in outs if o["type"] == "function_call"]
+                outs = [
+                    {
+                        "type": "function_call",
+                        "call_id": o["call_id"],
+                        "name": o["name"],
+                        "arguments": json.dumps(json.loads(o["arguments"]), separators=(",", ":")),
+                    }
+                    for o in outs
+                    if o["type"] == "function_call"
+                ]
             fc = next(o for o in resp["output"] if o["type"] == "function_call")
             text = (outputs or {}).get(n, f"turn {n}: cloudy, {n} C, wind {n * 3} km/h. " * 5)
             new = [{"type": "function_call_output", "call_id": fc["call_id"], "output": text}]
@@ -438,16 +504,18 @@ def test_full_history_loop_renders_only_new_items_and_prompts_equal_a_full_rende
     assert turns[0]["rendered"] > 0
     for n, t in enumerate(turns[1:], 1):
         assert t["rendered"] == turns[n - 1]["new_tokens"], (n, t)
-        assert t["classified"] == 1, (n, t)   # the tool output; the history and the model's output: seen
+        assert t["classified"] == 1, (n, t)  # the tool output; the history and the model's output: seen
     assert live.metric("respgate_prefix_cache_copied_tokens_total") == 0
     assert live.metric("respgate_prefix_cache_checked_tokens_total") > 0
     full = off.metric("respgate_render_tokens_total", {"mode": "full"})
     assert full > 3 * sum(t["rendered"] for t in turns)
     # the engine's prefix cache sees one growing sequence: each prompt extends the last
     p = live.engine.stats.prompts
-    assert all(b[:len(a)] == a for a, b in zip(p, p[1:]))
-    print(f"\nfull-history loop, rendered tokens per turn: cache {[int(t['rendered']) for t in turns]}; "
-          f"without {full:.0f} in all")
+    assert all(b[: len(a)] == a for a, b in zip(p, p[1:]))
+    print(
+        f"\nfull-history loop, rendered tokens per turn: cache {[int(t['rendered']) for t in turns]}; "
+        f"without {full:.0f} in all"
+    )
 
 
 def test_ai_sdk_style_resend_stays_exact_and_renders_what_it_changed(make_gateway):
@@ -474,13 +542,19 @@ def test_a_flag_in_the_cached_prefix_still_counts_for_the_conversation(make_gate
     wait_for(lambda: live.gw.pipeline.flags.written == 2, what="two flag records")
     # each secret reported once (the first one was not re-classified on the turns that re-sent it),
     # and the second one knows the conversation was flagged before
-    assert [(r.category, r.conversation_flagged_before) for r in records] == [("github_token", False),
-                                                                               ("slack_token", True)]
+    assert [(r.category, r.conversation_flagged_before) for r in records] == [
+        ("github_token", False),
+        ("slack_token", True),
+    ]
 
 
 def test_a_blocked_item_never_enters_the_cache(make_gateway):
     live = make_gateway(Settings(classifier_block=["github_token"]), engine=SimulatedEngine(script=tool_loop))
-    body = {"model": MODEL, "store": False, "input": [{"role": "user", "content": "token ghp_R8vT2kLm9QzX4wNb7YcJ3hFd6SaPe1GuK5oI"}]}
+    body = {
+        "model": MODEL,
+        "store": False,
+        "input": [{"role": "user", "content": "token ghp_R8vT2kLm9QzX4wNb7YcJ3hFd6SaPe1GuK5oI"}],
+    }
     with httpx.Client(base_url=live.base_url, timeout=60) as client:
         for _ in range(2):
             r = client.post("/responses", json=body)
@@ -502,8 +576,9 @@ def test_tenants_do_not_share_the_cache(make_gateway):
 
 
 def test_the_byte_bounds_hold_on_the_live_gateway(make_gateway):
-    live = make_gateway(Settings(prefix_cache_bytes=20_000, prefix_cache_tenant_bytes=10_000),
-                        engine=SimulatedEngine(script=tool_loop))
+    live = make_gateway(
+        Settings(prefix_cache_bytes=20_000, prefix_cache_tenant_bytes=10_000), engine=SimulatedEngine(script=tool_loop)
+    )
     for k in range(4):  # four conversations of ~1,000 tokens each, and their turns' entries
         run_full_history(live, 4, outputs={0: f"conversation {k} " * 200})
         assert live.metric("respgate_prefix_cache_bytes") <= 10_000
@@ -551,12 +626,12 @@ def test_chained_turns_leave_entries_a_full_history_resend_finds_token_exact(mak
     off = make_gateway(Settings(prefix_cache_bytes=0), engine=SimulatedEngine(record_prompts=True, script=tool_loop))
     got = chained_then_resent(live, 4, edit)
     chained_then_resent(off, 4, edit)
-    assert live.engine.stats.prompts[-1] == off.engine.stats.prompts[-1]   # token-exact
+    assert live.engine.stats.prompts[-1] == off.engine.stats.prompts[-1]  # token-exact
     # the first item changed: nothing of it was ever rendered (a miss, a full render)
     assert live.metric("respgate_prefix_cache_lookups_total", {"outcome": "hit"}) == (0 if edit == 0 else 1)
-    if edit in (None, -1):   # the last tool output is new anyway: only it is rendered
+    if edit in (None, -1):  # the last tool output is new anyway: only it is rendered
         assert 0 < got["rendered"] < 60
-    else:                    # rendered from the edited item on: more than the new item alone
+    else:  # rendered from the edited item on: more than the new item alone
         assert got["rendered"] >= 60
 
 

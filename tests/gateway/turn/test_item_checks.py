@@ -58,19 +58,43 @@ def _conversation(rng: random.Random, resolver: Resolver, n: int) -> list[dict[s
             content = rng.choice([f"do {k}", [{"type": "input_text", "text": f"do {k}"}]])
             items.append({"role": "user", "content": content})
         elif kind == "assistant":
-            items.append({"type": "message", "role": "assistant", **({"id": f"msg_{k}"} if with_id else {}),
-                          "content": [{"type": "output_text", "text": f"done {k}", "annotations": []}]})
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    **({"id": f"msg_{k}"} if with_id else {}),
+                    "content": [{"type": "output_text", "text": f"done {k}", "annotations": []}],
+                }
+            )
         elif kind == "reasoning":
-            items.append({"type": "reasoning", "id": f"rs_{k}", "summary": [],
-                          "encrypted_content": resolver.sealer.seal(f"thinking about {k}")})
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{k}",
+                    "summary": [],
+                    "encrypted_content": resolver.sealer.seal(f"thinking about {k}"),
+                }
+            )
         elif kind == "custom":
             items.append({"type": "custom_tool_call", "call_id": f"ct_{k}", "name": "apply_patch", "input": f"*** {k}"})
             items.append({"type": "custom_tool_call_output", "call_id": f"ct_{k}", "output": f"patched {k}"})
         else:
-            items.append({"type": "function_call", **({"id": f"fc_{k}"} if with_id else {}), "call_id": f"c_{k}",
-                          "name": "shell", "arguments": orjson.dumps({"cmd": f"ls {k}"}).decode()})
-            items.append({"type": "function_call_output", "call_id": f"c_{k}",
-                          "output": rng.choice([f"out {k}", [{"type": "input_text", "text": f"out {k}"}]])})
+            items.append(
+                {
+                    "type": "function_call",
+                    **({"id": f"fc_{k}"} if with_id else {}),
+                    "call_id": f"c_{k}",
+                    "name": "shell",
+                    "arguments": orjson.dumps({"cmd": f"ls {k}"}).decode(),
+                }
+            )
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": f"c_{k}",
+                    "output": rng.choice([f"out {k}", [{"type": "input_text", "text": f"out {k}"}]]),
+                }
+            )
     return items
 
 
@@ -113,10 +137,12 @@ def test_resent_conversations_resolve_as_without_the_checks(gw: GatewayState):
 
 def test_ids_given_by_the_gateway_are_fresh_each_turn_and_kept_items_never_change(gw: GatewayState):
     resolver = _resolver(gw)
-    history = [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c1", "name": "shell",
-                                                  "arguments": "{}"},
-               {"type": "function_call_output", "call_id": "c1", "output": "ok"},
-               {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": resolver.sealer.seal("why")}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": resolver.sealer.seal("why")},
+    ]
     body = {"model": MODEL, "store": False, "input": history}
     first, _ = _resolve(resolver, body)
     second, _ = _resolve(resolver, body)
@@ -130,8 +156,9 @@ def test_ids_given_by_the_gateway_are_fresh_each_turn_and_kept_items_never_chang
         item["status"] = "changed"
         item.pop("content", None)
     third, _ = _resolve(resolver, body)
-    assert [{k: v for k, v in t.items() if k != "id"} for t in third] == \
-        [{k: v for k, v in f.items() if k != "id"} for f in first]
+    assert [{k: v for k, v in t.items() if k != "id"} for t in third] == [
+        {k: v for k, v in f.items() if k != "id"} for f in first
+    ]
 
 
 def test_only_requests_that_resend_their_conversation_use_the_checks(gw: GatewayState):

@@ -21,20 +21,29 @@ from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, post
 from tests.turn_helpers import render_tokens
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 QUESTION = {"role": "user", "content": [{"type": "input_text", "text": "What is the weather in Oslo?"}]}
 
 
 def engine() -> SimulatedEngine:
-    script = turns_in_order([Turn(reasoning="I need the weather.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))],
-                            then=lambda view: Turn(text=f"It is {view.last.text}."))
+    script = turns_in_order(
+        [Turn(reasoning="I need the weather.", tool_calls=(ToolCall("get_weather", {"city": "Oslo"}),))],
+        then=lambda view: Turn(text=f"It is {view.last.text}."),
+    )
     return SimulatedEngine(script=script, record_prompts=True)
 
 
 def create(live: LiveGateway, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
-    r = post(live, {"model": MODEL, "tools": TOOLS, **body},
-             headers={"authorization": f"Bearer {key}"} if key else None)
+    r = post(
+        live, {"model": MODEL, "tools": TOOLS, **body}, headers={"authorization": f"Bearer {key}"} if key else None
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -67,7 +76,7 @@ def test_ai_sdk_second_step_resolves_references_and_appends(make_gateway):
     assert live.metric("respgate_render_reused_tokens_total") > 0
     # the engine got the first turn's tokens as the prefix of the second prompt
     p1, p2 = live.engine.stats.prompts[-2:]
-    assert p2[:len(p1)] == p1
+    assert p2[: len(p1)] == p1
     # input_items lists the request's items as sent (references resolved), not just the new tail
     listed = httpx.get(f"{live.base_url}/responses/{second['id']}/input_items?order=asc").json()["data"]
     assert [i["type"] for i in listed] == ["message", "reasoning", "function_call", "function_call_output"]
@@ -87,16 +96,18 @@ def test_ai_sdk_second_step_over_redis(make_gateway, redis_url):
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_another_tenants_item_is_indistinguishable_from_a_missing_one(make_gateway, request, store):
     extra = {"redis_url": request.getfixturevalue("redis_url"), "usage_journal": None} if store == "redis" else {}
-    live = make_gateway(Settings(api_keys=["acme:key-acme", "beta:key-beta"], keys_file=None, **extra),
-                        engine=engine())
+    live = make_gateway(Settings(api_keys=["acme:key-acme", "beta:key-beta"], keys_file=None, **extra), engine=engine())
     first = create(live, {"input": [QUESTION]}, key="key-acme")
     rs_id = first["output"][0]["id"]
     body = {"model": MODEL, "tools": TOOLS, "input": second_step(first)}
     theirs = post(live, body, headers={"authorization": "Bearer key-beta"})
     assert_error(theirs, 400, code="invalid_value", param="input[1].id")
     assert theirs.json()["error"]["message"] == f"Item with id '{rs_id}' not found."
-    unknown = post(live, {**body, "input": [QUESTION, {"type": "item_reference", "id": "rs_nope"}]},
-                   headers={"authorization": "Bearer key-beta"})
+    unknown = post(
+        live,
+        {**body, "input": [QUESTION, {"type": "item_reference", "id": "rs_nope"}]},
+        headers={"authorization": "Bearer key-beta"},
+    )
     assert_error(unknown, 400, code="invalid_value", param="input[1].id")
     assert unknown.json()["error"]["message"] == "Item with id 'rs_nope' not found."
 
@@ -106,8 +117,12 @@ def test_a_reference_outside_any_prefix_still_resolves_and_renders_in_full(make_
     first = create(live, {"input": [QUESTION]})
     call = first["output"][1]
     # the question is not re-sent: the input does not begin with the stored context
-    body = {"input": [{"type": "item_reference", "id": call["id"]},
-                      {"type": "function_call_output", "call_id": call["call_id"], "output": "rainy"}]}
+    body = {
+        "input": [
+            {"type": "item_reference", "id": call["id"]},
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "rainy"},
+        ]
+    }
     _, full0 = render_tokens(live)
     second = create(live, body)
     assert second["output"][-1]["content"][0]["text"] == "It is rainy."
@@ -129,26 +144,32 @@ def test_a_changed_prefix_is_not_taken_for_the_stored_one(make_gateway):
 def test_a_call_re_sent_whole_names_its_response_by_the_call_id(make_gateway, request):
     """No reference at all (a model without reasoning items; the AI SDK sends calls back whole, without
     ids, arguments re-serialized): the call id the gateway issued finds the stored response."""
-    script = turns_in_order([Turn(tool_calls=(ToolCall("get_weather", '{"city": "Oslo"}'),))],
-                            then=lambda view: Turn(text=f"It is {view.last.text}."))
+    script = turns_in_order(
+        [Turn(tool_calls=(ToolCall("get_weather", '{"city": "Oslo"}'),))],
+        then=lambda view: Turn(text=f"It is {view.last.text}."),
+    )
     live = make_gateway(Settings(), engine=SimulatedEngine(script=script, record_prompts=True))
     first = create(live, {"input": [QUESTION]})
     (call,) = first["output"]
     assert call["type"] == "function_call" and call["arguments"] == '{"city": "Oslo"}'
     resent = {"type": "function_call", "call_id": call["call_id"], "name": call["name"], "arguments": '{"city":"Oslo"}'}
     _, full0 = render_tokens(live)
-    second = create(live, {"input": [QUESTION, resent,
-                                     {"type": "function_call_output", "call_id": call["call_id"], "output": "windy"}]})
+    second = create(
+        live,
+        {"input": [QUESTION, resent, {"type": "function_call_output", "call_id": call["call_id"], "output": "windy"}]},
+    )
     assert second["output"][-1]["content"][0]["text"] == "It is windy."
     assert render_tokens(live)[1] == full0, "the step was rendered in full"
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1
     # a call whose arguments really differ is not the stored one
     changed = dict(resent, arguments='{"city":"Bergen"}')
-    third = create(live, {"input": [QUESTION, changed,
-                                    {"type": "function_call_output", "call_id": call["call_id"], "output": "calm"}]})
+    third = create(
+        live,
+        {"input": [QUESTION, changed, {"type": "function_call_output", "call_id": call["call_id"], "output": "calm"}]},
+    )
     assert third["status"] == "completed"
     assert live.metric("respgate_parent_resolution_total", {"source": "items"}) == 1
     # not appended to the stored step (whose history holds the sampled call): the prompt has the
     # changed call (the prefix before it may come from the tenant's prefix cache, gateway.turn.prefix)
     p2, p3 = live.engine.stats.prompts[-2:]
-    assert p3[:len(p2)] != p2
+    assert p3[: len(p2)] != p2

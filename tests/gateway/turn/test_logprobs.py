@@ -63,9 +63,20 @@ def test_each_streamed_delta_carries_the_tokens_that_wrote_it(live):
 
 
 def test_remote_engine_reads_the_generate_protocols_logprobs():
-    wire = {"content": [{"token_id": 7, "logprob": -0.5, "rank": 1,
-                         "top_logprobs": [{"token_id": 7, "logprob": -0.5}, {"token_id": 9, "logprob": -1.5},
-                                          {"token_id": 3, "logprob": -2.0}]}]}
+    wire = {
+        "content": [
+            {
+                "token_id": 7,
+                "logprob": -0.5,
+                "rank": 1,
+                "top_logprobs": [
+                    {"token_id": 7, "logprob": -0.5},
+                    {"token_id": 9, "logprob": -1.5},
+                    {"token_id": 3, "logprob": -2.0},
+                ],
+            }
+        ]
+    }
     (lp,) = remote_logprobs(wire, 2)
     assert (lp.token_id, lp.logprob, lp.top) == (7, -0.5, ((7, -0.5), (9, -1.5)))
     assert remote_logprobs(wire, None) is None and remote_logprobs(None, 2) is None
@@ -77,9 +88,17 @@ def test_cpu_engine_logprobs(vllm_gateway: LiveGateway):
     pipeline = vllm_gateway.gw.pipeline
 
     async def turn() -> dict[str, Any]:
-        prepared = await pipeline.prepare({"model": VLLM_MODEL, "input": "Say hello to Bergen.", "temperature": 0,
-                                           "max_output_tokens": 16, "top_logprobs": 3, "store": False},
-                                          TurnContext(transport="http"))
+        prepared = await pipeline.prepare(
+            {
+                "model": VLLM_MODEL,
+                "input": "Say hello to Bergen.",
+                "temperature": 0,
+                "max_output_tokens": 16,
+                "top_logprobs": 3,
+                "store": False,
+            },
+            TurnContext(transport="http"),
+        )
         final: dict[str, Any] = {}
         async for ev in pipeline.run(prepared):
             if ev["type"] in ("response.completed", "response.incomplete", "response.failed"):

@@ -14,8 +14,9 @@ from tests.http_helpers import create
 
 def test_the_route_cap_bounds_a_request_without_its_own(make_gateway):
     engine = SimulatedEngine(script=turns_in_order([], then=lambda view: Turn(text="word " * 200)))
-    registry = ModelRegistry([ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=8192,
-                                         max_output_tokens=24)])
+    registry = ModelRegistry(
+        [ModelRoute(name=MODEL, engine=engine, renderer=HarmonyRenderer(), max_context=8192, max_output_tokens=24)]
+    )
     live = make_gateway(Settings(), engine=engine, registry=registry)
     capped = create(live, input="talk")
     assert capped["status"] == "incomplete" and capped["incomplete_details"] == {"reason": "max_output_tokens"}

@@ -37,6 +37,7 @@ def state_tokens(resp: dict) -> int:
 
 # -- bytes per idle token ------------------------------------------------------------------------
 
+
 def traced_token_bytes(snapshot: tracemalloc.Snapshot) -> int:
     """Traced bytes allocated where token ids are made and kept: by the renderer and tokenizer
     (``inference``) or by the shared buffers (``cache/seq.py``) — not by the simulated engine's own

@@ -21,8 +21,14 @@ from tests.conftest import MODEL
 from tests.http_helpers import post
 from tests.turn_helpers import TokenScriptEngine
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 
 
 def calls(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -31,8 +37,9 @@ def calls(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_harmony_turn_ends_at_its_first_call(make_gateway):
     two = (ToolCall("get_weather", {"city": "Oslo"}), ToolCall("get_weather", {"city": "Bergen"}))
-    engine = SimulatedEngine(script=turns_in_order([Turn(tool_calls=two)] * 2, then=lambda v: Turn(text="ok")),
-                             eos_token_ids=())  # the engine itself would sample both calls
+    engine = SimulatedEngine(
+        script=turns_in_order([Turn(tool_calls=two)] * 2, then=lambda v: Turn(text="ok")), eos_token_ids=()
+    )  # the engine itself would sample both calls
     live = make_gateway(Settings(), engine=engine)
     for parallel in (False, True):
         r = post(live, {"model": MODEL, "input": "weather?", "tools": TOOLS, "parallel_tool_calls": parallel})
@@ -53,8 +60,13 @@ def chat_template_gateway(make_gateway, smollm2_dir_root):
 
     renderer = ChatTemplateRenderer(smollm2_dir_root)
     tok = renderer.tokenizer
-    body = lambda city: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>' % city
-    two_calls = tok.encode(body("Oslo") + "\n" + body("Bergen"), add_special_tokens=False) + [renderer.stop_token_ids[0]]
+
+    def body(city: str) -> str:
+        return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>' % city
+
+    two_calls = tok.encode(body("Oslo") + "\n" + body("Bergen"), add_special_tokens=False) + [
+        renderer.stop_token_ids[0]
+    ]
     answer = tok.encode("It is sunny.", add_special_tokens=False) + [renderer.stop_token_ids[0]]
     engine = ChatMLEngine([two_calls, answer])
     registry = ModelRegistry([ModelRoute(name="ct", engine=engine, renderer=renderer, max_context=4096)])  # type: ignore[arg-type]
@@ -72,7 +84,9 @@ def test_chat_template_model_is_stopped_after_its_first_call(chat_template_gatew
     live, engine = chat_template_gateway
     both = post(live, {"model": "ct", "input": "weather?", "tools": TOOLS, "store": True})
     assert both.status_code == 200 and [json.loads(c["arguments"])["city"] for c in calls(both.json())] == [
-        "Oslo", "Bergen"]
+        "Oslo",
+        "Bergen",
+    ]
     assert engine.stats.aborts == 0
 
     engine.stats.prompts.clear()
@@ -86,10 +100,18 @@ def test_chat_template_model_is_stopped_after_its_first_call(chat_template_gatew
     fallbacks = live.metric("respgate_render_full_fallbacks_total", {"reason": "not_canonical"})
     full = live.metric("respgate_render_tokens_total", {"mode": "full"})
     call = calls(first)[0]
-    nxt = post(live, {"model": "ct", "previous_response_id": first["id"], "tools": TOOLS, "parallel_tool_calls": False,
-                      "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]})
+    nxt = post(
+        live,
+        {
+            "model": "ct",
+            "previous_response_id": first["id"],
+            "tools": TOOLS,
+            "parallel_tool_calls": False,
+            "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}],
+        },
+    )
     assert nxt.status_code == 200 and nxt.json()["output"][-1]["content"][0]["text"] == "It is sunny."
     assert live.metric("respgate_render_full_fallbacks_total", {"reason": "not_canonical"}) == fallbacks
     assert live.metric("respgate_render_tokens_total", {"mode": "full"}) == full
     p1, p2 = engine.stats.prompts[-2:]
-    assert p2[:len(p1)] == p1  # the first turn's prompt is the second's prefix
+    assert p2[: len(p1)] == p1  # the first turn's prompt is the second's prefix

@@ -10,8 +10,8 @@ import httpx
 import orjson
 from websockets.sync.client import connect
 
-from cache.seq import AppendOnlyView
 from cache.response_store import MemoryStore
+from cache.seq import AppendOnlyView
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
@@ -27,7 +27,9 @@ def test_counting_input_tokens_does_not_make_the_next_continuation_copy_history(
     live = make_gateway(engine=SimulatedEngine(script=_answer))
     first = create(live, input="hello " * 200)
     copies = AppendOnlyView.copies
-    r = post(live, {"model": MODEL, "previous_response_id": first["id"], "input": "more"}, path="/responses/input_tokens")
+    r = post(
+        live, {"model": MODEL, "previous_response_id": first["id"], "input": "more"}, path="/responses/input_tokens"
+    )
     assert r.status_code == 200, r.text
     second = create(live, previous_response_id=first["id"], input="more")
     assert second["status"] == "completed"
@@ -80,7 +82,9 @@ def test_turns_waiting_for_a_slot_do_not_start_after_the_age_limit(make_gateway)
     live = make_gateway(Settings(ws_max_age_s=0.6, ws_max_inflight=1), engine=engine)
     with connect(live.ws_url, max_size=None) as ws:
         for lane in ("a", "b", "c"):
-            ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "input": "go", "stream_id": lane}).decode())
+            ws.send(
+                orjson.dumps({"type": "response.create", "model": MODEL, "input": "go", "stream_id": lane}).decode()
+            )
         frames = []
         while True:
             try:
@@ -115,8 +119,9 @@ class SlowAbortEngine(SimulatedEngine):
 def test_sse_disconnect_lets_an_awaiting_engine_abort_complete(make_gateway):
     engine = SlowAbortEngine(script=lambda v: Turn(text="x", endless=True, delay_per_token_s=0.01))
     live = make_gateway(engine=engine)
-    with httpx.stream("POST", live.base_url + "/responses", json={"model": MODEL, "input": "go", "stream": True},
-                      timeout=30) as r:
+    with httpx.stream(
+        "POST", live.base_url + "/responses", json={"model": MODEL, "input": "go", "stream": True}, timeout=30
+    ) as r:
         seen = 0
         for line in r.iter_lines():
             if line.startswith("event: response.output_text.delta"):
@@ -132,13 +137,33 @@ def test_warm_up_prefills_the_engine_prefix_cache_for_the_next_turn(make_gateway
     live = make_gateway(engine=engine)
     with connect(live.ws_url, max_size=None) as ws:
         instructions = "You are a careful assistant. " * 20  # not inherited: every turn sends them
-        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "generate": False, "store": False,
-                              "instructions": instructions, "input": []}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "generate": False,
+                    "store": False,
+                    "instructions": instructions,
+                    "input": [],
+                }
+            ).decode()
+        )
         while (warm := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
             pass
         wait_for(lambda: engine.stats.prefills == 1, what="background prefill")
-        ws.send(orjson.dumps({"type": "response.create", "model": MODEL, "store": False, "input": "hi",
-                              "instructions": instructions, "previous_response_id": warm["response"]["id"]}).decode())
+        ws.send(
+            orjson.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "store": False,
+                    "input": "hi",
+                    "instructions": instructions,
+                    "previous_response_id": warm["response"]["id"],
+                }
+            ).decode()
+        )
         while (done := json.loads(ws.recv(timeout=10)))["type"] != "response.completed":
             pass
     assert engine.stats.requests == 1  # the warm-up itself never generated
@@ -154,12 +179,19 @@ def test_tool_names_that_collide_in_the_prompt_format_are_a_400(make_gateway):
     from inference.registry import ModelRegistry, ModelRoute
 
     engine = SimulatedEngine()
-    registry = ModelRegistry([ModelRoute(name="ct", engine=engine,
-                                         renderer=ChatTemplateRenderer(prepare_model("smollm2")))])
+    registry = ModelRegistry(
+        [ModelRoute(name="ct", engine=engine, renderer=ChatTemplateRenderer(prepare_model("smollm2")))]
+    )
     live = make_gateway(engine=engine, registry=registry)
-    tools = [{"type": "function", "name": "fs__read", "parameters": {"type": "object", "properties": {}}},
-             {"type": "namespace", "name": "fs", "description": "files",
-              "tools": [{"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]}]
+    tools = [
+        {"type": "function", "name": "fs__read", "parameters": {"type": "object", "properties": {}}},
+        {
+            "type": "namespace",
+            "name": "fs",
+            "description": "files",
+            "tools": [{"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}],
+        },
+    ]
     r = post(live, {"model": "ct", "input": "hi", "tools": tools})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert create(live, model="ct", input="hi")["status"] in ("completed", "failed")
@@ -181,8 +213,10 @@ def test_a_turns_event_groups_are_never_empty_and_flatten_to_its_events(make_gat
         flat = [ev async for ev in pipeline.run(await pipeline.prepare(dict(body), TurnContext(transport="ws")))]
         return groups, flat
 
-    for body in ({"model": MODEL, "input": "hi", "store": False},
-                 {"model": MODEL, "input": "hi", "store": False, "generate": False}):
+    for body in (
+        {"model": MODEL, "input": "hi", "store": False},
+        {"model": MODEL, "input": "hi", "store": False, "generate": False},
+    ):
         groups, flat = live.call(both(body))
         assert all(groups), groups
         assert [e["type"] for e in groups[0]] == ["response.created", "response.in_progress"]
@@ -214,8 +248,10 @@ def test_a_turn_is_billed_before_its_terminal_and_kept_after_it_is_handed_over(m
         return counted("respgate_turns_total", transport="ws", status="completed")
 
     async def turn(*, close_at_terminal: bool, cache: ConnectionCache, generate: bool = True):
-        prepared = await pipeline.prepare({"model": MODEL, "input": "hi", "store": False, "generate": generate},
-                                          TurnContext(transport="ws", conn_cache=cache, lane=""))
+        prepared = await pipeline.prepare(
+            {"model": MODEL, "input": "hi", "store": False, "generate": generate},
+            TurnContext(transport="ws", conn_cache=cache, lane=""),
+        )
         gen = pipeline.batches(prepared)
         at_terminal = None
         async for group in gen:

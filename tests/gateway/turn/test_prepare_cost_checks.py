@@ -16,18 +16,23 @@ from gateway.turn.classify import texts_of
 from gateway.turn.prefix import VOLATILE, canonical_bytes
 from gateway.wire.validation import InputRejected, check_counts, check_depth, decode_json
 
-_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=4)),
-                       lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                              st.dictionaries(st.text(max_size=3), kids, max_size=3)),
-                       max_leaves=10)
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=4)),
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=3), kids, max_size=3)),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(item=st.dictionaries(st.one_of(st.sampled_from(["id", "status", "type", "content", "x"]), st.text(max_size=3)),
-                            _values, max_size=6))
+@given(
+    item=st.dictionaries(
+        st.one_of(st.sampled_from(["id", "status", "type", "content", "x"]), st.text(max_size=3)), _values, max_size=6
+    )
+)
 def test_canonical_bytes_is_the_sorted_item_without_volatile_keys_and_nulls(item: dict[str, Any]) -> None:
-    want = orjson.dumps({k: v for k, v in item.items() if k not in VOLATILE and v is not None},
-                        option=orjson.OPT_SORT_KEYS)
+    want = orjson.dumps(
+        {k: v for k, v in item.items() if k not in VOLATILE and v is not None}, option=orjson.OPT_SORT_KEYS
+    )
     assert canonical_bytes(item) == want
     assert VOLATILE == {"id", "status"}  # the keys canonical_bytes drops
 
@@ -43,9 +48,15 @@ def _known(tools: Any) -> bool:
     return isinstance(tools, list) and len(tools) > 0
 
 
-TOOLS = [{"type": "function", "name": f"f{i}", "description": "[{" * 30,
-          "parameters": {"type": "object", "properties": {"x": {"type": "array", "items": {"type": "string"}}}}}
-         for i in range(30)]
+TOOLS = [
+    {
+        "type": "function",
+        "name": f"f{i}",
+        "description": "[{" * 30,
+        "parameters": {"type": "object", "properties": {"x": {"type": "array", "items": {"type": "string"}}}},
+    }
+    for i in range(30)
+]
 
 
 @pytest.mark.parametrize("depth", [3, 10, 62, 63, 64, 80])
@@ -79,8 +90,11 @@ def test_unknown_tools_are_still_walked() -> None:
 
 
 def test_known_tools_skip_the_schema_sizes_only() -> None:
-    body = {"model": "m", "tools": [{"type": "function", "name": "f", "parameters": {"d": "x" * 500}}],
-            "text": {"format": {"type": "json_schema", "name": "n", "schema": {"d": "y" * 500}}}}
+    body = {
+        "model": "m",
+        "tools": [{"type": "function", "name": "f", "parameters": {"d": "x" * 500}}],
+        "text": {"format": {"type": "json_schema", "name": "n", "schema": {"d": "y" * 500}}},
+    }
     with pytest.raises(InputRejected) as err:
         check_counts(body, max_items=10, max_tools=10, max_schema_bytes=100, known_tools=_known)
     assert err.value.param == "text.format.schema"
@@ -92,14 +106,28 @@ def test_known_tools_skip_the_schema_sizes_only() -> None:
 def test_texts_of_joins_every_text_of_an_item() -> None:
     items = [
         {"type": "message", "role": "user", "content": "plain"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
-                                                        {"type": "input_image"}, {"type": "input_text", "text": "b"}]},
-        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}],
-         "content": [{"type": "reasoning_text", "text": "r"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "a"},
+                {"type": "input_image"},
+                {"type": "input_text", "text": "b"},
+            ],
+        },
+        {
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "s"}],
+            "content": [{"type": "reasoning_text", "text": "r"}],
+        },
         {"type": "reasoning", "content": "c", "summary": "t"},
         {"role": "user", "content": "no type", "id": 5},
     ]
     got = [(t.index, t.item_id, t.type, t.role, t.text) for t in texts_of(items)]
-    assert got == [(0, None, "message", "user", "plain"), (1, None, "message", "user", "a\nb"),
-                   (2, None, "reasoning", None, "r\ns"), (3, None, "reasoning", None, "c\nt"),
-                   (4, None, "message", "user", "no type")]
+    assert got == [
+        (0, None, "message", "user", "plain"),
+        (1, None, "message", "user", "a\nb"),
+        (2, None, "reasoning", None, "r\ns"),
+        (3, None, "reasoning", None, "c\nt"),
+        (4, None, "message", "user", "no type"),
+    ]

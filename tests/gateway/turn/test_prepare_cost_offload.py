@@ -22,18 +22,28 @@ from gateway.wire.validation import decode_json
 
 UNLIMITED = 1 << 60
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
-                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
-_json = st.recursive(_scalars, lambda kids: st.one_of(st.lists(kids, max_size=5),
-                                                      st.dictionaries(st.text(max_size=4), kids, max_size=5)),
-                     max_leaves=40)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 70), 1 << 70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+)
+_json = st.recursive(
+    _scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=5), st.dictionaries(st.text(max_size=4), kids, max_size=5)),
+    max_leaves=40,
+)
 
 
 def _texts(body: Any) -> list[str]:
     """The body as a client may write it: compact, spaced, ASCII-escaped (integers past 64 bits too,
     which orjson parses as floats)."""
-    return [json.dumps(body, separators=(",", ":"), ensure_ascii=False), json.dumps(body, separators=(",", ":")),
-            json.dumps(body, indent=1)]
+    return [
+        json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+        json.dumps(body, separators=(",", ":")),
+        json.dumps(body, indent=1),
+    ]
 
 
 def _assert_bounded(text: str) -> None:
@@ -43,8 +53,10 @@ def _assert_bounded(text: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(input_=_json, rest=st.dictionaries(st.sampled_from(["instructions", "tools", "text", "metadata"]), _json,
-                                          max_size=3))
+@given(
+    input_=_json,
+    rest=st.dictionaries(st.sampled_from(["instructions", "tools", "text", "metadata"]), _json, max_size=3),
+)
 def test_no_body_weighs_more_than_its_text_bound(input_: Any, rest: dict[str, Any]) -> None:
     body = {**rest, "input": input_}
     for text in _texts(body):
@@ -54,37 +66,61 @@ def test_no_body_weighs_more_than_its_text_bound(input_: Any, rest: dict[str, An
 
 def test_the_heaviest_shapes_per_character_are_bounded() -> None:
     for text in [
-        '{"input":' + "[" + ",".join(["{}"] * 500) + "]}",                       # empty items
-        '{"input":[{"content":[' + ",".join(["{}"] * 500) + "]}]}",              # empty parts
-        '{"input":[{"":{"":{}}}]}', '{"input":{"":{}}}', '{"input":[[[[{}]]]]}',
-        '{"input":[' + ",".join(["0"] * 500) + "]}",                              # short scalars
-        '{"input":"","text":[' + ",".join(["1e15"] * 500) + "]}",                # floats written long
+        '{"input":' + "[" + ",".join(["{}"] * 500) + "]}",  # empty items
+        '{"input":[{"content":[' + ",".join(["{}"] * 500) + "]}]}",  # empty parts
+        '{"input":[{"":{"":{}}}]}',
+        '{"input":{"":{}}}',
+        '{"input":[[[[{}]]]]}',
+        '{"input":[' + ",".join(["0"] * 500) + "]}",  # short scalars
+        '{"input":"","text":[' + ",".join(["1e15"] * 500) + "]}",  # floats written long
         '{"input":"","metadata":{"a":[' + ",".join(["-9e15"] * 200) + "]}}",
-        '{"input":"","tools":["' + "\U0001F600" * 300 + '"]}',                  # 4 UTF-8 bytes a character
+        '{"input":"","tools":["' + "\U0001f600" * 300 + '"]}',  # 4 UTF-8 bytes a character
         '{"input":[],"x":' + "[" * 40 + "]" * 40 + "}",
-        '{}', '[]', '"x"',
+        "{}",
+        "[]",
+        '"x"',
     ]:
         _assert_bounded(text)
 
 
 def test_the_heaviest_shapes_are_bounded_by_their_json_too() -> None:
-    for body in [{"input": [{}] * 500}, {"input": [{"content": [{}] * 500}]}, {"input": [0] * 500},
-                 {"input": "", "text": [1e15] * 500}, {"input": [{"": {"": {}}}]}, {"tools": ["\U0001F600" * 50]}]:
+    for body in [
+        {"input": [{}] * 500},
+        {"input": [{"content": [{}] * 500}]},
+        {"input": [0] * 500},
+        {"input": "", "text": [1e15] * 500},
+        {"input": [{"": {"": {}}}]},
+        {"tools": ["\U0001f600" * 50]},
+    ]:
         assert weight(body, UNLIMITED) <= written_bound(body)
 
 
 def test_a_coding_agents_frame_is_inline_by_its_json() -> None:
     offload = PrepareOffload(inline_bytes=32 * 1024, threads=1)
     try:
-        tools = [{"type": "function", "name": f"tool_{i}", "description": "d" * 800,
-                  "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}} for i in range(10)]
-        frame = json.dumps({"type": "response.create", "model": "m", "previous_response_id": "resp_1",
-                            "tools": tools, "input": [{"role": "user", "content": "step 1: continue"}]})
+        tools = [
+            {
+                "type": "function",
+                "name": f"tool_{i}",
+                "description": "d" * 800,
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            }
+            for i in range(10)
+        ]
+        frame = json.dumps(
+            {
+                "type": "response.create",
+                "model": "m",
+                "previous_response_id": "resp_1",
+                "tools": tools,
+                "input": [{"role": "user", "content": "step 1: continue"}],
+            }
+        )
         body = decode_json(frame, 64)
         assert weight_bound(len(frame)) > offload.inline_bytes
         assert written_bound(body) <= offload.inline_bytes
         assert offload.for_body(body, len(frame)) is INLINE and offload.offloaded == 0
-        assert weight(body, offload.inline_bytes) <= offload.inline_bytes   # the walk says the same
+        assert weight(body, offload.inline_bytes) <= offload.inline_bytes  # the walk says the same
     finally:
         offload.close()
 
@@ -92,12 +128,14 @@ def test_a_coding_agents_frame_is_inline_by_its_json() -> None:
 def test_a_small_frame_is_inline_by_its_length_and_agrees_with_the_walk() -> None:
     offload = PrepareOffload(inline_bytes=32 * 1024, threads=1)
     try:
-        frame = ('{"type":"response.create","model":"m","previous_response_id":"resp_1",'
-                 '"input":[{"role":"user","content":"step 1: continue"}]}')
+        frame = (
+            '{"type":"response.create","model":"m","previous_response_id":"resp_1",'
+            '"input":[{"role":"user","content":"step 1: continue"}]}'
+        )
         body = decode_json(frame, 64)
         assert weight_bound(len(frame)) <= offload.inline_bytes
         assert offload.for_body(body, len(frame)) is INLINE
-        assert weight(body, offload.inline_bytes) <= offload.inline_bytes   # the walk says the same
+        assert weight(body, offload.inline_bytes) <= offload.inline_bytes  # the walk says the same
         assert offload.offloaded == 0
     finally:
         offload.close()
@@ -141,7 +179,8 @@ def test_a_websocket_continuation_carries_its_frames_length_to_prepare(gateway, 
         assert until_terminal(ws)[-1]["type"] == "response.completed"
     assert seen[-1] == len(frame) and not walks
     body = orjson.dumps({"model": first["model"], "input": "over HTTP", "store": False})
-    r = httpx.post(f"{gateway.base_url}/responses", content=body, headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        f"{gateway.base_url}/responses", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
     assert r.status_code == 200 and r.json()["status"] == "completed"
     assert seen[-1] == len(body) and not walks

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -38,13 +39,15 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
 from tests.conftest import MODEL
 from tests.http_helpers import create
-from tests.turn_helpers import TokenScriptEngine, full_render_fallbacks
 from tests.inference import chat_template_support as cts
 from tests.inference import harmony_support as hs
+from tests.turn_helpers import TokenScriptEngine, full_render_fallbacks
 
-PROPS = settings(max_examples=120, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                        HealthCheck.function_scoped_fixture])
+PROPS = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 CALL_TYPES = ("function_call", "custom_tool_call")
 
 
@@ -54,14 +57,18 @@ def user(text: str) -> dict:
 
 #: the conversation before the cut turn: a finished tool round, so a new item may answer its call
 CALL_PREV = {"type": "function_call", "call_id": "call_prev", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
-CONTEXT = [user("What is the weather in Oslo?"), CALL_PREV,
-           {"type": "function_call_output", "call_id": "call_prev", "output": "sunny, 21 C"}]
+CONTEXT = [
+    user("What is the weather in Oslo?"),
+    CALL_PREV,
+    {"type": "function_call_output", "call_id": "call_prev", "output": "sunny, 21 C"},
+]
 
 
 def new_items(texts: st.SearchStrategy[str]) -> st.SearchStrategy[list[dict]]:
     """What a client sends after a cut turn: user messages and/or a (late) tool output."""
-    one = st.one_of(texts.map(user),
-                    texts.map(lambda t: {"type": "function_call_output", "call_id": "call_prev", "output": t}))
+    one = st.one_of(
+        texts.map(user), texts.map(lambda t: {"type": "function_call_output", "call_id": "call_prev", "output": t})
+    )
     return st.lists(one, min_size=1, max_size=2)
 
 
@@ -98,11 +105,17 @@ def harmony_cut(r: HarmonyRenderer, outputs: list[dict], p: int) -> dict[str, An
                 return {"region": "between", "expected": whole[:p]}
             mi = m.index(tok.message)
             if o <= mi:  # <|message|> not sampled yet: a header
-                return {"region": "first_header" if start == 0 else "header",
-                        "expected": [] if start == 0 else whole[:start]}
+                return {
+                    "region": "first_header" if start == 0 else "header",
+                    "expected": [] if start == 0 else whole[:start],
+                }
             closing = tok.call if item["type"] in CALL_TYPES else tok.end
-            return {"region": item["type"], "item": item, "expected": whole[:p] + [closing],
-                    "content": whole[start + mi + 1:p]}
+            return {
+                "region": item["type"],
+                "item": item,
+                "expected": whole[:p] + [closing],
+                "content": whole[start + mi + 1 : p],
+            }
         start += len(m)
     raise AssertionError("p past the completion")
 
@@ -132,10 +145,10 @@ def check_harmony_conversation(r: HarmonyRenderer, history: list[int], new: list
     want_new = r.item_messages(new, calls)
     n_before = len(r.prelude_messages(H_PRELUDE)) + len(r.item_messages(CONTEXT))
     assert len(got) == n_before + history.count(harmony_tokens().start) + len(want_new)
-    for g, w in zip(got[len(got) - len(want_new):], want_new):
+    for g, w in zip(got[len(got) - len(want_new) :], want_new):
         assert (g.author.role, g.channel, g.recipient) == (w.author.role, w.channel, w.recipient)
         assert [c.text for c in g.content] == [c.text for c in w.content]
-    for g in got[n_before:len(got) - len(want_new)]:  # the parent's own messages: the model's
+    for g in got[n_before : len(got) - len(want_new)]:  # the parent's own messages: the model's
         assert g.author.role.value == "assistant"
 
 
@@ -144,8 +157,11 @@ def harmony_cases(draw: st.DrawFn) -> tuple[list[dict], int, list[dict]]:
     r = _HARMONY
     outputs = draw(hs.model_outputs())
     n = len(r.generation_prompt()) + len(render_completion_of(r, outputs))
-    region = draw(st.sampled_from(["between", "first_header", "header", "reasoning", "message", "function_call",
-                                   "custom_tool_call"]))
+    region = draw(
+        st.sampled_from(
+            ["between", "first_header", "header", "reasoning", "message", "function_call", "custom_tool_call"]
+        )
+    )
     # cut anywhere before the final stop token (a cut after it is no cut)
     candidates = [p for p in range(3, n) if harmony_cut(r, outputs, p)["region"] == region]
     assume(candidates)
@@ -176,8 +192,9 @@ def test_harmony_cut_history_appends(harmony: HarmonyRenderer, case: tuple[list[
         assert (appended == full) == reproduced
     if appended == full:  # and then the whole next prompt is the full render of the same items
         calls = hs.call_index(CONTEXT)
-        assert (r.render_items(CONTEXT) + appended + r.render_items(new, calls=calls)
-                == r.render_items(CONTEXT + parsed + new))
+        assert r.render_items(CONTEXT) + appended + r.render_items(new, calls=calls) == r.render_items(
+            CONTEXT + parsed + new
+        )
 
 
 def test_harmony_cut_examples(harmony: HarmonyRenderer) -> None:
@@ -267,12 +284,16 @@ def ct_cases(draw: st.DrawFn) -> tuple[list[dict], str | None, str, list[dict]]:
     region = draw(st.sampled_from(["reasoning", "call", "text", "after_call", "other"]))
     outputs = draw(cts.model_outputs())
     if region == "text":
-        outputs = [{"type": "message", "role": "assistant",
-                    "content": [{"type": "output_text", "text": draw(cts.OUT_TEXT)}]}]
+        outputs = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": draw(cts.OUT_TEXT)}]}
+        ]
     elif region in ("call", "after_call"):
         assume(any(o["type"] in CALL_TYPES for o in outputs))
-    reasoning = draw(cts.OUT_TEXT) if region == "reasoning" else (
-        None if region in ("text", "after_call") else draw(st.one_of(st.none(), cts.OUT_TEXT)))
+    reasoning = (
+        draw(cts.OUT_TEXT)
+        if region == "reasoning"
+        else (None if region in ("text", "after_call") else draw(st.one_of(st.none(), cts.OUT_TEXT)))
+    )
     return outputs, reasoning, region, draw(new_items(cts.TEXT))
 
 
@@ -282,15 +303,17 @@ def representable(r, text: str) -> bool:
 
 @PROPS
 @given(case=ct_cases(), data=st.data())
-def test_chat_template_cut_history_appends(ct, case: tuple[list[dict], str | None, str, list[dict]],
-                                           data: st.DataObject) -> None:
+def test_chat_template_cut_history_appends(
+    ct, case: tuple[list[dict], str | None, str, list[dict]], data: st.DataObject
+) -> None:
     outputs, reasoning, region, new = case
     r = ct
     assume(representable(r, r.render_text(outputs)))
     completion = ct_completion(r, outputs, reasoning)
     # cut anywhere before the end-of-turn token (a cut after it is no cut)
-    cuts = [k for k in range(1, len(completion)) if ct_region(r, outputs, reasoning is not None,
-                                                                  completion[:k]) == region]
+    cuts = [
+        k for k in range(1, len(completion)) if ct_region(r, outputs, reasoning is not None, completion[:k]) == region
+    ]
     assume(cuts)
     k = data.draw(st.sampled_from(cuts))
     sampled = completion[:k]
@@ -310,13 +333,14 @@ def test_chat_template_cut_history_appends(ct, case: tuple[list[dict], str | Non
         assert (appended == full) == (r._encode(text) == sampled)
     elif region == "call":  # deliberately not: the full render closes and re-serializes the call
         assert appended != full
-        assert "</tool_call>" not in text[text.rindex("<tool_call>"):]
+        assert "</tool_call>" not in text[text.rindex("<tool_call>") :]
     elif region == "reasoning" and not p.reasoning:  # the template drops reasoning; the KV keeps it
         assert appended != full
         assert "<think>" in r.tokenizer.decode(appended) and "<think>" not in r.tokenizer.decode(full)
     if appended == full and r.append_break(CONTEXT + parsed, new) is None:
-        assert (r.render_items(CONTEXT) + appended + r.render_items(new, calls=calls)
-                == r.render_items(CONTEXT + parsed + new))
+        assert r.render_items(CONTEXT) + appended + r.render_items(new, calls=calls) == r.render_items(
+            CONTEXT + parsed + new
+        )
 
 
 def test_chat_template_cut_examples(ct) -> None:
@@ -342,11 +366,19 @@ def test_chat_template_cut_examples(ct) -> None:
 # -- the gateway: rollouts with a 16-token output cap ------------------------------------------
 
 CAP = 16
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
-LS = {"type": "function", "name": "ls", "description": "List a folder.",
-      "parameters": {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]}}
+LS = {
+    "type": "function",
+    "name": "ls",
+    "description": "List a folder.",
+    "parameters": {"type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]},
+}
 
 
 def cut_script(view: Any) -> Turn:
@@ -370,11 +402,12 @@ class CappedChatEngine(TokenScriptEngine):
     finish_reason = "length"
 
     def completion(self, turn: int, params: SamplingParams) -> list[int]:
-        return self.completions[turn % len(self.completions)][:params.max_tokens]
+        return self.completions[turn % len(self.completions)][: params.max_tokens]
 
 
-def check_rollout(live: Any, renderer: Any, prompts: list[list[int]], closings: list[list[int]], run_turn: Any,
-                  turns: int = 7) -> set[str]:
+def check_rollout(
+    live: Any, renderer: Any, prompts: list[list[int]], closings: list[list[int]], run_turn: Any, turns: int = 7
+) -> set[str]:
     """Every continuation appends: O(new input) rendered, no fallback, and the engine's prompt is
     the previous prompt + the sampled tokens + a closing + the new item + the generation prompt.
     Returns the types of the items the cuts landed in."""
@@ -394,8 +427,8 @@ def check_rollout(live: Any, renderer: Any, prompts: list[list[int]], closings: 
         # rendered per turn: exactly the new item (O(new input)), never the history
         assert live.metric("respgate_render_tokens_total", {"mode": "append"}) - appended_before == len(new_ids)
         now = prompts[-1]
-        assert now[:len(prev)] == prev  # the whole previous prompt, as the engine's KV holds it
-        tail = now[len(prev) + CAP:]  # after the sampled tokens
+        assert now[: len(prev)] == prev  # the whole previous prompt, as the engine's KV holds it
+        tail = now[len(prev) + CAP :]  # after the sampled tokens
         assert any(tail == c + new_ids + renderer.generation_prompt() for c in closings), tail[:8]
         prev = now
     assert full_render_fallbacks(live) == 0
@@ -407,6 +440,7 @@ def check_rollout(live: Any, renderer: Any, prompts: list[list[int]], closings: 
 def ws_turns(live: Any, model: str, tools: list[dict]) -> Iterator[Callable[[str | None, str], dict]]:
     """One WebSocket connection; a turn is a ``response.create`` (``store: false``)."""
     with live.openai().responses.connect() as conn:
+
         def run_turn(prev: str | None, said: str) -> dict:
             kw = {"previous_response_id": prev} if prev else {}
             conn.response.create(model=model, input=said, tools=tools, max_output_tokens=CAP, store=False, **kw)
@@ -422,6 +456,7 @@ def ws_turns(live: Any, model: str, tools: list[dict]) -> Iterator[Callable[[str
 @contextlib.contextmanager
 def http_turns(live: Any, model: str, tools: list[dict]) -> Iterator[Callable[[str | None, str], dict]]:
     """HTTP creates chained by ``previous_response_id`` (``store`` defaults to true)."""
+
     def run_turn(prev: str | None, said: str) -> dict:
         kw = {"previous_response_id": prev} if prev else {}
         return create(live, model=model, input=said, tools=tools, max_output_tokens=CAP, **kw)
@@ -450,14 +485,19 @@ def test_chat_template_rollout_with_a_small_output_cap_appends(make_gateway, ct,
     from inference.registry import ModelRegistry, ModelRoute
 
     long = "I will look it up " * 8
-    engine = CappedChatEngine([ct._encode(f"<think>\nThe user wants the weather, so {long}\n</think>\n\nOk."),
-                               ct._encode(f"Let me check. {long}"),
-                               ct._encode('<tool_call>\n{"name": "ls", "arguments": {"p": "%s"}}\n</tool_call>' % long)])
+    engine = CappedChatEngine(
+        [
+            ct._encode(f"<think>\nThe user wants the weather, so {long}\n</think>\n\nOk."),
+            ct._encode(f"Let me check. {long}"),
+            ct._encode('<tool_call>\n{"name": "ls", "arguments": {"p": "%s"}}\n</tool_call>' % long),
+        ]
+    )
     registry = ModelRegistry([ModelRoute(name="ct", engine=engine, renderer=ct, max_context=8192)])  # type: ignore[arg-type]
     live = make_gateway(Settings(models=["ct"]), engine=SimulatedEngine(), registry=registry)
     with transport(live, "ct", [WEATHER, LS]) as run_turn:
-        cut_in = check_rollout(live, ct, engine.stats.prompts, [[ct.profile.end_token, *ct.profile.post_tokens]],
-                               run_turn)
+        cut_in = check_rollout(
+            live, ct, engine.stats.prompts, [[ct.profile.end_token, *ct.profile.post_tokens]], run_turn
+        )
     assert cut_in == {"reasoning", "message", "function_call"}
 
 

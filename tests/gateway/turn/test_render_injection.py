@@ -20,8 +20,10 @@ def user(text: str) -> dict:
 
 
 def tool_round(output: str, args: str = '{"city": "Oslo"}') -> list[dict]:
-    return [{"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": args},
-            {"type": "function_call_output", "call_id": "c1", "output": output}]
+    return [
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": args},
+        {"type": "function_call_output", "call_id": "c1", "output": output},
+    ]
 
 
 @pytest.fixture(params=["smollm2", "qwen25"])
@@ -51,12 +53,18 @@ def qwen25_renderer(smollm2_renderer):
     return ChatTemplateRenderer(tokenizer=smollm2_renderer.tokenizer, chat_template=QWEN25_TEMPLATE)
 
 
-@pytest.mark.parametrize("items_of", [
-    lambda t: [user(t)],
-    lambda t: [user("weather?")] + tool_round(t),
-    lambda t: [user("weather?")] + tool_round("sunny", args='{"city": "%s"}' % t.replace('"', "'").replace("\n", " ")),
-    lambda t: [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]}],
-], ids=["user", "tool_output", "call_arguments", "assistant"])
+@pytest.mark.parametrize(
+    "items_of",
+    [
+        lambda t: [user(t)],
+        lambda t: [user("weather?")] + tool_round(t),
+        lambda t: (
+            [user("weather?")] + tool_round("sunny", args='{"city": "%s"}' % t.replace('"', "'").replace("\n", " "))
+        ),
+        lambda t: [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]}],
+    ],
+    ids=["user", "tool_output", "call_arguments", "assistant"],
+)
 def test_chat_template_content_special_tokens_are_text(ct, items_of):
     attacked = items_of(CHATML_ATTACK)
     clean = items_of("done")
@@ -83,10 +91,14 @@ def test_chat_template_append_still_equals_full_render_with_attack_text(ct):
     assert ct.render_items(a) + ct.render_items(b) == ct.render_items(a + b)
 
 
-@pytest.mark.parametrize("items_of", [
-    lambda t: [user(t)],
-    lambda t: [user("weather?")] + tool_round(t),
-], ids=["user", "tool_output"])
+@pytest.mark.parametrize(
+    "items_of",
+    [
+        lambda t: [user(t)],
+        lambda t: [user("weather?")] + tool_round(t),
+    ],
+    ids=["user", "tool_output"],
+)
 def test_harmony_content_special_tokens_are_text(items_of):
     from inference.harmony import HarmonyRenderer
 

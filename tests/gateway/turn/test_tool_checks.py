@@ -28,8 +28,18 @@ from tests.ws_helpers import create, send, until_terminal, ws_open
 
 def _body(tools: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
     # a parsed frame: fresh objects each turn, as the transport hands them over
-    return orjson.loads(orjson.dumps({"type": "response.create", "model": MODEL, "store": False,
-                                      "input": [{"role": "user", "content": "hi"}], "tools": tools, **kw}))
+    return orjson.loads(
+        orjson.dumps(
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "store": False,
+                "input": [{"role": "user", "content": "hi"}],
+                "tools": tools,
+                **kw,
+            }
+        )
+    )
 
 
 def _fresh(resolver: Resolver, hosted: str = "strip") -> Resolver:
@@ -48,7 +58,7 @@ def _tool_lists(rng: random.Random) -> list[list[dict[str, Any]]]:
     for _ in range(25):
         tools = list(copy.deepcopy(CODEX_TOOLS))
         rng.shuffle(tools)
-        tools = tools[:rng.randint(1, len(tools))]
+        tools = tools[: rng.randint(1, len(tools))]
         t = rng.choice(tools)
         if rng.random() < 0.5 and t["type"] == "function":
             t["description"] = f"variant {rng.randint(0, 3)}"
@@ -76,8 +86,7 @@ def test_a_known_tool_list_checks_as_a_fresh_one(gw: GatewayState):
 def _other_resolver(gw: GatewayState) -> Resolver:
     """Another resolver on the same registry (its own, empty tool checks)."""
     p = gw.pipeline
-    return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor,
-                    p.finalizer.wait_for)
+    return Resolver(p.registry, p.resolver.store, p.metrics, p.resolver.sealer, p.compactor, p.finalizer.wait_for)
 
 
 def test_tools_that_differ_in_any_byte_are_checked_as_new(gw: GatewayState):
@@ -143,13 +152,17 @@ def test_a_tenant_flooding_tool_lists_does_not_evict_another_tenants(gw: Gateway
     """64 entries in all: a tenant sending a new tool list every turn takes the room nobody uses and
     then churns its own entries, so another tenant's checked tools (within its share) stay found."""
     resolver = _fresh(gw.pipeline.resolver)
-    victim = [[dict(t, description=f"victim {i}") if t["type"] == "function" else t for t in codex_tools()]
-              for i in range(8)]
+    victim = [
+        [dict(t, description=f"victim {i}") if t["type"] == "function" else t for t in codex_tools()] for i in range(8)
+    ]
     for tools in victim:
         _validated(resolver, _body(tools), tenant="victim")
     for i in range(300):
-        _validated(resolver, _body([{"type": "function", "name": f"f{i}", "parameters": {"type": "object"}}]),
-                   tenant="attacker")
+        _validated(
+            resolver,
+            _body([{"type": "function", "name": f"f{i}", "parameters": {"type": "object"}}]),
+            tenant="attacker",
+        )
     assert resolver.tool_checks.lru.part_usage("attacker")[0] == 64 - len(victim)  # the room nobody used
     hits = resolver.tool_checks.lru.hits
     for tools in victim:
@@ -210,13 +223,15 @@ def test_the_bounds_checks_skip_only_tools_that_passed_them(gw: GatewayState):
             with pytest.raises(InputRejected) as caught:
                 decode_json(raw, limit, checks.known_for(tenant))
             assert caught.value.param == "tools"
-    raw = orjson.dumps(_body(tools, metadata={"k": "v"}, text={"format": {"type": "json_schema", "name": "o",
-                                                                          "schema": _nested(limit)}}))
+    raw = orjson.dumps(
+        _body(
+            tools, metadata={"k": "v"}, text={"format": {"type": "json_schema", "name": "o", "schema": _nested(limit)}}
+        )
+    )
     with pytest.raises(InputRejected) as caught:  # known tools, a deep schema elsewhere
         decode_json(raw, limit, checks.known_for("a"))
     assert caught.value.param == "text"
-    big = _body(tools, text={"format": {"type": "json_schema", "name": "o",
-                                        "schema": {"description": "x" * 70_000}}})
+    big = _body(tools, text={"format": {"type": "json_schema", "name": "o", "schema": {"description": "x" * 70_000}}})
     with pytest.raises(InputRejected) as caught:
         check_counts(big, max_items=100, max_tools=128, max_schema_bytes=65_536, known_tools=checks.known_for("a"))
     assert caught.value.param == "text.format.schema"
@@ -241,9 +256,18 @@ def test_a_deep_frame_after_known_tools_is_refused_over_the_socket(gateway: Live
     with ws_open(gateway) as ws:
         send(ws, create(input="hi", tools=tools, tool_choice="none", store=False))
         prev = until_terminal(ws)[-1]["response"]["id"]
-        send(ws, create(input="again", tools=tools, tool_choice="none", store=False, previous_response_id=prev,
-                        metadata=None, text={"format": {"type": "json_schema", "name": "o",
-                                                        "schema": _nested(limit)}}))
+        send(
+            ws,
+            create(
+                input="again",
+                tools=tools,
+                tool_choice="none",
+                store=False,
+                previous_response_id=prev,
+                metadata=None,
+                text={"format": {"type": "json_schema", "name": "o", "schema": _nested(limit)}},
+            ),
+        )
         err = until_terminal(ws)[-1]
         assert err["type"] == "error" and err["error"]["param"] == "text", err
         deeper = [dict(tools[0], parameters=_nested(limit))] + tools[1:]
@@ -259,12 +283,15 @@ def test_known_tools_are_not_walked_again(gw: GatewayState, monkeypatch: pytest.
     tools = codex_tools()
     walked: list[set[str]] = []  # the top-level parameters each walk starts from
     real = validation._check_depth_of
-    monkeypatch.setattr(validation, "_check_depth_of", lambda stack, limit: walked.append(
-        {top or "<body>" for _, _, top in stack}) or real(stack, limit))
+    monkeypatch.setattr(
+        validation,
+        "_check_depth_of",
+        lambda stack, limit: walked.append({top or "<body>" for _, _, top in stack}) or real(stack, limit),
+    )
     raw = orjson.dumps(_body(tools))
     limit = gw.settings.max_json_depth
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
-    assert walked[-1] == {"<body>"}                  # not known yet: walked whole, tools included
+    assert walked[-1] == {"<body>"}  # not known yet: walked whole, tools included
     _validated(resolver, _body(tools))
     validation.decode_json(raw, limit, resolver.tool_checks.known_for(None))
     assert "input" in walked[-1] and "tools" not in walked[-1]  # known: the rest is walked, the tools are not

@@ -31,8 +31,10 @@ def test_wire_event_writes_the_same_json_as_the_event():
     tools = codex_tools()
     echo = EchoedTools(tools)
     response = {"id": "resp_1", "tools": echo.tools, "output": [], "status": "in_progress"}
-    for ev in ({"type": "response.created", "sequence_number": 0, "response": response},
-               {"type": "response.output_text.delta", "sequence_number": 3, "delta": "x"}):
+    for ev in (
+        {"type": "response.created", "sequence_number": 0, "response": response},
+        {"type": "response.output_text.delta", "sequence_number": 3, "delta": "x"},
+    ):
         assert orjson.dumps(wire_event(ev, echo.json)) == orjson.dumps(ev)
         assert wire_event(ev, None) is ev
     assert response["tools"] is echo.tools and echo.tools == [echoed_tool(t) for t in tools]
@@ -49,10 +51,18 @@ def test_ws_turns_echo_their_tools_and_reuse_the_echo(gateway: LiveGateway):
         hits = echoes.hits
         send(ws, create(input="again", tools=tools, tool_choice="none", store=False, previous_response_id=prev))
         second = until_terminal(ws)
-        assert echoes.hits == hits + 1                     # the continuation took the first turn's echo
+        assert echoes.hits == hits + 1  # the continuation took the first turn's echo
         changed = [dict(t, description="changed") if t["name"] == tools[0]["name"] else t for t in tools]
-        send(ws, create(input="third", tools=changed, tool_choice="none", store=False,
-                        previous_response_id=second[-1]["response"]["id"]))
+        send(
+            ws,
+            create(
+                input="third",
+                tools=changed,
+                tool_choice="none",
+                store=False,
+                previous_response_id=second[-1]["response"]["id"],
+            ),
+        )
         third = until_terminal(ws)
     expected = [echoed_tool(t) for t in tools]
     for frames in (first, second):
@@ -70,7 +80,7 @@ def test_an_echo_is_used_only_for_equal_tools_whatever_the_key(gateway: LiveGate
         until_terminal(ws)
         stale = EchoedTools([{"type": "function", "name": "other", "parameters": {"type": "object"}}])
         for key in list(echoes._entries):
-            echoes.put(key, stale, stale.nbytes)           # every key now names another tool set
+            echoes.put(key, stale, stale.nbytes)  # every key now names another tool set
         send(ws, create(input="again", tools=tools, tool_choice="none", store=False))
         frames = until_terminal(ws)
     assert _tools_of(frames) == [[echoed_tool(t) for t in tools]] * 3
@@ -79,8 +89,9 @@ def test_an_echo_is_used_only_for_equal_tools_whatever_the_key(gateway: LiveGate
 def test_sse_frames_carry_the_echoed_tools(gateway: LiveGateway):
     tools = codex_tools()
     body = {"model": MODEL, "input": "hi", "tools": tools, "tool_choice": "none", "stream": True, "store": False}
-    with httpx.stream("POST", gateway.url + "/v1/responses", json=body,
-                      headers={"Authorization": "Bearer test-key"}, timeout=30) as r:
+    with httpx.stream(
+        "POST", gateway.url + "/v1/responses", json=body, headers={"Authorization": "Bearer test-key"}, timeout=30
+    ) as r:
         frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert _tools_of(frames) == [[echoed_tool(t) for t in tools]] * 3
 
@@ -89,9 +100,17 @@ def test_tools_that_are_equal_in_python_but_not_in_json_are_echoed_as_sent(gatew
     """``1``, ``1.0`` and ``true`` compare equal in Python; the echo is found by the prelude's
     digest, which is of the tools' JSON (every renderer's ``prelude_key`` hashes them verbatim), so
     each of these tool sets is echoed with its own values."""
+
     def tools(value):
-        return [{"type": "function", "name": "f", "description": "d", "strict": False,
-                 "parameters": {"type": "object", "properties": {"n": {"type": "integer", "default": value}}}}]
+        return [
+            {
+                "type": "function",
+                "name": "f",
+                "description": "d",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer", "default": value}}},
+            }
+        ]
 
     with ws_open(gateway) as ws:
         seen = []

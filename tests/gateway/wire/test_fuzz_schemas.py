@@ -31,7 +31,8 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -47,43 +48,82 @@ pytestmark = pytest.mark.timeout(600)
 Path = tuple[Any, ...]
 SEED = 28
 
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": False},
-         {"type": "custom", "name": "apply_patch", "description": "Apply a patch."}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "strict": False,
+    },
+    {"type": "custom", "name": "apply_patch", "description": "Apply a patch."},
+]
 
 #: every item kind a create's input or a conversation holds, valid, calls followed by their outputs
 ITEMS = [
     {"type": "message", "role": "developer", "content": "Be brief."},
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is the weather?"}]},
-    {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}",
-     "id": "fc_1"},
+    {
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+        "id": "fc_1",
+    },
     {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
     {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"},
     {"type": "custom_tool_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "done"}]},
-    {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}],
-     "content": [{"type": "reasoning_text", "text": "hmm"}]},
+    {
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "thinking"}],
+        "content": [{"type": "reasoning_text", "text": "hmm"}],
+    },
     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is sunny."}]},
     {"role": "user", "content": "thanks"},
 ]
 
 CREATE = {
-    "model": MODEL, "input": ITEMS, "instructions": "You are terse.", "tools": TOOLS,
-    "tool_choice": {"type": "function", "name": "get_weather"}, "parallel_tool_calls": True,
-    "text": {"format": {"type": "text"}, "verbosity": "low"}, "reasoning": {"effort": "low", "summary": "auto"},
-    "metadata": {"k": "v"}, "temperature": 0.5, "top_p": 0.9, "max_output_tokens": 16, "store": True,
-    "truncation": "disabled", "include": ["reasoning.encrypted_content"], "user": "u1", "prompt_cache_key": "k",
-    "service_tier": "auto", "seed": 7, "max_tool_calls": 4, "top_logprobs": 0, "stream": False,
+    "model": MODEL,
+    "input": ITEMS,
+    "instructions": "You are terse.",
+    "tools": TOOLS,
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "parallel_tool_calls": True,
+    "text": {"format": {"type": "text"}, "verbosity": "low"},
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "metadata": {"k": "v"},
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "max_output_tokens": 16,
+    "store": True,
+    "truncation": "disabled",
+    "include": ["reasoning.encrypted_content"],
+    "user": "u1",
+    "prompt_cache_key": "k",
+    "service_tier": "auto",
+    "seed": 7,
+    "max_tool_calls": 4,
+    "top_logprobs": 0,
+    "stream": False,
     "context_management": [{"type": "compaction", "compact_threshold": 100_000}],
-    "previous_response_id": None, "conversation": None, "safety_identifier": "s1",
+    "previous_response_id": None,
+    "conversation": None,
+    "safety_identifier": "s1",
 }
 
 CONVERSATION = {"items": ITEMS[1:], "metadata": {"topic": "weather"}}
-JSON_ENDPOINTS = ["/responses", "/responses/input_tokens", "/responses/compact", "/conversations",
-                  "/conversations/{conv}", "/conversations/{conv}/items"]
+JSON_ENDPOINTS = [
+    "/responses",
+    "/responses/input_tokens",
+    "/responses/compact",
+    "/conversations",
+    "/conversations/{conv}",
+    "/conversations/{conv}/items",
+]
 
 #: the JSON types a value is replaced by (the long ones pass 475 bytes: the prepare weighing's threshold),
 #: each drawn from a seeded generator: the same values every run
-_CHARS = "ab \\\"\u00e9\u4e2d\U0001f600\x00\n{}[]:,0-_."
+_CHARS = 'ab \\"\u00e9\u4e2d\U0001f600\x00\n{}[]:,0-_.'
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -91,8 +131,20 @@ def _text(rng: random.Random, n: int) -> str:
 
 
 def _scalar(rng: random.Random) -> Any:
-    return rng.choice([None, True, False, rng.randint(-(2 ** 53), 2 ** 53), _text(rng, rng.randint(0, 8)),
-                       "function", "message", "user", "call_1", MODEL])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            rng.randint(-(2**53), 2**53),
+            _text(rng, rng.randint(0, 8)),
+            "function",
+            "message",
+            "user",
+            "call_1",
+            MODEL,
+        ]
+    )
 
 
 def _nested(rng: random.Random, depth: int = 0) -> Any:
@@ -106,7 +158,7 @@ def _nested(rng: random.Random, depth: int = 0) -> Any:
 KINDS: dict[str, Callable[[random.Random], Any]] = {
     "string": lambda rng: _text(rng, rng.randint(0, 8)),
     "long string": lambda rng: _text(rng, rng.randint(600, 700)),
-    "integer": lambda rng: rng.choice([0, -1, 2 ** 53, rng.randint(-(2 ** 31), 2 ** 31)]),
+    "integer": lambda rng: rng.choice([0, -1, 2**53, rng.randint(-(2**31), 2**31)]),
     "decimal": lambda rng: rng.choice([0.5, -1e300, 1e-9, rng.uniform(-1e6, 1e6)]),
     "bool": lambda rng: rng.random() < 0.5,
     "null": lambda rng: None,
@@ -163,8 +215,12 @@ def check_http(r: httpx.Response, where: str) -> None:
             assert isinstance(body["error"]["param"], str) and body["error"]["param"], (where, body)
     elif r.headers["content-type"].startswith("text/event-stream"):  # ``stream`` became true
         events = parse_sse(r.content)
-        assert events and events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed",
-                                                 "error"), (where, events[-1:])
+        assert events and events[-1]["type"] in (
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+            "error",
+        ), (where, events[-1:])
         for ev in events:
             if ev["type"] == "error":
                 assert ev.get("code") != "server_error", (where, ev)
@@ -220,8 +276,9 @@ def test_create_bodies_over_http_and_websocket(live: LiveGateway) -> None:
     def run(rng: random.Random) -> None:
         with httpx.Client(base_url=live.base_url, timeout=30) as client, ws_open(live) as ws:
             for where, body in each_mutant(rng, CREATE):
-                r = client.post("/responses", content=json.dumps(body).encode(),
-                                headers={"content-type": "application/json"})
+                r = client.post(
+                    "/responses", content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+                )
                 check_http(r, f"HTTP {where}")
                 seen.add(f"http {r.status_code}")
                 frame = {"type": "response.create", **body} if isinstance(body, dict) else body
@@ -240,12 +297,16 @@ def test_conversation_items_and_a_turn_on_what_was_accepted(live: LiveGateway) -
 
     def run(rng: random.Random) -> None:
         with httpx.Client(base_url=live.base_url, timeout=30) as client:
-            post: Callable[[str, Any], httpx.Response] = lambda path, body: client.post(
-                path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+            def post(path: str, body: Any) -> httpx.Response:
+                return client.post(
+                    path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+                )
 
             def turn_on(conv: str, where: str) -> None:
-                r = post("/responses", {"model": MODEL, "input": "and now?", "conversation": conv,
-                                        "max_output_tokens": 16})
+                r = post(
+                    "/responses", {"model": MODEL, "input": "and now?", "conversation": conv, "max_output_tokens": 16}
+                )
                 check_http(r, f"turn after {where}")
                 seen.add(f"turn {r.status_code}")
 
@@ -257,11 +318,13 @@ def test_conversation_items_and_a_turn_on_what_was_accepted(live: LiveGateway) -
                     turn_on(r.json()["id"], f"create {where}")
             # each item kind alone, as it is and with each of its fields replaced, appended to a
             # conversation holding a user message (alone, a tool output has no call before it)
-            mutants = [(f"{item['type'] if 'type' in item else 'message'} alone", {"items": [item]})
-                       for item in ITEMS]
+            mutants = [(f"{item['type'] if 'type' in item else 'message'} alone", {"items": [item]}) for item in ITEMS]
             for item in ITEMS:
-                mutants += [(f"alone: {where}", body) for where, body in each_mutant(rng, {"items": [item]})
-                            if where != "<body>"]
+                mutants += [
+                    (f"alone: {where}", body)
+                    for where, body in each_mutant(rng, {"items": [item]})
+                    if where != "<body>"
+                ]
             for where, body in mutants:
                 conv = post("/conversations", {"items": [{"role": "user", "content": "hi"}]}).json()["id"]
                 r = post(f"/conversations/{conv}/items", body)
@@ -286,8 +349,11 @@ def test_every_json_endpoint_with_any_json_as_its_body(live: LiveGateway) -> Non
                     if kind == "object":
                         continue  # an object is a body: its fields are the other tests' business
                     value = make(rng)
-                    r = client.post(path.format(conv=conv), content=json.dumps(value).encode(),
-                                    headers={"content-type": "application/json"})
+                    r = client.post(
+                        path.format(conv=conv),
+                        content=json.dumps(value).encode(),
+                        headers={"content-type": "application/json"},
+                    )
                     check_http(r, f"{path} <- {kind}")
                     assert r.status_code == 400, (path, kind, r.text)
 

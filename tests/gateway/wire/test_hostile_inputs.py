@@ -18,7 +18,8 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -29,7 +30,8 @@ from gateway.wire.items import new_id
 from inference.simulated_prompt import PromptView
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, assert_still_serving, post
-from tests.ws_helpers import create as ws_create, recv, send, until_terminal, ws_open
+from tests.ws_helpers import create as ws_create
+from tests.ws_helpers import recv, send, until_terminal, ws_open
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,6 +93,7 @@ def last_prompt(live: LiveGateway) -> str:
 # 11: orphan tool outputs in conversations
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["function_call_output", "custom_tool_call_output"])
 def test_an_orphan_output_is_refused_when_a_conversation_is_created(store_gateway, kind):
     live = store_gateway
@@ -136,9 +139,15 @@ def test_a_conversation_holding_an_orphan_output_still_serves_every_turn(store_g
     live = store_gateway
     store = live.gw.pipeline.conversations.store
     conv = new_id("conv")
-    items = [dict(user("remember PLUM"), id=new_id("msg"), content=[{"type": "input_text", "text": "remember PLUM"}],
-                  status="completed"),
-             dict(output("call_gone", text="ORPHAN-OUTPUT"), id=new_id("fco"), status="completed")]
+    items = [
+        dict(
+            user("remember PLUM"),
+            id=new_id("msg"),
+            content=[{"type": "input_text", "text": "remember PLUM"}],
+            status="completed",
+        ),
+        dict(output("call_gone", text="ORPHAN-OUTPUT"), id=new_id("fco"), status="completed"),
+    ]
     live.call(store.create(conv, None, {}, items))
     for _ in range(2):  # every later turn, not just the first
         http_turn(live, conv)
@@ -168,8 +177,14 @@ def test_deleting_a_call_whose_output_remains_does_not_poison_the_conversation(s
 # 12: bodies that are JSON but not objects
 # ---------------------------------------------------------------------------------------------
 
-JSON_ENDPOINTS = ["/responses", "/responses/input_tokens", "/responses/compact", "/conversations",
-                  "/conversations/{conv}", "/conversations/{conv}/items"]
+JSON_ENDPOINTS = [
+    "/responses",
+    "/responses/input_tokens",
+    "/responses/compact",
+    "/conversations",
+    "/conversations/{conv}",
+    "/conversations/{conv}/items",
+]
 
 
 def _not_objects(n: int) -> Iterator[str]:
@@ -191,8 +206,12 @@ def test_a_body_that_is_not_an_object_is_a_400_at_any_size(gateway, caplog):
                     r = post(gateway, text.encode(), path=path.format(conv=conv))
                     assert_error(r, 400, code="invalid_type", param="body")
             for value in (None, True, 1.5):
-                assert_error(post(gateway, json.dumps(value).encode(), path=path.format(conv=conv)), 400,
-                             code="invalid_type", param="body")
+                assert_error(
+                    post(gateway, json.dumps(value).encode(), path=path.format(conv=conv)),
+                    400,
+                    code="invalid_type",
+                    param="body",
+                )
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a refusal logged as an error"
     with ws_open(gateway) as ws:
         for n in (10, 475, 40_000):
@@ -208,10 +227,15 @@ def test_a_body_that_is_not_an_object_is_a_400_at_any_size(gateway, caplog):
 # 13: tool_choice.type
 # ---------------------------------------------------------------------------------------------
 
-BAD_TOOL_CHOICES = [({"type": {}}, "invalid_type"), ({"type": []}, "invalid_type"), ({"type": 5}, "invalid_type"),
-                    ({"type": "bogus"}, "invalid_value"), ({"type": {"a": [1]}, "name": "get_weather"}, "invalid_type"),
-                    ({"name": "get_weather"}, "missing_required_parameter"),
-                    ({"type": None}, "missing_required_parameter")]
+BAD_TOOL_CHOICES = [
+    ({"type": {}}, "invalid_type"),
+    ({"type": []}, "invalid_type"),
+    ({"type": 5}, "invalid_type"),
+    ({"type": "bogus"}, "invalid_value"),
+    ({"type": {"a": [1]}, "name": "get_weather"}, "invalid_type"),
+    ({"name": "get_weather"}, "missing_required_parameter"),
+    ({"type": None}, "missing_required_parameter"),
+]
 
 
 @pytest.mark.parametrize("with_tools", [True, False])
@@ -228,17 +252,25 @@ def test_tool_choice_type_must_be_a_known_string(gateway, with_tools):
             assert ev["error"]["param"] == "tool_choice.type" and ev["error"]["code"] == code, ev
     # what a type names is checked as well, naming the param it is about
     if with_tools:
-        for choice, param in (({"type": "function", "name": {}}, "tool_choice.name"),
-                              ({"type": "custom", "name": ["a"]}, "tool_choice.name"),
-                              ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": {}}]},
-                               "tool_choice.tools[0]"),
-                              ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function"}, "x"]},
-                               "tool_choice.tools[1]")):
-            assert_error(post(gateway, {"model": MODEL, "input": "hi", "tool_choice": choice, **extra}), 400,
-                         code="invalid_type", param=param)
+        for choice, param in (
+            ({"type": "function", "name": {}}, "tool_choice.name"),
+            ({"type": "custom", "name": ["a"]}, "tool_choice.name"),
+            ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": {}}]}, "tool_choice.tools[0]"),
+            ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function"}, "x"]}, "tool_choice.tools[1]"),
+        ):
+            assert_error(
+                post(gateway, {"model": MODEL, "input": "hi", "tool_choice": choice, **extra}),
+                400,
+                code="invalid_type",
+                param=param,
+            )
     # the ones a client means still work
-    for choice in ("auto", "none", {"type": "function", "name": "get_weather"},
-                   {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]}):
+    for choice in (
+        "auto",
+        "none",
+        {"type": "function", "name": "get_weather"},
+        {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]},
+    ):
         if isinstance(choice, dict) and not with_tools:
             continue
         r = post(gateway, {"model": MODEL, "input": "hi", "tool_choice": choice, **extra})
@@ -248,6 +280,7 @@ def test_tool_choice_type_must_be_a_known_string(gateway, with_tools):
 # ---------------------------------------------------------------------------------------------
 # 15: unexpected faults, logged rate-limited
 # ---------------------------------------------------------------------------------------------
+
 
 def test_a_line_budget_counts_what_it_suppressed_and_says_so_when_it_resumes():
     now = [0.0]
@@ -314,8 +347,9 @@ def process_logging(monkeypatch) -> Iterator[io.StringIO]:
         root.setLevel(saved[1])
 
 
-def test_a_thousand_requests_that_crash_the_same_way_log_a_bounded_number_of_lines(gateway, process_logging,
-                                                                                   monkeypatch):
+def test_a_thousand_requests_that_crash_the_same_way_log_a_bounded_number_of_lines(
+    gateway, process_logging, monkeypatch
+):
     async def crash(*args: Any, **kw: Any) -> Any:
         raise RuntimeError("an unexpected fault")
 
