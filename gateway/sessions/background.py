@@ -124,11 +124,11 @@ class BackgroundTurns:
 
     @property
     def queued(self) -> int:
-        return sum(1 for bg in self._local.values() if bg.phase is Phase.QUEUED)
+        return sum(1 for bg in self._local.values() if bg.counted is Phase.QUEUED)
 
     @property
     def running(self) -> int:
-        return sum(1 for bg in self._local.values() if bg.phase is Phase.RUNNING)
+        return sum(1 for bg in self._local.values() if bg.counted is Phase.RUNNING)
 
     # -- accepting one --------------------------------------------------------------------------------
 
@@ -292,9 +292,12 @@ class BackgroundTurns:
 
     async def close(self) -> None:
         """Shutdown: the server has drained or cut every turn (``gateway.ops.server``); cut what a
-        server without that shutdown left, then stop the loops and close Redis."""
+        server without that shutdown left, then stop the loops and close Redis. A turn still settling
+        gets what is left of the shutdown's grace (``shutdown_grace_s``, one deadline for all of them)
+        to finish its record, then is cut."""
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
         for bg in list(self._local.values()):
-            await bg.cut()
+            await bg.cut(max(0.0, deadline - time.monotonic()))
         if self.replicas is not None:
             await self.replicas.close()
 

@@ -119,8 +119,11 @@ class BackgroundTurn:
         self.state = state
         self.log = events_log
         self.writer = writer
-        #: the machine's state (queued -> running -> ended; the gauges count it)
+        #: the machine's state (queued -> running -> ended)
         self.phase = Phase.QUEUED
+        #: what the gauges count it as: its phase before it ended (a settling turn is still queued or
+        #: running until it is forgotten, as the gauges counted it before the machine)
+        self.counted = Phase.QUEUED
         self.last_seq = -1
         self.ended = False
         self.running: RunningTurn | None = None
@@ -132,6 +135,8 @@ class BackgroundTurn:
 
     def _step(self, signal: Signal) -> tuple[Act, ...]:
         self.phase, actions = step(self.phase, signal)
+        if self.phase is not Phase.ENDED:
+            self.counted = self.phase
         return actions
 
     def stop(self, signal: Signal) -> None:
@@ -140,14 +145,19 @@ class BackgroundTurn:
             if act is Act.STOP_TURN and self.running is not None:
                 self.running.stop(requested=True)
 
-    async def cut(self) -> None:
-        """Shutdown: abort it and wait until it is billed; one that is settling finishes its record."""
+    async def cut(self, settle_s: float) -> None:
+        """Shutdown: abort it and wait until it is billed. One that is settling is left to finish its
+        record, for ``settle_s`` at most (the shutdown's grace): past it, it is cut as any turn is (the
+        cancel lands in its settling — a store or Redis that hangs must not hang the shutdown)."""
         if self.running is None:
             return
         if Act.CUT_TURN in self._step(Signal.SHUTDOWN):
             await self.running.cut()
-        else:
-            await asyncio.wait({self.running.task})
+            return
+        _, late = await asyncio.wait({self.running.task}, timeout=settle_s)
+        if late:
+            log.warning("background response %s still settling after %g s at shutdown: cut", self.id, settle_s)
+            await self.running.cut()
 
     async def deliver(self, ev: Event) -> None:
         if self.log is not None or self.writer is not None:

@@ -142,6 +142,9 @@ class FakeRunning:
 
     async def cut(self) -> int:
         self.cuts += 1
+        if not self.task.done():  # as HttpTurn.cut: cancel the task, wait until it is over
+            self.task.cancel()
+            await asyncio.wait({self.task})
         return 1
 
 
@@ -191,11 +194,62 @@ async def test_a_cancel_stops_the_turn_once_asked_and_a_late_one_leaves_its_sett
     assert bg.phase is P.ENDED and owner.calls == ["put", "finished", "forget"]
     bg.stop(S.CANCEL_REMOTE)
     bg.stop(S.LEASE_LOST)
-    await bg.cut()
+    await bg.cut(30.0)
     assert bg.running.stops == [True] and bg.running.cuts == 0
 
 
 async def test_shutdown_cuts_a_running_turn() -> None:
     bg = _turn(FakeOwner())
-    await bg.cut()
+    await bg.cut(30.0)
     assert bg.running.cuts == 1 and bg.phase is P.QUEUED
+
+
+class HangingOwner(FakeOwner):
+    """Its store never answers: a turn's settling (recording its outcome) never ends by itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settling = asyncio.Event()
+
+    async def finished(self, bg: Any, response: dict[str, Any]) -> None:
+        self.calls.append("finished")
+        self.settling.set()
+        await asyncio.Event().wait()
+
+
+def _gauges(bg: Any) -> tuple[int, int]:
+    from types import SimpleNamespace
+
+    from gateway.sessions.background import BackgroundTurns
+
+    owner = SimpleNamespace(_local={bg.id: bg})
+    return BackgroundTurns.queued.fget(owner), BackgroundTurns.running.fget(owner)  # type: ignore[attr-defined]
+
+
+async def test_shutdown_leaves_a_settling_turn_alone_only_up_to_its_bound() -> None:
+    """A settling turn is left to finish its record, but one that never does (a store that hangs)
+    must not hang the shutdown: past the bound it is cut. Before, shutdown waited on it forever. Until
+    it is forgotten it is counted as running, as the gauges counted it before the machine."""
+    owner = HangingOwner()
+    bg = _turn(owner)
+    running = bg.running
+    await bg.deliver({"type": "response.in_progress", "sequence_number": 1, "response": {"output": []}})
+    assert _gauges(bg) == (0, 1)
+    running.task = asyncio.ensure_future(bg.settle(running, None))  # the turn's task, settling
+    await owner.settling.wait()
+    assert bg.phase is P.ENDED and _gauges(bg) == (0, 1)
+    bg.stop(S.CANCEL)  # a late cancel: left alone
+    assert running.stops == [] and not running.task.done()
+    await asyncio.wait_for(bg.cut(0.01), 30)  # the guard only catches a hang
+    assert running.cuts == 1 and running.task.cancelled()
+    assert owner.calls == ["put", "finished", "forget"]
+
+
+async def test_a_queued_turn_that_settles_is_counted_queued_until_forgotten() -> None:
+    owner = HangingOwner()
+    bg = _turn(owner)
+    bg.running.task = asyncio.ensure_future(bg.settle(bg.running, None))
+    await owner.settling.wait()
+    assert bg.phase is P.ENDED and _gauges(bg) == (1, 0)
+    await asyncio.wait_for(bg.cut(0.0), 30)  # the guard only catches a hang
+    assert bg.running.task.cancelled()
