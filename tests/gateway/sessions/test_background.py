@@ -334,6 +334,9 @@ def test_second_replica_polls_cancels_and_resumes(make_gateway, redis_url):
     a.engine.script = lambda view: Turn(text=LONG, delay_per_token_s=0.05, endless=True)
     running = on_a.responses.create(model=MODEL, input="long", background=True, stream=True)
     rid2 = next(iter(running)).response.id
+    # the engine request is under way (a token came out) before the cancel: ``in_progress`` goes out
+    # before the turn has started it, and a cancel then stops the turn with no engine request to abort
+    next(ev for ev in running if ev.type == "response.output_text.delta")
     wait_for(lambda: on_b.responses.retrieve(rid2).status == "in_progress", what="in_progress on B")
     with pytest.raises(openai.BadRequestError):
         on_b.responses.delete(rid2)  # still running: cancel first
