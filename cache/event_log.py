@@ -53,7 +53,6 @@ from cache.redis_client import AsyncClient
 log = logging.getLogger(__name__)
 
 
-
 class LoggedEvent(NamedTuple):
     """One event as a log keeps it."""
 
@@ -84,8 +83,12 @@ class LogUnavailable(Exception):
 class EventLog:
     """One response's events in this process, followed live by any number of readers."""
 
-    def __init__(self, max_bytes: int, on_bytes: Callable[[int], None] | None = None,
-                 on_finish: Callable[[EventLog], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        on_bytes: Callable[[int], None] | None = None,
+        on_finish: Callable[[EventLog], None] | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self._on_bytes = on_bytes
         self._on_finish = on_finish
@@ -126,7 +129,7 @@ class EventLog:
             self._head += 1
             self._first += 1
         if self._head > 1024 and self._head * 2 > len(self._entries):
-            del self._entries[:self._head]
+            del self._entries[: self._head]
             self._head = 0
         self._grow(added)
         self._notify()
@@ -184,7 +187,8 @@ class MemoryEventLogs:
         #: finished logs by (tenant, response id), in the order they finished (never "used": a read
         #: goes through ``_logs``), so the oldest is the first to expire
         self._finished: BoundedLRU[tuple[str | None, str], EventLog] = BoundedLRU(
-            max_finished, max_total_bytes, part=tenant_of, on_evict=self._gone)
+            max_finished, max_total_bytes, part=tenant_of, on_evict=self._gone
+        )
         #: each tenant's bytes in running logs (counted in its usage when shares decide an eviction)
         self._running: dict[str | None, int] = {}
         self.nbytes = 0
@@ -198,8 +202,11 @@ class MemoryEventLogs:
 
     def open(self, response_id: str, tenant: str | None = None) -> EventLog:
         self._expire()
-        log_ = EventLog(self.max_bytes, lambda delta: self._count(tenant, log_, delta),
-                        lambda done: self._done(tenant, response_id, done))
+        log_ = EventLog(
+            self.max_bytes,
+            lambda delta: self._count(tenant, log_, delta),
+            lambda done: self._done(tenant, response_id, done),
+        )
         self._logs[response_id] = log_
         return log_
 
@@ -226,8 +233,11 @@ class MemoryEventLogs:
         self.nbytes += delta
         if not log_.finished:
             self._run(tenant, delta)
-        while delta > 0 and self.nbytes > self.max_total_bytes and self._finished.evict_one(
-                prefer=tenant, outside=self._running):
+        while (
+            delta > 0
+            and self.nbytes > self.max_total_bytes
+            and self._finished.evict_one(prefer=tenant, outside=self._running)
+        ):
             pass
 
     def _run(self, tenant: str | None, delta: int) -> None:
@@ -240,8 +250,9 @@ class MemoryEventLogs:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for key, log_ in self._finished.sweep(lambda done: now - (done.finished_at or now) > self.ttl_s,
-                                              limit=None):  # in the order they finished: all expired first
+        for key, log_ in self._finished.sweep(
+            lambda done: now - (done.finished_at or now) > self.ttl_s, limit=None
+        ):  # in the order they finished: all expired first
             self._gone(key, log_)
 
     def _gone(self, key: tuple[str | None, str], log_: EventLog) -> None:
@@ -297,8 +308,9 @@ class RedisEventLog:
             return None
         return _seq_of(first[0][0]), _seq_of(last[0][0]), bool(last[0][1].get(b"t"))
 
-    async def follow(self, response_id: str, after: int,
-                     ended: Callable[[], Awaitable[bool]]) -> AsyncIterator[LoggedEvent]:
+    async def follow(
+        self, response_id: str, after: int, ended: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[LoggedEvent]:
         """Like :meth:`EventLog.follow`, from Redis. Between entries that do not come, ``ended()``
         says whether to stop waiting (the response is over, and its log said all it will); two
         quiet reads after it said so end the stream."""
@@ -364,7 +376,7 @@ def _entry(seq: int, fields: dict[bytes, bytes]) -> LoggedEvent:
     # (``event: <type>\ndata: <json>\n\n``)
     frame = fields[b"f"]
     nl = frame.find(b"\n")
-    return LoggedEvent(seq, frame[7:nl].decode(), frame[nl + 7:].rstrip(b"\n"), terminal)
+    return LoggedEvent(seq, frame[7:nl].decode(), frame[nl + 7 :].rstrip(b"\n"), terminal)
 
 
 class RedisLogWriter:
@@ -407,8 +419,12 @@ class RedisLogWriter:
                     self.failures += 1
                     self._kept.clear()  # what landed is unknown: the window restarts from here
                     self._kept_bytes = 0
-                    log.warning("background events of %s not written to Redis (%d dropped): %s",
-                                self.response_id, len(batch), exc)
+                    log.warning(
+                        "background events of %s not written to Redis (%d dropped): %s",
+                        self.response_id,
+                        len(batch),
+                        exc,
+                    )
             if self._closed:
                 return
 
@@ -436,6 +452,7 @@ class RedisLogWriter:
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
         except TimeoutError:
-            log.warning("background events of %s: Redis writes still pending after %g s, dropped",
-                        self.response_id, timeout_s)
+            log.warning(
+                "background events of %s: Redis writes still pending after %g s, dropped", self.response_id, timeout_s
+            )
             self._task.cancel()

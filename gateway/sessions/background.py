@@ -91,8 +91,10 @@ CANCEL_WAIT_S = 10.0
 
 def limit_message(limit: int | None) -> str:
     """The 429's message when a tenant has ``background_max_per_tenant`` queued or running."""
-    return (f"Too many background responses queued or in progress for this tenant (limit {limit}). Wait for one "
-            "to finish, or cancel one.")
+    return (
+        f"Too many background responses queued or in progress for this tenant (limit {limit}). Wait for one "
+        "to finish, or cancel one."
+    )
 
 
 class BackgroundTurns:
@@ -102,8 +104,16 @@ class BackgroundTurns:
     ``closing`` gives the events that end a stream whose turn did not send its terminal: both
     handed in by the app, so that this room never imports the transport."""
 
-    def __init__(self, settings: Settings, store: ResponseStore, finalizer: Finalizer, usage: UsageQueue,
-                 metrics: Metrics, launch: Launch, closing: Closing) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ResponseStore,
+        finalizer: Finalizer,
+        usage: UsageQueue,
+        metrics: Metrics,
+        launch: Launch,
+        closing: Closing,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.finalizer = finalizer
@@ -111,13 +121,13 @@ class BackgroundTurns:
         self.metrics = metrics
         self.launch = launch
         self.closing = closing
-        self.logs = MemoryEventLogs(settings.background_events_bytes, settings.background_events_total_bytes,
-                                    settings.background_events_ttl_s)
+        self.logs = MemoryEventLogs(
+            settings.background_events_bytes, settings.background_events_total_bytes, settings.background_events_ttl_s
+        )
         self._local: dict[str, BackgroundTurn] = {}
         self._per_tenant: dict[str | None, int] = {}
         #: the Redis side (None: one process, nothing shared)
-        self.replicas = (Replicas(settings, store, metrics, self._local, self._abandon)
-                         if settings.redis_url else None)
+        self.replicas = Replicas(settings, store, metrics, self._local, self._abandon) if settings.redis_url else None
         self.replay = Replayer(settings, store, self.logs, self.replicas)
 
     # -- gauges -------------------------------------------------------------------------------------
@@ -149,21 +159,27 @@ class BackgroundTurns:
         else:
             self._per_tenant.pop(tenant, None)
 
-    async def start(self, turn: PreparedTurn, events: AsyncIterator[Event], slot: Slot,
-                    on_usage: UsageHook | None) -> BackgroundTurn:
+    async def start(
+        self, turn: PreparedTurn, events: AsyncIterator[Event], slot: Slot, on_usage: UsageHook | None
+    ) -> BackgroundTurn:
         """Store the ``queued`` state (after taking the lease), then run the turn in its own task.
         A store or Redis outage refuses the create (503) before anything ran or was billed."""
         state = placeholder(turn, snapshot(turn.response))
         replicas = self.replicas
         try:
             if replicas is not None:
-                await replicas.leases.acquire(turn.id, {"tenant": turn.ctx.tenant, "model": turn.route.name,
-                                                        "stream": bool(turn.req.stream),
-                                                        "created_at": turn.created_at})
+                await replicas.leases.acquire(
+                    turn.id,
+                    {
+                        "tenant": turn.ctx.tenant,
+                        "model": turn.route.name,
+                        "stream": bool(turn.req.stream),
+                        "created_at": turn.created_at,
+                    },
+                )
             await self._timed_put(state)
         except (StoreUnavailable, RedisError) as exc:
-            outage_log.warning("background_start", "background response %s refused, state not stored: %s",
-                               turn.id, exc)
+            outage_log.warning("background_start", "background response %s refused, state not stored: %s", turn.id, exc)
             if replicas is not None:
                 await replicas.release_quietly(turn.id)
             slot.release()
@@ -171,8 +187,14 @@ class BackgroundTurns:
                 on_usage(usage_object(0, 0, 0, 0))  # hand the reserved prompt tokens back
             raise store_unavailable() from None
         streamed = bool(turn.req.stream)
-        bg = BackgroundTurn(self, turn, slot, state, self.logs.open(turn.id, turn.ctx.tenant) if streamed else None,
-                            replicas.log.writer(turn.id) if streamed and replicas is not None else None)
+        bg = BackgroundTurn(
+            self,
+            turn,
+            slot,
+            state,
+            self.logs.open(turn.id, turn.ctx.tenant) if streamed else None,
+            replicas.log.writer(turn.id) if streamed and replicas is not None else None,
+        )
         self._local[turn.id] = bg
         bg.running = self.launch(turn, events, bg.deliver, bg.settle)
         return bg
@@ -184,16 +206,16 @@ class BackgroundTurns:
         try:
             await self._timed_put(state)
         except StoreUnavailable as exc:
-            outage_log.warning("background_progress", "state of background response %s not stored: %s",
-                               state.id, exc)
+            outage_log.warning("background_progress", "state of background response %s not stored: %s", state.id, exc)
 
     async def finished(self, bg: BackgroundTurn, response: dict[str, Any]) -> None:
         """The turn ended and was billed: check that its final state is stored, then release it."""
         await self.finalizer.wait_for(bg.id)
         try:
             if response["status"] in ACTIVE:  # its finalize crashed before billing (logged there)
-                await self._abandon(bg.state, bg.state.response,
-                                    {"model": bg.state.model, "created_at": bg.state.created})
+                await self._abandon(
+                    bg.state, bg.state.response, {"model": bg.state.model, "created_at": bg.state.created}
+                )
             elif response["status"] not in CHAINABLE:
                 # failed or cancelled: finalize wrote it off the turn's path, maybe not at all (a
                 # completed or incomplete one was stored before it was billed, or it failed instead)
@@ -216,8 +238,12 @@ class BackgroundTurns:
         """``POST /v1/responses/{id}/cancel``: the Response as it ended (see the module docstring)."""
         bg = self._local.get(state.id)
         here = bg is not None and bg.running is not None
-        plan = plan_cancel(background=bool(state.response.get("background")), active=state.status in ACTIVE,
-                           here=here, shared=self.replicas is not None)
+        plan = plan_cancel(
+            background=bool(state.response.get("background")),
+            active=state.status in ACTIVE,
+            here=here,
+            shared=self.replicas is not None,
+        )
         if plan is Cancel.REFUSE:
             raise bad_request("Cannot cancel a synchronous response.", param="response_id")
         if plan is Cancel.AS_IS:
@@ -256,8 +282,9 @@ class BackgroundTurns:
 
     # -- resume -------------------------------------------------------------------------------------------
 
-    async def open_events(self, state: ResponseState, tenant: str | None,
-                          after: int) -> AsyncGenerator[LoggedEvent, None]:
+    async def open_events(
+        self, state: ResponseState, tenant: str | None, after: int
+    ) -> AsyncGenerator[LoggedEvent, None]:
         """The events after sequence number ``after`` (-1: all), then the live ones, for the
         transport to frame (``gateway.sessions.replay``); the 400s are raised before any is sent."""
         return await self.replay.open(state, tenant, after)
@@ -266,9 +293,19 @@ class BackgroundTurns:
 
     async def _abandon(self, state: ResponseState, response: dict[str, Any], info: dict[str, Any]) -> None:
         """Store ``failed`` (``OWNER_LOST_MESSAGE``), end its event log, bill it once with zero tokens."""
-        failed = dict(response, status=ResponseStatus.FAILED.value, completed_at=None, usage=usage_object(0, 0, 0, 0),
-                      error={"code": "server_error", "message": OWNER_LOST_MESSAGE, "type": "server_error",
-                             "param": None, "misalignment": None})
+        failed = dict(
+            response,
+            status=ResponseStatus.FAILED.value,
+            completed_at=None,
+            usage=usage_object(0, 0, 0, 0),
+            error={
+                "code": "server_error",
+                "message": OWNER_LOST_MESSAGE,
+                "type": "server_error",
+                "param": None,
+                "misalignment": None,
+            },
+        )
         await self._timed_put(msgspec.structs.replace(state, response=failed))
         if self.replicas is not None and info.get("stream"):
             shared = self.replicas.log
@@ -279,10 +316,23 @@ class BackgroundTurns:
                 await shared.append(state.id, [logged(err), logged(late_terminal(failed, last + 2))])
         now = time.time()
         created = float(info.get("created_at") or now)
-        self.usage.submit(UsageRecord(
-            response_id=state.id, model=str(info.get("model") or state.model), tenant=state.tenant,
-            status=ResponseStatus.FAILED.value, input_tokens=0, cached_tokens=0, output_tokens=0, reasoning_tokens=0,
-            transport="http", created_at=created, finished_at=now, ttft_s=None, duration_s=max(0.0, now - created)))
+        self.usage.submit(
+            UsageRecord(
+                response_id=state.id,
+                model=str(info.get("model") or state.model),
+                tenant=state.tenant,
+                status=ResponseStatus.FAILED.value,
+                input_tokens=0,
+                cached_tokens=0,
+                output_tokens=0,
+                reasoning_tokens=0,
+                transport="http",
+                created_at=created,
+                finished_at=now,
+                ttft_s=None,
+                duration_s=max(0.0, now - created),
+            )
+        )
 
     # -- lifetime -----------------------------------------------------------------------------------------
 

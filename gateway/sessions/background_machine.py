@@ -47,41 +47,41 @@ from dataclasses import dataclass
 
 class Phase(enum.Enum):
     # a response this replica runs
-    QUEUED = "queued"      # accepted: its lease taken, its queued state stored; not started yet
-    RUNNING = "running"    # response.in_progress went out (and was stored)
-    ENDED = "ended"        # its task settled: outcome recorded, lease released, slot given back
+    QUEUED = "queued"  # accepted: its lease taken, its queued state stored; not started yet
+    RUNNING = "running"  # response.in_progress went out (and was stored)
+    ENDED = "ended"  # its task settled: outcome recorded, lease released, slot given back
     # a response another replica runs, as this one's probe of its lease sees it
-    FOREIGN = "foreign"    # its owner holds the lease (or this replica has not looked yet)
-    LAPSED = "lapsed"      # its lease lapsed: the owner died, or stalled longer than the lease
-    REAPED = "reaped"      # this replica claimed it and finished it as failed
-    GONE = "gone"          # released by its owner: the stored state is final
+    FOREIGN = "foreign"  # its owner holds the lease (or this replica has not looked yet)
+    LAPSED = "lapsed"  # its lease lapsed: the owner died, or stalled longer than the lease
+    REAPED = "reaped"  # this replica claimed it and finished it as failed
+    GONE = "gone"  # released by its owner: the stored state is final
 
 
 class Signal(enum.Enum):
-    IN_PROGRESS = "in_progress"      # the turn sent response.in_progress
-    CANCEL = "cancel"                # POST .../cancel on this replica
+    IN_PROGRESS = "in_progress"  # the turn sent response.in_progress
+    CANCEL = "cancel"  # POST .../cancel on this replica
     CANCEL_REMOTE = "cancel_remote"  # another replica asked through this one's cancel list
-    LEASE_LOST = "lease_lost"        # the heartbeat's renew found the lease gone
-    SHUTDOWN = "shutdown"            # the server stops (after its drain)
-    SETTLED = "settled"              # the turn's task ended, whatever ended it
-    LEASE_HELD = "lease_held"        # a probe: the owner's lease holds
-    LEASE_LAPSED = "lease_lapsed"    # a probe: the owner's lease is past its deadline
-    LEASE_GONE = "lease_gone"        # a probe: no lease (released, or never taken)
-    CLAIM_WON = "claim_won"          # this replica's claim of a lapsed lease took it
-    CLAIM_LOST = "claim_lost"        # another replica's did
+    LEASE_LOST = "lease_lost"  # the heartbeat's renew found the lease gone
+    SHUTDOWN = "shutdown"  # the server stops (after its drain)
+    SETTLED = "settled"  # the turn's task ended, whatever ended it
+    LEASE_HELD = "lease_held"  # a probe: the owner's lease holds
+    LEASE_LAPSED = "lease_lapsed"  # a probe: the owner's lease is past its deadline
+    LEASE_GONE = "lease_gone"  # a probe: no lease (released, or never taken)
+    CLAIM_WON = "claim_won"  # this replica's claim of a lapsed lease took it
+    CLAIM_LOST = "claim_lost"  # another replica's did
 
 
 class Act(enum.Enum):
     STORE_PROGRESS = "store_progress"  # write the in_progress state (a lost write: the final repairs it)
-    STOP_TURN = "stop_turn"            # abort the turn in its own task (a requested stop)
-    CUT_TURN = "cut_turn"              # shutdown deadline: abort it and wait until it is billed
-    CLOSE_STREAM = "close_stream"      # closing events the turn did not send; finish and flush the logs
+    STOP_TURN = "stop_turn"  # abort the turn in its own task (a requested stop)
+    CUT_TURN = "cut_turn"  # shutdown deadline: abort it and wait until it is billed
+    CLOSE_STREAM = "close_stream"  # closing events the turn did not send; finish and flush the logs
     RECORD_OUTCOME = "record_outcome"  # check the final state is stored (repair it), release the lease
-    FORGET = "forget"                  # out of this replica's map; the tenant's slot given back
-    WAIT = "wait"                      # nothing to do now: probe again later
-    CLAIM = "claim"                    # try to take the lapsed lease (atomic: one replica wins)
-    REAP = "reap"                      # store failed, end its event log, bill it once with zero tokens
-    READ_STATE = "read_state"          # the stored state says how it ended
+    FORGET = "forget"  # out of this replica's map; the tenant's slot given back
+    WAIT = "wait"  # nothing to do now: probe again later
+    CLAIM = "claim"  # try to take the lapsed lease (atomic: one replica wins)
+    REAP = "reap"  # store failed, end its event log, bill it once with zero tokens
+    READ_STATE = "read_state"  # the stored state says how it ended
 
 
 class Refused(RuntimeError):
@@ -137,11 +137,11 @@ def probe_signal(alive: bool | None) -> Signal:
 class Cancel(enum.Enum):
     """What ``POST /v1/responses/{id}/cancel`` does (:func:`plan_cancel`)."""
 
-    REFUSE = "refuse"    # not a background response: 400
-    AS_IS = "as_is"      # it ended already: the response unchanged (idempotent)
-    LOCAL = "local"      # it runs here: stop it, wait for its task (aborted, billed, stored, released)
-    LATEST = "latest"    # one process and not here: it ended while this request read it
-    REMOTE = "remote"    # another replica runs it: ask its owner, probe its lease until it ends
+    REFUSE = "refuse"  # not a background response: 400
+    AS_IS = "as_is"  # it ended already: the response unchanged (idempotent)
+    LOCAL = "local"  # it runs here: stop it, wait for its task (aborted, billed, stored, released)
+    LATEST = "latest"  # one process and not here: it ended while this request read it
+    REMOTE = "remote"  # another replica runs it: ask its owner, probe its lease until it ends
 
 
 def plan_cancel(*, background: bool, active: bool, here: bool, shared: bool) -> Cancel:
@@ -173,10 +173,10 @@ class Replay(enum.Enum):
     """What ``GET .../{id}?stream=true&starting_after=N`` answers (:func:`plan_replay`)."""
 
     NOT_BACKGROUND = "not_background"  # 400 (param stream): only background responses stream again
-    NO_EVENTS = "no_events"            # 400 (param stream): no log kept (no stream=true, or expired)
-    TRUNCATED = "truncated"            # 400 (param starting_after): N is older than the window
-    NOTHING = "nothing"                # N is the terminal or past it: an empty stream
-    FOLLOW = "follow"                  # the events after N, then the live ones, to the terminal
+    NO_EVENTS = "no_events"  # 400 (param stream): no log kept (no stream=true, or expired)
+    TRUNCATED = "truncated"  # 400 (param starting_after): N is older than the window
+    NOTHING = "nothing"  # N is the terminal or past it: an empty stream
+    FOLLOW = "follow"  # the events after N, then the live ones, to the terminal
 
 
 def plan_replay(after: int, *, background: bool, window: Window | None, expected: bool) -> Replay:

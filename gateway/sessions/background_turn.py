@@ -89,9 +89,18 @@ def placeholder(turn: PreparedTurn, response: dict[str, Any]) -> ResponseState:
     own — a Redis write of it is O(new input), not O(history)."""
     size = 1024 + 64 * len(turn.input.input_items)
     return ResponseState(
-        id=turn.id, response=response, input_items=turn.input.input_items, context=ItemLog(),
-        history_ids=TokenSeq(), model=turn.route.name, prelude_key=b"", store=True, tenant=turn.ctx.tenant,
-        nbytes=size, delta_bytes=size, created=turn.created_at,
+        id=turn.id,
+        response=response,
+        input_items=turn.input.input_items,
+        context=ItemLog(),
+        history_ids=TokenSeq(),
+        model=turn.route.name,
+        prelude_key=b"",
+        store=True,
+        tenant=turn.ctx.tenant,
+        nbytes=size,
+        delta_bytes=size,
+        created=turn.created_at,
     )
 
 
@@ -108,8 +117,15 @@ class Slot:
 
 
 class BackgroundTurn:
-    def __init__(self, owner: BackgroundTurns, turn: PreparedTurn, slot: Slot, state: ResponseState,
-                 events_log: EventLog | None, writer: RedisLogWriter | None) -> None:
+    def __init__(
+        self,
+        owner: BackgroundTurns,
+        turn: PreparedTurn,
+        slot: Slot,
+        state: ResponseState,
+        events_log: EventLog | None,
+        writer: RedisLogWriter | None,
+    ) -> None:
         self.owner = owner
         self.id = turn.id
         self.tenant = turn.ctx.tenant

@@ -38,8 +38,9 @@ from gateway.wire.errors import ApiError, bad_request, store_unavailable
 class Replayer:
     """Opens resumed streams over this replica's logs and, with Redis, the shared ones."""
 
-    def __init__(self, settings: Settings, store: ResponseStore, logs: MemoryEventLogs,
-                 replicas: Replicas | None) -> None:
+    def __init__(
+        self, settings: Settings, store: ResponseStore, logs: MemoryEventLogs, replicas: Replicas | None
+    ) -> None:
         self.settings = settings
         self.store = store
         self.logs = logs
@@ -78,20 +79,30 @@ class Replayer:
             got = await shared.bounds(rid)
             return got is not None and got[2]
 
-        return self._events(rid, tenant, shared.follow(rid, after, lambda: replicas.over(rid, tenant)), after,
-                            logged_terminal)
+        return self._events(
+            rid, tenant, shared.follow(rid, after, lambda: replicas.over(rid, tenant)), after, logged_terminal
+        )
 
     def _refuse(self, plan: Replay, rid: str, first_kept: int) -> None:
         if plan is Replay.NOT_BACKGROUND:
-            raise bad_request("Streaming retrieval is only available for background responses.",
-                              code="unsupported_parameter", param="stream")
+            raise bad_request(
+                "Streaming retrieval is only available for background responses.",
+                code="unsupported_parameter",
+                param="stream",
+            )
         if plan is Replay.NO_EVENTS:
             raise _no_events(rid, self.settings.background_events_ttl_s)
         if plan is Replay.TRUNCATED:
             raise _truncated(rid, first_kept)
 
-    async def _events(self, rid: str, tenant: str | None, source: AsyncIterator[LoggedEvent], after: int,
-                      has_terminal: Callable[[], Awaitable[bool]]) -> AsyncGenerator[LoggedEvent, None]:
+    async def _events(
+        self,
+        rid: str,
+        tenant: str | None,
+        source: AsyncIterator[LoggedEvent],
+        after: int,
+        has_terminal: Callable[[], Awaitable[bool]],
+    ) -> AsyncGenerator[LoggedEvent, None]:
         """A log's events as one stream that always ends with a terminal event (module docstring)."""
         last, ended = after, False
         try:
@@ -128,12 +139,19 @@ async def _empty() -> AsyncGenerator[LoggedEvent, None]:
 
 
 def _no_events(rid: str, ttl_s: float) -> ApiError:
-    return bad_request(f"No event stream is kept for response '{rid}': only background responses created with "
-                       f"stream=true keep their events, for {ttl_s:g} s after the last one. Retrieve it without "
-                       "stream=true.", code="invalid_value", param="stream")
+    return bad_request(
+        f"No event stream is kept for response '{rid}': only background responses created with "
+        f"stream=true keep their events, for {ttl_s:g} s after the last one. Retrieve it without "
+        "stream=true.",
+        code="invalid_value",
+        param="stream",
+    )
 
 
 def _truncated(rid: str, first_kept: int) -> ApiError:
-    return bad_request(f"The events of response '{rid}' before sequence number {first_kept} are no longer kept; "
-                       f"resume from starting_after={first_kept - 1} or later, or retrieve it without stream=true.",
-                       code="invalid_value", param="starting_after")
+    return bad_request(
+        f"The events of response '{rid}' before sequence number {first_kept} are no longer kept; "
+        f"resume from starting_after={first_kept - 1} or later, or retrieve it without stream=true.",
+        code="invalid_value",
+        param="starting_after",
+    )

@@ -52,8 +52,14 @@ Abandon = Callable[[ResponseState, dict[str, Any], dict[str, Any]], Awaitable[No
 class Replicas:
     """The leases, the shared event logs and the loops over them (module docstring)."""
 
-    def __init__(self, settings: Settings, store: ResponseStore, metrics: Metrics,
-                 local: Mapping[str, BackgroundTurn], abandon: Abandon) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ResponseStore,
+        metrics: Metrics,
+        local: Mapping[str, BackgroundTurn],
+        abandon: Abandon,
+    ) -> None:
         assert settings.redis_url
         self.settings = settings
         self.store = store
@@ -63,8 +69,9 @@ class Replicas:
         self._abandon = abandon
         self.redis = connect_store(settings.redis_url)
         self.leases = RedisLeases(self.redis, lease_s=settings.background_lease_s)
-        self.log = RedisEventLog(self.redis, max_bytes=settings.background_events_bytes,
-                                 ttl_s=settings.background_events_ttl_s)
+        self.log = RedisEventLog(
+            self.redis, max_bytes=settings.background_events_bytes, ttl_s=settings.background_events_ttl_s
+        )
         self._loops: list[asyncio.Task[None]] = []
 
     # -- a response another replica runs ---------------------------------------------------------------
@@ -131,9 +138,11 @@ class Replicas:
                 for rid in await self.leases.renew(list(self.local)):
                     bg = self.local.get(rid)
                     if bg is not None:
-                        log.error("background response %s: its lease lapsed while it ran here (an event-loop stall "
-                                  "longer than background_lease_s?); another replica marked it failed: stopping it",
-                                  rid)
+                        log.error(
+                            "background response %s: its lease lapsed while it ran here (an event-loop stall "
+                            "longer than background_lease_s?); another replica marked it failed: stopping it",
+                            rid,
+                        )
                         bg.stop(Signal.LEASE_LOST)
                 for rid in await self.leases.expired():
                     await self.claim_lapsed(rid)

@@ -71,8 +71,16 @@ Key = tuple[str | None, str]  # (tenant, response id)
 class ResumableStates(TenantShared):
     """This replica's resumable lane states (and, with ``remote``, their Redis records)."""
 
-    def __init__(self, *, window_s: float, max_bytes: int, tenant_bytes: int, metrics: Metrics,
-                 remote: RedisResumable | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        window_s: float,
+        max_bytes: int,
+        tenant_bytes: int,
+        metrics: Metrics,
+        remote: RedisResumable | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.window_s = window_s
         self.max_bytes = max_bytes
         self.tenant_bytes = tenant_bytes
@@ -82,8 +90,9 @@ class ResumableStates(TenantShared):
         # never "used" (a claim pops): least recently used = parked first = expires first. The share is
         # just above ``tenant_bytes`` so that a tenant at its cap (held by ``_add``) is never over it
         share = min(1.0, (tenant_bytes + 0.5) / max_bytes) if max_bytes else 1.0
-        self._lru: BoundedLRU[Key, _Entry] = BoundedLRU(_MAX_ENTRIES, max_bytes, part=tenant_of, share=share,
-                                                         on_evict=self._evicted)
+        self._lru: BoundedLRU[Key, _Entry] = BoundedLRU(
+            _MAX_ENTRIES, max_bytes, part=tenant_of, share=share, on_evict=self._evicted
+        )
         #: response id -> tenant of every entry held (a claim names the id only)
         self._ids: dict[str, str | None] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -100,8 +109,13 @@ class ResumableStates(TenantShared):
             assert settings.redis_url and settings.seal_secret
             sealer = Sealer(b"ws-resume:" + settings.seal_secret.encode())
             remote = RedisResumable.from_url(settings.redis_url, sealer)
-        return cls(window_s=settings.ws_resume_window_s, max_bytes=settings.ws_resume_max_bytes,
-                   tenant_bytes=settings.ws_resume_tenant_bytes, metrics=metrics, remote=remote)
+        return cls(
+            window_s=settings.ws_resume_window_s,
+            max_bytes=settings.ws_resume_max_bytes,
+            tenant_bytes=settings.ws_resume_tenant_bytes,
+            metrics=metrics,
+            remote=remote,
+        )
 
     def __contains__(self, response_id: str) -> bool:
         return response_id in self._ids
@@ -140,7 +154,8 @@ class ResumableStates(TenantShared):
             return False
         # the tenant's share, a hard cap: its own oldest go first (evictions, counted by ``_evicted``)
         while self.tenant_nbytes(entry.tenant) + entry.nbytes > self.tenant_bytes and self._lru.evict_one(
-                prefer=entry.tenant):
+            prefer=entry.tenant
+        ):
             pass
         # beyond the total the oldest of all make room, BEFORE the put: every tenant is then within
         # min(tenant_bytes, max_bytes), so none is over its share and ``evict_one`` takes the oldest
@@ -227,8 +242,11 @@ class ResumableStates(TenantShared):
             state = remote.open(blob, response_id, tenant)
         if state is None:  # sealed with another secret, or not this tenant's record: taken, useless
             self.metrics.ws_resumable.labels("failed", "redis").inc()
-            outage_log.log(logging.WARNING, "resume-open", "a resumable state record did not open "
-                           "(replicas with different RESPGATE_SEAL_SECRET?)")
+            outage_log.log(
+                logging.WARNING,
+                "resume-open",
+                "a resumable state record did not open (replicas with different RESPGATE_SEAL_SECRET?)",
+            )
             return None
         self.metrics.ws_resumable.labels("claimed", "redis").inc()
         return state
@@ -257,8 +275,7 @@ class ResumableStates(TenantShared):
         oldest = self._lru.oldest()
         if self._timer is not None or oldest is None:
             return
-        self._timer = asyncio.get_running_loop().call_later(max(0.0, oldest[1].expires - self._clock()),
-                                                            self._expire)
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, oldest[1].expires - self._clock()), self._expire)
 
     def _expire(self) -> None:
         self._timer = None

@@ -117,8 +117,9 @@ def test_background_needs_store_and_cancel_needs_background(make_gateway):
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_missing")
     # a completion window is accepted; 2h/8h need background and no stream
-    ok = client.responses.create(model=MODEL, input="x", background=True,
-                                 background_options={"completion_window": "8h"})
+    ok = client.responses.create(
+        model=MODEL, input="x", background=True, background_options={"completion_window": "8h"}
+    )
     assert poll_until_done(client, ok.id)[0].status == "completed"
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(model=MODEL, input="x", background_options={"completion_window": "2h"})
@@ -198,7 +199,7 @@ def test_dropped_stream_resumes_at_any_event_and_the_turn_runs_on(make_gateway):
     assert [e["sequence_number"] for e in full] == list(range(len(full)))
     assert full[:6] == first and full[6:] == live_tail
     for after in (0, len(full) // 2, len(full) - 2, len(full) - 1):
-        assert events_of(client.responses.retrieve(rid, stream=True, starting_after=after)) == full[after + 1:]
+        assert events_of(client.responses.retrieve(rid, stream=True, starting_after=after)) == full[after + 1 :]
     assert full[-1]["response"]["output"][0]["content"][0]["text"] == LONG
     one_record(sink, rid, "completed")
     # the SDK's stream helper resumes too, and rebuilds the final response from the events
@@ -214,13 +215,21 @@ def test_background_objects_match_both_schemas(make_gateway):
     doc = OpenResponses()
     live = make_gateway(engine=engine(0.02, endless=True))
     queued = post_json(live, {"model": MODEL, "input": "x", "background": True})
-    with httpx.stream("POST", f"{live.base_url}/responses", timeout=30,
-                      json={"model": MODEL, "input": "y", "background": True, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{live.base_url}/responses",
+        timeout=30,
+        json={"model": MODEL, "input": "y", "background": True, "stream": True},
+    ) as r:
         lines = r.iter_lines()
         head = [next(lines) for _ in range(9)]  # three events: created, queued, in_progress
     events = parse_sse(("\n".join(head) + "\n").encode())
-    with httpx.stream("GET", f"{live.base_url}/responses/{events[0]['response']['id']}", timeout=30,
-                      params={"stream": "true", "starting_after": 1}) as r:
+    with httpx.stream(
+        "GET",
+        f"{live.base_url}/responses/{events[0]['response']['id']}",
+        timeout=30,
+        params={"stream": "true", "starting_after": 1},
+    ) as r:
         lines = r.iter_lines()
         resumed = parse_sse(("\n".join(next(lines) for _ in range(3)) + "\n").encode())
     assert resumed[0]["type"] == "response.in_progress" and resumed[0]["sequence_number"] == 2
@@ -248,31 +257,40 @@ def test_stream_retrieval_refusals(make_gateway):
     quiet = client.responses.create(model=MODEL, input="hi", background=True)  # not streamed: no events kept
     poll_until_done(client, quiet.id)
     assert_error(httpx.get(f"{live.base_url}/responses/{quiet.id}?stream=true"), 400, param="stream")
-    assert_error(httpx.get(f"{live.base_url}/responses/{quiet.id}?stream=true&starting_after=-1"), 400,
-                 param="starting_after")
-    assert_error(httpx.get(f"{live.base_url}/responses/{quiet.id}?stream=true&starting_after=x"), 400,
-                 param="starting_after")
+    assert_error(
+        httpx.get(f"{live.base_url}/responses/{quiet.id}?stream=true&starting_after=-1"), 400, param="starting_after"
+    )
+    assert_error(
+        httpx.get(f"{live.base_url}/responses/{quiet.id}?stream=true&starting_after=x"), 400, param="starting_after"
+    )
     assert_error(httpx.get(f"{live.base_url}/responses/resp_missing?stream=true"), 404)
 
 
 def test_events_kept_in_a_byte_window(make_gateway):
     live = make_gateway(Settings(background_events_bytes=64 * 1024), engine=engine(text=" ".join(["tok"] * 600)))
     client = live.openai()
-    with httpx.stream("POST", f"{live.base_url}/responses", timeout=30,
-                      json={"model": MODEL, "input": "x", "background": True, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{live.base_url}/responses",
+        timeout=30,
+        json={"model": MODEL, "input": "x", "background": True, "stream": True},
+    ) as r:
         events = parse_sse(r.read())
     rid = events[0]["response"]["id"]
     assert sum(len(str(e)) for e in events) > 64 * 1024  # more than the window was sent
-    assert_error(httpx.get(f"{live.base_url}/responses/{rid}?stream=true&starting_after=0"), 400,
-                 param="starting_after")
+    assert_error(
+        httpx.get(f"{live.base_url}/responses/{rid}?stream=true&starting_after=0"), 400, param="starting_after"
+    )
     tail = events_of(client.responses.retrieve(rid, stream=True, starting_after=len(events) - 4))
     assert [e["sequence_number"] for e in tail] == [len(events) - 3, len(events) - 2, len(events) - 1]
     assert metric(live, "respgate_background_event_log_bytes") <= 64 * 1024
 
 
 def test_per_tenant_limit_is_a_429_counted_and_other_tenants_go_on(make_gateway):
-    live = make_gateway(Settings(api_keys=["acme:key-acme", "beta:key-beta"], background_max_per_tenant=2),
-                        engine=engine(0.05, endless=True))
+    live = make_gateway(
+        Settings(api_keys=["acme:key-acme", "beta:key-beta"], background_max_per_tenant=2),
+        engine=engine(0.05, endless=True),
+    )
     acme, beta = live.openai(api_key="key-acme"), live.openai(api_key="key-beta")
     a1 = acme.responses.create(model=MODEL, input="1", background=True)
     a2 = acme.responses.create(model=MODEL, input="2", background=True)
@@ -327,7 +345,7 @@ def test_second_replica_polls_cancels_and_resumes(make_gateway, redis_url):
     assert full[:4] == first and full[4:] == tail
     assert full == events_of(on_a.responses.retrieve(rid, stream=True))  # B reads Redis, A its own log
     for after in (0, len(full) // 2, len(full) - 1):
-        assert events_of(on_b.responses.retrieve(rid, stream=True, starting_after=after)) == full[after + 1:]
+        assert events_of(on_b.responses.retrieve(rid, stream=True, starting_after=after)) == full[after + 1 :]
     one_record(sink_a, rid, "completed")
     assert not sink_b.of(rid)
 
@@ -356,11 +374,17 @@ def test_a_replica_killed_mid_turn_is_marked_failed_and_billed_once(make_gateway
     A replica started afterwards (a restart) finds the lapsed lease, marks the response failed,
     ends its event log, and bills it once — zero tokens, status failed."""
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")},
-           "RESPGATE_REDIS_URL": redis_url, "RESPGATE_BACKGROUND_LEASE_S": "1.5", "RESPGATE_SIM_TTFT_S": "120",
-           "RESPGATE_USAGE_JOURNAL": str(tmp_path / "journal.jsonl"), "RESPGATE_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)],
-                            env=env, cwd=REPO)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RESPGATE_")},
+        "RESPGATE_REDIS_URL": redis_url,
+        "RESPGATE_BACKGROUND_LEASE_S": "1.5",
+        "RESPGATE_SIM_TTFT_S": "120",
+        "RESPGATE_USAGE_JOURNAL": str(tmp_path / "journal.jsonl"),
+        "RESPGATE_LOG_LEVEL": "warning",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--engine", "simulated", "--port", str(port)], env=env, cwd=REPO
+    )
     try:
         base = f"http://127.0.0.1:{port}/v1"
         wait_for(lambda: _ready(base), 60, "the subprocess gateway")
@@ -523,8 +547,9 @@ async def test_redis_event_log_reads_a_frame_an_older_replica_wrote(redis_url):
     try:
         shared = RedisEventLog(client, max_bytes=10_000, ttl_s=60)
         data = b'{"type":"response.completed","sequence_number":0}'
-        await client.xadd(shared.key("resp_old"), {"f": b"event: response.completed\ndata: " + data + b"\n\n",
-                                                   "t": b"1"}, id="0-1")
+        await client.xadd(
+            shared.key("resp_old"), {"f": b"event: response.completed\ndata: " + data + b"\n\n", "t": b"1"}, id="0-1"
+        )
         await shared.append("resp_new", [LoggedEvent(0, "response.completed", data, True)])
         old = [e async for e in shared.follow("resp_old", -1, _false)]
         new = [e async for e in shared.follow("resp_new", -1, _false)]
@@ -544,8 +569,10 @@ async def test_a_new_replicas_records_read_as_an_older_replica_reads_them(redis_
     from gateway.sessions.background_turn import logged
     from gateway.transport.sse import sse_encoded
 
-    events = [{"type": "response.output_text.delta", "sequence_number": 0, "delta": "h\u00e9\n"},
-              {"type": "response.completed", "sequence_number": 1, "response": {"id": "resp_r"}}]
+    events = [
+        {"type": "response.output_text.delta", "sequence_number": 0, "delta": "h\u00e9\n"},
+        {"type": "response.completed", "sequence_number": 1, "response": {"id": "resp_r"}},
+    ]
     # what the older writer stored: ``sse_frame(event)``
     frames = [b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events]
     client = aioredis.Redis.from_url(redis_url)

@@ -64,8 +64,11 @@ def test_the_table_lists_exactly_these_rows() -> None:
     assert len(TABLE) == len(EXPECTED)  # no pair listed twice
 
 
-@pytest.mark.parametrize("pair", [p for p in itertools.product(Phase, Signal) if p not in EXPECTED],
-                         ids=lambda p: f"{p[0].value}-{p[1].value}")
+@pytest.mark.parametrize(
+    "pair",
+    [p for p in itertools.product(Phase, Signal) if p not in EXPECTED],
+    ids=lambda p: f"{p[0].value}-{p[1].value}",
+)
 def test_unlisted_pairs_are_refused(pair: tuple[Phase, Signal]) -> None:
     with pytest.raises(Refused, match=f"{pair[0].value}.*{pair[1].value}"):
         step(*pair)
@@ -97,14 +100,17 @@ def test_probe_answers_map_to_signals() -> None:
 # -- cancel -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("background", "active", "here", "shared", "plan"), [
-    (False, True, True, True, Cancel.REFUSE),
-    (True, False, True, True, Cancel.AS_IS),
-    (True, True, True, True, Cancel.LOCAL),
-    (True, True, True, False, Cancel.LOCAL),
-    (True, True, False, True, Cancel.REMOTE),
-    (True, True, False, False, Cancel.LATEST),
-])
+@pytest.mark.parametrize(
+    ("background", "active", "here", "shared", "plan"),
+    [
+        (False, True, True, True, Cancel.REFUSE),
+        (True, False, True, True, Cancel.AS_IS),
+        (True, True, True, True, Cancel.LOCAL),
+        (True, True, True, False, Cancel.LOCAL),
+        (True, True, False, True, Cancel.REMOTE),
+        (True, True, False, False, Cancel.LATEST),
+    ],
+)
 def test_cancel_plan(background: bool, active: bool, here: bool, shared: bool, plan: Cancel) -> None:
     assert plan_cancel(background=background, active=active, here=here, shared=shared) is plan
 
@@ -112,17 +118,20 @@ def test_cancel_plan(background: bool, active: bool, here: bool, shared: bool, p
 # -- replay from N ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("after", "background", "window", "expected", "plan"), [
-    (-1, False, Window(0, 5, True), True, Replay.NOT_BACKGROUND),
-    (-1, True, None, False, Replay.NO_EVENTS),          # no stream=true, or expired
-    (-1, True, None, True, Replay.FOLLOW),              # streamed, runs elsewhere, nothing written yet
-    (5, True, Window(7, 9, False), True, Replay.TRUNCATED),   # 6 is gone
-    (6, True, Window(7, 9, False), True, Replay.FOLLOW),      # 7 is the oldest kept
-    (9, True, Window(7, 9, True), True, Replay.NOTHING),      # N is the terminal
-    (12, True, Window(7, 9, True), True, Replay.NOTHING),     # past it
-    (9, True, Window(7, 9, False), True, Replay.FOLLOW),      # live: wait for 10
-    (-1, True, Window(0, -1, False), True, Replay.FOLLOW),    # an empty log of this replica
-])
+@pytest.mark.parametrize(
+    ("after", "background", "window", "expected", "plan"),
+    [
+        (-1, False, Window(0, 5, True), True, Replay.NOT_BACKGROUND),
+        (-1, True, None, False, Replay.NO_EVENTS),  # no stream=true, or expired
+        (-1, True, None, True, Replay.FOLLOW),  # streamed, runs elsewhere, nothing written yet
+        (5, True, Window(7, 9, False), True, Replay.TRUNCATED),  # 6 is gone
+        (6, True, Window(7, 9, False), True, Replay.FOLLOW),  # 7 is the oldest kept
+        (9, True, Window(7, 9, True), True, Replay.NOTHING),  # N is the terminal
+        (12, True, Window(7, 9, True), True, Replay.NOTHING),  # past it
+        (9, True, Window(7, 9, False), True, Replay.FOLLOW),  # live: wait for 10
+        (-1, True, Window(0, -1, False), True, Replay.FOLLOW),  # an empty log of this replica
+    ],
+)
 def test_replay_plan(after: int, background: bool, window: Window | None, expected: bool, plan: Replay) -> None:
     assert plan_replay(after, background=background, window=window, expected=expected) is plan
 

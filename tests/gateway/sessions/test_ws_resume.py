@@ -69,8 +69,13 @@ def resumable(live: LiveGateway, outcome: str, where: str = "memory") -> float:
 
 def full_renders(live: LiveGateway) -> float:
     """Every continuation that had to render in full, whatever the reason."""
-    return sum(s.value for m in live.gw.metrics.registry.collect() if m.name == "respgate_render_full_fallbacks"
-               for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in live.gw.metrics.registry.collect()
+        if m.name == "respgate_render_full_fallbacks"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def render_tokens(live: LiveGateway, mode: str) -> float:
@@ -173,8 +178,7 @@ def test_a_cut_tcp_connection_is_resumable_too(resume_gw):
     wait_for(lambda: len(resume_gw.gw.resumable) == 1, what="the cut connection's lane to be parked")
     with connect(resume_gw.ws_url, max_size=None) as ws2:
         r2 = ws_create(ws2, RECALL, prev=r1["id"])
-    assert output_text(r2).splitlines() == [f"user/-: {PELICAN}", f"assistant/final: ack<{PELICAN}>",
-                                            "user/-: RECALL"]
+    assert output_text(r2).splitlines() == [f"user/-: {PELICAN}", f"assistant/final: ack<{PELICAN}>", "user/-: RECALL"]
     assert full_renders(resume_gw) == 0
 
 
@@ -221,15 +225,24 @@ def test_every_lane_is_resumable_and_each_is_claimed_once(resume_gw):
 
 
 def test_refused_for_another_tenant_and_left_for_its_own(make_gateway):
-    live = make_gateway(Settings(ws_resume_window_s=60, api_keys=["alice:key-alice", "bob:key-bob"]),
-                        engine=echo_engine())
+    live = make_gateway(
+        Settings(ws_resume_window_s=60, api_keys=["alice:key-alice", "bob:key-bob"]), engine=echo_engine()
+    )
     alice, bob = {"Authorization": "Bearer key-alice"}, {"Authorization": "Bearer key-bob"}
     with connect(live.ws_url, additional_headers=alice, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
     wait_for(lambda: len(live.gw.resumable) == 1, what="alice's lane to be parked")
     with connect(live.ws_url, additional_headers=bob, max_size=None) as ws:
-        ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
-                     "previous_response_id": r1["id"]})
+        ws_send(
+            ws,
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "input": RECALL,
+                "store": False,
+                "previous_response_id": r1["id"],
+            },
+        )
         assert ws_turn(ws) == [not_found_frame(r1["id"])]
     assert len(live.gw.resumable) == 1 and resumable(live, "claimed") == 0  # bob took nothing
     with connect(live.ws_url, additional_headers=alice, max_size=None) as ws:
@@ -245,8 +258,16 @@ def test_refused_after_the_window(make_gateway):
     wait_for(lambda: resumable(live, "expired") == 1, what="the window to pass")
     assert len(live.gw.resumable) == 0 and live.gw.resumable.nbytes == 0
     with connect(live.ws_url, max_size=None) as ws:
-        ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
-                     "previous_response_id": r1["id"]})
+        ws_send(
+            ws,
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "input": RECALL,
+                "store": False,
+                "previous_response_id": r1["id"],
+            },
+        )
         assert ws_turn(ws) == [not_found_frame(r1["id"])]
     assert resumable(live, "claimed") == 0
 
@@ -256,8 +277,16 @@ def test_off_by_default_nothing_is_kept(gateway):
     with connect(gateway.ws_url, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
     with connect(gateway.ws_url, max_size=None) as ws:
-        ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
-                     "previous_response_id": r1["id"]})
+        ws_send(
+            ws,
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "input": RECALL,
+                "store": False,
+                "previous_response_id": r1["id"],
+            },
+        )
         assert ws_turn(ws) == [not_found_frame(r1["id"])]
 
 
@@ -323,14 +352,24 @@ def test_reconnect_to_the_same_replica_with_redis_still_appends(make_gateway, re
 
 def test_a_record_sealed_with_another_secret_does_not_open(make_gateway, redis_url):
     a = make_gateway(replica_settings(redis_url), engine=echo_engine())
-    b = make_gateway(Settings(redis_url=redis_url, ws_resume_window_s=60, ws_resume_redis=True,
-                              seal_secret="another-secret"), engine=echo_engine())
+    b = make_gateway(
+        Settings(redis_url=redis_url, ws_resume_window_s=60, ws_resume_redis=True, seal_secret="another-secret"),
+        engine=echo_engine(),
+    )
     with connect(a.ws_url, max_size=None) as ws:
         r1 = ws_create(ws, PELICAN)
     wait_for(lambda: resumable(a, "kept", "redis") == 1, what="the record to be written")
     with connect(b.ws_url, max_size=None) as ws:
-        ws_send(ws, {"type": "response.create", "model": MODEL, "input": RECALL, "store": False,
-                     "previous_response_id": r1["id"]})
+        ws_send(
+            ws,
+            {
+                "type": "response.create",
+                "model": MODEL,
+                "input": RECALL,
+                "store": False,
+                "previous_response_id": r1["id"],
+            },
+        )
         assert ws_turn(ws) == [not_found_frame(r1["id"])]
     assert resumable(b, "failed", "redis") == 1
 
@@ -388,17 +427,20 @@ def test_codex_frames_continue_across_a_dropped_socket(make_gateway):
     old socket produced, and it appends (no full render) exactly as on one socket."""
     script = turns_in_order(
         [Turn(reasoning="I will run it.", tool_calls=(ToolCall("exec_command", {"cmd": "echo hi"}),))],
-        then=tool_result_reporter)
-    live = make_gateway(Settings(models=["gpt-5.5"], ws_resume_window_s=60),
-                        engine=SimulatedEngine(script=script, record_prompts=True))
+        then=tool_result_reporter,
+    )
+    live = make_gateway(
+        Settings(models=["gpt-5.5"], ws_resume_window_s=60), engine=SimulatedEngine(script=script, record_prompts=True)
+    )
     handshake, frames = load("ws-gpt-5.5")
     headers = {k: v for k, v in handshake["headers"].items() if k not in HOP_HEADERS}
     headers["Authorization"] = "Bearer test-key"
     url = live.url.replace("http://", "ws://") + handshake["path"]
 
     def open_socket() -> Any:
-        return connect(url, additional_headers=headers, user_agent_header=handshake["headers"]["user-agent"],
-                       max_size=None)
+        return connect(
+            url, additional_headers=headers, user_agent_header=handshake["headers"]["user-agent"], max_size=None
+        )
 
     with open_socket() as ws:
         warm = copy.deepcopy(frames[0])
@@ -435,8 +477,17 @@ def test_codex_frames_continue_across_a_dropped_socket(make_gateway):
 
 
 def _state(rid: str, nbytes: int, *, store: bool = False) -> ResponseState:
-    return ResponseState(id=rid, response={"id": rid, "status": "completed"}, input_items=(), context=ItemLog(),
-                         history_ids=TokenSeq(), model=MODEL, prelude_key=b"k", store=store, nbytes=nbytes)
+    return ResponseState(
+        id=rid,
+        response={"id": rid, "status": "completed"},
+        input_items=(),
+        context=ItemLog(),
+        history_ids=TokenSeq(),
+        model=MODEL,
+        prelude_key=b"k",
+        store=store,
+        nbytes=nbytes,
+    )
 
 
 def test_registry_caps_bytes_per_tenant_and_in_all():
@@ -453,8 +504,12 @@ def test_registry_caps_bytes_per_tenant_and_in_all():
         assert await reg.park("t4", [_state("huge", 401)]) == 0  # beyond a tenant's share: not kept
         assert await reg.park("t4", [_state("stored", 10, store=True)]) == 0
         assert (await reg.claim("c", "t2")).id == "c" and reg.nbytes == 400
-        assert metrics.registry.get_sample_value("respgate_ws_resumable_states_total",
-                                                 {"outcome": "evicted", "where": "memory"}) == 3
+        assert (
+            metrics.registry.get_sample_value(
+                "respgate_ws_resumable_states_total", {"outcome": "evicted", "where": "memory"}
+            )
+            == 3
+        )
         assert metrics.registry.get_sample_value("respgate_ws_resumable_bytes") == 400
         await reg.close()
         assert reg.nbytes == 0 and len(reg) == 0
@@ -511,8 +566,9 @@ def test_registry_agrees_with_a_plain_reference_on_random_sequences(seed):
     now = [0.0]
 
     async def run() -> None:
-        reg = ResumableStates(window_s=50, max_bytes=max_bytes, tenant_bytes=tenant_bytes, metrics=Metrics(),
-                              clock=lambda: now[0])
+        reg = ResumableStates(
+            window_s=50, max_bytes=max_bytes, tenant_bytes=tenant_bytes, metrics=Metrics(), clock=lambda: now[0]
+        )
         ref = _Reference(50, max_bytes, tenant_bytes)
         ids = 0
         for _ in range(200):
@@ -538,6 +594,7 @@ def test_registry_agrees_with_a_plain_reference_on_random_sequences(seed):
 def test_registry_with_a_tenant_cap_above_the_total_drops_the_oldest_of_all():
     """``ws_resume_tenant_bytes`` >= ``ws_resume_max_bytes``: room beyond the total is made oldest
     first, another tenant's oldest state included, even when the writing tenant holds most of the map."""
+
     async def run() -> None:
         reg = ResumableStates(window_s=60, max_bytes=1000, tenant_bytes=2000, metrics=Metrics())
         await reg.park("t2", [_state("old", 50)])
@@ -553,6 +610,7 @@ def test_registry_with_a_tenant_cap_above_the_total_drops_the_oldest_of_all():
 def test_registry_beyond_the_total_drops_the_oldest_of_all_even_a_tenant_at_its_cap():
     """The registry is the house's BoundedLRU with tenant parts; a tenant held at exactly its cap is
     within its share, so the total's eviction stays oldest-first (as the hand-rolled map did)."""
+
     async def run() -> None:
         metrics = Metrics()
         reg = ResumableStates(window_s=60, max_bytes=1000, tenant_bytes=333, metrics=metrics)
