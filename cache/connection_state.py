@@ -53,7 +53,7 @@ class ConnectionCache(LRUOwner):
         return list(self._lru.values())
 
     def put(self, lane: str, state: ResponseState) -> None:
-        old = self._lru.pop(lane)
+        old = self._lru.peek(lane)  # put replaces it (no pop + put: one map operation per turn)
         if old is not None:
             self._by_id.pop(old.id, None)
         self._by_id[state.id] = lane

@@ -147,15 +147,15 @@ class BoundedLRU(Generic[K, V]):
         ``force``d: then it is kept, and the others make room (while any other is left)."""
         if not force and nbytes > self.value_limit:
             return False
-        name = self._part(key) if self._part is not None else None  # before any change: it may raise
-        evicted: list[tuple[K, V]] = []
+        part = self._part
+        name = part(key) if part is not None else None  # before any change: it may raise
+        entries = self._entries
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[1]
-            self._entries[key] = (value, nbytes)
-            self.nbytes += nbytes
-            if self._part is not None:
+            old = entries.pop(key, None)
+            entries[key] = (value, nbytes)
+            total = self.nbytes + nbytes if old is None else self.nbytes + nbytes - old[1]
+            self.nbytes = total
+            if part is not None:
                 mine = self._parts.get(name)
                 if mine is None:
                     mine = self._parts[name] = _Part()
@@ -165,6 +165,9 @@ class BoundedLRU(Generic[K, V]):
                 mine.keys.move_to_end(key)
                 mine.nbytes += nbytes
                 self._reckon(name, mine)
+            if total <= self.max_bytes and len(entries) <= self.max_entries:
+                return True  # nothing to evict (every turn's finalize): no list, no _evicted call
+            evicted: list[tuple[K, V]] = []
             protect = key if force else None
             while (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes) and (
                 protect is None or len(self._entries) > 1

@@ -175,24 +175,27 @@ class PrefixCache:
         every other chain of its tenant (it was the most recently used)."""
         charge = chain.charge()
         held = chain in self._chains
+        mine = chain.nbytes if held else 0
+        if charge <= self.tenant_bytes and self._chains.part_usage(name)[1] - mine + charge <= self.tenant_bytes:
+            self._charge(chain, charge)  # within the cap (every turn): the put alone makes it the most recently used
+            return
         if held:
             self._chains.get(chain)
-        mine = chain.nbytes if held else 0
         while self._chains.part_usage(name)[1] - mine + charge > self.tenant_bytes:
             if self._chains.part_usage(name)[0] <= held or not self._chains.evict_one(name):
                 break
         if charge <= self.tenant_bytes:
-            self._charge(chain)
+            self._charge(chain, charge)
         elif held:
             self._chains.evict_one(name)
         else:
             self._evicted(chain, chain)
             self._refused += 1
 
-    def _charge(self, chain: Chain) -> None:
-        """(Re)put ``chain`` at its charge, the most recently used: kept whatever its size (the
-        tenant's cap decides), the map's bound evicting others."""
-        chain.nbytes = chain.charge()
+    def _charge(self, chain: Chain, charge: int) -> None:
+        """(Re)put ``chain`` at its ``charge`` (``chain.charge()``), the most recently used: kept
+        whatever its size (the tenant's cap decides), the map's bound evicting others."""
+        chain.nbytes = charge
         self._chains.put(chain, chain, chain.nbytes, force=True)
 
     def _drop_key(self, chain: Chain, key: bytes) -> None:
