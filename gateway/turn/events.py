@@ -187,8 +187,18 @@ class ResponseEvents:
         )
         if shape is not None:
             part = _text_part("") if shape is _MESSAGE_PART else {"type": shape.part_type, "text": ""}
-            at = {shape.index_field: 0}
-            events.append(self._ev(shape.added, item_id=item["id"], output_index=idx, **at, part=part))
+            seq = self._seq
+            self._seq = seq + 1
+            events.append(
+                {
+                    "type": shape.added,
+                    "sequence_number": seq,
+                    "item_id": item["id"],
+                    "output_index": idx,
+                    shape.index_field: 0,
+                    "part": part,
+                }
+            )
         return events
 
     def _part_done(
@@ -203,10 +213,28 @@ class ResponseEvents:
     ) -> list[Event]:
         """The two events that close an item's text part: its text, then the part (``*_extra``:
         the fields one shape adds — a message's logprobs, a summary's status)."""
-        at = {shape.index_field: 0}
+        seq = self._seq  # the events written out (not through _ev's keywords): every turn closes a part
+        self._seq = seq + 2
+        index = shape.index_field
         return [
-            self._ev(shape.text_done, item_id=item_id, output_index=idx, **at, text=text, **text_extra),
-            self._ev(shape.done, item_id=item_id, output_index=idx, **at, part=part, **done_extra),
+            {
+                "type": shape.text_done,
+                "sequence_number": seq,
+                "item_id": item_id,
+                "output_index": idx,
+                index: 0,
+                "text": text,
+                **text_extra,
+            },
+            {
+                "type": shape.done,
+                "sequence_number": seq + 1,
+                "item_id": item_id,
+                "output_index": idx,
+                index: 0,
+                "part": part,
+                **done_extra,
+            },
         ]
 
     def _delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> Event | None:
