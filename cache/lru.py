@@ -119,8 +119,16 @@ class BoundedLRU(Generic[K, V]):
     def get(self, key: K, default: Any = None) -> Any:
         """The value under ``key`` (now the most recently used), or ``default`` (counted as a miss;
         pass a sentinel when None is a value worth keeping)."""
-        with self._lock:
-            return self._use(key, default)
+        with self._lock:  # _use written out: a get per turn or more (a call less)
+            hit = self._entries.get(key)
+            if hit is None:
+                self.misses += 1
+                return default
+            self._entries.move_to_end(key)
+            if self._part is not None:
+                self._parts[self._part(key)].keys.move_to_end(key)
+            self.hits += 1
+            return hit[0]
 
     def get_many(self, keys: Iterable[K]) -> list[Any]:
         """:meth:`get` for each key (None where missing), under one lock: a full-history request
@@ -156,15 +164,20 @@ class BoundedLRU(Generic[K, V]):
             total = self.nbytes + nbytes if old is None else self.nbytes + nbytes - old[1]
             self.nbytes = total
             if part is not None:
-                mine = self._parts.get(name)
-                if mine is None:
-                    mine = self._parts[name] = _Part()
-                if old is not None:
-                    mine.nbytes -= old[1]
-                mine.keys[key] = None
-                mine.keys.move_to_end(key)
-                mine.nbytes += nbytes
-                self._reckon(name, mine)
+                if old is None:
+                    mine = self._parts.get(name)
+                    if mine is None:
+                        mine = self._parts[name] = _Part()
+                    mine.keys[key] = None  # a new key: it goes in last
+                    mine.nbytes += nbytes
+                else:  # a held key: its part holds it
+                    mine = self._parts[name]
+                    mine.keys.move_to_end(key)
+                    mine.nbytes += nbytes - old[1]
+                if len(mine.keys) > self._share_entries or mine.nbytes > self._share_bytes:  # _reckon, inline
+                    self._over.add(name)
+                else:
+                    self._over.discard(name)
             if total <= self.max_bytes and len(entries) <= self.max_entries:
                 return True  # nothing to evict (every turn's finalize): no list, no _evicted call
             evicted: list[tuple[K, V]] = []

@@ -174,11 +174,12 @@ class PrefixCache:
         plain LRU: no tenant is over its share then). A chain above the cap alone goes too, after
         every other chain of its tenant (it was the most recently used)."""
         charge = chain.charge()
-        held = chain in self._chains
-        mine = chain.nbytes if held else 0
+        # chain.nbytes: its charge while the map holds it, 0 once it is out (_charge, _drop_key, _evicted)
+        mine = chain.nbytes
         if charge <= self.tenant_bytes and self._chains.part_usage(name)[1] - mine + charge <= self.tenant_bytes:
             self._charge(chain, charge)  # within the cap (every turn): the put alone makes it the most recently used
             return
+        held = chain in self._chains
         if held:
             self._chains.get(chain)
         while self._chains.part_usage(name)[1] - mine + charge > self.tenant_bytes:

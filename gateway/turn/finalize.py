@@ -199,7 +199,9 @@ class Finalizer:
             if cache is not None:
                 evicted = cache.evictions
                 cache.put(turn.ctx.lane, state)
-                self.metrics.conn_cache_evictions.inc(cache.evictions - evicted)
+                evicted = cache.evictions - evicted
+                if evicted:  # most turns evict nothing: no inc(0) (the counter's lock and checks) then
+                    self.metrics.conn_cache_evictions.inc(evicted)
         if turn.input.store and stored is None:
             self._persist(state)
 
