@@ -80,17 +80,7 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     limit = s.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _refused(
-            request,
-            gw,
-            InputRejected(
-                "size",
-                413,
-                f"Request body too large (limit {limit} bytes).",
-                code="request_too_large",
-                headers={"connection": "close"},
-            ),
-        )
+        raise _too_large(request, gw, limit)
     chunks: list[bytes] = []
     size = 0
     stream = request.stream()
@@ -127,17 +117,7 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
             ) from None
         size += len(chunk)
         if size > limit:
-            raise _refused(
-                request,
-                gw,
-                InputRejected(
-                    "size",
-                    413,
-                    f"Request body too large (limit {limit} bytes).",
-                    code="request_too_large",
-                    headers={"connection": "close"},
-                ),
-            )
+            raise _too_large(request, gw, limit)
         chunks.append(chunk)
     raw = b"".join(chunks)
     cpu = gw.pipeline.offload.for_size(len(raw))
@@ -153,6 +133,23 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         ), len(raw)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
+
+
+def _too_large(request: Request, gw: GatewayState, limit: int) -> InputRejected:
+    """The 413 for a body above ``limit`` bytes: one answer whether the declared ``content-length``
+    says so up front or the bytes read so far pass it (a body sent without a length, or a
+    length that lied)."""
+    return _refused(
+        request,
+        gw,
+        InputRejected(
+            "size",
+            413,
+            f"Request body too large (limit {limit} bytes).",
+            code="request_too_large",
+            headers={"connection": "close"},
+        ),
+    )
 
 
 def _refused(request: Request, gw: GatewayState, err: InputRejected) -> InputRejected:
