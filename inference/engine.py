@@ -161,3 +161,24 @@ class Engine(Protocol):
         A ``generate: false`` warm-up calls it in the background, so the first real turn after
         the warm-up prefills only its own delta. Engines without a prefix cache do nothing.
         """
+
+
+async def prefill_by_generating(
+    engine: Engine,
+    stats: EngineStats,
+    request_id: str,
+    prompt_ids: Sequence[int],
+    cache_salt: str | None = None,
+    routing: RequestRouting | None = None,
+) -> None:
+    """:meth:`Engine.prefill` for an engine whose prefix cache is filled by running a request: a
+    one-token generation whose output is discarded (vLLM keeps the prompt's KV blocks, so the
+    turn after a warm-up prefills only its delta). Written once for the in-process and the remote
+    vLLM engines, which both warm this way; ``routing`` goes along so a router sends the warm-up to
+    the pod the chain's next turn goes to (an in-process engine ignores it)."""
+    if not len(prompt_ids):
+        return
+    params = SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)
+    async for _ in engine.generate(request_id, prompt_ids, params, routing):
+        pass
+    stats.prefills += 1

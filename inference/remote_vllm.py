@@ -57,6 +57,7 @@ from inference.engine import (
     SamplingParams,
     TokenDelta,
     TokenLogprob,
+    prefill_by_generating,
 )
 
 log = logging.getLogger(__name__)
@@ -195,13 +196,8 @@ class RemoteVllmEngine:
         """One-token generation whose output is discarded: the server keeps the prompt's KV blocks
         in its prefix cache, so the turn after a warm-up prefills only its delta. It is routed
         like the chain's turns, so the warmed pod is the one the next turn goes to."""
-        if self._client is None or not len(prompt_ids):
-            return
-        async for _ in self.generate(
-            request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt), routing
-        ):
-            pass
-        self.stats.prefills += 1
+        if self._client is not None:
+            await prefill_by_generating(self, self.stats, request_id, prompt_ids, cache_salt, routing)
 
     def request_body(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         """The ``GenerateRequest`` JSON for one turn."""

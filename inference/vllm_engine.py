@@ -34,7 +34,15 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.engine import EngineError, EngineStats, RequestRouting, SamplingParams, TokenDelta, TokenLogprob
+from inference.engine import (
+    EngineError,
+    EngineStats,
+    RequestRouting,
+    SamplingParams,
+    TokenDelta,
+    TokenLogprob,
+    prefill_by_generating,
+)
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +189,8 @@ class VllmEngine:
     ) -> None:
         """One-token generation whose output is discarded: vLLM keeps the prompt's KV blocks in
         its prefix cache, so the turn after a warm-up prefills only its delta."""
-        if self._llm is None or not len(prompt_ids):
-            return
-        async for _ in self.generate(
-            request_id, prompt_ids, SamplingParams(max_tokens=1, temperature=0.0, cache_salt=cache_salt)
-        ):
-            pass
-        self.stats.prefills += 1
+        if self._llm is not None:
+            await prefill_by_generating(self, self.stats, request_id, prompt_ids, cache_salt, routing)
 
     async def generate(
         self,
