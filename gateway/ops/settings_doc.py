@@ -138,8 +138,8 @@ def _type(name: str) -> str:
     if get_origin(annotation) is Literal:
         return "one of " + ", ".join(f"`{a}`" for a in get_args(annotation))
     if get_origin(annotation) is list:
-        return "list of " + get_args(annotation)[0].__name__
-    base = args[0].__name__ if optional and len(args) == 1 else getattr(annotation, "__name__", str(annotation))
+        return "list of " + str(get_args(annotation)[0].__name__)
+    base = str(args[0].__name__ if optional and len(args) == 1 else getattr(annotation, "__name__", annotation))
     return f"{base} or unset" if optional else base
 
 
