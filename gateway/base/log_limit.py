@@ -19,17 +19,21 @@ site — the routes' 500s, WebSocket and background turns, the billing worker, u
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from cache.lru import BoundedLRU
+
 
 class LineBudget:
     """A token bucket per key: ``burst`` lines per ``period`` seconds, the rest counted.
 
-    At most ``max_keys`` keys are kept (the oldest forgotten first): keys name places and kinds,
-    never client values, so the cap is a guard, not a working limit.
+    At most ``max_keys`` keys are kept, in :class:`~cache.lru.BoundedLRU` (the least recently
+    logged forgotten first): keys name places and kinds, never client values, so the cap is a
+    guard, not a working limit.
 
     Thread-safe: a logging filter runs outside its handler's lock, on the event loop, the prepare
     pool's threads and the engine's, and an exception raised in a filter escapes from the
@@ -45,7 +49,7 @@ class LineBudget:
         self._clock = clock
         self._max_keys = max_keys
         #: key -> [window start, lines let through in the window, lines suppressed since the last one]
-        self._buckets: dict[Hashable, list[float]] = {}
+        self._buckets: BoundedLRU[Hashable, list[float]] = BoundedLRU(max_keys, sys.maxsize)
         self._lock = threading.Lock()
 
     def take(self, key: Hashable) -> int | None:
@@ -56,9 +60,8 @@ class LineBudget:
             bucket = self._buckets.get(key)
             if bucket is None or now - bucket[0] >= self._period:
                 suppressed = int(bucket[2]) if bucket is not None else 0
-                if bucket is None and len(self._buckets) >= self._max_keys:
-                    del self._buckets[next(iter(self._buckets))]
-                bucket = self._buckets[key] = [now, 0, suppressed]
+                bucket = [now, 0, suppressed]
+                self._buckets.put(key, bucket)
             if bucket[1] >= self._burst:
                 bucket[2] += 1
                 return None

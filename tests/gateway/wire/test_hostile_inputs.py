@@ -292,6 +292,20 @@ def test_a_line_budget_counts_what_it_suppressed_and_says_so_when_it_resumes():
     assert budget.take("k") == 0
 
 
+def test_a_line_budget_full_of_keys_forgets_the_least_recently_logged_one():
+    """Its key cap is a BoundedLRU: a place that keeps logging keeps its suppressed count while
+    one-off keys come and go (a first-in-first-out cap forgot it, and its count, first)."""
+    now = [0.0]
+    budget = LineBudget(period=10, burst=1, clock=lambda: now[0], max_keys=4)
+    assert budget.take("busy") == 0
+    assert budget.take("busy") is None  # suppressed: counted
+    for i in range(10):
+        budget.take(("one-off", i))
+        assert budget.take("busy") is None  # still logging: stays
+    now[0] = 10.0
+    assert budget.take("busy") == 11  # the next window's first line says how many were left out
+
+
 def test_the_fault_filter_keys_by_place_and_exception_type():
     now = [0.0]
     stream = io.StringIO()
