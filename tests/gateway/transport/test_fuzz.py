@@ -240,6 +240,16 @@ http_bodies = st.one_of(
     mutated_request("http").map(lambda v: _dumps(v).encode()),
     deep.map(str.encode),
     st.integers(MAX_BYTES + 1, MAX_BYTES + 4096).map(lambda n: b'{"input": "' + b"x" * n + b'"}'),
+    # well-formed requests the gateway refuses by meaning, not shape (a derandomized draw follows
+    # the test's source, so the coverage floor below must not rest on the draw reaching these)
+    st.sampled_from(
+        [
+            {"model": MODEL, "input": "hi", "prompt": {"id": "pmpt_x"}},  # unsupported_parameter
+            {"model": MODEL, "input": "hi", "conversation": "conv_x", "previous_response_id": "resp_x"},
+            {"model": "no-such-model", "input": "hi"},  # model_not_found
+            {"model": MODEL, "input": "hi", "previous_response_id": "resp_unknown"},  # previous_response_not_found
+        ]
+    ).map(lambda v: _dumps(v).encode()),
 )
 http_headers = st.sampled_from(
     [
