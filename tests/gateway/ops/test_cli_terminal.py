@@ -33,13 +33,26 @@ BANNER = re.compile(
 )
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """A command on a pseudo-terminal; what it wrote there, read by a thread (so it never blocks)."""
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path = REPO) -> None:
         master, slave = pty.openpty()
         self.proc = subprocess.Popen(
-            args, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd, start_new_session=True
+            args,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            # a shell gives its foreground job Ctrl-C's default disposition: the suite itself may run
+            # with SIGINT ignored (started in the background by a script), which a child inherits
+            preexec_fn=_default_sigint,
         )
         os.close(slave)
         self._master = master
