@@ -32,6 +32,9 @@ Let ``R`` be a renderer, ``p`` a prelude, ``a``, ``b`` canonical item lists, ``C
     ``"template"`` (not decomposable), ``"joined"`` (``b`` continues a joined run of ``a``, e.g. a
     tool result after a tool result on Qwen2.5), ``"assistant_turn"`` (``b`` starts with
     assistant-side items that belong in the same assistant message as the end of ``a``).
+    Remote MCP items render as the calls and outputs they stand for
+    (:mod:`inference.hosted_items`; ``C`` then also holds each approval request as
+    :func:`~inference.hosted_items.call_of` gives it): ``tests/inference/test_hosted_items.py``.
 (b) **It is the template's rendering**, at text level: ``R.prelude_text(p) + R.render_text(a) ==
     template(R.prelude_messages(p) + R.template_messages(a), tools=...)``, and tokens are the
     tokenizer's tokens of each segment. Deliberate differences:
@@ -114,6 +117,7 @@ from inference.hermes_tools import (
     tool_choice_line,
     triggered_tool_calls_tag,
 )
+from inference.hosted_items import tool_view
 from inference.item_types import CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.prelude_cache import PreludeCache
 from inference.renderer import Constraint, PerToolSet, Prelude, tools_digest
@@ -307,7 +311,7 @@ class ChatTemplateRenderer:
         group: list[Mapping[str, Any]] = []
         local: dict[str, Mapping[str, Any]] = {}
         last_stage = 0
-        for item in items:
+        for item in tool_view(items):  # remote MCP items as the calls and outputs they stand for
             if not self._renders(item):
                 continue
             kind = item.get("type", "message")
@@ -341,7 +345,9 @@ class ChatTemplateRenderer:
                 text = f"<tool_response>\n{text}\n</tool_response>"
             msg: dict[str, Any] = {"role": p.tool_role, "content": text}
             call = local.get(str(item.get("call_id"))) or (calls or {}).get(str(item.get("call_id")))
-            if call is not None and call.get("name"):
+            if call is None or not call.get("name"):
+                call = item  # an output may carry its call's name (an expanded mcp_call's does)
+            if call.get("name"):
                 msg["name"] = flat_name(str(call["name"]), call.get("namespace"))
             return msg, "tool"
         role = str(item.get("role") or "user")
@@ -437,15 +443,20 @@ class ChatTemplateRenderer:
         """Why appending ``new_items`` to a rendering of ``previous`` is not exact, or ``None``.
 
         O(1) in the usual case: looks only at the last rendered item of ``previous`` and the first
-        rendered item of ``new_items``. The pipeline must full-render when this is not ``None``.
+        rendered item of ``new_items`` (a remote MCP item through what it stands for:
+        :func:`inference.hosted_items.tool_view` of that item alone). The pipeline must
+        full-render when this is not ``None``.
         """
         if not self.profile.decomposable:
             return "template"
-        first = next((it for it in new_items if self._renders(it)), None)
-        last = None
+        first = last = None
+        for item in new_items:
+            first = next((it for it in tool_view((item,)) if self._renders(it)), None)
+            if first is not None:
+                break
         for i in range(len(previous) - 1, -1, -1):
-            if self._renders(previous[i]):
-                last = previous[i]
+            last = next((it for it in reversed(tool_view((previous[i],))) if self._renders(it)), None)
+            if last is not None:
                 break
         if first is None or last is None:
             return None

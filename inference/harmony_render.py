@@ -15,8 +15,10 @@ canonical items in which every ``*_call_output`` can find its call (see *calls* 
 
 (a) **Append is exact.** ``R.render_prelude(p) + R.render_items(a) + R.render_items(b, calls=C)
     == R.render_prelude(p) + R.render_items(a + b)`` for every split, where ``C`` indexes the
-    calls made in ``a`` (the gateway passes the chain's call index). ``render_prelude`` depends
-    only on ``p``, ``render_items`` only on the items (and ``calls`` for names).
+    calls made in ``a`` (the gateway passes the chain's call index; for remote MCP items it
+    holds each approval request as :func:`inference.hosted_items.call_of` gives it).
+    ``render_prelude`` depends only on ``p``, ``render_items`` only on the items (and ``calls``
+    for names). Property tests with MCP items: ``tests/inference/test_hosted_items.py``.
 
 (b) **It is harmony's rendering.** ``R.render_prelude(p) + R.render_items(a)`` equals
     ``enc.render_conversation(Conversation(R.prelude_messages(p) + R.item_messages(a)),
@@ -89,6 +91,7 @@ from inference.harmony_core import (
 )
 from inference.harmony_parse import HarmonyStreamParser, vocab_bytes
 from inference.harmony_prelude import needs_probe, render_developer
+from inference.hosted_items import tool_view
 from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.prelude_cache import PreludeCache
 from inference.renderer import PerToolSet, Prelude, tools_digest
@@ -241,9 +244,10 @@ class HarmonyRenderer:
         self, items: Sequence[Mapping[str, Any]], calls: Mapping[str, Mapping[str, Any]] | None
     ) -> Iterator[tuple[Header, list[str]]]:
         """Each item's message as its header and text parts, in order; an output's call is found
-        among the earlier items first, then in ``calls``."""
+        among the earlier items first, then in ``calls``. Remote MCP items render as the calls and
+        outputs they stand for (:func:`inference.hosted_items.tool_view`)."""
         local: dict[str, Mapping[str, Any]] = {}
-        for item in items:
+        for item in tool_view(items):
             kind = item.get("type", "message")
             if kind in CALL_TYPES:
                 local[str(item.get("call_id"))] = item

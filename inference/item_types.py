@@ -10,6 +10,16 @@ says which of its pieces goes where): this module and ``gateway/wire/kinds.py`` 
 wire models (``gateway/wire/items.py``, ``gateway/wire/tools.py``), and per model family the
 renderer and parser (harmony: ``inference/harmony_render.py``, ``inference/harmony_parse.py``;
 chat templates: ``inference/chat_template_render.py``, ``inference/hermes_parse.py``).
+
+Remote MCP items (:data:`MCP_ITEM_TYPES`: ``mcp_list_tools``, ``mcp_call``, ``mcp_approval_request``,
+``mcp_approval_response``) are not tool kinds of their own to the model: the gateway offers an MCP
+server's tools as a ``namespace`` tool (namespace = ``server_label``), and both renderers see the
+MCP items only through :func:`inference.hosted_items.tool_view`, which rewrites them into the
+``function_call`` / ``function_call_output`` items the model saw (that module's table says which
+item becomes what). So they touch: this module, ``inference/hosted_items.py`` (the expansion, and
+the call an approval request stands for), its hook at the top of each renderer's item paths, and
+the gateway's wire models and call index. They are not in :data:`CALL_TYPES` / :data:`OUTPUT_TYPES`:
+those are the kinds a *client* answers, and an MCP call is answered by the gateway.
 """
 
 from __future__ import annotations
@@ -28,6 +38,10 @@ class ItemType(StrEnum):
     ITEM_REFERENCE = "item_reference"
     COMPACTION = "compaction"
     COMPACTION_TRIGGER = "compaction_trigger"
+    MCP_LIST_TOOLS = "mcp_list_tools"
+    MCP_CALL = "mcp_call"
+    MCP_APPROVAL_REQUEST = "mcp_approval_request"
+    MCP_APPROVAL_RESPONSE = "mcp_approval_response"
 
 
 class ToolType(StrEnum):
@@ -39,6 +53,10 @@ class ToolType(StrEnum):
 #: items the model writes to call a tool, and the items a client answers them with
 CALL_TYPES: frozenset[str] = frozenset({ItemType.FUNCTION_CALL, ItemType.CUSTOM_TOOL_CALL})
 OUTPUT_TYPES: frozenset[str] = frozenset({ItemType.FUNCTION_CALL_OUTPUT, ItemType.CUSTOM_TOOL_CALL_OUTPUT})
+#: remote MCP items: rendered as the calls and outputs they stand for (``inference.hosted_items``)
+MCP_ITEM_TYPES: frozenset[str] = frozenset(
+    {ItemType.MCP_LIST_TOOLS, ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST, ItemType.MCP_APPROVAL_RESPONSE}
+)
 #: tool definitions a model can call (a namespace groups them)
 CALLABLE_TOOLS: frozenset[str] = frozenset({ToolType.FUNCTION, ToolType.CUSTOM})
 #: the call item a model writes for each callable tool type
