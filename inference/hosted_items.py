@@ -37,11 +37,12 @@ incremental contract needs):
   a failed call from a tool that printed something.
 * a refused approval: :data:`DENIED`, then ``" Reason: <reason>"`` when the client gave one.
 
-The tool name of a refusal's output is not on the response item: the renderers find it as for
-any output, among the earlier items (the approval request's expanded call) or in the ``calls``
-lookup, where the gateway must index each approval request by its ``id`` as the call
-:func:`call_of` returns. Every other expanded output carries its own ``name`` and ``namespace``,
-so it needs no lookup.
+:func:`call_of` and :func:`output_of` give the two halves on their own (an item's expansion is
+their concatenation). The tool name of a refusal's output is not on the response item: the
+renderers find it as for any output, among the earlier items (the approval request's expanded
+call) or in the ``calls`` lookup, where the gateway must index each approval request by its
+``id`` as the call :func:`call_of` returns. Every other expanded output carries its own ``name``
+and ``namespace``, so it needs no lookup.
 
 Cost: :func:`tool_view` is O(len(items)); a list without MCP items is returned as the same
 object (one scan of the types, no copy: the hot path of a conversation without MCP).
@@ -56,7 +57,7 @@ import orjson
 
 from inference.item_types import MCP_ITEM_TYPES, ItemType
 
-__all__ = ["DENIED", "ERROR_PREFIX", "NO_RESULT", "call_of", "error_text", "tool_view"]
+__all__ = ["DENIED", "ERROR_PREFIX", "NO_RESULT", "call_of", "error_text", "output_of", "tool_view"]
 
 #: what the model reads for a call the client refused in its ``mcp_approval_response``
 DENIED = "Error: the user did not approve this tool call, so it was not run."
@@ -104,6 +105,32 @@ def _call(item: Item) -> dict[str, Any]:
     return call
 
 
+def output_of(item: Item) -> dict[str, Any] | None:
+    """The ``function_call_output`` an MCP item stands for, or None: an ``mcp_call``'s result (what
+    a tool loop appends after the model's call: the call's tokens are the model's own) or a
+    refused ``mcp_approval_response``'s :data:`DENIED` text."""
+    kind = item.get("type")
+    if kind == ItemType.MCP_CALL:
+        output = item.get("output")
+        result: dict[str, Any] = {
+            "type": ItemType.FUNCTION_CALL_OUTPUT.value,
+            "call_id": str(item.get("approval_request_id") or item.get("id")),
+            "output": str(output) if output is not None else error_text(item.get("error")),
+            "name": str(item.get("name")),
+        }
+        if item.get("server_label"):
+            result["namespace"] = str(item["server_label"])
+        return result
+    if kind == ItemType.MCP_APPROVAL_RESPONSE and not item.get("approve"):
+        reason = item.get("reason")
+        return {
+            "type": ItemType.FUNCTION_CALL_OUTPUT.value,
+            "call_id": str(item.get("approval_request_id")),
+            "output": f"{DENIED} Reason: {reason}" if reason else DENIED,
+        }
+    return None
+
+
 def error_text(error: Any) -> str:
     """What the model reads for a failed ``mcp_call`` (see the module docstring)."""
     if error is None:
@@ -122,27 +149,5 @@ def error_text(error: Any) -> str:
 
 
 def _expand(item: Item) -> list[Item]:
-    kind = item.get("type")
-    if kind == ItemType.MCP_CALL:
-        output = item.get("output")
-        result: dict[str, Any] = {
-            "type": ItemType.FUNCTION_CALL_OUTPUT.value,
-            "call_id": str(item.get("approval_request_id") or item.get("id")),
-            "output": str(output) if output is not None else error_text(item.get("error")),
-            "name": str(item.get("name")),
-        }
-        if item.get("server_label"):
-            result["namespace"] = str(item["server_label"])
-        return [result] if item.get("approval_request_id") else [_call(item), result]
-    if kind == ItemType.MCP_APPROVAL_REQUEST:
-        return [_call(item)]
-    if kind == ItemType.MCP_APPROVAL_RESPONSE and not item.get("approve"):
-        reason = item.get("reason")
-        return [
-            {
-                "type": ItemType.FUNCTION_CALL_OUTPUT.value,
-                "call_id": str(item.get("approval_request_id")),
-                "output": f"{DENIED} Reason: {reason}" if reason else DENIED,
-            }
-        ]
-    return []  # mcp_list_tools, an approved mcp_approval_response
+    """The call and/or the output an MCP item stands for (none: ``mcp_list_tools``, an approval)."""
+    return [part for part in (call_of(item), output_of(item)) if part is not None]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from inference.chat_template_render import ChatTemplateRenderer
 from inference.harmony import HarmonyRenderer, UnknownCallError, render_completion
 from inference.hermes_tools import flat_name
-from inference.hosted_items import DENIED, NO_RESULT, call_of, error_text, tool_view
+from inference.hosted_items import DENIED, NO_RESULT, call_of, error_text, output_of, tool_view
 from inference.item_types import MCP_ITEM_TYPES, ItemType
 from inference.parse import ItemDelta, ItemStart
 from inference.renderer import Prelude
@@ -273,6 +273,24 @@ def test_an_output_names_its_tool_without_a_call_lookup(
         + renderer.render_items([denied], calls=call_index([approval_request("r9")]))
         == expected
     )
+
+
+@pytest.mark.parametrize("family", ["harmony", "chat_template"])
+def test_a_tool_loop_appends_only_the_output_after_the_models_call(
+    renderer: HarmonyRenderer, ct_renderer: ChatTemplateRenderer, family: str
+) -> None:
+    """The model's canonical call tokens, then the rendered :func:`output_of` (what a tool loop
+    appends at the token tip), are the rendering of the finished ``mcp_call``."""
+    r = renderer if family == "harmony" else ct_renderer
+    done = mcp_call("mcp_5", "the answer")
+    call = call_of(done)
+    assert call is not None
+    sampled = (
+        render_completion(renderer.item_messages([call])) if r is renderer else ct_renderer.render_completion([call])
+    )
+    out = output_of(done)
+    assert out is not None and output_of(approval_request("r")) is None
+    assert r.generation_prompt() + r.history_tokens(sampled) + r.render_items([out]) == r.render_items([done])
 
 
 # -- the parser maps the model's call back to the server ----------------------------------------
