@@ -56,6 +56,22 @@ import httpcore2
 import httpx
 import httpx2
 
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Blocked",
+    "McpClientFactory",
+    "OutboundPolicy",
+    "OutboundRefused",
+    "Resolver",
+    "ResponseTooLarge",
+    "classify_address",
+    "find_refusal",
+    "guarded_client",
+    "mcp_client_factory",
+    "parse_address",
+    "system_resolver",
+]
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -585,7 +601,6 @@ def guarded_client(
         auth=auth,
         follow_redirects=follow_redirects,
         max_redirects=max_redirects,
-        limits=limits,
     )
 
 
@@ -620,8 +635,10 @@ def mcp_client_factory(
     the group cancels the caller's pending call and the ``async with`` raises an ``ExceptionGroup``
     that holds the ``OutboundRefused`` (possibly nested in further groups). Find it with
     ``find_refusal(exc)``, or ``except* OutboundRefused``. ``ResponseTooLarge`` surfaces the same
-    way. Redirects: the SDK follows only within the endpoint's origin (``follow_redirects`` is off
-    here, as in the SDK's own client); every connection is checked regardless.
+    way; the size bound is per response, so a long-lived event stream also ends (with that error)
+    after ``max_response_bytes`` in all. Redirects: the SDK follows only within the endpoint's
+    origin (``follow_redirects`` is off here, as in the SDK's own client); every connection is
+    checked regardless.
     """
     guard = _Guard(policy, httpcore2.ConnectError, httpcore2.ConnectTimeout)
     context = ssl_context or httpx2.create_ssl_context()
@@ -642,7 +659,6 @@ def mcp_client_factory(
             auth=auth,
             follow_redirects=False,
             max_redirects=max_redirects,
-            limits=limits,
         )
 
     return factory
