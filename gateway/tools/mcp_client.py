@@ -155,11 +155,11 @@ def cut_utf8(text: str, limit: int) -> tuple[str, int]:
     size = len(data)
     if size <= limit:
         return text, size
-    marker = f"\n[... {size - limit} bytes cut]"
-    # the marker's own bytes come out of the budget, so its count is of what the reader misses
-    keep = max(0, limit - len(marker) - 8)
-    marker = f"\n[... {size - keep} bytes cut]"
-    return data[:keep].decode("utf-8", "ignore") + marker, size
+    # the marker's bytes come out of the budget (its digits at most those of ``size``)
+    keep = max(0, limit - len(f"\n[... {size} bytes cut]"))
+    while keep and data[keep] & 0xC0 == 0x80:  # not inside a character: back to its first byte
+        keep -= 1
+    return data[:keep].decode("utf-8", "surrogatepass") + f"\n[... {size - keep} bytes cut]", size
 
 
 class _Op:

@@ -1,7 +1,9 @@
 """A raw HTTP server on loopback that misbehaves in one chosen way, for the MCP client's bounds.
 
 It reads each request (head and ``content-length`` body) on a keep-alive connection and answers
-per :class:`Mode`. ``requests`` counts the requests it read; ``connections`` the connections.
+per :class:`Mode`. ``requests`` counts the requests it read; ``connections`` the connections;
+``closed`` the connections a client closed on a ``SILENT`` server (how a test sees a cancelled
+client hang up).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class HostileServer:
         self.mode = mode
         self.requests = 0
         self.connections = 0
+        #: connections the client closed while the server kept silent (``SILENT``)
+        self.closed = 0
 
     async def _read_request(self, reader: asyncio.StreamReader) -> bool:
         """One request read whole; False at the end of the connection."""
@@ -64,7 +68,9 @@ class HostileServer:
         while await self._read_request(reader):
             mode = self.mode
             if mode is Mode.SILENT:
-                await asyncio.Event().wait()  # until the server stops
+                await reader.read()  # nothing more comes: this ends when the client closes
+                self.closed += 1
+                return
             elif mode is Mode.DRIP:
                 writer.write(_CHUNKED_HEAD % b"text/event-stream")
                 while True:

@@ -87,8 +87,8 @@ def running_asyncio(
         handlers.add(task)
         try:
             await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client hung up, or the server is stopping
         finally:
             handlers.discard(task)
             writer.close()

@@ -80,9 +80,12 @@ class ToolsServer:
             self.seen_authorization.append(value)
             return value or "(none)"
 
-    def app(self, transport: ServerTransport = "streamable_http") -> Any:
-        """The ASGI app: Streamable HTTP at ``/mcp``, or SSE at ``/sse`` (+ ``/messages/``)."""
-        inner = self.mcp.streamable_http_app() if transport == "streamable_http" else self.mcp.sse_app()
+    def app(self, transport: ServerTransport = "streamable_http", *, sse_path: str = "/sse") -> Any:
+        """The ASGI app: Streamable HTTP at ``/mcp``, or SSE at ``sse_path`` (+ ``/messages/``)."""
+        if transport == "streamable_http":
+            inner = self.mcp.streamable_http_app()
+        else:
+            inner = self.mcp.sse_app(sse_path=sse_path)
         if self.token is None:
             return inner
         expected = f"Bearer {self.token}".encode()

@@ -1,0 +1,249 @@
+"""The MCP client against real servers: the SDK-built test server (Streamable HTTP and SSE), a
+hostile raw server in each of its modes, and a published server package from PyPI.
+
+Timeouts here are short (0.5 s) so the hostile cases stay fast; each such case checks the answer
+names the fault, and that it came well inside what the server would have taken on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from openai.types.responses.response_output_item import McpListToolsTool
+
+from gateway.tools.mcp_client import McpClient, McpEndpoint, McpError, ToolResult, cut_utf8
+from tests.mcp_servers import (
+    Mode,
+    ToolsServer,
+    loopback_socket,
+    published,
+    running_app,
+    running_hostile,
+    running_tools_server,
+)
+
+TOKEN = "test-token-0123456789"
+TIMEOUT = 0.5
+
+
+@pytest.fixture(scope="module")
+def tools() -> Iterator[tuple[str, ToolsServer]]:
+    with running_tools_server() as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def sse_tools() -> Iterator[tuple[str, ToolsServer]]:
+    with running_tools_server(transport="sse") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[tuple[str, ToolsServer]]:
+    with running_tools_server(ToolsServer(token=TOKEN)) as served:
+        yield served
+
+
+def client(**kw: float) -> McpClient:
+    kw.setdefault("list_timeout", 10.0)
+    kw.setdefault("call_timeout", 10.0)
+    return McpClient(**kw)  # type: ignore[arg-type]
+
+
+# --- listing and calling --------------------------------------------------------------------------
+
+
+async def test_lists_the_tools_as_openai_shows_them(tools: tuple[str, ToolsServer]) -> None:
+    url, _ = tools
+    listed = await client().list_tools(McpEndpoint("tools", url))
+    by_name = {tool.name: tool for tool in listed}
+    assert set(by_name) == {"add", "echo", "slow", "fail", "huge", "whoami"}
+    add = by_name["add"]
+    assert add.description == "Add two integers."
+    assert set(add.input_schema["properties"]) == {"a", "b"}
+    assert add.input_schema["required"] == ["a", "b"]
+    for tool in listed:  # each entry is what the SDK's McpListToolsTool accepts
+        assert McpListToolsTool.model_validate(tool.wire()).name == tool.name
+
+
+async def test_call_passes_arguments_and_returns_the_text(tools: tuple[str, ToolsServer]) -> None:
+    url, server = tools
+    endpoint = McpEndpoint("tools", url)
+    before = server.calls["add"]
+    result = await client().call_tool(endpoint, "add", {"a": 2, "b": 40})
+    assert result == ToolResult("42", None, 2, result.elapsed)
+    assert server.calls["add"] == before + 1
+    echoed = await client().call_tool(endpoint, "echo", {"text": "héllo ✓"})
+    assert echoed.output == "héllo ✓" and echoed.output_bytes == len("héllo ✓".encode())
+
+
+async def test_a_call_lists_nothing(tools: tuple[str, ToolsServer]) -> None:
+    """The SDK's own call_tool lists the tools again to check the output schema; ours does not."""
+    url, server = tools
+    lists = server.lists
+    await client().call_tool(McpEndpoint("tools", url), "add", {"a": 1, "b": 1})
+    assert server.lists == lists
+
+
+async def test_a_slow_tool_past_the_call_timeout_is_an_error(tools: tuple[str, ToolsServer]) -> None:
+    url, _ = tools
+    result = await client(call_timeout=TIMEOUT).call_tool(McpEndpoint("tools", url), "slow", {"seconds": 30})
+    assert result.output is None
+    assert result.error == f"MCP server 'tools': no answer within {TIMEOUT:g} s"
+    assert result.error_kind == "http"
+    assert result.elapsed < 30
+
+
+async def test_a_failing_tool_is_the_tools_error(tools: tuple[str, ToolsServer]) -> None:
+    url, _ = tools
+    result = await client().call_tool(McpEndpoint("tools", url), "fail", {"message": "disk on fire"})
+    assert result.output is None
+    assert result.error is not None and "disk on fire" in result.error
+    assert result.error_kind == "tool"
+
+
+async def test_a_huge_output_is_cut_at_a_character_with_a_marker(tools: tuple[str, ToolsServer]) -> None:
+    url, _ = tools
+    limit = 1000
+    bounded = client(max_output_bytes=limit)
+    result = await bounded.call_tool(McpEndpoint("tools", url), "huge", {"n": 90_000, "char": "€"})
+    assert result.output is not None and result.error is None
+    assert result.output_bytes == 90_000  # what the tool sent
+    assert len(result.output.encode()) <= limit
+    kept, marker = result.output.split("\n")
+    assert set(kept) == {"€"}  # whole characters only
+    assert marker == f"[... {90_000 - len(kept.encode())} bytes cut]"
+
+
+def test_cut_utf8_bounds() -> None:
+    assert cut_utf8("short", 10) == ("short", 5)
+    text, size = cut_utf8("é" * 100, 50)
+    assert size == 200 and len(text.encode()) <= 50 and text.startswith("é")
+    assert text.endswith("bytes cut]") and f"{200 - len(text.split(chr(10))[0].encode())} bytes" in text
+
+
+async def test_headers_reach_the_server_and_their_values_are_never_shown(tools: tuple[str, ToolsServer]) -> None:
+    url, server = tools
+    endpoint = McpEndpoint("tools", url, {"Authorization": f"Bearer {TOKEN}", "X-Extra": "1"})
+    result = await client().call_tool(endpoint, "whoami", {})
+    assert server.seen_authorization[-1] == f"Bearer {TOKEN}"
+    assert result.output == "[redacted]"  # the server echoed the credential; the gateway keeps it out
+    assert TOKEN not in repr(endpoint) and "Authorization" in repr(endpoint)
+
+
+async def test_401_names_the_status(locked: tuple[str, ToolsServer]) -> None:
+    url, _ = locked
+    with pytest.raises(McpError, match="HTTP 401") as caught:
+        await client().list_tools(McpEndpoint("locked", url, {"Authorization": "Bearer wrong-token-xyz"}))
+    assert "wrong-token-xyz" not in str(caught.value) and url not in str(caught.value)
+    result = await client().call_tool(McpEndpoint("locked", url), "add", {"a": 1, "b": 2})
+    assert (result.error_kind, result.http_status) == ("http", 401)
+    good = McpEndpoint("locked", url, {"Authorization": f"Bearer {TOKEN}"})
+    assert (await client().call_tool(good, "add", {"a": 1, "b": 2})).output == "3"
+
+
+async def test_an_unreachable_server() -> None:
+    sock = loopback_socket()  # bound, never listening: connections are refused
+    try:
+        endpoint = McpEndpoint("gone", f"http://127.0.0.1:{sock.getsockname()[1]}/mcp")
+        with pytest.raises(McpError, match="could not be reached"):
+            await client().list_tools(endpoint)
+        assert (await client().call_tool(endpoint, "add", {})).error_kind == "http"
+    finally:
+        sock.close()
+
+
+# --- hostile servers ------------------------------------------------------------------------------
+
+EXPECTED = {
+    Mode.SILENT: f"no answer within {TIMEOUT:g} s",
+    Mode.DRIP: f"no answer within {TIMEOUT:g} s",
+    Mode.ENDLESS: "sent more than 1048576 bytes",
+    Mode.MALFORMED: "the server's answer is not valid JSON-RPC",
+    Mode.HTTP_500: "the server answered HTTP 500",
+    Mode.WRONG_TYPE: "the server answered with a content type that is neither JSON nor SSE",
+}
+
+
+@pytest.mark.parametrize("mode", list(Mode), ids=lambda mode: mode.value)
+async def test_a_hostile_server_gets_a_bounded_error(mode: Mode) -> None:
+    bounded = client(list_timeout=TIMEOUT, call_timeout=TIMEOUT, max_response_bytes=1024 * 1024)
+    with running_hostile(mode) as (url, server):
+        endpoint = McpEndpoint("hostile", url)
+        with pytest.raises(McpError) as caught:
+            await bounded.list_tools(endpoint)
+        assert str(caught.value) == f"Could not list the tools of MCP server 'hostile': {EXPECTED[mode]}"
+        result = await bounded.call_tool(endpoint, "add", {"a": 1, "b": 2})
+        assert result.output is None and result.error == f"MCP server 'hostile': {EXPECTED[mode]}"
+        assert result.elapsed < 10 * TIMEOUT
+        assert server.requests >= 2
+
+
+async def test_cancelling_a_call_closes_its_connection() -> None:
+    with running_hostile(Mode.SILENT) as (url, server):
+        call = asyncio.ensure_future(client(call_timeout=60).call_tool(McpEndpoint("silent", url), "add", {}))
+        while server.requests == 0:  # the request is in; the server will never answer it
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        for _ in range(500):  # the server sees the hang-up long before the 60 s timeout
+            if server.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert server.closed == server.connections >= 1
+
+
+async def test_cancelling_a_slow_tool_call(tools: tuple[str, ToolsServer]) -> None:
+    url, server = tools
+    before = server.calls["slow"]
+    call = asyncio.ensure_future(client(call_timeout=60).call_tool(McpEndpoint("tools", url), "slow", {"seconds": 60}))
+    while server.calls["slow"] == before:
+        await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+# --- SSE --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["auto", "sse"])
+async def test_an_sse_server(sse_tools: tuple[str, ToolsServer], transport: str) -> None:
+    url, server = sse_tools
+    endpoint = McpEndpoint("old", url, {"Authorization": f"Bearer {TOKEN}"}, transport=transport)  # type: ignore[arg-type]
+    assert url.endswith("/sse")
+    assert {tool.name for tool in await client().list_tools(endpoint)} >= {"add", "whoami"}
+    assert (await client().call_tool(endpoint, "add", {"a": 20, "b": 22})).output == "42"
+    await client().call_tool(endpoint, "whoami", {})
+    assert server.seen_authorization[-1] == f"Bearer {TOKEN}"
+
+
+async def test_auto_falls_back_to_sse_when_the_streamable_post_is_refused() -> None:
+    """An SSE-only server at a path that does not say so answers the streamable POST with 405."""
+    server = ToolsServer()
+    with running_app(server.app("sse", sse_path="/events")) as base:
+        endpoint = McpEndpoint("old", base + "/events")
+        assert {tool.name for tool in await client().list_tools(endpoint)} >= {"add"}
+        assert (await client().call_tool(endpoint, "add", {"a": 1, "b": 1})).output == "2"
+        with pytest.raises(McpError, match="HTTP 405"):  # no fallback when the transport is named
+            await client().list_tools(McpEndpoint("old", base + "/events", transport="streamable_http"))
+
+
+# --- a published server -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not published.available(), reason="the test extra's fastmcp and mcp-server-time")
+async def test_a_published_server_over_http() -> None:
+    """``mcp-server-time`` from PyPI behind ``fastmcp run --transport http`` (see
+    tests/mcp_servers/published.py), listed and called through the gateway's client."""
+    with published.running_time_server() as url:
+        endpoint = McpEndpoint("time", url)
+        names = {tool.name for tool in await client(list_timeout=30).list_tools(endpoint)}
+        assert {"get_current_time", "convert_time"} <= names
+        result = await client(call_timeout=30).call_tool(endpoint, "get_current_time", {"timezone": "Europe/Paris"})
+        assert result.error is None and result.output is not None
+        assert '"timezone": "Europe/Paris"' in result.output or "Europe/Paris" in result.output
