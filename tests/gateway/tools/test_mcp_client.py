@@ -247,3 +247,23 @@ async def test_a_published_server_over_http() -> None:
         result = await client(call_timeout=30).call_tool(endpoint, "get_current_time", {"timezone": "Europe/Paris"})
         assert result.error is None and result.output is not None
         assert '"timezone": "Europe/Paris"' in result.output or "Europe/Paris" in result.output
+
+
+# --- behind the outbound guard ----------------------------------------------------------------------
+
+
+async def test_the_outbound_guards_factory_plugs_in(
+    tools: tuple[str, ToolsServer], sse_tools: tuple[str, ToolsServer]
+) -> None:
+    """``security.outbound.mcp_client_factory`` as ``http_factory``: its refusal is the error (its
+    message is written to be shown), and an exempted network is reached over both transports."""
+    from security.outbound import OutboundPolicy, mcp_client_factory
+
+    strict = McpClient(mcp_client_factory(OutboundPolicy()), list_timeout=10, call_timeout=10)
+    exempt = McpClient(mcp_client_factory(OutboundPolicy(allow_networks=("127.0.0.0/8",))), list_timeout=10)
+    for url in (tools[0], sse_tools[0]):
+        with pytest.raises(McpError, match="loopback"):
+            await strict.list_tools(McpEndpoint("guarded", url))
+        refused = await strict.call_tool(McpEndpoint("guarded", url), "add", {"a": 1, "b": 2})
+        assert refused.error_kind == "http" and "Refused to connect" in (refused.error or "")
+        assert (await exempt.call_tool(McpEndpoint("guarded", url), "add", {"a": 1, "b": 2})).output == "3"
