@@ -62,7 +62,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, McpHttpClientFactory
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, PARSE_ERROR
+from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, PARSE_ERROR
 from pydantic import TypeAdapter, ValidationError
 
 from security.outbound import OutboundRefused
@@ -366,6 +366,14 @@ class McpClient:
             request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
             # the session's own call_tool would list the tools again to check the output schema:
             # a second round trip per call, and a check the gateway does not need
+            try:
+                return await client.session.send_request(request, _CALL_RESULT)
+            except MCPError as exc:
+                if exc.code != HEADER_MISMATCH:
+                    raise
+            # a 2026-07-28 server whose tool mirrors arguments into Mcp-Param-* headers wants the
+            # session to have listed it (the SDK derives the headers from the listing): list, resend
+            await client.session.list_tools()
             return await client.session.send_request(request, _CALL_RESULT)
 
         try:

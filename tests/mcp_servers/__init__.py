@@ -4,7 +4,8 @@ API (import from ``tests.mcp_servers``):
 
 - ``ToolsServer(token=None)``: an MCP server made with the ``mcp`` SDK's server side. Tools
   ``add(a, b)``, ``echo(text)``, ``slow(seconds)``, ``fail(message)`` (tool error),
-  ``huge(n, char="x")`` (n bytes of text), ``whoami()`` (the request's ``Authorization``).
+  ``huge(n, char="x")`` (n bytes of text), ``whoami()`` (the request's ``Authorization``),
+  ``regional(region)`` (a header-mirrored argument: refused unless the session listed the tool).
   Counters: ``calls`` (a ``Counter`` by tool name), ``lists`` (tools/list requests served),
   ``seen_authorization`` (what ``whoami`` saw). With ``token``, every HTTP request needs
   ``Authorization: Bearer <token>`` or gets 401. ``.app("streamable_http" | "sse")`` is its ASGI

@@ -2,7 +2,9 @@
 
 Tools: ``add(a, b)``, ``echo(text)``, ``slow(seconds)`` (sleeps), ``fail(message)`` (a tool
 error), ``huge(n, char="x")`` (n bytes of text, ``char`` repeated: a multi-byte char tests a cut
-at a character boundary), ``whoami()`` (the ``Authorization`` header its request carried).
+at a character boundary), ``whoami()`` (the ``Authorization`` header its request carried),
+``regional(region)`` (an argument the 2026-07-28 protocol mirrors into an ``Mcp-Param-Region``
+header: a call from a session that has not listed the tool is refused with HEADER_MISMATCH).
 :class:`ToolsServer` counts what it served (``calls`` by tool, ``lists``) and remembers the
 ``Authorization`` headers it saw, so a test can prove a cache hit or that headers arrived.
 """
@@ -10,11 +12,12 @@ at a character boundary), ``whoami()`` (the ``Authorization`` header its request
 from __future__ import annotations
 
 import collections
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 ServerTransport = Literal["streamable_http", "sse"]
 
@@ -71,6 +74,11 @@ class ToolsServer:
         def huge(n: int, char: str = "x") -> str:
             calls["huge"] += 1
             return char * (n // len(char.encode()))
+
+        @mcp.tool(description="Say where: the region is mirrored into an Mcp-Param-Region header.")
+        def regional(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+            calls["regional"] += 1
+            return f"in {region}"
 
         @mcp.tool(description="The Authorization header of this request.")
         def whoami(ctx: Context) -> str:

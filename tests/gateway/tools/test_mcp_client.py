@@ -59,7 +59,7 @@ async def test_lists_the_tools_as_openai_shows_them(tools: tuple[str, ToolsServe
     url, _ = tools
     listed = await client().list_tools(McpEndpoint("tools", url))
     by_name = {tool.name: tool for tool in listed}
-    assert set(by_name) == {"add", "echo", "slow", "fail", "huge", "whoami"}
+    assert set(by_name) == {"add", "echo", "slow", "fail", "huge", "whoami", "regional"}
     add = by_name["add"]
     assert add.description == "Add two integers."
     assert set(add.input_schema["properties"]) == {"a", "b"}
@@ -85,6 +85,16 @@ async def test_a_call_lists_nothing(tools: tuple[str, ToolsServer]) -> None:
     lists = server.lists
     await client().call_tool(McpEndpoint("tools", url), "add", {"a": 1, "b": 1})
     assert server.lists == lists
+
+
+async def test_a_tool_with_header_mirrored_arguments_is_listed_then_called(tools: tuple[str, ToolsServer]) -> None:
+    """A 2026-07-28 server refuses such a call (HEADER_MISMATCH) from a session that did not list
+    the tool; the client lists in the same session and sends the call again, once."""
+    url, server = tools
+    lists = server.lists
+    result = await client().call_tool(McpEndpoint("tools", url), "regional", {"region": "eu-west"})
+    assert result.output == "in eu-west" and result.error is None
+    assert server.lists == lists + 1
 
 
 async def test_a_slow_tool_past_the_call_timeout_is_an_error(tools: tuple[str, ToolsServer]) -> None:
