@@ -62,7 +62,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, McpHttpClientFactory
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, PARSE_ERROR
+from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, PARSE_ERROR, REQUEST_TIMEOUT
 from pydantic import TypeAdapter, ValidationError
 
 from security.outbound import OutboundRefused
@@ -429,12 +429,12 @@ class McpClient:
                 httpx_client_factory=self._counted_factory(op),
             )
             mode = "legacy"  # the SSE transport predates server/discover
-            async with Client(transport, mode=mode, cache=None, read_timeout_seconds=timeout) as client:
+            async with Client(transport, mode=mode, cache=None) as client:
                 op.connected = True
                 return await work(client)
         async with self._counted_factory(op)(headers=headers, timeout=httpx2.Timeout(timeout)) as http:
             transport = streamable_http_client(endpoint.url, http_client=http)
-            async with Client(transport, mode="auto", cache=None, read_timeout_seconds=timeout) as client:
+            async with Client(transport, mode="auto", cache=None) as client:
                 op.connected = True
                 return await work(client)
 
@@ -450,9 +450,8 @@ class McpClient:
             if coding not in ("", "identity"):
                 op.refused = f"sent a {coding}-coded body though none was asked for"
                 raise _ResponseTooLarge("coded body")
-            stream = response.stream
-            assert isinstance(stream, httpx2.AsyncByteStream)
-            response.stream = _CountedStream(stream, op, limit)
+            if isinstance(response.stream, httpx2.AsyncByteStream):  # always, from an async client
+                response.stream = _CountedStream(response.stream, op, limit)
 
         def factory(
             headers: dict[str, str] | None = None,
@@ -495,6 +494,8 @@ class McpClient:
                 # the transport makes some of these itself, from what it could not read
                 if leaf.code == PARSE_ERROR:
                     return _Failed("the server's answer is not valid JSON-RPC", "protocol")
+                if leaf.code == REQUEST_TIMEOUT:
+                    return _Failed(f"no answer within {timeout:g} s", "http")
                 if leaf.code == CONNECTION_CLOSED:
                     return _Failed("the server closed the connection without an answer", "protocol")
                 if leaf.message.startswith("Unexpected content type"):

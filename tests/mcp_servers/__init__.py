@@ -18,7 +18,9 @@ API (import from ``tests.mcp_servers``):
 - ``Mode`` / ``running_hostile(mode)``: a raw asyncio HTTP server that misbehaves (``SILENT``
   accepts and never answers, ``DRIP`` sends headers then a byte every 50 ms forever, ``ENDLESS``
   an endless JSON body, ``MALFORMED`` a body that is not JSON-RPC, ``HTTP_500``, ``WRONG_TYPE``
-  text/html); yields ``(url, server)``, ``server.requests`` counting requests read.
+  text/html, ``COMPRESSED`` a gzip body nobody asked for); yields ``(url, server)``, with
+  ``server.requests`` counting requests read and ``server.closed`` the hang-ups a ``SILENT`` server
+  saw.
 - ``published.running_time_server()``: the published ``mcp-server-time`` package served over
   Streamable HTTP by ``fastmcp run`` in a subprocess; yields its MCP URL. ``published.available()``
   says whether both are installed (the test extra).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import gzip
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,6 +30,9 @@ class Mode(enum.Enum):
     HTTP_500 = "http_500"
     #: answers 200 ``text/html``
     WRONG_TYPE = "wrong_type"
+    #: answers 200 ``application/json`` gzip-coded though the client asked for no coding (a small
+    #: body could inflate a thousandfold: a gzip bomb)
+    COMPRESSED = "compressed"
 
 
 _CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -90,6 +94,10 @@ class HostileServer:
                 writer.write(_response("500 Internal Server Error", "text/plain", b"boom"))
             elif mode is Mode.WRONG_TYPE:
                 writer.write(_response("200 OK", "text/html", b"<html>hello</html>"))
+            elif mode is Mode.COMPRESSED:
+                body = gzip.compress(b'{"jsonrpc": "2.0", "id": 1, "result": {"x": "' + b"a" * 100_000 + b'"}}')
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+                writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
             await writer.drain()
 
 

@@ -174,6 +174,7 @@ EXPECTED = {
     Mode.MALFORMED: "the server's answer is not valid JSON-RPC",
     Mode.HTTP_500: "the server answered HTTP 500",
     Mode.WRONG_TYPE: "the server answered with a content type that is neither JSON nor SSE",
+    Mode.COMPRESSED: "sent a gzip-coded body though none was asked for",
 }
 
 
