@@ -278,3 +278,22 @@ async def test_the_outbound_guards_factory_plugs_in(
         refused = await strict.call_tool(McpEndpoint("guarded", url), "add", {"a": 1, "b": 2})
         assert refused.error_kind == "http" and "Refused to connect" in (refused.error or "")
         assert (await exempt.call_tool(McpEndpoint("guarded", url), "add", {"a": 1, "b": 2})).output == "3"
+
+
+async def test_an_endless_body_costs_bounded_memory() -> None:
+    """Counted, not timed: the bytes held while an endless answer is read stay near the byte budget
+    (without the counter the client reads until the deadline: hundreds of MB on loopback)."""
+    import tracemalloc
+
+    budget = 1024 * 1024
+    bounded = client(list_timeout=5.0, max_response_bytes=budget)
+    with running_hostile(Mode.ENDLESS) as (url, _):
+        tracemalloc.start()
+        try:
+            with pytest.raises(McpError) as caught:
+                await bounded.list_tools(McpEndpoint("endless", url))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 16 * budget, f"{peak} bytes held at the peak"
+    assert "sent more than 1048576 bytes" in str(caught.value)
