@@ -127,11 +127,17 @@ async def test_a_huge_output_is_cut_at_a_character_with_a_marker(tools: tuple[st
     assert marker == f"[... {90_000 - len(kept.encode())} bytes cut]"
 
 
-def test_cut_utf8_bounds() -> None:
-    assert cut_utf8("short", 10) == ("short", 5)
-    text, size = cut_utf8("é" * 100, 50)
-    assert size == 200 and len(text.encode()) <= 50 and text.startswith("é")
-    assert text.endswith("bytes cut]") and f"{200 - len(text.split(chr(10))[0].encode())} bytes" in text
+@pytest.mark.parametrize("char", ["x", "é", "€", "😀"])
+def test_cut_utf8_keeps_whole_characters_within_the_limit(char: str) -> None:
+    for limit in range(40, 48):  # every offset of the cut within a character
+        exact = char * (limit // len(char.encode()))
+        assert cut_utf8(exact, limit) == (exact, len(exact.encode()))  # fits: untouched
+        text = char * 100
+        size = len(text.encode())
+        cut, reported = cut_utf8(text, limit)
+        kept, marker = cut.split("\n")
+        assert reported == size and len(cut.encode()) <= limit
+        assert kept == char * len(kept) and marker == f"[... {size - len(kept.encode())} bytes cut]"
 
 
 async def test_headers_reach_the_server_and_their_values_are_never_shown(tools: tuple[str, ToolsServer]) -> None:
