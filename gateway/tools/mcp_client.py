@@ -485,8 +485,10 @@ class McpClient:
                 return _Failed(f"no answer within {timeout:g} s", "http")
             if isinstance(leaf, httpx2.ConnectError | ConnectionError):
                 return _Failed("the server could not be reached", "http")
-            if isinstance(leaf, httpx2.UnsupportedProtocol | httpx2.InvalidURL):
+            if isinstance(leaf, httpx2.UnsupportedProtocol | httpx2.InvalidURL | OverflowError):
                 return _Failed("the server URL is not a valid http(s) URL", "http")
+            if isinstance(leaf, httpx2.LocalProtocolError | UnicodeEncodeError):  # refused before sending
+                return _Failed("a header name or value is not valid in HTTP", "protocol")
             if isinstance(leaf, httpx2.TransportError):
                 return _Failed("the connection to the server failed", "http")
         for leaf in leaves:

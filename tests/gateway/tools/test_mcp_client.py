@@ -303,3 +303,24 @@ async def test_an_endless_body_costs_bounded_memory() -> None:
             tracemalloc.stop()
     assert peak < 16 * budget, f"{peak} bytes held at the peak"
     assert "sent more than 1048576 bytes" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-A": "caf€"}, {"X A": "v"}, {"X-A": "v\r\nX-Injected: 1"}, {"": "v"}, {"X-A": "v\x00"}],
+    ids=["not-latin1", "space-in-name", "crlf-injection", "empty-name", "nul"],
+)
+async def test_a_header_http_cannot_carry_is_refused_before_sending(
+    tools: tuple[str, ToolsServer], headers: dict[str, str]
+) -> None:
+    url, server = tools
+    before = server.calls["add"]
+    result = await client().call_tool(McpEndpoint("tools", url, headers), "add", {"a": 1, "b": 2})
+    assert result.error == "MCP server 'tools': a header name or value is not valid in HTTP"
+    assert server.calls["add"] == before
+
+
+@pytest.mark.parametrize("url", ["ftp://host/mcp", "not a url", "http://", "http://127.0.0.1:99999/mcp"])
+async def test_a_url_that_is_not_http_is_an_error(url: str) -> None:
+    with pytest.raises(McpError, match="not a valid http\\(s\\) URL"):
+        await client().list_tools(McpEndpoint("bad", url))
