@@ -30,13 +30,22 @@ another, a broken session from poisoning the next call, and credentials from liv
 it costs a handshake per call. The protocol era is negotiated by the SDK (``mode="auto"``: a
 ``server/discover`` probe, then the ``initialize`` handshake for servers that predate 2026-07-28).
 Measured against the local test server (``tests/mcp_servers``, same process, 2 busy cores): a call
-on its own session takes 6.3 ms median (p90 8.3) over Streamable HTTP, 12.3 ms over SSE (a GET
-stream and the initialize handshake first), against 2.2 ms for a call on a session kept open; so
-the session costs ~4 ms a call. Reusing sessions is a later optimization.
+on its own session took 6.3 ms median (p90 8.3) with the discover probe, 5.1-5.6 ms with the
+protocol learned (below; 8.4 against 5.1-5.6 in a busier run), 12.3 ms over SSE (a GET stream and
+the handshake first), against 2.2 ms for a call on a session kept open. Reusing sessions is a
+later optimization.
 
 **Transports.** ``streamable_http`` (the current one), ``sse`` (the 2024-11-05 one, for older
 servers) or ``auto``: SSE when the URL's path ends in ``/sse``, else Streamable HTTP, falling back
 to SSE when the server answers the streamable POST with 404 or 405 before a session exists.
+
+**Learned protocols.** What a server URL spoke the last time an operation on it succeeded is kept
+(:attr:`McpClient.learned`, bounded): a 2026-07-28+ version (the next operation adopts it without
+the ``server/discover`` probe: one request instead of two), ``legacy`` (the initialize handshake
+at once, without the probe), or ``sse`` (no streamable POST first). A try on a learned protocol
+that fails forgets it; a listing is then tried again the full way within the same deadline, a call
+only when it cannot have run (the legacy handshake failed, or the server refused the request with
+HTTP 400/404/405 or refused the protocol version), so a tool never runs twice for one call.
 
 The HTTP client comes from ``http_factory`` (the SDK's ``McpHttpClientFactory`` shape:
 ``factory(headers=, timeout=, auth=) -> httpx2.AsyncClient``), so the outbound guard
@@ -62,9 +71,11 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, McpHttpClientFactory
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, PARSE_ERROR, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, HEADER_MISMATCH, PARSE_ERROR, REQUEST_TIMEOUT, UNSUPPORTED_PROTOCOL_VERSION
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
+from cache.lru import BoundedLRU
 from security.outbound import OutboundRefused
 
 __all__ = [
@@ -305,6 +316,18 @@ def shared_tls_http_client(
     )
 
 
+def _not_run(exc: BaseException, op: _Op, pin: str) -> bool:
+    """Whether a try on a learned protocol failed before the server could run the work: the
+    handshake failed (``legacy``: the work is sent after it), or the server refused the request as
+    such (an HTTP 400/404/405, or the protocol version refused), where a tool's own failure is a
+    result. Only then is a call sent again."""
+    if pin == "legacy":
+        return not op.connected
+    if op.status in (400, 404, 405):
+        return True
+    return any(isinstance(leaf, MCPError) and leaf.code == UNSUPPORTED_PROTOCOL_VERSION for leaf in _leaves(exc))
+
+
 def _use_sse(endpoint: McpEndpoint) -> bool:
     if endpoint.transport != "auto":
         return endpoint.transport == "sse"
@@ -324,6 +347,7 @@ class McpClient:
         max_output_bytes: int = 256 * 1024,
         max_response_bytes: int = 4 * 1024 * 1024,
         max_tools: int = 1024,
+        max_learned: int = 4096,
     ) -> None:
         """``http_factory``: makes the HTTP client of each operation (:func:`shared_tls_http_client`
         when None; the gateway passes the outbound guard's). ``max_response_bytes``: all an operation may
@@ -334,6 +358,10 @@ class McpClient:
         self.max_output_bytes = max_output_bytes
         self.max_response_bytes = max_response_bytes
         self.max_tools = max_tools
+        #: what each server URL spoke the last time an operation succeeded: ``"legacy"`` (the
+        #: initialize handshake), a 2026-07-28+ protocol version, or ``"sse"`` (see the module
+        #: docstring, *Learned protocols*); a fact about the server, not a credential
+        self.learned: BoundedLRU[str, str] = BoundedLRU(max_learned)
 
     async def list_tools(self, endpoint: McpEndpoint) -> tuple[ListedTool, ...]:
         """Every tool the server lists (all pages). Raises :class:`McpError` on any failure."""
@@ -352,7 +380,7 @@ class McpClient:
             raise _Refused(f"lists tools over more than {_MAX_PAGES} pages")
 
         try:
-            return await self._run(endpoint, self.list_timeout, listing)
+            return await self._run(endpoint, self.list_timeout, listing, idempotent=True)
         except _Failed as failed:
             raise McpError(f"Could not list the tools of MCP server '{endpoint.label}': {failed}") from None
 
@@ -377,7 +405,7 @@ class McpClient:
             return await client.session.send_request(request, _CALL_RESULT)
 
         try:
-            result = await self._run(endpoint, self.call_timeout, call)
+            result = await self._run(endpoint, self.call_timeout, call, idempotent=False)
         except _Failed as failed:
             text, size = cut_utf8(f"MCP server '{endpoint.label}': {failed}", self.max_output_bytes)
             return ToolResult(None, text, size, time.perf_counter() - started, failed.kind, failed.status)
@@ -392,31 +420,70 @@ class McpClient:
 
     # --- one operation ----------------------------------------------------------------------------
 
-    async def _run(self, endpoint: McpEndpoint, timeout: float, work: Callable[[Client], Awaitable[T]]) -> T:
+    async def _run(
+        self, endpoint: McpEndpoint, timeout: float, work: Callable[[Client], Awaitable[T]], *, idempotent: bool
+    ) -> T:
         """``work`` on a fresh session, all of it within ``timeout``; what fails becomes
-        :class:`_Failed` with a safe message."""
+        :class:`_Failed` with a safe message. ``idempotent``: ``work`` may be sent twice (a listing)."""
         scrub = _Scrub(endpoint.headers)
-        op = _Op()
+        ops: list[_Op] = []
         try:
             with anyio.fail_after(timeout):
-                if _use_sse(endpoint):
-                    return await self._session(endpoint, op, timeout, work, sse=True)
-                try:
-                    return await self._session(endpoint, op, timeout, work, sse=False)
-                except Exception:
-                    if endpoint.transport != "auto" or op.connected or op.status not in (404, 405):
-                        raise
-                op = _Op()  # an SSE-only server: its answer to the streamable POST was 404/405
-                return await self._session(endpoint, op, timeout, work, sse=True)
+                return await self._attempts(endpoint, timeout, work, idempotent, ops)
         except Exception as exc:
             refused = next((leaf for leaf in _leaves(exc) if isinstance(leaf, _Refused)), None)
             if refused is not None:
                 raise _Failed(str(refused), "protocol") from None
-            failed = self._explain(exc, op, timeout)
+            failed = self._explain(exc, ops[-1] if ops else _Op(), timeout)
             raise _Failed(scrub(str(failed)), failed.kind, failed.status) from None
 
+    async def _attempts(
+        self,
+        endpoint: McpEndpoint,
+        timeout: float,
+        work: Callable[[Client], Awaitable[T]],
+        idempotent: bool,
+        ops: list[_Op],
+    ) -> T:
+        """The transport and protocol to try, from the endpoint and what the server spoke last time
+        (``learned``); a second try only where the first cannot have run the work."""
+        url = endpoint.url
+        known = self.learned.get(url) if endpoint.transport == "auto" else None
+        if _use_sse(endpoint) or known == "sse":
+            ops.append(_Op())
+            try:
+                return await self._session(endpoint, ops[-1], timeout, work, sse=True, pin=None)
+            except Exception:
+                if known != "sse" or ops[-1].connected:
+                    raise
+                self.learned.pop(url)  # no longer an SSE server, it seems: find out again
+            known = None
+        ops.append(_Op())
+        try:
+            return await self._session(endpoint, ops[-1], timeout, work, sse=False, pin=known)
+        except Exception as exc:
+            op = ops[-1]
+            if known is not None:
+                self.learned.pop(url)
+                if idempotent or _not_run(exc, op, known):
+                    return await self._attempts(endpoint, timeout, work, idempotent, ops)
+                raise
+            if endpoint.transport != "auto" or op.connected or op.status not in (404, 405):
+                raise
+        ops.append(_Op())  # an SSE-only server: its answer to the streamable POST was 404/405
+        result = await self._session(endpoint, ops[-1], timeout, work, sse=True, pin=None)
+        self.learned.put(url, "sse")
+        return result
+
     async def _session(
-        self, endpoint: McpEndpoint, op: _Op, timeout: float, work: Callable[[Client], Awaitable[T]], *, sse: bool
+        self,
+        endpoint: McpEndpoint,
+        op: _Op,
+        timeout: float,
+        work: Callable[[Client], Awaitable[T]],
+        *,
+        sse: bool,
+        pin: str | None,
     ) -> T:
         headers = {**endpoint.headers, "accept-encoding": "identity"}
         transport: AbstractAsyncContextManager[Any]
@@ -428,15 +495,19 @@ class McpClient:
                 sse_read_timeout=timeout,
                 httpx_client_factory=self._counted_factory(op),
             )
-            mode = "legacy"  # the SSE transport predates server/discover
-            async with Client(transport, mode=mode, cache=None) as client:
+            # the SSE transport predates server/discover: the initialize handshake
+            async with Client(transport, mode="legacy", cache=None) as client:
                 op.connected = True
                 return await work(client)
         async with self._counted_factory(op)(headers=headers, timeout=httpx2.Timeout(timeout)) as http:
             transport = streamable_http_client(endpoint.url, http_client=http)
-            async with Client(transport, mode="auto", cache=None) as client:
+            async with Client(transport, mode=pin or "auto", cache=None) as client:
                 op.connected = True
-                return await work(client)
+                result = await work(client)
+                version = client.protocol_version
+                if pin is None:
+                    self.learned.put(endpoint.url, version if version in MODERN_PROTOCOL_VERSIONS else "legacy")
+                return result
 
     def _counted_factory(self, op: _Op) -> McpHttpClientFactory:
         """``http_factory`` with the operation's bookkeeping hooked in: the first error status, and

@@ -7,7 +7,8 @@ API (import from ``tests.mcp_servers``):
   ``huge(n, char="x")`` (n bytes of text), ``whoami()`` (the request's ``Authorization``),
   ``regional(region)`` (a header-mirrored argument: refused unless the session listed the tool).
   Counters: ``calls`` (a ``Counter`` by tool name), ``lists`` (tools/list requests served),
-  ``seen_authorization`` (what ``whoami`` saw). With ``token``, every HTTP request needs
+  ``seen_authorization`` (what ``whoami`` saw), ``requests`` (a ``Counter`` of HTTP requests by
+  ``(method, path)``). With ``token``, every HTTP request needs
   ``Authorization: Bearer <token>`` or gets 401. ``.app("streamable_http" | "sse")`` is its ASGI
   app; ``ToolsServer.path(transport)`` its MCP path (``/mcp`` or ``/sse``).
 - ``running_tools_server(server=None, transport="streamable_http")``: context manager serving a

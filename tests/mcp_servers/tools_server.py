@@ -6,7 +6,8 @@ at a character boundary), ``whoami()`` (the ``Authorization`` header its request
 ``regional(region)`` (an argument the 2026-07-28 protocol mirrors into an ``Mcp-Param-Region``
 header: a call from a session that has not listed the tool is refused with HEADER_MISMATCH).
 :class:`ToolsServer` counts what it served (``calls`` by tool, ``lists``) and remembers the
-``Authorization`` headers it saw, so a test can prove a cache hit or that headers arrived.
+``Authorization`` headers it saw, and the HTTP requests it served (``requests`` by method and
+path), so a test can prove a cache hit, a skipped handshake, or that headers arrived.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class ToolsServer:
         self.calls: collections.Counter[str] = collections.Counter()
         self.lists = 0
         self.seen_authorization: list[str | None] = []
+        #: HTTP requests served, by (method, path)
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.mcp = _CountingServer(self)
         self._register()
 
@@ -94,19 +97,19 @@ class ToolsServer:
             inner = self.mcp.streamable_http_app()
         else:
             inner = self.mcp.sse_app(sse_path=sse_path)
-        if self.token is None:
-            return inner
-        expected = f"Bearer {self.token}".encode()
+        expected = f"Bearer {self.token}".encode() if self.token is not None else None
 
-        async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
-                head = [(b"content-type", b"text/plain")]
-                await send({"type": "http.response.start", "status": 401, "headers": head})
-                await send({"type": "http.response.body", "body": b"unauthorized"})
-                return
+        async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                self.requests[(scope["method"], scope["path"])] += 1
+                if expected is not None and dict(scope["headers"]).get(b"authorization") != expected:
+                    head = [(b"content-type", b"text/plain")]
+                    await send({"type": "http.response.start", "status": 401, "headers": head})
+                    await send({"type": "http.response.body", "body": b"unauthorized"})
+                    return
             await inner(scope, receive, send)
 
-        return guarded
+        return counted
 
     @staticmethod
     def path(transport: ServerTransport = "streamable_http") -> str:

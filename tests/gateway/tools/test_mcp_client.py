@@ -324,3 +324,55 @@ async def test_a_header_http_cannot_carry_is_refused_before_sending(
 async def test_a_url_that_is_not_http_is_an_error(url: str) -> None:
     with pytest.raises(McpError, match="not a valid http\\(s\\) URL"):
         await client().list_tools(McpEndpoint("bad", url))
+
+
+# --- learned protocols ------------------------------------------------------------------------------
+
+
+async def test_a_learned_protocol_skips_the_probe() -> None:
+    with running_tools_server() as (url, server):
+        learner = client()
+        await learner.call_tool(McpEndpoint("tools", url), "add", {"a": 1, "b": 2})
+        first = server.requests[("POST", "/mcp")]
+        assert first == 2  # server/discover, then the call
+        assert learner.learned.get(url) == "2026-07-28"
+        assert (await learner.call_tool(McpEndpoint("tools", url), "add", {"a": 1, "b": 2})).output == "3"
+        assert server.requests[("POST", "/mcp")] == first + 1  # the call alone
+
+
+async def test_a_learned_sse_server_gets_no_streamable_post() -> None:
+    server = ToolsServer()
+    with running_app(server.app("sse", sse_path="/events")) as base:
+        learner = client()
+        url = base + "/events"
+        await learner.list_tools(McpEndpoint("old", url))
+        refused = server.requests[("POST", "/events")]  # the probe and the handshake, both 405
+        assert refused == 2 and learner.learned.get(url) == "sse"
+        assert (await learner.call_tool(McpEndpoint("old", url), "add", {"a": 2, "b": 2})).output == "4"
+        assert server.requests[("POST", "/events")] == refused
+
+
+@pytest.mark.parametrize("stale", ["2026-07-28", "legacy"])
+async def test_a_stale_protocol_is_forgotten_and_the_call_still_runs_once(stale: str) -> None:
+    """The URL is now an SSE-only server: the learned try is refused (405) before anything runs, so
+    the call is sent again the full way, and runs exactly once."""
+    server = ToolsServer()
+    with running_app(server.app("sse", sse_path="/events")) as base:
+        learner = client()
+        url = base + "/events"
+        learner.learned.put(url, stale)
+        result = await learner.call_tool(McpEndpoint("old", url), "add", {"a": 3, "b": 4})
+        assert result.output == "7" and server.calls["add"] == 1
+        assert learner.learned.get(url) == "sse"
+
+
+async def test_a_learned_protocol_does_not_rerun_a_call_that_may_have_run(tools: tuple[str, ToolsServer]) -> None:
+    """A call that failed after it was sent (here: the deadline) is not sent again."""
+    url, server = tools
+    learner = client(call_timeout=TIMEOUT)
+    await learner.call_tool(McpEndpoint("tools", url), "add", {"a": 1, "b": 1})
+    before = server.calls["slow"]
+    result = await learner.call_tool(McpEndpoint("tools", url), "slow", {"seconds": 30})
+    assert result.error is not None and "no answer" in result.error
+    assert server.calls["slow"] == before + 1  # sent once
+    assert learner.learned.get(url) == "2026-07-28"  # a slow tool says nothing against the protocol
