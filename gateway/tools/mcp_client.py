@@ -30,10 +30,9 @@ another, a broken session from poisoning the next call, and credentials from liv
 it costs a handshake per call. The protocol era is negotiated by the SDK (``mode="auto"``: a
 ``server/discover`` probe, then the ``initialize`` handshake for servers that predate 2026-07-28).
 Measured against the local test server (``tests/mcp_servers``, same process, 2 busy cores): a call
-on its own session took 6.3 ms median (p90 8.3) with the discover probe, 5.1-5.6 ms with the
-protocol learned (below; 8.4 against 5.1-5.6 in a busier run), 12.3 ms over SSE (a GET stream and
-the handshake first), against 2.2 ms for a call on a session kept open. Reusing sessions is a
-later optimization.
+on its own session took 6.3 ms median (p90 8.3) with the discover probe and 5.0 ms (p90 6.4)
+with the protocol learned (below), 12.3 ms over SSE (a GET stream and the handshake first),
+against 2.2-2.7 ms for a call on a session kept open. Reusing sessions is a later optimization.
 
 **Transports.** ``streamable_http`` (the current one), ``sse`` (the 2024-11-05 one, for older
 servers) or ``auto``: SSE when the URL's path ends in ``/sse``, else Streamable HTTP, falling back
