@@ -178,10 +178,12 @@ class _Op:
     """What one operation saw on the wire, for a clear message whatever exception the SDK makes of
     it: the first HTTP error status, whether the body budget ran out, how many bytes came."""
 
-    __slots__ = ("connected", "received", "refused", "status")
+    __slots__ = ("connected", "last_status", "received", "refused", "status")
 
     def __init__(self) -> None:
         self.status: int | None = None
+        #: the status of the latest response (whether the last request was refused as such)
+        self.last_status: int | None = None
         self.received = 0
         self.refused: str | None = None
         self.connected = False
@@ -322,7 +324,7 @@ def _not_run(exc: BaseException, op: _Op, pin: str) -> bool:
     result. Only then is a call sent again."""
     if pin == "legacy":
         return not op.connected
-    if op.status in (400, 404, 405):
+    if op.last_status in (400, 404, 405):
         return True
     return any(isinstance(leaf, MCPError) and leaf.code == UNSUPPORTED_PROTOCOL_VERSION for leaf in _leaves(exc))
 
@@ -516,6 +518,7 @@ class McpClient:
         async def on_response(response: httpx2.Response) -> None:
             if response.status_code >= 400 and op.status is None:
                 op.status = response.status_code
+            op.last_status = response.status_code
             coding = response.headers.get("content-encoding", "identity").strip().lower()
             if coding not in ("", "identity"):
                 op.refused = f"sent a {coding}-coded body though none was asked for"
