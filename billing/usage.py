@@ -66,6 +66,10 @@ class UsageRecord(msgspec.Struct, frozen=True):
     #: seconds from arrival to the first output token (``None``: no token was produced)
     ttft_s: float | None = None
     duration_s: float = 0.0
+    #: calls the gateway ran for the model in this response (MCP; ``gateway.tools``), and their
+    #: wall-clock seconds summed (calls that ran at once each count their own)
+    tool_calls: int = 0
+    tool_s: float = 0.0
 
     FIELDS: ClassVar[tuple[str, ...]]
 
@@ -88,9 +92,9 @@ class UsageRecord(msgspec.Struct, frozen=True):
             raw = fields.get(name)
             if raw is None:
                 continue
-            if name.endswith("_tokens"):
+            if name.endswith("_tokens") or name == "tool_calls":
                 data[name] = int(raw)
-            elif name in ("created_at", "finished_at", "duration_s"):
+            elif name in ("created_at", "finished_at", "duration_s", "tool_s"):
                 data[name] = float(raw)
             elif name == "ttft_s":
                 data[name] = float(raw) if raw else None

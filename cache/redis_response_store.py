@@ -418,6 +418,7 @@ class RedisStore:
                 "root_id": state.root_id,
                 "model": state.model,
                 "pending_calls": sorted(state.pending_calls),
+                "mcp_listed": sorted(state.mcp_listed),
                 "flagged": state.flagged,
                 "store": state.store,
                 "nbytes": state.nbytes,
@@ -551,6 +552,7 @@ class RedisStore:
             parent_id=meta["parent_id"],
             root_id=meta.get("root_id") or root,
             pending_calls=frozenset(meta["pending_calls"]),
+            mcp_listed=frozenset(meta.get("mcp_listed", ())),  # a record written before MCP: none
             flagged=meta["flagged"],
             tenant=tenant,
             nbytes=meta["nbytes"],

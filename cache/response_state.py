@@ -39,6 +39,9 @@ class ResponseState(msgspec.Struct, frozen=True):
     root_id: str | None = None
     #: tool calls of the context that have no output yet
     pending_calls: frozenset[str] = frozenset()
+    #: MCP server labels whose tools the chain has listed (an ``mcp_list_tools`` item in its
+    #: context): a continuation reuses the listing instead of reporting a new one
+    mcp_listed: frozenset[str] = frozenset()
     #: this turn's non-allow classifier verdicts (the parent's stay on the parent: no copying)
     verdicts: tuple[Any, ...] = ()
     #: some item of the chain was flagged (inherited, so a flag is never re-derived from history)

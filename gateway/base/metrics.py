@@ -268,6 +268,40 @@ class Metrics:
             registry=r,
         )
         self.warmups = Counter("respgate_warmups", "generate:false warm-up turns", ["transport"], registry=r)
+        # tools the gateway runs (gateway/tools/): ``server`` is an operator's label, or ``request``
+        # for a server a request named by URL (its label is the client's: unbounded)
+        self.hosted_calls = Counter(
+            "respgate_hosted_tool_calls",
+            "Tool calls the gateway ran for the model, by tool type, server and outcome (ok, error)",
+            ["tool", "server", "outcome"],
+            registry=r,
+        )
+        self.hosted_call_seconds = Histogram(
+            "respgate_hosted_tool_seconds",
+            "Seconds one gateway-run tool call took",
+            ["tool", "server"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.hosted_output_bytes = Counter(
+            "respgate_hosted_tool_output_bytes",
+            "Bytes of tool output the gateway's tool calls returned (before the model's cut)",
+            ["tool", "server"],
+            registry=r,
+        )
+        self.hosted_listings = Counter(
+            "respgate_hosted_tool_listings",
+            "Tool listings of MCP servers (from the catalog or the server), by outcome (ok, error)",
+            ["tool", "server", "outcome"],
+            registry=r,
+        )
+        self.hosted_list_seconds = Histogram(
+            "respgate_hosted_tool_list_seconds",
+            "Seconds to have a server's tool list (a catalog hit is ~0)",
+            ["tool", "server"],
+            registry=r,
+            buckets=(0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15),
+        )
         self.aborts = Counter(
             "respgate_generation_aborts", "Generations aborted because nobody listened", ["transport"], registry=r
         )
@@ -432,11 +466,26 @@ class StageTimer:
         """The turn ended (``status``: the Response's, or ``rejected`` before one existed)."""
         return None
 
+    def span(self, name: str, t0: float, t1: float, attributes: Mapping[str, Any]) -> None:
+        """A span of the turn that is not a stage (a tool call: they overlap); traced timers keep it."""
+        return None
+
 
 #: stages the clock laps after ``prepare``: in the run (``gateway.turn.run``) and finalize
 #: (``gateway.turn.finalize``); ``engine_ttft`` ends at the first token, ``streaming`` at the last;
-#: ``cancelled``: a turn cut or left by its client, from its last stage boundary to the cut
-RUN_STAGES = ("engine_submit", "compact", "engine_ttft", "streaming", "store", "finalize", "billing", "cancelled")
+#: ``cancelled``: a turn cut or left by its client, from its last stage boundary to the cut;
+#: ``tools``: the calls the gateway ran between engine passes (``gateway.turn.tool_loop``)
+RUN_STAGES = (
+    "engine_submit",
+    "compact",
+    "engine_ttft",
+    "streaming",
+    "tools",
+    "store",
+    "finalize",
+    "billing",
+    "cancelled",
+)
 
 
 class FlagCollector:

@@ -11,9 +11,19 @@ import difflib
 import json
 import os
 import tomllib
-from typing import Literal
+from typing import Literal, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
+
+
+class McpServerSetting(BaseModel):
+    """An operator-configured MCP server (``mcp_servers``)."""
+
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    description: str | None = None
+    #: tenants that may use it (None: all)
+    tenants: list[str] | None = None
 
 
 class Settings(BaseModel):
@@ -213,6 +223,27 @@ class Settings(BaseModel):
     usage_stream_retention_s: float | None = Field(default=None, gt=0)
     #: what to do with hosted tool types we do not run (web_search, tool_search ...)
     hosted_tools: Literal["strip", "reject"] = "strip"
+    # -- tools the gateway runs (gateway/tools/, security/outbound.py) -----------------------------------------
+    #: MCP servers a request may name by ``server_label`` alone, their credentials kept here (JSON:
+    #: ``{"label": {"url": ..., "headers": {...}, "description": ..., "tenants": ["t1"]}}``; no
+    #: ``tenants``: every tenant). Their addresses are the operator's choice: private ones are reachable
+    mcp_servers: dict[str, McpServerSetting] = Field(default_factory=dict)
+    #: URL prefixes a request's own ``server_url`` may start with, per tenant (``"*"``: every tenant),
+    #: JSON. Default: any https URL; ``{}`` allows none (only ``mcp_servers``)
+    mcp_allowed_urls: dict[str, list[str]] = Field(default_factory=lambda: {"*": ["https://"]})
+    #: networks (CIDR) a request's ``server_url`` may reach although private, loopback or link-local
+    #: (refused by default, checked on each resolved address, redirects included)
+    outbound_allow_networks: list[str] = Field(default_factory=list)
+    #: seconds an MCP server has to list its tools (then ``mcp_list_tools`` reports the error)
+    mcp_list_timeout_s: float = Field(default=15.0, gt=0)
+    #: seconds one MCP tool call may take (then its ``mcp_call`` reports the error)
+    mcp_call_timeout_s: float = Field(default=60.0, gt=0)
+    #: seconds a server's tool list is reused for the same tenant, server and credentials
+    mcp_tools_ttl_s: float = Field(default=300.0, ge=0)
+    #: bytes of one tool output the model sees (longer ones are cut with a note)
+    tool_output_bytes: int = Field(default=256 * 1024, ge=1024)
+    #: calls the gateway runs in one response when the request sets no ``max_tool_calls``
+    max_hosted_calls: int = Field(default=32, ge=1)
     #: how reasoning reaches clients: raw reasoning_text, or only as the item (no text events)
     reasoning_text: Literal["raw", "hidden"] = "raw"
     #: secret for sealing reasoning encrypted_content (random per process when unset)
@@ -336,6 +367,11 @@ class Settings(BaseModel):
                 continue
             if field.annotation == list[str]:
                 values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
+            elif get_origin(field.annotation) is dict:
+                try:
+                    values[name] = json.loads(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{name} (RESPGATE_{name.upper()}): not JSON: {exc}") from None
             else:
                 values[name] = raw
             origin[name] = f"RESPGATE_{name.upper()}"

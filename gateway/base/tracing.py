@@ -21,6 +21,8 @@ The tree of one turn::
     ├── engine (CLIENT)                              (the engine request: submit to last token)
     │   ├── engine_ttft                              (submit to first token)
     │   └── streaming                                (first to last token)
+    ├── tool_call                                    (each call the gateway ran: tool type, server
+    │                                                 label, tool name, output bytes, error type)
     └── store, finalize, billing                     (after generation; store only when awaited)
 
 A create refused before its response existed ends as a turn span with status ERROR, the stages it
@@ -165,7 +167,7 @@ class TracedTimer(StageTimer):
     """The stage clock of a traced turn: laps are kept with their times; spans are made at ``end``
     (the live turn and engine spans when the engine request starts)."""
 
-    __slots__ = ("_tracing", "_parent", "_marks", "_offset_ns", "_turn", "_engine", "_ended")
+    __slots__ = ("_tracing", "_parent", "_marks", "_offset_ns", "_turn", "_engine", "_ended", "_spans")
 
     def __init__(self, hist: Histogram, transport: str, tracing: Tracing, parent: Any) -> None:
         super().__init__(hist, transport)
@@ -178,6 +180,11 @@ class TracedTimer(StageTimer):
         self._turn: Any = None
         self._engine: Any = None
         self._ended = False
+        #: (name, start, end, attributes) of spans that are not stages: the gateway's tool calls
+        self._spans: list[tuple[str, float, float, Mapping[str, Any]]] = []
+
+    def span(self, name: str, t0: float, t1: float, attributes: Mapping[str, Any]) -> None:
+        self._spans.append((name, t0, t1, dict(attributes)))
 
     def _ns(self, t: float) -> int:
         return self._offset_ns + int(t * 1e9)
@@ -273,6 +280,10 @@ class TracedTimer(StageTimer):
             if stage in ENGINE_STAGES:
                 engine_end = t1
             tracer.start_span(stage, context=under, start_time=self._ns(t0)).end(end_time=self._ns(t1))
+        for name, t0, t1, span_attrs in self._spans:
+            tracer.start_span(name, context=in_turn, start_time=self._ns(t0), attributes=span_attrs).end(
+                end_time=self._ns(t1)
+            )
         if self._engine is not None:
             self._engine.end(end_time=self._ns(engine_end if engine_end is not None else time.perf_counter()))
         turn.end(end_time=self._ns(time.perf_counter()))

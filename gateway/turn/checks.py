@@ -37,7 +37,7 @@ from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
-from gateway.wire.tools import HostedTool, canonical_tool, tool_names
+from gateway.wire.tools import HostedTool, McpTool, canonical_tool, tool_names
 from gateway.wire.validation import json_type
 from inference.item_types import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
@@ -107,12 +107,16 @@ class CheckedTools:
     """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
     the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
 
-    __slots__ = ("models", "tools", "names")
+    __slots__ = ("models", "tools", "names", "mcp")
 
     def __init__(self, models: list[Any], tools: tuple[dict[str, Any], ...]) -> None:
         self.models = models
         self.tools = tools
         self.names = tool_names(tools)
+        #: the ``mcp`` tools with their index (``gateway.tools.hosted``: the gateway runs them)
+        self.mcp: tuple[tuple[int, McpTool], ...] = tuple(
+            (i, m) for i, m in enumerate(models) if isinstance(m, McpTool)
+        )
 
 
 NO_TOOLS = CheckedTools([], ())
@@ -166,7 +170,7 @@ class ToolChecks:
         if not req.tools:
             return NO_TOOLS
         checked = CheckedTools(req.tools, _tools(req, self.hosted))
-        if key is not None:
+        if key is not None and not checked.mcp:  # MCP credentials are kept for the turn only
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
         return checked
@@ -245,13 +249,48 @@ def route_of(req: CreateRequest, registry: ModelRegistry) -> ModelRoute:
     return route
 
 
-def prelude_of(req: CreateRequest, tools: tuple[dict[str, Any], ...]) -> Prelude:
+def prelude_of(req: CreateRequest, tools: tuple[dict[str, Any], ...], tool_choice: Any = None) -> Prelude:
+    """``tool_choice``: the request's, unless the caller translated it (``hosted_choice``)."""
+    choice = tool_choice if tool_choice is not None else req.tool_choice
     return Prelude(
         instructions=req.instructions,
         tools=tools,
-        tool_choice="auto" if req.tool_choice is None else req.tool_choice,
+        tool_choice="auto" if choice is None else choice,
         reasoning_effort=req.reasoning.effort if req.reasoning else None,
     )
+
+
+def hosted_choice(choice: Any, hosted: Any) -> Any:
+    """``tool_choice`` as the model's tools name it once MCP servers are namespaces:
+    ``{"type": "mcp", "server_label": L, "name": N}`` is that namespace's function; without a name,
+    any tool of the server (``allowed_tools``, required). Raises ``ApiError`` for an unknown server
+    or tool. Other choices are unchanged."""
+    if not isinstance(choice, dict) or choice.get("type") != "mcp":
+        return choice
+    label = choice.get("server_label")
+    if not isinstance(label, str) or label not in hosted.servers:
+        raise bad_request(
+            f"Tool choice MCP server '{str(label)[:64]}' not found in 'tools' parameter.",
+            code="invalid_value",
+            param="tool_choice.server_label",
+        )
+    tools = hosted.tools.get(label, {})
+    name = choice.get("name")
+    if name is not None:
+        if name not in tools:
+            raise bad_request(
+                f"Tool choice '{str(name)[:64]}' is not a tool of MCP server '{label}'.",
+                code="invalid_value",
+                param="tool_choice.name",
+            )
+        return {"type": "function", "name": name, "namespace": label}
+    if not tools:
+        return "auto"  # the server listed nothing (or failed): nothing to require
+    return {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": n, "namespace": label} for n in tools],
+    }
 
 
 def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any], ...]:

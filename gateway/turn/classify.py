@@ -27,7 +27,7 @@ from typing import Any
 
 from gateway.base.metrics import Metrics
 from gateway.turn.offload import INLINE, Cpu
-from gateway.turn.types import TurnContext, TurnInput
+from gateway.turn.types import PreparedTurn, TurnContext, TurnInput
 from gateway.wire.errors import ApiError
 from gateway.wire.kinds import OUTPUT_TYPES, ItemType, call_kind
 from security.classifiers import Classifier, ClassifierUnavailable, ItemText, Verdict, block_message
@@ -95,6 +95,29 @@ class ClassifyStage:
                 param=f"items[{blocks[0].index}]" if blocks[0].index is not None else "items",
             )
         return verdicts
+
+    async def tool_outputs(self, outputs: Sequence[Mapping[str, Any]], turn: PreparedTurn) -> bool:
+        """The outputs of calls the gateway ran, classified as new input (as a client's tool output
+        would be: where prompt injection arrives); flags and blocks are reported with the response.
+        True when one is blocked: the tool loop stops."""
+        verdicts = await self._verdicts(texts_of(outputs))
+        if self.flags is not None and verdicts:
+            self.flags.report(
+                [
+                    FlagRecord.of(
+                        v,
+                        item_type="mcp_call",
+                        response_id=turn.id,
+                        previous_response_id=turn.req.previous_response_id,
+                        tenant=turn.ctx.tenant,
+                        model=turn.route.name,
+                        transport=turn.ctx.transport,
+                        flagged_before=turn.flagged,
+                    )
+                    for v in verdicts
+                ]
+            )
+        return any(v.action == "block" for v in verdicts)
 
     async def _verdicts(self, texts: list[ItemText]) -> tuple[Verdict, ...]:
         """The non-allow verdicts on ``texts``, counted."""

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from gateway.tools.approvals import Decision
+from gateway.tools.hosted import HostedTurn
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
@@ -51,6 +53,7 @@ class ResponseEvents:
         *,
         reasoning_mode: str = "raw",
         seal: Callable[[str], str] | None = None,
+        hosted: HostedTurn | None = None,
     ) -> None:
         """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
         part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
@@ -69,6 +72,10 @@ class ResponseEvents:
         self._logprobs: list[dict[str, Any]] = []
         self._reasoning_mode = reasoning_mode
         self._seal = seal
+        #: the turn's MCP servers: a call into one of their namespaces is the gateway's to run
+        self._hosted = hosted if hosted is not None and hosted.servers else None
+        #: output indices of gateway-run calls whose arguments are complete and that have not run
+        self._to_run: list[int] = []
 
     # -- envelope -------------------------------------------------------------------------------
 
@@ -153,6 +160,8 @@ class ResponseEvents:
             }
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+        elif self._hosted is not None and start.namespace in self._hosted.servers:
+            return self._open_hosted(start, idx)
         else:  # a tool call: its shape comes from the kinds map
             kind = call_kind(start.kind)
             assert kind is not None, start.kind
@@ -200,6 +209,81 @@ class ResponseEvents:
                 }
             )
         return events
+
+    def _open_hosted(self, start: ItemStart, idx: int) -> list[Event]:
+        """The model calls a tool of an MCP server: an ``mcp_call`` the gateway runs once its
+        arguments are complete, or an ``mcp_approval_request`` that ends the response."""
+        assert self._hosted is not None and start.namespace is not None
+        label, name = start.namespace, start.name or ""
+        if self._hosted.decide(label, name) == Decision.APPROVE:
+            item: dict[str, Any] = {
+                "id": new_id("mcpr"),
+                "type": "mcp_approval_request",
+                "server_label": label,
+                "name": name,
+                "arguments": "",
+            }
+            self._delta_type = None
+        else:
+            item = _mcp_call(label, name)
+            self._delta_type = "response.mcp_call_arguments.delta"
+        self._delta_index = None
+        self._open = item
+        self._open_id, self._open_idx = item["id"], idx
+        self.output.append(item)
+        events = [self._ev("response.output_item.added", output_index=idx, item=dict(item))]
+        if item["type"] == "mcp_call":
+            events.append(self._ev("response.mcp_call.in_progress", item_id=item["id"], output_index=idx))
+        return events
+
+    def open_call(self, request: dict[str, Any]) -> list[Event]:
+        """An approved ``mcp_approval_request`` becomes an ``mcp_call`` of this response (it runs
+        before the model generates): added with its arguments, to run."""
+        if self._open is not None:
+            raise IllegalTransition("another output item is still open")
+        item = _mcp_call(request["server_label"], request["name"], request.get("arguments", ""), request["id"])
+        idx = len(self.output)
+        self.output.append(item)
+        self._to_run.append(idx)
+        return [
+            self._ev("response.output_item.added", output_index=idx, item=dict(item)),
+            self._ev("response.mcp_call.in_progress", item_id=item["id"], output_index=idx),
+            self._ev(
+                "response.mcp_call_arguments.done", item_id=item["id"], output_index=idx, arguments=item["arguments"]
+            ),
+        ]
+
+    def take_calls(self) -> list[int]:
+        """The output indices of the gateway-run calls ready to run (each handed out once)."""
+        out, self._to_run = self._to_run, []
+        return out
+
+    def call_done(self, idx: int, output: str | None, error: dict[str, Any] | None) -> list[Event]:
+        """A gateway-run call finished (``error``: it failed, or never ran): its result, then its
+        ``output_item.done``."""
+        item = self.output[idx]
+        item["output"], item["error"] = output, error
+        item["status"] = "failed" if error is not None else "completed"
+        kind = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
+        return [
+            self._ev(kind, item_id=item["id"], output_index=idx),
+            self._ev("response.output_item.done", output_index=idx, item=item),
+        ]
+
+    def listing(self, item: dict[str, Any]) -> list[Event]:
+        """An ``mcp_list_tools`` item (listed while the turn was prepared): its events, in OpenAI's
+        order; ``failed`` when the server could not list."""
+        if self._open is not None:
+            raise IllegalTransition("another output item is still open")
+        idx = len(self.output)
+        self.output.append(item)
+        ended = "response.mcp_list_tools.failed" if item.get("error") else "response.mcp_list_tools.completed"
+        return [
+            self._ev("response.output_item.added", output_index=idx, item=dict(item, tools=[])),
+            self._ev("response.mcp_list_tools.in_progress", item_id=item["id"], output_index=idx),
+            self._ev(ended, item_id=item["id"], output_index=idx),
+            self._ev("response.output_item.done", output_index=idx, item=item),
+        ]
 
     def _part_done(
         self,
@@ -292,6 +376,19 @@ class ResponseEvents:
                 _MESSAGE_PART, item["id"], idx, text, part, {"logprobs": list(self._logprobs)}, {}
             )
             item["content"] = [part]
+        elif t == "mcp_call" or t == "mcp_approval_request":
+            item["arguments"] = text
+            if t == "mcp_call":
+                events.append(
+                    self._ev("response.mcp_call_arguments.done", item_id=item["id"], output_index=idx, arguments=text)
+                )
+                if complete:  # runs between engine passes (``gateway.turn.run``); done after it ran
+                    self._to_run.append(idx)
+                    return events
+                item["status"] = status
+                item["error"] = gateway_error("The model's call was cut off before its arguments were complete.")
+            events.append(self._ev("response.output_item.done", output_index=idx, item=item))
+            return events
         elif (kind := call_kind(t)) is not None:
             item[kind.payload] = text
             done = {kind.payload: text, "name": item["name"]} if t == ItemType.FUNCTION_CALL else {kind.payload: text}
@@ -325,6 +422,11 @@ class ResponseEvents:
         events: list[Event] = []
         if self._open is not None:
             events += self._close_item(complete=False)
+        for idx in self.take_calls():  # gateway-run calls that never ran: reported as such
+            item = self.output[idx]
+            item["status"] = "incomplete"
+            item["error"] = gateway_error("The response ended before the call ran.")
+            events.append(self._ev("response.output_item.done", output_index=idx, item=item))
         self.response["status"] = status
         self.response["usage"] = usage
         self.response.update(fields)
@@ -440,6 +542,26 @@ def _delta_event(item_type: str, reasoning_mode: str) -> tuple[str | None, str |
     if reasoning_mode == "summary":
         return "response.reasoning_summary_text.delta", "summary_index"
     return None, None
+
+
+def gateway_error(message: str) -> dict[str, Any]:
+    """An ``mcp_call`` error the gateway itself reports (the call did not run, or not to its end):
+    the SDK's ``McpToolCallError`` shape, JSON-RPC's internal-error code."""
+    return {"type": "mcp_protocol_error", "code": -32603, "message": message}
+
+
+def _mcp_call(label: str, name: str, arguments: str = "", approval_request_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": new_id("mcp"),
+        "type": "mcp_call",
+        "status": "in_progress",
+        "server_label": label,
+        "name": name,
+        "arguments": arguments,
+        "output": None,
+        "error": None,
+        "approval_request_id": approval_request_id,
+    }
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -64,6 +64,9 @@ class Outcome(msgspec.Struct, frozen=True):
     compacted: ItemLog | None = None
     #: perf_counter of the first output token
     first_token_at: float | None = None
+    #: calls the gateway ran for the model, and their seconds summed (``gateway.turn.tool_loop``)
+    tool_calls: int = 0
+    tool_seconds: float = 0.0
 
 
 #: told of every chainable state a turn leaves (the prefix cache keeps full-history turns)
@@ -151,6 +154,8 @@ class Finalizer:
             finished_at=turn.created_at + duration,
             ttft_s=None if outcome.first_token_at is None else outcome.first_token_at - turn.started,
             duration_s=duration,
+            tool_calls=outcome.tool_calls,
+            tool_s=outcome.tool_seconds,
         )
         clock = turn.clock
         clock.lap("finalize")
@@ -285,6 +290,7 @@ class Finalizer:
             parent_id=ti.parent.id if ti.parent is not None else None,
             root_id=turn.root_id,
             pending_calls=frozenset(pending),
+            mcp_listed=_listed(ti.parent, output_items),
             verdicts=turn.verdicts,
             flagged=turn.flagged,
             tenant=turn.ctx.tenant,
@@ -389,3 +395,11 @@ def _walked_bytes(items: Sequence[dict[str, Any]]) -> int:
                         total += sum(len(x) for x in p.values() if isinstance(x, str))
         total += 64
     return total
+
+
+def _listed(parent: ResponseState | None, output: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The MCP labels the chain has listed after this turn: the parent's, plus this turn's listings
+    that succeeded (the same set object when there are none: O(1) per turn)."""
+    before = parent.mcp_listed if parent is not None else frozenset()
+    new = [it["server_label"] for it in output if it.get("type") == "mcp_list_tools" and not it.get("error")]
+    return before | frozenset(new) if new else before

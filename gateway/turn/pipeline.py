@@ -32,6 +32,7 @@ from cache.response_store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
+from gateway.tools.hosted import HostedTools
 from gateway.turn import render as render_stage
 from gateway.turn.checks import check_params
 from gateway.turn.classify import ClassifyStage
@@ -124,6 +125,8 @@ class Pipeline:
         self.tool_echoes: BoundedLRU[tuple[str | None, bytes], EchoedTools] = BoundedLRU(
             64, 16 * 1024 * 1024, part=tenant_of
         )
+        #: the MCP servers the gateway calls for the model (``gateway.tools.hosted``)
+        self.hosted = HostedTools(settings, metrics)
         self.resolver = Resolver(
             registry,
             store,
@@ -136,9 +139,12 @@ class Pipeline:
             conversations=self.conversations,
             prefix=self.prefix,
             item_checks_bytes=settings.item_checks_bytes,
+            hosted=self.hosted,
         )
         self.classify = ClassifyStage(classifier, metrics, flags)
-        self.runner = TurnRunner(settings, store, sealer, self.compactor, self.finalizer, metrics)
+        self.runner = TurnRunner(
+            settings, store, sealer, self.compactor, self.finalizer, metrics, self.hosted, self.classify
+        )
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
 
     async def prepare(self, body: Any, ctx: TurnContext) -> PreparedTurn:

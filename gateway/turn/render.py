@@ -77,6 +77,7 @@ from gateway.base.metrics import Metrics
 from gateway.turn.types import Item, Rendered, RenderStats, TurnInput
 from gateway.wire.errors import ApiError, bad_request
 from gateway.wire.kinds import OUTPUT_TYPES
+from inference.hosted_items import call_of
 from inference.registry import ModelRoute
 from inference.renderer import Prelude, Renderer
 
@@ -205,6 +206,11 @@ class CallLookup(Mapping[str, Mapping[str, Any]]):
 
     def __getitem__(self, call_id: str) -> Mapping[str, Any]:
         item = self._new.get(call_id) or self._context.call(call_id)
+        if item is None:
+            # an MCP approval request is a call by its item id (``inference.hosted_items.call_of``):
+            # a refusal in a later turn is rendered under its tool's name
+            earlier = self._context.get(call_id)
+            item = call_of(earlier) if earlier is not None else None
         if item is None:
             raise KeyError(call_id)
         return item

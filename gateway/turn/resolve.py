@@ -32,7 +32,7 @@ lookups stay on the event loop between them.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -41,13 +41,16 @@ from cache.item_log import ItemLog
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
+from gateway.tools.hosted import NO_HOSTED, HostedTools, HostedTurn, approvals_to_run
 from gateway.turn.checks import (
     CheckedItem,
+    CheckedTools,
     HostedToolPolicy,
     ItemChecks,
     ToolChecks,
     check_supported,
     check_tool_choice,
+    hosted_choice,
     prelude_of,
     route_of,
 )
@@ -71,6 +74,7 @@ from gateway.wire.items import (
 )
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
+from gateway.wire.tools import McpTool
 from inference.registry import ModelRegistry, ModelRoute
 
 #: a stage boundary for the per-stage timer (``Metrics.stage_timer``); a no-op by default
@@ -95,6 +99,7 @@ class Resolver:
         conversations: Conversations | None = None,
         prefix: PrefixReuse | None = None,
         item_checks_bytes: int = 64 * 1024 * 1024,
+        hosted: HostedTools | None = None,
     ) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
@@ -112,6 +117,8 @@ class Resolver:
         self.item_checks = ItemChecks(item_checks_bytes)
         self.conversations = conversations
         self.prefix = prefix
+        #: the MCP servers requests may use (``gateway.tools.hosted``)
+        self.hosted = hosted
 
     async def resolve(
         self, body: Any, ctx: TurnContext, *, generate: bool | None = None, lap: Lap = _no_lap, cpu: Cpu | None = None
@@ -120,7 +127,8 @@ class Resolver:
         ``/responses/compact`` does not generate). ``cpu`` runs the CPU pieces (None: sized here)."""
         if cpu is None:
             cpu = self.offload.for_body(body) if self.offload is not None else INLINE
-        req, raw_items, route, tools, known = await cpu(self._validate, body, ctx.transport, ctx.tenant)
+        req, raw_items, route, checked, known = await cpu(self._validate, body, ctx.transport, ctx.tenant)
+        tools = checked.tools
         gen = (req.generate is not False) if generate is None else generate
         lap("validate")
 
@@ -142,7 +150,13 @@ class Resolver:
         if compacted and parent is not None:
             parent, base_context, resent = None, ItemLog(), []
         lap("validate")  # the new items are validated against the resolved parent
-        prelude = prelude_of(req, tools)
+        hosted = await self._hosted(checked.mcp, tools, new_items, parent, base_context, ctx)
+        if hosted.servers:  # the model sees the servers' tools, not the mcp tools themselves
+            model_tools = tuple(t for t in tools if t["type"] != "mcp") + hosted.namespaces
+            prelude = prelude_of(req, model_tools, hosted_choice(req.tool_choice, hosted))
+            lap("hosted")
+        else:
+            prelude = prelude_of(req, tools)
         prefix = None
         if parent is None and conv is None and self.prefix is not None:  # a conversation has its own tip
             prefix = await cpu(
@@ -187,14 +201,50 @@ class Resolver:
             prefix=prefix,
             digest=digest,
             digest_later=later,
+            hosted=hosted,
         )
+
+    async def _hosted(
+        self,
+        mcp: tuple[tuple[int, McpTool], ...],
+        tools: tuple[dict[str, Any], ...],
+        new_items: list[Item],
+        parent: ResponseState | None,
+        context: ItemLog,
+        ctx: TurnContext,
+    ) -> HostedTurn:
+        """The turn's MCP servers, checked and listed, and the calls its approvals let run."""
+        answers = [it for it in new_items if it.get("type") == "mcp_approval_response"]
+        if not mcp and not answers:
+            return NO_HOSTED
+        if self.hosted is None:  # a pipeline built without the hosted-tools service (some tests)
+            raise bad_request("MCP tools are not enabled on this gateway.", code="unsupported_parameter", param="tools")
+        taken = {t["name"] for t in tools if t["type"] != "mcp"}
+        servers = self.hosted.servers(mcp, ctx.tenant, taken)
+        labels = {s.label for s in servers}
+        approved: list[Item] = []
+        for i, request, approve in approvals_to_run(new_items, _ById(context)):
+            if not approve:
+                continue  # a refusal is rendered from the response item itself
+            if request.get("server_label") not in labels:
+                raise bad_request(
+                    f"Approving a call on MCP server '{request.get('server_label')}' needs that server in 'tools'.",
+                    code="invalid_value",
+                    param=f"input[{i}]",
+                )
+            approved.append(dict(request))
+        if not servers:
+            return NO_HOSTED
+        before = set(parent.mcp_listed) if parent is not None else set()
+        before.update(str(it.get("server_label")) for it in new_items if it.get("type") == "mcp_list_tools")
+        return await self.hosted.prepare(servers, ctx.tenant, before, approved)
 
     def _validate(
         self,
         body: Any,
         transport: Transport,
         tenant: str | None,
-    ) -> tuple[CreateRequest, list[Any], ModelRoute, tuple[dict[str, Any], ...], _KnownItems | None]:
+    ) -> tuple[CreateRequest, list[Any], ModelRoute, CheckedTools, _KnownItems | None]:
         """The request checked and parsed, its model and tools (CPU only: may run in the pool). Tools
         byte-identical to a list this tenant offered before are not validated again: the rest of
         the body is, and the request gets that list's models (``ToolChecks``); so are the items a
@@ -214,7 +264,7 @@ class Resolver:
         route = route_of(req, self.registry)
         checked = known_tools if known_tools is not None else self.tool_checks.check(req, tenant, key)
         check_tool_choice(req, checked.names)
-        return req, raw_items, route, checked.tools, known
+        return req, raw_items, route, checked, known
 
     async def parent(self, previous_response_id: str | None, ctx: TurnContext) -> ResponseState | None:
         """The response a continuation names: this connection's cache first, then the shared store."""
@@ -478,3 +528,22 @@ def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | 
         call_id = next(iter(sorted(pending)))
         raise bad_request(f"No tool output found for function call {call_id}.", param="input")
     return frozenset(pending)
+
+
+class _ById(Mapping[str, Mapping[str, Any]]):
+    """The parent's items by id, lookup only (an approval request is found without a scan)."""
+
+    def __init__(self, context: ItemLog) -> None:
+        self._context = context
+
+    def __getitem__(self, item_id: str) -> Mapping[str, Any]:
+        item = self._context.get(item_id)
+        if item is None:
+            raise KeyError(item_id)
+        return item
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0

@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import msgspec
 import orjson
 
 from cache.response_state import ResponseState
@@ -43,18 +44,22 @@ from cache.response_store import ResponseStore
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.tools.hosted import HostedTools
+from gateway.turn.classify import ClassifyStage
 from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
 from gateway.turn.finalize import Finalizer, Outcome
 from gateway.turn.logprobs import LogprobAttribution
 from gateway.turn.sampling import cache_salt_of
 from gateway.turn.sealing import Sealer
+from gateway.turn.tool_loop import ToolLoop, ToolRound
 from gateway.turn.types import PreparedTurn, UsageHook
 from gateway.wire.errors import is_fault
 from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
-from inference.engine import EngineError
-from inference.parse import ItemEnd, ItemStart, ParseEvent
+from inference.engine import EngineError, SamplingParams
+from inference.hosted_items import call_of
+from inference.parse import ItemEnd, ItemStart, ParseEvent, StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +73,13 @@ class TurnRunner:
         compactor: Compactor,
         finalizer: Finalizer,
         metrics: Metrics,
+        hosted: HostedTools | None = None,
+        classify: ClassifyStage | None = None,
     ) -> None:
         self.settings = settings
+        #: the MCP side (``gateway.tools.hosted``) and the classifiers tool outputs go through
+        self.hosted = hosted
+        self.classify = classify
         self.store = store
         self.sealer = sealer
         self.compactor = compactor
@@ -85,7 +95,10 @@ class TurnRunner:
             else ("raw" if self.settings.reasoning_text == "raw" else "hidden")
         )
         return ResponseEvents(
-            turn.response, reasoning_mode=mode, seal=self.sealer.seal if turn.include_encrypted else None
+            turn.response,
+            reasoning_mode=mode,
+            seal=self.sealer.seal if turn.include_encrypted else None,
+            hosted=turn.input.hosted,
         )
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
@@ -128,24 +141,36 @@ class TurnRunner:
             return
 
         assert turn.sampling is not None
-        prompt_ids = turn_ids.extend(rendered.gen_ids)
-        parser = turn.route.renderer.parser(turn.input.prelude)
-        sampled: list[int] = []
-        cached = 0
-        finish = None
-        stop_token = None
-        first_token_at: float | None = None
+        renderer = turn.route.renderer
         sampling, summary, compacted = turn.sampling, None, None
         compact = self.compactor.wanted(turn)
-        single = _SingleCall() if turn.req.parallel_tool_calls is False else None
-        attribution = LogprobAttribution(turn.route.renderer) if turn.sampling.logprobs is not None else None
+        attribution = LogprobAttribution(renderer) if turn.sampling.logprobs is not None else None
+        hosted = turn.input.hosted
+        tools = ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls) if hosted.servers else None
+        gen: _Pass | None = None
+        #: every engine pass of the turn (one, unless the gateway ran tools between them)
+        passes: list[_Pass] = []
+        prompt_ids = turn_ids.extend(rendered.gen_ids)
+        #: the history when the turn ended right after running tools (their outputs at its tip)
+        tip_history: TokenSeq | None = None
+        last_tip: TokenSeq | None = None  # the history after the last round of tools
+        first_token_at: float | None = None
         agen = None
         #: the terminal events built and not yet sent (a cut before billing withdraws them)
         pending: list[Event] | None = None
         settled = False  # the outcome is billed
+        finish: str | None = None
+        stop_token = None
 
         def spent() -> dict[str, Any]:
-            usage = usage_object(len(prompt_ids), cached, len(sampled), parser.reasoning_tokens)
+            if not passes:  # ended before the engine pass (as a turn always was: its prompt counts)
+                return self.compactor.add_usage(usage_object(len(prompt_ids), 0, 0, 0), summary)
+            usage = usage_object(
+                sum(len(p.prompt_ids) for p in passes),
+                sum(p.cached for p in passes),
+                sum(len(p.sampled) for p in passes),
+                sum(p.reasoning for p in passes),
+            )
             return self.compactor.add_usage(usage, summary)
 
         try:
@@ -155,7 +180,20 @@ class TurnRunner:
             yield created
             tail: list[Event] = []
             try:
-                if compact is not None:  # summarize first, continue on the pruned context
+                for listing in hosted.listings:
+                    yield events.listing(listing)
+                if tools is not None and hosted.approved:  # approved last turn: they run first
+                    for request in hosted.approved:
+                        yield events.open_call(request)
+                    ran = ToolRound(events.take_calls())
+                    async with contextlib.aclosing(tools.run(ran, events)) as running:
+                        async for batch in running:
+                            yield batch
+                    turn_ids = turn_ids.extend(ran.tokens)  # the tip: O(outputs)
+                    prompt_ids = turn_ids.extend(rendered.gen_ids)
+                    if ran.blocked:
+                        finish, tip_history = "content_filter", turn_ids
+                if compact is not None and finish is None:  # summarize first, continue on the pruned context
                     done = await self.compactor.compact_turn(turn, turn_ids, compact)
                     prompt_ids, sampling, summary, compacted = (
                         done.prompt_ids,
@@ -165,37 +203,85 @@ class TurnRunner:
                     )
                     yield events.whole_item(done.item)
                     clock.lap("compact")
-                clock.lap("engine_submit")
-                # routed now: with tracing on, the engine span has begun and its context goes along
-                agen = turn.route.engine.generate(turn.id, prompt_ids, sampling, turn.routing())
-                async for delta in agen:
-                    if first_token_at is None and delta.token_ids:
-                        first_token_at = time.perf_counter()
-                        clock.lap("engine_ttft")
-                    if delta.num_cached_tokens is not None:
-                        cached = delta.num_cached_tokens
-                    sampled.extend(delta.token_ids)
-                    lps = None
-                    if attribution is not None and delta.logprobs:
-                        parsed, lps = attribution.feed(parser, delta.token_ids, delta.logprobs)
-                    else:
-                        parsed = parser.feed(delta.token_ids)
-                    if single is not None:
-                        parsed = single.keep(parsed)  # a prefix: the logprob indices stay valid
-                    if parsed:  # a header token parses to nothing: most deltas of a short turn
-                        out = events.feed(parsed, lps)
-                        if out:
-                            yield out
-                    if single is not None and single.done and delta.finish_reason is None:
-                        finish = "single_call"
-                        await agen.aclose()  # stop the engine now: what follows the call is dropped
+                while finish is None:
+                    gen = _Pass(prompt_ids, renderer.parser(turn.input.prelude), len(events.output))
+                    passes.append(gen)
+                    room = _room(turn, sampling, passes)
+                    if room <= 0:  # max_output_tokens (or the context) spent by earlier passes
+                        finish, tip_history = "length", last_tip
+                        passes.pop()
                         break
-                    if delta.finish_reason is not None:
-                        finish, stop_token = delta.finish_reason, delta.stop_token_id
-                        if finish == "abort":
-                            finish = "error"
-                if finish not in ("error", "single_call"):
-                    tail = events.feed(parser.finish())
+                    clock.lap("engine_submit")
+                    # routed now: with tracing on, the engine span has begun and its context goes along
+                    agen = turn.route.engine.generate(
+                        turn.id if len(passes) == 1 else f"{turn.id}-{len(passes)}",
+                        prompt_ids,
+                        sampling if room == sampling.max_tokens else msgspec.structs.replace(sampling, max_tokens=room),
+                        turn.routing(),
+                    )
+                    single = _SingleCall() if turn.req.parallel_tool_calls is False else None
+                    parser = gen.parser
+                    async for delta in agen:
+                        if first_token_at is None and delta.token_ids:
+                            first_token_at = time.perf_counter()
+                            clock.lap("engine_ttft")
+                        if delta.num_cached_tokens is not None:
+                            gen.cached = delta.num_cached_tokens
+                        gen.sampled.extend(delta.token_ids)
+                        lps = None
+                        if attribution is not None and delta.logprobs:
+                            parsed, lps = attribution.feed(parser, delta.token_ids, delta.logprobs)
+                        else:
+                            parsed = parser.feed(delta.token_ids)
+                        if single is not None:
+                            parsed = single.keep(parsed)  # a prefix: the logprob indices stay valid
+                        if parsed:  # a header token parses to nothing: most deltas of a short turn
+                            out = events.feed(parsed, lps)
+                            if out:
+                                yield out
+                        if single is not None and single.done and delta.finish_reason is None:
+                            gen.finish = "single_call"
+                            await agen.aclose()  # stop the engine now: what follows the call is dropped
+                            break
+                        if delta.finish_reason is not None:
+                            gen.finish, gen.stop_token = delta.finish_reason, delta.stop_token_id
+                            if gen.finish == "abort":
+                                gen.finish = "error"
+                    agen = None
+                    if gen.finish not in ("error", "single_call"):
+                        tail = events.feed(parser.finish())
+                    gen.reasoning = parser.reasoning_tokens
+                    finish, stop_token = gen.finish, gen.stop_token
+                    runnable = events.take_calls() if gen.finish not in ("error", "length") else []
+                    if tools is None or not runnable:
+                        break
+                    if tail:
+                        yield tail
+                        tail = []
+                    # the model called tools the gateway runs: run them, append their outputs at the
+                    # token tip and generate again on the same KV (O(outputs), no re-render)
+                    ran = ToolRound(runnable)
+                    async with contextlib.aclosing(tools.run(ran, events)) as running:
+                        async for batch in running:
+                            yield batch
+                    clock.lap("tools")
+                    items = _pass_items(events.output, gen.first_output)
+                    history = self._history(turn, gen.finish, gen.stop_token, prompt_ids, gen.sampled, items)[0]
+                    if history is None:  # cannot happen after a clean stop; ends the loop safely
+                        finish = "error"
+                        break
+                    tip = history.extend(ran.tokens) if ran.tokens else history
+                    if ran.blocked:
+                        finish, tip_history = "content_filter", tip
+                        break
+                    if ran.ends or _ends_response(events.output, gen.first_output):
+                        # the pass also asked the client (a function call, an approval) or ran out
+                        # of tool calls: the response ends with the outputs at its tip
+                        finish, tip_history = "tools", tip
+                        break
+                    prompt_ids = tip.extend(rendered.gen_ids)
+                    finish = None
+                    last_tip = tip
             except EngineError as exc:
                 log.warning("engine failed response %s: %s", turn.id, exc)
                 finish = "error"
@@ -213,11 +299,20 @@ class TurnRunner:
                 yield tail
             usage = spent()
             try:
-                history, exact = self._history(turn, finish, stop_token, prompt_ids, sampled, events)
+                sampled = passes[-1].sampled if passes else []
+                if tip_history is not None:
+                    history, exact = tip_history, True
+                elif not passes:  # nothing generated: a failure before the first pass
+                    history, exact = None, False
+                else:
+                    items = _pass_items(events.output, passes[-1].first_output)
+                    history, exact = self._history(turn, finish, stop_token, prompt_ids, sampled, items)
                 if finish == "error":
                     pending = events.fail(usage, "server_error", "The model backend failed while generating.")
                 elif finish == "length":
                     pending = events.incomplete(usage, "max_output_tokens")
+                elif finish == "content_filter":
+                    pending = events.incomplete(usage, "content_filter")
                 else:
                     pending = events.complete(usage)
                 if turn.ctx.transport == "http" and not turn.req.stream:
@@ -237,6 +332,8 @@ class TurnRunner:
                 copied_bytes=copied,
                 compacted=compacted,
                 first_token_at=first_token_at,
+                tool_calls=tools.calls if tools is not None else 0,
+                tool_seconds=tools.seconds if tools is not None else 0.0,
             )
             pending, outcome, stored = await self._store(turn, events, pending, outcome)
             self.finalizer.settle(turn, outcome)
@@ -253,7 +350,8 @@ class TurnRunner:
             if not settled:
                 # Nobody listens any more (socket closed, SSE client gone, the shutdown deadline):
                 # record what was processed and persist a terminal snapshot.
-                if self._cancel(turn, events, pending, spent(), on_usage, first_token_at):
+                ran_tools = (tools.calls, tools.seconds) if tools is not None else (0, 0.0)
+                if self._cancel(turn, events, pending, spent(), on_usage, first_token_at, ran_tools):
                     self.metrics.aborts.labels(turn.ctx.transport).inc()
 
     def _history(
@@ -263,13 +361,13 @@ class TurnRunner:
         stop_token: int | None,
         prompt_ids: TokenSeq,
         sampled: list[int],
-        events: ResponseEvents,
+        items: list[dict[str, Any]],
     ) -> tuple[TokenSeq | None, bool]:
         """The rendered history after this turn (None: not chainable), and whether it is exact."""
         if finish == "error":
             return None, False
         if finish == "single_call":
-            history = _canonical_history(turn, prompt_ids, events.output)
+            history = _canonical_history(turn, prompt_ids, items)
             if history is None:  # the renderer cannot say: keep what was sampled, re-render next turn
                 return prompt_ids.extend(sampled), False
             return history, True
@@ -297,15 +395,7 @@ class TurnRunner:
         )
         return (
             pending,
-            Outcome(
-                events.status,
-                events.output,
-                outcome.usage,
-                None,
-                exact=False,
-                copied_bytes=outcome.copied_bytes,
-                first_token_at=outcome.first_token_at,
-            ),
+            msgspec.structs.replace(outcome, status=events.status, output=events.output, history=None, exact=False),
             None,
         )
 
@@ -325,6 +415,7 @@ class TurnRunner:
         usage: dict[str, Any],
         on_usage: UsageHook | None,
         first_token_at: float | None = None,
+        tools: tuple[int, float] = (0, 0.0),
     ) -> bool:
         """Bill a turn that ends unsent — its consumer went away, or it was cut (a terminal built and
         held for the store write is withdrawn first) — as a ``cancelled`` response. False when
@@ -336,7 +427,16 @@ class TurnRunner:
         events.cancel(usage)
         self.finalizer.finish(
             turn,
-            Outcome(events.status, events.output, usage, None, exact=False, first_token_at=first_token_at),
+            Outcome(
+                events.status,
+                events.output,
+                usage,
+                None,
+                exact=False,
+                first_token_at=first_token_at,
+                tool_calls=tools[0],
+                tool_seconds=tools[1],
+            ),
             on_usage,
         )
         return True
@@ -388,6 +488,48 @@ class TurnRunner:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+class _Pass:
+    """One engine request of the turn: its prompt and what it sampled."""
+
+    __slots__ = ("prompt_ids", "parser", "first_output", "sampled", "cached", "reasoning", "finish", "stop_token")
+
+    def __init__(self, prompt_ids: TokenSeq, parser: StreamParser, first_output: int) -> None:
+        self.prompt_ids = prompt_ids
+        self.parser = parser
+        #: the response's output length when the pass began (its items come after)
+        self.first_output = first_output
+        self.sampled: list[int] = []
+        self.cached = 0
+        self.reasoning = 0
+        self.finish: str | None = None
+        self.stop_token: int | None = None
+
+
+def _room(turn: PreparedTurn, sampling: SamplingParams, passes: list[_Pass]) -> int:
+    """The tokens the current pass may sample: what ``max_output_tokens`` left after the earlier
+    passes, within the context that remains after its prompt."""
+    cap = sampling.max_tokens
+    spent = sum(len(p.sampled) for p in passes[:-1])
+    context = turn.route.max_context - len(passes[-1].prompt_ids)
+    if cap is None:
+        return context
+    return min(cap - spent, context) if len(passes) > 1 else cap
+
+
+def _pass_items(output: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:
+    """The output items one engine pass wrote, as its sampled tokens hold them: a call the gateway
+    ran is the model's call only (its output follows it at the tip, rendered apart)."""
+    items = output[first:]
+    if not any(it["type"] == "mcp_call" for it in items):
+        return items
+    return [call_of(it) or it if it["type"] == "mcp_call" else it for it in items]
+
+
+def _ends_response(output: list[dict[str, Any]], first: int) -> bool:
+    """The pass asked the client something: a call the client runs, or an approval."""
+    return any(it["type"] in CALL_TYPES or it["type"] == "mcp_approval_request" for it in output[first:])
 
 
 class _SingleCall:

@@ -34,6 +34,7 @@ from cache.response_state import ResponseState
 from cache.seq import TokenSeq
 from gateway.base.metrics import StageTimer
 from gateway.base.tracing import current_traceparent
+from gateway.tools.hosted import NO_HOSTED, HostedTurn
 from gateway.wire.request import CreateRequest
 from inference.engine import RequestRouting, SamplingParams
 from inference.registry import ModelRoute
@@ -119,6 +120,9 @@ class TurnInput(msgspec.Struct, frozen=True):
     #: (``Finalizer``: ``PrefixReuse.extend``) — after its terminal event, or before it for a
     #: ``store=true`` turn, whose state is written first — not on the path to its first token
     digest_later: bool = False
+    #: the turn's MCP servers, the model's view of their tools, the calls approved to run
+    #: (``gateway.tools.hosted``); ``NO_HOSTED`` when the request names none
+    hosted: HostedTurn = NO_HOSTED
 
     @property
     def root_id(self) -> str | None:

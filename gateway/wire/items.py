@@ -203,6 +203,57 @@ class HostedItem(_Lenient):
     id: str | None = None
 
 
+class McpCall(_Lenient):
+    """A call the gateway ran on an MCP server (``gateway.tools``), re-sent in a history."""
+
+    type: Literal["mcp_call"]
+    id: str = Field(max_length=256)
+    server_label: str = Field(max_length=256)
+    name: str = Field(max_length=256)
+    arguments: str
+    output: str | None = None
+    #: the SDK's ``McpToolCallError`` (an object); a string from older clients
+    error: str | dict[str, Any] | None = None
+    approval_request_id: str | None = Field(default=None, max_length=256)
+    status: str | None = None
+
+
+class McpApprovalRequest(_Lenient):
+    """The model's call that waits for the user's approval (it ended its response)."""
+
+    type: Literal["mcp_approval_request"]
+    id: str = Field(max_length=256)
+    server_label: str = Field(max_length=256)
+    name: str = Field(max_length=256)
+    arguments: str
+
+
+class McpApprovalResponse(_Lenient):
+    """The user's answer to an ``mcp_approval_request``: the call runs (or is refused) next turn."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str = Field(max_length=256)
+    approve: bool
+    reason: str | None = Field(default=None, max_length=8192)
+    id: str | None = Field(default=None, max_length=256)
+
+
+class McpListTools(_Lenient):
+    type: Literal["mcp_list_tools"]
+    id: str | None = Field(default=None, max_length=256)
+    server_label: str = Field(max_length=256)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    error: str | None = None
+
+
+#: the MCP items, validated by their own models (the other hosted items are only kept)
+MCP_ITEMS = {
+    "mcp_call": McpCall,
+    "mcp_approval_request": McpApprovalRequest,
+    "mcp_approval_response": McpApprovalResponse,
+    "mcp_list_tools": McpListTools,
+}
+
 HOSTED_ITEM_TYPES = frozenset(
     {
         "web_search_call",
@@ -239,7 +290,7 @@ def _item_tag(v: Any) -> str:
         return "item_reference"
     if not isinstance(t, str):  # a list or object is unhashable: looked up below it would raise, not refuse
         return "<invalid>"
-    if t in KNOWN_ITEM_TYPES:
+    if t in KNOWN_ITEM_TYPES or t in MCP_ITEMS:
         return t
     if t in HOSTED_ITEM_TYPES:
         return "<hosted>"
@@ -271,6 +322,10 @@ InputItem = Annotated[
     | Annotated[ItemReference, Tag("item_reference")]
     | Annotated[Compaction, Tag("compaction")]
     | Annotated[CompactionTrigger, Tag("compaction_trigger")]
+    | Annotated[McpCall, Tag("mcp_call")]
+    | Annotated[McpApprovalRequest, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponse, Tag("mcp_approval_response")]
+    | Annotated[McpListTools, Tag("mcp_list_tools")]
     | Annotated[HostedItem, Tag("<hosted>")]
     | Annotated[_Invalid, Tag("<invalid>")],
     Discriminator(_item_tag),
@@ -283,6 +338,8 @@ _PREFIX = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
+    "mcp_approval_response": "mcpa",
+    "mcp_list_tools": "mcpl",
 }
 
 

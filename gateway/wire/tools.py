@@ -1,7 +1,8 @@
 """Tool definitions as clients send them, and how the Response echoes them.
 
 Function, custom (Codex's freeform ``apply_patch`` with a lark grammar) and namespace tools are
-rendered for the model. Hosted tools (``web_search``, ``tool_search``, ...) are run by OpenAI, not by
+rendered for the model. ``mcp`` tools name a remote MCP server the gateway itself calls
+(``gateway.tools``): its tools are listed and rendered as a namespace. Other hosted tools (``web_search``, ``tool_search``, ...) are run by OpenAI, not by
 us: Codex sends ``web_search`` and ``tool_search`` in every frame, so by default they are stripped
 (accepted, not shown to the model, not echoed); ``hosted_tools="reject"`` answers them with
 ``400 unsupported_value`` instead.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -56,6 +57,55 @@ class HostedTool(_Lenient):
     type: str
 
 
+class McpToolFilter(BaseModel):
+    """``allowed_tools`` / ``require_approval.always|never`` as an object: tools by name, or those the
+    server annotates ``readOnlyHint`` (``read_only``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tool_names: list[Annotated[str, Field(max_length=256)]] | None = Field(default=None, max_length=1024)
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(_Lenient):
+    """A remote MCP server the gateway calls for the model (``gateway.tools``). ``headers`` and
+    ``authorization`` are credentials: kept for the turn only, never stored, logged or echoed."""
+
+    type: Literal["mcp"]
+    server_label: str = Field(pattern=TOOL_NAME)
+    server_url: str | None = Field(default=None, max_length=2048)
+    connector_id: str | None = None
+    server_description: str | None = Field(default=None, max_length=8192)
+    headers: dict[str, Annotated[str, Field(max_length=8192)]] | None = Field(default=None, max_length=64)
+    authorization: str | None = Field(default=None, max_length=8192)
+    allowed_tools: list[Annotated[str, Field(max_length=256)]] | McpToolFilter | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+
+    @field_validator("allowed_tools", mode="before")
+    @classmethod
+    def _allowed_tools(cls, v: Any) -> Any:
+        """One error naming the field (not each union member) for a value of neither shape."""
+        if v is None or isinstance(v, list):
+            return v
+        if isinstance(v, dict):
+            return McpToolFilter.model_validate(v)
+        raise ValueError("expected a list of tool names or an object with 'tool_names' and/or 'read_only'")
+
+    @field_validator("require_approval", mode="before")
+    @classmethod
+    def _require_approval(cls, v: Any) -> Any:
+        if v is None or v in ("always", "never"):
+            return v
+        if isinstance(v, dict):
+            return McpApprovalFilter.model_validate(v)
+        raise ValueError("expected 'always', 'never', or an object with 'always' and/or 'never' filters")
+
+
 HOSTED_TOOL_TYPES = frozenset(
     {
         "file_search",
@@ -87,7 +137,7 @@ def _tool_tag(v: Any) -> str:
     t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
     if not isinstance(t, str):  # a list or object is unhashable: the set lookup below would raise, not refuse
         return "<unknown>"
-    if t in ("function", "custom", "namespace"):
+    if t in ("function", "custom", "namespace", "mcp"):
         return t
     if t in HOSTED_TOOL_TYPES:
         return "<hosted>"
@@ -98,6 +148,7 @@ Tool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[McpTool, Tag("mcp")]
     | Annotated[HostedTool, Tag("<hosted>")]
     | Annotated[_UnknownTool, Tag("<unknown>")],
     Discriminator(_tool_tag),
@@ -106,6 +157,8 @@ Tool = Annotated[
 
 def canonical_tool(tool: BaseModel) -> dict[str, Any]:
     """The tool as echoed in the Response: functions are strict unless told otherwise."""
+    if isinstance(tool, McpTool):  # credentials are never echoed (OpenAI's echo omits them too)
+        return mcp_echo(tool)
     d = tool.model_dump(exclude_none=True)
     if d["type"] == "function":
         d.setdefault("strict", True)
@@ -118,10 +171,37 @@ def canonical_tool(tool: BaseModel) -> dict[str, Any]:
     return d
 
 
+#: the fields of OpenAI's echoed ``mcp`` tool (the SDK's ``Mcp``): absent ones are echoed as null
+MCP_ECHO_FIELDS = (
+    "server_label",
+    "type",
+    "allowed_callers",
+    "allowed_tools",
+    "authorization",
+    "connector_id",
+    "defer_loading",
+    "headers",
+    "require_approval",
+    "server_description",
+    "server_url",
+    "tunnel_id",
+)
+
+
+def mcp_echo(tool: McpTool) -> dict[str, Any]:
+    """The MCP tool as the Response echoes it: every field but the credentials (null)."""
+    d = tool.model_dump(exclude_none=True, exclude={"headers", "authorization"})
+    for name in MCP_ECHO_FIELDS:
+        d.setdefault(name, None)
+    return d
+
+
 def tool_names(tools: tuple[dict[str, Any], ...]) -> dict[tuple[str | None, str], str]:
     """(namespace, name) -> tool type, for validating tool_choice and parsed calls."""
     out: dict[tuple[str | None, str], str] = {}
     for t in tools:
+        if t["type"] == "mcp":  # its tools are the server's (``gateway.tools.hosted``)
+            continue
         if t["type"] == "namespace":
             for sub in t["tools"]:
                 out[(t["name"], sub["name"])] = sub["type"]

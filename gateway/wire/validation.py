@@ -238,6 +238,7 @@ _UNION_TAGS = frozenset(
         "json_schema",
         "json_object",
         "text",
+        "mcp",
     }
 )
 

@@ -48,8 +48,9 @@ def _fresh(resolver: Resolver, hosted: str = "strip") -> Resolver:
 
 
 def _validated(resolver: Resolver, body: dict[str, Any], tenant: str | None = None) -> tuple[Any, ...]:
-    req, raw_items, route, tools, _ = resolver._validate(body, "ws", tenant)
-    return req.model_dump(), [r.model_dump() if hasattr(r, "model_dump") else r for r in raw_items], route.name, tools
+    req, raw_items, route, checked, _ = resolver._validate(body, "ws", tenant)
+    dumped = [r.model_dump() if hasattr(r, "model_dump") else r for r in raw_items]
+    return req.model_dump(), dumped, route.name, checked.tools
 
 
 def _tool_lists(rng: random.Random) -> list[list[dict[str, Any]]]:

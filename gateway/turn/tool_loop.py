@@ -1,0 +1,109 @@
+"""The calls the gateway runs between two engine passes of one response (``gateway.turn.run``).
+
+    pass k ends with calls into MCP namespaces
+        -> run them at once (each bounded: ``mcp_call_timeout_s``, ``tool_output_bytes``)
+        -> each call's events as it finishes (``response.mcp_call.completed|failed``)
+        -> their outputs rendered once, in output order: the tokens appended at the token tip
+        -> the outputs classified as new input (a block ends the response: ``content_filter``)
+    pass k+1 generates on ``history + outputs + generation prompt``: the same KV, no re-render
+
+``max_tool_calls`` (else ``max_hosted_calls``) bounds the calls one response runs: a call past it
+is reported as an ``mcp_call`` with ``error`` and not run, and the response ends after that pass
+(the client may continue it; the model then sees the error as the call's output). The consumer
+going away (or a background cancel) cancels every call still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from gateway.tools.hosted import HostedTools, error_object
+from gateway.tools.mcp_client import ToolResult
+from gateway.turn.classify import ClassifyStage
+from gateway.turn.events import Event, ResponseEvents, gateway_error
+from gateway.turn.types import PreparedTurn
+from inference.hosted_items import output_of
+
+
+class ToolRound:
+    """One batch of calls, and what running it left: the tokens to append, whether it ends the loop."""
+
+    __slots__ = ("indices", "tokens", "blocked", "ends")
+
+    def __init__(self, indices: list[int]) -> None:
+        #: the calls' output indices in the response
+        self.indices = indices
+        #: the calls' outputs rendered, to append at the token tip
+        self.tokens: list[int] = []
+        #: a classifier blocked an output: the response ends (``content_filter``)
+        self.blocked = False
+        #: a call was past ``max_tool_calls``: the response ends after this round
+        self.ends = False
+
+
+class ToolLoop:
+    """One response's gateway-run calls: the budget, the counts the ledger gets, running a round."""
+
+    def __init__(
+        self, hosted: HostedTools | None, classify: ClassifyStage | None, turn: PreparedTurn, default_max: int
+    ) -> None:
+        self.hosted = hosted
+        self.classify = classify
+        self.turn = turn
+        self.limit = turn.req.max_tool_calls if turn.req.max_tool_calls is not None else default_max
+        #: calls run so far, and their seconds summed (billed: ``UsageRecord.tool_calls``/``tool_s``)
+        self.calls = 0
+        self.seconds = 0.0
+
+    async def run(self, rnd: ToolRound, events: ResponseEvents) -> AsyncGenerator[list[Event], None]:
+        """Run ``rnd``'s calls; yields each call's events as it finishes."""
+        budget = max(0, self.limit - self.calls)
+        allowed, over = rnd.indices[:budget], rnd.indices[budget:]
+        for idx in over:
+            rnd.ends = True
+            yield events.call_done(
+                idx,
+                None,
+                gateway_error(f"Not run: this response reached its limit of {self.limit} tool calls (max_tool_calls)."),
+            )
+        self.calls += len(allowed)
+        tasks = [asyncio.ensure_future(self._one(idx, events.output[idx])) for idx in allowed]
+        try:
+            for fut in asyncio.as_completed(tasks):
+                idx, result = await fut
+                self.seconds += result.elapsed
+                yield events.call_done(idx, result.output, error_object(result))
+        finally:  # the consumer left, or the turn was cancelled: no call outlives it
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+        outputs = [out for idx in rnd.indices if (out := output_of(events.output[idx])) is not None]
+        rnd.tokens = self.turn.route.renderer.render_items(outputs)
+        if self.classify is not None:
+            rnd.blocked = await self.classify.tool_outputs(outputs, self.turn)
+
+    async def _one(self, idx: int, call: Mapping[str, Any]) -> tuple[int, ToolResult]:
+        assert self.hosted is not None
+        server = self.turn.input.hosted.servers[call["server_label"]]
+        t0 = time.perf_counter()
+        result = await self.hosted.call(server, call["name"], call["arguments"])
+        t1 = time.perf_counter()
+        self.hosted.observe(server, result, t1 - t0)
+        self.turn.clock.span(
+            "tool_call",
+            t0,
+            t1,
+            {
+                "respgate.tool.type": "mcp",
+                "respgate.tool.server": server.metric_label,
+                "respgate.tool.name": call["name"][:64],
+                "respgate.tool.output_bytes": result.output_bytes,
+                **({"error.type": "tool_error"} if result.error is not None else {}),
+            },
+        )
+        return idx, result
