@@ -31,10 +31,22 @@ from gateway.ops.server import GatewayServer
 from inference.harmony import HarmonyRenderer
 from inference.registry import ModelRegistry, ModelRoute
 from inference.simulated import SimulatedEngine
-from inference.simulated_script import Turn
+from inference.simulated_script import ToolCall, Turn
+
+
+def _agent(view: Any) -> Turn:
+    """After a user message, call the first tool offered (a function or an MCP server's); after a
+    tool's output (or with no tools), answer: one round trip per user turn."""
+    last = view.last
+    if last is not None and last.role == "user" and view.tools:
+        tool = view.tools[0]
+        return Turn(reasoning="ok", tool_calls=(ToolCall(tool.name, {"text": "ping"}, tool.namespace),))
+    return Turn(reasoning="ok", text="done")
+
 
 SCRIPTS = {
     "short": lambda view: Turn(reasoning="ok", text="done"),
+    "agent": _agent,
     "stream": lambda view: Turn(endless=True),
 }
 
@@ -65,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         metavar="FILE",
         help="count bytecodes between SIGUSR1 and SIGUSR2, then write them to FILE (benchmarks.work_count)",
     )
+    ap.add_argument(
+        "--mcp-loopback", action="store_true", help="requests may name MCP servers on 127.0.0.1 (benchmarks only)"
+    )
     args = ap.parse_args(argv)
     if args.count_bytecodes:
         from benchmarks.work_count import install_counter
@@ -81,6 +96,11 @@ def main(argv: list[str] | None = None) -> None:
         ws_max_inflight=16,
         ws_max_connections_per_key=100_000,
         redis_url=args.redis_url,
+        **(
+            {"mcp_allowed_urls": {"*": ["http://127.0.0.1:"]}, "outbound_allow_networks": ["127.0.0.1/32"]}
+            if args.mcp_loopback
+            else {}
+        ),
     )
     if args.script == "rollout":
         from benchmarks.rollout import planned, trajectory
