@@ -93,8 +93,8 @@ def setup_logging(
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
-    if root.level >= logging.INFO:  # a line per HTTP request of the Hub client and our own clients
-        for name in ("httpx", "httpx2", "httpcore"):
+    if root.level >= logging.INFO:  # a line per HTTP request (ours, the MCP SDK's: a session each)
+        for name in ("httpx", "httpx2", "httpcore", "httpcore2", "mcp"):
             logging.getLogger(name).setLevel(logging.WARNING)
     route_vllm_logs(level, fmt, stream)
 
