@@ -315,6 +315,8 @@ class TurnRunner:
                     pending = events.incomplete(usage, "content_filter")
                 else:
                     pending = events.complete(usage)
+                if tools is not None and tools.inexact:
+                    exact = False
                 if turn.ctx.transport == "http" and not turn.req.stream:
                     _check_writable(pending[-1])
             except BaseException as exc:

@@ -58,6 +58,8 @@ class ToolLoop:
         #: calls run so far, and their seconds summed (billed: ``UsageRecord.tool_calls``/``tool_s``)
         self.calls = 0
         self.seconds = 0.0
+        #: a round's history is not token-exact with a full render (``Outcome.exact``)
+        self.inexact = False
 
     async def run(self, rnd: ToolRound, events: ResponseEvents) -> AsyncGenerator[list[Event], None]:
         """Run ``rnd``'s calls; yields each call's events as it finishes."""
@@ -84,6 +86,11 @@ class ToolLoop:
                 await asyncio.gather(*tasks, return_exceptions=True)
         outputs = [out for idx in rnd.indices if (out := output_of(events.output[idx])) is not None]
         rnd.tokens = self.turn.route.renderer.render_items(outputs)
+        if len(outputs) > 1 and self.turn.route.renderer.family != "harmony":
+            # a chat template groups the calls of one assistant message, and a full render of the
+            # MCP items does not (``inference.hosted_items``): the history stays the sampled tokens,
+            # but it is no longer what a full render gives
+            self.inexact = True
         if self.classify is not None:
             rnd.blocked = await self.classify.tool_outputs(outputs, self.turn)
 
