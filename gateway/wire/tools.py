@@ -3,8 +3,9 @@
 Function, custom (Codex's freeform ``apply_patch`` with a lark grammar) and namespace tools are
 rendered for the model. ``mcp`` tools name a remote MCP server the gateway itself calls
 (``gateway.tools``): its tools are listed and rendered as a namespace. Other hosted tools
-(``web_search``, ``tool_search``, ...) are run by OpenAI, not by us: Codex sends ``web_search`` and ``tool_search`` in every frame, so by default they are stripped
-(accepted, not shown to the model, not echoed); ``hosted_tools="reject"`` answers them with
+(``web_search``, ``tool_search``, ...) are run by OpenAI, not by us: Codex sends
+``web_search`` and ``tool_search`` in every frame, so by default they are stripped (accepted,
+not shown to the model, not echoed); ``hosted_tools="reject"`` answers them with
 ``400 unsupported_value`` instead.
 """
 
