@@ -75,6 +75,7 @@ from gateway.wire.items import (
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
 from gateway.wire.tools import McpTool
+from inference.hosted_items import call_of
 from inference.registry import ModelRegistry, ModelRoute
 
 #: a stage boundary for the per-stage timer (``Metrics.stage_timer``); a no-op by default
@@ -145,7 +146,7 @@ class Resolver:
             if implied is not None:
                 parent, base_context = implied, implied.context
                 resent, new_items = new_items[: len(base_context)], new_items[len(base_context) :]
-                new_calls = {it["call_id"]: it for it in new_items if it.get("type") in CALL_TYPES}
+                new_calls = _calls_of(new_items)
         new_items, compacted, trigger, pending = await cpu(self._window, new_items, base_context, parent, gen)
         if compacted and parent is not None:
             parent, base_context, resent = None, ItemLog(), []
@@ -405,6 +406,8 @@ class Resolver:
                 seen.add(item_id)
             if item.get("type") in CALL_TYPES:
                 calls[item["call_id"]] = item
+            elif item.get("type") == ItemType.MCP_APPROVAL_REQUEST and (call := call_of(item)) is not None:
+                calls[call["call_id"]] = call  # a refusal is rendered under its tool's name
             items.append(item)
         return items, calls
 
@@ -528,6 +531,18 @@ def _check_pairing(items: list[Item], context: ItemLog, parent: ResponseState | 
         call_id = next(iter(sorted(pending)))
         raise bad_request(f"No tool output found for function call {call_id}.", param="input")
     return frozenset(pending)
+
+
+def _calls_of(items: list[Item]) -> dict[str, Item]:
+    """call id -> call, of ``items``: the client-answered calls, and MCP approval requests as the
+    calls they stand for (``inference.hosted_items.call_of``)."""
+    out: dict[str, Item] = {}
+    for it in items:
+        if it.get("type") in CALL_TYPES:
+            out[it["call_id"]] = it
+        elif it.get("type") == ItemType.MCP_APPROVAL_REQUEST and (call := call_of(it)) is not None:
+            out[call["call_id"]] = call
+    return out
 
 
 class _ById(Mapping[str, Mapping[str, Any]]):
