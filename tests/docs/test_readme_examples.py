@@ -34,11 +34,15 @@ import pytest
 from gateway.base.settings import Settings
 from gateway.engines import CPU_MAX_OUTPUT_TOKENS, _served_name, output_cap, packaged_name, sampling_defaults
 from tests.conftest import VLLM_MODEL, LiveGateway
+from tests.mcp_servers import published
 
 REPO = Path(__file__).resolve().parents[2]
 #: the pages whose examples run: the README and every docs page
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 ADDRESS = "127.0.0.1:8000"
+#: the README's MCP server: where its ``fastmcp run`` listens, and the setting that names it
+MCP_ADDRESS = "127.0.0.1:8001"
+MCP_SETTING = re.compile(r"RESPGATE_MCP_SERVERS='([^']+)'")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
@@ -52,6 +56,8 @@ def kind(lang: str, code: str) -> str:
         if "from agents import" in code
         else "conversations"
         if "conversations.create" in code
+        else "mcp"
+        if '"type": "mcp"' in code
         else "http"
         if "stream=True" in code
         else "python"
@@ -77,7 +83,7 @@ def examples() -> dict[str, tuple[str, str]]:
 
 
 EXAMPLES = examples()
-KINDS = ("websocket", "http", "curl", "agents", "conversations")
+KINDS = ("websocket", "http", "curl", "agents", "conversations", "mcp")
 
 
 def named(k: str) -> list[str]:
@@ -86,11 +92,11 @@ def named(k: str) -> list[str]:
 
 def test_the_readme_shows_a_curl_and_an_sdk_example():
     blocks = re.findall(r"```(python|bash)\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert {kind(lang, code) for lang, code in blocks if ADDRESS in code} == {"curl", "http"}, blocks
+    assert {kind(lang, code) for lang, code in blocks if ADDRESS in code} == {"curl", "http", "mcp"}, blocks
 
 
 def test_the_readme_has_each_kind_of_client_example():
-    assert {"websocket", "http", "curl", "agents", "conversations"} <= set(EXAMPLES), sorted(EXAMPLES)
+    assert set(KINDS) <= set(EXAMPLES), sorted(EXAMPLES)
     for name, (lang, code) in EXAMPLES.items():  # each runs in a test below
         assert kind(lang, code) in KINDS, f"{name}: a new kind of example needs a test that runs it"
     for _, code in EXAMPLES.values():  # each names a model the default server serves
@@ -185,3 +191,32 @@ def test_the_conversations_example(default_server, tmp_path, name):
 def test_the_openai_agents_example(default_server, tmp_path, name):
     pytest.importorskip("agents")
     run_example(name, default_server, tmp_path)
+
+
+@pytest.mark.parametrize("name", named("mcp"))
+def test_the_mcp_example(default_server, tmp_path, name, monkeypatch):
+    """The README's tools section: the published ``mcp-server-time`` served over HTTP by ``fastmcp
+    run`` (as the README starts it; only the port differs), named by its label alone through the
+    README's own ``RESPGATE_MCP_SERVERS`` value, read as ``respgate serve`` reads it. The gateway,
+    not the client, lists the server's tools and runs the model's call in the same response."""
+    if not published.available():
+        pytest.skip("pip install the test extra (fastmcp, mcp-server-time)")
+    readme = (REPO / "README.md").read_text()
+    assert "fastmcp run time.json --transport http --port 8001" in readme
+    (setting,) = MCP_SETTING.findall(readme)
+    hosted = default_server.gw.pipeline.hosted
+    ok = {"tool": "mcp", "server": "time", "outcome": "ok"}
+    with published.running_time_server() as url:
+        monkeypatch.setenv("RESPGATE_MCP_SERVERS", setting.replace(MCP_ADDRESS, url.split("/")[2]))
+        servers = Settings.from_env().mcp_servers
+        assert list(servers) == ["time"] and servers["time"].url == url, servers
+        hosted.settings.mcp_servers.update(servers)
+        before = default_server.metric("respgate_hosted_tool_calls_total", ok)
+        try:
+            out = run_example(name, default_server, tmp_path)
+        finally:
+            hosted.settings.mcp_servers.pop("time", None)
+    lines = out.splitlines()
+    assert lines[0].split() == ["mcp_list_tools"], out  # listed, no error
+    assert lines[1] == "mcp_call {" and '"datetime"' in out, out  # get_current_time's JSON, from the server
+    assert default_server.metric("respgate_hosted_tool_calls_total", ok) - before >= 1, out
