@@ -48,6 +48,11 @@ ALLOWED_ATTRS = {
     "respgate.usage.cached_tokens",
     "respgate.usage.reasoning_tokens",
     "error.type",
+    # a tool call the gateway ran (gateway.turn.tool_loop): bounded, never arguments or output
+    "respgate.tool.type",
+    "respgate.tool.server",
+    "respgate.tool.name",
+    "respgate.tool.output_bytes",
 }
 
 
@@ -417,3 +422,50 @@ def test_a_turn_whose_client_leaves_ends_cancelled_with_the_cut_as_its_own_stage
     t = tree(collector.spans, turn)
     assert "cancelled" in t and {"finalize", "billing"} <= set(t), sorted(t)
     assert "engine/engine_ttft" in t and "engine/streaming" not in t  # cut before the last token
+
+
+def test_each_mcp_call_is_a_span_under_its_turn(collector, make_gateway):
+    """A call the gateway ran for the model: a ``tool_call`` span under the turn span, in time
+    within it, naming the tool type, server (``request``: a URL the request gave) and tool, never
+    its arguments, output or credentials; the turn's ``tools`` stage holds it."""
+    from tests.mcp_servers.running import running_app
+    from tests.mcp_servers.tools_server import ToolsServer
+
+    server = ToolsServer()
+    with running_app(server.app()) as base:
+        live = traced(
+            make_gateway,
+            collector,
+            mcp_allowed_urls={"*": ["http://127.0.0.1:"]},
+            outbound_allow_networks=["127.0.0.1/32"],
+        )
+        tool = {
+            "type": "mcp",
+            "server_label": "tools",
+            "server_url": base + "/mcp",
+            "require_approval": "never",
+            "allowed_tools": ["echo"],
+            "headers": {"X-Api-Key": KEY},
+        }
+        r = httpx.post(
+            f"{live.base_url}/responses",
+            headers={"authorization": f"Bearer {KEY.split(':', 1)[1]}"},
+            json={"model": MODEL, "input": f"Please echo {MARKER}.", "tools": [tool]},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert server.calls["echo"] == 1
+        assert live.gw.metrics.tracing.force_flush()
+    turn = turn_of(collector.spans, body["id"])
+    t = tree(collector.spans, turn)
+    call = t["tool_call"]
+    assert attrs(call) == {
+        "respgate.tool.type": "mcp",
+        "respgate.tool.server": "request",
+        "respgate.tool.name": "echo",
+        "respgate.tool.output_bytes": len(next(it for it in body["output"] if it["type"] == "mcp_call")["output"]),
+    }
+    assert turn.start_time_unix_nano <= call.start_time_unix_nano <= call.end_time_unix_nano <= turn.end_time_unix_nano
+    assert "tools" in t  # the stage between the engine passes
+    check_bounded(collector)

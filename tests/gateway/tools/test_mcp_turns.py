@@ -18,6 +18,7 @@ import pytest
 from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
+from tests.billing.test_ledger_faults import CountingSink, billed
 from tests.conftest import MODEL, LiveGateway
 from tests.http_helpers import assert_error, create, post, stream
 from tests.mcp_servers.running import running_app
@@ -292,8 +293,9 @@ def test_loopback_is_refused_by_default(make_gateway: Any, tools_server: tuple[T
 def test_credentials_are_never_echoed_or_stored(make_gateway: Any) -> None:
     token = "sekrit-token-4242"
     server = ToolsServer(token=token)
+    sink = CountingSink()
     with running_app(server.app()) as base:
-        live = make_gateway(loopback_settings())
+        live = make_gateway(loopback_settings(), usage_sink=sink)
         tool = mcp_tool(base + "/mcp", allowed_tools=["whoami"], authorization=token, headers={"X-Key": "hdr-9999"})
         r = create(live, input="who", tools=[tool])
         assert server.seen_authorization == [f"Bearer {token}"]  # it reached the server
@@ -306,14 +308,10 @@ def test_credentials_are_never_echoed_or_stored(make_gateway: Any) -> None:
             text = json.dumps([rest, response["tools"], response.get("usage")])
             assert token not in text and "hdr-9999" not in text
             assert response["tools"][0]["headers"] is None and response["tools"][0]["authorization"] is None
-        usage = live.call(_drain_usage(live))
-        assert token not in usage and "hdr-9999" not in usage
-
-
-async def _drain_usage(live: LiveGateway) -> str:
-    await live.gw.pipeline.flush()
-    sink = getattr(live.gw, "usage", None)
-    return repr(getattr(sink, "records", "")) if sink is not None else ""
+        # the ledger: the response's calls and their time, and no credential
+        (record,) = billed(live, sink, 1)
+        assert record.tool_calls == 1 and record.tool_s > 0
+        assert token not in repr(record) and "hdr-9999" not in repr(record)
 
 
 def _calls(calls: list[ToolCall]) -> Any:
@@ -331,3 +329,19 @@ def _calls(calls: list[ToolCall]) -> Any:
         return Turn(text=f"done after {i} calls")
 
     return script
+
+
+def test_metrics_count_calls_errors_time_and_bytes(make_gateway: Any, tools_server: tuple[ToolsServer, str]) -> None:
+    """Per tool type and server label (``request`` for a URL a request named: its label is the
+    client's); the ledger gets the response's calls and their seconds."""
+    _, url = tools_server
+    script = _calls([ToolCall("echo", {"text": "abc"}, "tools"), ToolCall("fail", {"message": "no"}, "tools")])
+    live = make_gateway(loopback_settings(), engine=SimulatedEngine(script=script, record_prompts=True))
+    r = create(live, input="x", tools=[mcp_tool(url)])
+    assert [c["status"] for c in by_type(r, "mcp_call")] == ["completed", "failed"]
+    labels = {"tool": "mcp", "server": "request"}
+    assert live.metric("respgate_hosted_tool_calls_total", {**labels, "outcome": "ok"}) == 1
+    assert live.metric("respgate_hosted_tool_calls_total", {**labels, "outcome": "error"}) == 1
+    assert live.metric("respgate_hosted_tool_seconds_count", labels) == 2
+    assert live.metric("respgate_hosted_tool_output_bytes_total", labels) >= 3
+    assert live.metric("respgate_hosted_tool_listings_total", {**labels, "outcome": "ok"}) == 1
