@@ -182,7 +182,9 @@ class TurnRunner:
             try:
                 for listing in hosted.listings:
                     yield events.listing(listing)
-                if tools is not None and hosted.approved:  # approved last turn: they run first
+                if tools is not None and await tools.listings_blocked(hosted.listings):
+                    finish = "content_filter"  # a server's tool descriptions: no pass, no call
+                if tools is not None and hosted.approved and finish is None:  # approved last turn: they run first
                     for request in hosted.approved:
                         yield events.open_call(request)
                     ran = ToolRound(events.take_calls())

@@ -7,6 +7,9 @@
         -> the outputs classified as new input (a block ends the response: ``content_filter``)
     pass k+1 generates on ``history + outputs + generation prompt``: the same KV, no re-render
 
+A server's new tool listing (names, descriptions, schemas: text the server chose, read by the
+model) is classified like an output before the first pass; a block ends the response there.
+
 ``max_tool_calls`` (else ``max_hosted_calls``) bounds the calls one response runs: a call past it
 is reported as an ``mcp_call`` with ``error`` and not run, and the response ends after that pass
 (the client may continue it; the model then sees the error as the call's output). The consumer
@@ -18,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from gateway.tools.hosted import HostedTools, error_object
 from gateway.tools.mcp_client import ToolResult
@@ -93,6 +98,25 @@ class ToolLoop:
             self.inexact = True
         if self.classify is not None:
             rnd.blocked = await self.classify.tool_outputs(outputs, self.turn)
+
+    async def listings_blocked(self, listings: Sequence[Mapping[str, Any]]) -> bool:
+        """A server's new tool listing classified like a tool's output: its names, descriptions and
+        schemas reach the model's prompt as text the server chose (where "tool poisoning" puts
+        its instructions). True when a classifier blocks it: the response ends before any pass
+        (``content_filter``). Only new listings (first use in the chain): a reused one was
+        classified when it was new."""
+        if self.classify is None:
+            return False
+        described = [
+            {
+                "type": "function_call_output",
+                "call_id": str(it.get("id")),
+                "output": orjson.dumps(it["tools"]).decode(),
+            }
+            for it in listings
+            if it.get("tools")
+        ]
+        return bool(described) and await self.classify.tool_outputs(described, self.turn)
 
     async def _one(self, idx: int, call: Mapping[str, Any]) -> tuple[int, ToolResult]:
         assert self.hosted is not None

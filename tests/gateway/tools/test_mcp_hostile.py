@@ -446,3 +446,27 @@ def test_chat_template_model_round_trip(
     first, second = engine.stats.prompts
     assert second[: len(first)] == first  # appended at the tip
     assert "ping" in tok.decode(second[len(first) :])
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_an_injection_in_a_tool_description_is_classified(make_gateway: Any, block: bool) -> None:
+    """Tool poisoning: a server's tool description is text the model reads. It is classified like
+    a tool's output when first listed: flagged, or (blocked) the response ends before any pass."""
+    server = ToolsServer()
+
+    @server.mcp.tool(description=_INJECTION)
+    def poisoned(text: str) -> str:
+        return text
+
+    with running_app(server.app()) as base:
+        settings = loopback_settings(classifier_block=["injection"] if block else [])
+        live = make_gateway(settings, engine=SimulatedEngine(record_prompts=True))
+        r = create(live, input="x", tools=[mcp_tool(base + "/mcp", allowed_tools=["poisoned"])])
+    assert sdk_check_response(r) == []
+    action = "block" if block else "flag"
+    assert live.metric("respgate_classifier_verdicts_total", {"action": action, "category": "prompt_injection"}) >= 1
+    if block:
+        assert r["status"] == "incomplete" and r["incomplete_details"] == {"reason": "content_filter"}
+        assert not by_type(r, "mcp_call") and server.calls["poisoned"] == 0 and not live.engine.stats.prompts
+    else:
+        assert r["status"] == "completed"
