@@ -470,3 +470,81 @@ def test_an_injection_in_a_tool_description_is_classified(make_gateway: Any, blo
         assert not by_type(r, "mcp_call") and server.calls["poisoned"] == 0 and not live.engine.stats.prompts
     else:
         assert r["status"] == "completed"
+
+
+# -- a server that lists well, then misbehaves on the call ---------------------------------------
+
+
+def _hostile_calls(inner: Any, mode: str) -> Any:
+    """``inner`` (a good MCP app) except that a ``tools/call`` request gets ``mode``'s answer."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await inner(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if b'"tools/call"' not in body:
+            replayed = False
+
+            async def replay() -> dict[str, Any]:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()  # type: ignore[no-any-return]
+
+            return await inner(scope, replay, send)
+        if mode == "http_500":
+            await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"boom"})
+        elif mode == "malformed":
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": b'{"jsonrpc": "2.0", "id": oops'})
+        elif mode == "silent":
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        elif mode in ("drip", "endless"):
+            kind = b"text/event-stream" if mode == "drip" else b"application/json"
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+            chunk = b":\n" if mode == "drip" else b"[" + b"1," * 32767
+            for _ in range(2048):  # bounded here too (64 MiB endless, ~100 s drip): the client stops first
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await anyio.sleep(0.05 if mode == "drip" else 0)
+            await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.mark.parametrize("mode", ["silent", "drip", "endless", "malformed", "http_500"])
+def test_a_hostile_server_at_call_time_is_an_mcp_call_error(make_gateway: Any, mode: str) -> None:
+    server = ToolsServer()
+    with running_app(_hostile_calls(server.app(), mode)) as base:
+        script = _calls([ToolCall("echo", {"text": "hi"}, "tools")])
+        live = make_gateway(
+            loopback_settings(mcp_call_timeout_s=0.5, mcp_list_timeout_s=5.0),
+            engine=SimulatedEngine(script=script, record_prompts=True),
+        )
+        r = post(live, {"model": MODEL, "input": "x", "tools": [mcp_tool(base + "/mcp")]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+    assert sdk_check_response(body) == []
+    (listing,) = by_type(body, "mcp_list_tools")
+    assert listing["error"] is None and listing["tools"]
+    (call,) = by_type(body, "mcp_call")
+    assert (
+        call["status"] == "failed"
+        and call["output"] is None
+        and call["error"]["type"]
+        in (
+            "http_error",
+            "mcp_protocol_error",
+        )
+    )
+    if mode == "http_500":
+        assert call["error"] == {"type": "http_error", "code": 500, "message": call["error"]["message"]}
+    assert body["status"] == "completed" and body["output"][-1]["type"] == "message"
+    assert len(live.engine.stats.prompts) == 2  # the model saw the error and went on
