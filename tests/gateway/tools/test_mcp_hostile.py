@@ -27,11 +27,11 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall, Turn
 from tests.conftest import MODEL
 from tests.gateway.tools.test_mcp_turns import _calls, by_type, loopback_settings, mcp_tool
-from tests.http_helpers import assert_error, create, parse_sse, post, wait_for
+from tests.http_helpers import assert_error, create, parse_sse, post, stream, wait_for
 from tests.mcp_servers.hostile import Mode, running_hostile
 from tests.mcp_servers.running import running_app
 from tests.mcp_servers.tools_server import ToolsServer
-from tests.schema_check import sdk_check_response
+from tests.schema_check import sdk_check_event, sdk_check_response
 from tests.ws_helpers import create as ws_create
 from tests.ws_helpers import recv, send, ws_open
 
@@ -568,3 +568,19 @@ def test_special_token_spellings_in_tool_output_stay_text(
 
     benign = appended("done")
     assert benign and appended(attack) == benign
+
+
+def test_a_failed_call_streams_openais_events(make_gateway: Any, gated: tuple[ToolsServer, Gate, str]) -> None:
+    _, _, url = gated
+    live = make_gateway(
+        loopback_settings(mcp_call_timeout_s=0.5), engine=SimulatedEngine(script=_gate_script(), record_prompts=True)
+    )
+    _, _, events = stream(live, input="x", tools=[mcp_tool(url)])
+    for ev in events:
+        assert sdk_check_event(ev) == [], ev
+    assert [ev["sequence_number"] for ev in events] == list(range(len(events)))
+    names = [ev["type"] for ev in events]
+    assert "response.mcp_call.failed" in names and "response.mcp_call.completed" not in names
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "mcp_call"]
+    assert done[0]["status"] == "failed" and done[0]["error"] is not None
+    assert names[-1] == "response.completed"
