@@ -34,6 +34,7 @@ from openai.types.responses import Response, ResponseOutputMessage
 from openai.types.responses.response_output_item import McpApprovalRequest, McpCall, McpListTools
 
 from gateway.tools.hosted import HostedTools
+from inference.simulated_prompt import PromptView
 from tests.clients.test_real_clients import record_wire
 from tests.conftest import MODEL, VLLM_MODEL, LiveGateway
 from tests.gateway.tools.test_mcp_turns import loopback_settings, mcp_tool, tools_server  # noqa: F401 (fixture)
@@ -94,14 +95,6 @@ def test_agents_hosted_mcp_tool_runs_on_the_gateway(make_gateway: Any, tools_ser
     assert isinstance(result.new_items[-1], MessageOutputItem) and call.output in result.final_output
 
 
-_REFUSAL_BUG = (
-    "gateway bug: a refused approval whose mcp_approval_request is re-sent in the input (no "
-    "previous_response_id) is a 400 once the tenant's prefix cache covers the request: "
-    "resolve._new_items indexes only CALL_TYPES as calls and render.CallLookup looks approval "
-    "requests up in the parent's context only"
-)
-
-
 @pytest.mark.parametrize("approve", [True, False])
 def test_agents_answers_an_approval_request_itself(
     make_gateway: Any, tools_server: tuple[ToolsServer, str], approve: bool
@@ -135,14 +128,18 @@ def test_agents_answers_an_approval_request_itself(
         assert calls[0].approval_request_id == asked[0].id and calls[0].output in result.final_output
     else:
         assert server.calls["echo"] == 0 and calls == []
-        assert result.final_output  # the model answered without the tool
+        assert "did not approve" in result.final_output  # the model read the refusal (and its reason)
+        tool_said = [m.text for m in PromptView(live.engine.stats.prompts[-1]).messages() if m.role == "tool"]
+        assert tool_said and "did not approve" in tool_said[-1] and "not today" in tool_said[-1]
 
 
 def test_a_refusal_with_the_request_resent_is_rendered(
     make_gateway: Any, tools_server: tuple[ToolsServer, str]
 ) -> None:
-    """The agents failure above, in raw HTTP: the first response's items re-sent as input (what a
-    client without ``previous_response_id`` does) and a refusal after them."""
+    """The agents refusal above, in raw HTTP: the first response's items re-sent as input (what a
+    client without ``previous_response_id`` does) and a refusal after them. It was a 400 once the
+    tenant's prefix cache covered the request (the refusal's output rendered alone, its call not
+    indexed among the new items): found by the agents test, fixed in ``gateway/turn/resolve.py``."""
     server, url = tools_server
     live = make_gateway(loopback_settings())
     tools = [mcp_tool(url, allowed_tools=["echo"], require_approval="always")]
