@@ -50,7 +50,7 @@ from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
 from gateway.turn.finalize import Finalizer, Outcome
 from gateway.turn.logprobs import LogprobAttribution
-from gateway.turn.sampling import cache_salt_of
+from gateway.turn.sampling import cache_salt_of, text_format
 from gateway.turn.sealing import Sealer
 from gateway.turn.tool_loop import ToolLoop, ToolRound
 from gateway.turn.types import PreparedTurn, UsageHook
@@ -213,6 +213,8 @@ class TurnRunner:
                         finish, tip_history = "length", last_tip
                         passes.pop()
                         break
+                    if len(passes) == 2:
+                        sampling = _after_tools(turn, sampling)
                     clock.lap("engine_submit")
                     # routed now: with tracing on, the engine span has begun and its context goes along
                     agen = turn.route.engine.generate(
@@ -520,6 +522,20 @@ def _room(turn: PreparedTurn, sampling: SamplingParams, passes: list[_Pass]) -> 
     if cap is None:
         return context
     return min(cap - spent, context) if len(passes) > 1 else cap
+
+
+def _after_tools(turn: PreparedTurn, sampling: SamplingParams) -> SamplingParams:
+    """The sampling of the passes after a round of tools: a ``tool_choice`` that forced a call
+    (``required``, a named tool, an MCP server) forced the first pass only — held on every pass,
+    the model could never answer after the tool's output (it called again until a cap). The
+    structured-output format (``text.format``) still binds."""
+    prelude = turn.input.prelude
+    if prelude.tool_choice in ("auto", "none") or sampling.structured is None:
+        return sampling
+    freed = msgspec.structs.replace(prelude, tool_choice="auto")
+    return msgspec.structs.replace(
+        sampling, structured=turn.route.renderer.constraint(freed, text_format(turn.req)) or None
+    )
 
 
 def _pass_items(output: list[dict[str, Any]], first: int) -> list[dict[str, Any]]:

@@ -271,14 +271,7 @@ def test_sdk_reaches_the_published_time_server(make_gateway: Any, time_server: s
 # The real CPU engine
 # ---------------------------------------------------------------------------------------------
 
-_FORCED_EVERY_PASS = (
-    "gateway bug: a forced MCP tool_choice constrains every engine pass of the tool loop, not only "
-    "the first, so after the call's output the model must call again (the real engine does, until "
-    "max_output_tokens: status incomplete) and can never answer"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=_FORCED_EVERY_PASS)
 def test_a_forced_mcp_choice_binds_the_first_pass_only(
     make_gateway: Any, tools_server: tuple[ToolsServer, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

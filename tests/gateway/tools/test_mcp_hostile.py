@@ -223,7 +223,8 @@ def test_sse_client_gone_mid_call_cancels_the_call_and_bills_once(
         raw = b""
         for chunk in resp.iter_bytes():
             raw += chunk
-            if b"response.mcp_call.in_progress" in raw and gate.started.is_set():
+            if b"response.mcp_call.in_progress" in raw:  # no more bytes come while the call runs
+                assert gate.started.wait(15)
                 break
         rid = parse_sse(raw.rsplit(b"\n\n", 1)[0] + b"\n\n")[0]["response"]["id"]
     # the stream is closed: the call is cancelled server-side, the response billed once as cancelled
