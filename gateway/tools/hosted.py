@@ -135,15 +135,16 @@ class HostedTools:
     def __init__(self, settings: Settings, metrics: Metrics, client: McpClient | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        policy = OutboundPolicy(
-            allow_networks=tuple(settings.outbound_allow_networks),
-            max_response_bytes=max(8 * 1024 * 1024, 4 * settings.tool_output_bytes),
-        )
+        #: all one MCP operation may read: room for an output (twice: text and structured
+        #: content) well past the cut the model sees, so a long output is cut, not refused
+        read_cap = max(8 * 1024 * 1024, 4 * settings.tool_output_bytes)
+        policy = OutboundPolicy(allow_networks=tuple(settings.outbound_allow_networks), max_response_bytes=read_cap)
         self.client = client or McpClient(
             mcp_client_factory(policy),
             list_timeout=settings.mcp_list_timeout_s,
             call_timeout=settings.mcp_call_timeout_s,
             max_output_bytes=settings.tool_output_bytes,
+            max_response_bytes=read_cap,
         )
         #: operator servers: no address check (the operator chose them), same bounds otherwise
         self.trusted_client = McpClient(
@@ -151,6 +152,7 @@ class HostedTools:
             list_timeout=settings.mcp_list_timeout_s,
             call_timeout=settings.mcp_call_timeout_s,
             max_output_bytes=settings.tool_output_bytes,
+            max_response_bytes=read_cap,
         )
         self.catalog = ToolCatalog(self.client, ttl=settings.mcp_tools_ttl_s)
         self.trusted_catalog = ToolCatalog(self.trusted_client, ttl=settings.mcp_tools_ttl_s)
