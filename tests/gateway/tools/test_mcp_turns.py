@@ -345,3 +345,46 @@ def test_metrics_count_calls_errors_time_and_bytes(make_gateway: Any, tools_serv
     assert live.metric("respgate_hosted_tool_seconds_count", labels) == 2
     assert live.metric("respgate_hosted_tool_output_bytes_total", labels) >= 3
     assert live.metric("respgate_hosted_tool_listings_total", {**labels, "outcome": "ok"}) == 1
+
+
+def test_a_response_mixes_gateway_and_client_calls(make_gateway: Any, tools_server: tuple[ToolsServer, str]) -> None:
+    """The gateway runs the MCP call and generates on; the model's next call is the client's: the
+    response ends there, as any function call ends one, and the client's output continues it."""
+    server, url = tools_server
+    script = _calls([ToolCall("echo", {"text": "a"}, "tools"), ToolCall("lookup", {"q": "b"})])
+    live = make_gateway(loopback_settings(), engine=SimulatedEngine(script=script, record_prompts=True))
+    function = {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    tools = [mcp_tool(url), function]
+    r = create(live, input="x", tools=tools)
+    assert sdk_check_response(r) == []
+    assert [t for t in types(r) if t != "reasoning"] == ["mcp_list_tools", "mcp_call", "function_call"]
+    assert server.calls["echo"] == 1 and r["status"] == "completed"
+    (call,) = by_type(r, "function_call")
+    out = {"type": "function_call_output", "call_id": call["call_id"], "output": "found"}
+    done = create(live, input=[out], tools=tools, previous_response_id=r["id"])
+    assert types(done)[-1] == "message" and server.calls["echo"] == 1
+    prompts = live.engine.stats.prompts
+    assert prompts[-1][: len(prompts[-2])] == prompts[-2]
+
+
+def test_an_operators_server_is_named_by_label_for_its_tenants_only(
+    make_gateway: Any, tools_server: tuple[ToolsServer, str]
+) -> None:
+    """``mcp_servers``: the URL and credentials stay on the gateway (a private address is the
+    operator's to allow); a tenant it is not for is told the server does not exist."""
+    server, url = tools_server
+    keys = ["acme:sk-" + "a" * 40, "other:sk-" + "b" * 40]
+    live = make_gateway(
+        Settings(
+            api_keys=keys, mcp_servers={"ops": {"url": url, "headers": {"X-Op": "op-secret-77"}, "tenants": ["acme"]}}
+        )
+    )
+    tool = {"type": "mcp", "server_label": "ops", "require_approval": "never", "allowed_tools": ["echo"]}
+    body = {"model": MODEL, "input": "hi", "tools": [tool]}
+    r = post(live, body, headers={"authorization": "Bearer sk-" + "a" * 40})
+    assert r.status_code == 200, r.text
+    response = r.json()
+    assert by_type(response, "mcp_call")[0]["status"] == "completed" and server.calls["echo"] == 1
+    assert "op-secret-77" not in r.text and response["tools"][0]["server_url"] is None
+    denied = post(live, body, headers={"authorization": "Bearer sk-" + "b" * 40})
+    assert_error(denied, 400, param="tools[0].server_url")
