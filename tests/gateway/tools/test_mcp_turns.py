@@ -24,6 +24,7 @@ from tests.http_helpers import assert_error, create, post, stream
 from tests.mcp_servers.running import running_app
 from tests.mcp_servers.tools_server import ToolsServer
 from tests.schema_check import sdk_check_event, sdk_check_response
+from tests.turn_helpers import full_render_fallbacks
 from tests.ws_helpers import create as ws_create
 from tests.ws_helpers import send, until_terminal, ws_open
 
@@ -116,7 +117,7 @@ def test_continuation_reuses_the_listing(make_gateway: Any, tools_server: tuple[
     assert "mcp_list_tools" in types(first) and "mcp_list_tools" not in types(second)
     assert server.lists == lists  # the catalog's copy, no re-listing
     assert by_type(second, "mcp_call")[0]["status"] == "completed"
-    assert live.metric("respgate_render_fallbacks_total") == 0 or True  # (full-render reasons: below)
+    assert full_render_fallbacks(live) == 0  # the continuation appended to the tool loop's history
 
 
 def test_approval_round_trip_is_an_append(make_gateway: Any, tools_server: tuple[ToolsServer, str]) -> None:
