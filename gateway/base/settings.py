@@ -246,6 +246,14 @@ class Settings(BaseModel):
     max_hosted_calls: int = Field(default=32, ge=1)
     #: how reasoning reaches clients: raw reasoning_text, or only as the item (no text events)
     reasoning_text: Literal["raw", "hidden"] = "raw"
+    #: the dialect streamed events are sent in (gateway/wire/dialects.py): ``openai`` (the openai SDKs'
+    #: types) or ``openresponses`` (the OpenResponses spec's: ``response.reasoning.delta`` / ``.done``,
+    #: nested SSE ``error`` events, ``data: [DONE]`` at an SSE stream's end). A client's
+    #: ``OpenResponses-Version`` or ``Respgate-Event-Dialect`` header wins
+    event_dialect: Literal["openai", "openresponses"] = "openai"
+    #: the same per served model name, JSON (``{"my-model": "openresponses"}``); a model not named
+    #: here follows ``event_dialect``
+    model_event_dialects: dict[str, Literal["openai", "openresponses"]] = Field(default_factory=dict)
     #: secret for sealing reasoning encrypted_content (random per process when unset)
     seal_secret: str | None = None
     # -- content classifiers and flag reporting (security/classifiers.py, secrets, injection, policy, external,

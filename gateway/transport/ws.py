@@ -69,6 +69,7 @@ from gateway.transport.services import GatewayState
 from gateway.transport.sse import wants_server_timing
 from gateway.turn.events import wire_event
 from gateway.turn.types import TurnContext
+from gateway.wire.dialects import EventDialect, asked_dialect, served_dialect, ws_error_frame
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
 from gateway.wire.validation import InputRejected, check_counts, decode_json
@@ -89,6 +90,8 @@ async def responses_ws(websocket: WebSocket) -> None:
     gw: GatewayState = websocket.app.state.gateway
     try:
         principal = await gw.auth.authenticate(websocket.headers)
+        # the events' dialect for the whole connection (gateway/wire/dialects.py); a bad value: 400, no 101
+        dialect = asked_dialect(websocket.headers, websocket.query_params)
         gw.access.ws_open(principal)
     except ApiError as err:
         # Reject before the upgrade with an HTTP status and an OpenAI error body (no 101).
@@ -100,7 +103,7 @@ async def responses_ws(websocket: WebSocket) -> None:
         return
     try:
         await websocket.accept()
-        conn = WsConnection(websocket, gw, principal)
+        conn = WsConnection(websocket, gw, principal, dialect)
         gw.connections.add(conn)
         gw.metrics.ws_connections.inc()
         try:
@@ -113,12 +116,16 @@ async def responses_ws(websocket: WebSocket) -> None:
 
 
 class WsConnection:
-    def __init__(self, websocket: WebSocket, gw: GatewayState, principal: Principal) -> None:
+    def __init__(
+        self, websocket: WebSocket, gw: GatewayState, principal: Principal, dialect: EventDialect | None = None
+    ) -> None:
         self.ws = websocket
         self.gw = gw
         self.settings = gw.settings
         self.principal = principal
         self.tenant = principal.tenant
+        #: the events' dialect the upgrade asked for; None: the operator's setting (per model for turns)
+        self.dialect = dialect
         self.cache = ConnectionCache(gw.settings.ws_cache_bytes)
         self.machine = LaneMachine(
             max_inflight=gw.settings.ws_max_inflight,
@@ -431,7 +438,12 @@ class WsConnection:
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
             await self._resume(lane, prev)
         ctx = TurnContext(
-            transport="ws", tenant=self.tenant, conn_cache=self.cache, lane=lane, body_bytes=create.nbytes
+            transport="ws",
+            tenant=self.tenant,
+            conn_cache=self.cache,
+            lane=lane,
+            body_bytes=create.nbytes,
+            dialect=self.dialect,
         )
         tracing = self.gw.metrics.tracing
         if tracing is not None:  # this turn's parent: its create's client_metadata, else the upgrade's
@@ -588,7 +600,7 @@ class WsConnection:
 
     async def _send_error(self, err: ApiError, stream_id: str | None = None) -> None:
         try:
-            await self._send(err.ws_frame(stream_id))
+            await self._send(ws_error_frame(err, stream_id, served_dialect(self.settings, self.dialect, None)))
         except ConnectionGone:
             pass
 

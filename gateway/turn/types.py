@@ -35,6 +35,7 @@ from cache.seq import TokenSeq
 from gateway.base.metrics import StageTimer
 from gateway.base.tracing import current_traceparent
 from gateway.tools.hosted import NO_HOSTED, HostedTurn
+from gateway.wire.dialects import EventDialect
 from gateway.wire.request import CreateRequest
 from inference.engine import RequestRouting, SamplingParams
 from inference.registry import ModelRoute
@@ -58,6 +59,9 @@ class TurnContext(msgspec.Struct, frozen=True):
     #: length of the JSON text the body was parsed from (a frame's characters, a request's bytes),
     #: when the transport had it: bounds the prepare work without a walk (``gateway.turn.offload``)
     body_bytes: int | None = None
+    #: the dialect the client asked its events in (``gateway.wire.dialects``: a header on the create
+    #: or the WebSocket upgrade); None: the operator's setting for the model decides
+    dialect: EventDialect | None = None
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):
