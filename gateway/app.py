@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.gzip import GZipMiddleware
 
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
@@ -144,6 +145,9 @@ def create_app(
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
     app.add_middleware(RequestIdMiddleware)
+    if settings.gzip_responses:  # JSON answers: Starlette excludes text/event-stream and leaves WebSockets alone
+        # level 6 (zlib's default), not Starlette's 9: within ~1% of its size on JSON, at a fraction of the CPU
+        app.add_middleware(GZipMiddleware, minimum_size=500, compresslevel=6)
 
     from gateway.transport.conversations_routes import router as conversations_router
     from gateway.transport.http_routes import router as http_router

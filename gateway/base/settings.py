@@ -136,6 +136,9 @@ class Settings(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
     #: longest wait for the next chunk of a request body (beyond: 408, closed)
     body_timeout_s: float = Field(default=30.0, gt=0)
+    #: gzip a JSON answer of 500 bytes or more when the request's ``Accept-Encoding`` allows it
+    #: (Starlette's ``GZipMiddleware``); SSE streams and WebSocket frames are never compressed
+    gzip_responses: bool = True
     # -- WebSocket connections and the stores (gateway/transport/ws.py, cache/) --------------------
     #: a WebSocket connection's age limit (then a ``websocket_connection_limit_reached`` error frame
     #: and close 1000)
