@@ -11,6 +11,14 @@ through a ``referencing`` registry) against ``ResponseResource`` or the streamin
 ``type`` maps to. The type -> schema map is read from the document's own ``text/event-stream``
 ``oneOf`` list. Where the document has no schema for something we send, :class:`OpenResponses`
 records it in ``gaps`` and the caller says so (the SDK check still applies there).
+
+**Two dialects** (``gateway.wire.dialects``). Events in OpenAI's dialect (the default) are checked
+against the document leniently: an event the document names differently is validated against the
+document's schema for it, under the document's name, and recorded in ``gaps``. That name map is the
+product's own table (``OPENRESPONSES_EVENT_TYPES``): one source of truth for *which* events are the
+same. Events in OpenResponses' dialect are checked with ``strict=True``: the document itself is the
+oracle — the event's own ``type`` must be one the document's streaming ``oneOf`` lists, with no map
+in between — so a wrong or missing row in the product's table fails there, not silently here.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from openai.types.responses.response_stream_event import ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+
+from gateway.wire.dialects import OPENRESPONSES_EVENT_TYPES
 
 SCHEMA_FILE = Path(__file__).parent / "schemas" / "openresponses-openapi-2026-04-24.json"
 _DOC_URI = "urn:openresponses:openapi"
@@ -128,12 +138,9 @@ def sdk_check_event(ev: dict[str, Any], *, ws: bool = False) -> list[str]:
     return problems
 
 
-#: our (OpenAI's, the SDK's) event type -> (the document's schema, its type) for events the document
-#: names differently: its raw-reasoning events are ``response.reasoning.delta`` / ``.done``
-RENAMED: dict[str, tuple[str, str]] = {
-    "response.reasoning_text.delta": ("ResponseReasoningDeltaStreamingEvent", "response.reasoning.delta"),
-    "response.reasoning_text.done": ("ResponseReasoningDoneStreamingEvent", "response.reasoning.done"),
-}
+#: OpenAI's (the SDK's) event type -> the document's type, for events the document names
+#: differently (its raw-reasoning events are ``response.reasoning.delta`` / ``.done``): the product's table
+RENAMED: dict[str, str] = dict(OPENRESPONSES_EVENT_TYPES)
 
 
 class OpenResponses:
@@ -219,16 +226,21 @@ class OpenResponses:
     def response_errors(self, resp: dict[str, Any]) -> list[str]:
         return self.errors(self._describable_response(resp), "ResponseResource")
 
-    def event_errors(self, ev: dict[str, Any], *, ws: bool = False) -> list[str]:
+    def event_errors(self, ev: dict[str, Any], *, ws: bool = False, strict: bool = False) -> list[str]:
+        """Problems of ``ev`` against the document's schema for it. ``strict`` (OpenResponses'
+        dialect): its ``type`` must be the document's own, no renamed fallback (module docstring)."""
         kind = ev["type"]
         if kind == "error" and ws:
             return self.errors(ev, self.ws_error_schema)
         name = self.event_schemas.get(kind)
         ev = dict(ev)
-        if name is None and kind in RENAMED:
+        if name is None and kind in RENAMED and not strict:
             # same fields under another name: validate the body against the document's event
-            self.gaps[f"event type {kind!r} (checked as {RENAMED[kind][1]!r})"] += 1
-            name, ev["type"] = RENAMED[kind]
+            theirs = RENAMED[kind]
+            self.gaps[f"event type {kind!r} (checked as {theirs!r})"] += 1
+            name, ev["type"] = self.event_schemas[theirs], theirs
+        elif name is None and kind in RENAMED:
+            return [f"event type {kind!r} is OpenAI's name: the document's stream has no such event"]
         elif name is None:
             self.gaps[f"event type {kind!r}"] += 1
             return []

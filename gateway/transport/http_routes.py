@@ -30,13 +30,13 @@ from gateway.access.rate_limits import rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
 from gateway.sessions.background import limit_message
 from gateway.sessions.background_turn import ACTIVE, Slot
-from gateway.transport.body_encoding import BodyDecoder, DecodedTooLarge
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
-from gateway.transport.sse import sse_encoded, sse_frame, timing_comment, wants_server_timing
+from gateway.transport.sse import SSE_DONE, sse_encoded, sse_frame, timing_comment, wants_server_timing
 from gateway.turn.events import Event, wire_event
 from gateway.turn.types import PreparedTurn, TurnContext
+from gateway.wire.dialects import EventDialect, asked_dialect, served_dialect, translate, translate_encoded
 from gateway.wire.errors import (
     ApiError,
     bad_request,
@@ -74,19 +74,15 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
     for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``) — and
     the bytes it was parsed from, which bound the prepare work without a walk
-    (``TurnContext.body_bytes``, as a WebSocket frame's length does). A ``Content-Encoding`` is
-    decoded as the body arrives, bounded in decoded bytes too (``gateway.transport.body_encoding``).
-    Each refusal is counted and logged (rate-limited); a 413, 415, 408 or undecodable body's 400
-    closes the connection, whose unread rest of the body is not worth reading."""
+    (``TurnContext.body_bytes``, as a WebSocket frame's length does). Each refusal is counted and
+    logged (rate-limited); a 413 or 408 closes the connection, whose unread rest of the body is not
+    worth reading."""
     s = gw.settings
     limit = s.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(request, gw, limit)
-    try:  # Content-Encoding: decoded as it arrives, the limit on the decoded bytes too (415 for a coding it cannot)
-        body = BodyDecoder.for_headers(request.headers.getlist("content-encoding"), limit)
-    except InputRejected as err:
-        raise _refused(request, gw, err) from None
+    chunks: list[bytes] = []
     size = 0
     stream = request.stream()
     while True:
@@ -123,17 +119,8 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         size += len(chunk)
         if size > limit:
             raise _too_large(request, gw, limit)
-        try:
-            for _ in body.feed(chunk):
-                await asyncio.sleep(0)  # a chunk may inflate to the whole limit: others run between its steps
-        except DecodedTooLarge:
-            raise _too_large(request, gw, limit) from None
-        except InputRejected as err:
-            raise _refused(request, gw, err) from None
-    try:
-        raw = body.body()
-    except InputRejected as err:
-        raise _refused(request, gw, err) from None
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     cpu = gw.pipeline.offload.for_size(len(raw))
     try:
         return await cpu(
@@ -184,9 +171,13 @@ async def create_response(request: Request) -> Response:
     if not gw.accepting:  # draining: SDKs retry a 503, on a replica that is still in rotation
         gw.metrics.errors.labels("http", "server_shutting_down").inc()
         raise shutting_down()
+    asked = asked_dialect(request.headers)  # the events' dialect (gateway/wire/dialects.py); a bad value: 400
     admitted = await gw.access.admit(principal)  # 429 before the body is even read
     body, nbytes = await _sized_json_body(request, gw, principal.tenant)
-    ctx = TurnContext(transport="http", tenant=principal.tenant, body_bytes=nbytes)
+    # a background response's events are logged in OpenAI's dialect; each reader gets its own
+    background = isinstance(body, dict) and body.get("background") is True
+    dialect = EventDialect.OPENAI if background else asked
+    ctx = TurnContext(transport="http", tenant=principal.tenant, body_bytes=nbytes, dialect=dialect)
     if gw.metrics.tracing is not None:  # the caller's trace (W3C traceparent), for the turn span
         gw.metrics.tracing.accept(request.headers)
     slot: Slot | None = None
@@ -219,7 +210,8 @@ async def create_response(request: Request) -> Response:
     limit_headers = gw.access.headers(reserved or admitted)
     events = gw.pipeline.run(turn, on_usage)
     if slot is not None:
-        return await _background(gw, turn, events, slot, on_usage, limit_headers)
+        reader = served_dialect(gw.settings, asked, turn.route.name)
+        return await _background(gw, turn, events, slot, on_usage, limit_headers, reader)
     if turn.req.stream:
         queue: asyncio.Queue[tuple[Event, bytes]] = asyncio.Queue(maxsize=64)
         timing = wants_server_timing(request.headers)
@@ -235,7 +227,7 @@ async def create_response(request: Request) -> Response:
         running = HttpTurn.start(gw.http_turns, turn, events, deliver)
         return TurnStream(
             running,
-            _sse(running, queue),
+            _sse(running, queue, gw.pipeline.dialect_of(turn)),
             media_type="text/event-stream; charset=utf-8",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **limit_headers},
         )
@@ -253,9 +245,11 @@ async def _background(
     slot: Slot,
     on_usage: Any,
     headers: dict[str, str],
+    dialect: EventDialect,
 ) -> Response:
     """A background create: the turn starts detached; the answer is its ``queued`` Response, or
-    (``stream: true``) its event log followed from the start — leaving it stops the reading only."""
+    (``stream: true``) its event log followed from the start, in ``dialect`` — leaving it stops
+    the reading only."""
     bg = await gw.background.start(turn, events, slot, on_usage)
     if bg.log is None:
         response = _json(bg.created)
@@ -263,7 +257,7 @@ async def _background(
         return response
     logged = await gw.background.open_events(bg.state, turn.ctx.tenant, -1)
     return StreamingResponse(
-        _sse_logged(logged),
+        _sse_logged(logged, dialect),
         media_type="text/event-stream; charset=utf-8",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
     )
@@ -301,9 +295,12 @@ class TurnStream(StreamingResponse):
             self.running.stop()
 
 
-async def _sse(running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]]) -> AsyncIterator[bytes]:
+async def _sse(
+    running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]], dialect: EventDialect
+) -> AsyncIterator[bytes]:
     """Send the turn's frames as they come (``HttpTurn`` runs the turn in its own task), and end
-    the stream with a terminal event whatever happened to the turn (see ``_closing``)."""
+    the stream with a terminal event whatever happened to the turn (see ``_closing``) — in
+    OpenResponses' dialect followed by its ``[DONE]``."""
     last, ended = -1, False
     getter: asyncio.Future[tuple[Event, bytes]] | None = None
     try:
@@ -322,10 +319,12 @@ async def _sse(running: HttpTurn, queue: asyncio.Queue[tuple[Event, bytes]]) -> 
             task = running.task
             for ev in closing_events(running, last, not task.cancelled() and task.exception() is not None):
                 try:
-                    frame = sse_frame(ev)
+                    frame = sse_frame(ev if dialect is EventDialect.OPENAI else translate(ev))
                 except orjson.JSONEncodeError:  # what made the turn fail is in the snapshot: the error event says it
                     continue
                 yield frame
+        if dialect is EventDialect.OPENRESPONSES:
+            yield SSE_DONE
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
@@ -426,19 +425,24 @@ async def get_response(request: Request, response_id: str) -> Response:
     gw, tenant, state = await _stored(request, response_id)
     if stream in ("false", "0"):
         return _json(state.response)
+    # in the reader's dialect, whichever the stream was created in (gateway/wire/dialects.py)
+    dialect = served_dialect(gw.settings, asked_dialect(request.headers), state.response.get("model"))
     events = await gw.background.open_events(state, tenant, after)
     return StreamingResponse(
-        _sse_logged(events),
+        _sse_logged(events, dialect),
         media_type="text/event-stream; charset=utf-8",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
 
 
-async def _sse_logged(events: AsyncGenerator[LoggedEvent, None]) -> AsyncIterator[bytes]:
-    """A background stream's events (``gateway.sessions.replay``), framed as SSE."""
+async def _sse_logged(events: AsyncGenerator[LoggedEvent, None], dialect: EventDialect) -> AsyncIterator[bytes]:
+    """A background stream's events (``gateway.sessions.replay``; logged in OpenAI's dialect),
+    framed as SSE in ``dialect``."""
     async with contextlib.aclosing(events) as source:
         async for event in source:
-            yield sse_encoded(event.type, event.data)
+            yield sse_encoded(*translate_encoded(event.type, event.data, dialect))
+    if dialect is EventDialect.OPENRESPONSES:
+        yield SSE_DONE
 
 
 def _starting_after(raw: str | None) -> int:

@@ -1,6 +1,8 @@
 """Server-sent events framing: ``event: <type>\\ndata: <json>\\n\\n``, LF only, one write per event.
 
-Responses streams never end with ``[DONE]``: the stream closes after the terminal event. A stream
+OpenAI's Responses streams never end with ``[DONE]``: the stream closes after the terminal event
+(in the OpenResponses dialect, ``gateway.wire.dialects``, that spec's ``data: [DONE]`` follows it:
+:data:`SSE_DONE`). A stream
 whose turn could not send its own terminal (cut by the shutdown deadline, or a fault of the
 gateway) still ends with one: a flat ``error`` event (``ApiError.sse_event``), then the terminal of
 the response as billed (``gateway.turn.events.late_terminal``; see
@@ -28,6 +30,8 @@ import orjson
 #: the opt-in request header (on a create, or on the WebSocket upgrade)
 SERVER_TIMING_OPT_IN = "respgate-server-timing"
 _YES = frozenset({"1", "true", "on", "yes"})
+#: the OpenResponses spec's end of a stream ("The terminal event MUST be the literal string [DONE]")
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse_frame(event: dict[str, Any]) -> bytes:

@@ -10,7 +10,9 @@ tokenized; the engine gets ``parent.history_ids + new_ids`` (an append-only view
 prefix cache reuses the history's KV (``gateway.turn.render`` says when an append is not exact).
 
 The pipeline knows nothing of SSE or WebSocket framing: it raises ``ApiError`` before a response
-exists and yields event dicts after. Transports decide how to frame them.
+exists and yields event dicts after. Transports decide how to frame them. The events leave in the
+turn's dialect (``gateway.wire.dialects``: OpenAI's, or the OpenResponses spec's, which the client or
+the operator chose): built in OpenAI's, translated here, at the one place every turn's events pass.
 
 A request bigger than ``inline_prepare_bytes`` is prepared in the prepare pool
 (``gateway.turn.offload``): its validation, item building, classification texts and render run in a
@@ -20,8 +22,9 @@ not stall every other connection. Smaller requests (every agent continuation) pa
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from billing.usage import UsageQueue
@@ -48,6 +51,7 @@ from gateway.turn.run import TurnRunner
 from gateway.turn.sampling import ConstraintCache, echoed_sampling, sampling_for
 from gateway.turn.sealing import Sealer
 from gateway.turn.types import PreparedTurn, Rendered, TurnContext, TurnInput, UsageHook
+from gateway.wire.dialects import EventDialect, served_dialect, translate
 from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import EchoedTools, response_skeleton
@@ -212,12 +216,20 @@ class Pipeline:
         return self.resolver.tool_checks.known_for(tenant)
 
     def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[Event]:
-        """The turn's events, ending with exactly one terminal event (``gateway.turn.run``)."""
-        return self.runner.run(turn, on_usage)
+        """The turn's events, ending with exactly one terminal event (``gateway.turn.run``), in its
+        dialect (:meth:`dialect_of`)."""
+        events = self.runner.run(turn, on_usage)
+        return events if self.dialect_of(turn) is EventDialect.OPENAI else _translated(events)
 
     def batches(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncIterator[list[Event]]:
         """The same events in the groups they are produced in (``TurnRunner.batches``)."""
-        return self.runner.batches(turn, on_usage)
+        batches = self.runner.batches(turn, on_usage)
+        return batches if self.dialect_of(turn) is EventDialect.OPENAI else _translated_batches(batches)
+
+    def dialect_of(self, turn: PreparedTurn) -> EventDialect:
+        """The dialect the turn's events leave in: its client's ask (``TurnContext.dialect``), else
+        the operator's setting for its model."""
+        return served_dialect(self.settings, turn.ctx.dialect, turn.route.name)
 
     async def input_tokens(self, body: Any, ctx: TurnContext) -> int:
         """``POST /v1/responses/input_tokens``: the prompt length the same create would have.
@@ -245,6 +257,21 @@ class Pipeline:
         await self.runner.close()
         await self.finalizer.flush()
         self.offload.close()
+
+
+async def _translated(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
+    """``events`` in OpenResponses' dialect; closing this closes them (a consumer that stops early
+    aborts the turn, as it would without the translation)."""
+    async with contextlib.aclosing(events):
+        async for ev in events:
+            yield translate(ev)
+
+
+async def _translated_batches(batches: AsyncGenerator[list[Event], None]) -> AsyncGenerator[list[Event], None]:
+    """:func:`_translated`, a group of events at a time."""
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            yield [translate(ev) for ev in batch]
 
 
 def _shape(
