@@ -30,6 +30,7 @@ from gateway.access.rate_limits import rate_limit_error
 from gateway.base.log_limit import RateLimitedLog
 from gateway.sessions.background import limit_message
 from gateway.sessions.background_turn import ACTIVE, Slot
+from gateway.transport.body_encoding import BodyDecoder, DecodedTooLarge
 from gateway.transport.http_protocol import log_rejection
 from gateway.transport.inflight import HttpTurn, closing_events
 from gateway.transport.services import GatewayState
@@ -74,15 +75,19 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     """The body, bounded in bytes and in pace (``body_timeout_s`` between chunks), parsed and checked
     for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``) — and
     the bytes it was parsed from, which bound the prepare work without a walk
-    (``TurnContext.body_bytes``, as a WebSocket frame's length does). Each refusal is counted and
-    logged (rate-limited); a 413 or 408 closes the connection, whose unread rest of the body is not
-    worth reading."""
+    (``TurnContext.body_bytes``, as a WebSocket frame's length does). A ``Content-Encoding`` is
+    decoded as the body arrives, bounded in decoded bytes too (``gateway.transport.body_encoding``).
+    Each refusal is counted and logged (rate-limited); a 413, 415, 408 or undecodable body's 400
+    closes the connection, whose unread rest of the body is not worth reading."""
     s = gw.settings
     limit = s.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(request, gw, limit)
-    chunks: list[bytes] = []
+    try:  # Content-Encoding: decoded as it arrives, the limit on the decoded bytes too (415 for a coding it cannot)
+        body = BodyDecoder.for_headers(request.headers.getlist("content-encoding"), limit)
+    except InputRejected as err:
+        raise _refused(request, gw, err) from None
     size = 0
     stream = request.stream()
     while True:
@@ -119,8 +124,17 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         size += len(chunk)
         if size > limit:
             raise _too_large(request, gw, limit)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+        try:
+            for _ in body.feed(chunk):
+                await asyncio.sleep(0)  # a chunk may inflate to the whole limit: others run between its steps
+        except DecodedTooLarge:
+            raise _too_large(request, gw, limit) from None
+        except InputRejected as err:
+            raise _refused(request, gw, err) from None
+    try:
+        raw = body.body()
+    except InputRejected as err:
+        raise _refused(request, gw, err) from None
     cpu = gw.pipeline.offload.for_size(len(raw))
     try:
         return await cpu(
