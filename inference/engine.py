@@ -163,6 +163,14 @@ class Engine(Protocol):
         """
 
 
+def can_steer(engine: Engine) -> bool:
+    """Whether a response on ``engine`` may be steered: the engine declares ``steerable = True``
+    when closing a request's stream stops it at the token last handed over and a new request
+    with the prompt plus what was sampled goes on from there (its prefix cache keeps the KV).
+    An engine that does not say so is not steered: a steer fails ``steering_not_supported``."""
+    return getattr(engine, "steerable", False) is True
+
+
 async def prefill_by_generating(
     engine: Engine,
     stats: EngineStats,

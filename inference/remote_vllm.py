@@ -100,6 +100,10 @@ class RemoteVllmSettings:
 class RemoteVllmEngine:
     """:class:`inference.engine.Engine` over a remote vLLM's tokens-in/tokens-out endpoint."""
 
+    #: ``inference.engine.can_steer``: closing the stream aborts the request, and the successor goes
+    #: to the same pod (its chain's routing) and its prefix cache
+    steerable = True
+
     def __init__(
         self,
         settings: RemoteVllmSettings,

@@ -186,6 +186,10 @@ class SimulatedEngine:
             when the consumer asks for it, so consumer time adds up.
     """
 
+    #: ``inference.engine.can_steer``: an aclose stops it at the last delta handed over, and the
+    #: successor's prompt hits its prefix cache
+    steerable = True
+
     def __init__(
         self,
         *,

@@ -97,6 +97,10 @@ def prepare_environment(settings: VllmSettings) -> None:
 class VllmEngine:
     """:class:`inference.engine.Engine` over ``vllm.v1.engine.async_llm.AsyncLLM``."""
 
+    #: ``inference.engine.can_steer``: closing the stream aborts the request at the last output, and
+    #: the successor's prompt reuses its prefix-cached KV
+    steerable = True
+
     def __init__(self, settings: VllmSettings, *, name: str = "vllm") -> None:
         self.name = name
         self.settings = settings

@@ -330,6 +330,14 @@ class Metrics:
             "WebSocket connections closed 1008 because the client stopped reading (ws_send_deadline_s)",
             registry=r,
         )
+        self.ws_steers = Counter(
+            "respgate_ws_steers",
+            "response.steer submissions by outcome: accepted, committed (a successor's or the "
+            "client's next create took the input), pending (waiting for the client's tool "
+            "output), failed_<code> (handed back)",
+            ["outcome"],
+            registry=r,
+        )
         self.ws_resumable = Counter(
             "respgate_ws_resumable_states",
             "store=false lane states of closed WebSockets kept for a reconnect "

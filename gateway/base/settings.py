@@ -153,6 +153,12 @@ class Settings(BaseModel):
     ws_max_lanes: int = 32
     #: memory one connection's cache of lane states may hold (least recently used out)
     ws_cache_bytes: int = 512 * 1024 * 1024
+    #: accept ``response.steer`` (false: every steer fails ``steering_not_supported``, as for an
+    #: engine that cannot stop at a token and go on)
+    ws_steering: bool = True
+    #: steers one response may have queued (their input together at most ``max_request_bytes``);
+    #: beyond, ``too_many_pending_steers``
+    ws_max_pending_steers: int = Field(default=16, ge=1, le=1024)
     #: resumable store=false chains (gateway/sessions/resumable.py): a closed connection's lane
     #: states stay claimable this long by a reconnect of the same tenant; 0 = off (the default)
     ws_resume_window_s: float = Field(default=0.0, ge=0, le=3600)

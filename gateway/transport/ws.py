@@ -67,12 +67,16 @@ from gateway.transport.http_protocol import log_rejection
 from gateway.transport.lanes import DEFAULT_LANE, Act, Action, Ev, Event, Farewell, LaneMachine, Refusal, State
 from gateway.transport.services import GatewayState
 from gateway.transport.sse import wants_server_timing
+from gateway.transport.steering import Plan, Refused, Steer, SteerBook, steered_input, successor_frame
 from gateway.turn.events import wire_event
-from gateway.turn.types import TurnContext
+from gateway.turn.types import PreparedTurn, SteerSignal, TurnContext
+from gateway.wire import steer as steer_wire
 from gateway.wire.dialects import EventDialect, asked_dialect, served_dialect, ws_error_frame
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
+from gateway.wire.steer import SteerCode, SteerRejected, steer_items
 from gateway.wire.validation import InputRejected, check_counts, decode_json
+from inference.engine import can_steer
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -140,9 +144,10 @@ class WsConnection:
         #: the protocol's direct text-frame writer (gateway/transport/corked.py); None under another server
         ext = websocket.scope.get("extensions") or {}
         self._frames: TextFrames | None = (ext.get(TEXT_FRAMES) or {}).get("frames")
+        #: ``response.steer`` events' own sequence (they belong to no response's stream)
         self._steer_seq = 0
-        #: response id -> lane name of responses in flight (steer targets the active response's lane)
-        self._active: dict[str, str] = {}
+        #: what was steered, and where it goes (gateway/transport/steering.py)
+        self.steers = SteerBook(max_pending=gw.settings.ws_max_pending_steers, max_bytes=gw.settings.max_request_bytes)
         #: running turn tasks -> their lane
         self._turns: dict[asyncio.Task[None], str] = {}
         self._done = asyncio.Event()  # the machine reached CLOSED
@@ -253,7 +258,7 @@ class WsConnection:
         elif kind == "response.processed":
             return  # Codex acknowledges consumed responses; any reply would fail its next turn
         elif kind == "response.steer":
-            await self._on_steer(event)
+            await self._on_steer(event, len(data))
         elif kind == "response.inject":
             await self._send_error(
                 bad_request(
@@ -267,32 +272,46 @@ class WsConnection:
                 bad_request(f"Unknown event type: '{kind}'.", code="unknown_event_type", param="type")
             )
 
-    async def _on_steer(self, event: dict[str, Any]) -> None:
+    async def _on_steer(self, event: dict[str, Any], nbytes: int) -> None:
+        """Queue a steer on the active response it names (``response.steer.accepted``) or hand it
+        back (``response.steer.failed``): what becomes of it is decided when that response ends
+        (:meth:`_settle_steers`). Never an ``error`` frame: clients read a failed steer as "apply
+        it yourself with response.create"."""
         target = event.get("previous_response_id")
-        lane_name = (self._active.get(target) or self.cache.lane_of(target)) if isinstance(target, str) else None
-        stream_id = lane_name or None
-        code, message = "steering_not_supported", "Steering is not supported by this model backend."
-        extra = set(event) - {"type", "previous_response_id", "input"}
-        inp = event.get("input")
-        if extra:
-            code, message = "invalid_input", f"response.steer does not accept: {', '.join(sorted(extra))}."
-        elif isinstance(inp, list) and any(
-            not isinstance(m, dict) or m.get("role") != "user" or m.get("type", "message") != "message" for m in inp
-        ):
-            code, message = "invalid_input", "response.steer input may only contain user messages."
-        elif not isinstance(inp, (str, list)) or (isinstance(inp, list) and not inp):
-            code, message = "invalid_input", "response.steer input must be a string or a non-empty list."
-        frame: dict[str, Any] = {
-            "type": "response.steer.failed",
-            "sequence_number": self._steer_seq,
-            "steer": {"previous_response_id": target, "input": inp},
-            "error": {"type": "invalid_request_error", "code": code, "message": message},
-        }
-        self._steer_seq += 1
         try:
-            await self._send(frame, stream_id)
+            items = steer_items(event)
+        except SteerRejected as err:
+            await self._steer_failed(None, target, event.get("input"), SteerCode.INVALID_INPUT, err.message)
+            return
+        verdict = self.steers.submit(target, event["input"], items, nbytes)
+        if isinstance(verdict, Refused):
+            await self._steer_failed(None, target, event["input"], verdict.code, verdict.message)
+            return
+        self.gw.metrics.ws_steers.labels("accepted").inc()
+        await self._steer_frame(steer_wire.accepted(self._next_steer_seq(), verdict.id, target), target)
+
+    def _next_steer_seq(self) -> int:
+        seq = self._steer_seq
+        self._steer_seq += 1
+        return seq
+
+    async def _steer_frame(self, frame: dict[str, Any], target: Any) -> None:
+        """A steer event, on the target response's lane (``stream_id`` when it has one)."""
+        try:
+            await self._send(frame, self.steers.lane_of(target) or None)
         except ConnectionGone as gone:
             await self._feed(Event(gone.event))
+
+    async def _steer_failed(
+        self, steer_id: str | None, target: Any, steer_input: Any, code: SteerCode, message: str
+    ) -> None:
+        self.gw.metrics.ws_steers.labels(f"failed_{code.value}").inc()
+        frame = steer_wire.failed(self._next_steer_seq(), steer_id, target, steer_input, code, message)
+        await self._steer_frame(frame, target)
+
+    async def _fail_steers(self, steers: list[Steer], code: SteerCode, message: str) -> None:
+        for s in steers:
+            await self._steer_failed(s.id, s.target, s.input, code, message)
 
     # -- the machine's actions --------------------------------------------------------------------
 
@@ -431,18 +450,68 @@ class WsConnection:
             )
 
     async def _run_turn(self, lane: str, create: Create) -> bool:
-        """Prepare and stream one turn; True when it failed (its parent is then evicted)."""
+        """Prepare and stream one create — and the successors its steers make — ; True when the
+        create's own response failed (its parent is then evicted)."""
+        frame, nbytes = create.body, create.nbytes
+        steers = self.steers.claim(_prev(frame), lane)  # steers waiting for this continuation
+        if steers:
+            frame = dict(frame, input=steered_input(steers, frame.get("input")))
+            nbytes += sum(s.nbytes for s in steers)
+        turn = await self._stream_turn(lane, frame, nbytes, steers)
+        first_failed = turn is None or turn.response["status"] == ResponseStatus.FAILED
+        while turn is not None:
+            settled = self.steers.close(turn.id, turn.response)
+            if settled.plan is Plan.PENDING:
+                for s in settled.steers:
+                    self.gw.metrics.ws_steers.labels("pending").inc()
+                    pend = steer_wire.pending(self._next_steer_seq(), s.id, turn.id, settled.required)
+                    await self._send(pend, lane or None)
+                break
+            if settled.plan is Plan.FAIL:
+                await self._fail_steers(settled.steers, SteerCode.SUCCESSOR_FAILED, settled.message)
+                break
+            if settled.plan is Plan.DROP:
+                break
+            # the successor: same lane, the original create's settings, the steers as its input
+            steered, steers = turn, settled.steers
+            if not await self._admit_successor(steers):
+                break
+            successor = successor_frame(create.body, steered.id, steers)
+            turn = await self._stream_turn(lane, successor, create.nbytes + sum(s.nbytes for s in steers), steers)
+            if turn is not None and turn.response["status"] == ResponseStatus.FAILED:
+                self.cache.discard_failed_parent(steered.id, lane)
+        return first_failed
+
+    async def _admit_successor(self, steers: list[Steer]) -> bool:
+        """A successor is a request like any other: the key's rate limit applies (refused, the
+        steers fail and are handed back)."""
+        try:
+            await self.gw.access.admit(self.principal, "ws")
+        except ApiError as err:
+            self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
+            await self._fail_steers(
+                steers, SteerCode.SUCCESSOR_FAILED, f"The successor response was refused: {err.message}"
+            )
+            return False
+        return True
+
+    async def _stream_turn(
+        self, lane: str, frame: dict[str, Any], nbytes: int, steers: list[Steer]
+    ) -> PreparedTurn | None:
+        """Prepare and stream one response; None when it was refused at prepare (an error frame
+        was sent, and ``steers`` it was to commit failed)."""
         stream_id = lane or None
-        frame = create.body
         prev = frame.get("previous_response_id")
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
             await self._resume(lane, prev)
+        signal = SteerSignal()  # the turn reads it only when steering is on (none is set otherwise)
         ctx = TurnContext(
             transport="ws",
             tenant=self.tenant,
             conn_cache=self.cache,
             lane=lane,
-            body_bytes=create.nbytes,
+            body_bytes=nbytes,
+            steer=signal if self.settings.ws_steering else None,
             dialect=self.dialect,
         )
         tracing = self.gw.metrics.tracing
@@ -455,9 +524,14 @@ class WsConnection:
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             await self._send_error(err, stream_id)
-            return True
+            if steers:
+                await self._fail_steers(steers, SteerCode.SUCCESSOR_FAILED, f"The response was refused: {err.message}")
+            return None
         events = self.gw.pipeline.batches(turn, on_usage)
-        self._active[turn.id] = lane
+        if turn.input.generate:  # a warm-up is over as soon as it starts
+            self.steers.open(turn.id, lane, signal, _unsteerable(turn, self.settings.ws_steering))
+        if steers:
+            self.gw.metrics.ws_steers.labels("committed").inc(len(steers))
         dumps, timing, tools_json = orjson.dumps, self.server_timing, turn.tools_json
         plain = stream_id is None and not timing and tools_json is None
         try_send = self._frames.try_send_many if self._frames is not None else None
@@ -478,11 +552,13 @@ class WsConnection:
                 if self.closed or self._queued_sends or try_send is None or not try_send(payloads):
                     for payload in payloads:
                         await self._write(payload)
+        except BaseException:
+            self.steers.close(turn.id, {"status": ResponseStatus.CANCELLED})  # the socket is gone
+            raise
         finally:
-            self._active.pop(turn.id, None)
             # Closing the generator aborts the engine request when we stopped early (socket gone).
             await events.aclose()  # type: ignore[attr-defined]
-        return bool(turn.response["status"] == ResponseStatus.FAILED)
+        return turn
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -611,6 +687,21 @@ class Create(msgspec.Struct, frozen=True):
 
     body: dict[str, Any]
     nbytes: int
+
+
+def _unsteerable(turn: PreparedTurn, enabled: bool) -> Refused | None:
+    """Why ``turn`` cannot be steered (None: it can): the operator turned steering off
+    (``ws_steering``); OpenAI's exclusions — a response bound to a conversation, or with automatic
+    compaction; an engine that cannot stop at a token and go on from there."""
+    if not enabled:
+        return Refused(SteerCode.NOT_SUPPORTED, "Steering is disabled on this server.")
+    if turn.req.conversation is not None:
+        return Refused(SteerCode.NOT_SUPPORTED, "Steering is not supported for responses bound to a conversation.")
+    if turn.req.context_management:
+        return Refused(SteerCode.NOT_SUPPORTED, "Steering is not supported for responses with automatic compaction.")
+    if not can_steer(turn.route.engine):
+        return Refused(SteerCode.NOT_SUPPORTED, "Steering is not supported by this model backend.")
+    return None
 
 
 def _prev(frame: dict[str, Any]) -> str | None:

@@ -59,6 +59,7 @@ from gateway.wire.kinds import CALL_TYPES, ResponseStatus
 from gateway.wire.response import usage_object
 from inference.engine import EngineError, SamplingParams
 from inference.hosted_items import call_of
+from inference.item_types import ItemType
 from inference.parse import ItemEnd, ItemStart, ParseEvent, StreamParser
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class TurnRunner:
         attribution = LogprobAttribution(renderer) if turn.sampling.logprobs is not None else None
         hosted = turn.input.hosted
         tools = ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls) if hosted.servers else None
+        steer = turn.ctx.steer  # a WebSocket steer: read at each delta (``SteerSignal``)
         gen: _Pass | None = None
         #: every engine pass of the turn (one, unless the gateway ran tools between them)
         passes: list[_Pass] = []
@@ -247,6 +249,15 @@ class TurnRunner:
                             gen.finish = "single_call"
                             await agen.aclose()  # stop the engine now: what follows the call is dropped
                             break
+                        if (
+                            steer is not None
+                            and steer.requested
+                            and delta.finish_reason is None
+                            and not _calling(events, gen.first_output)
+                        ):
+                            gen.finish = "steered"  # a token boundary: the history is cut here, as at a cap
+                            await agen.aclose()
+                            break
                         if delta.finish_reason is not None:
                             gen.finish, gen.stop_token = delta.finish_reason, delta.stop_token_id
                             if gen.finish == "abort":
@@ -256,7 +267,7 @@ class TurnRunner:
                         tail = events.feed(parser.finish())
                     gen.reasoning = parser.reasoning_tokens
                     finish, stop_token = gen.finish, gen.stop_token
-                    runnable = events.take_calls() if gen.finish not in ("error", "length") else []
+                    runnable = events.take_calls() if gen.finish not in ("error", "length", "steered") else []
                     if tools is None or not runnable:
                         break
                     if tail:
@@ -282,6 +293,11 @@ class TurnRunner:
                         # the pass also asked the client (a function call, an approval) or ran out
                         # of tool calls: the response ends with the outputs at its tip
                         finish, tip_history = "tools", tip
+                        break
+                    if steer is not None and steer.requested:
+                        # steered while the tools ran: their outputs are at the tip, the successor
+                        # appends the steer after them
+                        finish, tip_history = "steered", tip
                         break
                     prompt_ids = tip.extend(rendered.gen_ids)
                     finish = None
@@ -317,6 +333,8 @@ class TurnRunner:
                     pending = events.incomplete(usage, "max_output_tokens")
                 elif finish == "content_filter":
                     pending = events.incomplete(usage, "content_filter")
+                elif finish == "steered":
+                    pending = events.incomplete(usage, "steered")
                 else:
                     pending = events.complete(usage)
                 if tools is not None and tools.inexact:
@@ -550,6 +568,17 @@ def _pass_items(output: list[dict[str, Any]], first: int) -> list[dict[str, Any]
 def _ends_response(output: list[dict[str, Any]], first: int) -> bool:
     """The pass asked the client something: a call the client runs, or an approval."""
     return any(it["type"] in CALL_TYPES or it["type"] == "mcp_approval_request" for it in output[first:])
+
+
+def _calling(events: ResponseEvents, first: int) -> bool:
+    """The pass has begun a tool call (open or done): a steer then waits for the pass to end —
+    a call ends the pass by itself, and a call cut in half is no boundary. Read only once a steer
+    is requested."""
+    return any(it["type"] in _CALLING for it in events.output[first:])
+
+
+#: the items a model writes to call a tool: the client's, and the MCP calls the gateway runs (or asks to)
+_CALLING = CALL_TYPES | {ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST}
 
 
 class _SingleCall:

@@ -48,6 +48,22 @@ Item = dict[str, Any]
 UsageHook = Callable[[Mapping[str, Any]], None]
 
 
+class SteerSignal:
+    """A WebSocket connection's ``response.steer`` reaching the turn it targets.
+
+    The transport sets ``requested`` (``gateway.transport.steering``); the turn reads it at each
+    engine delta and after each round of gateway-run tools (``gateway.turn.run``): set, the turn
+    stops at the next safe boundary — the next token, unless the pass has begun a tool call, which
+    ends the pass by itself — and ends ``incomplete`` (``steered``), its history cut there as a
+    capped turn's is, so the successor appends the steer's tokens at the tip. A plain flag, not an
+    ``asyncio.Event``: nothing waits on it, and the hot loop pays one attribute read per delta."""
+
+    __slots__ = ("requested",)
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
 class TurnContext(msgspec.Struct, frozen=True):
     """Who is asking and where the answer goes; transports fill it in."""
 
@@ -62,6 +78,8 @@ class TurnContext(msgspec.Struct, frozen=True):
     #: the dialect the client asked its events in (``gateway.wire.dialects``: a header on the create
     #: or the WebSocket upgrade); None: the operator's setting for the model decides
     dialect: EventDialect | None = None
+    #: set by a WebSocket connection for a turn that may be steered (None: it may not)
+    steer: SteerSignal | None = None
 
 
 class PrefixMatch(msgspec.Struct, frozen=True):

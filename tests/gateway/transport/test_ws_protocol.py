@@ -664,9 +664,11 @@ def _start_slow_response(conn: Any, **fields: Any) -> tuple[str, list[dict[str, 
     return events[0]["response"]["id"], events
 
 
-def test_steer_is_not_supported_and_echoes_input(make_gateway):
+def test_steer_when_disabled_is_not_supported_and_echoes_input(make_gateway):
+    """``ws_steering: false`` (steering itself: test_ws_steer.py): every steer is handed back."""
     live = make_gateway(
-        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True)
+        Settings(ws_steering=False),
+        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True),
     )
     steer_inputs = [
         "Keep the scope small.",
@@ -704,7 +706,8 @@ def test_steer_is_not_supported_and_echoes_input(make_gateway):
 
 def test_steer_on_named_lane_response_carries_its_stream_id(make_gateway):
     live = make_gateway(
-        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True)
+        Settings(ws_steering=False),
+        engine=SimulatedEngine(script=fixed(Turn(text=LONG_TEXT, delay_per_token_s=0.002)), record_prompts=True),
     )
     with ws_open(live) as ws:
         send(ws, create(input="lane a", stream_id="a"))
