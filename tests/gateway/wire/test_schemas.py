@@ -20,7 +20,8 @@ function_call_output / reasoning / compaction items and function tools. Those ar
 the OpenResponses validation, counted, and listed by :func:`test_zz_counts_and_coverage`.
 Two more are validated in part: ``response.reasoning_text.delta`` / ``.done`` (the names OpenAI
 and the SDK use) are checked against the document's ``response.reasoning.delta`` / ``.done``
-schemas, which have the same fields; and an echoed ``text.format`` of type ``json_schema`` is
+schemas, which have the same fields (the OpenResponses dialect sends the document's own names, and
+``test_dialects.py`` validates it strictly); and an echoed ``text.format`` of type ``json_schema`` is
 checked with its ``schema`` blanked, because the document types that field as ``null``.
 
 The count of events validated (per transport) is printed by the last test.
