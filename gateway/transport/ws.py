@@ -283,12 +283,12 @@ class WsConnection:
         except SteerRejected as err:
             await self._steer_failed(None, target, event.get("input"), SteerCode.INVALID_INPUT, err.message)
             return
-        verdict = self.steers.submit(target, event["input"], items, nbytes)
+        verdict = self.steers.submit(event["previous_response_id"], event["input"], items, nbytes)
         if isinstance(verdict, Refused):
             await self._steer_failed(None, target, event["input"], verdict.code, verdict.message)
             return
         self.gw.metrics.ws_steers.labels("accepted").inc()
-        await self._steer_frame(steer_wire.accepted(self._next_steer_seq(), verdict.id, target), target)
+        await self._steer_frame(steer_wire.accepted(self._next_steer_seq(), verdict.id, verdict.target), target)
 
     def _next_steer_seq(self) -> int:
         seq = self._steer_seq

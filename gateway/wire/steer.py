@@ -20,7 +20,7 @@ import enum
 import secrets
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
 
 from gateway.wire.items import InputFile, InputImage, InputText
 from gateway.wire.validation import json_type, to_api_error
@@ -75,12 +75,7 @@ class SteerMessage(BaseModel):
     ]
 
 
-_INPUT: TypeAdapter[str | list[SteerMessage]] = TypeAdapter(
-    Annotated[
-        Annotated[str, Tag("<text>")] | Annotated[list[SteerMessage], Field(min_length=1), Tag("<parts>")],
-        Discriminator(_str_or_list),
-    ]
-)
+_MESSAGES: TypeAdapter[list[SteerMessage]] = TypeAdapter(list[SteerMessage])
 
 
 class SteerRejected(Exception):
@@ -123,18 +118,18 @@ def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
                     "(send tool outputs with response.create).",
                     f"input[{i}]",
                 )
+    if isinstance(items, str):
+        return [{"type": "message", "role": "user", "content": items}]
     try:
-        parsed = _INPUT.validate_python(frame["input"])
+        _MESSAGES.validate_python(items)
     except ValidationError as exc:
         err = to_api_error(exc)
-        # the adapter's locations start at the value: the client's path starts at ``input``
-        param = "input" + (err.param if (err.param or "").startswith("[") else f".{err.param}" if err.param else "")
+        # the adapter's locations start at the list: the client's path starts at ``input``
+        param = f"input{err.param or ''}"
         message = err.message.replace(f"'{err.param}'", f"'{param}'")
         if f"'{param}'" not in message:  # the failed event has no ``param``: its text names the field
             message = f"Invalid '{param}': {message}"
         raise SteerRejected(message, param) from None
-    if isinstance(parsed, str):
-        return [{"type": "message", "role": "user", "content": parsed}]
     # the content as sent (validated above): the model's dump would add the parts' defaults
     return [{"type": "message", "role": "user", "content": m["content"]} for m in items]
 
