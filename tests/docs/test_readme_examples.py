@@ -50,6 +50,8 @@ def kind(lang: str, code: str) -> str:
     return (
         "curl"
         if lang == "bash"
+        else "steer"
+        if "response.steer(" in code
         else "websocket"
         if "responses.connect()" in code
         else "agents"
@@ -83,7 +85,7 @@ def examples() -> dict[str, tuple[str, str]]:
 
 
 EXAMPLES = examples()
-KINDS = ("websocket", "http", "curl", "agents", "conversations", "mcp")
+KINDS = ("websocket", "http", "curl", "agents", "conversations", "mcp", "steer")
 
 
 def named(k: str) -> list[str]:
@@ -161,6 +163,14 @@ def test_the_websocket_example(default_server, tmp_path, name):
     assert len(cached) == 2 and cached[1] > 0, out  # the second turn reused the first one's KV
     assert any(x.rsplit(None, 1)[0].strip() for x in lines if x.rsplit(None, 1)[-1].isdigit()), out  # answers
     assert output_tokens(default_server) - before <= 2 * CPU_MAX_OUTPUT_TOKENS
+
+
+@pytest.mark.parametrize("name", named("steer"))
+def test_the_steering_example(default_server, tmp_path, name):
+    """The steered response ends ``steered`` and its successor, continuing from it, ends too."""
+    lines = [x.strip() for x in run_example(name, default_server, tmp_path).splitlines() if x.strip()]
+    assert lines[:2] == ["response.steer.accepted", "steered"], lines
+    assert lines[2].startswith("True"), lines
 
 
 @pytest.mark.parametrize("name", named("http"))

