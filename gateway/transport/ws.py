@@ -483,8 +483,14 @@ class WsConnection:
         return first_failed
 
     async def _admit_successor(self, steers: list[Steer]) -> bool:
-        """A successor is a request like any other: the key's rate limit applies (refused, the
-        steers fail and are handed back)."""
+        """A successor is a request like any other: none starts on a connection that is closing
+        (a shutdown, the age limit: its creates are dropped too) and the key's rate limit applies;
+        refused, the steers fail and are handed back."""
+        if self.expired or not self.gw.accepting:
+            await self._fail_steers(
+                steers, SteerCode.SUCCESSOR_FAILED, "The connection is closing: no successor response was created."
+            )
+            return False
         try:
             await self.gw.access.admit(self.principal, "ws")
         except ApiError as err:

@@ -136,6 +136,12 @@ def test_sdk_steers_a_long_generation(make_gateway: Any, store: bool) -> None:
         conn.response.steer(input="STOP and sum up", previous_response_id=steered)
         rest = until(conn, terminal_of(steered))
         after = until(conn, lambda ev: ev["type"] in TERMINAL)
+        steer_tokens = render_tokens(live)[0] - appended_before
+        # the chain goes on from the successor as ever: an append
+        conn.response.create(
+            model=MODEL, input="STOP once more", store=store, previous_response_id=after[-1]["response"]["id"]
+        )
+        assert until(conn, lambda ev: ev["type"] in TERMINAL)[-1]["type"] == "response.completed"
     events = head + rest
     kinds = [e["type"] for e in events]
     # accepted while generating, then the steered response's own events, ending incomplete
@@ -156,13 +162,12 @@ def test_sdk_steers_a_long_generation(make_gateway: Any, store: bool) -> None:
     assert successor["max_output_tokens"] == 4000 and successor["store"] is store  # inherited settings
     # the successor appended the steer at the steered response's tip: its prompt starts with the
     # steered prompt and everything sampled; no full render
-    first, second = live.engine.stats.prompts
-    assert second[: len(first)] == first
+    first, second, third = live.engine.stats.prompts
+    assert second[: len(first)] == first and third[: len(second)] == second
     assert full_render_fallbacks(live) == 0
-    steer_tokens = render_tokens(live)[0] - appended_before
     # billing: each response once, each token once: what the engine sampled is what was billed
-    records = {r.response_id: r for r in billed(live, sink, 2)}
-    assert set(records) == {steered, successor["id"]} and len(sink.writes) == 2
+    records = {r.response_id: r for r in billed(live, sink, 3)}
+    assert {steered, successor["id"]} <= set(records) and len(sink.writes) == 3
     assert records[steered].status == "incomplete" and records[successor["id"]].status == "completed"
     assert records[steered].output_tokens == final["usage"]["output_tokens"] > 0
     assert sum(r.output_tokens for r in records.values()) == live.engine.stats.generated_tokens
@@ -521,3 +526,27 @@ def test_cpu_engine_steered_by_the_sdk(vllm_gateway: LiveGateway) -> None:
         )
         until(conn, lambda ev: ev["type"] in TERMINAL)
     assert steer_tokens == render_tokens(live)[0] - before > 0
+
+
+def test_no_successor_starts_while_the_server_drains(make_gateway: Any) -> None:
+    """Shutdown began while a response ran: it is steered and cut, but its successor would be a
+    new turn on a draining server — the steer fails and is handed back, then the farewell (1001)."""
+    from tests.gateway.ops.test_shutdown import _read_until_closed, _start_stop
+    from tests.http_helpers import wait_for
+
+    sink = MemorySink()
+    live = make_gateway(Settings(shutdown_grace_s=20), engine=engine(), usage_sink=sink)
+    ws = ws_open(live)
+    send(ws, create(input="write forever", store=False, max_output_tokens=2000))
+    rid = until(ws, deltas(2))[0]["response"]["id"]
+    stopper = _start_stop(live)
+    wait_for(lambda: not live.gw.accepting, what="shutdown begun")
+    send(ws, steer_frame(rid))
+    frames, code = _read_until_closed(ws)
+    stopper.join(30)
+    kinds = [f["type"] for f in frames]
+    assert "response.steer.accepted" in kinds and "response.incomplete" in kinds
+    failed = frames[kinds.index("response.steer.failed")]
+    _failed(failed, "successor_creation_failed", rid, "STOP and sum up")
+    assert kinds.count("response.created") == 0 and kinds[-1] == "error" and code == 1001
+    assert list(sink.records) == [rid] and live.engine.stats.requests == 1
