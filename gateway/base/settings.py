@@ -156,8 +156,8 @@ class Settings(BaseModel):
     #: accept ``response.steer`` (false: every steer fails ``steering_not_supported``, as for an
     #: engine that cannot stop at a token and go on)
     ws_steering: bool = True
-    #: steers one response may have queued (their input together at most ``max_request_bytes``);
-    #: beyond, ``too_many_pending_steers``
+    #: steers one response may have queued (a connection's queued steer input: at most
+    #: ``max_request_bytes``); beyond, ``too_many_pending_steers``
     ws_max_pending_steers: int = Field(default=16, ge=1, le=1024)
     #: resumable store=false chains (gateway/sessions/resumable.py): a closed connection's lane
     #: states stay claimable this long by a reconnect of the same tenant; 0 = off (the default)

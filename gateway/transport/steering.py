@@ -23,10 +23,11 @@ for, and the steers are prepended to the client's next create for that response 
 then a steer can still fail (its successor could not be created) and is handed back.
 
 Bounds (an attacker's view: a steer is a frame that costs nothing to send and holds memory
-until its response ends): per response at most ``max_pending`` steers and, together, at most
-``max_bytes`` of input (the successor's create must fit the frame limit it would have had);
-beyond either, ``too_many_pending_steers``; steers waiting for the client's create: one response's
-per lane (a lane's next waiting response replaces the last). Finished response ids are remembered (the last
+until its response ends): per response at most ``max_pending`` steers, and on the whole
+connection at most ``max_bytes`` of queued input (so a successor's create fits the frame limit it
+would have had, and sixteen lanes cannot hold sixteen times it); beyond either,
+``too_many_pending_steers``. Steers waiting for the client's create: one response's per lane (a
+lane's next waiting response replaces the last). Finished response ids are remembered (the last
 :data:`REMEMBERED`) only to answer ``response_already_completed`` rather than ``not found``.
 """
 
@@ -79,7 +80,6 @@ class _Target:
     #: why this response cannot be steered (None: it can)
     refusal: Refused | None
     queue: list[Steer] = field(default_factory=list)
-    nbytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +130,8 @@ class SteerBook:
         #: responses that asked the client something, with the steers waiting for its create
         self._waiting: dict[str, tuple[str, list[Steer]]] = {}
         self._done: OrderedDict[str, str] = OrderedDict()  # response id -> lane
+        #: the input bytes of every steer still in the book (active and waiting responses)
+        self.nbytes = 0
 
     def open(self, response_id: str, lane: str, signal: SteerSignal, refusal: Refused | None) -> None:
         """A response of this connection is running (its ``response.created`` is out)."""
@@ -157,15 +159,15 @@ class SteerBook:
             return Refused(SteerCode.RESPONSE_NOT_FOUND, f"Response '{target_id}' is not active on this connection.")
         if target.refusal is not None:
             return target.refusal
-        if len(target.queue) >= self.max_pending or target.nbytes + nbytes > self.max_bytes:
+        if len(target.queue) >= self.max_pending or self.nbytes + nbytes > self.max_bytes:
             return Refused(
                 SteerCode.TOO_MANY,
                 f"Too much steering input is pending for response '{target_id}' (at most {self.max_pending} "
-                f"submissions and {self.max_bytes} bytes).",
+                f"submissions, and {self.max_bytes} bytes on this connection).",
             )
         steer = Steer(new_steer_id(), target_id, steer_input, items, nbytes)
         target.queue.append(steer)
-        target.nbytes += nbytes
+        self.nbytes += nbytes
         target.signal.requested = True
         return steer
 
@@ -183,8 +185,10 @@ class SteerBook:
             # one waiting response per lane: a lane's later one replaces it (its steers were
             # accepted for a response the client continued another way, or never)
             for rid in [rid for rid, (lane, _) in self._waiting.items() if lane == target.lane]:
-                del self._waiting[rid]
+                self._release(self._waiting.pop(rid)[1])
             self._waiting[response_id] = (target.lane, target.queue)
+        else:
+            self._release(target.queue)
         return Settled(plan, target.queue, stubs if plan is Plan.PENDING else [], message)
 
     def claim(self, previous_response_id: str | None, lane: str) -> list[Steer]:
@@ -196,7 +200,11 @@ class SteerBook:
         if waiting is None or waiting[0] != lane:
             return []
         del self._waiting[previous_response_id]
+        self._release(waiting[1])
         return waiting[1]
+
+    def _release(self, steers: list[Steer]) -> None:
+        self.nbytes -= sum(s.nbytes for s in steers)
 
     def _remember(self, response_id: str, lane: str) -> None:
         self._done[response_id] = lane

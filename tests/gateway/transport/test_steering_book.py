@@ -98,11 +98,18 @@ def test_bounds_count_and_bytes() -> None:
     by_count = b.submit("resp_1", "go", USER, 1)
     assert isinstance(by_count, Refused) and by_count.code is SteerCode.TOO_MANY
     b2 = book(max_pending=10, max_bytes=100)
-    running(b2)
-    accept(b2, nbytes=60)
-    by_bytes = b2.submit("resp_1", "go", USER, 41)
+    running(b2, "resp_1", lane="a")
+    running(b2, "resp_2", lane="b")
+    accept(b2, "resp_1", nbytes=60)
+    by_bytes = b2.submit("resp_2", "go", USER, 41)  # the bytes are the connection's, across lanes
     assert isinstance(by_bytes, Refused) and by_bytes.code is SteerCode.TOO_MANY
-    assert b2.queued == 1
+    assert b2.queued == 1 and b2.nbytes == 60
+    b2.close("resp_1", {"status": "completed", "output": [CALL]})  # waiting: still held
+    assert b2.nbytes == 60 and isinstance(b2.submit("resp_2", "go", USER, 41), Refused)
+    assert len(b2.claim("resp_1", "a")) == 1 and b2.nbytes == 0  # taken by the client's create
+    accept(b2, "resp_2", nbytes=41)
+    b2.close("resp_2", {"status": "completed", "output": []})  # a successor takes them
+    assert b2.nbytes == 0
 
 
 def test_a_refused_target_says_why_and_is_never_signalled() -> None:
