@@ -313,8 +313,11 @@ def test_the_default_stream_is_byte_for_byte_openais(make_gateway):
 # -- background streams: logged in OpenAI's dialect, read in the reader's -----------------------------
 
 
-def test_a_background_stream_is_read_in_each_readers_dialect(make_gateway):
-    live = make_gateway()
+@pytest.mark.parametrize("log", ["memory", "redis"])
+def test_a_background_stream_is_read_in_each_readers_dialect(make_gateway, request, log):
+    """The event log (this process's, or Redis's) keeps OpenAI's dialect; the create's stream and
+    each replay come out in the dialect their reader asked for."""
+    live = make_gateway(Settings(redis_url=request.getfixturevalue("redis_url")) if log == "redis" else None)
     body = {"model": MODEL, "input": "Why is the sky blue?", "background": True, "stream": True}
     with httpx.stream("POST", live.base_url + "/responses", json=body, headers=OR_HEADER, timeout=30) as r:
         created_raw = r.read()
