@@ -44,9 +44,19 @@ def _agent(view: Any) -> Turn:
     return Turn(reasoning="ok", text="done")
 
 
+def _steer(view: Any) -> Turn:
+    """A user message that says STOP gets ``ok``; anything else endless filler, a token a
+    millisecond (``benchmarks.steer``: a generation to steer)."""
+    last = view.last
+    if last is not None and last.role == "user" and "STOP" in last.text:
+        return Turn(text="ok")
+    return Turn(text="x", endless=True, delay_per_token_s=0.001)
+
+
 SCRIPTS = {
     "short": lambda view: Turn(reasoning="ok", text="done"),
     "agent": _agent,
+    "steer": _steer,
     "stream": lambda view: Turn(endless=True),
 }
 
