@@ -1,8 +1,8 @@
 """Request bodies sent with ``Content-Encoding``: decoded as they arrive, never past a bound.
 
-Codex, the SDKs behind a compressing proxy and curl ``--compressed`` uploads send ``gzip``,
-``deflate``, ``zstd`` or ``br`` bodies; before this module such a body was parsed as the JSON it is
-not (400 ``invalid_json``). What makes decoding a body dangerous is its ratio: 10 MB of gzip is
+Codex can send its request bodies in ``zstd``, and proxies in front of clients compress them with
+``gzip``, ``deflate`` or ``br``; before this module such a body was parsed as the JSON it is not
+(400 ``invalid_json``). What makes decoding a body dangerous is its ratio: 10 MB of gzip is
 10 GB of zeros, and a brotli or zstd stream of a few KB can be as much. So the bound is on the
 *decoded* bytes and every decompressor call is bounded in its output:
 
@@ -14,7 +14,8 @@ not (400 ``invalid_json``). What makes decoding a body dangerous is its ratio: 1
   overshoot its bound by one buffer block), and the rest of it is never inflated.
 * The decoders' own memory is bounded too: a zstd frame may ask for a window of up to 8 MiB — RFC
   9659's bound for the ``zstd`` content coding; zstd's own default would allow 128 MiB — and
-  brotli's is at most 16 MiB by its format; gzip and deflate take 32 KiB.
+  brotli's is at most 16 MiB by its format; gzip and deflate take 32 KiB. A body's worst case is
+  the limit plus a window per layer.
 * Stacked codings (``Content-Encoding: gzip, br``, RFC 9110 §8.4: listed in the order applied) are
   decoded in reverse order, each layer fed a step at a time by the one outside it, at most
   :data:`MAX_LAYERS` of them; ``identity`` is no coding. Concatenated gzip members and zstd frames
@@ -60,11 +61,12 @@ __all__ = [
 
 #: decoded bytes one decompressor call may produce (a brotli call may overshoot by a buffer block)
 STEP = 1024 * 1024
-#: most content codings one body may stack (beyond: 415); a client sends one
-MAX_LAYERS = 3
+#: most content codings one body may stack (beyond: 415): a client applies one, a proxy in front of
+#: it may add another; each layer costs a decoder window (up to 16 MiB for brotli)
+MAX_LAYERS = 2
 #: most gzip members or zstd frames one layer may hold (beyond: 400)
 MAX_MEMBERS = 64
-#: the largest zstd window a frame may ask for, as a power of two: 8 MiB (RFC 9659 §3)
+#: the largest zstd window a frame may ask for, as a power of two: 8 MiB (RFC 9659)
 ZSTD_WINDOW_LOG_MAX = 23
 
 
