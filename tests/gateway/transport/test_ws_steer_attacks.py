@@ -26,6 +26,7 @@ from inference.simulated_prompt import PromptView
 from inference.simulated_script import ToolCall, Turn
 from tests.conftest import LiveGateway
 from tests.gateway.access.test_security_access import issue, revoke, settings_for
+from tests.gateway.tools.test_mcp_turns import loopback_settings, mcp_tool, tools_server  # noqa: F401 (fixture)
 from tests.gateway.transport.test_ws_steer import (
     TERMINAL,
     WEATHER_TOOL,
@@ -38,6 +39,7 @@ from tests.gateway.transport.test_ws_steer import (
     text_of,
     until,
 )
+from tests.mcp_servers.tools_server import ToolsServer
 from tests.turn_helpers import TokenScriptEngine, full_render_fallbacks, render_tokens
 from tests.ws_helpers import create, send, ws_open
 
@@ -103,15 +105,19 @@ def test_a_revoked_key_starts_no_successor(make_gateway: Any, tmp_path: Path) ->
     "times the limit, and is never re-checked",
 )
 def test_a_successor_never_carries_more_input_items_than_a_create_may(make_gateway: Any) -> None:
-    live = make_gateway(Settings(max_input_items=3), engine=engine())
+    def script(view: PromptView) -> Turn:  # a token every 200 ms: the four frames land before the cut
+        said = view.last.text if view.last is not None else ""
+        return Turn(text="x", endless=True, delay_per_token_s=0.2) if said == "write forever" else Turn(text="ok")
+
+    live = make_gateway(Settings(max_input_items=3), engine=engine(script))
 
     def burst(tag: str) -> list[dict[str, Any]]:
         return [{"role": "user", "content": f"{tag} {i}"} for i in range(3)]  # at the limit: a valid frame
 
     with ws_open(live) as ws:
         send(ws, create(input="write forever", store=False, max_output_tokens=2000))
-        rid = until(ws, deltas(2))[0]["response"]["id"]
-        for tag in ("a", "b", "c", "STOP d"):
+        rid = until(ws, deltas(1))[0]["response"]["id"]
+        for tag in ("a", "b", "c", "d"):
             send(ws, steer_frame(rid, burst(tag)))
         until(ws, terminal_of(rid))
         more = until(ws, lambda e: e["type"] in (*TERMINAL, "error") or e["type"] == "response.steer.failed")
@@ -577,6 +583,76 @@ def test_a_steer_before_the_first_token_cuts_inside_the_header(make_gateway: Any
     steer = r.render_items([{"type": "message", "role": "user", "content": "STOP early"}])
     assert second == first[: len(first) - len(gen)] + steer + gen  # the history ends before the header
     assert full_render_fallbacks(live) == 0
+
+
+def test_a_steer_on_an_approval_request_waits_and_the_approval_claims_it(
+    make_gateway: Any,
+    tools_server: tuple[ToolsServer, str],
+) -> None:
+    """A hosted MCP call that needs approval: the steer is pending with an mcp_approval_response
+    stub; the client's approval create claims it (the steer before the approval, as OpenAI
+    prepends), the approved call runs once, and the turn appends to the parent's history."""
+    server, url = tools_server
+
+    def script(view: PromptView) -> Turn:
+        last = view.last
+        if last is not None and last.role == "tool":
+            return Turn(text=f"tool said {last.text}")
+        return Turn(tool_calls=(ToolCall("echo", {"text": "hi " * 40}, "tools"),), delay_per_token_s=0.01)
+
+    live = make_gateway(loopback_settings(), engine=engine(script))
+    tools = [mcp_tool(url, allowed_tools=["echo"], require_approval="always")]
+    with ws_open(live) as ws:
+        send(ws, create(input="please echo", store=False, tools=tools))
+        head = until(ws, lambda e: e["type"] == "response.output_item.added" and e["item"]["type"] != "mcp_list_tools")
+        rid = head[0]["response"]["id"]
+        send(ws, steer_frame(rid, "also shout"))  # the call has begun: the steer waits for the pass
+        rest = until(ws, lambda e: e["type"] == "response.steer.pending" or e["type"] == "response.created")
+        assert rest[-1]["type"] == "response.steer.pending"
+        (request,) = [
+            it
+            for e in rest
+            if e["type"] == "response.completed"
+            for it in e["response"]["output"]
+            if it["type"] == "mcp_approval_request"
+        ]
+        assert rest[-1]["required_input"] == [{"type": "mcp_approval_response", "approval_request_id": request["id"]}]
+        answer = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
+        send(ws, create(input=[answer], tools=tools, store=False, previous_response_id=rid))
+        after = until(ws, lambda e: e["type"] in TERMINAL)[-1]["response"]
+    assert after["status"] == "completed" and server.calls["echo"] == 1
+    first, second = live.engine.stats.prompts
+    assert second[: len(first)] == first and full_render_fallbacks(live) == 0
+    tail = [m.role for m in PromptView(second).messages()][-3:]
+    assert tail == ["assistant", "user", "tool"]  # the call, the steer, the call's output
+
+
+def test_a_steer_during_a_gateway_tool_call_bills_every_token_once(
+    make_gateway: Any,
+    tools_server: tuple[ToolsServer, str],
+) -> None:
+    server, url = tools_server
+
+    def script(view: PromptView) -> Turn:
+        last = view.last
+        if last is not None and "STOP" in last.text:
+            return Turn(text=f"ok:{last.text}")
+        if last is not None and last.role == "tool":
+            return Turn(text="x", endless=True, delay_per_token_s=0.01)
+        return Turn(reasoning="let me call it", tool_calls=(ToolCall("slow", {"seconds": 0.5}, "tools"),))
+
+    sink = MemorySink()
+    live = make_gateway(loopback_settings(), engine=engine(script), usage_sink=sink)
+    with ws_open(live) as ws:
+        send(ws, create(input="call the tool", store=False, tools=[mcp_tool(url, allowed_tools=["slow"])]))
+        rid = until(ws, lambda ev: ev["type"] == "response.mcp_call.in_progress")[0]["response"]["id"]
+        send(ws, steer_frame(rid))
+        until(ws, terminal_of(rid))
+        after = until(ws, lambda ev: ev["type"] in TERMINAL)[-1]["response"]
+    assert text_of(after) == "ok:STOP and sum up"
+    _wait(lambda: len(sink.records) == 2, "both billed")
+    assert sum(r.output_tokens for r in sink.records.values()) == live.engine.stats.generated_tokens
+    assert sink.records[rid].input_tokens == len(live.engine.stats.prompts[0])
 
 
 def _conn_steer_metric(live: LiveGateway, outcome: str) -> float:
