@@ -655,6 +655,44 @@ def test_a_steer_during_a_gateway_tool_call_bills_every_token_once(
     assert sink.records[rid].input_tokens == len(live.engine.stats.prompts[0])
 
 
+def test_a_steer_landing_during_the_store_write_lets_the_response_complete_then_succeeds_it(
+    make_gateway: Any,
+) -> None:
+    """The race at the end: the steer lands while a store=true response is being written (its
+    generation over, its terminal not yet out). OpenAI's 'or lets it complete': the response
+    completes, then the successor continues from it — an append, each token billed once."""
+    sink = MemorySink()
+    live = make_gateway(engine=engine(), usage_sink=sink)
+    finalizer = live.gw.pipeline.finalizer
+    real_write = finalizer.write
+    held = [0]
+
+    async def write(turn: Any, outcome: Any) -> Any:
+        if held[0] == 0:  # the first response's write waits for the steer to be queued
+            held[0] += 1
+            for _ in range(1000):
+                if any(c.steers.queued for c in live.gw.connections):
+                    break
+                await asyncio.sleep(0.005)
+        return await real_write(turn, outcome)
+
+    finalizer.write = write  # type: ignore[method-assign]
+    with ws_open(live) as ws:
+        send(ws, create(input="STOP now", store=True))
+        rid = until(ws, lambda e: e["type"] == "response.created")[0]["response"]["id"]
+        send(ws, steer_frame(rid, "STOP and more"))
+        frames = until(ws, terminal_of(rid))
+        after = until(ws, lambda e: e["type"] in TERMINAL)
+    assert frames[-1]["type"] == "response.completed" and text_of(frames[-1]["response"]) == "ok:STOP now"
+    assert [e["type"] for e in frames if e["type"].startswith("response.steer.")] == ["response.steer.accepted"]
+    assert after[0]["type"] == "response.created" and after[0]["response"]["previous_response_id"] == rid
+    assert text_of(after[-1]["response"]) == "ok:STOP and more"
+    first, second = live.engine.stats.prompts
+    assert second[: len(first)] == first and full_render_fallbacks(live) == 0
+    _wait(lambda: len(sink.records) == 2, "both billed")
+    assert sum(r.output_tokens for r in sink.records.values()) == live.engine.stats.generated_tokens
+
+
 def _conn_steer_metric(live: LiveGateway, outcome: str) -> float:
     return live.metric("respgate_ws_steers_total", {"outcome": outcome})
 
