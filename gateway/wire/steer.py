@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import enum
 import secrets
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from gateway.wire.items import InputFile, InputImage, InputText
+from gateway.wire.items import ToolOutput
 from gateway.wire.validation import json_type, to_api_error
 
 #: the only keys a ``response.steer`` frame may carry
@@ -45,22 +45,6 @@ class SteerCode(enum.StrEnum):
 WAITING_FOR_REQUIRED_INPUT = "waiting_for_required_input"
 
 
-def _part_tag(v: Any) -> str | None:
-    return v.get("type") if isinstance(v, dict) else None
-
-
-def _str_or_list(v: Any) -> str:
-    return "<text>" if isinstance(v, str) else "<parts>"
-
-
-_Part = Annotated[
-    Annotated[InputText, Tag("input_text")]
-    | Annotated[InputImage, Tag("input_image")]
-    | Annotated[InputFile, Tag("input_file")],
-    Discriminator(_part_tag),
-]
-
-
 class SteerMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -69,10 +53,8 @@ class SteerMessage(BaseModel):
     #: the SDK's message type declares these two (an id a client made, a replayed status): ignored
     id: str | None = None
     status: str | None = None
-    content: Annotated[
-        Annotated[str, Tag("<text>")] | Annotated[list[_Part], Tag("<parts>")],
-        Discriminator(_str_or_list),
-    ]
+    #: a string, or input_text / input_image / input_file parts: what a tool output may hold too
+    content: ToolOutput
 
 
 _MESSAGES: TypeAdapter[list[SteerMessage]] = TypeAdapter(list[SteerMessage])
