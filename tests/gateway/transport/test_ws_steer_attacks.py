@@ -679,7 +679,8 @@ def test_a_steer_landing_during_the_store_write_lets_the_response_complete_then_
     finalizer.write = write  # type: ignore[method-assign]
     with ws_open(live) as ws:
         send(ws, create(input="STOP now", store=True))
-        rid = until(ws, lambda e: e["type"] == "response.created")[0]["response"]["id"]
+        # the answer is whole (its done events precede the store write): the steer lands in the write
+        rid = until(ws, lambda e: e["type"] == "response.output_item.done")[0]["response"]["id"]
         send(ws, steer_frame(rid, "STOP and more"))
         frames = until(ws, terminal_of(rid))
         after = until(ws, lambda e: e["type"] in TERMINAL)
