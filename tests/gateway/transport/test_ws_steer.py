@@ -377,46 +377,32 @@ def test_too_many_pending_steers(make_gateway: Any) -> None:
     assert users[-2:] == ["one", "two"] and after[-1]["type"] == "response.incomplete"  # "two": no STOP
 
 
-def test_disabled_steering_hands_every_steer_back(make_gateway: Any) -> None:
-    live = make_gateway(Settings(ws_steering=False), engine=engine())
+class _Unsteerable(SimulatedEngine):
+    steerable = False
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [("disabled", "disabled"), ("engine", "backend"), ("conversation", "conversation")],
+)
+def test_what_cannot_be_steered_hands_every_steer_back(make_gateway: Any, case: str, says: str) -> None:
+    """``ws_steering: false``; an engine that does not declare it can stop and go on; a response
+    bound to a conversation (OpenAI's exclusion): the steer fails, the response runs on."""
+    settings = Settings(ws_steering=False) if case == "disabled" else Settings()
+    live = make_gateway(settings, engine=_Unsteerable(script=steerable) if case == "engine" else engine())
+    fields: dict[str, Any] = {"store": False}
+    if case == "conversation":
+        fields = {"conversation": live.openai().conversations.create().id}
     steer_input = [{"type": "message", "role": "user", "content": "STOP small"}]
     with ws_open(live) as ws:
-        send(ws, create(input="write forever", store=False, max_output_tokens=40))
+        send(ws, create(input="write forever", max_output_tokens=40, **fields))
         rid = until(ws, deltas(2))[0]["response"]["id"]
         send(ws, steer_frame(rid, steer_input))
         frames = until(ws, terminal_of(rid))
     (failed,) = [e for e in frames if e["type"].startswith("response.steer.")]
     _failed(failed, "steering_not_supported", rid, steer_input)
-    assert frames[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-
-
-class _Unsteerable(SimulatedEngine):
-    steerable = False
-
-
-def test_an_engine_that_cannot_stop_and_go_on_is_not_steered(make_gateway: Any) -> None:
-    live = make_gateway(engine=_Unsteerable(script=steerable))
-    with ws_open(live) as ws:
-        send(ws, create(input="write forever", store=False, max_output_tokens=40))
-        rid = until(ws, deltas(2))[0]["response"]["id"]
-        send(ws, steer_frame(rid))
-        frames = until(ws, terminal_of(rid))
-    (failed,) = [e for e in frames if e["type"].startswith("response.steer.")]
-    _failed(failed, "steering_not_supported", rid, "STOP and sum up")
-    assert "backend" in failed["error"]["message"]
-
-
-def test_a_conversation_bound_response_is_not_steered(make_gateway: Any) -> None:
-    live = make_gateway(engine=engine())
-    conv = live.openai().conversations.create()
-    with ws_open(live) as ws:
-        send(ws, create(input="write forever", conversation=conv.id, max_output_tokens=40))
-        rid = until(ws, deltas(2))[0]["response"]["id"]
-        send(ws, steer_frame(rid))
-        frames = until(ws, terminal_of(rid))
-    (failed,) = [e for e in frames if e["type"].startswith("response.steer.")]
-    _failed(failed, "steering_not_supported", rid, "STOP and sum up")
-    assert "conversation" in failed["error"]["message"]
+    assert says in failed["error"]["message"]
+    assert frames[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}  # not steered
 
 
 def test_a_successor_that_cannot_be_created_hands_the_steer_back(make_gateway: Any) -> None:
