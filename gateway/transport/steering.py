@@ -26,8 +26,10 @@ Bounds (an attacker's view: a steer is a frame that costs nothing to send and ho
 until its response ends): per response at most ``max_pending`` steers, and on the whole
 connection at most ``max_bytes`` of queued input (so a successor's create fits the frame limit it
 would have had, and sixteen lanes cannot hold sixteen times it); beyond either,
-``too_many_pending_steers``. Steers waiting for the client's create: one response's per lane (a
-lane's next waiting response replaces the last). Finished response ids are remembered (the last
+``too_many_pending_steers``; a response's steers add at most ``max_items`` input items (the
+successor's input is theirs, and a create may hold no more). Steers waiting for the client's
+create: one response's per lane — the lane's next create takes them, or, continuing something
+else, orphans them (handed back: they can never be applied). Finished response ids are remembered (the last
 :data:`REMEMBERED`) only to answer ``response_already_completed`` rather than ``not found``.
 """
 
@@ -123,9 +125,12 @@ def _row(status: Any, reason: Any, asks: bool) -> tuple[Plan, str]:
 
 
 class SteerBook:
-    def __init__(self, *, max_pending: int, max_bytes: int) -> None:
+    def __init__(self, *, max_pending: int, max_bytes: int, max_items: int) -> None:
         self.max_pending = max_pending
         self.max_bytes = max_bytes
+        #: input items one response's steers may add up to (a create's ``max_input_items``: the
+        #: successor's input is theirs)
+        self.max_items = max_items
         self._active: dict[str, _Target] = {}
         #: responses that asked the client something, with the steers waiting for its create
         self._waiting: dict[str, tuple[str, list[Steer]]] = {}
@@ -147,8 +152,10 @@ class SteerBook:
         waiting = self._waiting.get(response_id)
         return waiting[0] if waiting is not None else self._done.get(response_id)
 
-    def submit(self, target_id: str, steer_input: Any, items: list[dict[str, Any]], nbytes: int) -> Steer | Refused:
-        """Queue a valid steer on ``target_id`` and signal its turn, or say why not."""
+    def refusal(self, target_id: str, nbytes: int, n_items: int = 0) -> Refused | None:
+        """Why a steer of ``nbytes`` (and ``n_items`` input items) on ``target_id`` would be refused,
+        or None. Asked before its input is validated too — a frame for a response that takes no
+        steer costs a lookup, not a walk of its input — and again by :meth:`submit`."""
         target = self._active.get(target_id)
         if target is None:
             if target_id in self._waiting or target_id in self._done:
@@ -159,22 +166,35 @@ class SteerBook:
             return Refused(SteerCode.RESPONSE_NOT_FOUND, f"Response '{target_id}' is not active on this connection.")
         if target.refusal is not None:
             return target.refusal
-        if len(target.queue) >= self.max_pending or self.nbytes + nbytes > self.max_bytes:
+        queued_items = sum(len(q.items) for q in target.queue)
+        if (
+            len(target.queue) >= self.max_pending
+            or self.nbytes + nbytes > self.max_bytes
+            or queued_items + n_items > self.max_items
+        ):
             return Refused(
                 SteerCode.TOO_MANY,
                 f"Too much steering input is pending for response '{target_id}' (at most {self.max_pending} "
-                f"submissions, and {self.max_bytes} bytes on this connection).",
+                f"submissions and {self.max_items} input items, and {self.max_bytes} bytes on this connection).",
             )
+        return None
+
+    def submit(self, target_id: str, steer_input: Any, items: list[dict[str, Any]], nbytes: int) -> Steer | Refused:
+        """Queue a valid steer on ``target_id`` and signal its turn, or say why not."""
+        refused = self.refusal(target_id, nbytes, len(items))
+        if refused is not None:
+            return refused
+        target = self._active[target_id]
         steer = Steer(new_steer_id(), target_id, steer_input, items, nbytes)
         target.queue.append(steer)
         self.nbytes += nbytes
         target.signal.requested = True
         return steer
 
-    def close(self, response_id: str, response: dict[str, Any]) -> Settled:
+    def close(self, response_id: str, lane: str, response: dict[str, Any]) -> Settled:
         """The response ended (its terminal is out): what becomes of its steers (the table above)."""
         target = self._active.pop(response_id, None)
-        self._remember(response_id, target.lane if target is not None else "")
+        self._remember(response_id, lane)
         if target is None or not target.queue:
             return Settled(Plan.DROP, [])
         status = response.get("status")
@@ -182,26 +202,28 @@ class SteerBook:
         stubs = required_input(response.get("output") or [])
         plan, message = _row(status, reason, bool(stubs))
         if plan is Plan.PENDING:
-            # one waiting response per lane: a lane's later one replaces it (its steers were
-            # accepted for a response the client continued another way, or never)
-            for rid in [rid for rid, (lane, _) in self._waiting.items() if lane == target.lane]:
-                self._release(self._waiting.pop(rid)[1])
+            # at most one waiting response per lane: the lane's next create takes its steers or
+            # orphans them (:meth:`claim`) before another can end waiting
             self._waiting[response_id] = (target.lane, target.queue)
         else:
             self._release(target.queue)
         return Settled(plan, target.queue, stubs if plan is Plan.PENDING else [], message)
 
-    def claim(self, previous_response_id: str | None, lane: str) -> list[Steer]:
-        """The steers waiting on ``previous_response_id``, taken by the client's create that
-        continues it on the same lane (prepended to its input, in submission order)."""
-        if previous_response_id is None:
-            return []
-        waiting = self._waiting.get(previous_response_id)
-        if waiting is None or waiting[0] != lane:
-            return []
-        del self._waiting[previous_response_id]
-        self._release(waiting[1])
-        return waiting[1]
+    def claim(self, previous_response_id: str | None, lane: str) -> tuple[list[Steer], list[Steer]]:
+        """A create starts on ``lane``: the steers waiting on ``previous_response_id`` there, which
+        it takes (prepended to its input, in submission order), and the steers waiting on another
+        response of the lane, which it orphans — the lane went on without answering that response,
+        so they can never be applied: the adapter hands them back."""
+        taken: list[Steer] = []
+        orphaned: list[Steer] = []
+        for rid in [rid for rid, (waiting_lane, _) in self._waiting.items() if waiting_lane == lane]:
+            steers = self._waiting.pop(rid)[1]
+            self._release(steers)
+            if rid == previous_response_id:
+                taken = steers
+            else:
+                orphaned += steers
+        return taken, orphaned
 
     def _release(self, steers: list[Steer]) -> None:
         self.nbytes -= sum(s.nbytes for s in steers)

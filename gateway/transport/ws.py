@@ -74,7 +74,7 @@ from gateway.wire import steer as steer_wire
 from gateway.wire.dialects import EventDialect, asked_dialect, served_dialect, ws_error_frame
 from gateway.wire.errors import SHUTTING_DOWN, ApiError, bad_request, invalid_api_key, is_fault
 from gateway.wire.kinds import TERMINAL_EVENT, ResponseStatus
-from gateway.wire.steer import SteerCode, SteerRejected, steer_items
+from gateway.wire.steer import SteerCode, SteerRejected, steer_items, steer_target
 from gateway.wire.validation import InputRejected, check_counts, decode_json
 from inference.engine import can_steer
 
@@ -147,7 +147,11 @@ class WsConnection:
         #: ``response.steer`` events' own sequence (they belong to no response's stream)
         self._steer_seq = 0
         #: what was steered, and where it goes (gateway/transport/steering.py)
-        self.steers = SteerBook(max_pending=gw.settings.ws_max_pending_steers, max_bytes=gw.settings.max_request_bytes)
+        self.steers = SteerBook(
+            max_pending=gw.settings.ws_max_pending_steers,
+            max_bytes=gw.settings.max_request_bytes,
+            max_items=gw.settings.max_input_items,
+        )
         #: running turn tasks -> their lane
         self._turns: dict[asyncio.Task[None], str] = {}
         self._done = asyncio.Event()  # the machine reached CLOSED
@@ -232,6 +236,10 @@ class WsConnection:
         except InputRejected as err:
             self.gw.metrics.input_rejections.labels("ws", err.reason).inc()
             log_rejection(err.reason, err.status, self.ws.client, err.message, "ws")
+            if event.get("type") == "response.steer":  # a steer is answered by a failed steer, never an error
+                target = event.get("previous_response_id")
+                await self._steer_failed(None, target, event.get("input"), SteerCode.INVALID_INPUT, err.message)
+                return
             await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
@@ -258,7 +266,8 @@ class WsConnection:
         elif kind == "response.processed":
             return  # Codex acknowledges consumed responses; any reply would fail its next turn
         elif kind == "response.steer":
-            await self._on_steer(event, len(data))
+            # bytes, not characters: the steer budget is in bytes (encoded only when it can differ)
+            await self._on_steer(event, len(data) if data.isascii() else len(data.encode("utf-8", "surrogatepass")))
         elif kind == "response.inject":
             await self._send_error(
                 bad_request(
@@ -279,11 +288,19 @@ class WsConnection:
         it yourself with response.create"."""
         target = event.get("previous_response_id")
         try:
-            items = steer_items(event)
+            target_id = steer_target(event)  # the shape: cheap, on the loop
         except SteerRejected as err:
             await self._steer_failed(None, target, event.get("input"), SteerCode.INVALID_INPUT, err.message)
             return
-        verdict = self.steers.submit(event["previous_response_id"], event["input"], items, nbytes)
+        # a steer no response takes costs a lookup, not a walk of its input
+        verdict: Steer | Refused | None = self.steers.refusal(target_id, nbytes)
+        if verdict is None:
+            try:  # the contents: in the prepare pool when the frame is big, as a create's are
+                items = await self.gw.pipeline.offload.for_size(nbytes)(steer_items, event)
+            except SteerRejected as err:
+                await self._steer_failed(None, target, event["input"], SteerCode.INVALID_INPUT, err.message)
+                return
+            verdict = self.steers.submit(target_id, event["input"], items, nbytes)
         if isinstance(verdict, Refused):
             await self._steer_failed(None, target, event["input"], verdict.code, verdict.message)
             return
@@ -453,14 +470,24 @@ class WsConnection:
         """Prepare and stream one create — and the successors its steers make — ; True when the
         create's own response failed (its parent is then evicted)."""
         frame, nbytes = create.body, create.nbytes
-        steers = self.steers.claim(_prev(frame), lane)  # steers waiting for this continuation
+        # the steers waiting for this continuation, and those it leaves behind on its lane
+        steers, orphaned = self.steers.claim(_prev(frame), lane)
+        if orphaned:
+            why = "The lane went on without continuing the response: the steer input was not applied."
+            await self._fail_steers(orphaned, SteerCode.SUCCESSOR_FAILED, why)
         if steers:
-            frame = dict(frame, input=steered_input(steers, frame.get("input")))
-            nbytes += sum(s.nbytes for s in steers)
+            merged = steered_input(steers, frame.get("input"))
+            if len(merged) > self.settings.max_input_items:  # the create alone fits: it runs alone
+                why = f"The create and the steer input together exceed {self.settings.max_input_items} input items."
+                await self._fail_steers(steers, SteerCode.SUCCESSOR_FAILED, why)
+                steers = []
+            else:
+                frame = dict(frame, input=merged)
+                nbytes += sum(s.nbytes for s in steers)
         turn = await self._stream_turn(lane, frame, nbytes, steers)
         first_failed = turn is None or turn.response["status"] == ResponseStatus.FAILED
         while turn is not None:
-            settled = self.steers.close(turn.id, turn.response)
+            settled = self.steers.close(turn.id, lane, turn.response)
             if settled.plan is Plan.PENDING:
                 for s in settled.steers:
                     self.gw.metrics.ws_steers.labels("pending").inc()
@@ -477,7 +504,8 @@ class WsConnection:
             if not await self._admit_successor(steers):
                 break
             successor = successor_frame(create.body, steered.id, steers)
-            turn = await self._stream_turn(lane, successor, create.nbytes + sum(s.nbytes for s in steers), steers)
+            nbytes = create.nbytes + sum(s.nbytes for s in steers)
+            turn = await self._stream_turn(lane, successor, nbytes, steers, automatic=True)
             if turn is not None and turn.response["status"] == ResponseStatus.FAILED:
                 self.cache.discard_failed_parent(steered.id, lane)
         return first_failed
@@ -485,11 +513,16 @@ class WsConnection:
     async def _admit_successor(self, steers: list[Steer]) -> bool:
         """A successor is a request like any other: none starts on a connection that is closing
         (a shutdown, the age limit: its creates are dropped too) and the key's rate limit applies;
-        refused, the steers fail and are handed back."""
-        if self.expired or not self.gw.accepting:
+        a key revoked meanwhile ends the connection, as it does for a create; refused, the steers
+        fail and are handed back."""
+        if self.expired or not self.gw.accepting or self._age() >= self.settings.ws_max_age_s:
             await self._fail_steers(
                 steers, SteerCode.SUCCESSOR_FAILED, "The connection is closing: no successor response was created."
             )
+            return False
+        if not await self.gw.auth.still_valid(self.principal):  # as every create is checked
+            await self._fail_steers(steers, SteerCode.SUCCESSOR_FAILED, "The API key is no longer valid.")
+            await self._feed(Event(Ev.REVOKED))
             return False
         try:
             await self.gw.access.admit(self.principal, "ws")
@@ -502,10 +535,12 @@ class WsConnection:
         return True
 
     async def _stream_turn(
-        self, lane: str, frame: dict[str, Any], nbytes: int, steers: list[Steer]
+        self, lane: str, frame: dict[str, Any], nbytes: int, steers: list[Steer], *, automatic: bool = False
     ) -> PreparedTurn | None:
-        """Prepare and stream one response; None when it was refused at prepare (an error frame
-        was sent, and ``steers`` it was to commit failed)."""
+        """Prepare and stream one response; None when it was refused at prepare: ``steers`` it was
+        to commit fail, and the client's create gets its error frame — an ``automatic`` successor
+        none (a steer is answered by steer events only: an error frame reads as the failure of
+        whatever the client sent last)."""
         stream_id = lane or None
         prev = frame.get("previous_response_id")
         if self.gw.resumable is not None and isinstance(prev, str) and self.cache.lane_of(prev) is None:
@@ -529,7 +564,8 @@ class WsConnection:
             _, on_usage = await self.gw.access.reserve(self.principal, turn.prompt_len, "ws")
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
-            await self._send_error(err, stream_id)
+            if not automatic:
+                await self._send_error(err, stream_id)
             if steers:
                 await self._fail_steers(steers, SteerCode.SUCCESSOR_FAILED, f"The response was refused: {err.message}")
             return None
@@ -559,7 +595,7 @@ class WsConnection:
                     for payload in payloads:
                         await self._write(payload)
         except BaseException:
-            self.steers.close(turn.id, {"status": ResponseStatus.CANCELLED})  # the socket is gone
+            self.steers.close(turn.id, lane, {"status": ResponseStatus.CANCELLED})  # the socket is gone
             raise
         finally:
             # Closing the generator aborts the engine request when we stopped early (socket gone).

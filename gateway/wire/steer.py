@@ -69,10 +69,12 @@ class SteerRejected(Exception):
         self.param = param
 
 
-def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
-    """The steer's input as create input items (user messages, content as sent), or
-    :class:`SteerRejected` naming what is wrong: an unknown key, a missing or non-string target,
-    input that is not a string or a non-empty list of user messages."""
+def steer_target(frame: dict[str, Any]) -> str:
+    """The target of a steer frame whose shape holds, or :class:`SteerRejected` naming what is
+    wrong: an unknown key, a missing target, input that is not a string or a non-empty list of
+    user messages. One look at each item's ``type`` and ``role``, nothing deeper: the frame may
+    be big, and this runs on the event loop before the target is looked up
+    (``gateway.transport.ws``); its contents are :func:`steer_items`' (off the loop when big)."""
     extra = sorted(set(frame) - STEER_FIELDS)
     if extra:
         hint = " The target response decides the lane." if "stream_id" in extra else ""
@@ -100,6 +102,21 @@ def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
                     "(send tool outputs with response.create).",
                     f"input[{i}]",
                 )
+            if item.get("role") != "user":
+                role = item.get("role")
+                raise SteerRejected(
+                    f"Invalid 'input[{i}].role': response.steer input may contain only user messages, not {role!r}."
+                    if "role" in item
+                    else f"Missing required parameter: 'input[{i}].role'.",
+                    f"input[{i}].role",
+                )
+    return target
+
+
+def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """The input of a steer frame :func:`steer_target` passed, as create input items (user
+    messages, content as sent), or :class:`SteerRejected` naming the field that is wrong."""
+    items = frame["input"]
     if isinstance(items, str):
         return [{"type": "message", "role": "user", "content": items}]
     try:
@@ -143,7 +160,11 @@ def failed(
     seq: int, steer_id: str | None, target: Any, steer_input: Any, code: SteerCode, message: str
 ) -> dict[str, Any]:
     """The input is handed back (``steer.input``, as sent); ``steer.id`` only once one was assigned."""
-    steer: dict[str, Any] = {"previous_response_id": target, "input": steer_input}
+    # the SDK declares both (a string; a string or a list): a frame that lacked them gets ""
+    steer: dict[str, Any] = {
+        "previous_response_id": target if isinstance(target, str) else "",
+        "input": "" if steer_input is None else steer_input,
+    }
     if steer_id is not None:
         steer["id"] = steer_id
     return {

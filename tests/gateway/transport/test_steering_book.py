@@ -25,6 +25,7 @@ USER = [{"type": "message", "role": "user", "content": "go"}]
 def book(**kw: Any) -> SteerBook:
     kw.setdefault("max_pending", 4)
     kw.setdefault("max_bytes", 1000)
+    kw.setdefault("max_items", 100)
     return SteerBook(**kw)
 
 
@@ -64,7 +65,7 @@ def test_each_row_of_the_table(response: dict[str, Any], plan: Plan) -> None:
     signal = running(b)
     steers = [accept(b), accept(b)]
     assert signal.requested
-    settled = b.close("resp_1", response)
+    settled = b.close("resp_1", "", response)
     assert settled.plan is plan and settled.steers == steers
     if plan is Plan.PENDING:
         stub = (
@@ -73,9 +74,9 @@ def test_each_row_of_the_table(response: dict[str, Any], plan: Plan) -> None:
             else {"type": "mcp_approval_response", "approval_request_id": "mcpr_1"}
         )
         assert settled.required == [stub]
-        assert b.claim("resp_1", "") == steers and b.claim("resp_1", "") == []  # taken once
+        assert b.claim("resp_1", "") == (steers, []) and b.claim("resp_1", "") == ([], [])  # taken once
     else:
-        assert b.claim("resp_1", "") == []
+        assert b.claim("resp_1", "") == ([], [])
     if plan is Plan.FAIL:
         assert settled.message
 
@@ -83,7 +84,7 @@ def test_each_row_of_the_table(response: dict[str, Any], plan: Plan) -> None:
 def test_a_response_nobody_steered_settles_to_nothing_and_is_then_finished() -> None:
     b = book()
     running(b)
-    assert b.close("resp_1", {"status": "completed", "output": []}).plan is Plan.DROP
+    assert b.close("resp_1", "", {"status": "completed", "output": []}).plan is Plan.DROP
     late = b.submit("resp_1", "go", USER, 10)
     assert isinstance(late, Refused) and late.code is SteerCode.ALREADY_COMPLETED
     unknown = b.submit("resp_other", "go", USER, 10)
@@ -104,12 +105,19 @@ def test_bounds_count_and_bytes() -> None:
     by_bytes = b2.submit("resp_2", "go", USER, 41)  # the bytes are the connection's, across lanes
     assert isinstance(by_bytes, Refused) and by_bytes.code is SteerCode.TOO_MANY
     assert b2.queued == 1 and b2.nbytes == 60
-    b2.close("resp_1", {"status": "completed", "output": [CALL]})  # waiting: still held
+    b2.close("resp_1", "a", {"status": "completed", "output": [CALL]})  # waiting: still held
     assert b2.nbytes == 60 and isinstance(b2.submit("resp_2", "go", USER, 41), Refused)
-    assert len(b2.claim("resp_1", "a")) == 1 and b2.nbytes == 0  # taken by the client's create
+    assert len(b2.claim("resp_1", "a")[0]) == 1 and b2.nbytes == 0  # taken by the client's create
     accept(b2, "resp_2", nbytes=41)
-    b2.close("resp_2", {"status": "completed", "output": []})  # a successor takes them
+    b2.close("resp_2", "b", {"status": "completed", "output": []})  # a successor takes them
     assert b2.nbytes == 0
+    # items: a response's steers add at most max_items (the successor's input is theirs)
+    b3 = book(max_items=3)
+    running(b3)
+    assert isinstance(b3.submit("resp_1", "go", USER * 2, 1), Steer)
+    by_items = b3.submit("resp_1", "go", USER * 2, 1)
+    assert isinstance(by_items, Refused) and by_items.code is SteerCode.TOO_MANY
+    assert isinstance(b3.submit("resp_1", "go", USER, 1), Steer)
 
 
 def test_a_refused_target_says_why_and_is_never_signalled() -> None:
@@ -119,25 +127,23 @@ def test_a_refused_target_says_why_and_is_never_signalled() -> None:
     assert b.submit("resp_1", "go", USER, 1) == why and not signal.requested
 
 
-def test_claims_are_per_lane_and_one_waiting_response_per_lane() -> None:
+def test_claims_are_per_lane_and_a_lane_that_goes_on_orphans_its_waiting_steers() -> None:
     b = book()
     running(b, "resp_a", lane="a")
-    accept(b, "resp_a")
-    assert b.close("resp_a", {"status": "completed", "output": [CALL]}).plan is Plan.PENDING
-    assert b.claim("resp_a", "b") == []  # another lane's create does not take them
-    assert b.lane_of("resp_a") == "a"
-    running(b, "resp_a2", lane="a")
-    accept(b, "resp_a2")
-    b.close("resp_a2", {"status": "completed", "output": [CALL]})
-    assert b.claim("resp_a", "a") == []  # replaced by the lane's later waiting response
-    assert len(b.claim("resp_a2", "a")) == 1 and b.queued == 0
+    (steer,) = [accept(b, "resp_a", nbytes=7)]
+    assert b.close("resp_a", "a", {"status": "completed", "output": [CALL]}).plan is Plan.PENDING
+    assert b.claim("resp_a", "b") == ([], [])  # another lane's create does not touch them
+    assert b.lane_of("resp_a") == "a" and b.nbytes == 7
+    # lane a goes on with a create that continues something else: the steer can never apply
+    assert b.claim("resp_other", "a") == ([], [steer])
+    assert b.nbytes == 0 and b.queued == 0 and b.claim("resp_a", "a") == ([], [])
 
 
 def test_finished_ids_are_remembered_within_a_bound() -> None:
     b = book()
     for i in range(REMEMBERED + 5):
         running(b, f"resp_{i}")
-        b.close(f"resp_{i}", {"status": "completed", "output": []})
+        b.close(f"resp_{i}", "", {"status": "completed", "output": []})
     assert b.lane_of("resp_0") is None and b.lane_of(f"resp_{REMEMBERED + 4}") == ""
     gone = b.submit("resp_0", "go", USER, 1)
     assert isinstance(gone, Refused) and gone.code is SteerCode.RESPONSE_NOT_FOUND
