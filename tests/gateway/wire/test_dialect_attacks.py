@@ -8,18 +8,20 @@ renamed fallback).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from typing import Any
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.base.settings import Settings
 from gateway.wire.dialects import EventDialect
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import Turn
-from tests.conftest import MODEL, LiveGateway
+from tests.conftest import MODEL, LiveGateway, stop_gateway
 from tests.gateway.wire.test_dialects import DONE, OR, OR_HEADER, check, parse_stream, types, ws_connect, ws_turn
 
 pytestmark = pytest.mark.timeout(120)
@@ -215,3 +217,36 @@ def test_a_background_stream_follows_the_models_dialect_on_create_and_on_replay(
     replay = httpx.get(f"{live.base_url}/responses/{rid}?stream=true&starting_after=1", timeout=30).content
     replayed = parse_stream(replay, EventDialect.OPENRESPONSES)
     assert types(replayed) == types(created)[2:]
+
+
+def test_a_stream_cut_by_the_shutdown_deadline_ends_the_openresponses_way(make_gateway):
+    """The shutdown's deadline cuts an endless turn: the stream's closing events (an error, then the
+    terminal of the response as billed: ``closing_events`` / ``late_terminal``) are translated like
+    the rest, every event validates strictly, and ``[DONE]`` comes last, once. On a WebSocket in the
+    same dialect the farewell error frame validates too."""
+    engine = SimulatedEngine(script=lambda *_: Turn(text="x", endless=True, delay_per_token_s=0.005))
+    live = make_gateway(Settings(shutdown_grace_s=0.5), engine=engine)
+    body = {"model": MODEL, "input": "talk forever", "max_output_tokens": 100_000, "stream": True}
+    with (
+        ws_connect(live, OR_HEADER) as ws,
+        httpx.stream("POST", live.base_url + "/responses", json=body, headers=OR_HEADER, timeout=30) as r,
+    ):
+        chunks = r.iter_raw()
+        first = next(chunks)
+        assert b"response.created" in first
+        ws.send(json.dumps({"type": "response.create", **{k: v for k, v in body.items() if k != "stream"}}))
+        assert json.loads(ws.recv(timeout=20))["type"] == "response.created"
+        stopper = threading.Thread(target=stop_gateway, args=(live,))
+        stopper.start()
+        raw = first + b"".join(chunks)
+        frames = []
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                frames.append(json.loads(ws.recv(timeout=20)))
+    stopper.join(30)
+    events = parse_stream(raw, EventDialect.OPENRESPONSES)
+    check(events, EventDialect.OPENRESPONSES, ws=False)
+    assert types(events)[-2:] == ["error", "response.failed"], types(events)[-3:]
+    assert events[-2]["error"]["code"] == "server_shutting_down" and events[-2]["error"]["type"] == "server_error"
+    assert frames and frames[-1]["type"] == "error", frames[-1:]
+    check(frames, EventDialect.OPENRESPONSES, ws=True)
