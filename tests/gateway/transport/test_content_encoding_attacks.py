@@ -315,3 +315,16 @@ def test_a_raw_deflate_stream_whose_first_bytes_look_like_a_zlib_header_is_not_m
         for _ in d.feed(raw):
             pass
         assert d.body() == plain, level
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DEFECT (Starlette's GZipMiddleware, gateway/app.py): it compresses when 'gzip' occurs anywhere "
+    "in Accept-Encoding, so `gzip;q=0` (RFC 9110 §12.5.3: not acceptable) still gets gzip",
+)
+@pytest.mark.parametrize("accept", ["gzip;q=0", "identity, gzip;q=0"])
+def test_gzip_refused_with_q_0_is_not_sent(make_gateway: Callable[..., LiveGateway], accept: str):
+    live = make_gateway()
+    body = {"model": MODEL, "input": "hi", "instructions": "Be brief. " * 100}
+    r = httpx.post(live.base_url + "/responses", json=body, headers={"accept-encoding": accept}, timeout=30)
+    assert r.status_code == 200 and "content-encoding" not in r.headers, r.headers

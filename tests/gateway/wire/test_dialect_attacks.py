@@ -250,3 +250,30 @@ def test_a_stream_cut_by_the_shutdown_deadline_ends_the_openresponses_way(make_g
     assert events[-2]["error"]["code"] == "server_shutting_down" and events[-2]["error"]["type"] == "server_error"
     assert frames and frames[-1]["type"] == "error", frames[-1:]
     check(frames, EventDialect.OPENRESPONSES, ws=True)
+
+
+def test_a_background_stream_cancelled_while_read_ends_the_openresponses_way(make_gateway):
+    """A reader follows a background response in OpenResponses' dialect from the middle
+    (``starting_after``); the response is cancelled meanwhile: the reader's stream ends with the
+    terminal of the cancelled response, every event valid, then ``[DONE]`` once."""
+    engine = SimulatedEngine(script=lambda *_: Turn(text="x", endless=True, delay_per_token_s=0.005))
+    live = make_gateway(engine=engine)
+    body = {"model": MODEL, "input": "talk forever", "max_output_tokens": 100_000, "background": True, "stream": True}
+    with httpx.stream("POST", live.base_url + "/responses", json=body, headers=OR_HEADER, timeout=30) as r:
+        lines = r.iter_lines()
+        data = next(
+            line for line in lines if line.startswith("data: ")
+        )  # its first event; leaving stops the reading only
+    rid = json.loads(data.removeprefix("data: "))["response"]["id"]
+    url = f"{live.base_url}/responses/{rid}?stream=true&starting_after=3"
+    with httpx.stream("GET", url, headers=OR_HEADER, timeout=30) as r:
+        chunks = r.iter_raw()
+        first = next(chunks)
+        cancel = httpx.post(f"{live.base_url}/responses/{rid}/cancel", timeout=30)
+        assert cancel.status_code == 200, cancel.text
+        raw = first + b"".join(chunks)
+    events = parse_stream(raw, EventDialect.OPENRESPONSES)
+    check(events, EventDialect.OPENRESPONSES, ws=False)
+    # neither SDK nor document has a cancelled event: the terminal is ``response.failed``, status cancelled
+    assert events[0]["sequence_number"] == 4 and events[-1]["type"] == "response.failed", types(events)[-3:]
+    assert events[-1]["response"]["status"] == "cancelled", events[-1]["response"]["status"]
