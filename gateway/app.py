@@ -14,7 +14,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.gzip import GZipMiddleware
 
 from billing.journal import Journal
 from billing.usage import MemorySink, UsageQueue, UsageSink
@@ -27,6 +26,7 @@ from gateway.base.metrics import BackgroundCollector, ComponentCollector, FlagCo
 from gateway.base.settings import Settings
 from gateway.base.tracing import Tracing
 from gateway.engines import build_registry
+from gateway.transport.gzip_answers import GzipAnswers
 from gateway.transport.services import GatewayState
 from gateway.turn.pipeline import Pipeline
 from gateway.wire.errors import ApiError
@@ -145,9 +145,9 @@ def create_app(
     app = FastAPI(title="respgate", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
     app.add_middleware(RequestIdMiddleware)
-    if settings.gzip_responses:  # JSON answers: Starlette excludes text/event-stream and leaves WebSockets alone
+    if settings.gzip_responses:  # JSON answers (gateway/transport/gzip_answers.py): never SSE or WebSockets
         # level 6 (zlib's default), not Starlette's 9: within ~1% of its size on JSON, at a fraction of the CPU
-        app.add_middleware(GZipMiddleware, minimum_size=500, compresslevel=6)
+        app.add_middleware(GzipAnswers, minimum_size=500, compresslevel=6)
 
     from gateway.transport.conversations_routes import router as conversations_router
     from gateway.transport.http_routes import router as http_router

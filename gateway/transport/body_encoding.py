@@ -1,4 +1,4 @@
-"""Request bodies sent with ``Content-Encoding``: decoded as they arrive, never past a bound.
+"""Request bodies sent with ``Content-Encoding``: decoded a bounded step at a time, never past a bound.
 
 Codex can send its request bodies in ``zstd``, and proxies in front of clients compress them with
 ``gzip``, ``deflate`` or ``br``; before this module such a body was parsed as the JSON it is not
@@ -6,8 +6,9 @@ Codex can send its request bodies in ``zstd``, and proxies in front of clients c
 10 GB of zeros, and a brotli or zstd stream of a few KB can be as much. So the bound is on the
 *decoded* bytes and every decompressor call is bounded in its output:
 
-* :class:`BodyDecoder` takes the body chunk by chunk as the transport reads it (its pace and its
-  bytes on the wire stay bounded there, ``gateway/transport/http_routes.py``) and inflates each in
+* :class:`BodyDecoder` takes the body chunk by chunk once the transport read it whole — its pace
+  and its bytes on the wire are bounded there (``gateway/transport/http_routes.py``), and a body
+  that stalls then holds what it sent, not what that inflates to — and inflates each in
   calls of at most :data:`STEP` bytes of output (zlib's ``max_length``, zstd's ``max_length``,
   brotli's ``output_buffer_limit``). It keeps what it decoded and raises :class:`DecodedTooLarge`
   as soon as that passes the limit: a bomb costs the limit plus a step or two (a brotli call may
@@ -18,7 +19,10 @@ Codex can send its request bodies in ``zstd``, and proxies in front of clients c
   the limit plus a window per layer.
 * Stacked codings (``Content-Encoding: gzip, br``, RFC 9110 §8.4: listed in the order applied) are
   decoded in reverse order, each layer fed a step at a time by the one outside it, at most
-  :data:`MAX_LAYERS` of them; ``identity`` is no coding. Concatenated gzip members and zstd frames
+  :data:`MAX_LAYERS` of them; ``identity`` is no coding. An outer layer's output is bounded too
+  (the limit and a little): an inner layer that swallows input without output — a gzip name that
+  never ends, empty stored blocks, zstd skippable frames — cannot make it inflate unseen, and the
+  caller pauses after every call of every layer. Concatenated gzip members and zstd frames
   are one body (as ``gzip -d`` and ``zstd -d`` read them), at most :data:`MAX_MEMBERS` per layer:
   an empty member is ~20 bytes of input that cost a fresh decompressor each.
 
@@ -103,7 +107,8 @@ def parse_codings(values: Sequence[str]) -> tuple[Coding, ...]:
             try:
                 coding = Coding(name)
             except ValueError:
-                raise unsupported(f"Unsupported Content-Encoding '{name}': supported are {ACCEPTED}.") from None
+                # the client's name, cut: a header may be 64 KiB, and the message is logged too
+                raise unsupported(f"Unsupported Content-Encoding {name[:64]!r}: supported are {ACCEPTED}.") from None
         codings.append(coding)
     if len(codings) > MAX_LAYERS:
         listed = ", ".join(c.value for c in codings)
@@ -310,6 +315,13 @@ class BodyDecoder:
         self._limit = limit
         self._parts: list[bytes] = []
         self._size = 0
+        #: what each outer layer produced so far: an inner layer that eats its input without output
+        #: (a gzip name that never ends, empty stored blocks, zstd skippable frames) would otherwise
+        #: let the outer one inflate without bound, its output counted nowhere
+        self._made = [0] * len(self._layers)
+        #: an outer layer's bound: the inner coding of ``limit`` decoded bytes is at most a little
+        #: larger than them (incompressible data: deflate, zstd and brotli add a few bytes a block)
+        self._outer_limit = limit + limit // 64 + STEP
 
     @classmethod
     def for_headers(cls, values: Sequence[str], limit: int) -> BodyDecoder:
@@ -354,12 +366,19 @@ class BodyDecoder:
                 yield
             return
         layer = self._layers[index]
+        inner = index + 1 < len(self._layers)
         while True:
             try:
                 out = layer.decompress(data, STEP)
             except _ERRORS as err:
                 raise undecodable(layer.coding, f"{err}.") from None
             data = b""
+            if inner:
+                self._made[index] += len(out)
+                if self._made[index] > self._outer_limit:
+                    self._parts.clear()
+                    raise DecodedTooLarge(self._made[index])
+            yield  # after every call of every layer, output or not: the caller's pause
             if out:
                 yield from self._pump(index + 1, out)
             if layer.drained:

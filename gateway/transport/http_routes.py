@@ -76,7 +76,8 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     for nesting and counts — in the prepare pool when it is big (``gateway.turn.offload``) — and
     the bytes it was parsed from, which bound the prepare work without a walk
     (``TurnContext.body_bytes``, as a WebSocket frame's length does). A ``Content-Encoding`` is
-    decoded as the body arrives, bounded in decoded bytes too (``gateway.transport.body_encoding``).
+    decoded once the body is whole, a bounded step at a time, bounded in decoded bytes too
+    (``gateway.transport.body_encoding``).
     Each refusal is counted and logged (rate-limited); a 413, 415, 408 or undecodable body's 400
     closes the connection, whose unread rest of the body is not worth reading."""
     s = gw.settings
@@ -84,11 +85,12 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(request, gw, limit)
-    try:  # Content-Encoding: decoded as it arrives, the limit on the decoded bytes too (415 for a coding it cannot)
+    try:  # Content-Encoding: the limit on the decoded bytes too (415 for a coding it cannot)
         body = BodyDecoder.for_headers(request.headers.getlist("content-encoding"), limit)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
     size = 0
+    wire: list[bytes] = []
     stream = request.stream()
     while True:
         try:
@@ -124,15 +126,17 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         size += len(chunk)
         if size > limit:
             raise _too_large(request, gw, limit)
-        try:
+        wire.append(chunk)
+    # decoded once the body is whole: a body that stalls holds the bytes it sent, not what they
+    # inflate to (49 bytes of brotli can be 32 MiB), however many such bodies wait at once
+    try:
+        for chunk in wire:
             for _ in body.feed(chunk):
                 await asyncio.sleep(0)  # a chunk may inflate to the whole limit: others run between its steps
-        except DecodedTooLarge:
-            raise _too_large(request, gw, limit) from None
-        except InputRejected as err:
-            raise _refused(request, gw, err) from None
-    try:
+        del wire
         raw = body.body()
+    except DecodedTooLarge:
+        raise _too_large(request, gw, limit) from None
     except InputRejected as err:
         raise _refused(request, gw, err) from None
     cpu = gw.pipeline.offload.for_size(len(raw))

@@ -240,7 +240,8 @@ class WsConnection:
                 target = event.get("previous_response_id")
                 await self._steer_failed(None, target, event.get("input"), SteerCode.INVALID_INPUT, err.message)
                 return
-            await self._send_error(err, event.get("stream_id") if isinstance(event.get("stream_id"), str) else None)
+            stream_id = event.get("stream_id") if isinstance(event.get("stream_id"), str) else None
+            await self._send_error(err, stream_id, event.get("model"))
             return
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             await self._send_error(
@@ -350,7 +351,9 @@ class WsConnection:
             assert a.refusal is not None
             if a.refusal is Refusal.QUEUE_FULL:
                 self.gw.access.rejected("ws", "queue")
-            await self._send_error(self._refusal(a.refusal), None if a.refusal is Refusal.BAD_LANE else stream_id)
+            model = a.frame.body.get("model") if isinstance(a.frame, Create) else None
+            lane = None if a.refusal is Refusal.BAD_LANE else stream_id
+            await self._send_error(self._refusal(a.refusal), lane, model)
         elif a.kind is Act.ERROR:
             await self._send_error(a.error, stream_id)
         elif a.kind is Act.EVICT:
@@ -565,7 +568,7 @@ class WsConnection:
         except ApiError as err:
             self.gw.metrics.errors.labels("ws", err.code or str(err.status)).inc()
             if not automatic:
-                await self._send_error(err, stream_id)
+                await self._send_error(err, stream_id, frame.get("model"))
             if steers:
                 await self._fail_steers(steers, SteerCode.SUCCESSOR_FAILED, f"The response was refused: {err.message}")
             return None
@@ -716,9 +719,12 @@ class WsConnection:
         frames = self._frames
         return frames is not None and not self._queued_sends and frames.try_send(payload)
 
-    async def _send_error(self, err: ApiError, stream_id: str | None = None) -> None:
+    async def _send_error(self, err: ApiError, stream_id: str | None = None, model: Any = None) -> None:
+        """An ``error`` frame in the dialect served: the connection's ask, else the operator's for
+        ``model`` (a refused create's), else the operator's default."""
+        dialect = served_dialect(self.settings, self.dialect, model if isinstance(model, str) else None)
         try:
-            await self._send(ws_error_frame(err, stream_id, served_dialect(self.settings, self.dialect, None)))
+            await self._send(ws_error_frame(err, stream_id, dialect))
         except ConnectionGone:
             pass
 

@@ -146,11 +146,21 @@ def ws_error_frame(err: ApiError, stream_id: str | None, dialect: EventDialect) 
     return frame if dialect is EventDialect.OPENAI else _error(frame)
 
 
+def _joined(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's lines as the one line they mean (RFC 9110 §5.3: a repeated field is its values
+    joined by commas), so two contradicting lines are refused as one line holding both is."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is None:
+        return headers.get(name)
+    values = getlist(name)
+    return ", ".join(values) if values else None
+
+
 def asked_dialect(headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> EventDialect | None:
     """The dialect a request (or a WebSocket upgrade, with its ``query``) asks for; None: it asks for
     none (the operator's setting decides). Raises a 400 ``ApiError`` naming a header (or the query
     parameter) whose value is not one the gateway serves."""
-    version = headers.get(OPENRESPONSES_VERSION_HEADER)
+    version = _joined(headers, OPENRESPONSES_VERSION_HEADER)
     if version is not None and version.strip().lower() not in OPENRESPONSES_VERSIONS:
         raise bad_request(
             f"Unsupported OpenResponses-Version header: {version[:64]!r}. This server implements "
@@ -158,7 +168,7 @@ def asked_dialect(headers: Mapping[str, str], query: Mapping[str, str] | None = 
             code="invalid_value",
             param="OpenResponses-Version",
         )
-    explicit = headers.get(DIALECT_HEADER)
+    explicit = _joined(headers, DIALECT_HEADER)
     where = "Respgate-Event-Dialect header"
     if explicit is None and query is not None:
         explicit, where = query.get(DIALECT_QUERY), f"'{DIALECT_QUERY}' query parameter"

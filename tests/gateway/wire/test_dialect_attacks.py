@@ -1,7 +1,8 @@
 """Event dialects attacked from the outside (issue 31 item 2, second review).
 
-Defects are strict xfails named for what they break, asserting the right behaviour; the attacks that
-held are plain tests worth keeping. Every OpenResponses event is validated *strictly* against the
+The tests named for a defect each caught one in the first version (a WebSocket error frame that
+ignored the model's dialect; repeated header lines read as their first) and now assert the fix;
+the rest are attacks that held. Every OpenResponses event is validated *strictly* against the
 shipped document (``tests/schema_check.py``: the event's own ``type`` must be the document's, no
 renamed fallback).
 """
@@ -40,13 +41,6 @@ def _strict_ws(frames: list[dict[str, Any]]) -> list[str]:
     return [p for f in frames for p in OR.event_errors(f, ws=True, strict=True)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: ws.py WsConnection error path calls served_dialect(settings, self.dialect, None): "
-    "the model is never passed, so model_event_dialects is ignored for error frames — one connection "
-    "gets OpenResponses' turn events but OpenAI's error frames (error.code null, which "
-    "WebSocketErrorEvent forbids)",
-)
 def test_a_websocket_error_frame_follows_the_models_dialect(make_gateway):
     """The operator set OpenResponses' dialect for the model; the client asked for nothing. Its turns
     come in OpenResponses' dialect, and so must the error frames of its creates for that model."""
@@ -60,12 +54,6 @@ def test_a_websocket_error_frame_follows_the_models_dialect(make_gateway):
     assert not _strict_ws(refused), refused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: dialects.py asked_dialect reads headers.get(): with two header lines the first wins "
-    "silently (a second, contradicting or invalid value is never looked at), while the same field "
-    "merged into one line (RFC 9110 §5.3: the same message) is a 400",
-)
 @pytest.mark.parametrize(
     "lines",
     [
