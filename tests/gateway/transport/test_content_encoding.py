@@ -392,3 +392,29 @@ def test_gzip_responses_off_sends_json_as_it_is(make_gateway: Callable[..., Live
     body: dict[str, Any] = {"model": MODEL, "input": "hi", "instructions": "Be brief. " * 100}
     r = httpx.post(live.base_url + "/responses", json=body, headers={"accept-encoding": "gzip"}, timeout=30)
     assert r.status_code == 200 and "content-encoding" not in r.headers, r.headers
+
+
+@pytest.mark.parametrize(
+    ("header", "accepted"),
+    [
+        ("gzip", True),
+        ("br, gzip;q=0.5", True),
+        ("GZIP", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("", False),
+        ("identity", False),
+        ("br", False),
+        ("gzip;q=0", False),
+        ("gzip; q=0.000", False),
+        ("*, gzip;q=0", False),  # a weight of its own wins over the wildcard
+        ("*;q=0", False),
+        ("gzip;q=nonsense", False),
+    ],
+)
+def test_gzip_is_sent_only_where_accept_encoding_accepts_it(header: str, accepted: bool):
+    """RFC 9110 §12.5.3's weights, which Starlette's GZipMiddleware does not read (it looks for
+    'gzip' anywhere in the header): ``gateway.transport.gzip_answers.gzip_accepted``."""
+    from gateway.transport.gzip_answers import gzip_accepted
+
+    assert gzip_accepted(header) is accepted
