@@ -35,6 +35,7 @@ from gateway.wire.dialects import (
 )
 from gateway.wire.errors import ApiError, bad_request, server_error, shutting_down, store_unavailable
 from tests.conftest import MODEL, LiveGateway
+from tests.gateway.wire.test_schemas import ws_turn as schema_ws_turn
 from tests.http_helpers import parse_sse
 from tests.schema_check import OpenResponses, sdk_check_event
 
@@ -90,13 +91,8 @@ def ws_connect(live: LiveGateway, headers: dict[str, str] | None = None, query: 
 
 
 def ws_turn(ws: ClientConnection, body: dict[str, Any]) -> list[dict[str, Any]]:
-    ws.send(json.dumps({"type": "response.create", "model": MODEL, **body}))
-    events = []
-    while True:
-        ev = json.loads(ws.recv(timeout=20))
-        events.append(ev)
-        if ev["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
-            return events
+    """One create on ``ws`` (the schema tests' driver), the model defaulted; its events."""
+    return schema_ws_turn(ws, {"model": MODEL, **body})
 
 
 def types(events: list[dict[str, Any]]) -> list[str]:
