@@ -330,6 +330,13 @@ class Metrics:
             "WebSocket connections closed 1008 because the client stopped reading (ws_send_deadline_s)",
             registry=r,
         )
+        self.hosted_tools_stripped = Counter(
+            "respgate_hosted_tools_stripped",
+            "Hosted tools a request sent that the gateway does not run, left out (hosted_tools=strip): "
+            "the model was not shown them (Codex sends web_search in every frame)",
+            ["type"],
+            registry=r,
+        )
         self.ws_steers = Counter(
             "respgate_ws_steers",
             "response.steer submissions by outcome: accepted, committed (a successor's or the "

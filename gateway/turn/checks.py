@@ -107,11 +107,14 @@ class CheckedTools:
     """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
     the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
 
-    __slots__ = ("models", "tools", "names", "mcp")
+    __slots__ = ("models", "tools", "names", "mcp", "stripped")
 
-    def __init__(self, models: list[Any], tools: tuple[dict[str, Any], ...]) -> None:
+    def __init__(self, models: list[Any], tools: tuple[dict[str, Any], ...], stripped: tuple[str, ...] = ()) -> None:
         self.models = models
         self.tools = tools
+        #: the hosted tool types the gateway does not run, left out (``hosted_tools="strip"``): each
+        #: request that sends them counts them (``respgate_hosted_tools_stripped_total``)
+        self.stripped = stripped
         self.names = tool_names(tools)
         #: the ``mcp`` tools with their index (``gateway.tools.hosted``: the gateway runs them)
         self.mcp: tuple[tuple[int, McpTool], ...] = tuple(
@@ -169,7 +172,7 @@ class ToolChecks:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
         if not req.tools:
             return NO_TOOLS
-        checked = CheckedTools(req.tools, _tools(req, self.hosted))
+        checked = CheckedTools(req.tools, *_tools(req, self.hosted))
         if key is not None and not checked.mcp:  # MCP credentials are kept for the turn only
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
@@ -293,8 +296,10 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
     }
 
 
-def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any], ...]:
+def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...]]:
+    """The tools the turn uses, and the hosted tool types it left out."""
     out: list[dict[str, Any]] = []
+    stripped: list[str] = []
     for i, tool in enumerate(req.tools or []):
         if isinstance(tool, HostedTool):
             if hosted == "reject":
@@ -304,6 +309,7 @@ def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any]
                     code="unsupported_value",
                     param=f"tools[{i}].type",
                 )
+            stripped.append(tool.type)  # one of HOSTED_TOOL_TYPES: a bounded label
             continue
         d = canonical_tool(tool)
         if d.get("async"):
@@ -314,7 +320,7 @@ def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[dict[str, Any]
                 param=f"tools[{i}].async",
             )
         out.append(d)
-    return tuple(out)
+    return tuple(out), tuple(stripped)
 
 
 def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str], str]) -> None:

@@ -264,6 +264,8 @@ class Resolver:
         check_supported(req, transport)
         route = route_of(req, self.registry)
         checked = known_tools if known_tools is not None else self.tool_checks.check(req, tenant, key)
+        for kind in checked.stripped:  # what the model was not shown, per request (Codex: every frame)
+            self.metrics.hosted_tools_stripped.labels(kind).inc()
         check_tool_choice(req, checked.names)
         return req, raw_items, route, checked, known
 

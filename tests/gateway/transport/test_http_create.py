@@ -450,6 +450,13 @@ def test_hosted_tool_is_stripped_by_default(make_gateway):
     assert [t["type"] for t in body["tools"]] == ["function"]
     dev = [m for m in prompt_messages(live) if m.role == "developer"]
     assert dev and "get_weather" in dev[0].text and "web_search" not in dev[0].text
+    # counted, per request (the second sends the same list: a cache hit of the checked tools)
+    stripped = {"type": "web_search"}
+    assert live.metric("respgate_hosted_tools_stripped_total", stripped) == 1
+    create(live, input="again", tools=[{"type": "web_search"}, WEATHER_TOOL])
+    create(live, input="preview", tools=[{"type": "web_search_preview"}])
+    assert live.metric("respgate_hosted_tools_stripped_total", stripped) == 2
+    assert live.metric("respgate_hosted_tools_stripped_total", {"type": "web_search_preview"}) == 1
 
 
 def test_hosted_tool_rejected_when_configured(make_gateway):
