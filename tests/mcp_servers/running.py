@@ -24,19 +24,21 @@ from typing import Any
 import uvicorn
 
 
-def loopback_socket() -> socket.socket:
-    """A TCP socket bound to 127.0.0.1 on a port the kernel picked (read it with getsockname)."""
+def loopback_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to ``host`` (a loopback address: any of 127.0.0.0/8 on Linux) on a port the
+    kernel picked (read it with getsockname)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     return sock
 
 
 @contextmanager
-def running_app(app: Any, *, ready_timeout: float = 30.0) -> Iterator[str]:
+def running_app(app: Any, *, ready_timeout: float = 30.0, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve ``app`` with uvicorn (lifespan on) while the block runs; yields its base URL
-    ``http://127.0.0.1:PORT`` (no trailing slash)."""
-    sock = loopback_socket()
+    ``http://HOST:PORT`` (no trailing slash). ``host``: another loopback address (127.0.0.2) serves
+    as a second machine for outbound-policy tests."""
+    sock = loopback_socket(host)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
@@ -57,7 +59,7 @@ def running_app(app: Any, *, ready_timeout: float = 30.0) -> Iterator[str]:
             raise RuntimeError(f"test server did not start: {failed[:1]}")
         time.sleep(0.005)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
