@@ -1,0 +1,1 @@
+"""Loopback stand-ins for web search services (issue 32): no test reaches the internet."""
