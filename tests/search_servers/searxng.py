@@ -13,7 +13,9 @@ is answered while its own client code builds the rest of the path as against the
   shape), ``deep`` (JSON nested 100 000 deep), ``ratelimited`` (429, ``Retry-After: 7``),
   ``error`` (500), ``redirect`` (302 to another origin), ``gzip`` (a gzip'd body nobody asked
   for), ``forbidden`` (403 echoing the query and headers it was sent), ``markup`` (SearXNG results
-  with long, tag-laden texts), ``empty`` (Brave's answer with no ``web`` key).
+  with long, tag-laden texts), ``empty`` (Brave's answer with no ``web`` key), ``unresponsive``
+  (SearXNG: no results, every engine listed as unresponsive), ``none`` (SearXNG: no results).
+  SearXNG's ``ok`` answer sets a cookie (which the client must not send back).
 
 Every request is recorded in ``app.state.seen`` (method, path, query params, headers, JSON body)
 so tests can check what the client sent.
@@ -85,7 +87,9 @@ def _ok(request: Request, rest: str, body: Any) -> Response:
             return Response("format not enabled", status_code=403)
         answer = recorded("searxng_search.json")
         answer["query"] = request.query_params.get("q", "")
-        return JSONResponse(answer)
+        response = JSONResponse(answer)
+        response.set_cookie("searxng_session", "tracks-you", path="/")
+        return response
     return Response("not found", status_code=404)
 
 
@@ -137,6 +141,15 @@ async def handle(request: Request) -> Response:
         return JSONResponse({"error": "forbidden", "echo": echo}, status_code=403)
     if mode == "markup":
         return JSONResponse(_markup_results())
+    if mode == "unresponsive":
+        answer = recorded("searxng_search.json")
+        answer["results"] = []
+        answer["unresponsive_engines"] = [["google", "CAPTCHA"], ["duckduckgo", "timeout"]]
+        return JSONResponse(answer)
+    if mode == "none":
+        answer = recorded("searxng_search.json")
+        answer["results"], answer["unresponsive_engines"] = [], []
+        return JSONResponse(answer)
     if mode == "empty":
         answer = recorded("brave_web_search.json")
         del answer["web"]

@@ -17,6 +17,9 @@ the operator did not choose. Brave and Tavily are public APIs: their clients kee
 (exempting only the config's ``allow_networks``), so a DNS answer gone wrong cannot turn an API
 key-bearing request toward the gateway's own network.
 
+**No cookies.** The client's jar refuses every cookie: one backend client serves every tenant,
+and a cookie kept from one search would let the backend tie the next tenant's queries to it.
+
 **One deadline per call** (``asyncio.timeout``) covers connecting, sending and reading the whole
 answer, because httpx's timeouts are per read: a backend that drips a byte a second would never
 trip them. httpx's own timeouts are set to the same value as a second line.
@@ -31,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import http.cookiejar
 import time
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,7 +47,7 @@ import orjson
 from gateway.tools.search.base import BackendConfig, SearchFailed, SearchFailure
 from security.outbound import OutboundPolicy, OutboundRefused, ResponseTooLarge, guarded_client
 
-__all__ = ["backend_client", "bad_shape", "check_base_url", "exchange_json", "retry_after_seconds"]
+__all__ = ["backend_client", "bad_shape", "check_base_url", "engines_failed", "exchange_json", "retry_after_seconds"]
 
 _EVERY_NETWORK = ("0.0.0.0/0", "::/0")
 #: a Retry-After past this is treated as this (a backend's typo must not park a client for a year)
@@ -60,7 +65,19 @@ def backend_client(
         max_response_bytes=config.max_response_bytes,
         connect_timeout=config.timeout_s,
     )
-    return guarded_client(policy, headers=headers, timeout=httpx.Timeout(config.timeout_s), follow_redirects=False)
+    client = guarded_client(policy, headers=headers, timeout=httpx.Timeout(config.timeout_s), follow_redirects=False)
+    client.cookies = http.cookiejar.CookieJar(policy=_NoCookies())
+    return client
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A cookie policy that keeps no cookie and sends none."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: urllib.request.Request) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: urllib.request.Request) -> bool:
+        return False
 
 
 def check_base_url(url: str, what: str) -> None:
@@ -151,6 +168,11 @@ async def exchange_json(
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         raise _failed(SearchFailure.BAD_RESPONSE, backend, "answered with something that is not JSON") from None
+
+
+def engines_failed(backend: str) -> SearchFailed:
+    """A metasearch backend answered, but none of the engines behind it did."""
+    return _failed(SearchFailure.UNAVAILABLE, backend, "got no answer from the search engines behind it")
 
 
 def bad_shape(backend: str, what: str) -> SearchFailed:

@@ -8,7 +8,10 @@ one that does not answers 403, which is ``SearchFailed(refused)``.
 ``allowed_domains`` go into the query as ``site:`` terms (SearXNG hands them to its engines, most
 of which honour them) and are applied to the results again. ``user_location`` is ignored: the API
 takes no location (``language`` is the operator's setting). SearXNG returns about 20 results per
-page whatever is asked; the hit cap is applied here.
+page whatever is asked; the hit cap is applied here. An answer with no results that lists
+``unresponsive_engines`` (every engine it asked timed out, was blocked or rate-limited upstream)
+is ``SearchFailed(unavailable)``, not an empty answer: the model should not conclude that nothing
+on the web matches.
 
 The instance usually runs in-cluster at a private address the operator chose, so its client does
 not refuse private addresses; it is bounded like every backend (``client.py`` says why).
@@ -20,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gateway.tools.search.base import BackendConfig, SearchResults, UserLocation
-from gateway.tools.search.client import backend_client, bad_shape, check_base_url, exchange_json
+from gateway.tools.search.client import backend_client, bad_shape, check_base_url, engines_failed, exchange_json
 from gateway.tools.search.hits import collect_hits
 from gateway.tools.search.query import prepare
 
@@ -89,6 +92,8 @@ class SearxngBackend:
             params["safesearch"] = str(self.config.safesearch)
         data = await exchange_json(self._client, self.config, self.name, "GET", self._endpoint, params=params)
         hits = collect_hits(_items(data), request, self.config)
+        if not hits and isinstance(data, dict) and not data.get("results") and data.get("unresponsive_engines"):
+            raise engines_failed(self.name)
         return SearchResults(query=request.query, hits=hits, backend=self.name)
 
     async def aclose(self) -> None:

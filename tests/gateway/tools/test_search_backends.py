@@ -26,6 +26,8 @@ from gateway.tools.search import (
 )
 from gateway.tools.search.client import retry_after_seconds
 from gateway.tools.search.domains import normalize_domain
+from gateway.tools.search.hits import MAX_ITEMS_EXAMINED, collect_hits
+from gateway.tools.search.query import prepare
 from gateway.tools.search.text import clean_text
 from tests.mcp_servers.running import running_app
 from tests.search_servers.searxng import BRAVE_KEY, TAVILY_KEY, search_app
@@ -97,6 +99,45 @@ async def test_searxng_answers_plain_text_hits_of_http_urls_once_each(base: str,
     (request,) = seen
     assert request["method"] == "GET" and request["path"] == "search"
     assert request["params"] == {"q": "python asyncio timeout", "format": "json", "categories": "general"}
+
+
+async def test_no_cookie_is_kept_between_searches(base: str, seen: list[dict[str, Any]]) -> None:
+    backend = searxng(f"{base}/ok")
+    try:
+        await backend.search("first tenant", max_results=1)
+        await backend.search("second tenant", max_results=1)
+    finally:
+        await backend.aclose()
+    assert len(seen) == 2
+    assert "cookie" not in seen[1]["headers"]
+
+
+async def test_searxng_whose_engines_all_failed_is_unavailable_and_no_results_is_empty(base: str) -> None:
+    failed, empty = searxng(f"{base}/unresponsive"), searxng(f"{base}/none")
+    try:
+        with pytest.raises(SearchFailed) as caught:
+            await failed.search(QUERY, max_results=5)
+        assert (await empty.search(QUERY, max_results=5)).hits == ()
+    finally:
+        await failed.aclose()
+        await empty.aclose()
+    assert caught.value.kind is SearchFailure.UNAVAILABLE
+    assert_safe(caught.value)
+
+
+def test_hits_examine_a_bounded_number_of_items() -> None:
+    config = SearxngConfig(base_url="http://searxng:8080")
+    request = prepare("searxng", config, "q", 5, ["example.com"])
+    taken = 0
+
+    def items() -> Iterator[tuple[object, object, object]]:
+        nonlocal taken
+        for i in range(100_000):
+            taken += 1
+            yield f"https://off-domain-{i}.example.net/", "t", "s"
+
+    assert collect_hits(items(), request, config) == ()
+    assert taken == MAX_ITEMS_EXAMINED + 1
 
 
 async def test_searxng_caps_hits_at_the_request_and_at_the_config(base: str) -> None:
