@@ -4,7 +4,8 @@ answering recorded responses in their published formats (``recorded/``).
 One Starlette app; the first path segment is the **mode**, so a backend's base URL picks how it
 is answered while its own client code builds the rest of the path as against the real service:
 
-- ``{url}/ok`` as a base URL: SearXNG (``GET /ok/search``), Tavily (``POST /ok/search``), Brave
+- ``{url}/ok`` as a base URL: SearXNG (``GET /ok/search``, or ``POST`` with a form), Tavily
+  (``POST /ok/search`` with JSON), Brave
   (``GET /ok/res/v1/web/search``). Brave and Tavily check the key (``BRAVE_KEY``,
   ``TAVILY_KEY``) and answer 401 echoing what they got, as a careless service might.
 - failure modes, whatever the route: ``slow`` (no answer at all), ``trickle`` (a 200 whose body
@@ -75,6 +76,10 @@ def _ok(request: Request, rest: str, body: Any) -> Response:
         if key != BRAVE_KEY:
             return JSONResponse({"type": "ErrorResponse", "error": {"detail": f"bad token {key}"}}, status_code=401)
         return JSONResponse(recorded("brave_web_search.json"))
+    if rest == "search" and request.method == "POST" and isinstance(body, dict) and "format" in body:  # SearXNG
+        answer = recorded("searxng_search.json")
+        answer["query"] = body.get("q", "")
+        return JSONResponse(answer)
     if rest == "search" and request.method == "POST":  # Tavily
         auth = request.headers.get("authorization", "")
         if auth != f"Bearer {TAVILY_KEY}":
@@ -97,7 +102,9 @@ async def handle(request: Request) -> Response:
     mode = request.path_params["mode"]
     rest = request.path_params["rest"]
     body: Any = None
-    if request.method == "POST":
+    if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form"):
+        body = dict(await request.form())  # SearXNG's API takes its parameters as a form, too
+    elif request.method == "POST":
         raw = await request.body()
         body = json.loads(raw) if raw else None
     request.app.state.seen.append(

@@ -136,6 +136,7 @@ async def exchange_json(
     *,
     params: Mapping[str, str] | None = None,
     json: Mapping[str, Any] | None = None,
+    form: Mapping[str, str] | None = None,
 ) -> object:
     """Send one request and return the answer's JSON (any shape: the backend checks it), or raise
     ``SearchFailed``: 429 ``rate_limited``, 5xx or no connection ``unavailable``, past the deadline
@@ -143,7 +144,7 @@ async def exchange_json(
     ``max_response_bytes`` ``bad_response``."""
     try:
         async with asyncio.timeout(config.timeout_s):
-            async with client.stream(method, url, params=params, json=json) as response:
+            async with client.stream(method, url, params=params, json=json, data=form) as response:
                 if not 200 <= response.status_code < 300:
                     raise _status_failure(backend, response)
                 body = await response.aread()

@@ -34,18 +34,24 @@ __all__ = ["SearxngBackend", "SearxngConfig"]
 class SearxngConfig(BackendConfig):
     """``base_url``: where the instance is (``http://searxng:8080``, a path prefix allowed; not in
     ``repr``, since it may carry basic-auth credentials). ``categories``, ``language`` and
-    ``safesearch`` (0, 1, 2) are sent as SearXNG's parameters of those names when set."""
+    ``safesearch`` (0, 1, 2) are sent as SearXNG's parameters of those names when set.
+    ``method``: ``GET`` (the query in the URL, as SearXNG's API page shows it) or ``POST`` (the
+    same parameters as a form, which SearXNG accepts alike): POST keeps queries, which are user
+    data, out of URL-shaped logs on the way (httpx's debug line, a proxy's access log)."""
 
     base_url: str = field(repr=False)
     categories: str | None = "general"
     language: str | None = None
     safesearch: int | None = None
+    method: str = "GET"
 
     def __post_init__(self) -> None:
         BackendConfig.__post_init__(self)
         check_base_url(self.base_url, "searxng base_url")
         if self.safesearch not in (None, 0, 1, 2):
             raise ValueError("searxng safesearch must be 0, 1 or 2")
+        if self.method not in ("GET", "POST"):
+            raise ValueError("searxng method must be GET or POST")
 
 
 def _items(data: object) -> Iterator[tuple[object, object, object]]:
@@ -90,7 +96,10 @@ class SearxngBackend:
             params["language"] = self.config.language
         if self.config.safesearch is not None:
             params["safesearch"] = str(self.config.safesearch)
-        data = await exchange_json(self._client, self.config, self.name, "GET", self._endpoint, params=params)
+        if self.config.method == "POST":
+            data = await exchange_json(self._client, self.config, self.name, "POST", self._endpoint, form=params)
+        else:
+            data = await exchange_json(self._client, self.config, self.name, "GET", self._endpoint, params=params)
         hits = collect_hits(_items(data), request, self.config)
         if not hits and isinstance(data, dict) and not data.get("results") and data.get("unresponsive_engines"):
             raise engines_failed(self.name)

@@ -101,6 +101,23 @@ async def test_searxng_answers_plain_text_hits_of_http_urls_once_each(base: str,
     assert request["params"] == {"q": "python asyncio timeout", "format": "json", "categories": "general"}
 
 
+async def test_searxng_can_post_the_query_as_a_form(base: str, seen: list[dict[str, Any]]) -> None:
+    backend = searxng(f"{base}/ok", method="POST", language="en")
+    try:
+        results = await backend.search("python asyncio", max_results=1, allowed_domains=["peps.python.org"])
+    finally:
+        await backend.aclose()
+    assert [hit.url for hit in results.hits] == ["https://peps.python.org/pep-0789/"]
+    (request,) = seen
+    assert request["method"] == "POST" and request["params"] == {}  # nothing in the URL
+    assert request["json"] == {
+        "q": "python asyncio site:peps.python.org",
+        "format": "json",
+        "categories": "general",
+        "language": "en",
+    }
+
+
 async def test_no_cookie_is_kept_between_searches(base: str, seen: list[dict[str, Any]]) -> None:
     backend = searxng(f"{base}/ok")
     try:
