@@ -34,8 +34,9 @@ Why it is shaped this way:
 What the lead still wires (not here, on purpose): the ``open_page``/``find`` actions in the tool
 loop and their ``web_search_call`` items and events; the settings (``max_bytes``, ``timeout_s``,
 ``max_chars``, ``max_redirects``, the allowed networks) and the metrics (page opens, failures by
-kind, latency); the cursor/page stack per response and the token window shown per view (see
-:meth:`Page.numbered`); running the classifiers on the page text as new input.
+kind, latency); the cursor/page stack per response and the harmony rendering of a view
+(:meth:`Page.view` gives gpt-oss's screen, sized in characters, not tokens) and of ``find``'s
+results; running the classifiers on the page text as new input.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_MAX_REDIRECTS",
     "DEFAULT_TIMEOUT_S",
     "CUT_MARKER",
+    "VIEW_CHARS",
     "FindMatch",
     "Page",
     "PageFailed",
@@ -82,6 +84,10 @@ DEFAULT_MAX_REDIRECTS = 5
 MAX_URL_CHARS = 8192
 #: gpt-oss's browser wraps page text at this width before numbering the lines
 LINE_WIDTH = 80
+#: one screen of a page (``Page.view``): about the 1,024 tokens gpt-oss's browser shows at a time
+VIEW_CHARS = 4096
+#: the most characters of a URL shown in a view's header
+MAX_SHOWN_URL = 200
 #: ends a text cut at ``max_chars`` (``{n}``: the limit)
 CUT_MARKER = "[... page text cut at {n} characters ...]"
 #: ``find``'s defaults, as gpt-oss's browser: at most 50 matches, each shown with 4 lines
@@ -99,6 +105,11 @@ _META_SNIFF_BYTES = 4096
 #: the page's own citation brackets, which would let it forge a ``【3†L1-L2】`` mark
 _BRACKETS = str.maketrans({"【": "〖", "】": "〗", "\u200b": None})
 _BLANK_RUNS = re.compile(r"\n{3,}")
+#: a tag longer than this is cut to its name before parsing (see ``_defuse``)
+MAX_TAG_CHARS = 2048
+_TAG_NAME = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]{0,30}")
+#: a page with more tags than this is read by the cheap path, all its text (see ``_extract_html``)
+MAX_TAGS = 60_000
 
 
 class PageFailure(StrEnum):
@@ -139,6 +150,25 @@ class Page:
         """Lines ``start`` to ``stop`` (exclusive) as gpt-oss's browser shows them: ``L12: text``."""
         end = len(self.lines) if stop is None else min(stop, len(self.lines))
         return "\n".join(f"L{i}: {self.lines[i]}" for i in range(max(start, 0), end))
+
+    def view(self, cursor: int, loc: int = 0, max_chars: int = VIEW_CHARS) -> str:
+        """One screen of the page as gpt-oss's browser shows it: ``[cursor] title (url)``, a
+        ``**viewing lines [a - b] of last**`` bar, a blank line, then the numbered lines from ``loc``
+        while they fit in ``max_chars`` (one line at least). ValueError for a ``loc`` past the end
+        (its message can be shown to the model)."""
+        last = len(self.lines) - 1
+        if not 0 <= loc <= last:
+            raise ValueError(f"Line {loc} is not on this page; its lines are L0 to L{last}.")
+        shown: list[str] = []
+        used = 0
+        for i in range(loc, last + 1):
+            line = f"L{i}: {self.lines[i]}"
+            if shown and used + len(line) + 1 > max_chars:
+                break
+            shown.append(line)
+            used += len(line) + 1
+        bar = f"**viewing lines [{loc} - {loc + len(shown) - 1}] of {last}**"
+        return f"[{cursor}] {self.title} ({self.url[:MAX_SHOWN_URL]})\n{bar}\n\n" + "\n".join(shown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,15 +381,52 @@ def _decode(body: bytes, declared: str | None, *, html: bool) -> str:
     return str(best) if best is not None else body.decode("cp1252", errors="replace")
 
 
+def _defuse(html: str) -> str:
+    """``html`` with every tag longer than ``MAX_TAG_CHARS`` replaced by its bare name (``<p>``).
+
+    Why: libxml2 checks an element's attributes against each other, so a tag's cost grows with the
+    square of its attribute count — a 2 MB page of one ``<p>`` with 150,000 attributes parsed for
+    over two minutes (measured), in a thread nothing can stop. Real tags that long are SVG paths,
+    ``data:`` image URLs and tracking links, whose attributes carry no text to read. One pass, linear:
+    each ``<`` is matched with the next ``>`` and the scan goes on after it."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        start = html.find("<", pos)
+        if start < 0:
+            out.append(html[pos:])
+            break
+        end = html.find(">", start)
+        if end < 0:  # an unclosed tag at the end: the parser would treat it as text anyway
+            out.append(html[pos : start + MAX_TAG_CHARS])
+            break
+        if end - start <= MAX_TAG_CHARS:
+            out.append(html[pos : end + 1])
+        else:
+            name = _TAG_NAME.match(html, start)
+            out.append(html[pos:start])
+            if name is not None:
+                out.append(name.group(0) + ">")
+        pos = end + 1
+    return "".join(out)
+
+
 def _extract_html(html: str, url: str) -> tuple[str, str]:
     """(title, main text). trafilatura first; a page it finds no main text in (a short page, a
-    listing) falls back to all the text of its body, so the model still sees what is there."""
+    listing) falls back to all the text of its body, so the model still sees what is there.
+
+    A page with more than ``MAX_TAGS`` tags skips trafilatura and gives all its text: trafilatura's
+    work is Python code per element (about 25 us each, measured: 2 MB of table cells took 9 s, a page
+    of 60,000 tags takes about 1.5 s), while lxml's parse and text walk are C (0.6 s for the table)."""
     import trafilatura  # imported on first use, in the worker thread: ~0.3 s, off the event loop
 
+    html = _defuse(html)
     tree = trafilatura.load_html(html)
     if tree is None:
         return "", ""
     title = _title(tree)
+    if html.count("<") > MAX_TAGS:
+        return title, _all_text(tree)
     text = trafilatura.extract(
         tree,
         url=url,
@@ -371,10 +438,19 @@ def _extract_html(html: str, url: str) -> tuple[str, str]:
         include_links=False,
         deduplicate=False,
     )
-    if not text:
-        body = tree.find(".//body")
-        text = "\n".join(t.strip() for t in (body if body is not None else tree).itertext() if t.strip())
-    return title, text or ""
+    if not text:  # extract may have pruned the tree it was given: read the page afresh
+        fresh = trafilatura.load_html(html)
+        text = _all_text(fresh) if fresh is not None else ""
+    return title, text
+
+
+def _all_text(tree: Any) -> str:
+    """Every text of the page's body, one piece a line; no scripts, styles or comments."""
+    import lxml.etree
+
+    lxml.etree.strip_elements(tree, lxml.etree.Comment, "script", "style", "noscript", "template", with_tail=False)
+    body = tree.find(".//body")
+    return "\n".join(t.strip() for t in (body if body is not None else tree).itertext() if t.strip())
 
 
 def _title(tree: Any) -> str:

@@ -19,7 +19,8 @@ from urllib.parse import quote
 import httpcore
 import pytest
 
-from gateway.tools.pages import CUT_MARKER, Page, PageFailed, PageFailure, find, open_page
+from gateway.tools import pages
+from gateway.tools.pages import CUT_MARKER, MAX_TAG_CHARS, Page, PageFailed, PageFailure, find, open_page
 from security.outbound import OutboundPolicy
 from tests.mcp_servers.running import running_app
 from tests.web_pages.site import SECRET, site_app
@@ -110,6 +111,22 @@ async def test_lines_are_numbered_as_gpt_oss_shows_them(site: str) -> None:
     assert page.numbered(5, 5) == ""
 
 
+async def test_a_view_is_one_screen_with_a_header_and_a_scrollbar(site: str) -> None:
+    page = await open_page(f"{site}/news", policy=_policy())
+    view = page.view(3, loc=2, max_chars=400).split("\n")
+    last = len(page.lines) - 1
+    assert view[0] == f"[3] {page.title} ({page.url})"
+    shown = view[3:]
+    assert shown == [f"L{2 + i}: {page.lines[2 + i]}" for i in range(len(shown))]
+    assert 1 < len(shown) < last and len("\n".join(shown)) <= 400
+    assert view[1] == f"**viewing lines [2 - {1 + len(shown)}] of {last}**" and view[2] == ""
+    whole = page.view(0, max_chars=10**6).split("\n")
+    assert whole[1] == f"**viewing lines [0 - {last}] of {last}**" and len(whole) == 3 + len(page.lines)
+    assert page.view(0, loc=last, max_chars=1).endswith(f"L{last}: {page.lines[last]}")  # one line at least
+    with pytest.raises(ValueError, match=f"its lines are L0 to L{last}"):
+        page.view(0, loc=last + 1)
+
+
 async def test_text_past_max_chars_is_cut_with_a_marker(site: str) -> None:
     page = await open_page(f"{site}/news", policy=_policy(), max_chars=300)
     assert page.cut
@@ -143,6 +160,29 @@ async def test_a_page_cannot_forge_a_citation_mark(site: str) -> None:
     page = await open_page(f"{site}/forged", policy=_policy())
     assert "【" not in page.text and "】" not in page.text
     assert "〖6†L9-L11〗" in page.text
+
+
+def test_a_tag_past_the_length_cap_is_cut_to_its_name_before_parsing() -> None:
+    """The attribute bomb (one tag, 150,000 attributes: minutes of libxml2) becomes a bare tag."""
+    bomb = "<p " + " ".join(f"a{i}=1" for i in range(150_000)) + ">kept</p>"
+    html = f"<html><body>{bomb}<svg><path d='{'M0 0 L1 1 ' * 500}'/></svg><p class=x>after</p></body></html>"
+    assert pages._defuse(html) == "<html><body><p>kept</p><svg><path></svg><p class=x>after</p></body></html>"
+    assert pages._defuse("a < b " + "x" * (3 * MAX_TAG_CHARS)) == "a < b " + "x" * (MAX_TAG_CHARS - 4)
+    long_comment = "<!-- " + "c" * (2 * MAX_TAG_CHARS) + " -->"
+    assert pages._defuse(f"<p>one</p>{long_comment}<p>two</p>") == "<p>one</p><p>two</p>"
+    page = pages._read(pages._Fetched("http://x.example/", "text/html", "utf-8", html.encode()), 1000)
+    assert "kept" in page.text and "after" in page.text
+
+
+async def test_a_page_with_more_tags_than_the_cap_is_read_whole_by_the_cheap_path(
+    site: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_TAGS trafilatura is skipped (its cost is Python per element): all the body's text,
+    boilerplate included, and no script or comment."""
+    monkeypatch.setattr(pages, "MAX_TAGS", 20)
+    page = await open_page(f"{site}/news", policy=_policy())
+    assert "1,240 rivets" in page.text and "Most read" in page.text and "All rights reserved" in page.text
+    assert page.title == "Harbour bridge reopens after two-year restoration | The Coastal Ledger"
 
 
 async def test_extraction_runs_on_the_cpu_runner_given(site: str) -> None:
