@@ -46,6 +46,7 @@ import codecs
 import dataclasses
 import http.cookiejar
 import re
+import ssl
 import textwrap
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_MAX_REDIRECTS",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_USER_AGENT",
     "CUT_MARKER",
     "VIEW_CHARS",
     "FindMatch",
@@ -80,6 +82,8 @@ DEFAULT_MAX_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_CHARS = 100_000
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MAX_REDIRECTS = 5
+#: some sites refuse httpx's own ``python-httpx/x.y``; this one says what is asking
+DEFAULT_USER_AGENT = "Mozilla/5.0 (compatible; respgate web_search)"
 #: the longest URL opened (browsers and servers commonly stop at 8 KB)
 MAX_URL_CHARS = 8192
 #: gpt-oss's browser wraps page text at this width before numbering the lines
@@ -235,9 +239,20 @@ class _Fetched:
     body: bytes
 
 
-async def _fetch(url: str, host: str, policy: OutboundPolicy, max_redirects: int, timeout_s: float) -> _Fetched:
-    headers = {"Accept": "text/html, application/xhtml+xml, text/plain;q=0.9, */*;q=0.1"}
-    client = guarded_client(policy, headers=headers, timeout=timeout_s, max_redirects=max_redirects)
+async def _fetch(
+    url: str,
+    host: str,
+    policy: OutboundPolicy,
+    *,
+    max_redirects: int,
+    timeout_s: float,
+    user_agent: str,
+    ssl_context: ssl.SSLContext | None,
+) -> _Fetched:
+    headers = {"Accept": "text/html, application/xhtml+xml, text/plain;q=0.9, */*;q=0.1", "User-Agent": user_agent}
+    client = guarded_client(
+        policy, headers=headers, timeout=timeout_s, max_redirects=max_redirects, ssl_context=ssl_context
+    )
     client.cookies.jar.set_policy(_NoCookies())
     async with client, client.stream("GET", url) as response:
         final_host = response.url.host or host
@@ -279,20 +294,31 @@ async def open_page(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_chars: int = DEFAULT_MAX_CHARS,
     max_redirects: int = DEFAULT_MAX_REDIRECTS,
+    user_agent: str = DEFAULT_USER_AGENT,
+    ssl_context: ssl.SSLContext | None = None,
     cpu: CpuRunner | None = None,
 ) -> Page:
     """Fetch ``url`` through the outbound guard and extract its main text; ``PageFailed`` if not.
 
     ``policy``: the deployment's outbound policy (its allowed networks, its resolver); its byte cap
     is replaced by ``max_bytes``. ``timeout_s`` bounds the whole fetch; extraction, bounded by
-    ``max_bytes`` of input, runs after it on ``cpu`` (default: a worker thread)."""
+    ``max_bytes`` of input, runs after it on ``cpu`` (default: a worker thread). ``ssl_context``: an
+    operator's CA bundle (certificates are always verified, against the URL's host)."""
     if max_bytes <= 0 or max_chars <= 0 or timeout_s <= 0 or max_redirects < 0:
         raise ValueError("max_bytes, max_chars and timeout_s must be positive, max_redirects not negative")
     host = _check_url(url)
     bounded = dataclasses.replace(policy, max_response_bytes=max_bytes)
     try:
         async with asyncio.timeout(timeout_s):
-            fetched = await _fetch(url, host, bounded, max_redirects, timeout_s)
+            fetched = await _fetch(
+                url,
+                host,
+                bounded,
+                max_redirects=max_redirects,
+                timeout_s=timeout_s,
+                user_agent=user_agent,
+                ssl_context=ssl_context,
+            )
     except PageFailed:
         raise
     except ResponseTooLarge as exc:

@@ -340,6 +340,8 @@ async def test_a_type_that_is_not_text_is_unsupported(site: str) -> None:
 async def test_a_compressed_answer_is_unreadable_and_identity_was_asked(site: str) -> None:
     headers = await open_page(f"{site}/headers", policy=_policy())
     assert "accept-encoding: identity" in headers.lines
+    assert "user-agent: Mozilla/5.0 (compatible; respgate web_search)" in headers.lines
+    assert not any(line.startswith("cookie:") for line in headers.lines)
     failed = await _failure(f"{site}/gzip")
     assert failed.kind is PageFailure.UNREADABLE and "'gzip'-encoded" in str(failed)
 
