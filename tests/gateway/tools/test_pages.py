@@ -1,4 +1,4 @@
-"""gateway/tools/pages.py: open a page through the outbound guard, extract its main text, find in it.
+"""gateway/tools/pages/: open a page through the outbound guard, extract its main text, find in it.
 
 A real web site on loopback (tests/web_pages/site.py, uvicorn in a thread) serves real HTML pages and
 hostile answers. The fetch's policy allows only the site's own address (``127.0.0.1/32``); a second
@@ -19,8 +19,7 @@ from urllib.parse import quote
 import httpcore
 import pytest
 
-from gateway.tools import pages
-from gateway.tools.pages import CUT_MARKER, MAX_TAG_CHARS, Page, PageFailed, PageFailure, find, open_page
+from gateway.tools.pages import CUT_MARKER, MAX_TAG_CHARS, Page, PageFailed, PageFailure, extract, find, open_page
 from security.outbound import OutboundPolicy
 from tests.mcp_servers.running import running_app
 from tests.web_pages.site import SECRET, site_app
@@ -166,11 +165,11 @@ def test_a_tag_past_the_length_cap_is_cut_to_its_name_before_parsing() -> None:
     """The attribute bomb (one tag, 150,000 attributes: minutes of libxml2) becomes a bare tag."""
     bomb = "<p " + " ".join(f"a{i}=1" for i in range(150_000)) + ">kept</p>"
     html = f"<html><body>{bomb}<svg><path d='{'M0 0 L1 1 ' * 500}'/></svg><p class=x>after</p></body></html>"
-    assert pages._defuse(html) == "<html><body><p>kept</p><svg><path></svg><p class=x>after</p></body></html>"
-    assert pages._defuse("a < b " + "x" * (3 * MAX_TAG_CHARS)) == "a < b " + "x" * (MAX_TAG_CHARS - 4)
+    assert extract._defuse(html) == "<html><body><p>kept</p><svg><path></svg><p class=x>after</p></body></html>"
+    assert extract._defuse("a < b " + "x" * (3 * MAX_TAG_CHARS)) == "a < b " + "x" * (MAX_TAG_CHARS - 4)
     long_comment = "<!-- " + "c" * (2 * MAX_TAG_CHARS) + " -->"
-    assert pages._defuse(f"<p>one</p>{long_comment}<p>two</p>") == "<p>one</p><p>two</p>"
-    page = pages._read(pages._Fetched("http://x.example/", "text/html", "utf-8", html.encode()), 1000)
+    assert extract._defuse(f"<p>one</p>{long_comment}<p>two</p>") == "<p>one</p><p>two</p>"
+    page = extract.read(extract.Fetched("http://x.example/", "text/html", "utf-8", html.encode()), 1000)
     assert "kept" in page.text and "after" in page.text
 
 
@@ -179,7 +178,7 @@ async def test_a_page_with_more_tags_than_the_cap_is_read_whole_by_the_cheap_pat
 ) -> None:
     """Past MAX_TAGS trafilatura is skipped (its cost is Python per element): all the body's text,
     boilerplate included, and no script or comment."""
-    monkeypatch.setattr(pages, "MAX_TAGS", 20)
+    monkeypatch.setattr(extract, "MAX_TAGS", 20)
     page = await open_page(f"{site}/news", policy=_policy())
     assert "1,240 rivets" in page.text and "Most read" in page.text and "All rights reserved" in page.text
     assert page.title == "Harbour bridge reopens after two-year restoration | The Coastal Ledger"
@@ -193,7 +192,7 @@ async def test_extraction_runs_on_the_cpu_runner_given(site: str) -> None:
         return await asyncio.to_thread(fn, *args)
 
     page = await open_page(f"{site}/docs", policy=_policy(), cpu=cpu)
-    assert ran == ["_read"] and "Back-pressure" in page.text
+    assert ran == ["read"] and "Back-pressure" in page.text
 
 
 # --- the outbound guard -----------------------------------------------------------------------
