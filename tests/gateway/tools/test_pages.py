@@ -331,6 +331,14 @@ async def test_a_page_that_never_finishes_times_out(site: str) -> None:
     assert failed.kind is PageFailure.TIMEOUT and str(failed) == "Reading the page at '127.0.0.1' timed out."
 
 
+async def test_a_caller_that_gives_up_is_cancelled_not_answered_with_a_timeout(site: str) -> None:
+    """The turn's own cancellation (its client went away) passes through: it is not a page failure."""
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(open_page(f"{site}/trickle", policy=_policy(), timeout_s=60), timeout=0.5)
+    page = await open_page(f"{site}/news", policy=_policy())  # and the next open works
+    assert "Ilse Brandt" in page.text
+
+
 async def test_a_type_that_is_not_text_is_unsupported(site: str) -> None:
     failed = await _failure(f"{site}/image.png")
     assert failed.kind is PageFailure.UNSUPPORTED_TYPE and "'image/png'" in str(failed)
