@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gateway.tools.search.base import BackendConfig, SearchResults, UserLocation
-from gateway.tools.search.client import backend_client, bad_shape, check_base_url, exchange_json
+from gateway.tools.search.client import backend_client, bad_shape, check_base_url, exchange_json, result_items
 from gateway.tools.search.hits import collect_hits
 from gateway.tools.search.keys import check_api_key
 from gateway.tools.search.query import prepare
@@ -53,12 +53,9 @@ def _items(data: object) -> Iterator[tuple[object, object, object]]:
     web = data.get("web")
     if web is None:
         return
-    results = web.get("results") if isinstance(web, dict) else None
-    if not isinstance(results, list):
-        raise bad_shape("brave", "a web.results list")
-    for item in results:
-        if isinstance(item, dict):
-            yield item.get("url"), item.get("title"), item.get("description")
+    yield from result_items(
+        web.get("results") if isinstance(web, dict) else None, "brave", "web.results", "description"
+    )
 
 
 def _fits(query: str) -> bool:

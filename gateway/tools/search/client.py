@@ -37,7 +37,7 @@ import email.utils
 import http.cookiejar
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -179,3 +179,14 @@ def engines_failed(backend: str) -> SearchFailed:
 def bad_shape(backend: str, what: str) -> SearchFailed:
     """The JSON parsed but is not the backend's published format (``what``: which part)."""
     return _failed(SearchFailure.BAD_RESPONSE, backend, f"answered JSON without {what}")
+
+
+def result_items(results: object, backend: str, where: str, snippet: str) -> Iterator[tuple[object, object, object]]:
+    """``(url, title, snippet)`` of each object in a backend's result list (``where`` names the list
+    in the refusal when it is not one): the three backends' answers differ only in where the list
+    is and what the snippet's key is."""
+    if not isinstance(results, list):
+        raise bad_shape(backend, f"a {where} list")
+    for item in results:
+        if isinstance(item, dict):
+            yield item.get("url"), item.get("title"), item.get(snippet)

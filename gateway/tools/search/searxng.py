@@ -23,7 +23,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gateway.tools.search.base import BackendConfig, SearchResults, UserLocation
-from gateway.tools.search.client import backend_client, bad_shape, check_base_url, engines_failed, exchange_json
+from gateway.tools.search.client import (
+    backend_client,
+    check_base_url,
+    engines_failed,
+    exchange_json,
+    result_items,
+)
 from gateway.tools.search.hits import collect_hits
 from gateway.tools.search.query import prepare
 
@@ -55,12 +61,7 @@ class SearxngConfig(BackendConfig):
 
 
 def _items(data: object) -> Iterator[tuple[object, object, object]]:
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list):
-        raise bad_shape("searxng", "a results list")
-    for item in results:
-        if isinstance(item, dict):
-            yield item.get("url"), item.get("title"), item.get("content")
+    return result_items(data.get("results") if isinstance(data, dict) else None, "searxng", "results", "content")
 
 
 class SearxngBackend:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.tools.search.base import BackendConfig, SearchResults, UserLocation
-from gateway.tools.search.client import backend_client, bad_shape, check_base_url, exchange_json
+from gateway.tools.search.client import backend_client, check_base_url, exchange_json, result_items
 from gateway.tools.search.hits import collect_hits
 from gateway.tools.search.keys import check_api_key
 from gateway.tools.search.query import prepare
@@ -49,12 +49,7 @@ class TavilyConfig(BackendConfig):
 
 
 def _items(data: object) -> Iterator[tuple[object, object, object]]:
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list):
-        raise bad_shape("tavily", "a results list")
-    for item in results:
-        if isinstance(item, dict):
-            yield item.get("url"), item.get("title"), item.get("content")
+    return result_items(data.get("results") if isinstance(data, dict) else None, "tavily", "results", "content")
 
 
 class TavilyBackend:
