@@ -96,6 +96,9 @@ class Settled:
     message: str = ""
 
 
+#: what a response nobody steered settles to (shared: built once, never changed)
+_NOTHING = Settled(Plan.DROP, [])
+
 #: rows of the table above: (status, incomplete reason or None, asks the client or None) -> plan
 _ROWS: tuple[tuple[str | None, str | None, bool | None, Plan, str], ...] = (
     (ResponseStatus.FAILED, None, None, Plan.FAIL, "The response failed; the steer input was not applied."),
@@ -196,7 +199,7 @@ class SteerBook:
         target = self._active.pop(response_id, None)
         self._remember(response_id, lane)
         if target is None or not target.queue:
-            return Settled(Plan.DROP, [])
+            return _NOTHING  # nearly every response: nobody steered it
         status = response.get("status")
         reason = (response.get("incomplete_details") or {}).get("reason")
         stubs = required_input(response.get("output") or [])

@@ -120,6 +120,8 @@ class Resolver:
         self.prefix = prefix
         #: the MCP servers requests may use (``gateway.tools.hosted``)
         self.hosted = hosted
+        #: the stripped-hosted-tools counter's children by type (``labels()`` is a Python call a turn)
+        self._stripped: dict[str, Any] = {}
 
     async def resolve(
         self, body: Any, ctx: TurnContext, *, generate: bool | None = None, lap: Lap = _no_lap, cpu: Cpu | None = None
@@ -265,7 +267,10 @@ class Resolver:
         route = route_of(req, self.registry)
         checked = known_tools if known_tools is not None else self.tool_checks.check(req, tenant, key)
         for kind in checked.stripped:  # what the model was not shown, per request (Codex: every frame)
-            self.metrics.hosted_tools_stripped.labels(kind).inc()
+            counter = self._stripped.get(kind)
+            if counter is None:  # a type of HOSTED_TOOL_TYPES: a bounded set of children
+                counter = self._stripped[kind] = self.metrics.hosted_tools_stripped.labels(kind)
+            counter.inc()
         check_tool_choice(req, checked.names)
         return req, raw_items, route, checked, known
 
