@@ -42,7 +42,7 @@ from typing import Any
 
 from gateway.turn.types import SteerSignal
 from gateway.wire.kinds import ResponseStatus
-from gateway.wire.steer import SteerCode, new_steer_id, required_input
+from gateway.wire.steer import SteerCode, new_steer_id, required_input, user_message
 
 #: finished response ids kept per connection to tell "finished" from "unknown"
 REMEMBERED = 256
@@ -247,7 +247,7 @@ def steered_input(steers: list[Steer], create_input: Any = None) -> list[Any]:
     user message)."""
     items: list[Any] = [item for s in steers for item in s.items]
     if isinstance(create_input, str):
-        items.append({"type": "message", "role": "user", "content": create_input})
+        items.append(user_message(create_input))
     elif isinstance(create_input, list):
         items.extend(create_input)
     return items

@@ -113,12 +113,17 @@ def steer_target(frame: dict[str, Any]) -> str:
     return target
 
 
+def user_message(content: Any) -> dict[str, Any]:
+    """A user message input item with ``content`` as given (a string or input parts)."""
+    return {"type": "message", "role": "user", "content": content}
+
+
 def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
     """The input of a steer frame :func:`steer_target` passed, as create input items (user
     messages, content as sent), or :class:`SteerRejected` naming the field that is wrong."""
     items = frame["input"]
     if isinstance(items, str):
-        return [{"type": "message", "role": "user", "content": items}]
+        return [user_message(items)]
     try:
         _MESSAGES.validate_python(items)
     except ValidationError as exc:
@@ -130,7 +135,7 @@ def steer_items(frame: dict[str, Any]) -> list[dict[str, Any]]:
             message = f"Invalid '{param}': {message}"
         raise SteerRejected(message, param) from None
     # the content as sent (validated above): the model's dump would add the parts' defaults
-    return [{"type": "message", "role": "user", "content": m["content"]} for m in items]
+    return [user_message(m["content"]) for m in items]
 
 
 def new_steer_id() -> str:
