@@ -15,7 +15,8 @@ is answered while its own client code builds the rest of the path as against the
   ``error`` (500), ``redirect`` (302 to another origin), ``gzip`` (a gzip'd body nobody asked
   for), ``forbidden`` (403 echoing the query and headers it was sent), ``markup`` (SearXNG results
   with long, tag-laden texts), ``empty`` (Brave's answer with no ``web`` key), ``unresponsive``
-  (SearXNG: no results, every engine listed as unresponsive), ``none`` (SearXNG: no results).
+  (SearXNG: no results, every engine listed as unresponsive), ``none`` (SearXNG: no results),
+  ``custom`` (SearXNG: the results a test put in ``app.state.results``, e.g. pages of a loopback site).
   SearXNG's ``ok`` answer sets a cookie (which the client must not send back).
 
 Every request is recorded in ``app.state.seen`` (method, path, query params, headers, JSON body)
@@ -157,6 +158,8 @@ async def handle(request: Request) -> Response:
         answer = recorded("searxng_search.json")
         answer["results"], answer["unresponsive_engines"] = [], []
         return JSONResponse(answer)
+    if mode == "custom":
+        return JSONResponse({"query": request.query_params.get("q", ""), "results": request.app.state.results})
     if mode == "empty":
         answer = recorded("brave_web_search.json")
         del answer["web"]
@@ -167,4 +170,5 @@ async def handle(request: Request) -> Response:
 def search_app() -> Starlette:
     app = Starlette(routes=[Route("/{mode}/{rest:path}", handle, methods=["GET", "POST"])])
     app.state.seen = []
+    app.state.results = []
     return app
