@@ -90,9 +90,10 @@ import textwrap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.tools.citations import Source
 from gateway.tools.pages.page import MAX_SHOWN_URL, Page, PageFailed, PageFailure, find
 from gateway.tools.search.base import SearchBackend, SearchFailed, SearchFailure, UserLocation
 from gateway.tools.search.domains import DomainFilter
@@ -146,13 +147,6 @@ class BrowseFailure(StrEnum):
 
 
 INVALID_CALL = BrowseFailure.INVALID_CALL.value
-
-
-class Source(NamedTuple):
-    """What a citation points at: a URL and its title."""
-
-    url: str
-    title: str
 
 
 @dataclass(frozen=True, slots=True)
