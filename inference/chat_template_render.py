@@ -100,6 +100,7 @@ from typing import Any
 
 import orjson
 
+from inference.browser_tool import BROWSER, browser_namespace
 from inference.chat_template_profile import (
     TemplateError,
     TemplateProfile,
@@ -176,6 +177,9 @@ class ChatTemplateRenderer:
         self._preludes = PreludeCache()
         #: each turn's parser reads the tools' catalog: built once per tool set
         self._catalogs = PerToolSet(HermesToolCatalog)
+        #: a tool set with the built-in browser appended (``inference.browser_tool``): the same tuple
+        #: for the same tools, so the catalogs above are found again by identity
+        self._with_browser = PerToolSet(lambda tools: (*tools, browser_namespace()))
         self._template_hash = hashlib.blake2b(template.encode(), digest_size=8).digest()
         self._init_specials()
 
@@ -252,18 +256,25 @@ class ChatTemplateRenderer:
 
     # -- prelude -------------------------------------------------------------------------------
 
+    def model_tools(self, prelude: Prelude) -> tuple[dict[str, Any], ...]:
+        """The tools the model is shown: the prelude's, and its built-in ``browser`` as a namespace
+        of functions (these templates have no built-in tools of their own)."""
+        if BROWSER in prelude.builtin:
+            return self._with_browser(prelude.tools)
+        return prelude.tools
+
     def prelude_key(self, prelude: Prelude) -> bytes:
         """blake2b of the template and the settings that reach the prompt (reasoning effort does
         not: these templates have no place for it, so changing it needs no re-render)."""
         payload = orjson.dumps([prelude.instructions, prelude.tool_choice], option=orjson.OPT_SORT_KEYS, default=str)
         return hashlib.blake2b(
-            _KEY_VERSION + self._template_hash + payload + tools_digest(prelude.tools), digest_size=16
+            _KEY_VERSION + self._template_hash + payload + tools_digest(self.model_tools(prelude)), digest_size=16
         ).digest()
 
     def prelude_messages(self, prelude: Prelude) -> list[dict[str, Any]]:
         """The system message built from the prelude (none when it would be empty: the template
         then puts its own default system prompt, if it has one)."""
-        catalog = HermesToolCatalog(prelude.tools)
+        catalog = HermesToolCatalog(self.model_tools(prelude))
         lines = [prelude.instructions] if prelude.instructions else []
         if catalog:
             choice = tool_choice_line(prelude.tool_choice)
@@ -274,7 +285,7 @@ class ChatTemplateRenderer:
         return [{"role": "system", "content": "\n\n".join(lines)}] if lines else []
 
     def prelude_text(self, prelude: Prelude) -> str:
-        catalog = HermesToolCatalog(prelude.tools)
+        catalog = HermesToolCatalog(self.model_tools(prelude))
         tools = catalog.schemas() if catalog and self.profile.native_tools else None
         probe = self.profile.probe_user
         text = native_render(self._hf, self.template, self.prelude_messages(prelude) + [probe[0]], tools)
@@ -527,7 +538,7 @@ class ChatTemplateRenderer:
         a call whose body is constrained. Grammars that cannot be enforced are left out and named
         in ``fallbacks`` (their prose stays in the tool descriptions).
         """
-        catalog = HermesToolCatalog(prelude.tools)
+        catalog = HermesToolCatalog(self.model_tools(prelude))
         grammars, fallbacks = self._grammars(catalog) if catalog and prelude.tool_choice != "none" else ({}, [])
         fields = self._constraint_fields(catalog, prelude.tool_choice, text_format, grammars)
         if grammars and fields and "structural_tag" in fields:
@@ -586,6 +597,6 @@ class ChatTemplateRenderer:
     def parser(self, prelude: Prelude) -> HermesStreamParser:
         return HermesStreamParser(
             self._fast,
-            self._catalogs(prelude.tools),
+            self._catalogs(self.model_tools(prelude)),
             stop_token_ids=self.stop_token_ids,
         )

@@ -78,6 +78,7 @@ from typing import Any
 import orjson
 from openai_harmony import Role
 
+from inference.browser_tool import BROWSER
 from inference.content_text import content_texts
 from inference.harmony_constraint import harmony_constraint
 from inference.harmony_content import Header, MessageTokenizer, message_of
@@ -164,7 +165,7 @@ class HarmonyRenderer:
         """blake2b of every prelude field (tools verbatim, through their own digest, so equal keys
         imply equal tokens)."""
         payload = orjson.dumps(
-            [prelude.instructions, prelude.tool_choice, prelude.reasoning_effort],
+            [prelude.instructions, prelude.tool_choice, prelude.reasoning_effort, *prelude.builtin],
             option=orjson.OPT_SORT_KEYS,
             default=str,
         )
@@ -180,6 +181,8 @@ class HarmonyRenderer:
 
         effort = _EFFORTS.get(str(prelude.reasoning_effort or "medium").lower(), "Medium")
         system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort))
+        if BROWSER in prelude.builtin:  # gpt-oss's own browser, as it was trained on it (``web_search``)
+            system = system.with_browser_tool()
         messages = [Message.from_role_and_content(Role.SYSTEM, system)]
         catalog = ToolCatalog(prelude.tools)
         lines = [prelude.instructions] if prelude.instructions else []
@@ -221,6 +224,7 @@ class HarmonyRenderer:
                     tools=tools,
                     tool_choice=prelude.tool_choice,
                     reasoning_effort=prelude.reasoning_effort,
+                    builtin=prelude.builtin,
                 )
                 return self.prelude_messages(probe)[1]
 

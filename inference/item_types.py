@@ -42,6 +42,8 @@ class ItemType(StrEnum):
     MCP_CALL = "mcp_call"
     MCP_APPROVAL_REQUEST = "mcp_approval_request"
     MCP_APPROVAL_RESPONSE = "mcp_approval_response"
+    #: the gateway's run of the model's browser (``web_search``; ``gateway.tools.web``)
+    WEB_SEARCH_CALL = "web_search_call"
 
 
 class ToolType(StrEnum):

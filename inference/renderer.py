@@ -45,6 +45,9 @@ class Prelude(msgspec.Struct, frozen=True):
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: Any = "auto"
     reasoning_effort: str | None = None
+    #: built-in tools the model is offered besides ``tools`` (``"browser"``: ``inference.browser_tool``),
+    #: each renderer showing them its family's way
+    builtin: tuple[str, ...] = ()
 
 
 T = TypeVar("T")

@@ -330,6 +330,22 @@ class Metrics:
             "WebSocket connections closed 1008 because the client stopped reading (ws_send_deadline_s)",
             registry=r,
         )
+        self.web_actions = Counter(
+            "respgate_web_search_actions",
+            "web_search actions the gateway ran (search, open_page, find_in_page) by backend (the search "
+            "backend's kind; pages for open and find) and outcome (ok, or why it failed: unavailable, "
+            "timeout, rate_limited, bad_response, refused, too_large, http_error, unsupported_type, "
+            "unreadable, invalid_call)",
+            ["backend", "action", "outcome"],
+            registry=r,
+        )
+        self.web_action_seconds = Histogram(
+            "respgate_web_search_action_seconds",
+            "Seconds one web_search action took (a search on its backend, a page fetched and read)",
+            ["backend", "action"],
+            registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60),
+        )
         self.hosted_tools_stripped = Counter(
             "respgate_hosted_tools_stripped",
             "Hosted tools a request sent that the gateway does not run, left out (hosted_tools=strip): "

@@ -26,6 +26,36 @@ class McpServerSetting(BaseModel):
     tenants: list[str] | None = None
 
 
+class WebSearchSetting(BaseModel):
+    """A web search backend the gateway's ``web_search`` tool runs on (``web_search``,
+    ``web_search_tenants``; ``gateway.tools.web``). Keys live here, never in requests."""
+
+    model_config = {"extra": "forbid"}
+
+    #: ``searxng`` (self-hosted, its JSON API), ``brave`` or ``tavily`` (hosted APIs with a key)
+    backend: Literal["searxng", "brave", "tavily"]
+    #: searxng: the instance (``http://searxng:8080``, required); brave, tavily: their API origin
+    #: (default: the public one; an operator's egress proxy or a test stand-in otherwise)
+    url: str | None = None
+    #: brave: the subscription token; tavily: the ``tvly-...`` key (unused by searxng)
+    api_key: str | None = Field(default=None, repr=False)
+    #: seconds one search may take (connect, send, the whole answer)
+    timeout_s: float = Field(default=10.0, gt=0)
+    #: the most hits one search returns to the model (``search_context_size`` picks fewer)
+    max_results: int = Field(default=10, ge=1, le=50)
+    #: networks (CIDR) a brave/tavily ``url`` may be in although private (searxng's is never checked:
+    #: it is the operator's own service)
+    allow_networks: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _complete(self) -> WebSearchSetting:
+        if self.backend == "searxng" and not self.url:
+            raise ValueError("a searxng backend needs its 'url'")
+        if self.backend in ("brave", "tavily") and not self.api_key:
+            raise ValueError(f"a {self.backend} backend needs its 'api_key'")
+        return self
+
+
 class Settings(BaseModel):
     #: address to bind; any other than loopback needs API keys or ``open_mode`` (containers: ``0.0.0.0``)
     host: str = "127.0.0.1"
@@ -243,6 +273,18 @@ class Settings(BaseModel):
     #: networks (CIDR) a request's ``server_url`` may reach although private, loopback or link-local
     #: (refused by default, checked on each resolved address, redirects included)
     outbound_allow_networks: list[str] = Field(default_factory=list)
+    #: the backend of the ``web_search`` tool (JSON: ``{"backend": "searxng", "url": "http://searxng:8080"}``;
+    #: see ``WebSearchSetting``); unset: ``web_search`` is stripped like any hosted tool we do not run
+    web_search: WebSearchSetting | None = None
+    #: a tenant's own backend, or ``null`` for none (JSON: ``{"tenant": {...} | null}``); other tenants
+    #: use ``web_search``
+    web_search_tenants: dict[str, WebSearchSetting | None] = Field(default_factory=dict)
+    #: bytes of one page ``web_search`` opens (read from the wire; more: the open fails ``too_large``)
+    web_page_max_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    #: seconds one page open may take (connect, every redirect, the body)
+    web_page_timeout_s: float = Field(default=20.0, gt=0)
+    #: characters of a page's extracted text kept (the rest cut with a note)
+    web_page_max_chars: int = Field(default=100_000, ge=1000)
     #: seconds an MCP server has to list its tools (then ``mcp_list_tools`` reports the error)
     mcp_list_timeout_s: float = Field(default=15.0, gt=0)
     #: seconds one MCP tool call may take (then its ``mcp_call`` reports the error)

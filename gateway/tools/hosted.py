@@ -28,7 +28,7 @@ import logging
 import re
 import time
 from collections.abc import Container, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -43,6 +43,9 @@ from gateway.wire.errors import ApiError, bad_request
 from gateway.wire.items import new_id
 from gateway.wire.tools import TOOL_NAME, McpTool
 from security.outbound import OutboundPolicy, mcp_client_factory
+
+if TYPE_CHECKING:
+    from gateway.tools.web import WebTool
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,8 @@ class McpServer(msgspec.Struct, frozen=True):
 
 
 class HostedTurn(msgspec.Struct, frozen=True):
-    """What one turn's MCP servers offer: the tools, the model's view of them, the new listings."""
+    """What the tools the gateway runs offer one turn: the MCP servers' tools, the model's view of
+    them, the new listings, and the ``web_search`` tool (``gateway.tools.web``)."""
 
     servers: Mapping[str, McpServer]
     #: label -> tool name -> the listed tool (allowed ones only)
@@ -78,6 +82,13 @@ class HostedTurn(msgspec.Struct, frozen=True):
     listings: tuple[dict[str, Any], ...]
     #: ``mcp_approval_request`` items the request approved: run before generating
     approved: tuple[dict[str, Any], ...] = ()
+    #: the request's ``web_search`` tool, when the gateway runs it
+    web: WebTool | None = None
+
+    @property
+    def active(self) -> bool:
+        """The turn has tools the gateway runs (a tool loop between engine passes)."""
+        return bool(self.servers) or self.web is not None
 
     def decide(self, label: str, name: str) -> Decision:
         """Whether the model's call of ``name`` on server ``label`` runs now or asks first."""

@@ -31,14 +31,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
+from pydantic import ValidationError
 
 from cache.lru import BoundedLRU, tenant_of
 from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
-from gateway.wire.tools import HostedTool, McpTool, canonical_tool, tool_names
-from gateway.wire.validation import json_type
+from gateway.wire.tools import WEB_SEARCH_TYPES, HostedTool, McpTool, WebSearchTool, canonical_tool, tool_names
+from gateway.wire.validation import json_type, to_api_error
 from inference.item_types import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
 from inference.renderer import Prelude
@@ -107,11 +108,19 @@ class CheckedTools:
     """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
     the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
 
-    __slots__ = ("models", "tools", "names", "mcp", "stripped")
+    __slots__ = ("models", "tools", "names", "mcp", "stripped", "web")
 
-    def __init__(self, models: list[Any], tools: tuple[dict[str, Any], ...], stripped: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        models: list[Any],
+        tools: tuple[dict[str, Any], ...],
+        stripped: tuple[str, ...] = (),
+        web: tuple[int, WebSearchTool] | None = None,
+    ) -> None:
         self.models = models
         self.tools = tools
+        #: the ``web_search`` tool the gateway runs (with its index), when this tenant has a backend
+        self.web = web
         #: the hosted tool types the gateway does not run, left out (``hosted_tools="strip"``): each
         #: request that sends them counts them (``respgate_hosted_tools_stripped_total``)
         self.stripped = stripped
@@ -130,8 +139,17 @@ class ToolChecks:
     bytes, and each tenant by its share of them (``cache.lru``); another tenant's entries are never
     read."""
 
-    def __init__(self, hosted: HostedToolPolicy, max_entries: int = 64, max_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        hosted: HostedToolPolicy,
+        max_entries: int = 64,
+        max_bytes: int = 16 * 1024 * 1024,
+        web_search: Callable[[str | None], bool] = lambda tenant: False,
+    ) -> None:
+        """``web_search(tenant)``: whether the gateway runs ``web_search`` for that tenant (a backend
+        is configured for it); when not, the tool is stripped like any hosted tool."""
         self.hosted = hosted
+        self.web_search = web_search
         self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(
             max_entries, max_bytes, part=tenant_of
         )
@@ -172,7 +190,7 @@ class ToolChecks:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
         if not req.tools:
             return NO_TOOLS
-        checked = CheckedTools(req.tools, *_tools(req, self.hosted))
+        checked = CheckedTools(req.tools, *_tools(req, self.hosted, self.web_search(tenant)))
         if key is not None and not checked.mcp:  # MCP credentials are kept for the turn only
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
@@ -252,14 +270,18 @@ def route_of(req: CreateRequest, registry: ModelRegistry) -> ModelRoute:
     return route
 
 
-def prelude_of(req: CreateRequest, tools: tuple[dict[str, Any], ...], tool_choice: Any = None) -> Prelude:
-    """``tool_choice``: the request's, unless the caller translated it (``hosted_choice``)."""
+def prelude_of(
+    req: CreateRequest, tools: tuple[dict[str, Any], ...], tool_choice: Any = None, builtin: tuple[str, ...] = ()
+) -> Prelude:
+    """``tool_choice``: the request's, unless the caller translated it (``hosted_choice``);
+    ``builtin``: the built-in tools the model is offered (``inference.browser_tool``)."""
     choice = tool_choice if tool_choice is not None else req.tool_choice
     return Prelude(
         instructions=req.instructions,
         tools=tools,
         tool_choice="auto" if choice is None else choice,
         reasoning_effort=req.reasoning.effort if req.reasoning else None,
+        builtin=builtin,
     )
 
 
@@ -268,6 +290,9 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
     ``{"type": "mcp", "server_label": L, "name": N}`` is that namespace's function; without a name,
     any tool of the server (``allowed_tools``, required). Raises ``ApiError`` for an unknown server
     or tool. Other choices are unchanged."""
+    if isinstance(choice, dict) and choice.get("type") in WEB_SEARCH_TYPES:
+        # the browser is a built-in tool, not a function a grammar can force: the model is offered it
+        return "auto"
     if not isinstance(choice, dict) or choice.get("type") != "mcp":
         return choice
     label = choice.get("server_label")
@@ -296,11 +321,27 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
     }
 
 
-def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...]]:
-    """The tools the turn uses, and the hosted tool types it left out."""
+def _tools(
+    req: CreateRequest, hosted: HostedToolPolicy, web: bool = False
+) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[int, WebSearchTool] | None]:
+    """The tools the turn uses, the hosted tool types it left out, and the ``web_search`` tool the
+    gateway runs (``web``: a backend serves this tenant)."""
     out: list[dict[str, Any]] = []
     stripped: list[str] = []
+    web_tool: tuple[int, WebSearchTool] | None = None
     for i, tool in enumerate(req.tools or []):
+        if isinstance(tool, HostedTool) and web and tool.type in WEB_SEARCH_TYPES:
+            if web_tool is not None:
+                raise bad_request(
+                    "Only one web_search tool may be given.", code="invalid_value", param=f"tools[{i}].type"
+                )
+            try:
+                checked = WebSearchTool.model_validate(tool.model_dump())
+            except ValidationError as exc:
+                raise _at_tool(to_api_error(exc), i) from None
+            web_tool = (i, checked)
+            out.append(checked.echo())
+            continue
         if isinstance(tool, HostedTool):
             if hosted == "reject":
                 raise ApiError(
@@ -320,7 +361,13 @@ def _tools(req: CreateRequest, hosted: HostedToolPolicy) -> tuple[tuple[dict[str
                 param=f"tools[{i}].async",
             )
         out.append(d)
-    return tuple(out), tuple(stripped)
+    return tuple(out), tuple(stripped), web_tool
+
+
+def _at_tool(err: ApiError, i: int) -> ApiError:
+    """A ``web_search`` tool's validation error, its ``param`` under ``tools[i]``."""
+    param = f"tools[{i}].{err.param}" if err.param else f"tools[{i}]"
+    return ApiError(err.status, err.message.replace(f"'{err.param}'", f"'{param}'"), code=err.code, param=param)
 
 
 def check_tool_choice(req: CreateRequest, names: Mapping[tuple[str | None, str], str]) -> None:

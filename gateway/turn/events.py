@@ -22,9 +22,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gateway.tools.approvals import Decision
+from gateway.tools.citations import CitationWriter, Resolve
 from gateway.tools.hosted import HostedTurn
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
+from inference.browser_tool import BROWSER
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 Event = dict[str, Any]
@@ -54,10 +56,13 @@ class ResponseEvents:
         reasoning_mode: str = "raw",
         seal: Callable[[str], str] | None = None,
         hosted: HostedTurn | None = None,
+        citations: Resolve | None = None,
     ) -> None:
         """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
         part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
-        for ``reasoning.encrypted_content``) turns reasoning text into an opaque blob."""
+        for ``reasoning.encrypted_content``) turns reasoning text into an opaque blob. ``citations``
+        (the response's browser, ``web_search``): the model's citation marks in its messages become
+        ``url_citation`` annotations (``gateway.tools.citations``)."""
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
         self._seq = 0
@@ -73,9 +78,16 @@ class ResponseEvents:
         self._reasoning_mode = reasoning_mode
         self._seal = seal
         #: the turn's MCP servers: a call into one of their namespaces is the gateway's to run
-        self._hosted = hosted if hosted is not None and hosted.servers else None
+        self._hosted = hosted if hosted is not None and hosted.active else None
         #: output indices of gateway-run calls whose arguments are complete and that have not run
         self._to_run: list[int] = []
+        #: the browser function and the model's arguments of each ``web_search_call`` by output
+        #: index (the item has neither: its action is built from them when it ran)
+        self._web_args: dict[int, tuple[str, str]] = {}
+        self._resolve = citations
+        #: the open message's citation writer (only with ``citations``)
+        self._cite: CitationWriter | None = None
+        self._annotations: list[dict[str, Any]] = []
 
     # -- envelope -------------------------------------------------------------------------------
 
@@ -112,7 +124,13 @@ class ResponseEvents:
     def feed(self, events: list[ParseEvent], logprobs: dict[int, list[dict[str, Any]]] | None = None) -> list[Event]:
         """``logprobs``: for the ``ItemDelta`` at an index of ``events``, the logprob entries of the
         tokens that wrote it (message text only; ``gateway.turn.logprobs``)."""
-        if len(events) == 1 and not logprobs and self._open is not None and type(events[0]) is ItemDelta:
+        if (
+            len(events) == 1
+            and not logprobs
+            and self._open is not None
+            and self._cite is None
+            and type(events[0]) is ItemDelta
+        ):
             ev = self._delta(events[0].text)  # a token of the open item: most engine deltas
             return [] if ev is None else [ev]
         out: list[Event] = []
@@ -120,6 +138,9 @@ class ResponseEvents:
             if isinstance(pe, ItemDelta):  # the common case: one per engine delta
                 if self._open is None:
                     out += self._open_item(ItemStart("message", phase="final"))
+                if self._cite is not None:
+                    out += self._cited(pe.text, logprobs.get(i) if logprobs else None)
+                    continue
                 ev = self._delta(pe.text, logprobs.get(i) if logprobs else None)
                 if ev is not None:
                     out.append(ev)
@@ -158,8 +179,12 @@ class ResponseEvents:
                 "content": [],
                 "phase": "commentary" if start.phase == "commentary" else "final_answer",
             }
+            if self._resolve is not None:
+                self._cite, self._annotations = CitationWriter(self._resolve), []
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+        elif self._hosted is not None and start.namespace == BROWSER and self._hosted.web is not None:
+            return self._open_web(start, idx)
         elif self._hosted is not None and start.namespace in self._hosted.servers:
             return self._open_hosted(start, idx)
         else:  # a tool call: its shape comes from the kinds map
@@ -236,6 +261,46 @@ class ResponseEvents:
             events.append(self._ev("response.mcp_call.in_progress", item_id=item["id"], output_index=idx))
         return events
 
+    def _open_web(self, start: ItemStart, idx: int) -> list[Event]:
+        """The model calls its browser (``web_search``): a ``web_search_call`` the gateway runs once
+        the call's arguments are complete. Its action is known then; until then it names the kind."""
+        item: dict[str, Any] = {
+            "id": new_id("ws"),
+            "type": ItemType.WEB_SEARCH_CALL.value,
+            "status": "in_progress",
+            "action": _pending_action(start.name or ""),
+        }
+        self._delta_type, self._delta_index = None, None  # the arguments are not streamed (as OpenAI)
+        self._open = item
+        self._open_id, self._open_idx = item["id"], idx
+        self.output.append(item)
+        self._web_args[idx] = (start.name or "", "")
+        return [
+            self._ev("response.output_item.added", output_index=idx, item=dict(item)),
+            self._ev("response.web_search_call.in_progress", item_id=item["id"], output_index=idx),
+        ]
+
+    def web_call(self, idx: int) -> tuple[str, str]:
+        """A ``web_search_call``'s browser function and the model's arguments."""
+        return self._web_args.get(idx, ("", ""))
+
+    def web_searching(self, idx: int) -> list[Event]:
+        """A browser call starts running."""
+        item = self.output[idx]
+        item["status"] = "searching"
+        return [self._ev("response.web_search_call.searching", item_id=item["id"], output_index=idx)]
+
+    def web_done(self, idx: int, action: dict[str, Any], failed: bool) -> list[Event]:
+        """A browser call finished: its action, then ``completed`` (a failure ends ``failed``, and
+        has no event of its own in the API: its ``output_item.done`` says it)."""
+        item = self.output[idx]
+        item["action"] = action
+        item["status"] = "failed" if failed else "completed"
+        events = (
+            [] if failed else [self._ev("response.web_search_call.completed", item_id=item["id"], output_index=idx)]
+        )
+        return events + [self._ev("response.output_item.done", output_index=idx, item=item)]
+
     def open_call(self, request: dict[str, Any]) -> list[Event]:
         """An approved ``mcp_approval_request`` becomes an ``mcp_call`` of this response (it runs
         before the model generates): added with its arguments, to run."""
@@ -252,6 +317,31 @@ class ResponseEvents:
                 "response.mcp_call_arguments.done", item_id=item["id"], output_index=idx, arguments=item["arguments"]
             ),
         ]
+
+    def _cited(self, text: str, logprobs: list[dict[str, Any]] | None, final: bool = False) -> list[Event]:
+        """A message's text through its citation writer: what may be shown now, and an
+        ``annotation.added`` event for each citation it completed."""
+        assert self._cite is not None
+        shown, annotations = self._cite.finish() if final else self._cite.feed(text)
+        out: list[Event] = []
+        ev = self._delta(shown, logprobs)
+        if ev is not None:
+            out.append(ev)
+        elif logprobs:
+            self._logprobs += logprobs
+        for ann in annotations:
+            out.append(
+                self._ev(
+                    "response.output_text.annotation.added",
+                    item_id=self._open_id,
+                    output_index=self._open_idx,
+                    content_index=0,
+                    annotation_index=len(self._annotations),
+                    annotation=ann,
+                )
+            )
+            self._annotations.append(ann)
+        return out
 
     def take_calls(self) -> list[int]:
         """The output indices of the gateway-run calls ready to run (each handed out once)."""
@@ -370,12 +460,26 @@ class ResponseEvents:
         status = "completed" if complete else "incomplete"
         events: list[Event] = []
         t = item["type"]
+        if t == "message" and self._cite is not None:
+            events += self._cited("", None, final=True)  # what the writer still held
+            self._cite = None
+            text = "".join(self._text)
         if t == "message":
             part = _text_part(text, self._logprobs)
+            if self._annotations:
+                part["annotations"], self._annotations = self._annotations, []
             events += self._part_done(
                 _MESSAGE_PART, item["id"], idx, text, part, {"logprobs": list(self._logprobs)}, {}
             )
             item["content"] = [part]
+        elif t == ItemType.WEB_SEARCH_CALL:
+            self._web_args[idx] = (self._web_args.get(idx, ("", ""))[0], text)
+            if complete:  # runs between engine passes (``gateway.turn.tool_loop``); done after it ran
+                self._to_run.append(idx)
+                return events
+            item["status"] = status
+            events.append(self._ev("response.output_item.done", output_index=idx, item=item))
+            return events
         elif t == "mcp_call" or t == "mcp_approval_request":
             item["arguments"] = text
             if t == "mcp_call":
@@ -425,7 +529,8 @@ class ResponseEvents:
         for idx in self.take_calls():  # gateway-run calls that never ran: reported as such
             item = self.output[idx]
             item["status"] = "incomplete"
-            item["error"] = gateway_error("The response ended before the call ran.")
+            if item["type"] != ItemType.WEB_SEARCH_CALL:  # its type has no error field
+                item["error"] = gateway_error("The response ended before the call ran.")
             events.append(self._ev("response.output_item.done", output_index=idx, item=item))
         self.response["status"] = status
         self.response["usage"] = usage
@@ -562,6 +667,21 @@ def _mcp_call(label: str, name: str, arguments: str = "", approval_request_id: s
         "error": None,
         "approval_request_id": approval_request_id,
     }
+
+
+#: the browser function the model called -> its ``web_search_call`` action type
+_ACTION_OF = {"search": "search", "open": "open_page", "find": "find_in_page"}
+
+
+def _pending_action(function: str) -> dict[str, Any]:
+    """The action a browser call announces before its arguments are read (the SDK's shapes: a
+    find's ``pattern`` and ``url`` are required strings, filled once it ran)."""
+    kind = _ACTION_OF.get(function, "search")
+    if kind == "find_in_page":
+        return {"type": kind, "pattern": "", "url": ""}
+    if kind == "open_page":
+        return {"type": kind, "url": None}
+    return {"type": kind, "query": None, "queries": None, "sources": None}
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
 from gateway.tools.hosted import HostedTools
+from gateway.tools.web import WebSearch
 from gateway.turn import render as render_stage
 from gateway.turn.checks import check_params
 from gateway.turn.classify import ClassifyStage
@@ -131,6 +132,8 @@ class Pipeline:
         )
         #: the MCP servers the gateway calls for the model (``gateway.tools.hosted``)
         self.hosted = HostedTools(settings, metrics)
+        #: the ``web_search`` backends and page reader (``gateway.tools.web``); pages are read in the pool
+        self.web = WebSearch(settings, metrics, cpu=self.offload.pooled())
         self.resolver = Resolver(
             registry,
             store,
@@ -144,10 +147,11 @@ class Pipeline:
             prefix=self.prefix,
             item_checks_bytes=settings.item_checks_bytes,
             hosted=self.hosted,
+            web=self.web,
         )
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(
-            settings, store, sealer, self.compactor, self.finalizer, metrics, self.hosted, self.classify
+            settings, store, sealer, self.compactor, self.finalizer, metrics, self.hosted, self.classify, self.web
         )
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
 
@@ -256,6 +260,7 @@ class Pipeline:
         """Shutdown: stop background prefills, wait for pending store writes."""
         await self.runner.close()
         await self.finalizer.flush()
+        await self.web.aclose()
         self.offload.close()
 
 

@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+import msgspec
 import orjson
 
 from cache.item_log import ItemLog
@@ -42,6 +43,7 @@ from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
 from gateway.tools.hosted import NO_HOSTED, HostedTools, HostedTurn, approvals_to_run
+from gateway.tools.web import WebSearch
 from gateway.turn.checks import (
     CheckedItem,
     CheckedTools,
@@ -74,7 +76,8 @@ from gateway.wire.items import (
 )
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
-from gateway.wire.tools import McpTool
+from gateway.wire.tools import WEB_SEARCH_TYPES, McpTool
+from inference.browser_tool import BROWSER
 from inference.hosted_items import call_of
 from inference.registry import ModelRegistry, ModelRoute
 
@@ -101,6 +104,7 @@ class Resolver:
         prefix: PrefixReuse | None = None,
         item_checks_bytes: int = 64 * 1024 * 1024,
         hosted: HostedTools | None = None,
+        web: WebSearch | None = None,
     ) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
@@ -113,13 +117,15 @@ class Resolver:
         self.compactor = compactor
         self.pending_write = pending_write
         #: tool lists already checked (``gateway.turn.checks.ToolChecks``)
-        self.tool_checks = ToolChecks(hosted_tools)
+        self.tool_checks = ToolChecks(hosted_tools, web_search=web.enabled if web is not None else lambda t: False)
         #: input items already checked, for requests that re-send the conversation (``ItemChecks``)
         self.item_checks = ItemChecks(item_checks_bytes)
         self.conversations = conversations
         self.prefix = prefix
         #: the MCP servers requests may use (``gateway.tools.hosted``)
         self.hosted = hosted
+        #: the ``web_search`` backends (``gateway.tools.web``)
+        self.web = web
         #: the stripped-hosted-tools counter's children by type (``labels()`` is a Python call a turn)
         self._stripped: dict[str, Any] = {}
 
@@ -154,9 +160,16 @@ class Resolver:
             parent, base_context, resent = None, ItemLog(), []
         lap("validate")  # the new items are validated against the resolved parent
         hosted = await self._hosted(checked.mcp, tools, new_items, parent, base_context, ctx)
-        if hosted.servers:  # the model sees the servers' tools, not the mcp tools themselves
-            model_tools = tuple(t for t in tools if t["type"] != "mcp") + hosted.namespaces
-            prelude = prelude_of(req, model_tools, hosted_choice(req.tool_choice, hosted))
+        if checked.web is not None and self.web is not None:
+            hosted = msgspec.structs.replace(hosted, web=self.web.tool(*checked.web, ctx.tenant, req.include or ()))
+        if hosted.active:  # the model sees the servers' tools and the browser, not the hosted tools themselves
+            model_tools = tuple(t for t in tools if t["type"] != "mcp" and t["type"] not in WEB_SEARCH_TYPES)
+            prelude = prelude_of(
+                req,
+                model_tools + hosted.namespaces,
+                hosted_choice(req.tool_choice, hosted),
+                builtin=(BROWSER,) if hosted.web is not None else (),
+            )
             lap("hosted")
         else:
             prelude = prelude_of(req, tools)

@@ -44,7 +44,9 @@ from cache.response_store import ResponseStore
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.tools.browser import Browser
 from gateway.tools.hosted import HostedTools
+from gateway.tools.web import WebSearch
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
@@ -76,8 +78,11 @@ class TurnRunner:
         metrics: Metrics,
         hosted: HostedTools | None = None,
         classify: ClassifyStage | None = None,
+        web: WebSearch | None = None,
     ) -> None:
         self.settings = settings
+        #: the ``web_search`` side (``gateway.tools.web``): each response that offers it gets a browser
+        self.web = web
         #: the MCP side (``gateway.tools.hosted``) and the classifiers tool outputs go through
         self.hosted = hosted
         self.classify = classify
@@ -88,7 +93,7 @@ class TurnRunner:
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
-    def _events(self, turn: PreparedTurn) -> ResponseEvents:
+    def _events(self, turn: PreparedTurn, browser: Browser | None = None) -> ResponseEvents:
         reasoning = turn.req.reasoning
         mode = (
             "summary"
@@ -100,6 +105,7 @@ class TurnRunner:
             reasoning_mode=mode,
             seal=self.sealer.seal if turn.include_encrypted else None,
             hosted=turn.input.hosted,
+            citations=browser.source if browser is not None else None,
         )
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
@@ -122,7 +128,9 @@ class TurnRunner:
         is ~15 events in ~6 groups."""
         t_run = time.perf_counter()
         clock = turn.clock  # laps: engine_submit, compact, engine_ttft, streaming (then store, finalize, billing)
-        events = self._events(turn)
+        web = turn.input.hosted.web
+        browser = self.web.browser(web) if web is not None and self.web is not None and turn.input.generate else None
+        events = self._events(turn, browser)
         rendered = turn.rendered
         copied = 0
         if rendered.base_ids is not None:
@@ -147,7 +155,11 @@ class TurnRunner:
         compact = self.compactor.wanted(turn)
         attribution = LogprobAttribution(renderer) if turn.sampling.logprobs is not None else None
         hosted = turn.input.hosted
-        tools = ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls) if hosted.servers else None
+        tools = (
+            ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls, self.web, browser)
+            if hosted.active
+            else None
+        )
         steer = turn.ctx.steer  # a WebSocket steer: read at each delta (``SteerSignal``)
         gen: _Pass | None = None
         #: every engine pass of the turn (one, unless the gateway ran tools between them)
@@ -578,7 +590,7 @@ def _calling(events: ResponseEvents, first: int) -> bool:
 
 
 #: the items a model writes to call a tool: the client's, and the MCP calls the gateway runs (or asks to)
-_CALLING = CALL_TYPES | {ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST}
+_CALLING = CALL_TYPES | {ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST, ItemType.WEB_SEARCH_CALL}
 
 
 class _SingleCall:

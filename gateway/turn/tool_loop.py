@@ -1,6 +1,6 @@
 """The calls the gateway runs between two engine passes of one response (``gateway.turn.run``).
 
-    pass k ends with calls into MCP namespaces
+    pass k ends with calls into MCP namespaces or the model's browser (``web_search``)
         -> run them at once (each bounded: ``mcp_call_timeout_s``, ``tool_output_bytes``)
         -> each call's events as it finishes (``response.mcp_call.completed|failed``)
         -> their outputs rendered once, in output order: the tokens appended at the token tip
@@ -26,12 +26,28 @@ from typing import Any
 
 import orjson
 
+from gateway.tools.browser import Browser, BrowseResult
 from gateway.tools.hosted import HostedTools, error_object
 from gateway.tools.mcp_client import ToolResult
+from gateway.tools.web import WebSearch
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.events import Event, ResponseEvents, gateway_error
 from gateway.turn.types import PreparedTurn
-from inference.hosted_items import output_of
+from inference.browser_tool import BROWSER
+from inference.hosted_items import ERROR_PREFIX, output_of
+from inference.item_types import ItemType
+
+
+def _browser_output(item: Mapping[str, Any], function: str, text: str) -> dict[str, Any]:
+    """What the model reads after its browser call: the tool's message (harmony's ``browser.<fn>``
+    author, a chat template's ``browser__<fn>`` tool result), appended at the token tip."""
+    return {
+        "type": "function_call_output",
+        "call_id": str(item["id"]),
+        "output": text,
+        "name": function or "search",
+        "namespace": BROWSER,
+    }
 
 
 class ToolRound:
@@ -54,9 +70,19 @@ class ToolLoop:
     """One response's gateway-run calls: the budget, the counts the ledger gets, running a round."""
 
     def __init__(
-        self, hosted: HostedTools | None, classify: ClassifyStage | None, turn: PreparedTurn, default_max: int
+        self,
+        hosted: HostedTools | None,
+        classify: ClassifyStage | None,
+        turn: PreparedTurn,
+        default_max: int,
+        web: WebSearch | None = None,
+        browser: Browser | None = None,
     ) -> None:
+        """``browser``: the response's browser (``web_search``), ``web`` the service that counts its
+        actions."""
         self.hosted = hosted
+        self.web = web
+        self.browser = browser
         self.classify = classify
         self.turn = turn
         self.limit = turn.req.max_tool_calls if turn.req.max_tool_calls is not None else default_max
@@ -70,18 +96,35 @@ class ToolLoop:
         """Run ``rnd``'s calls; yields each call's events as it finishes."""
         budget = max(0, self.limit - self.calls)
         allowed, over = rnd.indices[:budget], rnd.indices[budget:]
+        #: what the model reads of each browser call (the ``web_search_call`` item carries no output)
+        browsed: dict[int, dict[str, Any]] = {}
+        not_run = f"Not run: this response reached its limit of {self.limit} tool calls (max_tool_calls)."
         for idx in over:
             rnd.ends = True
-            yield events.call_done(
-                idx,
-                None,
-                gateway_error(f"Not run: this response reached its limit of {self.limit} tool calls (max_tool_calls)."),
-            )
+            if events.output[idx]["type"] == ItemType.WEB_SEARCH_CALL:
+                function, _ = events.web_call(idx)
+                browsed[idx] = _browser_output(events.output[idx], function, ERROR_PREFIX + not_run)
+                yield events.web_done(idx, events.output[idx]["action"], failed=True)
+            else:
+                yield events.call_done(idx, None, gateway_error(not_run))
         self.calls += len(allowed)
-        tasks = [asyncio.ensure_future(self._one(idx, events.output[idx])) for idx in allowed]
+        tasks: list[asyncio.Future[tuple[int, Any]]] = []
+        starting: list[Event] = []
+        for idx in allowed:
+            if events.output[idx]["type"] == ItemType.WEB_SEARCH_CALL:
+                starting += events.web_searching(idx)
+                tasks.append(asyncio.ensure_future(self._browse(idx, *events.web_call(idx))))
+            else:
+                tasks.append(asyncio.ensure_future(self._one(idx, events.output[idx])))
+        if starting:
+            yield starting
         try:
             for fut in asyncio.as_completed(tasks):
                 idx, result = await fut
+                if isinstance(result, BrowseResult):
+                    browsed[idx] = _browser_output(events.output[idx], result.function, result.text)
+                    yield events.web_done(idx, self._action(result), failed=result.failure is not None)
+                    continue
                 self.seconds += result.elapsed
                 yield events.call_done(idx, result.output, error_object(result))
         finally:  # the consumer left, or the turn was cancelled: no call outlives it
@@ -89,7 +132,11 @@ class ToolLoop:
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
-        outputs = [out for idx in rnd.indices if (out := output_of(events.output[idx])) is not None]
+        outputs = [
+            out
+            for idx in rnd.indices
+            if (out := browsed.get(idx) if idx in browsed else output_of(events.output[idx])) is not None
+        ]
         rnd.tokens = self.turn.route.renderer.render_items(outputs)
         if len(outputs) > 1 and self.turn.route.renderer.family != "harmony":
             # a chat template groups the calls of one assistant message, and a full render of the
@@ -117,6 +164,43 @@ class ToolLoop:
             if it.get("tools")
         ]
         return bool(described) and await self.classify.tool_outputs(described, self.turn)
+
+    def _action(self, result: BrowseResult) -> dict[str, Any]:
+        """The action as the response shows it, every field of its SDK type present: a search's
+        ``sources`` only when ``include`` asked for them (else null)."""
+        action = dict(result.action)
+        if action.get("type") == "search":
+            web = self.turn.input.hosted.web
+            if web is None or not web.sources:
+                action["sources"] = None
+            action.setdefault("sources", None)
+            action.setdefault("query", None)
+            action.setdefault("queries", [action["query"]] if action["query"] else None)
+        elif action.get("type") == "open_page":
+            action.setdefault("url", None)
+        return action
+
+    async def _browse(self, idx: int, function: str, arguments: str) -> tuple[int, BrowseResult]:
+        assert self.browser is not None
+        t0 = time.perf_counter()
+        result = await self.browser.run(function, arguments)
+        t1 = time.perf_counter()
+        self.seconds += t1 - t0
+        if self.web is not None:
+            self.web.observe(result, t1 - t0)
+        self.turn.clock.span(  # no query, URL or page in a trace: they are user data
+            "tool_call",
+            t0,
+            t1,
+            {
+                "respgate.tool.type": "web_search",
+                "respgate.tool.server": result.backend,
+                "respgate.tool.name": str(result.action.get("type", "invalid")),
+                "respgate.tool.output_bytes": len(result.text),
+                **({"error.type": result.failure} if result.failure is not None else {}),
+            },
+        )
+        return idx, result
 
     async def _one(self, idx: int, call: Mapping[str, Any]) -> tuple[int, ToolResult]:
         assert self.hosted is not None

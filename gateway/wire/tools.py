@@ -107,6 +107,67 @@ class McpTool(_Lenient):
         raise ValueError("expected 'always', 'never', or an object with 'always' and/or 'never' filters")
 
 
+#: the ``web_search`` tool's type and its dated aliases (``gateway.tools.web`` runs them when the
+#: operator configured a backend; else they are stripped like the other hosted tools)
+WEB_SEARCH_TYPES = frozenset(
+    {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+)
+
+
+class WebSearchFilters(_Lenient):
+    """``filters``: the domains results (and opened pages) must be on; subdomains included."""
+
+    allowed_domains: list[Annotated[str, Field(max_length=253)]] | None = Field(default=None, max_length=100)
+
+
+class WebSearchLocation(_Lenient):
+    """``user_location`` (``approximate``): passed to backends that take a country or language."""
+
+    type: Literal["approximate"] | None = None
+    city: str | None = Field(default=None, max_length=256)
+    country: str | None = Field(default=None, max_length=2)
+    region: str | None = Field(default=None, max_length=256)
+    timezone: str | None = Field(default=None, max_length=64)
+
+
+class WebSearchTool(_Lenient):
+    """The ``web_search`` tool when the gateway runs it: checked only then (when it is stripped, any
+    shape is accepted, as before: Codex sends it in every frame)."""
+
+    type: Literal["web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"]
+    filters: WebSearchFilters | None = None
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: WebSearchLocation | None = None
+    #: false: no live fetch wanted (OpenAI's cache-only mode); the gateway has no cache, so searches
+    #: still run and pages are opened only when true or absent (``gateway.tools.web``)
+    external_web_access: bool | None = None
+    #: ``web_search_preview``: ``text`` and/or ``image`` results; the gateway's backends give text
+    search_content_types: list[Literal["text", "image"]] | None = Field(default=None, max_length=2)
+
+    def echo(self) -> dict[str, Any]:
+        """The tool as the Response echoes it: every field of the SDK's type for its ``type``
+        (``WebSearchTool`` or ``WebSearchPreviewTool``), absent ones null."""
+        d = self.model_dump(exclude_none=True)
+        preview = self.type.startswith("web_search_preview")
+        names = _PREVIEW_ECHO_FIELDS if preview else _WEB_SEARCH_ECHO_FIELDS
+        out = {name: d.get(name) for name in names}
+        if self.user_location is not None:
+            loc = self.user_location.model_dump()
+            loc["type"] = loc.get("type") or "approximate"
+            out["user_location"] = loc
+        return out
+
+
+_WEB_SEARCH_ECHO_FIELDS = (
+    "type",
+    "external_web_access",
+    "filters",
+    "search_context_size",
+    "user_location",
+)
+_PREVIEW_ECHO_FIELDS = ("type", "search_content_types", "search_context_size", "user_location")
+
+
 HOSTED_TOOL_TYPES = frozenset(
     {
         "file_search",
@@ -201,7 +262,7 @@ def tool_names(tools: tuple[dict[str, Any], ...]) -> dict[tuple[str | None, str]
     """(namespace, name) -> tool type, for validating tool_choice and parsed calls."""
     out: dict[tuple[str | None, str], str] = {}
     for t in tools:
-        if t["type"] == "mcp":  # its tools are the server's (``gateway.tools.hosted``)
+        if t["type"] == "mcp" or t["type"] in WEB_SEARCH_TYPES:  # the gateway's tools (``gateway.tools``)
             continue
         if t["type"] == "namespace":
             for sub in t["tools"]:
