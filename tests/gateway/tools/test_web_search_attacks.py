@@ -1,0 +1,73 @@
+"""Adversarial checks on ``web_search`` from the outside: a model (read: prompt-injected page text)
+asking the browser to open private, loopback, metadata or non-HTTP addresses while the operator
+allows none of them; the refusal must come before any connection, end the call ``failed``, and
+leave the turn completed with a valid response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.base.settings import Settings
+from inference.simulated import SimulatedEngine
+from inference.simulated_script import ToolCall
+from tests.gateway.tools.test_web_search_turns import browse, by_type
+from tests.http_helpers import create
+from tests.mcp_servers.running import running_app
+from tests.schema_check import sdk_check_response
+from tests.search_servers.searxng import search_app
+
+
+@pytest.fixture(scope="module")
+def searxng() -> Iterator[str]:
+    app = search_app()
+    app.state.results = []
+    with running_app(app) as url:
+        yield url
+
+
+SSRF_TARGETS = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[::1]/",
+    "http://0x7f000001/",
+    "http://2130706433/",
+    "http://0177.0.0.1/",
+    "http://127.1/",
+    "http://localhost/",
+    "file:///etc/passwd",
+    "gopher://127.0.0.1:70/",
+    "http://10.0.0.1/",
+]
+
+
+@pytest.mark.parametrize("target", SSRF_TARGETS)
+def test_model_cannot_open_private_or_odd_addresses(make_gateway: Any, searxng: str, target: str) -> None:
+    """No ``outbound_allow_networks``: every such open is refused, the call fails, the turn goes on."""
+    live = make_gateway(
+        Settings(web_search={"backend": "searxng", "url": f"{searxng}/custom"}),
+        engine=SimulatedEngine(script=browse([ToolCall("open", {"id": target}, "browser")], "Done.")),
+    )
+    r = create(live, input="open it", tools=[{"type": "web_search"}])
+    assert sdk_check_response(r) == []
+    assert r["status"] == "completed"
+    (call,) = by_type(r, "web_search_call")
+    assert call["status"] == "failed"
+
+
+def test_model_cannot_reach_the_gateway_itself(make_gateway: Any, searxng: str) -> None:
+    """The searxng backend's own address is exempt; the gateway's port on loopback is not."""
+    calls: list[ToolCall] = []
+    script = browse(calls, "Done.")  # the call is added once the gateway's port is known
+
+    live = make_gateway(
+        Settings(web_search={"backend": "searxng", "url": f"{searxng}/custom"}),
+        engine=SimulatedEngine(script=script),
+    )
+    calls.append(ToolCall("open", {"id": f"{live.url}/v1/models"}, "browser"))
+    r = create(live, input="open it", tools=[{"type": "web_search"}])
+    assert r["status"] == "completed"
+    (call,) = by_type(r, "web_search_call")
+    assert call["status"] == "failed"
