@@ -15,7 +15,7 @@ from gateway.base.settings import Settings
 from inference.simulated import SimulatedEngine
 from inference.simulated_script import ToolCall
 from tests.gateway.tools.test_web_search_turns import browse, by_type
-from tests.http_helpers import create
+from tests.http_helpers import MODEL, assert_error, create, post
 from tests.mcp_servers.running import running_app
 from tests.schema_check import sdk_check_response
 from tests.search_servers.searxng import search_app
@@ -71,3 +71,18 @@ def test_model_cannot_reach_the_gateway_itself(make_gateway: Any, searxng: str) 
     assert r["status"] == "completed"
     (call,) = by_type(r, "web_search_call")
     assert call["status"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        {"type": "web_search", "search_context_size": "huge"},
+        {"type": "web_search", "filters": {"allowed_domains": [1, 2]}},
+        {"type": "web_search", "filters": {"allowed_domains": "example.com"}},
+        {"type": "web_search", "user_location": "mars"},
+    ],
+)
+def test_junk_web_search_params_are_a_400(make_gateway: Any, searxng: str, tool: dict[str, Any]) -> None:
+    live = make_gateway(Settings(web_search={"backend": "searxng", "url": f"{searxng}/custom"}))
+    err = assert_error(post(live, {"model": MODEL, "input": "hi", "tools": [tool]}), 400)
+    assert err["param"] and err["param"].startswith("tools"), err
