@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.base.settings import Settings
@@ -112,3 +113,11 @@ def test_injected_snippet_and_forged_marks_never_break_the_response(make_gateway
     for ann in part["annotations"]:
         assert 0 <= ann["start_index"] < ann["end_index"] <= len(part["text"])
         assert ann["url"] in part["text"][ann["start_index"] : ann["end_index"]]
+
+
+def test_without_a_backend_web_search_is_stripped_and_counted(make_gateway: Any) -> None:
+    live = make_gateway(Settings())
+    r = create(live, input="hi", tools=[{"type": "web_search"}])
+    assert r["status"] == "completed" and r["tools"] == []
+    metrics = httpx.get(live.url + "/metrics", timeout=10).text
+    assert 'respgate_hosted_tools_stripped_total{type="web_search"} 1.0' in metrics
