@@ -40,6 +40,7 @@ from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import WEB_SEARCH_TYPES, HostedTool, McpTool, WebSearchTool, canonical_tool, tool_names
 from gateway.wire.validation import json_type, to_api_error
+from inference.browser_tool import BROWSER
 from inference.item_types import ItemType, ToolType
 from inference.registry import ModelRegistry, ModelRoute
 from inference.renderer import Prelude
@@ -291,8 +292,11 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
     any tool of the server (``allowed_tools``, required). Raises ``ApiError`` for an unknown server
     or tool. Other choices are unchanged."""
     if isinstance(choice, dict) and choice.get("type") in WEB_SEARCH_TYPES:
-        # the browser is a built-in tool, not a function a grammar can force: the model is offered it
-        return "auto"
+        if hosted.web is None:
+            return "auto"  # stripped with the tool
+        # the browser's search: a chat template's grammar forces the call (its browser is a namespace
+        # of functions); harmony's browser is built in, outside the tools a grammar names: ``auto``
+        return {"type": "function", "name": "search", "namespace": BROWSER}
     if not isinstance(choice, dict) or choice.get("type") != "mcp":
         return choice
     label = choice.get("server_label")

@@ -175,6 +175,12 @@ class PrepareOffload:
         self.offloaded += 1
         return self._offloaded
 
+    @property
+    def pool(self) -> Cpu:
+        """The pool as a runner, not counted: for work that always belongs there (a page's text
+        extraction, ``gateway.tools.web``), which is not a preparation."""
+        return self._offloaded
+
     def pooled(self) -> Cpu:
         """The pool whatever the size: work known to be slow (a first import) stays off the loop."""
         self.offloaded += 1

@@ -133,7 +133,7 @@ class Pipeline:
         #: the MCP servers the gateway calls for the model (``gateway.tools.hosted``)
         self.hosted = HostedTools(settings, metrics)
         #: the ``web_search`` backends and page reader (``gateway.tools.web``); pages are read in the pool
-        self.web = WebSearch(settings, metrics, cpu=self.offload.pooled())
+        self.web = WebSearch(settings, metrics, cpu=self.offload.pool)
         self.resolver = Resolver(
             registry,
             store,
