@@ -257,3 +257,10 @@ class OpenResponses:
         """An HTTP error body ``{"error": {...}}``: the document gives no schema for non-200 answers;
         its ``ErrorPayload`` (the error object of ``ErrorStreamingEvent``) is the same object."""
         return self.errors(body.get("error"), "ErrorPayload")
+
+
+def typed_exactly(event: Any) -> bool:
+    """The openai SDK parsed ``event`` into the class its ``type`` names (an unknown type would land
+    in a class whose ``type`` literal differs, or in a bare model)."""
+    field = type(event).model_fields.get("type")
+    return field is not None and typing.get_args(field.annotation) == (event.type,)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,15 +40,9 @@ from tests.gateway.tools.test_mcp_turns import loopback_settings, mcp_tool, tool
 from tests.http_helpers import create, post
 from tests.mcp_servers import published
 from tests.mcp_servers.tools_server import ToolsServer
+from tests.schema_check import typed_exactly
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _typed_exactly(event: Any) -> bool:
-    """The SDK parsed ``event`` into the class its ``type`` names (an unknown type would land in a
-    class whose ``type`` literal differs, or in a bare model)."""
-    field = type(event).model_fields.get("type")
-    return field is not None and typing.get_args(field.annotation) == (event.type,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +180,7 @@ def test_sdk_stream_parses_every_mcp_event(make_gateway: Any, tools_server: tupl
         stream=True,
     )
     events = list(stream)
-    untyped = [(type(ev).__name__, ev.type) for ev in events if not _typed_exactly(ev)]
+    untyped = [(type(ev).__name__, ev.type) for ev in events if not typed_exactly(ev)]
     assert untyped == []
     names = [ev.type for ev in events]
     for kind in (
@@ -219,7 +212,7 @@ def test_sdk_websocket_approval_round_trip_store_false(
             conn.response.create(model=MODEL, input=inputs[turn], tools=tools, store=False, **extra)
             for ev in conn:
                 assert ev.type != "error", ev
-                assert _typed_exactly(ev), (type(ev).__name__, ev.type)
+                assert typed_exactly(ev), (type(ev).__name__, ev.type)
                 if ev.type in ("response.completed", "response.failed", "response.incomplete"):
                     finals.append(ev.response)
                     break

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,14 +33,10 @@ from inference.simulated_script import ToolCall
 from tests.clients.test_codex_replay import HOP_HEADERS, load, run_turn
 from tests.conftest import MODEL, LiveGateway
 from tests.gateway.tools.test_web_search_turns import browse, search, searxng, site, web_settings  # noqa: F401
+from tests.schema_check import typed_exactly
 from tests.turn_helpers import full_render_fallbacks
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _typed_exactly(event: Any) -> bool:
-    field = type(event).model_fields.get("type")
-    return field is not None and typing.get_args(field.annotation) == (event.type,)
 
 
 def _gateway(make_gateway: Any, searxng_url: str, script: Any, **kw: Any) -> LiveGateway:
@@ -135,7 +130,7 @@ def test_sdk_create_returns_typed_web_search_items(make_gateway: Any, searxng: t
 def test_sdk_stream_parses_every_web_search_event(make_gateway: Any, searxng: tuple[Any, str], site: str) -> None:
     live = _gateway(make_gateway, searxng[1], browse([search("harbor")], "Reopened 【0†L0】."))
     events = list(live.openai().responses.create(model=MODEL, input="hi", tools=[{"type": "web_search"}], stream=True))
-    untyped = [(type(ev).__name__, ev.type) for ev in events if not _typed_exactly(ev)]
+    untyped = [(type(ev).__name__, ev.type) for ev in events if not typed_exactly(ev)]
     assert untyped == []
     names = [ev.type for ev in events]
     for kind in (
@@ -166,7 +161,7 @@ def test_sdk_websocket_continuation_searches_again(make_gateway: Any, searxng: t
             conn.response.create(model=MODEL, input=text, tools=[{"type": "web_search"}], store=False, **extra)
             for ev in conn:
                 assert ev.type != "error", ev
-                assert _typed_exactly(ev), (type(ev).__name__, ev.type)
+                assert typed_exactly(ev), (type(ev).__name__, ev.type)
                 if ev.type in ("response.completed", "response.failed", "response.incomplete"):
                     finals.append(ev.response)
                     break
