@@ -315,8 +315,9 @@ def test_credentials_are_never_echoed_or_stored(make_gateway: Any) -> None:
         assert token not in repr(record) and "hdr-9999" not in repr(record)
 
 
-def _calls(calls: list[ToolCall]) -> Any:
-    """A script: after the user speaks and after each tool output, the next call; then an answer."""
+def _calls(calls: list[ToolCall], answer: str | None = None) -> Any:
+    """A script: after the user speaks and after each tool output, the next call; then ``answer``
+    (default: how many calls it made)."""
     state = {"i": 0}
 
     def script(view: Any) -> Turn:
@@ -327,7 +328,7 @@ def _calls(calls: list[ToolCall]) -> Any:
         if i < len(calls):
             state["i"] = i + 1
             return Turn(reasoning=f"call {i}", tool_calls=(calls[i],))
-        return Turn(text=f"done after {i} calls")
+        return Turn(text=answer if answer is not None else f"done after {i} calls")
 
     return script
 

@@ -17,8 +17,9 @@ import pytest
 from gateway.base.settings import Settings
 from inference.harmony_core import harmony_encoding
 from inference.simulated import SimulatedEngine
-from inference.simulated_script import ToolCall, Turn
+from inference.simulated_script import ToolCall
 from tests.conftest import LiveGateway
+from tests.gateway.tools.test_mcp_turns import _calls
 from tests.http_helpers import create, stream
 from tests.mcp_servers.running import running_app
 from tests.schema_check import sdk_check_event, sdk_check_response
@@ -53,20 +54,9 @@ def web_settings(searxng_url: str, **kw: Any) -> Settings:
 
 
 def browse(calls: list[ToolCall], answer: str) -> Any:
-    """A script: after the user speaks and after each tool output, the next call; then ``answer``."""
-    state = {"i": 0}
-
-    def script(view: Any) -> Turn:
-        last = view.last
-        if last is not None and last.role == "user":
-            state["i"] = 0
-        i = state["i"]
-        if i < len(calls):
-            state["i"] = i + 1
-            return Turn(reasoning=f"step {i}", tool_calls=(calls[i],))
-        return Turn(text=answer)
-
-    return script
+    """A script: after the user speaks and after each tool output, the next browser call; then
+    ``answer`` (citing what it read)."""
+    return _calls(calls, answer)
 
 
 def search(query: str) -> ToolCall:
