@@ -11,7 +11,8 @@ import difflib
 import json
 import os
 import tomllib
-from typing import Literal, get_origin
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -426,7 +427,9 @@ class Settings(BaseModel):
                 continue
             if field.annotation == list[str]:
                 values[name] = json.loads(raw) if raw.startswith("[") else [s for s in raw.split(",") if s]
-            elif get_origin(field.annotation) is dict:
+            elif _is_json(field.annotation):
+                if not raw.strip():
+                    continue  # compose's ${RESPGATE_WEB_SEARCH:-}: empty is unset, never invalid JSON
                 try:
                     values[name] = json.loads(raw)
                 except ValueError as exc:
@@ -443,6 +446,15 @@ class Settings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ConfigError(_describe(exc, origin)) from None
+
+
+def _is_json(annotation: object) -> bool:
+    """Whether a setting's environment variable holds JSON: an object setting (``mcp_servers``) or a
+    nested settings model (``web_search``), which an environment variable can only spell as JSON."""
+    if get_origin(annotation) is dict:
+        return True
+    members = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    return any(isinstance(m, type) and issubclass(m, BaseModel) for m in members)
 
 
 class ConfigError(ValueError):
@@ -476,8 +488,22 @@ def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
             continue
         name = str(err["loc"][0])
         where = origin.get(name, "default")
-        lines.append(f"  {name} ({where}): {err['msg']} (got {err.get('input')!r})")
+        path = ".".join(str(part) for part in err["loc"])
+        lines.append(f"  {path} ({where}): {err['msg']}{_shown(path, err.get('input'))}")
     return "\n".join(lines)
+
+
+#: parts of a setting's path whose values are credentials: never echoed in an error
+_SECRET_PARTS = ("key", "secret", "token", "password", "authorization", "header")
+
+
+def _shown(path: str, value: object) -> str:
+    """The offending value, when it is safe to print: a scalar of a setting that holds no
+    credential. Objects and lists are not echoed (``web_search`` holds its ``api_key``,
+    ``mcp_servers`` their headers, ``api_keys`` every key): the path already says where."""
+    if isinstance(value, dict | list) or any(part in path.lower() for part in _SECRET_PARTS):
+        return ""
+    return f" (got {value!r})"
 
 
 def default_usage_journal() -> str:

@@ -40,7 +40,9 @@ Every setting is a field of `Settings` in `gateway/base/settings.py`. Lowest pre
 value comes from its default, a TOML config file (`--config FILE` or `RESPGATE_CONFIG`; the keys
 are the names below, flat or under a `[respgate]` table), the environment variable
 `RESPGATE_<NAME>`, then a command-line flag of `respgate serve` where one exists. A list setting
-takes a comma-separated value or a JSON list (`'["a", "b"]'`; `'[]'` for none). `redis_url` also
+takes a comma-separated value or a JSON list (`'["a", "b"]'`; `'[]'` for none). An object setting
+(`mcp_servers`, `web_search`, `web_search_tenants`) takes JSON; empty, it counts as unset (what
+compose's `${{RESPGATE_WEB_SEARCH:-}}` gives when nothing is set). `redis_url` also
 falls back to `REDIS_URL`. An invalid value stops the command and names the field and where its
 value came from (see [Configuration](../operations.md#configuration-and-respgate-check)).
 """

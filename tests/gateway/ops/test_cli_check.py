@@ -157,6 +157,44 @@ def test_invalid_config_names_the_field_and_its_source(tmp_path, capsys, monkeyp
     assert "absent.toml" in capsys.readouterr().err
 
 
+def test_object_settings_come_from_json_in_the_environment_and_empty_is_unset(monkeypatch):
+    """``web_search`` is a nested settings object: its variable is JSON, the way the settings page
+    and the compose files spell it; empty (compose's ``${RESPGATE_WEB_SEARCH:-}`` with nothing
+    set) is unset, so the compose files can pass it through without turning web search on."""
+    monkeypatch.setenv("RESPGATE_WEB_SEARCH", '{"backend": "searxng", "url": "http://searxng:8080"}')
+    monkeypatch.setenv("RESPGATE_WEB_SEARCH_TENANTS", '{"guests": null}')
+    s = Settings.load(None)
+    assert s.web_search is not None and (s.web_search.backend, s.web_search.url) == ("searxng", "http://searxng:8080")
+    assert s.web_search_tenants == {"guests": None}
+    for name in ("RESPGATE_WEB_SEARCH", "RESPGATE_WEB_SEARCH_TENANTS", "RESPGATE_MCP_SERVERS"):
+        monkeypatch.setenv(name, "")
+    s = Settings.load(None)
+    assert s.web_search is None and s.web_search_tenants == {} and s.mcp_servers == {}
+    monkeypatch.setenv("RESPGATE_WEB_SEARCH", "{searxng")
+    with pytest.raises(ConfigError, match=r"web_search \(RESPGATE_WEB_SEARCH\): not JSON"):
+        Settings.load(None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "names"),
+    [
+        ("RESPGATE_WEB_SEARCH", '{"backend": "searxng", "api_key": "sk-LEAK"}', "needs its 'url'"),
+        ("RESPGATE_WEB_SEARCH", '{"backend": "brave", "api_key": "sk-LEAK", "timeout_s": "x"}', "web_search.timeout_s"),
+        ("RESPGATE_MCP_SERVERS", '{"d": {"url": 5, "headers": {"Authorization": "Bearer sk-LEAK"}}}', "mcp_servers.d"),
+        ("RESPGATE_API_KEYS", '["team:sk-LEAK", 7]', "api_keys.1"),
+        ("RESPGATE_WEB_SEARCH_TENANTS", '{"t": {"backend": "tavily", "api_key": "sk-LEAK", "x": 1}}', "tenants.t"),
+    ],
+)
+def test_a_config_error_names_the_setting_but_never_echoes_a_credential(monkeypatch, name, value, names):
+    """The message goes to stderr and to a container's log: it names the setting's path and where
+    the value came from, and leaves out objects, lists and credential-named values."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(None)
+    assert names in str(caught.value) and name in str(caught.value)
+    assert "sk-LEAK" not in str(caught.value)
+
+
 def test_serve_refuses_several_workers(capsys):
     assert main(["serve", "--workers", "2", "--engine", "simulated"]) == 2
     err = capsys.readouterr().err
