@@ -839,3 +839,96 @@ def _dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
             out.append((word.upper(), rest.strip()))
             lines = []
     return out
+
+
+# -- web search: the `search` profile, followed as deploy/README.md says ---------------------------------
+
+
+def _readme_web_search_block() -> list[str]:
+    """The command lines of deploy/README.md's "Web search" section, as a user copies them."""
+    text = (DEPLOY / "README.md").read_text()
+    section = text.split("## Web search", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def _follow_readme(compose: Path, *, with_search: bool) -> dict[str, Any]:
+    """Run the section's exports in a shell, then its `docker compose ... up -d` as `config` (no
+    engine here) against ``compose``: the configuration compose would start. Without
+    ``with_search`` the same compose line runs with none of the exports."""
+    exports = [line for line in _readme_web_search_block() if line.startswith("export ")]
+    (up,) = [line for line in _readme_web_search_block() if line.startswith("docker compose ")]
+    argv = up.split()[2:]
+    assert argv[-2:] == ["up", "-d"] and argv[:2] == ["-f", "deploy/compose.cpu.yaml"], up
+    exe = shutil.which("docker-compose")
+    assert exe
+    script = "\n".join([*(exports if with_search else []), 'exec "$@"'])
+    r = subprocess.run(
+        ["bash", "-c", script, "bash", exe, "-f", str(compose), *argv[2:-2], "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
+    assert r.returncode == 0, r.stderr
+    config: dict[str, Any] = yaml.safe_load(r.stdout)
+    return config
+
+
+def _gateway_settings(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    import os
+
+    from gateway.base.settings import Settings
+
+    for name in [k for k in os.environ if k.startswith("RESPGATE_")]:
+        monkeypatch.delenv(name)
+    for name in ("RESPGATE_WEB_SEARCH", "RESPGATE_WEB_SEARCH_TENANTS", "RESPGATE_API_KEYS"):
+        if name in env:
+            monkeypatch.setenv(name, str(env[name] if env[name] is not None else ""))
+    return Settings.load(None)
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_the_search_profile_followed_as_the_readme_says_wires_searxng_to_the_gateway(compose: Path, monkeypatch):
+    """deploy/README.md's three lines, on every compose file: SearXNG joins (its settings mounted,
+    JSON on, no port published, the secret passed), and the gateway's settings point its
+    web_search at that service on the port the image serves."""
+    services = _follow_readme(compose, with_search=True)["services"]
+    searxng = services["searxng"]
+    assert not searxng.get("ports"), "SearXNG is for the gateway only: no published port"
+    assert len(searxng["environment"]["SEARXNG_SECRET"]) == 64
+    (mount,) = searxng["volumes"]
+    source, target = (mount["source"], mount["target"]) if isinstance(mount, dict) else mount.split(":")[:2]
+    assert target == "/etc/searxng/settings.yml"
+    conf = yaml.safe_load(Path(source).read_text())
+    assert "json" in conf["search"]["formats"] and conf["server"]["limiter"] is False
+    assert conf.get("use_default_settings") is True and "secret_key" not in conf["server"]
+    settings = _gateway_settings(services["respgate"]["environment"], monkeypatch)
+    assert settings.web_search is not None and settings.web_search.backend == "searxng"
+    url = settings.web_search.url or ""
+    assert re.fullmatch(r"http://searxng:8080/?", url), url  # the service's name; the image listens on 8080
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_without_the_profile_there_is_no_searxng_and_web_search_stays_off(compose: Path, monkeypatch):
+    """The plain `up` of every compose file: SearXNG only in its profile, nothing depending on it,
+    and the gateway's empty
+    RESPGATE_WEB_SEARCH (compose's `${RESPGATE_WEB_SEARCH:-}`) is no backend, not a bad setting."""
+    exe = shutil.which("docker-compose")
+    assert exe
+    r = subprocess.run(
+        [exe, "-f", str(compose), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
+    assert r.returncode == 0, r.stderr
+    services = yaml.safe_load(r.stdout)["services"]
+    # compose v2's config leaves a profile's services out; v1's lists them with their profiles
+    assert "searxng" not in services or services["searxng"]["profiles"] == ["search"]
+    assert all(not svc.get("profiles") for name, svc in services.items() if name != "searxng")
+    assert not any("searxng" in (svc.get("depends_on") or {}) for svc in services.values()), "up would start it"
+    env = services["respgate"]["environment"]
+    assert env["RESPGATE_WEB_SEARCH"] in ("", None)
+    assert _gateway_settings(env, monkeypatch).web_search is None
