@@ -37,18 +37,24 @@ Refusals raise ``OutboundRefused`` (``ResponseTooLarge`` for the size bound). It
 host and the reason and nothing else (no headers, no credentials, no URL path or query), so it is
 safe to show to the API client. Proxies from the environment are never used (``trust_env=False``):
 a proxy would open the final connection where this check cannot see it.
+
+**URLs stay out of the logs.** httpx logs each request's full URL (``HTTP Request: GET ...``, at
+INFO, so under ``log_level: debug``); a ``guarded_client``'s URLs are requesters' data (pages the
+model opened, a search query in a query string), so its lines show ``[url withheld]`` instead.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import httpcore
@@ -567,6 +573,47 @@ class _GuardedTransport2(httpx2.AsyncHTTPTransport):
         )
 
 
+#: set while a guarded client sends: httpx's own line per request is then logged without its URL
+_GUARDED_SEND: ContextVar[bool] = ContextVar("respgate_guarded_send", default=False)
+_WITHHELD = "[url withheld]"
+
+
+class _WithholdGuardedUrls(logging.Filter):
+    """httpx logs one line per request with its full URL (``HTTP Request: GET https://...``, INFO, so
+    at ``log_level: debug``). A guarded client's URLs are the requester's data (a page the model
+    opened, a search query in SearXNG's query string): in its lines every URL argument is replaced
+    by ``[url withheld]``, the method and the status kept. Other clients' lines are left alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _GUARDED_SEND.get() and isinstance(record.args, tuple):
+            record.args = tuple(_WITHHELD if isinstance(a, httpx.URL) else a for a in record.args)
+            if isinstance(record.msg, httpx.URL):
+                record.msg = _WITHHELD
+        return True
+
+
+logging.getLogger("httpx").addFilter(_WithholdGuardedUrls())
+
+
+class _GuardedClient(httpx.AsyncClient):
+    """``httpx.AsyncClient`` whose sends (``stream`` and the verbs all send) are marked for
+    ``_WithholdGuardedUrls``."""
+
+    async def send(
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: Any = httpx.USE_CLIENT_DEFAULT,
+        follow_redirects: Any = httpx.USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
+        token = _GUARDED_SEND.set(True)
+        try:
+            return await super().send(request, stream=stream, auth=auth, follow_redirects=follow_redirects)
+        finally:
+            _GUARDED_SEND.reset(token)
+
+
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     merged = {"Accept-Encoding": "identity"}
     merged.update(headers or {})
@@ -593,7 +640,7 @@ def guarded_client(
     guard = _Guard(policy, httpcore.ConnectError, httpcore.ConnectTimeout)
     limits = httpx.Limits()
     transport = _GuardedTransport(guard, ssl_context or httpx.create_ssl_context(), limits)
-    return httpx.AsyncClient(
+    return _GuardedClient(
         transport=transport,
         trust_env=False,
         headers=_headers(headers),
