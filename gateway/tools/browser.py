@@ -56,6 +56,10 @@ fails pushes nothing.
   what it follows; the outbound guard still refuses private addresses at every hop). A filter
   that is not a list of domains is a ValueError at construction: the request is at fault, and its
   validator answers 400 before any model runs.
+* **Credentials in a redirect**: a page reached through a redirect to ``http://user:pw@host/`` is
+  refused (``refused``) after the fetch: nothing was sent with them (httpx does not turn a hop's
+  userinfo into a header), and refusing keeps them out of the model's screen and the action's URL,
+  as ``pages`` refuses a first URL that carries them.
 * **Errors** read ``Error: <message>``. Messages from ``SearchFailed`` / ``PageFailed`` are safe to
   show as they are; this module's own messages quote model input cut to ``MAX_QUOTED`` characters.
   Bad JSON, a non-object, a wrong type (``cursor`` a string, ``True`` for a number), an unknown
@@ -220,6 +224,14 @@ def _domain(url: str) -> str:
         return ""
 
 
+def _has_credentials(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return True
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -361,6 +373,14 @@ class Browser:
         doc = self._opened.get(url)
         if doc is None:
             page = await self._fetch(url, action)
+            if page.url != url and _has_credentials(page.url):
+                # a redirect hop with ``user:password@`` (sent nowhere: httpx does not turn a hop's
+                # userinfo into a header) must not put them in the model's screen or the action
+                raise _CallError(
+                    PageFailure.REFUSED.value,
+                    f"Refused: the page redirected to a URL with credentials for {_quote(_domain(page.url))}.",
+                    action,
+                )
             if page.url != url and not self._filter.allows(page.url):
                 raise _refusal(page.url, self._filter, action, redirected=True)
             doc = _page_doc(page)

@@ -688,3 +688,112 @@ def test_a_steer_mid_search_applies_when_the_search_returns(make_gateway: Any, h
     assert set(sink.records) == {rid, successor["id"]}
     assert sum(rec.output_tokens for rec in sink.records.values()) == engine.stats.generated_tokens
     assert sink.records[rid].tool_calls == 1
+
+
+def test_a_background_response_cancelled_mid_search(make_gateway: Any, held: tuple[Held, str]) -> None:
+    """``POST /v1/responses/{id}/cancel`` while the backend holds the search of a background
+    response: it ends ``cancelled``, the search's request is dropped, no browser task is left, it
+    is billed once as cancelled, and a later release of the backend changes nothing."""
+    import httpx
+
+    server, url = held
+    sink = CountingSink()
+    settings = Settings(web_search={"backend": "searxng", "url": f"{url}/held", "timeout_s": 120})
+    live = make_gateway(settings, engine=SimulatedEngine(script=searching_or_plain), usage_sink=sink)
+    started = post(live, {"model": MODEL, "input": "search tides", "tools": WEB, "background": True, "store": True})
+    assert started.status_code == 200, started.text
+    rid = started.json()["id"]
+    assert server.arrived.wait(30)
+    cancelled = httpx.post(f"{live.base_url}/responses/{rid}/cancel", timeout=30)
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert sdk_check_response(body) == []
+    assert body["status"] == "cancelled"
+    wait_for(lambda: server.disconnected == 1, timeout=30, what="the held search dropped by the gateway")
+    wait_for(lambda: not _browse_tasks(live), timeout=30, what="no browser task left")
+    (record,) = billed(live, sink, 1)
+    assert record.response_id == rid and record.status == "cancelled"
+    assert record.output_tokens == live.engine.stats.generated_tokens > 0
+    server.release.set()
+    stored = httpx.get(f"{live.base_url}/responses/{rid}", timeout=30).json()
+    assert stored["status"] == "cancelled"
+    for call in by_type(stored, "web_search_call"):
+        assert call["status"] != "completed"
+    after = create(live, input="hello")
+    assert after["status"] == "completed"
+    assert [r.response_id for r in billed(live, sink, 2)] == [rid, after["id"]]
+    assert server.answered == 0
+
+
+# -- more hostile answers: from the search backend, and redirects that are not private ----------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [
+        ("endless", "bad_response"),
+        ("huge", "bad_response"),
+        ("deep", "bad_response"),
+        ("gzip", "bad_response"),
+        ("redirect", "bad_response"),
+        ("garbage", "bad_response"),
+        ("ratelimited", "rate_limited"),
+        ("error", "unavailable"),
+    ],
+)
+def test_a_hostile_search_backend_fails_the_call_not_the_turn(
+    make_gateway: Any, searxng: tuple[Any, str], mode: str, kind: str
+) -> None:
+    """A backend answering forever, 64 MiB, JSON nested 100,000 deep, gzip nobody asked for, a
+    redirect to the metadata address, HTML, 429, 500: the call fails with its kind, the model reads
+    the error, the turn completes."""
+    _, url = searxng
+    settings = Settings(web_search={"backend": "searxng", "url": f"{url}/{mode}", "timeout_s": 5})
+    live = make_gateway(settings, engine=SimulatedEngine(script=searching_or_plain, record_prompts=True))
+    r = create(live, input="search tides", tools=WEB)
+    assert sdk_check_response(r) == []
+    assert r["status"] == "completed" and r["output"][-1]["type"] == "message"
+    (call,) = by_type(r, "web_search_call")
+    assert call["status"] == "failed"
+    assert outcome(live, "searxng", "search", kind) == 1
+    assert "Error: " in prompts_text(live).rsplit("browser.search", 1)[1]
+
+
+def test_redirect_loops_and_other_schemes(
+    make_gateway: Any, searxng: tuple[Any, str], site: str, connections: Connections
+) -> None:
+    """A redirect loop (more than 5 hops), a redirect to ``file://`` and to ``gopher://``: each open
+    fails, the turn completes, no connection leaves the loopback site."""
+    _, url = searxng
+    calls = [
+        ToolCall("open", {"id": f"{site}/loop"}, "browser"),
+        ToolCall("open", {"id": hop(site, "file:///etc/passwd")}, "browser"),
+        ToolCall("open", {"id": hop(site, "gopher://127.0.0.1:70/")}, "browser"),
+    ]
+    live = make_gateway(web_settings(url), engine=SimulatedEngine(script=browse(calls, "Done."), record_prompts=True))
+    r = create(live, input="open them", tools=WEB)
+    assert sdk_check_response(r) == []
+    assert r["status"] == "completed"
+    assert [c["status"] for c in by_type(r, "web_search_call")] == ["failed"] * 3
+    assert outcome(live, "pages", "open_page", "http_error") == 1
+    assert outcome(live, "pages", "open_page", "refused") == 2
+    assert "root:" not in prompts_text(live)
+    assert connections.hosts and set(connections.hosts) == {"127.0.0.1"}
+
+
+def test_credentials_in_a_redirect_hop_are_not_shown(make_gateway: Any, searxng: tuple[Any, str], site: str) -> None:
+    """A redirect to ``http://user:password@host/``: nothing is sent with them, and the open is
+    refused, so the page's URL (the credentials in it) reaches neither the model nor the client
+    (the first URL's own credentials are refused before any fetch)."""
+    _, url = searxng
+    with_creds = site.replace("http://", "http://admin:s3cret-pw@") + "/headers"
+    calls = [ToolCall("open", {"id": hop(site, with_creds)}, "browser")]
+    live = make_gateway(web_settings(url), engine=SimulatedEngine(script=browse(calls, "Done."), record_prompts=True))
+    r = create(live, input="open it", tools=WEB)
+    assert sdk_check_response(r) == []
+    assert r["status"] == "completed"
+    (call,) = by_type(r, "web_search_call")
+    assert call["status"] == "failed"
+    assert outcome(live, "pages", "open_page", "refused") == 1
+    # (the URL asked for carries them percent-encoded in its query: the model's own input)
+    assert "admin:s3cret-pw@" not in json.dumps(r) and "admin:s3cret-pw@" not in prompts_text(live)
