@@ -91,38 +91,7 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         raise _refused(request, gw, err) from None
     size = 0
     wire: list[bytes] = []
-    stream = request.stream()
-    while True:
-        try:
-            async with asyncio.timeout(s.body_timeout_s):
-                chunk = await anext(stream)
-        except StopAsyncIteration:
-            break
-        except ClientDisconnect:
-            # the client left mid-body: nobody to answer, and no fault of ours (not a 500 with a traceback)
-            raise _refused(
-                request,
-                gw,
-                InputRejected(
-                    "disconnected",
-                    400,
-                    "The client disconnected before the request body was complete.",
-                    code="client_disconnected",
-                    headers={"connection": "close"},
-                ),
-            ) from None
-        except TimeoutError:
-            raise _refused(
-                request,
-                gw,
-                InputRejected(
-                    "body_timeout",
-                    408,
-                    f"The request body stalled: no data for {s.body_timeout_s:g} s.",
-                    code="request_timeout",
-                    headers={"connection": "close"},
-                ),
-            ) from None
+    async for chunk in paced_body(request, gw):
         size += len(chunk)
         if size > limit:
             raise _too_large(request, gw, limit)
@@ -152,6 +121,47 @@ async def _sized_json_body(request: Request, gw: GatewayState, tenant: str | Non
         ), len(raw)
     except InputRejected as err:
         raise _refused(request, gw, err) from None
+
+
+async def paced_body(request: Request, gw: GatewayState) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, each within ``body_timeout_s`` of the one before: a body
+    that stalls is a 408 and a client that leaves mid-body a 400, both counted and logged and both
+    closing the connection (its unread rest is not worth reading). Every route that reads a body
+    reads it through here, so none can be held open by a trickle."""
+    timeout = gw.settings.body_timeout_s
+    stream = request.stream()
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except ClientDisconnect:
+            # the client left mid-body: nobody to answer, and no fault of ours (not a 500 with a traceback)
+            raise _refused(
+                request,
+                gw,
+                InputRejected(
+                    "disconnected",
+                    400,
+                    "The client disconnected before the request body was complete.",
+                    code="client_disconnected",
+                    headers={"connection": "close"},
+                ),
+            ) from None
+        except TimeoutError:
+            raise _refused(
+                request,
+                gw,
+                InputRejected(
+                    "body_timeout",
+                    408,
+                    f"The request body stalled: no data for {timeout:g} s.",
+                    code="request_timeout",
+                    headers={"connection": "close"},
+                ),
+            ) from None
+        yield chunk
 
 
 def _too_large(request: Request, gw: GatewayState, limit: int) -> InputRejected:
