@@ -797,3 +797,54 @@ def test_credentials_in_a_redirect_hop_are_not_shown(make_gateway: Any, searxng:
     assert outcome(live, "pages", "open_page", "refused") == 1
     # (the URL asked for carries them percent-encoded in its query: the model's own input)
     assert "admin:s3cret-pw@" not in json.dumps(r) and "admin:s3cret-pw@" not in prompts_text(live)
+
+
+@pytest.mark.parametrize("mode", ["forbidden", "error", "garbage", "shape", "ratelimited", "slow"])
+def test_a_failing_search_logs_no_query(
+    make_gateway: Any, searxng: tuple[Any, str], every_logger_at_debug: pytest.LogCaptureFixture, mode: str
+) -> None:
+    """A backend that fails (one that echoes the query it was sent in its 403 body, a 500, HTML, the
+    wrong JSON, 429, no answer): every logger at DEBUG, no record of the gateway's holds the query."""
+    _, url = searxng
+    settings = Settings(web_search={"backend": "searxng", "url": f"{url}/{mode}", "timeout_s": 1})
+    calls = [ToolCall("search", {"query": QUERY}, "browser")]
+    live = make_gateway(settings, engine=SimulatedEngine(script=browse(calls, "Done."), record_prompts=True))
+    caplog = every_logger_at_debug
+    caplog.clear()
+    r = create(live, input="tell me", tools=WEB)
+    assert r["status"] == "completed"
+    (call,) = by_type(r, "web_search_call")
+    assert call["status"] == "failed"
+    formatter = make_formatter("json")
+    ours = [rec for rec in caplog.records if not rec.threadName.startswith("mcp-server-")]
+    leaks = [
+        (rec.name, rec.getMessage()[:200])
+        for rec in ours
+        if QUERY in formatter.format(rec) + rec.getMessage() + repr(rec.args)
+    ]
+    assert leaks == [], leaks
+
+
+def test_tenants_without_a_default_backend(make_gateway: Any, searxng: tuple[Any, str]) -> None:
+    """No deployment backend, one tenant with its own: only that tenant's ``web_search`` runs; the
+    others' is stripped and counted."""
+    app, url = searxng
+    app.state.seen.clear()
+    app.state.results = [{"url": "http://example.invalid/x", "title": "X", "content": "Snippet."}]
+    settings = Settings(
+        api_keys=["a:ka", "c:kc"], web_search_tenants={"c": {"backend": "searxng", "url": f"{url}/custom"}}
+    )
+    live = make_gateway(settings, engine=SimulatedEngine(script=tenant_script))
+    bodies = {}
+    for tenant in ("a", "c"):
+        got = post(
+            live,
+            {"model": MODEL, "input": f"query-from-{tenant}", "tools": WEB},
+            headers={"authorization": f"Bearer k{tenant}"},
+        )
+        assert got.status_code == 200, got.text
+        bodies[tenant] = got.json()
+    assert bodies["a"]["tools"] == [] and not by_type(bodies["a"], "web_search_call")
+    assert [c["status"] for c in by_type(bodies["c"], "web_search_call")] == ["completed"]
+    assert live.metric("respgate_hosted_tools_stripped_total", {"type": "web_search"}) == 1
+    assert [s["params"].get("q") for s in app.state.seen] == ["query-from-c"]
