@@ -180,6 +180,10 @@ def _targets(site: str, secret: str) -> dict[str, str]:
         "chain_to_a_name_on_loopback": hop(news, hop(news, f"http://intranet.example:{secret_port}/secret")),
         "chain_to_mapped_v6": hop(news, f"http://[::ffff:127.0.0.2]:{secret_port}/secret"),
         "chain_to_a_name_on_metadata": hop(site, "http://metadata.example/latest/meta-data/"),
+        # 0.0.0.0 and :: connect to this machine itself on Linux
+        "chain_to_unspecified": hop(news, f"http://0.0.0.0:{port_of(site)}/news"),
+        "chain_to_v6_unspecified": hop(news, f"http://[::]:{port_of(site)}/news"),
+        "chain_to_decimal_127.0.0.2": hop(news, f"http://2130706434:{secret_port}/secret"),
         "name_on_loopback": f"http://intranet.example:{secret_port}/secret",
         "name_with_a_private_answer": f"http://both.example:{secret_port}/secret",
     }
@@ -193,6 +197,9 @@ def _targets(site: str, secret: str) -> dict[str, str]:
         "chain_to_a_name_on_loopback",
         "chain_to_mapped_v6",
         "chain_to_a_name_on_metadata",
+        "chain_to_unspecified",
+        "chain_to_v6_unspecified",
+        "chain_to_decimal_127.0.0.2",
         "name_on_loopback",
         "name_with_a_private_answer",
     ],
