@@ -26,6 +26,7 @@ from gateway.base.metrics import BackgroundCollector, ComponentCollector, FlagCo
 from gateway.base.settings import Settings
 from gateway.base.tracing import Tracing
 from gateway.engines import build_registry
+from gateway.files.files import Files
 from gateway.transport.gzip_answers import GzipAnswers
 from gateway.transport.services import GatewayState
 from gateway.turn.pipeline import Pipeline
@@ -98,6 +99,7 @@ def create_app(
         auth=auth,
         access=access,
         background=background,
+        files=Files.embedded(settings),
         http_turns=http_turns,
     )
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
@@ -135,6 +137,7 @@ def create_app(
                 await engine.shutdown()
             await store.close()
             await conversations.close()
+            await gw.files.aclose()
             await access.flush()
             await access.limiter.close()
             await auth.close()
@@ -150,11 +153,13 @@ def create_app(
         app.add_middleware(GzipAnswers, minimum_size=500, compresslevel=6)
 
     from gateway.transport.conversations_routes import router as conversations_router
+    from gateway.transport.files_routes import router as files_router
     from gateway.transport.http_routes import router as http_router
     from gateway.transport.ws import router as ws_router
 
     app.include_router(http_router)
     app.include_router(conversations_router)
+    app.include_router(files_router)
     app.include_router(ws_router)
 
     @app.exception_handler(ApiError)

@@ -286,6 +286,16 @@ class Settings(BaseModel):
     web_page_timeout_s: float = Field(default=20.0, gt=0)
     #: characters of a page's extracted text kept (the rest cut with a note)
     web_page_max_chars: int = Field(default=100_000, ge=1000)
+    # -- files and vector stores (gateway/files/, cache/files/) ------------------------------------------------
+    #: folder of the embedded file store (uploaded bytes, their catalog, the chunk index); unset:
+    #: ``$RESPGATE_CACHE_DIR/files``
+    files_dir: str | None = None
+    #: bytes of one uploaded file (read as it streams in; more: 413 ``file_too_large``)
+    files_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
+    #: files one tenant may hold (more: 400 ``quota_exceeded``)
+    files_per_tenant: int = Field(default=10_000, ge=1)
+    #: bytes one tenant's files may take together (more: 400 ``quota_exceeded``)
+    files_bytes_per_tenant: int = Field(default=10 * 1024 * 1024 * 1024, ge=1024)
     #: seconds an MCP server has to list its tools (then ``mcp_list_tools`` reports the error)
     mcp_list_timeout_s: float = Field(default=15.0, gt=0)
     #: seconds one MCP tool call may take (then its ``mcp_call`` reports the error)

@@ -12,6 +12,7 @@ from gateway.access.auth import KeyAuth
 from gateway.access.rate_limits import Access
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.files.files import Files
 from gateway.turn.pipeline import Pipeline
 from inference.registry import ModelRegistry
 
@@ -35,6 +36,8 @@ class GatewayState:
     access: Access
     #: background responses (built by the app factory before this state)
     background: BackgroundTurns
+    #: uploaded files (``/v1/files``; ``gateway.files``)
+    files: Files
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
     #: open WebSocket connections (drained at shutdown)

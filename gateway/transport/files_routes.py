@@ -1,0 +1,178 @@
+"""HTTP routes of the Files API (``gateway.files.files``):
+
+    POST   /v1/files                    upload (multipart: ``file``, ``purpose``, ``expires_after``)
+    GET    /v1/files                    list: ``after``, ``limit``, ``order``, ``purpose``
+    GET    /v1/files/{id}               retrieve
+    GET    /v1/files/{id}/content       the bytes
+    DELETE /v1/files/{id}               delete (and everything derived from it)
+
+Authenticated and rate-limited like the conversations routes (an upload is admitted as a request,
+reads only authenticated). A file is its tenant's: another tenant's id is a 404 indistinguishable
+from an unknown one. An upload streams to storage (``gateway.transport.upload_form``), refused with
+a 413 as soon as its bytes pass ``files_max_bytes``, whatever ``content-length`` said.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.files.files import Files, Upload
+from gateway.transport.http_routes import route_fault
+from gateway.transport.services import GatewayState
+from gateway.transport.upload_form import read_upload_form
+from gateway.wire.errors import ApiError, is_fault, unknown_parameter
+from gateway.wire.files import (
+    FORM_FIELDS,
+    check_purpose,
+    expiry_seconds,
+    file_deleted,
+    file_list,
+    file_not_found,
+    file_object,
+    file_too_large,
+    parse_file_list_query,
+)
+
+router = APIRouter()
+
+#: bytes of a form's own framing (boundaries, part headers, the text fields) allowed past
+#: ``files_max_bytes`` in a declared ``content-length`` before the upload is refused unread
+FORM_OVERHEAD = 64 * 1024
+
+_Route = Callable[..., Awaitable[Response]]
+
+
+def _route(method: str, path: str) -> Callable[[_Route], _Route]:
+    """Serve at ``/v1{path}`` and ``path``, faults answered as an OpenAI-shaped 500."""
+
+    def register(route: _Route) -> _Route:
+        @functools.wraps(route)
+        async def answered(**kwargs: Any) -> Response:
+            try:
+                return await route(**kwargs)
+            except BaseException as exc:
+                if isinstance(exc, ApiError) or not is_fault(exc):
+                    raise
+                raise route_fault(kwargs["request"].app.state.gateway, f"files {route.__name__}") from None
+
+        router.api_route(path, methods=[method], include_in_schema=False)(answered)
+        router.api_route("/v1" + path, methods=[method])(answered)
+        return answered
+
+    return register
+
+
+def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json", headers=headers)
+
+
+def _files(request: Request) -> tuple[GatewayState, Files]:
+    gw: GatewayState = request.app.state.gateway
+    return gw, gw.files
+
+
+def _no_query(request: Request) -> None:
+    for key in request.query_params:
+        raise unknown_parameter(key)
+
+
+@_route("POST", "/files")
+async def upload_file(request: Request) -> Response:
+    gw, files = _files(request)
+    principal = await gw.auth.authenticate(request.headers)
+    admitted = await gw.access.admit(principal)
+    _no_query(request)
+    limit = gw.settings.files_max_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+        raise _closing(file_too_large(limit))
+    upload: Upload = await files.begin(principal.tenant)
+    try:
+        try:
+            form = await read_upload_form(request, gw, upload.write, file_field="file", fields=FORM_FIELDS[1:])
+        except ApiError as err:  # refused mid-body: the unread rest is not worth reading
+            raise _closing(err) from None
+        if not form.file_seen:
+            raise ApiError(400, "Missing required parameter: 'file'.", code="missing_required_parameter", param="file")
+        purpose = check_purpose(form.fields.get("purpose"))
+        expires = expiry_seconds(form.fields.get("expires_after[anchor]"), form.fields.get("expires_after[seconds]"))
+        record = await upload.finish(form.filename, purpose, expires)
+    except BaseException:
+        await upload.abort()
+        raise
+    return _json(file_object(record), gw.access.headers(admitted))
+
+
+def _closing(err: ApiError) -> ApiError:
+    """A refusal before the body was read: the connection closes (its unread rest is not worth
+    reading)."""
+    err.headers = {**err.headers, "connection": "close"}
+    return err
+
+
+@_route("GET", "/files")
+async def list_files(request: Request) -> Response:
+    gw, files = _files(request)
+    tenant = (await gw.auth.authenticate(request.headers)).tenant
+    q = parse_file_list_query(request.query_params)
+    page = await files.page(tenant, after=q.after, limit=q.limit, order=q.order, purpose=q.purpose)
+    return _json(file_list(page.files, page.has_more))
+
+
+@_route("GET", "/files/{file_id}")
+async def retrieve_file(request: Request, file_id: str) -> Response:
+    gw, files = _files(request)
+    tenant = (await gw.auth.authenticate(request.headers)).tenant
+    _no_query(request)
+    record = await files.get(tenant, file_id)
+    if record is None:
+        raise file_not_found(file_id)
+    return _json(file_object(record))
+
+
+@_route("GET", "/files/{file_id}/content")
+async def file_content(request: Request, file_id: str) -> Response:
+    gw, files = _files(request)
+    tenant = (await gw.auth.authenticate(request.headers)).tenant
+    _no_query(request)
+    record = await files.get(tenant, file_id)
+    if record is None:
+        raise file_not_found(file_id)
+    reader = files.content(tenant, file_id)
+    try:
+        first = await anext(reader, b"")
+    except FileNotFoundError:  # deleted between the record and the read
+        raise file_not_found(file_id) from None
+
+    async def body() -> Any:
+        yield first
+        async for chunk in reader:
+            yield chunk
+
+    return StreamingResponse(
+        body(),
+        media_type="application/octet-stream",
+        headers={"content-length": str(record.bytes), "content-disposition": _attachment(record.filename)},
+    )
+
+
+def _attachment(filename: str) -> str:
+    from urllib.parse import quote
+
+    return f"attachment; filename*=UTF-8''{quote(filename, safe='')}"
+
+
+@_route("DELETE", "/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> Response:
+    gw, files = _files(request)
+    tenant = (await gw.auth.authenticate(request.headers)).tenant
+    _no_query(request)
+    if not await files.delete(tenant, file_id):
+        raise file_not_found(file_id)
+    return _json(file_deleted(file_id))
