@@ -120,6 +120,7 @@ def create_app(
         usage.start()
         flags.start()
         background.start_loops()
+        sweeper = asyncio.get_running_loop().create_task(gw.files.sweep_loop(), name="respgate-files-sweeper")
         gw.accepting = True
         try:
             yield
@@ -137,6 +138,8 @@ def create_app(
                 await engine.shutdown()
             await store.close()
             await conversations.close()
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
             await gw.files.aclose()
             await access.flush()
             await access.limiter.close()

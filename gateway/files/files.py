@@ -10,6 +10,8 @@ only then does the catalog record, added under the quotas in one step, make the 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +24,10 @@ from gateway.wire.files import file_too_large, new_file_id, quota_exceeded
 
 __all__ = ["Files", "Upload", "tenant_key"]
 
+log = logging.getLogger(__name__)
+
+#: expired files deleted at a time
+SWEEP_BATCH = 100
 #: characters of a filename kept (the rest cut); path parts and control characters are dropped
 MAX_FILENAME = 255
 
@@ -167,7 +173,24 @@ class Files:
         await self.blobs.delete(key, file_id)
         return True
 
-    async def sweep_expired(self, limit: int = 100) -> int:
+    async def sweep_loop(self, interval_s: float = 60.0) -> None:
+        """Delete expired files every ``interval_s`` for as long as the gateway runs (a store that
+        fails is logged and tried again next time). A store nobody opened is not opened for it,
+        unless it already exists on disk from an earlier run."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self._stores is None and not self._exists():
+                continue
+            try:
+                while await self.sweep_expired() == SWEEP_BATCH:
+                    pass
+            except Exception:
+                log.exception("deleting expired files failed; trying again in %g s", interval_s)
+
+    def _exists(self) -> bool:
+        return Path(self.settings.files_dir or default_cache_path("files")).exists()
+
+    async def sweep_expired(self, limit: int = SWEEP_BATCH) -> int:
         """Delete up to ``limit`` files whose ``expires_at`` has passed; how many were."""
         gone = 0
         for record in await self.catalog.expired(int(self.clock()), limit):

@@ -108,7 +108,9 @@ def test_a_file_over_the_cap_is_refused_as_it_streams(make_gateway: Any, tmp_pat
             f"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: {10**9}\r\n"
             f"content-type: multipart/form-data; boundary={boundary}\r\n\r\n".encode()
         )
-        answer = sock.recv(65536)
+        answer = b""
+        while chunk := sock.recv(65536):  # the gateway closes after its answer
+            answer += chunk
     assert answer.startswith(b"HTTP/1.1 413") and b"file_too_large" in answer, answer
 
 
@@ -224,3 +226,32 @@ def test_nothing_is_created_on_disk_until_a_file_is_uploaded(make_gateway: Any, 
     live = _gateway(make_gateway, tmp_path)
     assert httpx.get(f"{live.url}/v1/models").status_code == 200
     assert not os.path.exists(tmp_path / "files")
+
+
+async def test_expired_files_are_swept(tmp_path: Path) -> None:
+    """``expires_after`` passes: the sweep deletes the record and the bytes (everything derived
+    from the file is told through ``on_delete``); unexpired files stay."""
+    from gateway.files.files import Files
+
+    now = [1_000_000.0]
+    files = Files.embedded(Settings(files_dir=str(tmp_path / "files")))
+    files.clock = lambda: now[0]
+    told: list[tuple[str, str]] = []
+
+    async def hook(tenant: str, file_id: str) -> None:
+        told.append((tenant, file_id))
+
+    files.on_delete.append(hook)
+
+    async def upload(expires: int | None) -> str:
+        up = await files.begin("t")
+        await up.write(b"bytes")
+        return (await up.finish("a.txt", "assistants", expires)).id
+
+    short, kept = await upload(3600), await upload(None)
+    assert await files.sweep_expired() == 0
+    now[0] += 3601
+    assert await files.sweep_expired() == 1 and told == [("t", short)]
+    assert await files.get("t", short) is None and await files.get("t", kept) is not None
+    assert len(_stored(tmp_path)) == 1
+    await files.aclose()
