@@ -11,17 +11,14 @@ cannot both land.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple, Protocol, TypeVar
+from typing import Literal, NamedTuple, Protocol
+
+from cache.files.sqlite_db import SqliteDb
 
 __all__ = ["FileCatalog", "FilePage", "FileRecord", "QuotaExceeded", "SqliteFileCatalog", "Usage"]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,52 +100,36 @@ _COLUMNS = "id, tenant, filename, bytes, purpose, created_at, expires_at"
 
 
 class SqliteFileCatalog:
-    """The embedded catalog: one SQLite database (WAL), one connection used by one thread at a time
-    (a lock), every call run off the event loop. Each call is a few indexed rows."""
+    """The embedded catalog: a table in a SQLite database (``cache.files.sqlite_db``). Each call is a
+    few indexed rows."""
 
     def __init__(self, path: str | Path) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def locked() -> T:
-            with self._lock:
-                return work(self._db)
-
-        return await asyncio.to_thread(locked)
+        self._db = SqliteDb(path, _SCHEMA)
+        self._run = self._db.run
 
     async def add(self, record: FileRecord, max_files: int, max_bytes: int) -> None:
         def add(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                files, used = db.execute(
-                    "SELECT count(*), coalesce(sum(bytes), 0) FROM files WHERE tenant = ?", (record.tenant,)
-                ).fetchone()
-                if files + 1 > max_files:
-                    raise QuotaExceeded("files", max_files)
-                if used + record.bytes > max_bytes:
-                    raise QuotaExceeded("bytes", max_bytes)
-                db.execute(
-                    f"INSERT INTO files ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        record.id,
-                        record.tenant,
-                        record.filename,
-                        record.bytes,
-                        record.purpose,
-                        record.created_at,
-                        record.expires_at,
-                    ),
-                )
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+            files, used = db.execute(
+                "SELECT count(*), coalesce(sum(bytes), 0) FROM files WHERE tenant = ?", (record.tenant,)
+            ).fetchone()
+            if files + 1 > max_files:
+                raise QuotaExceeded("files", max_files)
+            if used + record.bytes > max_bytes:
+                raise QuotaExceeded("bytes", max_bytes)
+            db.execute(
+                f"INSERT INTO files ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.id,
+                    record.tenant,
+                    record.filename,
+                    record.bytes,
+                    record.purpose,
+                    record.created_at,
+                    record.expires_at,
+                ),
+            )
 
-        await self._run(add)
+        await self._db.transaction(add)
 
     async def get(self, tenant: str, file_id: str) -> FileRecord | None:
         row = await self._run(
@@ -209,4 +190,4 @@ class SqliteFileCatalog:
         return [FileRecord(*r) for r in rows]
 
     async def aclose(self) -> None:
-        await self._run(lambda db: db.close())
+        await self._db.aclose()
