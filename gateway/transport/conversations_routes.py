@@ -17,16 +17,14 @@ on a conversation (``conversation`` on a create) is the responses routes' busine
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from cache.conversations import Conversation
-from gateway.transport.http_routes import read_json_body, route_fault
+from gateway.transport.http_routes import read_json_body
+from gateway.transport.resource_routes import json_answer, resource_route
 from gateway.transport.services import GatewayState
 from gateway.turn.checks import no_call_for, orphan_outputs
 from gateway.turn.conversation import Conversations
@@ -43,7 +41,7 @@ from gateway.wire.conversations import (
     item_object,
     parse_body,
 )
-from gateway.wire.errors import ApiError, is_fault, unknown_parameter
+from gateway.wire.errors import unknown_parameter
 from gateway.wire.items import new_id
 from gateway.wire.kinds import CALL_TYPES
 from gateway.wire.listing import check_include, parse_list_query
@@ -52,41 +50,10 @@ from gateway.wire.request import parse_items
 router = APIRouter()
 
 
-def _faults_answered(route: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
-    """A route whose faults (a store record that does not decode, a bug) are an OpenAI-shaped 500,
-    logged rate-limited (``http_routes._fault``), not Starlette's plain-text one with uvicorn's
-    traceback. FastAPI reads the route's own signature through ``functools.wraps``."""
-
-    @functools.wraps(route)
-    async def answered(**kwargs: Any) -> Response:
-        try:
-            return await route(**kwargs)
-        except BaseException as exc:
-            if isinstance(exc, ApiError) or not is_fault(exc):
-                raise
-            raise route_fault(kwargs["request"].app.state.gateway, f"conversations {route.__name__}") from None
-
-    return answered
+_route = resource_route(router, "conversations")
 
 
-_Route = Callable[..., Awaitable[Response]]
-
-
-def _route(method: str, path: str) -> Callable[[_Route], _Route]:
-    """Serve a route at ``/v1{path}`` and at ``path`` (an alias, left out of the schema), its faults
-    answered: what every route of this API is, said once instead of three decorators each."""
-
-    def register(route: _Route) -> _Route:
-        answered = _faults_answered(route)
-        router.api_route(path, methods=[method], include_in_schema=False)(answered)
-        router.api_route("/v1" + path, methods=[method])(answered)
-        return answered
-
-    return register
-
-
-def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), media_type="application/json", headers=headers)
+_json = json_answer
 
 
 def _conversation_json(

@@ -14,19 +14,16 @@ a 413 as soon as its bytes pass ``files_max_bytes``, whatever ``content-length``
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.files.files import Files, Upload
-from gateway.transport.http_routes import route_fault
+from gateway.transport.resource_routes import json_answer, resource_route
 from gateway.transport.services import GatewayState
 from gateway.transport.upload_form import read_upload_form
-from gateway.wire.errors import ApiError, is_fault, unknown_parameter
+from gateway.wire.errors import ApiError, unknown_parameter
 from gateway.wire.files import (
     FORM_FIELDS,
     check_purpose,
@@ -45,31 +42,10 @@ router = APIRouter()
 #: ``files_max_bytes`` in a declared ``content-length`` before the upload is refused unread
 FORM_OVERHEAD = 64 * 1024
 
-_Route = Callable[..., Awaitable[Response]]
+_route = resource_route(router, "files")
 
 
-def _route(method: str, path: str) -> Callable[[_Route], _Route]:
-    """Serve at ``/v1{path}`` and ``path``, faults answered as an OpenAI-shaped 500."""
-
-    def register(route: _Route) -> _Route:
-        @functools.wraps(route)
-        async def answered(**kwargs: Any) -> Response:
-            try:
-                return await route(**kwargs)
-            except BaseException as exc:
-                if isinstance(exc, ApiError) or not is_fault(exc):
-                    raise
-                raise route_fault(kwargs["request"].app.state.gateway, f"files {route.__name__}") from None
-
-        router.api_route(path, methods=[method], include_in_schema=False)(answered)
-        router.api_route("/v1" + path, methods=[method])(answered)
-        return answered
-
-    return register
-
-
-def _json(data: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), media_type="application/json", headers=headers)
+_json = json_answer
 
 
 def _files(request: Request) -> tuple[GatewayState, Files]:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.wire.errors import ApiError, bad_request
+from gateway.wire.listing import list_object
 from gateway.wire.request import IncludeValue, check_metadata
 from gateway.wire.validation import to_api_error
 
@@ -127,14 +128,7 @@ def _part(part: Any) -> Any:
 
 
 def item_list(items: Sequence[Mapping[str, Any]], has_more: bool) -> dict[str, Any]:
-    data = [item_object(i) for i in items]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_object([item_object(i) for i in items], has_more)
 
 
 def conversation_not_found(conversation_id: str, param: str | None = None) -> ApiError:

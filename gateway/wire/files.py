@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 from cache.files.catalog import FileRecord
 from gateway.wire.errors import ApiError, bad_request, unknown_parameter
 from gateway.wire.items import new_id
+from gateway.wire.listing import list_object
 
 #: purposes a file may be uploaded for here: what ``file_search`` reads. Batch, fine-tuning, vision
 #: and evals files are for APIs the gateway does not serve
@@ -47,14 +48,7 @@ def file_object(record: FileRecord) -> dict[str, Any]:
 
 
 def file_list(records: list[FileRecord], has_more: bool) -> dict[str, Any]:
-    data = [file_object(r) for r in records]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_object([file_object(r) for r in records], has_more)
 
 
 def file_deleted(file_id: str) -> dict[str, Any]:

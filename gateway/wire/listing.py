@@ -102,3 +102,15 @@ def _position(ids: list[Any], cursor: str, param: str) -> int:
     if cursor not in ids:
         raise bad_request(f"Item with id '{cursor}' not found.", code="invalid_value", param=param)
     return ids.index(cursor)
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A cursor page as every list of the API returns it: ``data`` with ``first_id`` / ``last_id``
+    (the cursors the next request passes as ``after`` / ``before``) and ``has_more``."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
