@@ -50,6 +50,22 @@ def test_compose_file_is_valid(compose: Path):
     assert r.returncode == 0, r.stderr
 
 
+def _config(compose: Path) -> dict[str, Any]:
+    """``docker-compose config`` of ``compose`` with a key set: the configuration ``up`` would start."""
+    exe = shutil.which("docker-compose")
+    assert exe
+    r = subprocess.run(
+        [exe, "-f", str(compose), "config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_compose_env(RESPGATE_API_KEYS="team:k"),
+    )
+    assert r.returncode == 0, r.stderr
+    config: dict[str, Any] = yaml.safe_load(r.stdout)
+    return config
+
+
 def _compose_env(**values: str) -> dict[str, str]:
     import os
 
@@ -661,17 +677,7 @@ def _compose_shm_problems(services: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
 def test_compose_services_running_vllm_in_process_have_room_in_dev_shm(compose: Path):
-    exe = shutil.which("docker-compose")
-    assert exe
-    r = subprocess.run(
-        [exe, "-f", str(compose), "config"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_compose_env(RESPGATE_API_KEYS="team:k"),
-    )
-    assert r.returncode == 0, r.stderr
-    assert not _compose_shm_problems(yaml.safe_load(r.stdout)["services"])
+    assert not _compose_shm_problems(_config(compose)["services"])
 
 
 def test_the_compose_shm_check_can_fail():
@@ -912,19 +918,9 @@ def test_the_search_profile_followed_as_the_readme_says_wires_searxng_to_the_gat
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
 def test_without_the_profile_there_is_no_searxng_and_web_search_stays_off(compose: Path, monkeypatch):
     """The plain `up` of every compose file: SearXNG only in its profile, nothing depending on it,
-    and the gateway's empty
-    RESPGATE_WEB_SEARCH (compose's `${RESPGATE_WEB_SEARCH:-}`) is no backend, not a bad setting."""
-    exe = shutil.which("docker-compose")
-    assert exe
-    r = subprocess.run(
-        [exe, "-f", str(compose), "config"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_compose_env(RESPGATE_API_KEYS="team:k"),
-    )
-    assert r.returncode == 0, r.stderr
-    services = yaml.safe_load(r.stdout)["services"]
+    and the gateway's empty RESPGATE_WEB_SEARCH (compose's `${RESPGATE_WEB_SEARCH:-}`) is no
+    backend, not a bad setting."""
+    services = _config(compose)["services"]
     # compose v2's config leaves a profile's services out; v1's lists them with their profiles
     assert "searxng" not in services or services["searxng"]["profiles"] == ["search"]
     assert all(not svc.get("profiles") for name, svc in services.items() if name != "searxng")
