@@ -346,6 +346,40 @@ class Metrics:
             registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60),
         )
+        self.file_uploads = Counter(
+            "respgate_file_uploads",
+            "/v1/files uploads by outcome: ok, too_large (files_max_bytes), quota_exceeded, refused (a bad form, "
+            "purpose or body)",
+            ["outcome"],
+            registry=r,
+        )
+        self.file_upload_bytes = Counter(
+            "respgate_file_upload_bytes", "Bytes of the files uploaded and kept (/v1/files)", registry=r
+        )
+        self.file_ingestions = Counter(
+            "respgate_file_ingestions",
+            "Files a vector store ingested, by outcome: completed, cancelled, or failed with last_error's code "
+            "(unsupported_file, invalid_file, server_error)",
+            ["outcome"],
+            registry=r,
+        )
+        self.file_ingestion_seconds = Histogram(
+            "respgate_file_ingestion_seconds",
+            "Seconds one file's ingestion took (text and chunks, vectors, index), whatever its outcome",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+        )
+        self.file_ingestion_chunks = Counter(
+            "respgate_file_ingestion_chunks", "Chunks added to vector stores (embedded and indexed)", registry=r
+        )
+        self.vector_store_search_seconds = Histogram(
+            "respgate_vector_store_search_seconds",
+            "Seconds one vector store search took (the query embedded, both rankings, fused), by where it came "
+            "from: api (POST /v1/vector_stores/{id}/search) or tool (file_search)",
+            ["via"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         self.hosted_tools_stripped = Counter(
             "respgate_hosted_tools_stripped",
             "Hosted tools a request sent that the gateway does not run, left out (hosted_tools=strip): "

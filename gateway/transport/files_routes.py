@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from cache.files.catalog import FileRecord
 from gateway.files.files import Files, Upload
 from gateway.transport.resource_routes import json_answer, resource_route
 from gateway.transport.services import GatewayState
@@ -66,9 +67,24 @@ async def upload_file(request: Request) -> Response:
     _no_query(request)
     limit = gw.settings.files_max_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
-        raise _closing(file_too_large(limit))
-    upload: Upload = await files.begin(principal.tenant)
+    try:
+        if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+            raise _closing(file_too_large(limit))
+        record = await _upload(request, gw, files, principal.tenant)
+    except ApiError as err:
+        gw.metrics.file_uploads.labels(_UPLOAD_OUTCOMES.get(err.code or "", "refused")).inc()
+        raise
+    gw.metrics.file_uploads.labels("ok").inc()
+    gw.metrics.file_upload_bytes.inc(record.bytes)
+    return _json(file_object(record), gw.access.headers(admitted))
+
+
+#: an upload's refusal as its outcome label (anything else: ``refused``)
+_UPLOAD_OUTCOMES = {"file_too_large": "too_large", "quota_exceeded": "quota_exceeded"}
+
+
+async def _upload(request: Request, gw: GatewayState, files: Files, tenant: str | None) -> FileRecord:
+    upload: Upload = await files.begin(tenant)
     try:
         try:
             form = await read_upload_form(request, gw, upload.write, file_field="file", fields=FORM_FIELDS[1:])
@@ -78,11 +94,10 @@ async def upload_file(request: Request) -> Response:
             raise ApiError(400, "Missing required parameter: 'file'.", code="missing_required_parameter", param="file")
         purpose = check_purpose(form.fields.get("purpose"))
         expires = expiry_seconds(form.fields.get("expires_after[anchor]"), form.fields.get("expires_after[seconds]"))
-        record = await upload.finish(form.filename, purpose, expires)
+        return await upload.finish(form.filename, purpose, expires)
     except BaseException:
         await upload.abort()
         raise
-    return _json(file_object(record), gw.access.headers(admitted))
 
 
 def _closing(err: ApiError) -> ApiError:

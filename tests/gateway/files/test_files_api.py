@@ -255,3 +255,29 @@ async def test_expired_files_are_swept(tmp_path: Path) -> None:
     assert await files.get("t", short) is None and await files.get("t", kept) is not None
     assert len(_stored(tmp_path)) == 1
     await files.aclose()
+
+
+def test_uploads_are_counted_by_outcome(make_gateway: Any, tmp_path: Path) -> None:
+    live = _gateway(make_gateway, tmp_path, files_max_bytes=2048, files_per_tenant=1)
+    client = live.openai()
+    with pytest.raises(BadRequestError):
+        client.files.create(file=("c.txt", b"c"), purpose="batch")
+    r = httpx.post(
+        f"{live.url}/v1/files",
+        content=b"x" * 10,
+        headers={"content-type": "multipart/form-data; boundary=x", "content-length": "10"},
+    )
+    assert r.status_code == 400
+    big = b'--x\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n' + b"x" * 4096
+    r = httpx.post(
+        f"{live.url}/v1/files", content=iter([big]), headers={"content-type": "multipart/form-data; boundary=x"}
+    )
+    assert r.status_code == 413
+    client.files.create(file=("a.txt", b"a" * 100), purpose="assistants")
+    with pytest.raises(BadRequestError):
+        client.files.create(file=("b.txt", b"b"), purpose="assistants")
+    assert live.metric("respgate_file_uploads_total", {"outcome": "ok"}) == 1
+    assert live.metric("respgate_file_uploads_total", {"outcome": "quota_exceeded"}) == 1
+    assert live.metric("respgate_file_uploads_total", {"outcome": "too_large"}) == 1
+    assert live.metric("respgate_file_uploads_total", {"outcome": "refused"}) == 2
+    assert live.metric("respgate_file_upload_bytes_total") == 100
