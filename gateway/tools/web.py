@@ -39,13 +39,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.base.metrics import Metrics
+from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings, WebSearchSetting
 from gateway.tools.browser import Browser, BrowseResult
+from gateway.tools.calls import WEB_SEARCH, CallResult
 from gateway.tools.pages import Page, open_page
 from gateway.tools.search import (
     BraveBackend,
@@ -216,6 +218,54 @@ class WebSearch:
         for r in results:
             if isinstance(r, Exception):
                 log.warning("closing a web search backend failed: %s", type(r).__name__)
+
+
+class WebRunner:
+    """One response's ``web_search`` calls (``gateway.tools.calls``): each browser call run, counted
+    and traced (no query, URL or page in a span: they are user data), its action shaped as the
+    SDK types it (every field present; a search's ``sources`` only when ``include`` asked)."""
+
+    kind = WEB_SEARCH
+
+    def __init__(self, web: WebSearch, browser: Browser, tool: WebTool, clock: StageTimer) -> None:
+        self.web = web
+        self.browser = browser
+        self.tool = tool
+        self.clock = clock
+
+    async def run(self, function: str, arguments: str) -> CallResult:
+        t0 = time.perf_counter()
+        result = await self.browser.run(function, arguments)
+        t1 = time.perf_counter()
+        self.web.observe(result, t1 - t0)
+        self.clock.span(
+            "tool_call",
+            t0,
+            t1,
+            {
+                "respgate.tool.type": "web_search",
+                "respgate.tool.server": result.backend,
+                "respgate.tool.name": str(result.action.get("type", "invalid")),
+                "respgate.tool.output_bytes": len(result.text),
+                **({"error.type": result.failure} if result.failure is not None else {}),
+            },
+        )
+        return CallResult(result.text, {"action": self._action(result.action)}, result.failure is not None)
+
+    def not_run(self, function: str, text: str) -> CallResult:
+        return CallResult(text, {}, True)
+
+    def _action(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        action = dict(raw)
+        if action.get("type") == "search":
+            if not self.tool.sources:
+                action["sources"] = None
+            action.setdefault("sources", None)
+            action.setdefault("query", None)
+            action.setdefault("queries", [action["query"]] if action["query"] else None)
+        elif action.get("type") == "open_page":
+            action.setdefault("url", None)
+        return action
 
 
 async def _no_live_access(url: str) -> Page:

@@ -18,15 +18,15 @@ and WebSocket (transports only add framing and, on lanes, ``stream_id``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from gateway.tools.approvals import Decision
+from gateway.tools.calls import CallKind, CallResult, kind_of_item
 from gateway.tools.citations import CitationWriter, Resolve
 from gateway.tools.hosted import HostedTurn
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
-from inference.browser_tool import BROWSER
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
 
 Event = dict[str, Any]
@@ -57,12 +57,14 @@ class ResponseEvents:
         seal: Callable[[str], str] | None = None,
         hosted: HostedTurn | None = None,
         citations: Resolve | None = None,
+        calls: Sequence[CallKind] = (),
     ) -> None:
         """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
         part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
         for ``reasoning.encrypted_content``) turns reasoning text into an opaque blob. ``citations``
         (the response's browser, ``web_search``): the model's citation marks in its messages become
-        ``url_citation`` annotations (``gateway.tools.citations``)."""
+        ``url_citation`` annotations (``gateway.tools.citations``). ``calls``: the hosted tools the
+        model calls through a namespace in this response (``gateway.tools.calls``)."""
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
         self._seq = 0
@@ -81,9 +83,11 @@ class ResponseEvents:
         self._hosted = hosted if hosted is not None and hosted.active else None
         #: output indices of gateway-run calls whose arguments are complete and that have not run
         self._to_run: list[int] = []
-        #: the browser function and the model's arguments of each ``web_search_call`` by output
-        #: index (the item has neither: its action is built from them when it ran)
-        self._web_args: dict[int, tuple[str, str]] = {}
+        #: the namespaces the model calls hosted tools through, and their kinds
+        self._calls = {k.namespace: k for k in calls}
+        #: the function and the model's arguments of each such call by output index (the item has
+        #: neither: its fields are built from them when it ran)
+        self._call_args: dict[int, tuple[str, str]] = {}
         self._resolve = citations
         #: the open message's citation writer (only with ``citations``)
         self._cite: CitationWriter | None = None
@@ -183,8 +187,8 @@ class ResponseEvents:
                 self._cite, self._annotations = CitationWriter(self._resolve), []
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
-        elif self._hosted is not None and start.namespace == BROWSER and self._hosted.web is not None:
-            return self._open_web(start, idx)
+        elif start.namespace is not None and start.namespace in self._calls:
+            return self._open_call(start, idx, self._calls[start.namespace])
         elif self._hosted is not None and start.namespace in self._hosted.servers:
             return self._open_hosted(start, idx)
         else:  # a tool call: its shape comes from the kinds map
@@ -261,44 +265,43 @@ class ResponseEvents:
             events.append(self._ev("response.mcp_call.in_progress", item_id=item["id"], output_index=idx))
         return events
 
-    def _open_web(self, start: ItemStart, idx: int) -> list[Event]:
-        """The model calls its browser (``web_search``): a ``web_search_call`` the gateway runs once
-        the call's arguments are complete. Its action is known then; until then it names the kind."""
+    def _open_call(self, start: ItemStart, idx: int, kind: CallKind) -> list[Event]:
+        """The model calls a hosted tool of its namespace (``web_search``'s browser): its item, which
+        the gateway runs once the call's arguments are complete. What it will do is known then;
+        until then the item names only the function chosen (``CallKind.pending``)."""
         item: dict[str, Any] = {
-            "id": new_id("ws"),
-            "type": ItemType.WEB_SEARCH_CALL.value,
+            "id": new_id(kind.id_prefix),
+            "type": kind.item_type.value,
             "status": "in_progress",
-            "action": _pending_action(start.name or ""),
+            **kind.pending(start.name or ""),
         }
         self._delta_type, self._delta_index = None, None  # the arguments are not streamed (as OpenAI)
         self._open = item
         self._open_id, self._open_idx = item["id"], idx
         self.output.append(item)
-        self._web_args[idx] = (start.name or "", "")
+        self._call_args[idx] = (start.name or "", "")
         return [
             self._ev("response.output_item.added", output_index=idx, item=dict(item)),
-            self._ev("response.web_search_call.in_progress", item_id=item["id"], output_index=idx),
+            self._ev(kind.event("in_progress"), item_id=item["id"], output_index=idx),
         ]
 
-    def web_call(self, idx: int) -> tuple[str, str]:
-        """A ``web_search_call``'s browser function and the model's arguments."""
-        return self._web_args.get(idx, ("", ""))
+    def call_of(self, idx: int) -> tuple[str, str]:
+        """A hosted call's function and the model's arguments."""
+        return self._call_args.get(idx, ("", ""))
 
-    def web_searching(self, idx: int) -> list[Event]:
-        """A browser call starts running."""
+    def running(self, idx: int, kind: CallKind) -> list[Event]:
+        """A hosted call starts running (``searching``)."""
         item = self.output[idx]
-        item["status"] = "searching"
-        return [self._ev("response.web_search_call.searching", item_id=item["id"], output_index=idx)]
+        item["status"] = kind.running
+        return [self._ev(kind.event(kind.running), item_id=item["id"], output_index=idx)]
 
-    def web_done(self, idx: int, action: dict[str, Any], failed: bool) -> list[Event]:
-        """A browser call finished: its action, then ``completed`` (a failure ends ``failed``, and
+    def ran(self, idx: int, kind: CallKind, result: CallResult) -> list[Event]:
+        """A hosted call finished: its fields, then ``completed`` (a failure ends ``failed``, and
         has no event of its own in the API: its ``output_item.done`` says it)."""
         item = self.output[idx]
-        item["action"] = action
-        item["status"] = "failed" if failed else "completed"
-        events = (
-            [] if failed else [self._ev("response.web_search_call.completed", item_id=item["id"], output_index=idx)]
-        )
+        item.update(result.fields)
+        item["status"] = "failed" if result.failed else "completed"
+        events = [] if result.failed else [self._ev(kind.event("completed"), item_id=item["id"], output_index=idx)]
         return events + [self._ev("response.output_item.done", output_index=idx, item=item)]
 
     def open_call(self, request: dict[str, Any]) -> list[Event]:
@@ -472,8 +475,8 @@ class ResponseEvents:
                 _MESSAGE_PART, item["id"], idx, text, part, {"logprobs": list(self._logprobs)}, {}
             )
             item["content"] = [part]
-        elif t == ItemType.WEB_SEARCH_CALL:
-            self._web_args[idx] = (self._web_args.get(idx, ("", ""))[0], text)
+        elif kind_of_item(t) is not None:
+            self._call_args[idx] = (self._call_args.get(idx, ("", ""))[0], text)
             if complete:  # runs between engine passes (``gateway.turn.tool_loop``); done after it ran
                 self._to_run.append(idx)
                 return events
@@ -529,7 +532,7 @@ class ResponseEvents:
         for idx in self.take_calls():  # gateway-run calls that never ran: reported as such
             item = self.output[idx]
             item["status"] = "incomplete"
-            if item["type"] != ItemType.WEB_SEARCH_CALL:  # its type has no error field
+            if kind_of_item(item["type"]) is None:  # a namespace call's type has no error field
                 item["error"] = gateway_error("The response ended before the call ran.")
             events.append(self._ev("response.output_item.done", output_index=idx, item=item))
         self.response["status"] = status
@@ -667,21 +670,6 @@ def _mcp_call(label: str, name: str, arguments: str = "", approval_request_id: s
         "error": None,
         "approval_request_id": approval_request_id,
     }
-
-
-#: the browser function the model called -> its ``web_search_call`` action type
-_ACTION_OF = {"search": "search", "open": "open_page", "find": "find_in_page"}
-
-
-def _pending_action(function: str) -> dict[str, Any]:
-    """The action a browser call announces before its arguments are read (the SDK's shapes: a
-    find's ``pattern`` and ``url`` are required strings, filled once it ran)."""
-    kind = _ACTION_OF.get(function, "search")
-    if kind == "find_in_page":
-        return {"type": kind, "pattern": "", "url": ""}
-    if kind == "open_page":
-        return {"type": kind, "url": None}
-    return {"type": kind, "query": None, "queries": None, "sources": None}
 
 
 def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import msgspec
@@ -45,8 +45,9 @@ from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.tools.browser import Browser
+from gateway.tools.calls import CALL_KINDS, CallRunner
 from gateway.tools.hosted import HostedTools
-from gateway.tools.web import WebSearch
+from gateway.tools.web import WebRunner, WebSearch
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.compaction import Compactor, Summary
 from gateway.turn.events import Event, ResponseEvents
@@ -93,7 +94,7 @@ class TurnRunner:
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
-    def _events(self, turn: PreparedTurn, browser: Browser | None = None) -> ResponseEvents:
+    def _events(self, turn: PreparedTurn, runners: Sequence[CallRunner], browser: Browser | None) -> ResponseEvents:
         reasoning = turn.req.reasoning
         mode = (
             "summary"
@@ -106,6 +107,7 @@ class TurnRunner:
             seal=self.sealer.seal if turn.include_encrypted else None,
             hosted=turn.input.hosted,
             citations=browser.source if browser is not None else None,
+            calls=[r.kind for r in runners],
         )
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
@@ -130,7 +132,10 @@ class TurnRunner:
         clock = turn.clock  # laps: engine_submit, compact, engine_ttft, streaming (then store, finalize, billing)
         web = turn.input.hosted.web
         browser = self.web.browser(web) if web is not None and self.web is not None and turn.input.generate else None
-        events = self._events(turn, browser)
+        runners: list[CallRunner] = []
+        if browser is not None and web is not None and self.web is not None:
+            runners.append(WebRunner(self.web, browser, web, turn.clock))
+        events = self._events(turn, runners, browser)
         rendered = turn.rendered
         copied = 0
         if rendered.base_ids is not None:
@@ -156,7 +161,7 @@ class TurnRunner:
         attribution = LogprobAttribution(renderer) if turn.sampling.logprobs is not None else None
         hosted = turn.input.hosted
         tools = (
-            ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls, self.web, browser)
+            ToolLoop(self.hosted, self.classify, turn, self.settings.max_hosted_calls, runners)
             if hosted.active
             else None
         )
@@ -590,7 +595,7 @@ def _calling(events: ResponseEvents, first: int) -> bool:
 
 
 #: the items a model writes to call a tool: the client's, and the MCP calls the gateway runs (or asks to)
-_CALLING = CALL_TYPES | {ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST, ItemType.WEB_SEARCH_CALL}
+_CALLING = CALL_TYPES | {ItemType.MCP_CALL, ItemType.MCP_APPROVAL_REQUEST} | {k.item_type for k in CALL_KINDS.values()}
 
 
 class _SingleCall:

@@ -1,6 +1,7 @@
 """The calls the gateway runs between two engine passes of one response (``gateway.turn.run``).
 
-    pass k ends with calls into MCP namespaces or the model's browser (``web_search``)
+    pass k ends with calls into MCP namespaces or a hosted tool's (``web_search``'s browser:
+    ``gateway.tools.calls``)
         -> run them at once (each bounded: ``mcp_call_timeout_s``, ``tool_output_bytes``)
         -> each call's events as it finishes (``response.mcp_call.completed|failed``)
         -> their outputs rendered once, in output order: the tokens appended at the token tip
@@ -26,27 +27,25 @@ from typing import Any
 
 import orjson
 
-from gateway.tools.browser import Browser, BrowseResult
+from gateway.tools.calls import CallKind, CallResult, CallRunner
 from gateway.tools.hosted import HostedTools, error_object
 from gateway.tools.mcp_client import ToolResult
-from gateway.tools.web import WebSearch
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.events import Event, ResponseEvents, gateway_error
 from gateway.turn.types import PreparedTurn
-from inference.browser_tool import BROWSER
 from inference.hosted_items import ERROR_PREFIX, output_of
-from inference.item_types import ItemType
 
 
-def _browser_output(item: Mapping[str, Any], function: str, text: str) -> dict[str, Any]:
-    """What the model reads after its browser call: the tool's message (harmony's ``browser.<fn>``
-    author, a chat template's ``browser__<fn>`` tool result), appended at the token tip."""
+def _call_output(item: Mapping[str, Any], kind: CallKind, function: str, text: str) -> dict[str, Any]:
+    """What the model reads after its call into a hosted tool's namespace: the tool's message
+    (harmony's ``browser.<fn>`` author, a chat template's ``browser__<fn>`` tool result), appended
+    at the token tip."""
     return {
         "type": "function_call_output",
         "call_id": str(item["id"]),
         "output": text,
         "name": function or "search",
-        "namespace": BROWSER,
+        "namespace": kind.namespace,
     }
 
 
@@ -75,14 +74,12 @@ class ToolLoop:
         classify: ClassifyStage | None,
         turn: PreparedTurn,
         default_max: int,
-        web: WebSearch | None = None,
-        browser: Browser | None = None,
+        runners: Sequence[CallRunner] = (),
     ) -> None:
-        """``browser``: the response's browser (``web_search``), ``web`` the service that counts its
-        actions."""
+        """``runners``: the response's hosted tools called through a namespace (``web_search``'s
+        browser), each running its kind's calls (``gateway.tools.calls``)."""
         self.hosted = hosted
-        self.web = web
-        self.browser = browser
+        self.runners = {r.kind.item_type.value: r for r in runners}
         self.classify = classify
         self.turn = turn
         self.limit = turn.req.max_tool_calls if turn.req.max_tool_calls is not None else default_max
@@ -96,24 +93,27 @@ class ToolLoop:
         """Run ``rnd``'s calls; yields each call's events as it finishes."""
         budget = max(0, self.limit - self.calls)
         allowed, over = rnd.indices[:budget], rnd.indices[budget:]
-        #: what the model reads of each browser call (the ``web_search_call`` item carries no output)
-        browsed: dict[int, dict[str, Any]] = {}
+        #: what the model reads of each namespace call (its item carries no output)
+        read: dict[int, dict[str, Any]] = {}
         not_run = f"Not run: this response reached its limit of {self.limit} tool calls (max_tool_calls)."
         for idx in over:
             rnd.ends = True
-            if events.output[idx]["type"] == ItemType.WEB_SEARCH_CALL:
-                function, _ = events.web_call(idx)
-                browsed[idx] = _browser_output(events.output[idx], function, ERROR_PREFIX + not_run)
-                yield events.web_done(idx, events.output[idx]["action"], failed=True)
+            runner = self.runners.get(events.output[idx]["type"])
+            if runner is not None:
+                function, _ = events.call_of(idx)
+                result = runner.not_run(function, ERROR_PREFIX + not_run)
+                read[idx] = _call_output(events.output[idx], runner.kind, function, result.text)
+                yield events.ran(idx, runner.kind, result)
             else:
                 yield events.call_done(idx, None, gateway_error(not_run))
         self.calls += len(allowed)
         tasks: list[asyncio.Future[tuple[int, Any]]] = []
         starting: list[Event] = []
         for idx in allowed:
-            if events.output[idx]["type"] == ItemType.WEB_SEARCH_CALL:
-                starting += events.web_searching(idx)
-                tasks.append(asyncio.ensure_future(self._browse(idx, *events.web_call(idx))))
+            runner = self.runners.get(events.output[idx]["type"])
+            if runner is not None:
+                starting += events.running(idx, runner.kind)
+                tasks.append(asyncio.ensure_future(self._call(idx, runner, *events.call_of(idx))))
             else:
                 tasks.append(asyncio.ensure_future(self._one(idx, events.output[idx])))
         if starting:
@@ -121,9 +121,11 @@ class ToolLoop:
         try:
             for fut in asyncio.as_completed(tasks):
                 idx, result = await fut
-                if isinstance(result, BrowseResult):
-                    browsed[idx] = _browser_output(events.output[idx], result.function, result.text)
-                    yield events.web_done(idx, self._action(result), failed=result.failure is not None)
+                if isinstance(result, CallResult):
+                    runner = self.runners[events.output[idx]["type"]]
+                    function, _ = events.call_of(idx)
+                    read[idx] = _call_output(events.output[idx], runner.kind, function, result.text)
+                    yield events.ran(idx, runner.kind, result)
                     continue
                 self.seconds += result.elapsed
                 yield events.call_done(idx, result.output, error_object(result))
@@ -135,7 +137,7 @@ class ToolLoop:
         outputs = [
             out
             for idx in rnd.indices
-            if (out := browsed.get(idx) if idx in browsed else output_of(events.output[idx])) is not None
+            if (out := read.get(idx) if idx in read else output_of(events.output[idx])) is not None
         ]
         rnd.tokens = self.turn.route.renderer.render_items(outputs)
         if len(outputs) > 1 and self.turn.route.renderer.family != "harmony":
@@ -165,41 +167,10 @@ class ToolLoop:
         ]
         return bool(described) and await self.classify.tool_outputs(described, self.turn)
 
-    def _action(self, result: BrowseResult) -> dict[str, Any]:
-        """The action as the response shows it, every field of its SDK type present: a search's
-        ``sources`` only when ``include`` asked for them (else null)."""
-        action = dict(result.action)
-        if action.get("type") == "search":
-            web = self.turn.input.hosted.web
-            if web is None or not web.sources:
-                action["sources"] = None
-            action.setdefault("sources", None)
-            action.setdefault("query", None)
-            action.setdefault("queries", [action["query"]] if action["query"] else None)
-        elif action.get("type") == "open_page":
-            action.setdefault("url", None)
-        return action
-
-    async def _browse(self, idx: int, function: str, arguments: str) -> tuple[int, BrowseResult]:
-        assert self.browser is not None
+    async def _call(self, idx: int, runner: CallRunner, function: str, arguments: str) -> tuple[int, CallResult]:
         t0 = time.perf_counter()
-        result = await self.browser.run(function, arguments)
-        t1 = time.perf_counter()
-        self.seconds += t1 - t0
-        if self.web is not None:
-            self.web.observe(result, t1 - t0)
-        self.turn.clock.span(  # no query, URL or page in a trace: they are user data
-            "tool_call",
-            t0,
-            t1,
-            {
-                "respgate.tool.type": "web_search",
-                "respgate.tool.server": result.backend,
-                "respgate.tool.name": str(result.action.get("type", "invalid")),
-                "respgate.tool.output_bytes": len(result.text),
-                **({"error.type": result.failure} if result.failure is not None else {}),
-            },
-        )
+        result = await runner.run(function, arguments)
+        self.seconds += time.perf_counter() - t0
         return idx, result
 
     async def _one(self, idx: int, call: Mapping[str, Any]) -> tuple[int, ToolResult]:
