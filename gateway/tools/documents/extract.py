@@ -400,7 +400,7 @@ def _extract_html(src: _Source, charset: str | None, limits: Limits) -> Extracte
     if page.cut:
         text = text.removesuffix(CUT_MARKER.format(n=limits.max_chars)).rstrip()
     title = page.title.strip()
-    if title and not text.startswith(title):
+    if title and title not in text[: len(title) + 8]:  # trafilatura may open with '# title'
         text = f"{title}\n\n{text}"
     return Extracted(text=text[: limits.max_chars], kind="html", truncated=page.cut or len(text) > limits.max_chars)
 
