@@ -1,27 +1,36 @@
-"""gpt-oss's citation marks to Responses ``url_citation`` annotations, on a streamed text part.
+"""gpt-oss's citation marks to Responses ``url_citation`` and ``file_citation`` annotations, on a
+streamed text part.
 
 gpt-oss cites what its ``browser`` showed as ``【{cursor}†L{start}-L{end}】`` (or ``【{cursor}†L{n}】``);
 the Responses API wants the final ``output_text`` to carry ``url_citation`` annotations whose
 ``[start_index, end_index)`` cover a span of that text. As OpenAI's hosted web search does, each
 resolvable mark becomes an inline Markdown link ``([domain](url))`` and the annotation covers exactly
-that link. :class:`CitationWriter` is sans-I/O: deltas in, text to emit and annotations out.
+that link. ``file_search`` shows its results headed ``【{call}:{n}†{filename}】`` (OpenAI's own
+file-citation mark, e.g. ``【4:0†notes.md】``) and the model cites with that mark: each resolvable
+one is removed from the text and becomes a ``file_citation`` annotation at the ``index`` where it
+was (OpenAI's file citations carry no link text). :class:`CitationWriter` is sans-I/O: deltas in,
+text to emit and annotations out. Each family is on only with its resolver (``resolve`` for the
+browser's marks, ``resolve_file`` for the files'); without it its marks are ordinary text.
 
 Why it holds back what it holds back: every emitted delta goes to the client at once, and a client
 cannot take characters back, so a mark must never be emitted half-written; but holding more than a
 mark delays the answer. So text is released at once up to a ``【``; from a ``【`` on, the text is held
-only while it is still a prefix of a mark (``_NEXT``, the grammar as a transition table) and shorter
-than ``max_mark_chars``; the first character that breaks the grammar releases it verbatim (and is
-itself looked at again: it may be the next ``【``). Nothing else is ever held, so memory is bounded by
-``max_mark_chars`` and each character costs O(1): ``str.find`` jumps over ordinary text, a held
-character is one table step, a finished mark is parsed once. The decisions depend on the characters
-only, never on where the deltas were cut, so any split of a stream gives the same text and
-annotations as the whole text fed at once.
+only while it is still a prefix of a mark (``_NEXT`` and ``_FILE_NEXT``, the grammars as transition
+tables) and shorter than the bound of its family (``max_mark_chars`` for a browser mark, ``max_file_mark_chars`` for a
+file mark, whose filename makes it longer; the larger of the two while ``【{digits}`` could still be
+either); the first character that breaks the grammar releases it verbatim (and is itself looked at
+again: it may be the next ``【``). Nothing else is ever held, so memory is bounded by the larger bound
+and each character costs O(1): ``str.find`` jumps over ordinary text, a held character is one table
+step, a finished mark is parsed once. The decisions depend on the characters only, never on where
+the deltas were cut, so any split of a stream gives the same text and annotations as the whole text
+fed at once.
 
 Decisions, and why:
 
 * **The grammar is strict**: ``【`` ASCII digits ``†L`` digits, optionally ``-L`` or ``–L`` (en dash)
   digits, ``】``, no whitespace — the forms gpt-oss writes. Anything else that starts with ``【``
-  (``【note】``, ``【3†x】``, a mark longer than ``max_mark_chars``) is emitted verbatim: it is the
+  (``【note】``, ``【3†x】``, a mark longer than ``max_mark_chars``; a file mark is the other family,
+  below) is emitted verbatim: it is the
   model's text, not a citation, and rewriting text we do not understand would be worse.
 * **The search-results form** ``【{id}†{title}†{domain}】`` (how the browser shows links) is verbatim
   too: it names a result the model did not open, so no lines were read to cite, and its title makes
@@ -42,6 +51,17 @@ Decisions, and why:
   the link target, whitespace, ASCII control characters, ``(``, ``)``, ``<``, ``>`` and ``\\`` are
   percent-encoded (each would end or corrupt a CommonMark link); the annotation's ``url`` is the raw
   URL, as the browser opened it.
+* **The file mark's grammar**: ``【`` ASCII digits ``:`` ASCII digits ``†``, then a title of at least
+  one character that is not ``】``, ``【`` or ``\\n``, then ``】``; the colon after the first digits
+  is what tells it from a browser mark. The title may hold anything else (spaces, ``†``, ``:``), so
+  its length is bounded only by ``max_file_mark_chars`` (the whole mark, ``【`` and ``】`` included):
+  longer, it is released verbatim. A ``【`` in the title breaks the mark (released verbatim; the
+  ``【`` may start the next mark), so released text never hides a mark start.
+* **The file mark's title is not trusted**: the model may misspell it, and ``{call}:{n}`` alone names
+  what it was shown; the annotation's ``file_id`` and ``filename`` are what ``resolve_file`` gives.
+  An unresolvable file mark is removed with no annotation, as a browser mark is. A file mark writes
+  nothing, so it leaves the run open: ``【4:0†a.md】【4:1†a.md】`` for two passages of one file gives
+  one annotation (one per ``file_id`` in a run), and ``【3†L1】【4:0†a.md】【3†L2】`` one link.
 * **Indices are Python ``str`` indices** (code points) from the start of the part, across calls.
 """
 
@@ -60,21 +80,40 @@ class Source(NamedTuple):
     title: str
 
 
+class FileSource(NamedTuple):
+    """What a file citation names: the file's id and its name."""
+
+    file_id: str
+    filename: str
+
+
 #: (cursor, first_line, last_line or None) -> the source the cited lines came from, or None
 Resolve = Callable[[int, int, int | None], Source | None]
+#: (call, n) -> the file of the ``n``-th result ``file_search`` call ``call`` showed, or None
+ResolveFile = Callable[[int, int], FileSource | None]
 
 #: the shortest mark, ``【0†L0】``: a smaller ``max_mark_chars`` could never recognise one
 MIN_MARK_CHARS = 6
 DEFAULT_MAX_MARK_CHARS = 64
+#: the shortest file mark, ``【0:0†a】``
+MIN_FILE_MARK_CHARS = 7
+#: a 255-character filename and the call and result numbers fit
+DEFAULT_MAX_FILE_MARK_CHARS = 300
 
 _OPEN = "【"
 _DIGITS = frozenset("0123456789")
 _DASHES = frozenset("-–")
-#: the mark's grammar as transitions: (state, character class) -> next state; a pair not here
-#: means the held text is not a mark. ``open`` is the state right after ``【``.
-_NEXT: dict[tuple[str, str], str] = {
+#: the characters the grammars name one by one; every other character is of class ``other``
+_NAMED = frozenset("†L】:【\n")
+#: the prefix both families share: ``open`` is the state right after ``【``
+_SHARED: dict[tuple[str, str], str] = {
     ("open", "digit"): "cursor",
     ("cursor", "digit"): "cursor",
+}
+#: the browser mark's grammar as transitions: (state, character class) -> next state; a pair not in
+#: the writer's table means the held text is not a mark.
+_NEXT: dict[tuple[str, str], str] = {
+    **_SHARED,
     ("cursor", "†"): "dagger",
     ("dagger", "L"): "first_l",
     ("first_l", "digit"): "first",
@@ -86,8 +125,24 @@ _NEXT: dict[tuple[str, str], str] = {
     ("last", "digit"): "last",
     ("last", "】"): "closed",
 }
+#: what a title may hold: every class but ``】``, ``【`` and ``\n``
+_TITLE_CLASSES = ("digit", "dash", "†", "L", ":", "other")
+#: the file mark's grammar, the same way
+_FILE_NEXT: dict[tuple[str, str], str] = {
+    **_SHARED,
+    ("cursor", ":"): "colon",
+    ("colon", "digit"): "result",
+    ("result", "digit"): "result",
+    ("result", "†"): "file_dagger",
+    **{("file_dagger", c): "title" for c in _TITLE_CLASSES},
+    **{("title", c): "title" for c in _TITLE_CLASSES},
+    ("title", "】"): "file_closed",
+}
+#: the states only a file mark reaches: the held text is bounded by ``max_file_mark_chars`` there
+_FILE_STATES = frozenset(_FILE_NEXT.values()) - frozenset(_SHARED.values())
 #: reads the numbers of a mark the table has closed (it always matches then)
 _MARK = re.compile(r"【([0-9]+)†L([0-9]+)(?:[-–]L([0-9]+))?】")
+_FILE_MARK = re.compile(r"【([0-9]+):([0-9]+)†[^】【\n]+】")
 #: what would end or corrupt a CommonMark link destination
 _UNSAFE_IN_TARGET = re.compile(r"[\s\x00-\x1f\x7f()<>\\]")
 _ESCAPE_IN_TEXT = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]"})
@@ -98,7 +153,7 @@ def _char_class(ch: str) -> str:
         return "digit"
     if ch in _DASHES:
         return "dash"
-    return ch
+    return ch if ch in _NAMED else "other"
 
 
 def link_domain(url: str) -> str:
@@ -120,16 +175,42 @@ def link_target(url: str) -> str:
 class CitationWriter:
     """Rewrites one streamed text part: feed its deltas, then ``finish``; see the module docstring."""
 
-    def __init__(self, resolve: Resolve, *, max_mark_chars: int = DEFAULT_MAX_MARK_CHARS) -> None:
+    def __init__(
+        self,
+        resolve: Resolve | None = None,
+        *,
+        resolve_file: ResolveFile | None = None,
+        max_mark_chars: int = DEFAULT_MAX_MARK_CHARS,
+        max_file_mark_chars: int = DEFAULT_MAX_FILE_MARK_CHARS,
+    ) -> None:
         if max_mark_chars < MIN_MARK_CHARS:
             raise ValueError(f"max_mark_chars must be at least {MIN_MARK_CHARS}")
+        if max_file_mark_chars < MIN_FILE_MARK_CHARS:
+            raise ValueError(f"max_file_mark_chars must be at least {MIN_FILE_MARK_CHARS}")
         self._resolve = resolve
-        self._max = max_mark_chars
+        self._resolve_file = resolve_file
+        #: the grammar of the families that are on; empty: no 【 is ever held
+        self._next: dict[tuple[str, str], str] = {
+            **(_NEXT if resolve is not None else {}),
+            **(_FILE_NEXT if resolve_file is not None else {}),
+        }
+        #: the bound on the held text in each state the table reaches: its family's, or while the
+        #: text could still be either (``【{digits}``) the larger of those that are on
+        either = max(
+            max_mark_chars if resolve is not None else 0, max_file_mark_chars if resolve_file is not None else 0
+        )
+        self._max: dict[str, int] = {}
+        for state in self._next.values():
+            if state in _SHARED.values():
+                self._max[state] = either
+            else:
+                self._max[state] = max_file_mark_chars if state in _FILE_STATES else max_mark_chars
         self._held = ""  # a prefix of a mark, starting with 【; "" when outside one
         self._state = ""  # the table state of the held text
         self._emitted = 0  # code points emitted so far
         self._last = ""  # the last character emitted
-        self._run: set[str] = set()  # URLs linked since the last emitted text
+        #: ("url", url) and ("file", file_id) cited since the last emitted text: the open run
+        self._run: set[tuple[str, str]] = set()
         self._annotations: list[dict[str, Any]] = []
         self._finished = False
 
@@ -148,14 +229,14 @@ class CitationWriter:
         i, n = 0, len(text)
         while i < n:
             if not self._held:
-                j = text.find(_OPEN, i)
+                j = text.find(_OPEN, i) if self._next else -1
                 if j < 0:
                     self._text(out, text[i:])
                     break
                 self._text(out, text[i:j])
                 self._held, self._state, i = _OPEN, "open", j + 1
                 continue
-            state = _NEXT.get((self._state, _char_class(text[i])))
+            state = self._next.get((self._state, _char_class(text[i])))
             if state is None:
                 self._release(out)  # text[i] is looked at again, outside a mark
                 continue
@@ -163,7 +244,9 @@ class CitationWriter:
             i += 1
             if state == "closed":
                 self._close(out, new)
-            elif len(self._held) >= self._max:
+            elif state == "file_closed":
+                self._close_file(new)
+            elif len(self._held) >= self._max[state]:
                 self._release(out)  # one more character would make it longer than a mark may be
             else:
                 self._state = state
@@ -194,24 +277,41 @@ class CitationWriter:
     def _close(self, out: list[str], new: list[dict[str, Any]]) -> None:
         mark, self._held, self._state = self._held, "", ""
         m = _MARK.fullmatch(mark)
-        assert m is not None, mark  # the table accepts exactly what _MARK matches
+        assert m is not None and self._resolve is not None, mark  # the table accepts what _MARK matches
         first = int(m.group(2))
         last = None if m.group(3) is None else int(m.group(3))
         source = None if last is not None and last < first else self._resolve(int(m.group(1)), first, last)
-        if source is None or source.url in self._run:
+        if source is None or ("url", source.url) in self._run:
             return
         if self._last and not self._last.isspace():
             self._write(out, " ")
         link = f"([{link_domain(source.url)}]({link_target(source.url)}))"
         start = self._emitted
         self._write(out, link)
-        self._run.add(source.url)
+        self._run.add(("url", source.url))
         annotation = {
             "type": "url_citation",
             "url": source.url,
             "title": source.title,
             "start_index": start,
             "end_index": start + len(link),
+        }
+        self._annotations.append(annotation)
+        new.append(annotation)
+
+    def _close_file(self, new: list[dict[str, Any]]) -> None:
+        mark, self._held, self._state = self._held, "", ""
+        m = _FILE_MARK.fullmatch(mark)
+        assert m is not None and self._resolve_file is not None, mark  # as for _MARK
+        source = self._resolve_file(int(m.group(1)), int(m.group(2)))
+        if source is None or ("file", source.file_id) in self._run:
+            return
+        self._run.add(("file", source.file_id))
+        annotation = {
+            "type": "file_citation",
+            "file_id": source.file_id,
+            "filename": source.filename,
+            "index": self._emitted,
         }
         self._annotations.append(annotation)
         new.append(annotation)

@@ -7,6 +7,11 @@ inserted ``([domain](url))`` link, the annotation validates as the openai SDK's
 by hypothesis over random texts built from segments (ordinary text, marks, things that only look like
 marks), against an oracle that knows the segments and so need not parse anything, and over texts of
 raw mark-ish characters, where only split-invariance and the span property are checked.
+
+file_search's ``【4:0†notes.md】`` marks (the second family, on with ``resolve_file``) are removed and
+become ``file_citation`` annotations whose ``index`` is where the mark was; the same properties are
+checked for them, mixed with browser marks against a segment oracle, and alone against a regular
+expression read of the whole text (independent of the writer's transition table).
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ from urllib.parse import unquote
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai.types.responses.response_output_text import AnnotationURLCitation, ResponseOutputText
+from openai.types.responses.response_output_text import (
+    AnnotationFileCitation,
+    AnnotationURLCitation,
+    ResponseOutputText,
+)
 
-from gateway.tools.citations import CitationWriter, Source, link_domain, link_target
+from gateway.tools.citations import CitationWriter, FileSource, Source, link_domain, link_target
 
 # (url, the link text expected, the link target expected): written out by hand, not computed
 SOURCES: list[tuple[str, str, str]] = [
@@ -376,3 +385,397 @@ def test_a_megabyte_of_marks_is_linear(unit: str) -> None:
     assert text == expected and annotations == []
     chunked = [given_text[i : i + 7] for i in range(0, min(len(given_text), 200_000), 7)]
     assert _run(CitationWriter(resolve), chunked)[0] == expected[: sum(map(len, chunked))]
+
+
+# --- file_search's marks: 【{call}:{n}†{filename}】 -> file_citation ----------------------------------
+
+#: (call, n) -> the file shown there; file-a is shown twice (two passages of one file)
+FILES = {
+    (0, 0): FileSource("file-a", "a.md"),
+    (0, 1): FileSource("file-a", "a.md"),
+    (0, 2): FileSource("file-b", "notes † v2.md"),
+    (4, 0): FileSource("file-c", "report 2024.pdf"),
+}
+
+
+def resolve_files(call: int, n: int) -> FileSource | None:
+    return FILES.get((call, n))
+
+
+def _file(index: int, source: FileSource) -> dict[str, Any]:
+    return {"type": "file_citation", "file_id": source.file_id, "filename": source.filename, "index": index}
+
+
+def _check_all(text: str, annotations: list[dict[str, Any]]) -> None:
+    """Every annotation validates as the SDK's type, browser links cover their link, and all are in
+    text order: a file citation's index is at or after the end of the link before it."""
+    ResponseOutputText.model_validate({"type": "output_text", "text": text, "annotations": annotations})
+    links = [a for a in annotations if a["type"] == "url_citation"]
+    _check_annotations(text, links)
+    previous_end = 0
+    for annotation in annotations:
+        if annotation["type"] == "file_citation":
+            assert set(annotation) == {"type", "file_id", "filename", "index"}
+            assert AnnotationFileCitation.model_validate(annotation).model_dump() == annotation
+            assert previous_end <= annotation["index"] <= len(text)
+            previous_end = annotation["index"]
+        else:
+            assert previous_end <= annotation["start_index"]
+            previous_end = annotation["end_index"]
+
+
+def _rewrite_both(text: str, **kwargs: Any) -> tuple[str, list[dict[str, Any]]]:
+    return _run(CitationWriter(resolve_pages, resolve_file=resolve_files, **kwargs), [text])
+
+
+FA, FB, FC = FILES[0, 0], FILES[0, 2], FILES[4, 0]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected", "files"),
+    [
+        ("See【4:0†report 2024.pdf】.", "See.", [(3, FC)]),
+        ("See 【4:0†report 2024.pdf】 now", "See  now", [(4, FC)]),
+        ("【0:0†a.md】 starts", " starts", [(0, FA)]),
+        ("See【9:9†gone.md】.", "See.", []),  # well-formed, not shown: removed, no annotation
+        ("See【0:5†a.md】.", "See.", []),
+        ("See【0:2†notes † v2.md】.", "See.", [(3, FB)]),  # † and spaces in the title
+        ("See【0:2†: L1-L2 – 7†x】.", "See.", [(3, FB)]),  # anything but 】, 【, newline
+        ("See【4:0†wrong name.txt】.", "See.", [(3, FC)]),  # the title is not trusted
+        ("See【04:000†x】.", "See.", [(3, FC)]),
+        ("【0:0†a.md】【0:1†a.md】.", ".", [(0, FA)]),  # one file, two passages, one run
+        ("【0:0†a.md】【0:2†b】【0:1†a.md】.", ".", [(0, FA), (0, FB)]),
+        ("【0:0†a.md】 and 【0:1†a.md】.", " and .", [(0, FA), (5, FA)]),  # text between: two runs
+        ("【0:0†a.md】【9:9†x】【0:1†a.md】.", ".", [(0, FA)]),  # a removed mark counts as nothing
+        ("【0:0†a\nb.md】", "【0:0†a\nb.md】", []),  # a newline breaks it
+        ("【0:0†】", "【0:0†】", []),  # an empty title
+        (
+            "【0:0a.md】【0:†a】【:0†a】【0:x†a】【0::0†a】【0:0†",
+            "【0:0a.md】【0:†a】【:0†a】【0:x†a】【0::0†a】【0:0†",
+            [],
+        ),
+        ("【0 :0†a】【0: 0†a】【0:0 †a】【٣:0†a】", "【0 :0†a】【0: 0†a】【0:0 †a】【٣:0†a】", []),
+        ("【0:0†a【4:0†b】", "【0:0†a", [(6, FC)]),  # a 【 in the title breaks it and starts a mark
+        ("【0:0†a】】", "】", [(0, FA)]),
+        ("unfinished 【4:0†report", "unfinished 【4:0†report", []),
+    ],
+)
+def test_file_examples(given: str, expected: str, files: list[tuple[int, FileSource]]) -> None:
+    text, annotations = _run(CitationWriter(resolve_file=resolve_files), [given])
+    assert text == expected
+    assert annotations == [_file(i, s) for i, s in files]
+    _check_all(text, annotations)
+    for chunks in (list(given), [given[:5], given[5:]]):
+        assert _run(CitationWriter(resolve_file=resolve_files), chunks) == (text, annotations)
+
+
+def test_file_and_browser_marks_in_one_text() -> None:
+    text, annotations = _rewrite_both("Fact【3†L1】 and【4:0†r.pdf】【5†L2】, then【0:0†a】【3†L1】【0:1†a】【3†L3】.")
+    assert text == f"Fact {A} and {B}, then {A}."
+    at_then = text.index(", then") + len(", then")
+    assert annotations == [
+        {"type": "url_citation", "url": "https://www.a.com/x", "title": "A", "start_index": 5, "end_index": 5 + len(A)},
+        _file(len(f"Fact {A} and"), FC),
+        {
+            "type": "url_citation",
+            "url": "https://b.org/y",
+            "title": "B",
+            "start_index": len(f"Fact {A} and "),
+            "end_index": len(f"Fact {A} and {B}"),
+        },
+        _file(at_then, FA),  # the run 【0:0】【3】【0:1】【3】: one annotation per file, one link per URL
+        {
+            "type": "url_citation",
+            "url": "https://www.a.com/x",
+            "title": "A",
+            "start_index": at_then + 1,
+            "end_index": at_then + 1 + len(A),
+        },
+    ]
+    _check_all(text, annotations)
+
+
+def test_each_family_only_with_its_resolver() -> None:
+    given = "a【3†L1】b【4:0†r.pdf】c"
+    text, annotations = _rewrite(given, resolve_pages)
+    assert text == f"a {A}b【4:0†r.pdf】c" and [a["type"] for a in annotations] == ["url_citation"]
+    assert _run(CitationWriter(resolve_file=resolve_files), [given]) == ("a【3†L1】bc", [_file(len("a【3†L1】b"), FC)])
+    assert _run(CitationWriter(None, resolve_file=resolve_files), [given])[0] == "a【3†L1】bc"
+    assert _run(CitationWriter(), [given]) == (given, [])
+    writer = CitationWriter()
+    assert writer.feed("x【") == ("x【", [])  # with no family on, nothing is ever held
+
+
+def test_the_file_resolver_gets_the_numbers_and_the_file_is_its_answer() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def resolve(call: int, n: int) -> FileSource | None:
+        calls.append((call, n))
+        return FileSource(f"file-{call}-{n}", f"{call}.{n}.txt")
+
+    text, annotations = _run(CitationWriter(resolve_file=resolve), ["a【12:007†x.md】b【0:0†y】"])
+    assert text == "ab"
+    assert calls == [(12, 7), (0, 0)]
+    assert annotations == [_file(1, FileSource("file-12-7", "12.7.txt")), _file(2, FileSource("file-0-0", "0.0.txt"))]
+
+
+def test_file_indices_count_code_points_across_calls() -> None:
+    writer = CitationWriter(resolve_file=resolve_files)
+    assert writer.feed("x" * 100) == ("x" * 100, [])
+    assert writer.feed("😀【4:0†r") == ("😀", [])
+    assert writer.feed(".pdf") == ("", [])
+    assert writer.feed("】y") == ("y", [_file(101, FC)])
+    assert writer.finish() == ("", [])
+
+
+def test_max_file_mark_chars_bounds_the_file_mark() -> None:
+    mark = "【4:0†" + "n" * 250 + ".pdf】"  # 260 characters
+    assert _run(CitationWriter(resolve_file=resolve_files), [mark]) == ("", [_file(0, FC)])
+    assert _run(CitationWriter(resolve_file=resolve_files, max_file_mark_chars=260), [mark])[0] == ""
+    assert _run(CitationWriter(resolve_file=resolve_files, max_file_mark_chars=259), [mark])[0] == mark
+    long = "【4:0†" + "n" * 300 + "】"
+    assert _run(CitationWriter(resolve_file=resolve_files), [long]) == (long, [])
+    writer = CitationWriter(resolve_file=resolve_files, max_file_mark_chars=9)
+    assert writer.feed("【4:0†abc") == ("", [])  # 8 held
+    assert writer.feed("d") == ("【4:0†abcd", [])  # 9 could only become a 10-character mark
+    assert writer.feed("【4:0†abc】") == ("", [_file(9, FC)])
+    with pytest.raises(ValueError):
+        CitationWriter(resolve_file=resolve_files, max_file_mark_chars=6)
+
+
+def test_the_shared_prefix_is_held_to_the_larger_bound_and_each_branch_to_its_own() -> None:
+    writer = CitationWriter(resolve_pages, resolve_file=resolve_files, max_mark_chars=8, max_file_mark_chars=12)
+    assert writer.feed("【1234567") == ("", [])  # 8: too long for a browser mark, not for a file mark
+    assert writer.feed("†") == ("【1234567†", [])  # the browser branch: past its bound
+    assert writer.feed("【123456:0†a") == ("", [])  # 11 held
+    assert writer.feed("】") == ("", [])  # a 12-character file mark: recognised (and not shown: removed)
+    assert writer.feed("【3†L1-L1") == ("【3†L1-L1", [])  # 8: the browser bound, not the file one
+    writer = CitationWriter(resolve_pages, resolve_file=resolve_files, max_mark_chars=12, max_file_mark_chars=7)
+    assert writer.feed("【123456789") == ("", [])
+    assert writer.feed(":") == ("【123456789:", [])  # the file branch: past its bound
+    writer = CitationWriter(resolve_file=resolve_files, max_mark_chars=64, max_file_mark_chars=7)
+    assert writer.feed("【123456") == ("【123456", [])  # browser family off: the file bound alone
+
+
+# --- file marks: properties ------------------------------------------------------------------------
+
+#: ids and names of the files a resolver may give; two ids share a name
+_FILE_SOURCES = [FileSource("file-a", "a.md"), FileSource("file-b", "a.md"), FileSource("file-c", "c d † e.pdf")]
+_TITLE = st.text(alphabet="a😀 .:†L-–0123456789\t", min_size=1, max_size=30)
+_file_marks = st.builds(
+    lambda call, n, title: ("file", (call, n, f"【{call}:{n}†{title}】")),
+    st.integers(0, 3),
+    st.integers(0, 5),
+    _TITLE,
+)
+#: file-mark look-alikes that break the grammar within themselves (as ``_not_marks`` do)
+_not_file_marks = st.sampled_from(
+    ["【0:0†】", "【0:x†a】", "【0:†a】", "【0::0†a】", "【0:0a】", "【0:0†a\nb】", "【0 :0†a】", "【0:0†" + "x" * 300]
+).map(lambda s: ("text", s))
+_shown = st.dictionaries(st.tuples(st.integers(0, 3), st.integers(0, 5)), st.integers(0, len(_FILE_SOURCES) - 1))
+
+
+def _files_resolver(shown: dict[tuple[int, int], int]) -> Any:
+    def resolve(call: int, n: int) -> FileSource | None:
+        return _FILE_SOURCES[shown[call, n]] if (call, n) in shown else None
+
+    return resolve
+
+
+def _mixed_oracle(
+    segments: list[tuple[str, Any]], resolve: Any, resolve_file: Any, max_file_mark_chars: int
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """The expected text and, in order, ("url", start, url) and ("file", index, file_id, filename)."""
+    out = ""
+    run: set[tuple[str, str]] = set()
+    expected: list[tuple[Any, ...]] = []
+    for kind, value in segments:
+        if kind == "file":
+            call, n, mark = value
+            if len(mark) > max_file_mark_chars:
+                kind, value = "text", mark  # too long to be held: the model's text
+            else:
+                source = resolve_file(call, n)
+                if source is not None and ("file", source.file_id) not in run:
+                    expected.append(("file", len(out), source.file_id, source.filename))
+                    run.add(("file", source.file_id))
+                continue
+        if kind == "text":
+            out += value
+            if value:
+                run.clear()
+            continue
+        # a browser mark, as _oracle reads it
+        cursor, lines = value[1:-1].split("†L")
+        first, _, last = lines.replace("–", "-").partition("-L")
+        link = (
+            None if last and int(last) < int(first) else resolve(int(cursor), int(first), int(last) if last else None)
+        )
+        if link is None or ("url", link.url) in run:
+            continue
+        if out and not out[-1].isspace():
+            out += " "
+        expected.append(("url", len(out), link.url))
+        out += EXPECTED_LINK[link.url]
+        run.add(("url", link.url))
+    return out, expected
+
+
+def _observed(annotations: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [
+        ("file", a["index"], a["file_id"], a["filename"])
+        if a["type"] == "file_citation"
+        else ("url", a["start_index"], a["url"])
+        for a in annotations
+    ]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    segments=st.lists(st.one_of(_marks, _file_marks, _file_marks, _texts, _not_file_marks), max_size=25),
+    pages=_pages,
+    shown=_shown,
+    cuts=_cuts,
+    max_file_mark_chars=st.sampled_from([7, 12, 24, 300]),
+)
+def test_file_marks_any_split_gives_the_oracles_text_and_annotations(
+    segments: list[tuple[str, Any]],
+    pages: dict[int, tuple[int, int]],
+    shown: dict[tuple[int, int], int],
+    cuts: list[int],
+    max_file_mark_chars: int,
+) -> None:
+    resolve, resolve_file = _pages_resolver(pages), _files_resolver(shown)
+    given_text = "".join(value if kind != "file" else value[2] for kind, value in segments)
+    expected, marks = _mixed_oracle(segments, resolve, resolve_file, max_file_mark_chars)
+    for chunks in ([given_text], list(given_text), _split(given_text, cuts)):
+        writer = CitationWriter(resolve, resolve_file=resolve_file, max_file_mark_chars=max_file_mark_chars)
+        text, annotations = _run(writer, chunks)
+        assert text == expected
+        assert _observed(annotations) == marks
+        _check_all(text, annotations)
+
+
+def _regex_reference(text: str, resolve_file: Any, max_file_mark_chars: int) -> tuple[str, list[tuple[Any, ...]]]:
+    """File marks alone, read by a regular expression over the whole text instead of the table: a
+    held text never holds a second 【, so a failed match can resume at the next 【, as the writer does."""
+    out, run, expected, at = "", set(), [], 0
+    for m in re.finditer(r"【([0-9]+):([0-9]+)†[^】【\n]+】", text):
+        if len(m.group()) > max_file_mark_chars:
+            continue  # text, like all that is not a match
+        if m.start() > at:
+            out += text[at : m.start()]
+            run.clear()
+        at = m.end()
+        source = resolve_file(int(m.group(1)), int(m.group(2)))
+        if source is not None and source.file_id not in run:
+            expected.append(("file", len(out), source.file_id, source.filename))
+            run.add(source.file_id)
+    return out + text[at:], expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    given_text=st.text(alphabet="【】†:L-0123 a\n", max_size=120),
+    shown=_shown,
+    cuts=_cuts,
+    max_file_mark_chars=st.sampled_from([7, 9, 16, 300]),
+)
+def test_raw_file_mark_characters_split_anywhere(
+    given_text: str, shown: dict[tuple[int, int], int], cuts: list[int], max_file_mark_chars: int
+) -> None:
+    resolve_file = _files_resolver(shown)
+    expected, marks = _regex_reference(given_text, resolve_file, max_file_mark_chars)
+    for chunks in ([given_text], list(given_text), _split(given_text, cuts)):
+        text, annotations = _run(
+            CitationWriter(resolve_file=resolve_file, max_file_mark_chars=max_file_mark_chars), chunks
+        )
+        assert (text, _observed(annotations)) == (expected, marks)
+        _check_all(text, annotations)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    given_text=st.text(alphabet="【】†:L-–0123 a\n", max_size=120),
+    pages=_pages,
+    shown=_shown,
+    cuts=_cuts,
+    bounds=st.tuples(st.sampled_from([6, 9, 64]), st.sampled_from([7, 9, 16, 300])),
+)
+def test_raw_characters_of_both_families_split_anywhere(
+    given_text: str,
+    pages: dict[int, tuple[int, int]],
+    shown: dict[tuple[int, int], int],
+    cuts: list[int],
+    bounds: tuple[int, int],
+) -> None:
+    kwargs: dict[str, Any] = {
+        "resolve_file": _files_resolver(shown),
+        "max_mark_chars": bounds[0],
+        "max_file_mark_chars": bounds[1],
+    }
+    resolve = _pages_resolver(pages)
+    whole, whole_annotations = _rewrite(given_text, resolve, **kwargs)
+    _check_all(whole, whole_annotations)
+    for chunks in (list(given_text), _split(given_text, cuts)):
+        assert _run(CitationWriter(resolve, **kwargs), chunks) == (whole, whole_annotations)
+    if "】" not in given_text:
+        assert whole == given_text
+
+
+#: a prefix of a file mark, written independently of the module's table
+_VIABLE_FILE = re.compile(r"【(?:[0-9]+(?::(?:[0-9]+(?:†[^】【\n]*)?)?)?)?")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    given_text=st.text(alphabet="【†L:-0123 a\n", max_size=150),
+    cuts=_cuts,
+    bounds=st.tuples(st.sampled_from([6, 9, 64]), st.sampled_from([7, 9, 16, 300])),
+    browser=st.booleans(),
+)
+def test_holds_back_a_prefix_of_either_family_only_within_its_bound(
+    given_text: str, cuts: list[int], bounds: tuple[int, int], browser: bool
+) -> None:
+    max_mark_chars, max_file_mark_chars = bounds
+    writer = CitationWriter(
+        (lambda *_: Source("https://a.com/", "A")) if browser else None,
+        resolve_file=lambda *_: FileSource("file-a", "a"),
+        max_mark_chars=max_mark_chars,
+        max_file_mark_chars=max_file_mark_chars,
+    )
+    fed, emitted = "", ""
+    for chunk in _split(given_text, cuts):
+        fed += chunk
+        emitted += writer.feed(chunk)[0]
+        assert fed.startswith(emitted)
+        held = fed[len(emitted) :]
+        assert (
+            held == ""
+            or (browser and _VIABLE.fullmatch(held) and len(held) < max_mark_chars)
+            or (_VIABLE_FILE.fullmatch(held) and len(held) < max_file_mark_chars)
+        )
+    assert emitted + writer.finish()[0] == given_text
+
+
+@pytest.mark.timeout(120)  # linear, as for browser marks
+@pytest.mark.parametrize(
+    "unit", ["【1:", "【1:2†", "【1:2†a†b", "【1:2†a】", "【1:2†" + "x" * 400, "【0:0†a】【3†L1】"]
+)
+def test_a_megabyte_of_file_marks_is_linear(unit: str) -> None:
+    given_text = unit * (1_000_000 // len(unit))
+    calls = 0
+
+    def resolve_file(call: int, n: int) -> FileSource | None:
+        nonlocal calls
+        calls += 1
+        return None
+
+    writer = CitationWriter(lambda *_: None, resolve_file=resolve_file)
+    text, annotations = _run(writer, [given_text])
+    expected = "" if unit.endswith("】") else given_text
+    assert text == expected and annotations == []
+    assert calls == (given_text.count(":") if unit.endswith("】") else 0)  # each file mark read once
+    part = given_text[: 200_000 - 200_000 % len(unit)]  # whole units: a cut mark would be released
+    writer = CitationWriter(lambda *_: None, resolve_file=resolve_file)
+    assert _run(writer, [part[i : i + 7] for i in range(0, len(part), 7)])[0] == expected[: len(part)]
