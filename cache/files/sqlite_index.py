@@ -16,8 +16,10 @@ OR-ed, at most :data:`MAX_QUERY_PHRASES` of them. BM25 ranks; the similarity is 
 best candidate's, in (0, 1].
 
 Tenancy: the tenant is a column of every row, part of every unique key, and in every ``WHERE``;
-ids from a request never reach another tenant's rows. (BM25's corpus statistics are the whole
-table's: a term's rarity counts other tenants' text. That changes scores, not what is returned.)
+ids from a request never reach another tenant's rows. Each tenant has its own FTS5 table, because
+BM25 weighs a term by its rarity in the table: in a shared one, another tenant's text would move
+this tenant's scores (a side channel on what others hold, and answers that change for no reason
+the tenant can see).
 
 Threads: every call runs off the event loop. Writes go through one connection under a lock, each
 file in one ``BEGIN IMMEDIATE`` transaction; reads use one connection per worker thread, and WAL
@@ -29,6 +31,7 @@ sees this process's writes (several replicas use the Postgres backend).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import json
 import math
@@ -81,15 +84,13 @@ CREATE TABLE IF NOT EXISTS idx_chunks (
 );
 CREATE INDEX IF NOT EXISTS idx_chunks_store ON idx_chunks (tenant, store_id, id);
 CREATE INDEX IF NOT EXISTS idx_chunks_file ON idx_chunks (file_ref);
-CREATE VIRTUAL TABLE IF NOT EXISTS idx_fts USING fts5 (
+"""
+
+#: one FTS5 table per tenant, named by a hash of the tenant (an identifier whatever the tenant is)
+_FTS_TABLE = """
+CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING fts5 (
     text, content = 'idx_chunks', content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2'
-);
-CREATE TRIGGER IF NOT EXISTS idx_chunks_ai AFTER INSERT ON idx_chunks BEGIN
-    INSERT INTO idx_fts (rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS idx_chunks_ad AFTER DELETE ON idx_chunks BEGIN
-    INSERT INTO idx_fts (idx_fts, rowid, text) VALUES ('delete', old.id, old.text);
-END;
+)
 """
 
 _WORD = re.compile(r"\S+")
@@ -136,15 +137,17 @@ def _compile(flt: Filter, params: list[Any]) -> str:
     bound = flt.value
     assert isinstance(bound, int | float) and not isinstance(bound, bool)
     op = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}[flt.op]
-    kind, value = _accessors(flt.key, params)
+    kind = _kind(flt.key, params)
+    value = _value(flt.key, params)
     params.append(_number(bound))
     return f"COALESCE(({kind} IN ('integer', 'real') AND {value} {op} ?), 0)"
 
 
 def _equal(key: str, want: AttributeValue, params: list[Any]) -> str:
-    kind, value = _accessors(key, params)
     if isinstance(want, bool):
-        return f"COALESCE(({kind} = '{'true' if want else 'false'}'), 0)"
+        return f"COALESCE(({_kind(key, params)} = '{'true' if want else 'false'}'), 0)"
+    kind = _kind(key, params)
+    value = _value(key, params)
     if isinstance(want, str):
         params.append(want)
         return f"COALESCE(({kind} = 'text' AND {value} = ?), 0)"
@@ -152,18 +155,26 @@ def _equal(key: str, want: AttributeValue, params: list[Any]) -> str:
     return f"COALESCE(({kind} IN ('integer', 'real') AND {value} = ?), 0)"
 
 
-def _accessors(key: str, params: list[Any]) -> tuple[str, str]:
-    """SQL for the JSON type and the value of ``key`` in ``f.attributes``, the key bound as a
-    parameter (a JSON path when it can be quoted as one, else a lookup through ``json_each``)."""
+# The key is bound as a parameter: a JSON path when it can be quoted as one, else a lookup through
+# ``json_each`` (a key with a double quote or a backslash).
+
+
+def _kind(key: str, params: list[Any]) -> str:
+    """SQL for the JSON type of ``key`` in ``f.attributes`` (NULL when missing)."""
     if '"' not in key and "\\" not in key:
-        path = f'$."{key}"'
-        params.extend((path, path))
-        return "json_type(f.attributes, ?)", "json_extract(f.attributes, ?)"
-    params.extend((key, key))
-    return (
-        "(SELECT type FROM json_each(f.attributes) WHERE key = ?)",
-        "(SELECT value FROM json_each(f.attributes) WHERE key = ?)",
-    )
+        params.append(f'$."{key}"')
+        return "json_type(f.attributes, ?)"
+    params.append(key)
+    return "(SELECT type FROM json_each(f.attributes) WHERE key = ?)"
+
+
+def _value(key: str, params: list[Any]) -> str:
+    """SQL for the value of ``key`` in ``f.attributes``."""
+    if '"' not in key and "\\" not in key:
+        params.append(f'$."{key}"')
+        return "json_extract(f.attributes, ?)"
+    params.append(key)
+    return "(SELECT value FROM json_each(f.attributes) WHERE key = ?)"
 
 
 def _number(value: int | float) -> int | float:
@@ -309,6 +320,12 @@ class SqliteChunkIndex:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(tenant, store_id, ref, file_id, i, t, v) for i, t, v in rows],
             )
+            fts = _fts_table(tenant)
+            db.execute(_FTS_TABLE.format(name=fts))
+            db.execute(
+                f"INSERT INTO {fts} (rowid, text) SELECT id, text FROM idx_chunks WHERE tenant = ? AND file_ref = ?",
+                (tenant, ref),
+            )
 
         try:
             await self._write(write)
@@ -344,6 +361,7 @@ class SqliteChunkIndex:
 
     async def remove_store(self, tenant: str, store_id: str) -> int:
         def write(db: sqlite3.Connection) -> int:
+            _unindex(db, tenant, "store_id = ?", store_id)
             removed = db.execute(
                 "DELETE FROM idx_chunks WHERE tenant = ? AND store_id = ?", (tenant, store_id)
             ).rowcount
@@ -409,14 +427,17 @@ class SqliteChunkIndex:
             where = " AND " + _compile(flt, params)
         params.append(n)
         marks = ", ".join("?" * len(stores))
+        fts = _fts_table(tenant)
         sql = (
-            "SELECT c.id, -bm25(idx_fts) AS relevance FROM idx_fts JOIN idx_chunks c ON c.id = idx_fts.rowid"
-            f" WHERE idx_fts MATCH ? AND c.tenant = ? AND c.store_id IN ({marks})"
+            f"SELECT c.id, -bm25({fts}) AS relevance FROM {fts} JOIN idx_chunks c ON c.id = {fts}.rowid"
+            f" WHERE {fts} MATCH ? AND c.tenant = ? AND c.store_id IN ({marks})"
             f" AND c.file_ref IN (SELECT f.id FROM idx_files f WHERE f.tenant = ? AND f.store_id IN ({marks}){where})"
             " ORDER BY relevance DESC, c.id LIMIT ?"
         )
 
         def work(db: sqlite3.Connection) -> list[Candidate]:
+            if not _has_table(db, fts):
+                return []
             rows = db.execute(sql, params).fetchall()
             if not rows:
                 return []
@@ -550,9 +571,29 @@ def _delete_file(db: sqlite3.Connection, tenant: str, store_id: str, file_id: st
     ).fetchone()
     if row is None:
         return 0
+    _unindex(db, tenant, "file_ref = ?", row[0])
     removed = db.execute("DELETE FROM idx_chunks WHERE tenant = ? AND file_ref = ?", (tenant, row[0])).rowcount
     db.execute("DELETE FROM idx_files WHERE tenant = ? AND id = ?", (tenant, row[0]))
     return int(removed)
+
+
+def _fts_table(tenant: str) -> str:
+    return "idx_fts_" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _unindex(db: sqlite3.Connection, tenant: str, where: str, arg: Any) -> None:
+    """Take the chunks ``where`` selects out of the tenant's FTS table (before they are deleted)."""
+    fts = _fts_table(tenant)
+    if _has_table(db, fts):
+        db.execute(
+            f"INSERT INTO {fts} ({fts}, rowid, text) SELECT 'delete', id, text FROM idx_chunks"
+            f" WHERE tenant = ? AND {where}",
+            (tenant, arg),
+        )
 
 
 def _restrict(ids: np.ndarray, vectors: np.ndarray, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
