@@ -26,11 +26,11 @@ from gateway.base.metrics import BackgroundCollector, ComponentCollector, FlagCo
 from gateway.base.settings import Settings
 from gateway.base.tracing import Tracing
 from gateway.engines import build_registry
-from gateway.files.files import Files
 from gateway.transport.gzip_answers import GzipAnswers
 from gateway.transport.services import GatewayState
 from gateway.turn.pipeline import Pipeline
 from gateway.wire.errors import ApiError
+from inference.embeddings import Embedder
 from inference.registry import ModelRegistry
 from inference.simulated import SimulatedEngine
 from inference.tool_grammar import preload_grammar_library
@@ -52,6 +52,7 @@ def create_app(
     flags: FlagReporter | None = None,
     key_store: KeyStore | None = None,
     conversations: ConversationStore | None = None,
+    embedder: Embedder | None = None,
 ) -> FastAPI:
     # `is None`, not `or`: an empty store or registry is falsy (it has a length)
     settings = Settings.from_env() if settings is None else settings
@@ -72,7 +73,7 @@ def create_app(
     classifier = build_classifier(settings) if classifier is None else classifier
     flags = build_flag_reporter(settings) if flags is None else flags
     metrics.registry.register(FlagCollector(flags))
-    pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags, conversations)
+    pipeline = Pipeline(settings, registry, store, classifier, usage, metrics, flags, conversations, embedder)
     if pipeline.prefix is not None:
         metrics.registry.register(PrefixCacheCollector(pipeline.prefix.cache))
     auth, access = build_access(settings, key_store, metrics)
@@ -99,7 +100,8 @@ def create_app(
         auth=auth,
         access=access,
         background=background,
-        files=Files.embedded(settings),
+        files=pipeline.files,
+        vector_stores=pipeline.vector_stores,
         http_turns=http_turns,
     )
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
@@ -121,12 +123,15 @@ def create_app(
         flags.start()
         background.start_loops()
         sweeper = asyncio.get_running_loop().create_task(gw.files.sweep_loop(), name="respgate-files-sweeper")
+        await gw.vector_stores.start()
         gw.accepting = True
         try:
             yield
         finally:
             gw.accepting = False
             await background.close()  # before the store and the billing queue close: it writes to both
+            sweeper.cancel()  # before the file stores close (pipeline.close)
+            await asyncio.gather(sweeper, return_exceptions=True)
             if resumable is not None:  # after the drain: closing connections parked their lanes
                 await resumable.close()
             await pipeline.close()
@@ -138,9 +143,6 @@ def create_app(
                 await engine.shutdown()
             await store.close()
             await conversations.close()
-            sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
-            await gw.files.aclose()
             await access.flush()
             await access.limiter.close()
             await auth.close()
@@ -158,11 +160,13 @@ def create_app(
     from gateway.transport.conversations_routes import router as conversations_router
     from gateway.transport.files_routes import router as files_router
     from gateway.transport.http_routes import router as http_router
+    from gateway.transport.vector_stores_routes import router as vector_stores_router
     from gateway.transport.ws import router as ws_router
 
     app.include_router(http_router)
     app.include_router(conversations_router)
     app.include_router(files_router)
+    app.include_router(vector_stores_router)
     app.include_router(ws_router)
 
     @app.exception_handler(ApiError)

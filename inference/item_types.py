@@ -44,6 +44,8 @@ class ItemType(StrEnum):
     MCP_APPROVAL_RESPONSE = "mcp_approval_response"
     #: the gateway's run of the model's browser (``web_search``; ``gateway.tools.web``)
     WEB_SEARCH_CALL = "web_search_call"
+    #: the gateway's search of the request's vector stores (``file_search``; ``gateway.tools.file_search``)
+    FILE_SEARCH_CALL = "file_search_call"
 
 
 class ToolType(StrEnum):

@@ -16,6 +16,7 @@ import os
 import re
 import tempfile
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -47,6 +48,11 @@ class Blobs(Protocol):
 
     async def delete(self, tenant: str, file_id: str) -> bool: ...
 
+    def local_path(self, tenant: str, file_id: str) -> AbstractAsyncContextManager[Path]:
+        """A path to the file's bytes on this machine for as long as the context lasts (ingestion
+        reads it in bounded pieces; a remote backend copies it to a temporary file)."""
+        ...
+
 
 class DiskBlobs:
     """Files under ``root/<digest of tenant>/<file id>``; temporary ones under ``root/.incoming``."""
@@ -73,6 +79,13 @@ class DiskBlobs:
                 yield chunk
         finally:
             handle.close()
+
+    @asynccontextmanager
+    async def local_path(self, tenant: str, file_id: str) -> AsyncIterator[Path]:
+        path = self.path(tenant, file_id)
+        if not await asyncio.to_thread(path.is_file):
+            raise FileNotFoundError(file_id)
+        yield path
 
     async def delete(self, tenant: str, file_id: str) -> bool:
         def unlink() -> bool:

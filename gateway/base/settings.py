@@ -296,6 +296,21 @@ class Settings(BaseModel):
     files_per_tenant: int = Field(default=10_000, ge=1)
     #: bytes one tenant's files may take together (more: 400 ``quota_exceeded``)
     files_bytes_per_tenant: int = Field(default=10 * 1024 * 1024 * 1024, ge=1024)
+    #: vector stores one tenant may hold (more: 400 ``quota_exceeded``)
+    vector_stores_per_tenant: int = Field(default=1000, ge=1)
+    #: chunks one tenant's vector stores may hold together (a file that would pass it: ``failed``)
+    file_search_chunks_per_tenant: int = Field(default=1_000_000, ge=1)
+    #: files ingested at once (embedding is CPU work on the embedded model: keep it small)
+    file_ingest_workers: int = Field(default=1, ge=1, le=16)
+    #: where vectors come from: ``local`` (the packaged all-MiniLM-L6-v2 on the CPU, no service) or
+    #: ``remote`` (an OpenAI-compatible ``/v1/embeddings`` at ``embeddings_url``, e.g. vLLM on a GPU)
+    embeddings: Literal["local", "remote"] = "local"
+    #: ``remote``: the embeddings endpoint's base URL (``…/v1``)
+    embeddings_url: str | None = None
+    #: ``remote``: its API key (sent as a bearer; never logged)
+    embeddings_api_key: str | None = Field(default=None, repr=False)
+    #: ``remote``: the model name to ask for
+    embeddings_model: str | None = None
     #: seconds an MCP server has to list its tools (then ``mcp_list_tools`` reports the error)
     mcp_list_timeout_s: float = Field(default=15.0, gt=0)
     #: seconds one MCP tool call may take (then its ``mcp_call`` reports the error)
@@ -410,6 +425,15 @@ class Settings(BaseModel):
                 "background_events_bytes (RESPGATE_BACKGROUND_EVENTS_BYTES) may be at most a quarter "
                 "of background_events_total_bytes (RESPGATE_BACKGROUND_EVENTS_TOTAL_BYTES), a tenant's "
                 "share"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _remote_embeddings_need_a_url(self) -> Settings:
+        if self.embeddings == "remote" and not (self.embeddings_url and self.embeddings_model):
+            raise ValueError(
+                "embeddings=remote needs embeddings_url and embeddings_model (RESPGATE_EMBEDDINGS_URL, "
+                "RESPGATE_EMBEDDINGS_MODEL)"
             )
         return self
 

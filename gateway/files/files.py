@@ -22,7 +22,7 @@ from cache.files.catalog import FileCatalog, FilePage, FileRecord, QuotaExceeded
 from gateway.base.settings import Settings, default_cache_path
 from gateway.wire.files import file_too_large, new_file_id, quota_exceeded
 
-__all__ = ["Files", "Upload", "tenant_key"]
+__all__ = ["Files", "Upload", "files_root", "tenant_key"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 100
 #: characters of a filename kept (the rest cut); path parts and control characters are dropped
 MAX_FILENAME = 255
+
+
+def files_root(settings: Settings) -> Path:
+    """The embedded file store's folder: ``files_dir``, else ``$RESPGATE_CACHE_DIR/files``."""
+    return Path(settings.files_dir or default_cache_path("files"))
 
 
 def tenant_key(tenant: str | None) -> str:
@@ -117,7 +122,7 @@ class Files:
         """The catalog in SQLite and the bytes on disk, under ``files_dir``."""
 
         def open_stores() -> tuple[FileCatalog, Blobs]:
-            root = Path(settings.files_dir or default_cache_path("files"))
+            root = files_root(settings)
             os.makedirs(root, exist_ok=True)
             return SqliteFileCatalog(root / "catalog.sqlite3"), DiskBlobs(root / "blobs")
 
@@ -188,7 +193,7 @@ class Files:
                 log.exception("deleting expired files failed; trying again in %g s", interval_s)
 
     def _exists(self) -> bool:
-        return Path(self.settings.files_dir or default_cache_path("files")).exists()
+        return files_root(self.settings).exists()
 
     async def sweep_expired(self, limit: int = SWEEP_BATCH) -> int:
         """Delete up to ``limit`` files whose ``expires_at`` has passed; how many were."""

@@ -20,7 +20,16 @@ from typing import Any, NamedTuple, Protocol
 from inference.browser_tool import BROWSER
 from inference.item_types import ItemType
 
-__all__ = ["CALL_KINDS", "CallKind", "CallResult", "CallRunner", "WEB_SEARCH", "kind_of_item"]
+__all__ = [
+    "CALL_KINDS",
+    "FILE_SEARCH",
+    "FILE_SEARCH_NAMESPACE",
+    "WEB_SEARCH",
+    "CallKind",
+    "CallResult",
+    "CallRunner",
+    "kind_of_item",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +93,19 @@ WEB_SEARCH = CallKind(
     pending=lambda function: {"action": pending_action(function)},
 )
 
+#: the namespace the model searches the request's vector stores through
+FILE_SEARCH_NAMESPACE = "file_search"
+
+FILE_SEARCH = CallKind(
+    namespace=FILE_SEARCH_NAMESPACE,
+    item_type=ItemType.FILE_SEARCH_CALL,
+    id_prefix="fs",
+    running="searching",
+    pending=lambda function: {"queries": [], "results": None},
+)
+
 #: every such kind, by the namespace the model calls
-CALL_KINDS: dict[str, CallKind] = {k.namespace: k for k in (WEB_SEARCH,)}
+CALL_KINDS: dict[str, CallKind] = {k.namespace: k for k in (WEB_SEARCH, FILE_SEARCH)}
 _BY_ITEM: dict[str, CallKind] = {k.item_type.value: k for k in CALL_KINDS.values()}
 
 

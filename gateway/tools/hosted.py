@@ -45,6 +45,7 @@ from gateway.wire.tools import TOOL_NAME, McpTool
 from security.outbound import OutboundPolicy, mcp_client_factory
 
 if TYPE_CHECKING:
+    from gateway.tools.file_search import FileTool
     from gateway.tools.web import WebTool
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,13 @@ class HostedTurn(msgspec.Struct, frozen=True):
     approved: tuple[dict[str, Any], ...] = ()
     #: the request's ``web_search`` tool, when the gateway runs it
     web: WebTool | None = None
+    #: the request's ``file_search`` tool (``gateway.tools.file_search``)
+    files: FileTool | None = None
 
     @property
     def active(self) -> bool:
         """The turn has tools the gateway runs (a tool loop between engine passes)."""
-        return bool(self.servers) or self.web is not None
+        return bool(self.servers) or self.web is not None or self.files is not None
 
     def decide(self, label: str, name: str) -> Decision:
         """Whether the model's call of ``name`` on server ``label`` runs now or asks first."""

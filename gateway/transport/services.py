@@ -13,6 +13,7 @@ from gateway.access.rate_limits import Access
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.files.files import Files
+from gateway.files.vector_stores import VectorStores
 from gateway.turn.pipeline import Pipeline
 from inference.registry import ModelRegistry
 
@@ -38,6 +39,8 @@ class GatewayState:
     background: BackgroundTurns
     #: uploaded files (``/v1/files``; ``gateway.files``)
     files: Files
+    #: vector stores (``/v1/vector_stores``; what ``file_search`` searches)
+    vector_stores: VectorStores
     started_at: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = False
     #: open WebSocket connections (drained at shutdown)

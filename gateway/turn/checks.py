@@ -34,11 +34,20 @@ import orjson
 from pydantic import ValidationError
 
 from cache.lru import BoundedLRU, tenant_of
+from gateway.tools.calls import FILE_SEARCH_NAMESPACE
 from gateway.turn.types import Transport
 from gateway.wire.errors import ApiError, bad_request, model_not_found, unknown_parameter
 from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
-from gateway.wire.tools import WEB_SEARCH_TYPES, HostedTool, McpTool, WebSearchTool, canonical_tool, tool_names
+from gateway.wire.tools import (
+    WEB_SEARCH_TYPES,
+    FileSearchTool,
+    HostedTool,
+    McpTool,
+    WebSearchTool,
+    canonical_tool,
+    tool_names,
+)
 from gateway.wire.validation import json_type, to_api_error
 from inference.browser_tool import BROWSER
 from inference.item_types import ItemType, ToolType
@@ -109,7 +118,7 @@ class CheckedTools:
     """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
     the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
 
-    __slots__ = ("models", "tools", "names", "mcp", "stripped", "web")
+    __slots__ = ("models", "tools", "names", "mcp", "stripped", "web", "files")
 
     def __init__(
         self,
@@ -117,11 +126,14 @@ class CheckedTools:
         tools: tuple[dict[str, Any], ...],
         stripped: tuple[str, ...] = (),
         web: tuple[int, WebSearchTool] | None = None,
+        files: tuple[int, FileSearchTool] | None = None,
     ) -> None:
         self.models = models
         self.tools = tools
         #: the ``web_search`` tool the gateway runs (with its index), when this tenant has a backend
         self.web = web
+        #: the ``file_search`` tool the gateway runs (with its index) over the tenant's vector stores
+        self.files = files
         #: the hosted tool types the gateway does not run, left out (``hosted_tools="strip"``): each
         #: request that sends them counts them (``respgate_hosted_tools_stripped_total``)
         self.stripped = stripped
@@ -146,11 +158,14 @@ class ToolChecks:
         max_entries: int = 64,
         max_bytes: int = 16 * 1024 * 1024,
         web_search: Callable[[str | None], bool] = lambda tenant: False,
+        file_search: bool = False,
     ) -> None:
         """``web_search(tenant)``: whether the gateway runs ``web_search`` for that tenant (a backend
         is configured for it); when not, the tool is stripped like any hosted tool."""
         self.hosted = hosted
         self.web_search = web_search
+        #: whether the gateway runs ``file_search`` (it has vector stores); when not, it is stripped
+        self.file_search = file_search
         self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(
             max_entries, max_bytes, part=tenant_of
         )
@@ -191,7 +206,7 @@ class ToolChecks:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
         if not req.tools:
             return NO_TOOLS
-        checked = CheckedTools(req.tools, *_tools(req, self.hosted, self.web_search(tenant)))
+        checked = CheckedTools(req.tools, *_tools(req, self.hosted, self.web_search(tenant), self.file_search))
         if key is not None and not checked.mcp:  # MCP credentials are kept for the turn only
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
@@ -297,6 +312,10 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
         # the browser's search: a chat template's grammar forces the call (its browser is a namespace
         # of functions); harmony's browser is built in, outside the tools a grammar names: ``auto``
         return {"type": "function", "name": "search", "namespace": BROWSER}
+    if isinstance(choice, dict) and choice.get("type") == "file_search":
+        if getattr(hosted, "files", None) is None:
+            return "auto"  # stripped with the tool
+        return {"type": "function", "name": "msearch", "namespace": FILE_SEARCH_NAMESPACE}
     if not isinstance(choice, dict) or choice.get("type") != "mcp":
         return choice
     label = choice.get("server_label")
@@ -326,24 +345,33 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
 
 
 def _tools(
-    req: CreateRequest, hosted: HostedToolPolicy, web: bool = False
-) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[int, WebSearchTool] | None]:
-    """The tools the turn uses, the hosted tool types it left out, and the ``web_search`` tool the
-    gateway runs (``web``: a backend serves this tenant)."""
+    req: CreateRequest, hosted: HostedToolPolicy, web: bool = False, files: bool = False
+) -> tuple[
+    tuple[dict[str, Any], ...],
+    tuple[str, ...],
+    tuple[int, WebSearchTool] | None,
+    tuple[int, FileSearchTool] | None,
+]:
+    """The tools the turn uses, the hosted tool types it left out, and the ``web_search`` and
+    ``file_search`` tools the gateway runs (``web``: a backend serves this tenant; ``files``: the
+    gateway has vector stores). One of each: a second is a 400."""
     out: list[dict[str, Any]] = []
     stripped: list[str] = []
-    web_tool: tuple[int, WebSearchTool] | None = None
+    run: dict[str, tuple[int, Any]] = {}
     for i, tool in enumerate(req.tools or []):
+        model: type[WebSearchTool] | type[FileSearchTool] | None = None
         if isinstance(tool, HostedTool) and web and tool.type in WEB_SEARCH_TYPES:
-            if web_tool is not None:
-                raise bad_request(
-                    "Only one web_search tool may be given.", code="invalid_value", param=f"tools[{i}].type"
-                )
+            model, kind = WebSearchTool, "web_search"
+        elif isinstance(tool, HostedTool) and files and tool.type == "file_search":
+            model, kind = FileSearchTool, "file_search"
+        if model is not None:
+            if kind in run:
+                raise bad_request(f"Only one {kind} tool may be given.", code="invalid_value", param=f"tools[{i}].type")
             try:
-                checked = WebSearchTool.model_validate(tool.model_dump())
+                checked = model.model_validate(tool.model_dump())
             except ValidationError as exc:
                 raise _at_tool(to_api_error(exc), i) from None
-            web_tool = (i, checked)
+            run[kind] = (i, checked)
             out.append(checked.echo())
             continue
         if isinstance(tool, HostedTool):
@@ -365,11 +393,11 @@ def _tools(
                 param=f"tools[{i}].async",
             )
         out.append(d)
-    return tuple(out), tuple(stripped), web_tool
+    return tuple(out), tuple(stripped), run.get("web_search"), run.get("file_search")
 
 
 def _at_tool(err: ApiError, i: int) -> ApiError:
-    """A ``web_search`` tool's validation error, its ``param`` under ``tools[i]``."""
+    """A ``web_search`` or ``file_search`` tool's validation error, its ``param`` under ``tools[i]``."""
     param = f"tools[{i}].{err.param}" if err.param else f"tools[{i}]"
     return ApiError(err.status, err.message.replace(f"'{err.param}'", f"'{param}'"), code=err.code, param=param)
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from gateway.tools.approvals import Decision
 from gateway.tools.calls import CallKind, CallResult, kind_of_item
-from gateway.tools.citations import CitationWriter, Resolve
+from gateway.tools.citations import CitationWriter
 from gateway.tools.hosted import HostedTurn
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
@@ -56,14 +56,15 @@ class ResponseEvents:
         reasoning_mode: str = "raw",
         seal: Callable[[str], str] | None = None,
         hosted: HostedTurn | None = None,
-        citations: Resolve | None = None,
+        citations: Callable[[], CitationWriter] | None = None,
         calls: Sequence[CallKind] = (),
     ) -> None:
         """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
         part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
         for ``reasoning.encrypted_content``) turns reasoning text into an opaque blob. ``citations``
-        (the response's browser, ``web_search``): the model's citation marks in its messages become
-        ``url_citation`` annotations (``gateway.tools.citations``). ``calls``: the hosted tools the
+        (when the response runs a tool whose results the model cites: ``web_search``,
+        ``file_search``) makes each message's citation writer: the model's marks become
+        annotations (``gateway.tools.citations``). ``calls``: the hosted tools the
         model calls through a namespace in this response (``gateway.tools.calls``)."""
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
@@ -88,7 +89,7 @@ class ResponseEvents:
         #: the function and the model's arguments of each such call by output index (the item has
         #: neither: its fields are built from them when it ran)
         self._call_args: dict[int, tuple[str, str]] = {}
-        self._resolve = citations
+        self._citations = citations
         #: the open message's citation writer (only with ``citations``)
         self._cite: CitationWriter | None = None
         self._annotations: list[dict[str, Any]] = []
@@ -183,8 +184,8 @@ class ResponseEvents:
                 "content": [],
                 "phase": "commentary" if start.phase == "commentary" else "final_answer",
             }
-            if self._resolve is not None:
-                self._cite, self._annotations = CitationWriter(self._resolve), []
+            if self._citations is not None:
+                self._cite, self._annotations = self._citations(), []
         elif start.kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
         elif start.namespace is not None and start.namespace in self._calls:

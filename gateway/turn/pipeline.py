@@ -35,6 +35,8 @@ from cache.response_store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
+from gateway.files.build import build_vector_stores
+from gateway.files.files import Files
 from gateway.tools.hosted import HostedTools
 from gateway.tools.web import WebSearch
 from gateway.turn import render as render_stage
@@ -57,6 +59,7 @@ from gateway.wire.errors import bad_request
 from gateway.wire.items import new_id
 from gateway.wire.response import EchoedTools, response_skeleton
 from gateway.wire.validation import KnownTools
+from inference.embeddings import Embedder
 from inference.engine import SamplingParams
 from inference.registry import ModelRegistry
 from inference.renderer import Constraint
@@ -94,7 +97,9 @@ class Pipeline:
         metrics: Metrics,
         flags: FlagReporter | None = None,
         conversations: ConversationStore | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
+        """``embedder``: the vectors of files and searches, instead of the model the settings name."""
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
@@ -134,6 +139,9 @@ class Pipeline:
         self.hosted = HostedTools(settings, metrics)
         #: the ``web_search`` backends and page reader (``gateway.tools.web``); pages are read in the pool
         self.web = WebSearch(settings, metrics, cpu=self.offload.pool)
+        #: uploaded files and the vector stores ``file_search`` searches (``gateway.files``)
+        self.files = Files.embedded(settings)
+        self.vector_stores = build_vector_stores(settings, self.files, metrics, embedder)
         self.resolver = Resolver(
             registry,
             store,
@@ -148,10 +156,20 @@ class Pipeline:
             item_checks_bytes=settings.item_checks_bytes,
             hosted=self.hosted,
             web=self.web,
+            files=self.vector_stores,
         )
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(
-            settings, store, sealer, self.compactor, self.finalizer, metrics, self.hosted, self.classify, self.web
+            settings,
+            store,
+            sealer,
+            self.compactor,
+            self.finalizer,
+            metrics,
+            self.hosted,
+            self.classify,
+            self.web,
+            self.vector_stores,
         )
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
 
@@ -261,6 +279,8 @@ class Pipeline:
         await self.runner.close()
         await self.finalizer.flush()
         await self.web.aclose()
+        await self.vector_stores.aclose()
+        await self.files.aclose()
         self.offload.close()
 
 

@@ -42,6 +42,8 @@ from cache.item_log import ItemLog
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
+from gateway.files.vector_stores import VectorStores
+from gateway.tools.file_search import check_file_tool, file_search_namespace
 from gateway.tools.hosted import NO_HOSTED, HostedTools, HostedTurn, approvals_to_run
 from gateway.tools.web import WebSearch
 from gateway.turn.checks import (
@@ -76,7 +78,7 @@ from gateway.wire.items import (
 )
 from gateway.wire.kinds import CALL_TYPES, CHAINABLE, OUTPUT_TYPES, ItemType
 from gateway.wire.request import CreateRequest, parse_create
-from gateway.wire.tools import WEB_SEARCH_TYPES, McpTool
+from gateway.wire.tools import GATEWAY_RUN_TYPES, McpTool
 from inference.browser_tool import BROWSER
 from inference.hosted_items import call_of
 from inference.registry import ModelRegistry, ModelRoute
@@ -105,6 +107,7 @@ class Resolver:
         item_checks_bytes: int = 64 * 1024 * 1024,
         hosted: HostedTools | None = None,
         web: WebSearch | None = None,
+        files: VectorStores | None = None,
     ) -> None:
         """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
         request that arrives before its parent landed). ``offload`` sizes a request its caller did
@@ -117,7 +120,11 @@ class Resolver:
         self.compactor = compactor
         self.pending_write = pending_write
         #: tool lists already checked (``gateway.turn.checks.ToolChecks``)
-        self.tool_checks = ToolChecks(hosted_tools, web_search=web.enabled if web is not None else lambda t: False)
+        self.tool_checks = ToolChecks(
+            hosted_tools,
+            web_search=web.enabled if web is not None else lambda t: False,
+            file_search=files is not None,
+        )
         #: input items already checked, for requests that re-send the conversation (``ItemChecks``)
         self.item_checks = ItemChecks(item_checks_bytes)
         self.conversations = conversations
@@ -126,6 +133,8 @@ class Resolver:
         self.hosted = hosted
         #: the ``web_search`` backends (``gateway.tools.web``)
         self.web = web
+        #: the vector stores ``file_search`` searches (``gateway.files.vector_stores``)
+        self.files = files
         #: the stripped-hosted-tools counter's children by type (``labels()`` is a Python call a turn)
         self._stripped: dict[str, Any] = {}
 
@@ -162,11 +171,15 @@ class Resolver:
         hosted = await self._hosted(checked.mcp, tools, new_items, parent, base_context, ctx)
         if checked.web is not None and self.web is not None:
             hosted = msgspec.structs.replace(hosted, web=self.web.tool(*checked.web, ctx.tenant, req.include or ()))
+        if checked.files is not None and self.files is not None:
+            file_tool = await check_file_tool(self.files, *checked.files, ctx.tenant, req.include or ())
+            hosted = msgspec.structs.replace(hosted, files=file_tool)
         if hosted.active:  # the model sees the servers' tools and the browser, not the hosted tools themselves
-            model_tools = tuple(t for t in tools if t["type"] != "mcp" and t["type"] not in WEB_SEARCH_TYPES)
+            model_tools = tuple(t for t in tools if t["type"] not in GATEWAY_RUN_TYPES)
+            searches = (file_search_namespace(),) if hosted.files is not None else ()
             prelude = prelude_of(
                 req,
-                model_tools + hosted.namespaces,
+                model_tools + hosted.namespaces + searches,
                 hosted_choice(req.tool_choice, hosted),
                 builtin=(BROWSER,) if hosted.web is not None else (),
             )

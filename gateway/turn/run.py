@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -44,8 +45,11 @@ from cache.response_store import ResponseStore
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.files.vector_stores import VectorStores
 from gateway.tools.browser import Browser
 from gateway.tools.calls import CALL_KINDS, CallRunner
+from gateway.tools.citations import CitationWriter
+from gateway.tools.file_search import FileSearchRunner
 from gateway.tools.hosted import HostedTools
 from gateway.tools.web import WebRunner, WebSearch
 from gateway.turn.classify import ClassifyStage
@@ -68,6 +72,14 @@ from inference.parse import ItemEnd, ItemStart, ParseEvent, StreamParser
 log = logging.getLogger(__name__)
 
 
+def _citations(browser: Browser | None, runners: Sequence[CallRunner]) -> Callable[[], CitationWriter] | None:
+    """Each message's citation writer, when the response shows the model something to cite: the
+    browser's pages (``web_search``)."""
+    if browser is None:
+        return None
+    return functools.partial(CitationWriter, browser.source)
+
+
 class TurnRunner:
     def __init__(
         self,
@@ -80,10 +92,13 @@ class TurnRunner:
         hosted: HostedTools | None = None,
         classify: ClassifyStage | None = None,
         web: WebSearch | None = None,
+        files: VectorStores | None = None,
     ) -> None:
         self.settings = settings
         #: the ``web_search`` side (``gateway.tools.web``): each response that offers it gets a browser
         self.web = web
+        #: the vector stores ``file_search`` searches (``gateway.tools.file_search``)
+        self.files = files
         #: the MCP side (``gateway.tools.hosted``) and the classifiers tool outputs go through
         self.hosted = hosted
         self.classify = classify
@@ -106,7 +121,7 @@ class TurnRunner:
             reasoning_mode=mode,
             seal=self.sealer.seal if turn.include_encrypted else None,
             hosted=turn.input.hosted,
-            citations=browser.source if browser is not None else None,
+            citations=_citations(browser, runners),
             calls=[r.kind for r in runners],
         )
 
@@ -135,6 +150,11 @@ class TurnRunner:
         runners: list[CallRunner] = []
         if browser is not None and web is not None and self.web is not None:
             runners.append(WebRunner(self.web, browser, web, turn.clock))
+        files = turn.input.hosted.files
+        if files is not None and self.files is not None and turn.input.generate:
+            runners.append(
+                FileSearchRunner(self.files, files, turn.ctx.tenant, turn.clock, self.settings.tool_output_bytes)
+            )
         events = self._events(turn, runners, browser)
         rendered = turn.rendered
         copied = 0

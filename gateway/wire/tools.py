@@ -114,6 +114,11 @@ WEB_SEARCH_TYPES = frozenset(
 )
 
 
+#: tool types the gateway runs itself: they are not among the model's tools (it sees MCP servers'
+#: tools, the browser and ``file_search.msearch`` instead)
+GATEWAY_RUN_TYPES = WEB_SEARCH_TYPES | {"mcp", "file_search"}
+
+
 class WebSearchFilters(_Lenient):
     """``filters``: the domains results (and opened pages) must be on; subdomains included."""
 
@@ -166,6 +171,38 @@ _WEB_SEARCH_ECHO_FIELDS = (
     "user_location",
 )
 _PREVIEW_ECHO_FIELDS = ("type", "search_content_types", "search_context_size", "user_location")
+
+
+class FileSearchHybrid(_Lenient):
+    embedding_weight: float = Field(ge=0)
+    text_weight: float = Field(ge=0)
+
+
+class FileSearchRanking(_Lenient):
+    """``ranking_options``: the ranker (``auto`` and the dated one are the same hybrid ranking here),
+    a score threshold, and the weights of the vector and keyword sides."""
+
+    ranker: Literal["auto", "default-2024-11-15"] | None = None
+    score_threshold: float | None = Field(default=None, ge=0, le=1)
+    hybrid_search: FileSearchHybrid | None = None
+
+
+class FileSearchTool(_Lenient):
+    """The ``file_search`` tool (``gateway.tools.file_search`` runs it over the tenant's vector stores)."""
+
+    type: Literal["file_search"]
+    vector_store_ids: list[Annotated[str, Field(max_length=128)]] = Field(min_length=1, max_length=16)
+    max_num_results: int | None = Field(default=None, ge=1, le=50)
+    #: OpenAI's attribute filter (checked by ``cache.files.index.parse_filter``)
+    filters: dict[str, Any] | None = None
+    ranking_options: FileSearchRanking | None = None
+
+    def echo(self) -> dict[str, Any]:
+        """Every field of the SDK's ``FileSearchTool``, absent ones null."""
+        d = self.model_dump(exclude_none=True)
+        return {
+            name: d.get(name) for name in ("type", "vector_store_ids", "filters", "max_num_results", "ranking_options")
+        }
 
 
 HOSTED_TOOL_TYPES = frozenset(
@@ -262,7 +299,7 @@ def tool_names(tools: tuple[dict[str, Any], ...]) -> dict[tuple[str | None, str]
     """(namespace, name) -> tool type, for validating tool_choice and parsed calls."""
     out: dict[tuple[str | None, str], str] = {}
     for t in tools:
-        if t["type"] == "mcp" or t["type"] in WEB_SEARCH_TYPES:  # the gateway's tools (``gateway.tools``)
+        if t["type"] in GATEWAY_RUN_TYPES:  # the gateway's tools (``gateway.tools``)
             continue
         if t["type"] == "namespace":
             for sub in t["tools"]:

@@ -31,8 +31,8 @@ def _exact(obj: Any, cls: type) -> bool:
 
 
 def _stored(tmp_path: Path) -> list[Path]:
-    """Every file the store holds on disk (temporary ones included)."""
-    return [p for p in (tmp_path / "files").rglob("*") if p.is_file() and "catalog" not in p.name]
+    """Every uploaded file's bytes on disk (temporary ones included)."""
+    return [p for p in (tmp_path / "files" / "blobs").rglob("*") if p.is_file()]
 
 
 def test_sdk_upload_list_retrieve_content_delete(make_gateway: Any, tmp_path: Path) -> None:
