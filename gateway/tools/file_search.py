@@ -25,7 +25,7 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -33,12 +33,13 @@ from cache.files.index import Filter, FilterError, parse_filter
 from gateway.base.metrics import StageTimer
 from gateway.files.vector_stores import SearchHit, VectorStores
 from gateway.tools.calls import FILE_SEARCH, FILE_SEARCH_NAMESPACE, CallResult
+from gateway.tools.citations import FileSource
 from gateway.wire.errors import bad_request
 from gateway.wire.tools import FileSearchTool
 from gateway.wire.vector_stores import store_not_found
 from inference.hosted_items import ERROR_PREFIX
 
-__all__ = ["FileSearchRunner", "FileSource", "FileTool", "INCLUDE_RESULTS", "check_file_tool", "file_search_namespace"]
+__all__ = ["FileSearchRunner", "FileTool", "INCLUDE_RESULTS", "check_file_tool", "file_search_namespace"]
 
 INCLUDE_RESULTS = "file_search_call.results"
 #: the model's queries per call, and their length
@@ -59,11 +60,6 @@ class FileTool:
     weights: tuple[float, float] | None
     #: ``include`` asked for ``file_search_call.results``
     results: bool
-
-
-class FileSource(NamedTuple):
-    file_id: str
-    filename: str
 
 
 async def check_file_tool(

@@ -74,10 +74,15 @@ log = logging.getLogger(__name__)
 
 def _citations(browser: Browser | None, runners: Sequence[CallRunner]) -> Callable[[], CitationWriter] | None:
     """Each message's citation writer, when the response shows the model something to cite: the
-    browser's pages (``web_search``)."""
-    if browser is None:
+    browser's pages (``web_search``), the passages of the files (``file_search``)."""
+    files = next((r for r in runners if isinstance(r, FileSearchRunner)), None)
+    if browser is None and files is None:
         return None
-    return functools.partial(CitationWriter, browser.source)
+    return functools.partial(
+        CitationWriter,
+        browser.source if browser is not None else None,
+        resolve_file=files.source if files is not None else None,
+    )
 
 
 class TurnRunner:
