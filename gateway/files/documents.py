@@ -13,7 +13,7 @@ from pathlib import Path
 from gateway.files.ingestion import Prepared, PrepareFailed
 from gateway.tools.documents import ExtractionFailed, UnsupportedFile, chunk_text, extract
 
-__all__ = ["prepare_file"]
+__all__ = ["file_text", "prepare_file"]
 
 
 def _prepare(path: Path, filename: str, max_tokens: int, overlap_tokens: int) -> list[Prepared]:
@@ -30,3 +30,17 @@ async def prepare_file(path: Path, filename: str, max_tokens: int, overlap_token
     """The file's chunks (:class:`PrepareFailed` when it cannot be read), in a worker thread: the
     extractor bounds its own time (a PDF is read in a child process with a deadline)."""
     return await asyncio.to_thread(_prepare, path, filename, max_tokens, overlap_tokens)
+
+
+def _text(path: Path, filename: str) -> str:
+    try:
+        return extract(path, filename).text
+    except UnsupportedFile as exc:
+        raise PrepareFailed("unsupported_file", exc.message) from None
+    except ExtractionFailed as exc:
+        raise PrepareFailed("invalid_file", exc.message) from None
+
+
+async def file_text(path: Path, filename: str) -> str:
+    """The file's text as ingestion reads it (``GET /vector_stores/{id}/files/{file_id}/content``)."""
+    return await asyncio.to_thread(_text, path, filename)

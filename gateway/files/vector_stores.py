@@ -248,6 +248,16 @@ class VectorStores:
             await self.catalog.detach(tenant, store_id, file_id)
         await self._index().remove_file(tenant, None, file_id)
 
+    async def text_of(self, record: StoreFileRecord) -> str:
+        """An attached file's text, read again from its bytes (FileNotFoundError once it is gone)."""
+        from gateway.files.documents import file_text  # the extraction libraries load when first used
+
+        file = await self.files.catalog.get(record.tenant, record.file_id)
+        if file is None:
+            raise FileNotFoundError(record.file_id)
+        async with self.files.blobs.local_path(record.tenant, record.file_id) as path:
+            return await file_text(path, file.filename)
+
     # -- batches -----------------------------------------------------------------------------------------
 
     async def create_batch(

@@ -11,7 +11,7 @@
     GET    /v1/vector_stores/{id}/files/{file_id}              retrieve (the status the SDK polls)
     POST   /v1/vector_stores/{id}/files/{file_id}              modify ``attributes``
     DELETE /v1/vector_stores/{id}/files/{file_id}              detach (the file itself stays)
-    GET    /v1/vector_stores/{id}/files/{file_id}/content      the file's chunks' text
+    GET    /v1/vector_stores/{id}/files/{file_id}/content      the file's text, as ingestion read it
     POST   /v1/vector_stores/{id}/file_batches                 attach several
     GET    /v1/vector_stores/{id}/file_batches/{batch_id}      retrieve
     POST   /v1/vector_stores/{id}/file_batches/{batch_id}/cancel
@@ -31,6 +31,7 @@ from fastapi.responses import Response
 from cache.files.index import FilterError, parse_filter
 from cache.files.store_catalog import FileStatus, StoreRecord
 from gateway.files.files import tenant_key
+from gateway.files.ingestion import PrepareFailed
 from gateway.files.vector_stores import VectorStores
 from gateway.transport.http_routes import read_json_body
 from gateway.transport.resource_routes import json_answer, resource_route
@@ -279,6 +280,28 @@ async def detach_file(request: Request, store_id: str, file_id: str) -> Response
     if not await stores.detach(tenant_key(tenant), store_id, file_id):
         await _store_file(stores, tenant, store_id, file_id)  # the right 404
     return _json(deleted(file_id, "vector_store.file"))
+
+
+@_route("GET", "/vector_stores/{store_id}/files/{file_id}/content")
+async def file_content(request: Request, store_id: str, file_id: str) -> Response:
+    """The file's text as ingestion read it, one page (``vector_store.file_content.page``)."""
+    stores, tenant = await _reader(request)
+    _query(request)
+    row = await _store_file(stores, tenant, store_id, file_id)
+    try:
+        text = await stores.text_of(row)
+    except FileNotFoundError:
+        raise store_file_not_found(store_id, file_id) from None
+    except PrepareFailed as exc:
+        raise bad_request(exc.message, code=exc.code, param="file_id") from None
+    return _json(
+        {
+            "object": "vector_store.file_content.page",
+            "data": [{"type": "text", "text": text}],
+            "has_more": False,
+            "next_page": None,
+        }
+    )
 
 
 # -- batches ---------------------------------------------------------------------------------------------

@@ -177,3 +177,25 @@ def test_bad_bodies_are_4xx_naming_the_param(
     store = live.openai().vector_stores.create(name="s")
     r = httpx.post(f"{live.url}{path.replace('{store}', f'/v1/vector_stores/{store.id}')}", json=body)
     assert r.status_code in (400, 404) and (r.json()["error"]["param"] or "").startswith(param), r.text
+
+
+def test_file_content_and_an_unreadable_file(make_gateway: Any, tmp_path: Path) -> None:
+    """The content page is the file's text as ingestion read it; a file the extractor cannot read
+    (a PNG named .txt) fails its ingestion with ``unsupported_file`` naming the type."""
+    live = _gateway(make_gateway, tmp_path)
+    client = live.openai()
+    store = client.vector_stores.create(name="s")
+    done = client.vector_stores.files.upload_and_poll(
+        vector_store_id=store.id, file=("harbor.md", io.BytesIO(HARBOR)), poll_interval_ms=50
+    )
+    page = client.vector_stores.files.content(done.id, vector_store_id=store.id)
+    assert [c.type for c in page.data] == ["text"] and "reopened on Monday" in (page.data[0].text or "")
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+    bad = client.vector_stores.files.upload_and_poll(
+        vector_store_id=store.id, file=("image.txt", io.BytesIO(png)), poll_interval_ms=50
+    )
+    assert bad.status == "failed" and bad.last_error is not None and bad.last_error.code == "unsupported_file"
+    assert "image/png" in bad.last_error.message
+    assert client.vector_stores.retrieve(store.id).file_counts.failed == 1
+    assert live.metric("respgate_file_ingestions_total", {"outcome": "unsupported_file"}) == 1
+    assert live.metric("respgate_file_ingestions_total", {"outcome": "completed"}) == 1
