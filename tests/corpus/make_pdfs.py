@@ -28,8 +28,8 @@ def _content(lines: list[str]) -> bytes:
     return "\n".join(ops).encode("latin-1")
 
 
-def pdf_bytes(pages: list[bytes], *, compress: bool = True, title: str = "") -> bytes:
-    """A PDF whose pages draw the given content streams."""
+def pdf_bytes(pages: list[bytes], *, compress: bool = True, title: str = "", deflated: bool = False) -> bytes:
+    """A PDF whose pages draw the given content streams (``deflated``: already zlib-compressed)."""
     n = len(pages)
     objects: list[bytes] = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
@@ -43,8 +43,8 @@ def pdf_bytes(pages: list[bytes], *, compress: bool = True, title: str = "") -> 
             f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Resources << /Font << /F1 3 0 R >> >> "
             f"/Contents {5 + 2 * i} 0 R >>".encode()
         )
-        data = zlib.compress(stream, 9) if compress else stream
-        flt = b" /Filter /FlateDecode" if compress else b""
+        data = stream if deflated or not compress else zlib.compress(stream, 9)
+        flt = b" /Filter /FlateDecode" if compress or deflated else b""
         objects.append(b"<< /Length %d%s >>\nstream\n" % (len(data), flt) + data + b"\nendstream")
     if title:
         objects.append(f"<< /Title ({_escape(title)}) /Producer (respgate corpus) >>".encode("latin-1"))

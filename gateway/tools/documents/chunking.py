@@ -7,15 +7,15 @@ the last window ends at the text's end. Each :class:`Chunk` carries its text and
 span in the text (``text[start:end] == chunk.text``) so a citation can point back at its source.
 
 **Exact sizes.** A window holds exactly ``size`` tokens of the text's own tokenization (the last
-one at most that), and two neighbours share exactly ``overlap`` tokens — with one exception: a
-token boundary that falls inside a character (a byte-level token splitting a multi-byte
-character, seen with rare CJK or emoji) cannot be a character offset, so such a cut moves forward
-to the next token that starts a character; ``tokens`` reports the window's real count.
+one at most that), and two neighbours share exactly ``overlap`` tokens. A window edge that falls
+inside a character (a byte-level token splitting a multi-byte character, seen with rare CJK or
+emoji) cannot be a character offset: it moves to that character's end, so the character belongs
+to the window where it ends.
 
 **Cost.** Linear in the text, streamed: the text is tokenized in segments of about
 ``SEGMENT_CHARS`` characters cut where the tokenizer's pre-split would cut anyway (after a
-newline before a non-space; before a space between two letters), so the tokens are those of the
-whole text, and only the token offsets of the window being built are held (numpy arrays, not
+newline before a letter or digit; before a space that follows one), so the tokens are those of
+the whole text, and only the token offsets of the window being built are held (numpy arrays, not
 Python lists). A segment with no such place is cut at its length, which also bounds the BPE work
 of one piece (tiktoken's merge is superlinear in a piece's length).
 """
@@ -118,23 +118,23 @@ def check_sizes(size: int, overlap: int) -> None:
         )
 
 
-def _is_letter(c: str) -> bool:
-    return c.isalpha()
-
-
 def _cut(text: str, lo: int, hi: int) -> int:
-    """A place in ``text[lo:hi]``'s second half where o200k_base's pre-split cuts anyway, else ``hi``."""
+    """A place in ``text[lo:hi]``'s second half where o200k_base's pre-split cuts anyway, else ``hi``.
+
+    Two kinds of place, both before a piece that must start there: after a newline and before a
+    letter or digit (no piece runs from a newline into a letter or digit: the punctuation piece
+    swallows trailing newlines and slashes only, so "}\\n\\n//" is one piece and is not cut), and
+    before a space that follows a letter or digit and precedes a non-space (a word or number piece
+    never takes a space after it; the space opens the next piece)."""
     floor = lo + (hi - lo) // 2
     at = text.rfind("\n", floor, hi - 1)
     while at >= floor:
-        # after a run of newlines, before a character that is not whitespace: no piece spans it
-        if not text[at + 1].isspace():
+        if text[at + 1].isalnum():
             return at + 1
         at = text.rfind("\n", floor, at)
     at = text.rfind(" ", floor + 1, hi - 1)
     while at > floor:
-        # "word word": the first word's piece ends at the space, the space opens the next piece
-        if _is_letter(text[at - 1]) and _is_letter(text[at + 1]):
+        if text[at - 1].isalnum() and not text[at + 1].isspace():
             return at
         at = text.rfind(" ", floor + 1, at)
     return hi
@@ -150,8 +150,8 @@ def _segments(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _token_starts(text: str) -> Iterator[_Ints]:
-    """Per segment, each token's start as a character offset into ``text``, or -1 where the token
-    starts inside a character."""
+    """Per segment, each token's start as a character offset into ``text``; a token that starts
+    inside a character (a byte-level piece of it) maps to that character's end."""
     enc, lengths = encoding(), _token_bytes()
     for offset, segment in _segments(text):
         raw = np.frombuffer(segment.encode("utf-8"), dtype=np.uint8)
@@ -161,15 +161,7 @@ def _token_starts(text: str) -> Iterator[_Ints]:
         char_start = (raw & 0xC0) != 0x80  # not a UTF-8 continuation byte
         chars_before = np.zeros(len(raw) + 1, dtype=np.int64)
         np.cumsum(char_start, out=chars_before[1:])
-        starts = offset + chars_before[byte_starts]
-        starts[~char_start[byte_starts]] = -1
-        yield starts
-
-
-def _next_start(starts: _Ints, i: int) -> int:
-    """The first index at or after ``i`` whose token starts a character (``len(starts)`` if none)."""
-    valid = np.flatnonzero(starts[i:] >= 0)
-    return i + int(valid[0]) if len(valid) else len(starts)
+        yield offset + chars_before[byte_starts]
 
 
 def chunk_text(text: str, size: int = AUTO_CHUNK_TOKENS, overlap: int = AUTO_OVERLAP_TOKENS) -> Iterator[Chunk]:
@@ -181,16 +173,12 @@ def chunk_text(text: str, size: int = AUTO_CHUNK_TOKENS, overlap: int = AUTO_OVE
     for starts in _token_starts(text):
         buf = np.concatenate((buf, starts)) if len(buf) else starts
         while len(buf) > size:
-            first = _next_start(buf, 0)
-            last = _next_start(buf, size)
-            if last >= len(buf):
-                break  # the cut is inside a character and the next start is in a later segment
-            start, end = int(buf[first]), int(buf[last])
-            yield Chunk(index, text[start:end], start, end, last - first)
+            start, end = int(buf[0]), int(buf[size])
+            yield Chunk(index, text[start:end], start, end, size)
             index += 1
-            buf = buf[_next_start(buf, step) :]
+            buf = buf[step:]
     if len(buf):
-        first = _next_start(buf, 0)
-        if first < len(buf) or index == 0:
-            start = int(buf[first]) if first < len(buf) else 0
-            yield Chunk(index, text[start:], start, len(text), len(buf) - first)
+        start = int(buf[0])
+        # a last window that starts inside the text's last character holds nothing new
+        if start < len(text):
+            yield Chunk(index, text[start:], start, len(text), len(buf))

@@ -468,7 +468,7 @@ def _pdf_worker(argv: list[str]) -> int:  # pragma: no cover (runs in the child;
 
         logging.disable(logging.CRITICAL)  # pypdf warns on every damaged object
         from pypdf import PdfReader
-        from pypdf.errors import FileNotDecryptedError, PdfReadError
+        from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError
 
         stream = io.BytesIO(sys.stdin.buffer.read()) if where == "-" else open(where, "rb")
         reader = PdfReader(stream, strict=False)
@@ -488,6 +488,8 @@ def _pdf_worker(argv: list[str]) -> int:  # pragma: no cover (runs in the child;
         text = "\n\n".join(p.strip("\n") for p in parts).strip()[:max_chars]
     except MemoryError:
         return fail(f"Reading the PDF needed more than {memory // _MIB} MiB (a decompression bomb?).")
+    except LimitReachedError as exc:
+        return fail(f"The PDF is refused: a part of it inflates past the reader's cap ({str(exc)[:120]}).")
     except FileNotDecryptedError:
         return fail("The PDF is encrypted with a password.")
     except PdfReadError as exc:
