@@ -463,13 +463,15 @@ def _pdf_worker(argv: list[str]) -> int:  # pragma: no cover (runs in the child;
         out.write(json.dumps({"error": reason}).encode() + b"\n")
         return 0
 
-    try:
-        import logging
+    import logging
 
-        logging.disable(logging.CRITICAL)  # pypdf warns on every damaged object
+    logging.disable(logging.CRITICAL)  # pypdf warns on every damaged object
+    try:
         from pypdf import PdfReader
         from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError
-
+    except ImportError:
+        return fail("PDF files cannot be read here: the PDF reader (pypdf) is not installed.")
+    try:
         stream = io.BytesIO(sys.stdin.buffer.read()) if where == "-" else open(where, "rb")
         reader = PdfReader(stream, strict=False)
         if reader.is_encrypted and not reader.decrypt(""):
