@@ -1,6 +1,6 @@
 """What the Files API knows of each uploaded file (its catalog record), per tenant: the embedded
-backend keeps it in SQLite beside the bytes (``cache.files.blobs``); a shared one (Postgres) serves
-several replicas behind the same :class:`FileCatalog` interface.
+backend keeps it in SQLite beside the bytes (``cache.files.blobs``), Postgres serves several replicas:
+one implementation runs on both (``cache.files.sql``).
 
 Why a catalog apart from the bytes: listing, quotas and ownership are queries over small records,
 and must be answered without touching (or trusting) the file system; the bytes are written first,
@@ -11,14 +11,12 @@ cannot both land.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
-from cache.files.sqlite_db import SqliteDb
+from cache.files.sql import Row, Sql, SqlDb
 
-__all__ = ["FileCatalog", "FilePage", "FileRecord", "QuotaExceeded", "SqliteFileCatalog", "Usage"]
+__all__ = ["FileCatalog", "FilePage", "FileRecord", "QuotaExceeded", "SqlFileCatalog", "Usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,40 +81,56 @@ class FileCatalog(Protocol):
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq SERIAL_KEY,
     tenant TEXT NOT NULL,
     id TEXT NOT NULL,
     filename TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
+    bytes BIGINT NOT NULL,
     purpose TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT,
     UNIQUE (tenant, id)
 );
-CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL
 """
 
 _COLUMNS = "id, tenant, filename, bytes, purpose, created_at, expires_at"
+_USAGE = "SELECT count(*), coalesce(sum(bytes), 0) FROM files WHERE tenant = ?"
 
 
-class SqliteFileCatalog:
-    """The embedded catalog: a table in a SQLite database (``cache.files.sqlite_db``). Each call is a
-    few indexed rows."""
+def _record(row: Row) -> FileRecord:
+    expires = None if row[6] is None else int(row[6])
+    return FileRecord(str(row[0]), str(row[1]), str(row[2]), int(row[3]), str(row[4]), int(row[5]), expires)
 
-    def __init__(self, path: str | Path) -> None:
-        self._db = SqliteDb(path, _SCHEMA)
-        self._run = self._db.run
+
+class SqlFileCatalog:
+    """The catalog as a table (``cache.files.sql``): SQLite embedded, Postgres for replicas. Each
+    call is a few indexed rows."""
+
+    def __init__(self, db: SqlDb) -> None:
+        self._db = db
+        self._ready = False
+
+    async def _setup(self) -> SqlDb:
+        if not self._ready:
+            await self._db.setup(_SCHEMA)
+            self._ready = True
+        return self._db
 
     async def add(self, record: FileRecord, max_files: int, max_bytes: int) -> None:
-        def add(db: sqlite3.Connection) -> None:
-            files, used = db.execute(
+        db = await self._setup()
+
+        async def add(conn: Sql) -> None:
+            await db.serialize(conn, f"files:{record.tenant}")
+            row = await conn.one(
                 "SELECT count(*), coalesce(sum(bytes), 0) FROM files WHERE tenant = ?", (record.tenant,)
-            ).fetchone()
+            )
+            files, used = (int(row[0]), int(row[1])) if row else (0, 0)
             if files + 1 > max_files:
                 raise QuotaExceeded("files", max_files)
             if used + record.bytes > max_bytes:
                 raise QuotaExceeded("bytes", max_bytes)
-            db.execute(
+            await conn.run(
                 f"INSERT INTO files ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
@@ -129,65 +143,52 @@ class SqliteFileCatalog:
                 ),
             )
 
-        await self._db.transaction(add)
+        await db.atomic(add)
 
     async def get(self, tenant: str, file_id: str) -> FileRecord | None:
-        row = await self._run(
-            lambda db: db.execute(
-                f"SELECT {_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id)
-            ).fetchone()
-        )
-        return FileRecord(*row) if row else None
+        db = await self._setup()
+        row = await db.one(f"SELECT {_COLUMNS} FROM files WHERE tenant = ? AND id = ?", (tenant, file_id))
+        return _record(row) if row else None
 
     async def page(
         self, tenant: str, *, after: str | None, limit: int, order: Literal["asc", "desc"], purpose: str | None
     ) -> FilePage:
-        def page(db: sqlite3.Connection) -> FilePage:
-            where, args = ["tenant = ?"], [tenant]
-            if purpose is not None:
-                where.append("purpose = ?")
-                args.append(purpose)
-            if after is not None:
-                row = db.execute("SELECT seq FROM files WHERE tenant = ? AND id = ?", (tenant, after)).fetchone()
-                if row is None:
-                    return FilePage([], False)
-                where.append("seq > ?" if order == "asc" else "seq < ?")
-                args.append(row[0])
-            rows = db.execute(
-                f"SELECT {_COLUMNS} FROM files WHERE {' AND '.join(where)} "
-                f"ORDER BY seq {'ASC' if order == 'asc' else 'DESC'} LIMIT ?",
-                (*args, limit + 1),
-            ).fetchall()
-            return FilePage([FileRecord(*r) for r in rows[:limit]], len(rows) > limit)
-
-        return await self._run(page)
+        db = await self._setup()
+        where, args = ["tenant = ?"], [tenant]
+        if purpose is not None:
+            where.append("purpose = ?")
+            args.append(purpose)
+        if after is not None:
+            row = await db.one("SELECT seq FROM files WHERE tenant = ? AND id = ?", (tenant, after))
+            if row is None:
+                return FilePage([], False)
+            where.append("seq > ?" if order == "asc" else "seq < ?")
+            args.append(row[0])
+        rows = await db.all(
+            f"SELECT {_COLUMNS} FROM files WHERE {' AND '.join(where)} "
+            f"ORDER BY seq {'ASC' if order == 'asc' else 'DESC'} LIMIT ?",
+            (*args, limit + 1),
+        )
+        return FilePage([_record(r) for r in rows[:limit]], len(rows) > limit)
 
     async def delete(self, tenant: str, file_id: str) -> FileRecord | None:
-        def delete(db: sqlite3.Connection) -> FileRecord | None:
-            row = db.execute(
-                f"DELETE FROM files WHERE tenant = ? AND id = ? RETURNING {_COLUMNS}", (tenant, file_id)
-            ).fetchone()
-            return FileRecord(*row) if row else None
-
-        return await self._run(delete)
+        db = await self._setup()
+        row = await db.one(f"DELETE FROM files WHERE tenant = ? AND id = ? RETURNING {_COLUMNS}", (tenant, file_id))
+        return _record(row) if row else None
 
     async def usage(self, tenant: str) -> Usage:
-        files, used = await self._run(
-            lambda db: db.execute(
-                "SELECT count(*), coalesce(sum(bytes), 0) FROM files WHERE tenant = ?", (tenant,)
-            ).fetchone()
-        )
-        return Usage(files, used)
+        db = await self._setup()
+        row = await db.one(_USAGE, (tenant,))
+        return Usage(int(row[0]), int(row[1])) if row else Usage(0, 0)
 
     async def expired(self, now: int, limit: int) -> list[FileRecord]:
-        rows = await self._run(
-            lambda db: db.execute(
-                f"SELECT {_COLUMNS} FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? "
-                "ORDER BY expires_at LIMIT ?",
-                (now, limit),
-            ).fetchall()
+        db = await self._setup()
+        rows = await db.all(
+            f"SELECT {_COLUMNS} FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? "
+            "ORDER BY expires_at LIMIT ?",
+            (now, limit),
         )
-        return [FileRecord(*r) for r in rows]
+        return [_record(r) for r in rows]
 
     async def aclose(self) -> None:
         await self._db.aclose()

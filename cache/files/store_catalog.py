@@ -2,8 +2,8 @@
 ingestion status, attributes and chunking) and the batches that attached them. The chunks
 themselves are in the chunk index (``cache.files.index``); the bytes in ``cache.files.blobs``.
 
-The embedded backend is SQLite; a shared one (Postgres) implements the same
-:class:`StoreCatalog` for several replicas. A store's file counts and bytes are computed from its
+The embedded backend is SQLite, Postgres serves several replicas: one implementation runs on both
+(``cache.files.sql``). A store's file counts and bytes are computed from its
 files' rows, so they can never drift from them; its status follows: ``in_progress`` while any file
 is, else ``completed`` (``expired`` once its ``expires_at`` passed).
 """
@@ -11,20 +11,18 @@ is, else ``completed`` (``expired`` once its ``expires_at`` passed).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
-from cache.files.sqlite_db import SqliteDb
+from cache.files.sql import Row, Sql, SqlDb
 
 __all__ = [
     "BatchRecord",
     "FileCounts",
     "FileStatus",
     "Page",
-    "SqliteStoreCatalog",
+    "SqlStoreCatalog",
     "StoreCatalog",
     "StoreFileRecord",
     "StoreRecord",
@@ -165,27 +163,27 @@ class StoreCatalog(Protocol):
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stores (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq SERIAL_KEY,
     tenant TEXT NOT NULL, id TEXT NOT NULL, name TEXT NOT NULL, description TEXT,
-    created_at INTEGER NOT NULL, last_active_at INTEGER NOT NULL, metadata TEXT NOT NULL,
-    expires_after_days INTEGER, expires_at INTEGER,
+    created_at BIGINT NOT NULL, last_active_at BIGINT NOT NULL, metadata TEXT NOT NULL,
+    expires_after_days BIGINT, expires_at BIGINT,
     UNIQUE (tenant, id)
 );
 CREATE INDEX IF NOT EXISTS stores_expiry ON stores (expires_at) WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS store_files (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq SERIAL_KEY,
     tenant TEXT NOT NULL, store_id TEXT NOT NULL, file_id TEXT NOT NULL,
-    created_at INTEGER NOT NULL, status TEXT NOT NULL, attributes TEXT NOT NULL, chunking TEXT NOT NULL,
-    usage_bytes INTEGER NOT NULL DEFAULT 0, last_error_code TEXT, last_error_message TEXT, batch_id TEXT,
+    created_at BIGINT NOT NULL, status TEXT NOT NULL, attributes TEXT NOT NULL, chunking TEXT NOT NULL,
+    usage_bytes BIGINT NOT NULL DEFAULT 0, last_error_code TEXT, last_error_message TEXT, batch_id TEXT,
     UNIQUE (tenant, store_id, file_id)
 );
 CREATE INDEX IF NOT EXISTS store_files_of_file ON store_files (tenant, file_id);
 CREATE INDEX IF NOT EXISTS store_files_pending ON store_files (status) WHERE status = 'in_progress';
 CREATE TABLE IF NOT EXISTS batches (
-    tenant TEXT NOT NULL, store_id TEXT NOT NULL, id TEXT NOT NULL, created_at INTEGER NOT NULL,
-    cancelled INTEGER NOT NULL DEFAULT 0,
+    tenant TEXT NOT NULL, store_id TEXT NOT NULL, id TEXT NOT NULL, created_at BIGINT NOT NULL,
+    cancelled BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, store_id, id)
-);
+)
 """
 
 _STORE = "id, tenant, name, created_at, last_active_at, metadata, expires_after_days, expires_at, description"
@@ -195,18 +193,34 @@ _FILE = (
 )
 
 
-def _store(row: tuple[Any, ...]) -> StoreRecord:
-    return StoreRecord(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7], row[8])
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
-def _file(row: tuple[Any, ...]) -> StoreFileRecord:
-    return StoreFileRecord(
-        row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), json.loads(row[6]), row[7], row[8], row[9], row[10]
+def _store(row: Row) -> StoreRecord:
+    return StoreRecord(
+        row[0], row[1], row[2], int(row[3]), int(row[4]), json.loads(row[5]), _int(row[6]), _int(row[7]), row[8]
     )
 
 
-def _cursor_page(
-    db: sqlite3.Connection,
+def _file(row: Row) -> StoreFileRecord:
+    return StoreFileRecord(
+        row[0],
+        row[1],
+        row[2],
+        int(row[3]),
+        row[4],
+        json.loads(row[5]),
+        json.loads(row[6]),
+        int(row[7]),
+        row[8],
+        row[9],
+        row[10],
+    )
+
+
+async def _cursor_page(
+    db: Sql,
     table: str,
     columns: str,
     where: list[str],
@@ -214,49 +228,62 @@ def _cursor_page(
     cursor: tuple[str, str] | None,
     limit: int,
     order: Order,
-) -> tuple[list[tuple[Any, ...]], bool] | None:
-    """Rows of ``table`` in ``seq`` order after (or before) the row whose ``cursor[0]`` column is
-    ``cursor[1]`` (None when that row is not among ``where``'s: an empty page)."""
+) -> tuple[list[Row], bool] | None:
+    """Rows of ``table`` in ``seq`` order after (or before) the row whose id is ``cursor[1]`` (None
+    when that row is not among ``where``'s: an empty page)."""
     where, args = list(where), list(args)
     ascending = order == "asc"
     if cursor is not None:
         direction, wanted = cursor
         column = "id" if table == "stores" else "file_id"
-        row = db.execute(
-            f"SELECT seq FROM {table} WHERE {' AND '.join(where)} AND {column} = ?", (*args, wanted)
-        ).fetchone()
+        row = await db.one(f"SELECT seq FROM {table} WHERE {' AND '.join(where)} AND {column} = ?", (*args, wanted))
         if row is None:
             return None
         forward = (direction == "after") == ascending
         where.append("seq > ?" if forward else "seq < ?")
         args.append(row[0])
         if direction == "before":  # the page just before the cursor, still in the order asked
-            rows = db.execute(
+            rows = await db.all(
                 f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} "
                 f"ORDER BY seq {'DESC' if ascending else 'ASC'} LIMIT ?",
                 (*args, limit + 1),
-            ).fetchall()
+            )
             return list(reversed(rows[:limit])), len(rows) > limit
-    rows = db.execute(
+    rows = await db.all(
         f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} "
         f"ORDER BY seq {'ASC' if ascending else 'DESC'} LIMIT ?",
         (*args, limit + 1),
-    ).fetchall()
+    )
     return rows[:limit], len(rows) > limit
 
 
-class SqliteStoreCatalog:
-    """The embedded catalog of vector stores (``cache.files.sqlite_db``)."""
+def _cursor(after: str | None, before: str | None) -> tuple[str, str] | None:
+    return ("after", after) if after is not None else ("before", before) if before is not None else None
 
-    def __init__(self, path: str | Path) -> None:
-        self._db = SqliteDb(path, _SCHEMA)
+
+class SqlStoreCatalog:
+    """The catalog of vector stores as tables (``cache.files.sql``): SQLite embedded, Postgres for
+    replicas."""
+
+    def __init__(self, db: SqlDb) -> None:
+        self._db = db
+        self._ready = False
+
+    async def _setup(self) -> SqlDb:
+        if not self._ready:
+            await self._db.setup(_SCHEMA)
+            self._ready = True
+        return self._db
 
     async def create_store(self, record: StoreRecord, max_stores: int) -> None:
-        def create(db: sqlite3.Connection) -> None:
-            (count,) = db.execute("SELECT count(*) FROM stores WHERE tenant = ?", (record.tenant,)).fetchone()
-            if count >= max_stores:
+        db = await self._setup()
+
+        async def create(conn: Sql) -> None:
+            await db.serialize(conn, f"stores:{record.tenant}")
+            row = await conn.one("SELECT count(*) FROM stores WHERE tenant = ?", (record.tenant,))
+            if row is not None and int(row[0]) >= max_stores:
                 raise StoresQuotaExceeded(max_stores)
-            db.execute(
+            await conn.run(
                 f"INSERT INTO stores ({_STORE}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.id,
@@ -271,89 +298,86 @@ class SqliteStoreCatalog:
                 ),
             )
 
-        await self._db.transaction(create)
+        await db.atomic(create)
 
     async def get_store(self, tenant: str, store_id: str) -> StoreRecord | None:
-        row = await self._db.run(
-            lambda db: db.execute(
-                f"SELECT {_STORE} FROM stores WHERE tenant = ? AND id = ?", (tenant, store_id)
-            ).fetchone()
-        )
+        db = await self._setup()
+        row = await db.one(f"SELECT {_STORE} FROM stores WHERE tenant = ? AND id = ?", (tenant, store_id))
         return _store(row) if row else None
 
     async def page_stores(
         self, tenant: str, *, after: str | None, before: str | None, limit: int, order: Order
     ) -> Page:
-        cursor = ("after", after) if after is not None else ("before", before) if before is not None else None
-
-        def page(db: sqlite3.Connection) -> Page:
-            got = _cursor_page(db, "stores", _STORE, ["tenant = ?"], [tenant], cursor, limit, order)
-            return Page([], False) if got is None else Page([_store(r) for r in got[0]], got[1])
-
-        return await self._db.run(page)
+        db = await self._setup()
+        got = await _cursor_page(db, "stores", _STORE, ["tenant = ?"], [tenant], _cursor(after, before), limit, order)
+        return Page([], False) if got is None else Page([_store(r) for r in got[0]], got[1])
 
     async def update_store(self, record: StoreRecord) -> bool:
-        def update(db: sqlite3.Connection) -> bool:
-            cur = db.execute(
-                "UPDATE stores SET name = ?, metadata = ?, expires_after_days = ?, expires_at = ?, last_active_at = ? "
-                "WHERE tenant = ? AND id = ?",
-                (
-                    record.name,
-                    json.dumps(dict(record.metadata)),
-                    record.expires_after_days,
-                    record.expires_at,
-                    record.last_active_at,
-                    record.tenant,
-                    record.id,
-                ),
-            )
-            return cur.rowcount > 0
-
-        return await self._db.run(update)
+        db = await self._setup()
+        changed = await db.run(
+            "UPDATE stores SET name = ?, metadata = ?, expires_after_days = ?, expires_at = ?, last_active_at = ? "
+            "WHERE tenant = ? AND id = ?",
+            (
+                record.name,
+                json.dumps(dict(record.metadata)),
+                record.expires_after_days,
+                record.expires_at,
+                record.last_active_at,
+                record.tenant,
+                record.id,
+            ),
+        )
+        return changed > 0
 
     async def delete_store(self, tenant: str, store_id: str) -> bool:
-        def delete(db: sqlite3.Connection) -> bool:
-            cur = db.execute("DELETE FROM stores WHERE tenant = ? AND id = ?", (tenant, store_id))
-            db.execute("DELETE FROM store_files WHERE tenant = ? AND store_id = ?", (tenant, store_id))
-            db.execute("DELETE FROM batches WHERE tenant = ? AND store_id = ?", (tenant, store_id))
-            return cur.rowcount > 0
+        db = await self._setup()
 
-        return await self._db.transaction(delete)
+        async def delete(conn: Sql) -> bool:
+            gone = await conn.run("DELETE FROM stores WHERE tenant = ? AND id = ?", (tenant, store_id))
+            await conn.run("DELETE FROM store_files WHERE tenant = ? AND store_id = ?", (tenant, store_id))
+            await conn.run("DELETE FROM batches WHERE tenant = ? AND store_id = ?", (tenant, store_id))
+            return gone > 0
+
+        return await db.atomic(delete)
 
     async def touch(self, tenant: str, store_id: str, now: int) -> None:
-        await self._db.run(
-            lambda db: db.execute(
-                "UPDATE stores SET last_active_at = ?, expires_at = CASE WHEN expires_after_days IS NULL THEN NULL "
-                "ELSE ? + expires_after_days * 86400 END WHERE tenant = ? AND id = ?",
-                (now, now, tenant, store_id),
-            )
+        db = await self._setup()
+        await db.run(
+            "UPDATE stores SET last_active_at = ?, expires_at = CASE WHEN expires_after_days IS NULL THEN NULL "
+            "ELSE ? + expires_after_days * 86400 END WHERE tenant = ? AND id = ?",
+            (now, now, tenant, store_id),
         )
 
     async def counts(self, tenant: str, store_id: str, batch_id: str | None = None) -> tuple[FileCounts, int]:
-        def counts(db: sqlite3.Connection) -> tuple[FileCounts, int]:
-            where, args = "tenant = ? AND store_id = ?", [tenant, store_id]
-            if batch_id is not None:
-                where += " AND batch_id = ?"
-                args.append(batch_id)
-            by = dict(
-                db.execute(f"SELECT status, count(*) FROM store_files WHERE {where} GROUP BY status", args).fetchall()
+        db = await self._setup()
+        where, args = "tenant = ? AND store_id = ?", [tenant, store_id]
+        if batch_id is not None:
+            where += " AND batch_id = ?"
+            args.append(batch_id)
+        by = {
+            str(status): int(n)
+            for status, n in await db.all(
+                f"SELECT status, count(*) FROM store_files WHERE {where} GROUP BY status", args
             )
-            (used,) = db.execute(
-                f"SELECT coalesce(sum(usage_bytes), 0) FROM store_files WHERE {where} AND status = 'completed'", args
-            ).fetchone()
-            return FileCounts(
-                by.get("in_progress", 0), by.get("completed", 0), by.get("failed", 0), by.get("cancelled", 0)
-            ), used
-
-        return await self._db.run(counts)
+        }
+        row = await db.one(
+            f"SELECT coalesce(sum(usage_bytes), 0) FROM store_files WHERE {where} AND status = 'completed'", args
+        )
+        used = int(row[0]) if row else 0
+        counts = FileCounts(
+            by.get("in_progress", 0), by.get("completed", 0), by.get("failed", 0), by.get("cancelled", 0)
+        )
+        return counts, used
 
     async def attach(self, record: StoreFileRecord) -> None:
-        def attach(db: sqlite3.Connection) -> None:
-            db.execute(
+        db = await self._setup()
+
+        async def attach(conn: Sql) -> None:
+            await conn.run(
                 "DELETE FROM store_files WHERE tenant = ? AND store_id = ? AND file_id = ?",
                 (record.tenant, record.store_id, record.file_id),
             )
-            db.execute(
+            await conn.run(
                 f"INSERT INTO store_files ({_FILE}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.store_id,
@@ -370,14 +394,13 @@ class SqliteStoreCatalog:
                 ),
             )
 
-        await self._db.transaction(attach)
+        await db.atomic(attach)
 
     async def get_file(self, tenant: str, store_id: str, file_id: str) -> StoreFileRecord | None:
-        row = await self._db.run(
-            lambda db: db.execute(
-                f"SELECT {_FILE} FROM store_files WHERE tenant = ? AND store_id = ? AND file_id = ?",
-                (tenant, store_id, file_id),
-            ).fetchone()
+        db = await self._setup()
+        row = await db.one(
+            f"SELECT {_FILE} FROM store_files WHERE tenant = ? AND store_id = ? AND file_id = ?",
+            (tenant, store_id, file_id),
         )
         return _file(row) if row else None
 
@@ -393,7 +416,7 @@ class SqliteStoreCatalog:
         status: FileStatus | None,
         batch_id: str | None = None,
     ) -> Page:
-        cursor = ("after", after) if after is not None else ("before", before) if before is not None else None
+        db = await self._setup()
         where, args = ["tenant = ?", "store_id = ?"], [tenant, store_id]
         if status is not None:
             where.append("status = ?")
@@ -401,12 +424,8 @@ class SqliteStoreCatalog:
         if batch_id is not None:
             where.append("batch_id = ?")
             args.append(batch_id)
-
-        def page(db: sqlite3.Connection) -> Page:
-            got = _cursor_page(db, "store_files", _FILE, where, args, cursor, limit, order)
-            return Page([], False) if got is None else Page([_file(r) for r in got[0]], got[1])
-
-        return await self._db.run(page)
+        got = await _cursor_page(db, "store_files", _FILE, where, args, _cursor(after, before), limit, order)
+        return Page([], False) if got is None else Page([_file(r) for r in got[0]], got[1])
 
     async def finish_file(
         self,
@@ -417,97 +436,87 @@ class SqliteStoreCatalog:
         usage_bytes: int = 0,
         error: tuple[str, str] | None = None,
     ) -> bool:
+        db = await self._setup()
         code, message = error if error is not None else (None, None)
-        cur = await self._db.run(
-            lambda db: db.execute(
-                "UPDATE store_files SET status = ?, usage_bytes = ?, last_error_code = ?, last_error_message = ? "
-                "WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress'",
-                (status, usage_bytes, code, message, tenant, store_id, file_id),
-            )
+        changed = await db.run(
+            "UPDATE store_files SET status = ?, usage_bytes = ?, last_error_code = ?, last_error_message = ? "
+            "WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress'",
+            (status, usage_bytes, code, message, tenant, store_id, file_id),
         )
-        return bool(cur.rowcount > 0)
+        return changed > 0
 
     async def set_attributes(self, tenant: str, store_id: str, file_id: str, attributes: Mapping[str, Any]) -> bool:
-        cur = await self._db.run(
-            lambda db: db.execute(
-                "UPDATE store_files SET attributes = ? WHERE tenant = ? AND store_id = ? AND file_id = ?",
-                (json.dumps(dict(attributes)), tenant, store_id, file_id),
-            )
+        db = await self._setup()
+        changed = await db.run(
+            "UPDATE store_files SET attributes = ? WHERE tenant = ? AND store_id = ? AND file_id = ?",
+            (json.dumps(dict(attributes)), tenant, store_id, file_id),
         )
-        return bool(cur.rowcount > 0)
+        return changed > 0
 
     async def detach(self, tenant: str, store_id: str, file_id: str) -> bool:
-        cur = await self._db.run(
-            lambda db: db.execute(
-                "DELETE FROM store_files WHERE tenant = ? AND store_id = ? AND file_id = ?", (tenant, store_id, file_id)
-            )
+        db = await self._setup()
+        changed = await db.run(
+            "DELETE FROM store_files WHERE tenant = ? AND store_id = ? AND file_id = ?", (tenant, store_id, file_id)
         )
-        return bool(cur.rowcount > 0)
+        return changed > 0
 
     async def stores_of_file(self, tenant: str, file_id: str) -> list[str]:
-        rows = await self._db.run(
-            lambda db: db.execute(
-                "SELECT store_id FROM store_files WHERE tenant = ? AND file_id = ?", (tenant, file_id)
-            ).fetchall()
-        )
-        return [r[0] for r in rows]
+        db = await self._setup()
+        rows = await db.all("SELECT store_id FROM store_files WHERE tenant = ? AND file_id = ?", (tenant, file_id))
+        return [str(r[0]) for r in rows]
 
     async def create_batch(self, record: BatchRecord) -> None:
-        await self._db.run(
-            lambda db: db.execute(
-                "INSERT INTO batches (tenant, store_id, id, created_at, cancelled) VALUES (?, ?, ?, ?, ?)",
-                (record.tenant, record.store_id, record.id, record.created_at, int(record.cancelled)),
-            )
+        db = await self._setup()
+        await db.run(
+            "INSERT INTO batches (tenant, store_id, id, created_at, cancelled) VALUES (?, ?, ?, ?, ?)",
+            (record.tenant, record.store_id, record.id, record.created_at, int(record.cancelled)),
         )
 
     async def get_batch(self, tenant: str, store_id: str, batch_id: str) -> BatchRecord | None:
-        row = await self._db.run(
-            lambda db: db.execute(
-                "SELECT id, store_id, tenant, created_at, cancelled FROM batches "
-                "WHERE tenant = ? AND store_id = ? AND id = ?",
-                (tenant, store_id, batch_id),
-            ).fetchone()
+        db = await self._setup()
+        row = await db.one(
+            "SELECT id, store_id, tenant, created_at, cancelled FROM batches "
+            "WHERE tenant = ? AND store_id = ? AND id = ?",
+            (tenant, store_id, batch_id),
         )
-        return BatchRecord(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+        return BatchRecord(row[0], row[1], row[2], int(row[3]), bool(row[4])) if row else None
 
     async def cancel_batch(self, tenant: str, store_id: str, batch_id: str) -> list[str]:
-        def cancel(db: sqlite3.Connection) -> list[str]:
-            db.execute(
+        db = await self._setup()
+
+        async def cancel(conn: Sql) -> list[str]:
+            await conn.run(
                 "UPDATE batches SET cancelled = 1 WHERE tenant = ? AND store_id = ? AND id = ?",
                 (tenant, store_id, batch_id),
             )
-            rows = db.execute(
+            rows = await conn.all(
                 "UPDATE store_files SET status = 'cancelled' WHERE tenant = ? AND store_id = ? AND batch_id = ? "
                 "AND status = 'in_progress' RETURNING file_id",
                 (tenant, store_id, batch_id),
-            ).fetchall()
-            return [r[0] for r in rows]
+            )
+            return [str(r[0]) for r in rows]
 
-        return await self._db.transaction(cancel)
+        return await db.atomic(cancel)
 
     async def in_progress(self, limit: int) -> list[StoreFileRecord]:
-        rows = await self._db.run(
-            lambda db: db.execute(
-                f"SELECT {_FILE} FROM store_files WHERE status = 'in_progress' ORDER BY seq LIMIT ?", (limit,)
-            ).fetchall()
+        db = await self._setup()
+        rows = await db.all(
+            f"SELECT {_FILE} FROM store_files WHERE status = 'in_progress' ORDER BY seq LIMIT ?", (limit,)
         )
         return [_file(r) for r in rows]
 
     async def expired_stores(self, now: int, limit: int) -> list[StoreRecord]:
-        rows = await self._db.run(
-            lambda db: db.execute(
-                f"SELECT {_STORE} FROM stores WHERE expires_at IS NOT NULL AND expires_at <= ? "
-                "ORDER BY expires_at LIMIT ?",
-                (now, limit),
-            ).fetchall()
+        db = await self._setup()
+        rows = await db.all(
+            f"SELECT {_STORE} FROM stores WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at LIMIT ?",
+            (now, limit),
         )
         return [_store(r) for r in rows]
 
     async def store_count(self, tenant: str) -> int:
-        (count,) = await self._db.run(
-            lambda db: db.execute("SELECT count(*) FROM stores WHERE tenant = ?", (tenant,)).fetchone()
-        )
-        return int(count)
+        db = await self._setup()
+        row = await db.one("SELECT count(*) FROM stores WHERE tenant = ?", (tenant,))
+        return int(row[0]) if row else 0
 
     async def aclose(self) -> None:
         await self._db.aclose()

@@ -18,7 +18,8 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from cache.files.index import ChunkIndex
-from cache.files.store_catalog import SqliteStoreCatalog, StoreCatalog
+from cache.files.sql import SqliteSql
+from cache.files.store_catalog import SqlStoreCatalog, StoreCatalog
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
 from gateway.files.files import Files, files_root
@@ -82,7 +83,7 @@ def build_vector_stores(
             )
         )
     )
-    catalog: Lazy[StoreCatalog] = Lazy(lambda: SqliteStoreCatalog(root() / "stores.sqlite3"))
+    catalog: Lazy[StoreCatalog] = Lazy(lambda: SqlStoreCatalog(SqliteSql(root() / "stores.sqlite3")))
     index: Lazy[ChunkIndex] = Lazy(lambda: _sqlite_index(root() / "chunks.sqlite3", model().dims))
 
     async def embed_documents(texts: Sequence[str]) -> np.ndarray:

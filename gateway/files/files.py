@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from cache.files.blobs import Blobs, BlobWriter, DiskBlobs
-from cache.files.catalog import FileCatalog, FilePage, FileRecord, QuotaExceeded, SqliteFileCatalog
+from cache.files.catalog import FileCatalog, FilePage, FileRecord, QuotaExceeded, SqlFileCatalog
+from cache.files.sql import SqliteSql
 from gateway.base.settings import Settings, default_cache_path
 from gateway.wire.files import file_too_large, new_file_id, quota_exceeded
 
@@ -124,7 +125,7 @@ class Files:
         def open_stores() -> tuple[FileCatalog, Blobs]:
             root = files_root(settings)
             os.makedirs(root, exist_ok=True)
-            return SqliteFileCatalog(root / "catalog.sqlite3"), DiskBlobs(root / "blobs")
+            return SqlFileCatalog(SqliteSql(root / "catalog.sqlite3")), DiskBlobs(root / "blobs")
 
         return cls(settings, open_stores)
 
