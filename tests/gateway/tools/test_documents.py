@@ -25,6 +25,7 @@ from gateway.tools.documents import (
     chunk_text,
     count_tokens,
     extract,
+    extract_chunks,
     kind_for,
     sizes_for,
 )
@@ -302,10 +303,10 @@ def test_a_pdf_stream_that_inflates_to_200_mb_is_refused() -> None:
 
 
 def test_many_large_streams_hit_the_worker_memory_cap() -> None:
-    bomb = _raw_pdf([_deflated_zeros(60 << 20)] * 12)
+    bomb = _raw_pdf([_deflated_zeros(60 << 20)] * 6)
     with pytest.raises(ExtractionFailed) as caught:
-        extract(bomb, "bomb.pdf", limits=Limits(pdf_memory_bytes=384 << 20, pdf_timeout_s=60))
-    assert "needed more than 384 MiB" in caught.value.reason or "killed" in caught.value.reason
+        extract(bomb, "bomb.pdf", limits=Limits(pdf_memory_bytes=256 << 20, pdf_timeout_s=60))
+    assert "needed more than 256 MiB" in caught.value.reason or "killed" in caught.value.reason
 
 
 @pytest.mark.parametrize(
@@ -496,3 +497,15 @@ def test_a_long_text_streams_in_bounded_memory() -> None:
         tracemalloc.stop()
     assert last_end == len(text) and count == -(-(count_tokens(text) - 800) // 400) + 1
     assert peak < 8_000_000, peak  # one segment's arrays, not the text's 2M tokens as a list
+
+
+def test_extract_chunks_reads_and_cuts_a_stored_file(tmp_path: Path) -> None:
+    got, chunks = extract_chunks(CORPUS / "karnholm_lighthouse.html", "karnholm_lighthouse.html", 100, 20)
+    assert got.kind == "html" and len(chunks) > 3
+    assert all(got.text[c.start : c.end] == c.text for c in chunks)
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"  \n\n ")
+    with pytest.raises(ExtractionFailed, match="no text"):
+        extract_chunks(empty, "empty.txt")
+    with pytest.raises(ValueError, match="chunk_overlap_tokens"):
+        extract_chunks(empty, "empty.txt", 100, 60)
