@@ -28,13 +28,34 @@ class TestExactVectors(ChunkIndexConformance):
         await ix.aclose()
 
 
+#: the planner's choice taken away: a table this small would be scanned and sorted, never HNSW
+_HNSW_ONLY = "?options=-c%20enable_seqscan%3Doff%20-c%20enable_sort%3Doff"
+
+
 class TestHnswVectors(ChunkIndexConformance):
     """``exact_rows=0``: every nearest search goes through HNSW with iterative scan."""
 
     @pytest.fixture
     async def index(self, postgres_dsn: str) -> AsyncIterator[PgChunkIndex]:
-        ix = PgChunkIndex(postgres_dsn, DIMS, pool_size=4, exact_rows=0)
+        ix = PgChunkIndex(postgres_dsn + _HNSW_ONLY, DIMS, pool_size=4, exact_rows=0)
         yield ix
+        await ix.aclose()
+
+
+async def test_the_large_path_is_hnsw(postgres_dsn: str) -> None:
+    ix = PgChunkIndex(postgres_dsn + _HNSW_ONLY, DIMS, exact_rows=0)
+    try:
+        await ix.add("t", "vs", "f", chunks_of([f"c{i}" for i in range(50)], _vectors(9, 50)), {})
+        pool = await ix._ready()
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "EXPLAIN SELECT idx FROM file_chunks WHERE tenant = 't' AND store_id = any('{vs}')"
+                " ORDER BY embedding <=> %s LIMIT 5",
+                (unit(np.ones(DIMS)),),
+            )
+            plan = " ".join(str(r[0]) for r in await cur.fetchall())
+        assert "file_chunks_hnsw" in plan, plan
+    finally:
         await ix.aclose()
 
 
