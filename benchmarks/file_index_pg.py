@@ -12,8 +12,8 @@ words a chunk, 50 chunks a file, one store) and measures, each size in a fresh d
   keyword top-40, the vector side under a selective (1 %) and a broad (50 %) attribute filter,
   keyword under the selective one, the fused ``search()`` top-10;
 * the vector side's recall@10 against an exact ranking (numpy over the same vectors): the exact
-  path (``exact_rows`` above the store's size) and the HNSW path (``exact_rows=0``), the latter
-  also under the 1 % filter (pgvector's iterative scan), with both paths' latency;
+  path (``exact_rows`` above the store's size) and the HNSW path (``exact_rows=0``) at several
+  ``ef_search``, each also under the 1 % filter (pgvector's iterative scan), with their latency;
 * keyword recall over the labelled corpus (``tests/corpus/queries.json``, the documents extracted
   and chunked as ingestion does, 800/400 tokens): file recall@5 of this index's query (each word a
   ``phraseto_tsquery``, OR-ed) against ``websearch_to_tsquery`` and ``plainto_tsquery`` (AND).
@@ -112,8 +112,9 @@ async def run_size(server: Any, n: int, nq: int, writers: int) -> dict[str, Any]
     file_of = np.arange(n) // CHUNKS_PER_FILE
     in_shard7 = np.array([attrs[f]["shard"] == 7 for f in file_of])
     recall_q = qvectors[: min(nq, 100)]
-    for name, exact_rows in (("exact", 10**9), ("hnsw", 0)):
-        ix = PgChunkIndex(dsn, DIMS, exact_rows=exact_rows)
+    paths = [("exact", 10**9, 100)] + [(f"hnsw_ef{ef}", 0, ef) for ef in (40, 100, 200, 400, 800)]
+    for name, exact_rows, ef_search in paths:
+        ix = PgChunkIndex(dsn, DIMS, exact_rows=exact_rows, ef_search=ef_search)
         for label, flt, allowed in (("", None, None), ("_filter_1pct", selective, in_shard7)):
             found: list[list[Any]] = []
 

@@ -29,7 +29,8 @@ Why this shape (figures in ``benchmarks/results/file_index_pg.md``):
 - **Tenancy**: the tenant is part of the key and in every ``WHERE``; ids from a request never
   reach another tenant's rows.
 - **Bounds**: a pool of at most ``pool_size`` connections (a caller waits at most
-  ``pool_timeout`` for one), ``statement_timeout`` and ``lock_timeout`` on every connection,
+  ``pool_timeout`` for one; each is checked before it is lent, so a server restart costs no
+  request), ``statement_timeout`` and ``lock_timeout`` on every connection,
   at most :data:`MAX_CANDIDATES` rows a call.
 - **Replicas**: every write is one transaction; re-adding the same file from two replicas at once
   is serialised by an advisory lock on (tenant, store, file); the schema is created under an
@@ -154,7 +155,7 @@ class PgChunkIndex:
         pool_timeout: float = 10.0,
         statement_timeout: float = 30.0,
         exact_rows: int = 20_000,
-        ef_search: int = 100,
+        ef_search: int = 200,
         hnsw_m: int = 16,
         hnsw_ef_construction: int = 64,
     ) -> None:
@@ -195,6 +196,7 @@ class PgChunkIndex:
                     max_size=self._pool_size,
                     timeout=self._pool_timeout,
                     configure=self._configure,
+                    check=AsyncConnectionPool.check_connection,  # a connection a restart broke is not lent
                     open=False,
                 )
                 await pool.open(wait=True, timeout=self._pool_timeout)
@@ -369,29 +371,34 @@ class PgChunkIndex:
         where: sql.Composable = sql.SQL("tenant = %s AND store_id = any(%s)")
         if flt is not None:
             where = sql.SQL("{} AND {}").format(where, compile_filter(flt, params))
-        columns = sql.SQL("store_id, file_id, idx, text, attributes, (embedding <=> %s) AS distance")
         pool = await self._ready()
         async with pool.connection() as conn:
             async with conn.transaction():
                 large = await self._larger_than(conn, where, params, self._exact_rows)
                 if large:
-                    # HNSW, walking on until n rows pass the conditions; the few found re-sorted
+                    # HNSW, walking on until n rows pass the conditions (re-sorted below)
                     await conn.execute(
                         "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
                         " set_config('hnsw.ef_search', %s, true)",
                         (str(max(self._ef_search, min(n, 1000))),),
                     )
-                    statement = sql.SQL(
-                        "SELECT * FROM (SELECT {cols} FROM {t} WHERE {where} ORDER BY embedding <=> %s LIMIT %s) s"
-                        " ORDER BY distance, store_id, file_id, idx"
-                    ).format(cols=columns, t=self._t, where=where)
+                    top = sql.SQL(
+                        "SELECT store_id, file_id, idx, embedding <=> %s AS distance FROM {t} WHERE {where}"
+                        " ORDER BY embedding <=> %s LIMIT %s"
+                    ).format(t=self._t, where=where)
+                    args = [query, *params, query, n, tenant]
                 else:
-                    # the exact distance of every row: a materialised set keeps the planner off HNSW
-                    statement = sql.SQL(
-                        "WITH c AS MATERIALIZED (SELECT {cols} FROM {t} WHERE {where})"
-                        " SELECT * FROM c ORDER BY distance, store_id, file_id, idx LIMIT %s"
-                    ).format(cols=columns, t=self._t, where=where)
-                args = [query, *params, query, n] if large else [query, *params, n]
+                    # every row's exact distance, a top-n sort of keys only ("+ 0": not an order HNSW gives)
+                    top = sql.SQL(
+                        "SELECT store_id, file_id, idx, (embedding <=> %s) + 0 AS distance FROM {t} WHERE {where}"
+                        " ORDER BY distance, store_id, file_id, idx LIMIT %s"
+                    ).format(t=self._t, where=where)
+                    args = [query, *params, n, tenant]
+                statement = sql.SQL(
+                    "SELECT c.store_id, c.file_id, c.idx, c.text, c.attributes, top.distance FROM ({top}) top"
+                    " JOIN {t} c ON c.tenant = %s AND c.store_id = top.store_id AND c.file_id = top.file_id"
+                    " AND c.idx = top.idx ORDER BY top.distance, top.store_id, top.file_id, top.idx"
+                ).format(top=top, t=self._t)
                 rows = await (await conn.execute(statement, args)).fetchall()
         return [Candidate(s, f, i, text, attrs, _similarity(distance)) for s, f, i, text, attrs, distance in rows]
 
