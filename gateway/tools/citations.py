@@ -59,6 +59,11 @@ Decisions, and why:
   ``【`` may start the next mark), so released text never hides a mark start.
 * **The file mark's title is not trusted**: the model may misspell it, and ``{call}:{n}`` alone names
   what it was shown; the annotation's ``file_id`` and ``filename`` are what ``resolve_file`` gives.
+  With ``check_titles`` (what ``file_search`` uses) the title must still name the file its numbers
+  resolve to (its name, ignoring case and surrounding spaces, or its id), else the mark is
+  unresolvable: call numbers restart in each response, so a mark the model copies from an earlier
+  response's passages could name a passage of this one, of another file; a wrong file cited is
+  worse than none.
   An unresolvable file mark is removed with no annotation, as a browser mark is. A file mark writes
   nothing, so it leaves the run open: ``【4:0†a.md】【4:1†a.md】`` for two passages of one file gives
   one annotation (one per ``file_id`` in a run), and ``【3†L1】【4:0†a.md】【3†L2】`` one link.
@@ -142,7 +147,7 @@ _FILE_NEXT: dict[tuple[str, str], str] = {
 _FILE_STATES = frozenset(_FILE_NEXT.values()) - frozenset(_SHARED.values())
 #: reads the numbers of a mark the table has closed (it always matches then)
 _MARK = re.compile(r"【([0-9]+)†L([0-9]+)(?:[-–]L([0-9]+))?】")
-_FILE_MARK = re.compile(r"【([0-9]+):([0-9]+)†[^】【\n]+】")
+_FILE_MARK = re.compile(r"【([0-9]+):([0-9]+)†([^】【\n]+)】")
 #: what would end or corrupt a CommonMark link destination
 _UNSAFE_IN_TARGET = re.compile(r"[\s\x00-\x1f\x7f()<>\\]")
 _ESCAPE_IN_TEXT = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]"})
@@ -172,6 +177,12 @@ def link_target(url: str) -> str:
     return _UNSAFE_IN_TARGET.sub(lambda m: quote(m.group(), safe=""), url)
 
 
+def _names(title: str, source: FileSource) -> bool:
+    """Whether a file mark's title names ``source``."""
+    title = title.strip().casefold()
+    return title == source.filename.strip().casefold() or title == source.file_id.casefold()
+
+
 class CitationWriter:
     """Rewrites one streamed text part: feed its deltas, then ``finish``; see the module docstring."""
 
@@ -182,13 +193,16 @@ class CitationWriter:
         resolve_file: ResolveFile | None = None,
         max_mark_chars: int = DEFAULT_MAX_MARK_CHARS,
         max_file_mark_chars: int = DEFAULT_MAX_FILE_MARK_CHARS,
+        check_titles: bool = False,
     ) -> None:
+        """``check_titles``: a file mark resolves only when its title names the file (module docstring)."""
         if max_mark_chars < MIN_MARK_CHARS:
             raise ValueError(f"max_mark_chars must be at least {MIN_MARK_CHARS}")
         if max_file_mark_chars < MIN_FILE_MARK_CHARS:
             raise ValueError(f"max_file_mark_chars must be at least {MIN_FILE_MARK_CHARS}")
         self._resolve = resolve
         self._resolve_file = resolve_file
+        self._check_titles = check_titles
         #: the grammar of the families that are on; empty: no 【 is ever held
         self._next: dict[tuple[str, str], str] = {
             **(_NEXT if resolve is not None else {}),
@@ -304,6 +318,8 @@ class CitationWriter:
         m = _FILE_MARK.fullmatch(mark)
         assert m is not None and self._resolve_file is not None, mark  # as for _MARK
         source = self._resolve_file(int(m.group(1)), int(m.group(2)))
+        if source is not None and self._check_titles and not _names(m.group(3), source):
+            source = None  # the numbers name another file than the title: a stale or mixed-up mark
         if source is None or ("file", source.file_id) in self._run:
             return
         self._run.add(("file", source.file_id))

@@ -82,6 +82,7 @@ def _citations(browser: Browser | None, runners: Sequence[CallRunner]) -> Callab
         CitationWriter,
         browser.source if browser is not None else None,
         resolve_file=files.source if files is not None else None,
+        check_titles=True,
     )
 
 

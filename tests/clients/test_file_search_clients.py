@@ -52,7 +52,7 @@ def _documents() -> list[Path]:
 def corpus_gateway(make_gateway: Any, tmp_path: Path) -> Iterator[tuple[LiveGateway, str, dict[str, str]]]:
     """A gateway whose tenant's vector store holds the whole corpus, uploaded as a folder would be:
     one batch, polled until every file is ingested."""
-    script = _calls([ToolCall("msearch", {"queries": [QUERY]}, "file_search")], "The cause is known.【0:0†x】")
+    script = _calls([ToolCall("msearch", {"queries": [QUERY]}, "file_search")], f"The cause is known.【0:0†{ANSWER}】")
     live: LiveGateway = make_gateway(
         Settings(files_dir=str(tmp_path / "files")),
         engine=SimulatedEngine(script=script, record_prompts=True),

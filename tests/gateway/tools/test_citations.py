@@ -835,3 +835,26 @@ def test_a_megabyte_of_file_marks_is_linear(unit: str) -> None:
     part = given_text[: 200_000 - 200_000 % len(unit)]  # whole units: a cut mark would be released
     writer = CitationWriter(lambda *_: None, resolve_file=resolve_file)
     assert _run(writer, [part[i : i + 7] for i in range(0, len(part), 7)])[0] == expected[: len(part)]
+
+
+@pytest.mark.parametrize(
+    ("text", "cited"),
+    [
+        ("Yes.【0:0†a.md】", True),
+        ("Yes.【0:0† A.MD 】", True),  # case and surrounding spaces
+        ("Yes.【0:0†file-a】", True),  # the id
+        ("Yes.【0:0†b.md】", False),  # the numbers name a.md: a stale mark from another response
+        ("Yes.【0:0†a】", False),
+    ],
+)
+def test_check_titles_cites_only_the_file_the_title_names(text: str, cited: bool) -> None:
+    """``check_titles`` (file_search's): call numbers restart in every response, so a mark copied
+    from an earlier one may resolve to another file now; its title must name the file resolved."""
+    writer = CitationWriter(resolve_file=lambda call, n: FileSource("file-a", "a.md"), check_titles=True)
+    shown, annotations = writer.feed(text)
+    rest, _ = writer.finish()
+    assert shown + rest == "Yes."
+    expected = [{"type": "file_citation", "file_id": "file-a", "filename": "a.md", "index": 4}]
+    assert annotations == (expected if cited else [])
+    unchecked = CitationWriter(resolve_file=lambda call, n: FileSource("file-a", "a.md"))
+    assert unchecked.feed(text)[1] == expected  # without the check, the numbers alone decide
