@@ -928,3 +928,46 @@ def test_without_the_profile_there_is_no_searxng_and_web_search_stays_off(compos
     env = services["respgate"]["environment"]
     assert env["RESPGATE_WEB_SEARCH"] in ("", None)
     assert _gateway_settings(env, monkeypatch).web_search is None
+
+
+# -- every setting a deploy file gives the gateway is one it reads ---------------------------------
+
+#: variables the gateway reads that are not settings fields
+_NOT_FIELDS = {"RESPGATE_CONFIG"}
+
+
+def _unknown_settings(names: set[str]) -> set[str]:
+    """The ``RESPGATE_*`` names among ``names`` that no setting reads: a typo there is silently ignored."""
+    from gateway.base.settings import Settings
+
+    fields = {f"RESPGATE_{name.upper()}" for name in Settings.model_fields}
+    return {n for n in names if n.startswith("RESPGATE_") and n not in fields | _NOT_FIELDS}
+
+
+def _k8s_gateway_env(folder: Path) -> set[str]:
+    docs = build(folder)
+    by_key = {_key(d): d for d in docs}
+    container = next(c for c in _pod_spec(docs)["containers"] if c["name"] == "respgate")
+    names = {e["name"] for e in container.get("env", [])}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            names |= set(by_key[("ConfigMap", source["configMapRef"]["name"])]["data"])
+    return names
+
+
+@pytest.mark.parametrize("folder", [K8S / "base", *OVERLAYS], ids=lambda p: p.name)
+def test_every_setting_an_overlay_gives_the_gateway_is_one_it_reads(folder: Path):
+    names = _k8s_gateway_env(folder)
+    assert "RESPGATE_METRICS_PORT" in names
+    assert not _unknown_settings(names)
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_every_setting_a_compose_file_gives_the_gateway_is_one_it_reads(compose: Path):
+    names = set(_config(compose)["services"]["respgate"]["environment"])
+    assert "RESPGATE_API_KEYS" in names
+    assert not _unknown_settings(names)
+
+
+def test_the_unknown_setting_check_can_fail():
+    assert _unknown_settings({"RESPGATE_FILES_DIRS", "RESPGATE_FILES_DIR", "HF_TOKEN"}) == {"RESPGATE_FILES_DIRS"}

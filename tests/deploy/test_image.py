@@ -288,6 +288,8 @@ def test_the_cpu_image_as_compose_runs_it_passes_respgate_check(image_root, redi
         source, target = volume.split(":")[:2]
         assert not source.startswith("/"), "bind mounts are not emulated"
         image.mount_named_volume(target)
+        # a volume whose folder the image lacks is root's: the gateway could not write there
+        assert image.path(target).stat().st_uid == 10001, f"the {source} volume would be root's"
     env = {k: str(v) for k, v in service["environment"].items()}
     env["RESPGATE_REDIS_URL"] = redis_url  # the test session's Redis stands in for the `redis` service
     journal = Path(image.mapped_env({"j": env["RESPGATE_USAGE_JOURNAL"]})["j"])
