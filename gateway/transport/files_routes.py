@@ -9,7 +9,10 @@
 Authenticated and rate-limited like the conversations routes (an upload is admitted as a request,
 reads only authenticated). A file is its tenant's: another tenant's id is a 404 indistinguishable
 from an unknown one. An upload streams to storage (``gateway.transport.upload_form``), refused with
-a 413 as soon as its bytes pass ``files_max_bytes``, whatever ``content-length`` said.
+a 413 as soon as its bytes pass ``files_max_bytes``, whatever ``content-length`` said. A file of a
+type the extractor does not read (judged by its name, declared type and first 8 KiB, as soon as
+they are in: a zip named ``notes.txt`` is refused before the rest of it streams in) is a 400
+``unsupported_file`` naming the type, and nothing of it is kept.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from cache.files.catalog import FileRecord
-from gateway.files.files import Files, Upload
+from gateway.files.files import Files, Upload, clean_filename
 from gateway.transport.resource_routes import json_answer, resource_route
 from gateway.transport.services import GatewayState
-from gateway.transport.upload_form import read_upload_form
+from gateway.transport.upload_form import UploadForm, read_upload_form
 from gateway.wire.errors import ApiError, unknown_parameter
 from gateway.wire.files import (
     FORM_FIELDS,
@@ -35,6 +38,7 @@ from gateway.wire.files import (
     file_object,
     file_too_large,
     parse_file_list_query,
+    unsupported_file,
 )
 
 router = APIRouter()
@@ -42,6 +46,9 @@ router = APIRouter()
 #: bytes of a form's own framing (boundaries, part headers, the text fields) allowed past
 #: ``files_max_bytes`` in a declared ``content-length`` before the upload is refused unread
 FORM_OVERHEAD = 64 * 1024
+
+#: bytes of an upload's head (``Upload.head`` keeps the first 8 KiB) its type is judged by
+HEAD_BYTES = 8192
 
 _route = resource_route(router, "files")
 
@@ -85,19 +92,42 @@ _UPLOAD_OUTCOMES = {"file_too_large": "too_large", "quota_exceeded": "quota_exce
 
 async def _upload(request: Request, gw: GatewayState, files: Files, tenant: str | None) -> FileRecord:
     upload: Upload = await files.begin(tenant)
+    form = UploadForm()
+    checked = False
+
+    async def sink(data: bytes) -> None:
+        nonlocal checked
+        await upload.write(data)
+        if not checked and len(upload.head) >= HEAD_BYTES:  # refused before the rest streams in
+            checked = True
+            _check_type(form, upload.head)
+
     try:
         try:
-            form = await read_upload_form(request, gw, upload.write, file_field="file", fields=FORM_FIELDS[1:])
+            await read_upload_form(request, gw, sink, file_field="file", fields=FORM_FIELDS[1:], form=form)
         except ApiError as err:  # refused mid-body: the unread rest is not worth reading
             raise _closing(err) from None
         if not form.file_seen:
             raise ApiError(400, "Missing required parameter: 'file'.", code="missing_required_parameter", param="file")
+        if not checked:
+            _check_type(form, upload.head)
         purpose = check_purpose(form.fields.get("purpose"))
         expires = expiry_seconds(form.fields.get("expires_after[anchor]"), form.fields.get("expires_after[seconds]"))
         return await upload.finish(form.filename, purpose, expires)
     except BaseException:
         await upload.abort()
         raise
+
+
+def _check_type(form: UploadForm, head: bytes) -> None:
+    """The 400 ``unsupported_file`` naming the type, for a file the extractor would not read (its
+    name, declared type and first bytes, as ``gateway.tools.documents.readable_kind`` judges)."""
+    from gateway.tools.documents import UnsupportedFile, readable_kind
+
+    try:
+        readable_kind(clean_filename(form.filename), form.content_type, head)
+    except UnsupportedFile as exc:
+        raise unsupported_file(exc.message) from None
 
 
 def _closing(err: ApiError) -> ApiError:

@@ -51,10 +51,12 @@ async def read_upload_form(
     *,
     file_field: str,
     fields: Sequence[str],
+    form: UploadForm | None = None,
 ) -> UploadForm:
     """Read the body as a form: ``file_field``'s bytes to ``sink`` as they arrive, the ``fields``
     kept; any other part is a 400 naming it, as is a second file or a field over
-    :data:`MAX_FIELD_BYTES`. Raises what the sink raises (its cap) as soon as it does."""
+    :data:`MAX_FIELD_BYTES`. Raises what the sink raises (its cap) as soon as it does. ``form``:
+    filled in as the parts arrive (the sink may look at the file's name and type), else a new one."""
     kind, options = parse_options_header(request.headers.get("content-type", ""))
     boundary = options.get(b"boundary")
     if kind != b"multipart/form-data" or not boundary:
@@ -68,7 +70,7 @@ async def read_upload_form(
             "An upload's body is not content-encoded (send the file as it is).",
             code="unsupported_content_encoding",
         )
-    form = UploadForm()
+    form = form if form is not None else UploadForm()
     events: list[tuple[str, Any]] = []
     header: dict[str, bytearray] = {"name": bytearray(), "value": bytearray()}
     headers: dict[bytes, bytes] = {}

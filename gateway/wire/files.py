@@ -140,3 +140,9 @@ def quota_exceeded(what: str, limit: int) -> ApiError:
         code="quota_exceeded",
         param="file",
     )
+
+
+def unsupported_file(message: str) -> ApiError:
+    """A file of a type the extractor does not read (``message`` names the type): refused at upload,
+    nothing kept."""
+    return ApiError(400, message, code="unsupported_file", param="file")

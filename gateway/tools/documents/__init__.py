@@ -29,6 +29,7 @@ from gateway.tools.documents.extract import (
     UnsupportedFile,
     extract,
     kind_for,
+    readable_kind,
 )
 
 
@@ -64,5 +65,6 @@ __all__ = [
     "extract",
     "extract_chunks",
     "kind_for",
+    "readable_kind",
     "sizes_for",
 ]

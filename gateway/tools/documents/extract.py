@@ -10,7 +10,10 @@ the file's ``last_error``). Nothing else escapes.
 bytes are sniffed and win over both: a PDF header is read as a PDF whatever the name, and a known
 binary signature (PNG, JPEG, GIF, zip, gzip, ELF, PE, ...) or a NUL byte in the first 8 KiB of a
 "text" file is refused, naming what the bytes are. So a zip bomb named ``notes.txt`` is refused
-before one byte of it is inflated.
+before one byte of it is inflated. A name and type that say nothing (an unknown extension, none,
+``application/octet-stream``) are plain text when the bytes are (a BOM, or UTF-8 without control
+bytes); an extension of a binary format (``.docx``, ``.exe``, ...) is refused by that name.
+:func:`readable_kind` makes this choice from the first 8 KiB alone: the upload's check.
 
 **Encodings** (text, Markdown, code, JSON): a byte-order mark (UTF-8, UTF-16, UTF-32) wins; then
 a ``charset`` parameter of the declared type, if Python knows it; then strict UTF-8; a file that
@@ -54,6 +57,7 @@ __all__ = [
     "UnsupportedFile",
     "extract",
     "kind_for",
+    "readable_kind",
 ]
 
 Kind = Literal["text", "markdown", "html", "pdf", "code", "json"]
@@ -70,6 +74,15 @@ _CODE_EXT = {
     ".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".hh", ".cs", ".rb", ".php", ".sh", ".bash", ".zsh",
     ".swift", ".m", ".pl", ".lua", ".r", ".sql", ".css", ".scss", ".vue", ".dart", ".ex", ".exs",
     ".erl", ".hs", ".ml", ".clj", ".groovy", ".ps1", ".bat", ".proto", ".xml", ".gradle", ".zig",
+}  # fmt: skip
+#: extensions of formats this module does not read: refused by name even when the bytes look like text
+_BINARY_EXT = {
+    ".png", ".jpg", ".jpeg", ".gif", ".bmp", ".tif", ".tiff", ".ico", ".webp", ".heic", ".avif", ".psd",
+    ".zip", ".gz", ".tgz", ".bz2", ".xz", ".zst", ".7z", ".rar", ".tar", ".jar", ".war", ".whl", ".apk",
+    ".exe", ".dll", ".so", ".dylib", ".o", ".a", ".bin", ".class", ".pyc", ".wasm", ".iso", ".dmg", ".msi",
+    ".doc", ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".ods", ".odp", ".epub", ".rtf", ".ps",
+    ".mp3", ".wav", ".ogg", ".flac", ".m4a", ".aac", ".mp4", ".mkv", ".mov", ".avi", ".webm",
+    ".sqlite", ".sqlite3", ".db", ".parquet", ".npy", ".pkl", ".pickle", ".ttf", ".otf", ".woff", ".woff2",
 }  # fmt: skip
 #: names without an extension that are text
 _TEXT_NAMES = {"makefile", "dockerfile", "readme", "license", "copying", "changelog", "authors", "notice"}
@@ -249,6 +262,49 @@ def kind_for(filename: str, content_type: str | None = None) -> Kind | None:
     return None
 
 
+def readable_kind(filename: str, content_type: str | None, head: bytes) -> Kind:
+    """The kind :func:`extract` reads a file as, from its name, its declared type and its first
+    bytes (``head``: the first 8 KiB, or all of a shorter file), without reading the rest: what an
+    upload is checked with before it is kept. Raises :class:`UnsupportedFile` naming the type for
+    a file ``extract`` would refuse; a file it would read but might fail on (a truncated PDF, a
+    ``.pdf`` with no PDF header) is not refused here.
+
+    The bytes win: a PDF header makes a PDF whatever the name; a known binary signature (zip,
+    gzip, PNG, ELF, ...) or a NUL byte refuses a file named as text. A name and type that say
+    nothing this module reads (an unknown extension, no extension, ``application/octet-stream``)
+    are read as plain text when the bytes are text (a BOM, or UTF-8 without control bytes); an
+    extension of a known binary format (``.docx``, ``.exe``, ``.png``, ...) or a declared type
+    that is not text (``image/png``) is refused by that name."""
+    head = head[:_SNIFF_BYTES]
+    media, _ = _media_type(content_type)
+    kind = kind_for(filename, content_type)
+    if b"%PDF-" in head[:_PDF_HEADER_WITHIN]:
+        return "pdf"
+    sniffed = _sniff_binary(head)
+    if sniffed is not None:  # a zip named paper.pdf too: it is a zip
+        raise UnsupportedFile(filename, sniffed, "by its content")
+    if kind is not None:
+        return kind
+    ext = os.path.splitext(os.path.basename(filename))[1].lower()
+    if media in _VAGUE_TYPES and ext not in _BINARY_EXT and _looks_like_text(head):
+        return "text"
+    named = media if media not in _VAGUE_TYPES else (ext or "unknown (no extension, no content type)")
+    raise UnsupportedFile(filename, named)
+
+
+def _looks_like_text(head: bytes) -> bool:
+    """A BOM, or UTF-8 (a character cut at the end of ``head`` allowed) without control bytes."""
+    if any(head.startswith(bom) for bom, _ in _BOMS):
+        return True
+    if _is_binaryish(head):
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < _SNIFF_BYTES)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _is_binaryish(head: bytes) -> bool:
     return any(b < 0x09 or 0x0E <= b < 0x20 for b in head[:512])
 
@@ -319,20 +375,10 @@ def extract(
         head = src.head(_SNIFF_BYTES)
     except OSError as exc:
         raise ExtractionFailed(f"The file could not be read: {exc.strerror or type(exc).__name__}.") from None
-    media, charset = _media_type(content_type)
-    kind = kind_for(filename, content_type)
-    if b"%PDF-" in head[:_PDF_HEADER_WITHIN]:
-        kind = "pdf"  # the content says PDF whatever the name says
-    elif kind == "pdf":
+    _, charset = _media_type(content_type)
+    kind = readable_kind(filename, content_type, head)
+    if kind == "pdf" and b"%PDF-" not in head[:_PDF_HEADER_WITHIN]:
         raise ExtractionFailed("The file is named or typed as a PDF but has no PDF header (%PDF-).")
-    else:
-        sniffed = _sniff_binary(head)
-        if sniffed is not None:
-            raise UnsupportedFile(filename, sniffed, "by its content")
-    if kind is None:
-        ext = os.path.splitext(filename)[1].lower()
-        named = media if media not in _VAGUE_TYPES else (ext or "unknown (no extension, no content type)")
-        raise UnsupportedFile(filename, named)
     try:
         if kind == "pdf":
             return _extract_pdf(src, limits)

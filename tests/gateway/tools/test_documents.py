@@ -27,6 +27,7 @@ from gateway.tools.documents import (
     extract,
     extract_chunks,
     kind_for,
+    readable_kind,
     sizes_for,
 )
 from gateway.tools.documents import chunking as chunking_mod
@@ -158,7 +159,9 @@ def _zip_bomb() -> bytes:
         (b"PK\x03\x04" + b"x" * 10, "report.docx", "application/zip"),
         (b"hello", "report.docx", ".docx"),
         (b"hello", "picture", "image/png"),
-        (b"hello", "blob", "unknown (no extension, no content type)"),
+        (b"\x01\x02hello", "blob", "unknown (no extension, no content type)"),
+        (b"caf\xe9 not UTF-8", "notes.dat", ".dat"),
+        (b"hello", "setup.exe", ".exe"),
     ],
 )
 def test_refusals_name_the_type(data: bytes, name: str, type_name: str) -> None:
@@ -168,6 +171,38 @@ def test_refusals_name_the_type(data: bytes, name: str, type_name: str) -> None:
     assert caught.value.type_name == type_name
     assert type_name in caught.value.message
     assert repr(name) in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "ctype"), [("blob", None), ("notes.dat", None), ("x.weird", "application/octet-stream"), ("empty", None)]
+)
+def test_text_under_a_name_that_says_nothing_is_read_as_text(name: str, ctype: str | None) -> None:
+    """An unknown extension (or none) and a type that says nothing: UTF-8 bytes are plain text,
+    here and at upload (``readable_kind``, what ``POST /v1/files`` checks with)."""
+    data = b"" if name == "empty" else "Plain words, caf\u00e9 and \u2603.\n".encode() * 1000
+    assert readable_kind(name, ctype, data[:8192]) == "text"  # a character cut at 8 KiB is fine
+    assert extract(data, name, ctype).text == data.decode()
+
+
+@pytest.mark.parametrize(
+    ("data", "name", "ctype", "type_name"),
+    [
+        (b"PK\x03\x04" + b"\0" * 100, "notes.txt", "text/plain", "application/zip"),
+        (gzip.compress(b"a" * 100_000), "notes.txt", None, "application/gzip"),
+        (b"words", "photo", "image/png", "image/png"),
+        (b"words", "app.exe", None, ".exe"),
+        (b"PK\x03\x04" + b"\0" * 100, "paper.pdf", "application/pdf", "application/zip"),
+    ],
+)
+def test_readable_kind_refuses_by_the_head_alone(data: bytes, name: str, ctype: str | None, type_name: str) -> None:
+    with pytest.raises(UnsupportedFile) as caught:
+        readable_kind(name, ctype, data[:8192])
+    assert caught.value.type_name == type_name and type_name in caught.value.message
+
+
+def test_readable_kind_leaves_a_broken_pdf_to_extraction() -> None:
+    assert readable_kind("paper.pdf", None, b"just words") == "pdf"
+    assert readable_kind("notes.txt", None, b"%PDF-1.7\n garbage") == "pdf"
 
 
 def test_text_that_starts_like_a_signature_is_still_text() -> None:
