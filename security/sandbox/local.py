@@ -1,0 +1,466 @@
+"""The ``local`` sandbox: each container a process tree under bubblewrap on this host (issue 34).
+
+One container = one ``bwrap`` with every namespace of its own (user, pid, net, mount, ipc, uts,
+cgroup; no further user namespaces inside), ``--die-with-parent`` and a new session, running the
+REPL server (:mod:`security.sandbox.repl_server`) on the host's ``/usr/bin/python3`` with a clean
+environment. Inside it sees: ``/usr`` (and the merged-usr links) and a few files of ``/etc``
+read-only; a fresh ``/proc`` of its own pid namespace; a minimal ``/dev``; ``/tmp`` a tmpfs of
+``Limits.tmp_bytes``; ``/mnt/data`` its container folder on the host, writable; nothing else — not
+the gateway's checkout, venv, ``/root``, keys or environment. Root is a read-only tmpfs. A small
+seccomp filter (:mod:`security.sandbox.seccomp`) denies ptrace, mounts, namespaces, bpf, io_uring
+and the like. Run as root, the gateway first drops to ``host_uid`` (nobody) with ``setpriv``, so
+even an escape lands as an unprivileged user.
+
+Bounds: rlimits set by the server on itself before any code runs (address space, processes —
+counted per user namespace on Linux >= 5.14 —, open files, file size, CPU: a per-run soft limit
+under a whole-life hard one); wall time enforced here (the whole tree is killed: bwrap's process
+group, and with it the pid namespace); the folder's total size polled while code runs (killed past
+``Limits.folder_bytes``); stdout/stderr capped inside and every reply frame size-checked here, so a
+container cannot make the gateway hold unbounded memory. Everything is asyncio: a runaway container
+never blocks the event loop. Left for later: cgroup memory/pids totals for the whole tree (needs a
+delegated cgroup v2), a runtime image with pandas/matplotlib instead of the host's Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from security.sandbox import seccomp
+from security.sandbox.base import Availability, Failure, FileChange, FileEntry, Limits, RunResult
+
+SERVER_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
+DATA = "/mnt/data"
+OUT_DIR = "/run/out"
+NOBODY = 65534
+_ETC = ("ld.so.cache", "localtime", "alternatives", "fonts", "mime.types", "matplotlibrc")
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "MPLBACKEND": "Agg"}
+_MAX_FILES = 10_000  # the most entries a folder scan lists (the quota still counts every file)
+_POLL_S = 0.2  # how often the folder size is checked while code runs
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    size: int
+    mtime_ns: int
+    ino: int
+
+
+def _scan(folder: str) -> tuple[dict[str, _Stat], int]:
+    """(the first _MAX_FILES regular files by relative path, the folder's total bytes); never follows links."""
+    files: dict[str, _Stat] = {}
+    total = 0
+    for root, dirs, names in os.walk(folder, followlinks=False):
+        for name in names + dirs:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            total += st.st_blocks * 512 if stat.S_ISREG(st.st_mode) else 0
+            if stat.S_ISREG(st.st_mode) and len(files) < _MAX_FILES:
+                files[os.path.relpath(path, folder)] = _Stat(st.st_size, st.st_mtime_ns, st.st_ino)
+    return files, total
+
+
+def _folder_bytes(folder: str) -> int:
+    return _scan(folder)[1]
+
+
+def _diff(before: dict[str, _Stat], after: dict[str, _Stat]) -> tuple[FileEntry, ...]:
+    out = [
+        FileEntry(p, FileChange.CREATED if p not in before else FileChange.MODIFIED, s.size)
+        for p, s in sorted(after.items())
+        if before.get(p) != s
+    ]
+    out += [FileEntry(p, FileChange.DELETED, 0) for p in sorted(before) if p not in after]
+    return tuple(out)
+
+
+def _rmtree(path: str) -> None:
+    def fix(func: object, p: str, exc: object) -> None:  # a folder the code made unreadable
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+    shutil.rmtree(path, onerror=fix)
+
+
+class LocalSandbox:
+    """Creates local containers under ``base_dir`` (one folder each: ``<id>/data`` is ``/mnt/data``)."""
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        limits: Limits | None = None,
+        *,
+        bwrap: str = "bwrap",
+        python: str = "/usr/bin/python3",
+        host_uid: int = NOBODY,
+    ) -> None:
+        self.base_dir = Path(base_dir)
+        self.limits = limits or Limits()
+        self.bwrap = shutil.which(bwrap) or bwrap
+        self.python = python
+        self.drop_to: int | None = host_uid if os.geteuid() == 0 else None
+        self.seccomp_filter = seccomp.build()
+        self._availability: Availability | None = None
+
+    # -- can it start here ------------------------------------------------------------------------
+
+    def available(self) -> Availability:
+        """Whether a container can start on this host: bwrap, the system python and the namespaces
+        (probed once by starting one); ``reason`` says what is missing, for the operator."""
+        if self._availability is None:
+            self._availability = self._probe()
+        return self._availability
+
+    def _probe(self) -> Availability:
+        details = {"bwrap": self.bwrap, "python": self.python, "seccomp": "on" if self.seccomp_filter else "off"}
+        if not os.path.isfile(self.bwrap) or not os.access(self.bwrap, os.X_OK):
+            return Availability(False, "bwrap (bubblewrap) not found: apt-get install bubblewrap", details)
+        if not os.access(self.python, os.X_OK):
+            return Availability(False, f"{self.python} not found: the sandbox runs the system python", details)
+        if self.drop_to is not None and not shutil.which("setpriv"):
+            return Availability(False, "setpriv (util-linux) not found: needed to drop root", details)
+        with _SeccompFd(self.seccomp_filter) as fd:
+            argv = self._argv(str(self.base_dir), fd, [self.python, "-I", "-c", "print('sandbox-ok')"])
+            argv = self._without_data_bind(argv)
+            try:
+                done = subprocess.run(argv, capture_output=True, timeout=30, env=dict(_ENV), pass_fds=_fds(fd), cwd="/")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                return Availability(False, f"bwrap did not start: {e}", details)
+        if done.returncode != 0 or done.stdout.strip() != b"sandbox-ok":
+            err = done.stderr.decode("utf-8", "replace").strip()[-300:]
+            hint = " (no user namespaces? e.g. inside a container without them)" if "namespace" in err else ""
+            return Availability(False, f"bwrap failed{hint}: {err or done.returncode}", details)
+        return Availability(True, "", details)
+
+    @staticmethod
+    def _without_data_bind(argv: list[str]) -> list[str]:
+        out: list[str] = []
+        skip = 0
+        for i, a in enumerate(argv):
+            if skip:
+                skip -= 1
+                continue
+            if a == "--bind" and i + 2 < len(argv) and argv[i + 2] == DATA:
+                skip = 2
+                continue
+            if a == "--chdir":
+                skip = 1
+                continue
+            out.append(a)
+        return out
+
+    # -- the command line -------------------------------------------------------------------------
+
+    def _argv(self, folder: str, seccomp_fd: int | None, command: list[str]) -> list[str]:
+        lim = self.limits
+        argv: list[str] = []
+        if self.drop_to is not None:
+            uid = str(self.drop_to)
+            argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
+            argv += ["--bounding-set=-all", "--"]
+        argv += [
+            self.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--uid",
+            "1000",
+            "--gid",
+            "1000",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
+        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / top
+            if host.is_symlink():
+                argv += ["--symlink", os.readlink(host), f"/{top}"]
+            elif host.is_dir():
+                argv += ["--ro-bind", str(host), f"/{top}"]
+        for name in _ETC:
+            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
+        argv += ["--size", str(4 * lim.output_bytes + (64 << 10)), "--perms", "0700", "--tmpfs", OUT_DIR]
+        argv += ["--bind", folder, DATA, "--chdir", DATA, "--remount-ro", "/"]
+        argv += ["--clearenv"]
+        for k, v in _ENV.items():
+            argv += ["--setenv", k, v]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        return [*argv, "--", *command]
+
+    def server_command(self) -> list[str]:
+        cfg = {
+            k: v
+            for k, v in asdict(self.limits).items()
+            if k in ("memory_bytes", "processes", "open_files", "file_bytes", "cpu_seconds_total", "output_bytes")
+        }
+        return [self.python, "-I", "-c", SERVER_SOURCE, json.dumps(cfg)]
+
+    # -- containers -------------------------------------------------------------------------------
+
+    async def create(self, container_id: str | None = None) -> LocalContainer:
+        cid = container_id or f"cntr_{uuid.uuid4().hex}"
+        if not cid.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"bad container id {cid!r}")
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base_dir, 0o711)
+        home = self.base_dir / cid
+        home.mkdir(mode=0o711)
+        data = home / "data"
+        data.mkdir(mode=0o700)
+        if self.drop_to is not None:
+            os.chown(data, self.drop_to, self.drop_to)
+        container = LocalContainer(self, cid, str(home), str(data))
+        try:
+            await container.start()
+        except BaseException:
+            await container.close()
+            raise
+        return container
+
+
+class _SeccompFd:
+    """The filter in a memfd, inheritable for the child to read (bwrap reads it to EOF)."""
+
+    def __init__(self, program: bytes | None) -> None:
+        self.program = program
+        self.fd: int | None = None
+
+    def __enter__(self) -> int | None:
+        if self.program is None:
+            return None
+        self.fd = os.memfd_create("respgate-seccomp", 0)
+        os.write(self.fd, self.program)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _fds(fd: int | None) -> tuple[int, ...]:
+    return () if fd is None else (fd,)
+
+
+class LocalContainer:
+    """A running container; ``run`` calls are serialized; ``close`` ends the process tree."""
+
+    def __init__(self, sandbox: LocalSandbox, cid: str, home: str, folder: str) -> None:
+        self._sandbox = sandbox
+        self._id = cid
+        self._home = home
+        self._folder = folder
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr_tail = b""
+        self._stderr_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._lost = False  # the last interpreter ended: its globals are gone
+        self.python_version = ""
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def folder(self) -> str:
+        return self._folder
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the outer bwrap (the process group leader), while running."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    @property
+    def _max_frame(self) -> int:
+        return 12 * self._sandbox.limits.output_bytes + (64 << 10)
+
+    async def start(self) -> None:
+        sb = self._sandbox
+        with _SeccompFd(sb.seccomp_filter) as fd:
+            self._proc = await asyncio.create_subprocess_exec(
+                *sb._argv(self._folder, fd, sb.server_command()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=dict(_ENV),
+                cwd="/",
+                pass_fds=_fds(fd),
+                start_new_session=True,
+            )
+        self._stderr_task = asyncio.create_task(self._drain_stderr(self._proc))
+        try:
+            hello = await asyncio.wait_for(self._read_frame(), 30)
+        except (TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            await self._kill()
+            raise RuntimeError(f"sandbox did not start: {self._stderr_tail.decode('utf-8', 'replace')!r}") from e
+        self.python_version = str(hello.get("python", ""))
+
+    async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.read(4096):
+            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+
+    async def _read_frame(self) -> dict[str, object]:
+        assert self._proc is not None and self._proc.stdout is not None
+        header = await self._proc.stdout.readexactly(4)
+        (n,) = struct.unpack(">I", header)
+        if n > self._max_frame:
+            raise ValueError(f"reply frame of {n} bytes")
+        body = await self._proc.stdout.readexactly(n)
+        reply = json.loads(body)
+        if not isinstance(reply, dict):
+            raise ValueError("reply is not an object")
+        return reply
+
+    async def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        self._lost = True
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        if self._stderr_task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._stderr_task, 5)
+
+    async def _watch_folder(self) -> None:
+        quota = self._sandbox.limits.folder_bytes
+        while await asyncio.to_thread(_folder_bytes, self._folder) <= quota:
+            await asyncio.sleep(_POLL_S)
+
+    async def run(self, code: str, timeout: float | None = None) -> RunResult:
+        if self._closed:
+            raise RuntimeError(f"container {self._id} is closed")
+        async with self._lock:
+            return await self._run(code, self._sandbox.limits.default_timeout_s if timeout is None else timeout)
+
+    async def _run(self, code: str, timeout: float) -> RunResult:
+        started = time.monotonic()
+        state_lost = self._lost
+        if self._proc is None or self._proc.returncode is not None:
+            await self._kill()
+            await self.start()
+            self._lost = False
+        before, _ = await asyncio.to_thread(_scan, self._folder)
+        assert self._proc is not None and self._proc.stdin is not None
+        body = json.dumps({"code": code, "cpu_s": max(1, int(timeout) + 1)}).encode()
+        reply: dict[str, object] | None = None
+        failure: Failure | None = None
+        error = ""
+        try:
+            self._proc.stdin.write(struct.pack(">I", len(body)) + body)
+            await asyncio.wait_for(self._proc.stdin.drain(), timeout)
+            reader = asyncio.ensure_future(self._read_frame())
+            watcher = asyncio.ensure_future(self._watch_folder())
+            try:
+                done, _ = await asyncio.wait({reader, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+                if reader not in done:
+                    reader.cancel()
+            if reader in done:
+                reply = reader.result()
+            elif watcher in done:
+                failure, error = (
+                    Failure.DISK_FULL,
+                    f"the container folder passed {self._sandbox.limits.folder_bytes} bytes",
+                )
+            else:
+                failure, error = Failure.TIMEOUT, f"wall time limit of {timeout:g} s reached"
+        except TimeoutError:  # the request itself could not be written in time
+            failure, error = Failure.TIMEOUT, f"wall time limit of {timeout:g} s reached"
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError):
+            proc = self._proc
+            rc = await proc.wait() if proc is not None else None
+            failure, error = _exit_failure(rc)
+        except (ValueError, UnicodeDecodeError) as e:
+            failure, error = Failure.CRASHED, f"the interpreter broke the protocol: {e}"
+        if reply is None:
+            await self._kill()
+            state_lost = True
+        after, total = await asyncio.to_thread(_scan, self._folder)
+        files = _diff(before, after)
+        if reply is None:
+            return RunResult(
+                "", "", None, failure, error, files, state_lost=state_lost, duration_s=time.monotonic() - started
+            )
+        return self._result(reply, files, total, state_lost, time.monotonic() - started)
+
+    def _result(
+        self, reply: dict[str, object], files: tuple[FileEntry, ...], total: int, state_lost: bool, took: float
+    ) -> RunResult:
+        cap = self._sandbox.limits.output_bytes
+
+        def text(key: str) -> tuple[str, bool]:
+            value, size = reply.get(key), reply.get(f"{key}_size")
+            s = value if isinstance(value, str) else ""
+            s = s.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore")  # cap again: never trust the inside
+            return s, isinstance(size, int) and size > cap
+
+        stdout, out_cut = text("stdout")
+        stderr, err_cut = text("stderr")
+        status = reply.get("exit_status")
+        raw_failure = reply.get("failure")
+        failure = Failure(raw_failure) if raw_failure in {f.value for f in Failure} else None
+        err = reply.get("error")
+        error = err[:2000] if isinstance(err, str) else None
+        if total > self._sandbox.limits.folder_bytes:
+            failure = Failure.DISK_FULL
+            error = f"the container folder passed {self._sandbox.limits.folder_bytes} bytes"
+        return RunResult(
+            stdout,
+            stderr,
+            status if isinstance(status, int) and not isinstance(status, bool) else None,
+            failure,
+            error,
+            files,
+            stdout_truncated=out_cut,
+            stderr_truncated=err_cut,
+            state_lost=state_lost,
+            duration_s=took,
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._kill()
+        if os.path.isdir(self._home):
+            await asyncio.to_thread(_rmtree, self._home)
+
+
+def _exit_failure(rc: int | None) -> tuple[Failure, str]:
+    """The interpreter ended on its own: why, from bwrap's exit status (128+n for signal n)."""
+    sig = rc - 128 if rc is not None and rc > 128 else (-rc if rc is not None and rc < 0 else 0)
+    if sig == signal.SIGXCPU:
+        return Failure.TIMEOUT, "CPU time limit reached"
+    if sig == signal.SIGKILL:
+        return Failure.KILLED, "the interpreter was killed (SIGKILL: memory or CPU hard limit)"
+    if sig:
+        return Failure.CRASHED, f"the interpreter died of signal {sig}"
+    return Failure.CRASHED, f"the interpreter exited with status {rc}"
