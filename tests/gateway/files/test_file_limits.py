@@ -171,6 +171,27 @@ def test_text_under_a_name_that_says_nothing_is_kept_and_ingested_as_text(
     assert client.files.content(done.id).read() == data
 
 
+def test_a_file_stored_before_the_upload_check_still_fails_its_ingestion_naming_the_type(
+    make_gateway: Any, tmp_path: Path
+) -> None:
+    """A file kept without the upload's check (stored by an older release, or written straight
+    through ``Files``): ingestion refuses it with ``unsupported_file`` naming the type, counted."""
+    live = _gateway(make_gateway, tmp_path)
+    client = live.openai()
+
+    async def plant() -> str:
+        upload = await live.gw.files.begin(None)
+        await upload.write(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+        return (await upload.finish("image.txt", "assistants", None)).id
+
+    file_id = live.call(plant())
+    store = client.vector_stores.create(name="s")
+    bad = client.vector_stores.files.create_and_poll(vector_store_id=store.id, file_id=file_id, poll_interval_ms=50)
+    assert bad.status == "failed" and bad.last_error is not None and bad.last_error.code == "unsupported_file"
+    assert "image/png" in bad.last_error.message
+    assert live.metric("respgate_file_ingestions_total", {"outcome": "unsupported_file"}) == 1
+
+
 # --- malformed PDFs -------------------------------------------------------------------------------
 
 
