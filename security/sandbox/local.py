@@ -352,8 +352,10 @@ class LocalContainer:
 
     async def _watch_folder(self) -> None:
         quota = self._sandbox.limits.folder_bytes
-        while await asyncio.to_thread(_folder_bytes, self._folder) <= quota:
+        while True:  # the scan before the run has just been made: first wait
             await asyncio.sleep(_POLL_S)
+            if await asyncio.to_thread(_folder_bytes, self._folder) > quota:
+                return
 
     async def run(self, code: str, timeout: float | None = None) -> RunResult:
         if self._closed:
