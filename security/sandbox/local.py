@@ -9,7 +9,8 @@ read-only; a fresh ``/proc`` of its own pid namespace; a minimal ``/dev``; ``/tm
 the gateway's checkout, venv, ``/root``, keys or environment. Root is a read-only tmpfs. A small
 seccomp filter (:mod:`security.sandbox.seccomp`) denies ptrace, mounts, namespaces, bpf, io_uring
 and the like. Run as root, the gateway first drops to ``host_uid`` (nobody) with ``setpriv``, so
-even an escape lands as an unprivileged user.
+even an escape lands as an unprivileged user. bwrap gets a parent-death signal (``setpriv
+--pdeathsig``) and its sandbox ``--die-with-parent``: a gateway that dies leaves no container running.
 
 Bounds: rlimits set by the server on itself before any code runs (address space, processes —
 counted per user namespace on Linux >= 5.14 —, open files, file size, CPU: a per-run soft limit
@@ -134,8 +135,8 @@ class LocalSandbox:
             return Availability(False, "bwrap (bubblewrap) not found: apt-get install bubblewrap", details)
         if not os.access(self.python, os.X_OK):
             return Availability(False, f"{self.python} not found: the sandbox runs the system python", details)
-        if self.drop_to is not None and not shutil.which("setpriv"):
-            return Availability(False, "setpriv (util-linux) not found: needed to drop root", details)
+        if not shutil.which("setpriv"):
+            return Availability(False, "setpriv (util-linux) not found", details)
         with _SeccompFd(self.seccomp_filter) as fd:
             argv = self._argv(str(self.base_dir), fd, [self.python, "-I", "-c", "print('sandbox-ok')"])
             argv = self._without_data_bind(argv)
@@ -170,11 +171,13 @@ class LocalSandbox:
 
     def _argv(self, folder: str, seccomp_fd: int | None, command: list[str]) -> list[str]:
         lim = self.limits
-        argv: list[str] = []
+        # setpriv: the tree dies with the gateway (the parent-death signal on bwrap itself, set after
+        # the uid change that would clear it); as root, first drop to an unprivileged user
+        argv: list[str] = ["setpriv", "--pdeathsig=KILL", "--no-new-privs"]
         if self.drop_to is not None:
             uid = str(self.drop_to)
-            argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
-            argv += ["--bounding-set=-all", "--"]
+            argv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+        argv += ["--"]
         argv += [
             self.bwrap,
             "--unshare-all",

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator
@@ -530,3 +533,41 @@ async def test_close_leaves_no_process_and_no_folder(sandbox: LocalSandbox) -> N
     assert not os.path.exists(container.folder)
     with pytest.raises(RuntimeError):
         await container.run("1")
+
+
+_GATEWAY = """
+import asyncio, sys
+from security.sandbox.base import Limits
+from security.sandbox.local import LocalSandbox
+
+async def main():
+    box = await LocalSandbox(sys.argv[1], Limits()).create()
+    started = await box.run("import subprocess; subprocess.Popen(['sleep', '600']).pid")
+    print(box.pid, flush=True)
+    await box.run("while True:\\n    pass", timeout=600)
+
+asyncio.run(main())
+"""
+
+
+@needs_sandbox
+async def test_a_gateway_that_dies_leaves_no_container_running(base_dir: Path) -> None:
+    """SIGKILL the process that owns a container while its code loops: the whole tree goes with it."""
+    root = Path(__file__).resolve().parents[3]
+    gateway = subprocess.Popen(
+        [sys.executable, "-c", _GATEWAY, str(base_dir / "containers")], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert gateway.stdout is not None
+        pid = int(gateway.stdout.readline())
+        await asyncio.sleep(0.5)  # the loop is running
+        tree = _tree(pid)
+        assert len(tree) >= 4, tree  # bwrap, its init, the interpreter, sleep
+    finally:
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait()
+    for _ in range(100):  # the kernel delivers the parent-death signals at once; allow a busy machine 10 s
+        if not any(_alive(p) for p in tree):
+            break
+        await asyncio.sleep(0.1)
+    assert [p for p in tree if _alive(p)] == []
