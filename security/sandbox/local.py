@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -79,6 +80,39 @@ def _folder_bytes(folder: str) -> int:
     return _scan(folder)[1]
 
 
+def _read_beneath(folder: str, relpath: str, max_bytes: int) -> bytes:
+    """A regular file under ``folder``, opened component by component without following any link:
+    the code inside can plant ``/mnt/data/x -> /etc/shadow``, which on the host would point at the
+    host's file. Raises FileNotFoundError, IsADirectoryError/ValueError (not a regular file, too big)."""
+    parts = [p for p in relpath.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ValueError(f"bad path {relpath!r}")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        try:
+            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ValueError(f"{relpath!r} is a symbolic link") from e
+            raise
+    finally:
+        os.close(fd)
+    with os.fdopen(leaf, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{relpath!r} is not a regular file")
+        if st.st_size > max_bytes:
+            raise ValueError(f"{relpath!r} is {st.st_size} bytes, over {max_bytes}")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{relpath!r} grew past {max_bytes} bytes")
+    return data
+
+
 def _diff(before: dict[str, _Stat], after: dict[str, _Stat]) -> tuple[FileEntry, ...]:
     out = [
         FileEntry(p, FileChange.CREATED if p not in before else FileChange.MODIFIED, s.size)
@@ -91,9 +125,11 @@ def _diff(before: dict[str, _Stat], after: dict[str, _Stat]) -> tuple[FileEntry,
 
 def _rmtree(path: str) -> None:
     def fix(func: object, p: str, exc: object) -> None:  # a folder the code made unreadable
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
+        with contextlib.suppress(OSError):  # never chmod through a link the code planted
+            if not os.path.islink(os.path.dirname(p)):
+                os.chmod(os.path.dirname(p), 0o700)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
         with contextlib.suppress(OSError):
             shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
 
@@ -451,6 +487,11 @@ class LocalContainer:
             state_lost=state_lost,
             duration_s=took,
         )
+
+    async def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
+        """A file of the container folder (``path`` relative to ``/mnt/data``), for the container
+        files API: regular files only, no link followed anywhere on the way, at most ``max_bytes``."""
+        return await asyncio.to_thread(_read_beneath, self._folder, path, max_bytes)
 
     async def close(self) -> None:
         self._closed = True

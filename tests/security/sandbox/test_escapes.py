@@ -280,6 +280,35 @@ async def test_another_containers_folder_is_not_reachable(sandbox: LocalSandbox)
     assert _json(seen.stdout) == {"listed": [], "host_path": False, "home": False}
 
 
+@needs_sandbox
+async def test_a_planted_link_does_not_make_the_gateway_read_host_files(box: LocalContainer) -> None:
+    """Inside, ``/mnt/data/leak -> <host keys file>`` points nowhere; on the host it would point at the
+    keys: reading container files for the files API must never follow a link."""
+    keys_dir = Path(tempfile.mkdtemp(prefix="respgate-keys-"))
+    keys = keys_dir / "keys.json"
+    keys.write_text("sk-host-secret")
+    try:
+        planted = await box.run(
+            f"import os; os.symlink({str(keys)!r}, 'leak'); os.mkdir('d'); os.symlink({str(keys_dir)!r}, 'd/dir')"
+        )
+        assert planted.ok, planted
+        assert Path(box.folder, "leak").read_text() == "sk-host-secret"  # what a naive open would serve
+        assert planted.files == ()  # links are not listed as files the code wrote
+        with pytest.raises(ValueError, match="symbolic link"):
+            await box.read_file("leak")
+        with pytest.raises(OSError):
+            await box.read_file("d/dir/keys.json")
+        with pytest.raises(ValueError):
+            await box.read_file("../../" + keys.name)
+        wrote = await box.run("open('ok.txt', 'w').write('fine')")
+        assert wrote.ok and await box.read_file("ok.txt") == b"fine"
+        with pytest.raises(ValueError, match="over 2"):
+            await box.read_file("ok.txt", max_bytes=2)
+    finally:
+        keys.unlink()
+        keys_dir.rmdir()
+
+
 # -- syscalls: ptrace, mount -----------------------------------------------------------------------
 
 _LIBC = """
