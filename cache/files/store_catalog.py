@@ -138,9 +138,10 @@ class StoreCatalog(Protocol):
         status: FileStatus,
         usage_bytes: int = 0,
         error: tuple[str, str] | None = None,
+        owner: str | None = None,
     ) -> bool:
         """Set an ``in_progress`` file's outcome; False when it is no longer ``in_progress`` (cancelled,
-        detached, re-attached meanwhile)."""
+        detached, re-attached meanwhile) or, with ``owner``, no longer leased to that owner."""
         ...
 
     async def set_attributes(self, tenant: str, store_id: str, file_id: str, attributes: Mapping[str, Any]) -> bool: ...
@@ -152,8 +153,21 @@ class StoreCatalog(Protocol):
         """Mark the batch cancelled and its ``in_progress`` files ``cancelled``; their ids."""
         ...
 
-    async def in_progress(self, limit: int) -> list[StoreFileRecord]:
-        """Files (any tenant) still ``in_progress``: ingestion a restart must take up again."""
+    async def in_progress(self, limit: int, now_ms: int | None = None) -> list[StoreFileRecord]:
+        """Files (any tenant) still ``in_progress``: ingestion a restart must take up again; with
+        ``now_ms``, only those nobody holds a lease on (never claimed, or the lease lapsed)."""
+        ...
+
+    async def claim(
+        self, tenant: str, store_id: str, file_id: str, owner: str, now_ms: int, until_ms: int
+    ) -> StoreFileRecord | None:
+        """Take the lease on ingesting an ``in_progress`` file until ``until_ms``: the file's record,
+        or None when it is no longer ``in_progress`` or another owner's lease has not lapsed at
+        ``now_ms``. One statement: of two replicas claiming at once, one gets it."""
+        ...
+
+    async def renew(self, tenant: str, store_id: str, file_id: str, owner: str, until_ms: int) -> bool:
+        """Extend ``owner``'s lease; False when it is no longer the owner's (taken over, finished)."""
         ...
 
     async def expired_stores(self, now: int, limit: int) -> list[StoreRecord]: ...
@@ -175,6 +189,7 @@ CREATE TABLE IF NOT EXISTS store_files (
     tenant TEXT NOT NULL, store_id TEXT NOT NULL, file_id TEXT NOT NULL,
     created_at BIGINT NOT NULL, status TEXT NOT NULL, attributes TEXT NOT NULL, chunking TEXT NOT NULL,
     usage_bytes BIGINT NOT NULL DEFAULT 0, last_error_code TEXT, last_error_message TEXT, batch_id TEXT,
+    lease_owner TEXT, lease_until BIGINT NOT NULL DEFAULT 0,
     UNIQUE (tenant, store_id, file_id)
 );
 CREATE INDEX IF NOT EXISTS store_files_of_file ON store_files (tenant, file_id);
@@ -272,8 +287,22 @@ class SqlStoreCatalog:
     async def _setup(self) -> SqlDb:
         if not self._ready:
             await self._db.setup(_SCHEMA)
+            await self._add_lease_columns()
             self._ready = True
         return self._db
+
+    async def _add_lease_columns(self) -> None:
+        """A catalog an earlier version created has no lease columns: they are added."""
+        try:
+            await self._db.all("SELECT lease_owner, lease_until FROM store_files WHERE 1 = 0")
+            return
+        except Exception:  # the columns are missing (sqlite3.OperationalError, psycopg's UndefinedColumn)
+            pass
+        guard = " IF NOT EXISTS" if self._db.dialect == "postgres" else ""  # replicas upgrading together
+        await self._db.setup(
+            f"ALTER TABLE store_files ADD COLUMN{guard} lease_owner TEXT;"
+            f"ALTER TABLE store_files ADD COLUMN{guard} lease_until BIGINT NOT NULL DEFAULT 0"
+        )
 
     async def create_store(self, record: StoreRecord, max_stores: int) -> None:
         db = await self._setup()
@@ -435,13 +464,39 @@ class SqlStoreCatalog:
         status: FileStatus,
         usage_bytes: int = 0,
         error: tuple[str, str] | None = None,
+        owner: str | None = None,
     ) -> bool:
         db = await self._setup()
         code, message = error if error is not None else (None, None)
+        where, args = "", []
+        if owner is not None:
+            where, args = " AND lease_owner = ?", [owner]
         changed = await db.run(
-            "UPDATE store_files SET status = ?, usage_bytes = ?, last_error_code = ?, last_error_message = ? "
-            "WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress'",
-            (status, usage_bytes, code, message, tenant, store_id, file_id),
+            "UPDATE store_files SET status = ?, usage_bytes = ?, last_error_code = ?, last_error_message = ?, "
+            "lease_owner = NULL, lease_until = 0 "
+            f"WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress'{where}",
+            (status, usage_bytes, code, message, tenant, store_id, file_id, *args),
+        )
+        return changed > 0
+
+    async def claim(
+        self, tenant: str, store_id: str, file_id: str, owner: str, now_ms: int, until_ms: int
+    ) -> StoreFileRecord | None:
+        db = await self._setup()
+        row = await db.one(
+            "UPDATE store_files SET lease_owner = ?, lease_until = ? "
+            "WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress' "
+            f"AND (lease_until <= ? OR lease_owner = ?) RETURNING {_FILE}",
+            (owner, until_ms, tenant, store_id, file_id, now_ms, owner),
+        )
+        return _file(row) if row else None
+
+    async def renew(self, tenant: str, store_id: str, file_id: str, owner: str, until_ms: int) -> bool:
+        db = await self._setup()
+        changed = await db.run(
+            "UPDATE store_files SET lease_until = ? "
+            "WHERE tenant = ? AND store_id = ? AND file_id = ? AND status = 'in_progress' AND lease_owner = ?",
+            (until_ms, tenant, store_id, file_id, owner),
         )
         return changed > 0
 
@@ -498,10 +553,12 @@ class SqlStoreCatalog:
 
         return await db.atomic(cancel)
 
-    async def in_progress(self, limit: int) -> list[StoreFileRecord]:
+    async def in_progress(self, limit: int, now_ms: int | None = None) -> list[StoreFileRecord]:
         db = await self._setup()
+        lapsed, args = ("", []) if now_ms is None else (" AND lease_until <= ?", [now_ms])
         rows = await db.all(
-            f"SELECT {_FILE} FROM store_files WHERE status = 'in_progress' ORDER BY seq LIMIT ?", (limit,)
+            f"SELECT {_FILE} FROM store_files WHERE status = 'in_progress'{lapsed} ORDER BY seq LIMIT ?",
+            (*args, limit),
         )
         return [_file(r) for r in rows]
 

@@ -290,6 +290,12 @@ class Settings(BaseModel):
     #: folder of the embedded file store (uploaded bytes, their catalog, the chunk index); unset:
     #: ``$RESPGATE_CACHE_DIR/files``
     files_dir: str | None = None
+    #: where files, their catalog, the vector stores and the chunk index live: ``embedded`` (SQLite
+    #: and a folder under ``files_dir``, one replica) or ``postgres`` (Postgres with pgvector at
+    #: ``file_store_dsn``, shared by every replica: any replica answers any tenant's store)
+    file_store: Literal["embedded", "postgres"] = "embedded"
+    #: ``postgres``: the database, ``postgresql://user:password@host:port/db`` (never echoed or logged)
+    file_store_dsn: str | None = Field(default=None, repr=False)
     #: bytes of one uploaded file (read as it streams in; more: 413 ``file_too_large``)
     files_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     #: files one tenant may hold (more: 400 ``quota_exceeded``)
@@ -437,6 +443,18 @@ class Settings(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _postgres_file_store_needs_a_dsn(self) -> Settings:
+        """The DSN's value is never part of the message: it carries the database's password."""
+        if self.file_store == "postgres" and not self.file_store_dsn:
+            raise ValueError("file_store=postgres needs file_store_dsn (RESPGATE_FILE_STORE_DSN), a postgresql:// DSN")
+        if self.file_store_dsn and not self.file_store_dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                "file_store_dsn (RESPGATE_FILE_STORE_DSN) must be a postgresql:// or postgres:// DSN "
+                "(its value is not shown: it may hold a password)"
+            )
+        return self
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Defaults < ``RESPGATE_CONFIG`` file < ``RESPGATE_*`` environment < ``overrides`` (CLI flags)."""
@@ -528,7 +546,7 @@ def _describe(exc: ValidationError, origin: dict[str, str]) -> str:
 
 
 #: parts of a setting's path whose values are credentials: never echoed in an error
-_SECRET_PARTS = ("key", "secret", "token", "password", "authorization", "header")
+_SECRET_PARTS = ("key", "secret", "token", "password", "authorization", "header", "dsn")
 
 
 def _shown(path: str, value: object) -> str:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from cache.files.blobs import Blobs, BlobWriter, DiskBlobs
 from cache.files.catalog import FileCatalog, FilePage, FileRecord, QuotaExceeded, SqlFileCatalog
-from cache.files.sql import SqliteSql
+from cache.files.pg_blobs import PgBlobs
+from cache.files.sql import SqlDb, SqliteSql
 from gateway.base.settings import Settings, default_cache_path
 from gateway.wire.files import file_too_large, new_file_id, quota_exceeded
 
@@ -110,9 +111,12 @@ class Files:
         settings: Settings,
         open_stores: Callable[[], tuple[FileCatalog, Blobs]],
         clock: Callable[[], float] = time.time,
+        exists: Callable[[], bool] | None = None,
     ) -> None:
+        """``exists``: whether an earlier run left stores to sweep (default: ``files_dir`` exists)."""
         self.settings = settings
         self._open_stores = open_stores
+        self._exists_hook = exists
         self._stores: tuple[FileCatalog, Blobs] | None = None
         self.clock = clock
         #: told of each deleted file (the vector stores drop its chunks)
@@ -128,6 +132,18 @@ class Files:
             return SqlFileCatalog(SqliteSql(root / "catalog.sqlite3")), DiskBlobs(root / "blobs")
 
         return cls(settings, open_stores)
+
+    @classmethod
+    def postgres(cls, settings: Settings, db: Callable[[], SqlDb]) -> Files:
+        """The catalog and the bytes in Postgres (``file_store=postgres``), on ``db()`` — the
+        database the vector stores use too — so every replica sees every tenant's files. Nothing
+        connects until a file is first asked for; the expiry sweep does not connect on its own."""
+
+        def open_stores() -> tuple[FileCatalog, Blobs]:
+            shared = db()
+            return SqlFileCatalog(shared), PgBlobs(shared)
+
+        return cls(settings, open_stores, exists=lambda: False)
 
     @property
     def catalog(self) -> FileCatalog:
@@ -194,6 +210,8 @@ class Files:
                 log.exception("deleting expired files failed; trying again in %g s", interval_s)
 
     def _exists(self) -> bool:
+        if self._exists_hook is not None:
+            return self._exists_hook()
         return files_root(self.settings).exists()
 
     async def sweep_expired(self, limit: int = SWEEP_BATCH) -> int:

@@ -35,8 +35,7 @@ from cache.response_store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
-from gateway.files.build import build_vector_stores
-from gateway.files.files import Files
+from gateway.files.build import build_file_stores
 from gateway.tools.hosted import HostedTools
 from gateway.tools.web import WebSearch
 from gateway.turn import render as render_stage
@@ -140,8 +139,7 @@ class Pipeline:
         #: the ``web_search`` backends and page reader (``gateway.tools.web``); pages are read in the pool
         self.web = WebSearch(settings, metrics, cpu=self.offload.pool)
         #: uploaded files and the vector stores ``file_search`` searches (``gateway.files``)
-        self.files = Files.embedded(settings)
-        self.vector_stores = build_vector_stores(settings, self.files, metrics, embedder)
+        self.files, self.vector_stores = build_file_stores(settings, metrics, embedder)
         self.resolver = Resolver(
             registry,
             store,
