@@ -75,6 +75,7 @@ class Limits:
     file_bytes: int = 256 << 20  # RLIMIT_FSIZE: the largest single file
     folder_bytes: int = 1 << 30  # the container folder as a whole (checked while the code runs)
     tmp_bytes: int = 64 << 20  # /tmp, a tmpfs of this size (memory)
+    shm_bytes: int = 16 << 20  # /dev/shm, a tmpfs of this size (memory; the rest of /dev is read-only)
     output_bytes: int = 64 << 10  # each of stdout and stderr, per run
     default_timeout_s: float = 30.0
 

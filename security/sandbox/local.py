@@ -4,8 +4,9 @@ One container = one ``bwrap`` with every namespace of its own (user, pid, net, m
 cgroup; no further user namespaces inside), ``--die-with-parent`` and a new session, running the
 REPL server (:mod:`security.sandbox.repl_server`) on the host's ``/usr/bin/python3`` with a clean
 environment. Inside it sees: ``/usr`` (and the merged-usr links) and a few files of ``/etc``
-read-only; a fresh ``/proc`` of its own pid namespace; a minimal ``/dev``; ``/tmp`` a tmpfs of
-``Limits.tmp_bytes``; ``/mnt/data`` its container folder on the host, writable; nothing else — not
+read-only; a fresh ``/proc`` of its own pid namespace; a minimal read-only ``/dev``; three sized
+tmpfs (``/tmp``: ``Limits.tmp_bytes``, ``/dev/shm``: ``Limits.shm_bytes``, ``/run/out``: the
+captured output); ``/mnt/data``, its container folder on the host, writable; nothing else — not
 the gateway's checkout, venv, ``/root``, keys or environment. Root is a read-only tmpfs. A small
 seccomp filter (:mod:`security.sandbox.seccomp`) denies ptrace, mounts, namespaces, bpf, io_uring
 and the like. Run as root, the gateway first drops to ``host_uid`` (nobody) with ``setpriv``, so
@@ -18,8 +19,9 @@ under a whole-life hard one); wall time enforced here (the whole tree is killed:
 group, and with it the pid namespace); the folder's total size polled while code runs (killed past
 ``Limits.folder_bytes``); stdout/stderr capped inside and every reply frame size-checked here, so a
 container cannot make the gateway hold unbounded memory. Everything is asyncio: a runaway container
-never blocks the event loop. Left for later: cgroup memory/pids totals for the whole tree (needs a
-delegated cgroup v2), a runtime image with pandas/matplotlib instead of the host's Python.
+never blocks the event loop. Files are listed, and read for the files API (:meth:`read_file`), on
+the host without following links. Left for later: cgroup memory/pids totals for the whole tree
+(needs a delegated cgroup v2), a runtime image with pandas/matplotlib instead of the host's Python.
 """
 
 from __future__ import annotations
@@ -239,7 +241,9 @@ class LocalSandbox:
                 argv += ["--ro-bind", str(host), f"/{top}"]
         for name in _ETC:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev"]
+        # bwrap's /dev is a tmpfs without a size: read-only, and a sized one for /dev/shm (multiprocessing)
+        argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+        argv += ["--size", str(lim.shm_bytes), "--tmpfs", "/dev/shm"]
         argv += ["--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
         argv += ["--size", str(4 * lim.output_bytes + (64 << 10)), "--perms", "0700", "--tmpfs", OUT_DIR]
         argv += ["--bind", folder, DATA, "--chdir", DATA, "--remount-ro", "/"]

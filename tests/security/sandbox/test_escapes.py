@@ -465,17 +465,22 @@ async def test_ten_gigabytes_in_many_files_is_stopped(box: LocalContainer) -> No
     assert total < 10 << 30
 
 
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "/dev", "/", "/etc", "/usr/lib"])
 @needs_sandbox
-async def test_tmp_is_bounded(box: LocalContainer) -> None:
+async def test_memory_backed_and_system_folders_are_bounded(box: LocalContainer, where: str) -> None:
+    """/tmp and /dev/shm are tmpfs (host memory): sized; the rest is read-only. 256 MiB in 1 MiB files
+    (each under the per-file limit) is over every size the test limits allow, and would fit (in host
+    memory) in an unsized tmpfs, so this fails if a bound goes missing without risking the host."""
     result = await box.run(
-        _code("""
+        _code(f"""
         chunk = b"x" * (1 << 20)
-        for i in range(10 * 1024):
-            with open(f"/tmp/part{i}", "wb") as f:
+        for i in range(256):
+            with open(f"{where.rstrip("/")}/part{{i}}", "wb") as f:
                 f.write(chunk)
         """)
     )
-    assert result.failure is Failure.DISK_FULL and "No space left" in (result.error or ""), result
+    assert result.exit_status == 1 and result.error, result
+    assert "No space left" in result.error or "Read-only file system" in result.error, result.error
 
 
 @needs_sandbox
