@@ -237,3 +237,81 @@ def test_the_postgres_store_needs_a_dsn_and_never_shows_it(monkeypatch: pytest.M
     assert settings.file_store == "postgres" and settings.file_store_dsn == "postgresql://app:hunter2@db:5432/files"
     assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
     assert Settings().file_store == "embedded" and Settings().file_store_dsn is None
+
+
+# -- the lease itself, on both catalogs' databases ---------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    from cache.files.sql import PostgresSql, SqlDb, SqliteSql
+    from cache.files.store_catalog import SqlStoreCatalog
+
+    db: SqlDb = (
+        SqliteSql(tmp_path / "stores.sqlite3")
+        if request.param == "sqlite"
+        else PostgresSql(request.getfixturevalue("dsn"))
+    )
+    cat = SqlStoreCatalog(db)
+    yield cat
+    await cat.aclose()
+
+
+def _attached(file_id: str = "file-1") -> Any:
+    from cache.files.store_catalog import StoreFileRecord
+
+    return StoreFileRecord("vs_1", file_id, "t", 1, "in_progress")
+
+
+async def test_a_claim_is_one_owners_until_it_lapses(catalog: Any) -> None:
+    await catalog.attach(_attached())
+    assert [r.file_id for r in await catalog.in_progress(10, now_ms=1000)] == ["file-1"]
+    assert (await catalog.claim("t", "vs_1", "file-1", "a", 1000, 5000)).file_id == "file-1"
+    assert await catalog.in_progress(10, now_ms=1000) == []  # held: a rescan leaves it
+    assert [r.file_id for r in await catalog.in_progress(10)] == ["file-1"]  # still in progress
+    assert await catalog.claim("t", "vs_1", "file-1", "b", 4999, 9000) is None
+    assert await catalog.renew("t", "vs_1", "file-1", "a", 8000)
+    assert not await catalog.renew("t", "vs_1", "file-1", "b", 9000)
+    assert await catalog.claim("t", "vs_1", "file-1", "b", 7999, 12000) is None
+    # a: dead; its lease lapses and b takes over; a's late finish is refused
+    assert (await catalog.claim("t", "vs_1", "file-1", "b", 8000, 12000)) is not None
+    assert not await catalog.renew("t", "vs_1", "file-1", "a", 20000)
+    assert not await catalog.finish_file("t", "vs_1", "file-1", "completed", 10, owner="a")
+    assert await catalog.finish_file("t", "vs_1", "file-1", "completed", 10, owner="b")
+    assert (await catalog.get_file("t", "vs_1", "file-1")).status == "completed"
+    assert await catalog.claim("t", "vs_1", "file-1", "c", 10**12, 10**12 + 1) is None  # finished
+    # attached again: a new claim, whoever held the old one
+    await catalog.attach(_attached())
+    assert (await catalog.claim("t", "vs_1", "file-1", "c", 0, 5000)) is not None
+
+
+async def test_claims_racing_for_one_file_give_it_to_one(catalog: Any) -> None:
+    await catalog.attach(_attached())
+    won = await asyncio.gather(*(catalog.claim("t", "vs_1", "file-1", f"o{i}", 1000, 60_000) for i in range(16)))
+    assert sum(r is not None for r in won) == 1
+
+
+async def test_a_catalog_from_before_leases_gets_its_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    from cache.files.sql import SqliteSql
+    from cache.files.store_catalog import SqlStoreCatalog
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE store_files (seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, "
+            "store_id TEXT NOT NULL, file_id TEXT NOT NULL, created_at BIGINT NOT NULL, status TEXT NOT NULL, "
+            "attributes TEXT NOT NULL, chunking TEXT NOT NULL, usage_bytes BIGINT NOT NULL DEFAULT 0, "
+            "last_error_code TEXT, last_error_message TEXT, batch_id TEXT, UNIQUE (tenant, store_id, file_id))"
+        )
+        old.execute(
+            "INSERT INTO store_files (tenant, store_id, file_id, created_at, status, attributes, chunking) "
+            "VALUES ('t', 'vs_1', 'file-1', 1, 'in_progress', '{}', '{}')"
+        )
+    cat = SqlStoreCatalog(SqliteSql(path))
+    try:
+        assert [r.file_id for r in await cat.in_progress(10, now_ms=1)] == ["file-1"]
+        assert await cat.claim("t", "vs_1", "file-1", "a", 1, 2) is not None
+    finally:
+        await cat.aclose()
