@@ -185,7 +185,7 @@ async def test_host_processes_are_invisible(box: LocalContainer) -> None:
     cmds = _json(result.stdout)
     assert isinstance(cmds, dict)
     assert str(os.getpid()) not in cmds or "pytest" not in cmds[str(os.getpid())]
-    assert not any("pytest" in c or "python" in c and "-m" in c for c in cmds.values())
+    assert not any("pytest" in c for c in cmds.values())
     assert len(cmds) <= 3  # bwrap's init, the interpreter, maybe a child: not the host's hundreds
 
 
