@@ -28,21 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import shutil
 import signal
-import stat
 import struct
 import subprocess
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from security.sandbox import seccomp
-from security.sandbox.base import Availability, Failure, FileChange, FileEntry, Limits, RunResult
+from security.sandbox.base import Availability, Failure, FileEntry, Limits, RunResult
+from security.sandbox.folder import diff, folder_bytes, read_beneath, rmtree, scan
 
 SERVER_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
 DATA = "/mnt/data"
@@ -50,92 +49,8 @@ OUT_DIR = "/run/out"
 NOBODY = 65534
 _ETC = ("ld.so.cache", "localtime", "alternatives", "fonts", "mime.types", "matplotlibrc")
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "MPLBACKEND": "Agg"}
-_MAX_FILES = 10_000  # the most entries a folder scan lists (the quota still counts every file)
+MAX_FILES = 10_000  # the most entries a folder scan lists (the quota still counts every file)
 _POLL_S = 0.2  # how often the folder size is checked while code runs
-
-
-@dataclass(frozen=True, slots=True)
-class _Stat:
-    size: int
-    mtime_ns: int
-    ino: int
-
-
-def _scan(folder: str) -> tuple[dict[str, _Stat], int]:
-    """(the first _MAX_FILES regular files by relative path, the folder's total bytes); never follows links."""
-    files: dict[str, _Stat] = {}
-    total = 0
-    for root, dirs, names in os.walk(folder, followlinks=False):
-        for name in names + dirs:
-            path = os.path.join(root, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            total += st.st_blocks * 512 if stat.S_ISREG(st.st_mode) else 0
-            if stat.S_ISREG(st.st_mode) and len(files) < _MAX_FILES:
-                files[os.path.relpath(path, folder)] = _Stat(st.st_size, st.st_mtime_ns, st.st_ino)
-    return files, total
-
-
-def _folder_bytes(folder: str) -> int:
-    return _scan(folder)[1]
-
-
-def _read_beneath(folder: str, relpath: str, max_bytes: int) -> bytes:
-    """A regular file under ``folder``, opened component by component without following any link:
-    the code inside can plant ``/mnt/data/x -> /etc/shadow``, which on the host would point at the
-    host's file. Raises FileNotFoundError, IsADirectoryError/ValueError (not a regular file, too big)."""
-    parts = [p for p in relpath.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise ValueError(f"bad path {relpath!r}")
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        try:
-            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise ValueError(f"{relpath!r} is a symbolic link") from e
-            raise
-    finally:
-        os.close(fd)
-    with os.fdopen(leaf, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{relpath!r} is not a regular file")
-        if st.st_size > max_bytes:
-            raise ValueError(f"{relpath!r} is {st.st_size} bytes, over {max_bytes}")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"{relpath!r} grew past {max_bytes} bytes")
-    return data
-
-
-def _diff(before: dict[str, _Stat], after: dict[str, _Stat]) -> tuple[FileEntry, ...]:
-    out = [
-        FileEntry(p, FileChange.CREATED if p not in before else FileChange.MODIFIED, s.size)
-        for p, s in sorted(after.items())
-        if before.get(p) != s
-    ]
-    out += [FileEntry(p, FileChange.DELETED, 0) for p in sorted(before) if p not in after]
-    return tuple(out)
-
-
-def _rmtree(path: str) -> None:
-    def fix(func: object, p: str, exc: object) -> None:  # a folder the code made unreadable
-        with contextlib.suppress(OSError):  # never chmod through a link the code planted
-            if not os.path.islink(os.path.dirname(p)):
-                os.chmod(os.path.dirname(p), 0o700)
-            if not os.path.islink(p):
-                os.chmod(p, 0o700)
-        with contextlib.suppress(OSError):
-            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
-
-    shutil.rmtree(path, onerror=fix)
 
 
 class LocalSandbox:
@@ -397,7 +312,7 @@ class LocalContainer:
         quota = self._sandbox.limits.folder_bytes
         while True:  # the scan before the run has just been made: first wait
             await asyncio.sleep(_POLL_S)
-            if await asyncio.to_thread(_folder_bytes, self._folder) > quota:
+            if await asyncio.to_thread(folder_bytes, self._folder) > quota:
                 return
 
     async def run(self, code: str, timeout: float | None = None) -> RunResult:
@@ -413,7 +328,7 @@ class LocalContainer:
             await self._kill()
             await self.start()
             self._lost = False
-        before, _ = await asyncio.to_thread(_scan, self._folder)
+        before, _ = await asyncio.to_thread(scan, self._folder)
         assert self._proc is not None and self._proc.stdin is not None
         body = json.dumps({"code": code, "cpu_s": max(1, int(timeout) + 1)}).encode()
         reply: dict[str, object] | None = None
@@ -450,8 +365,8 @@ class LocalContainer:
         if reply is None:
             await self._kill()
             state_lost = True
-        after, total = await asyncio.to_thread(_scan, self._folder)
-        files = _diff(before, after)
+        after, total = await asyncio.to_thread(scan, self._folder)
+        files = diff(before, after)
         if reply is None:
             return RunResult(
                 "", "", None, failure, error, files, state_lost=state_lost, duration_s=time.monotonic() - started
@@ -495,13 +410,13 @@ class LocalContainer:
     async def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
         """A file of the container folder (``path`` relative to ``/mnt/data``), for the container
         files API: regular files only, no link followed anywhere on the way, at most ``max_bytes``."""
-        return await asyncio.to_thread(_read_beneath, self._folder, path, max_bytes)
+        return await asyncio.to_thread(read_beneath, self._folder, path, max_bytes)
 
     async def close(self) -> None:
         self._closed = True
         await self._kill()
         if os.path.isdir(self._home):
-            await asyncio.to_thread(_rmtree, self._home)
+            await asyncio.to_thread(rmtree, self._home)
 
 
 def _exit_failure(rc: int | None) -> tuple[Failure, str]:
