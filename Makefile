@@ -55,10 +55,12 @@ serve: $(STAMP)
 	$(VENV)/bin/respgate serve --host $(HOST) --port $(PORT)
 
 # tests/deploy/test_deploy.py validates deploy/compose*.yaml with Debian's docker-compose (no Docker engine
-# needed for `config -q`) and lints deploy/quickstart-check.sh with shellcheck; install the missing
-# ones when we may (root, apt-get present: CI on Debian), so those tests run rather than skip.
-TEST_TOOLS   := docker-compose shellcheck
-MISSING_TOOLS := $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $(t) 2>/dev/null),,$(t))))
+# needed for `config -q`) and lints deploy/quickstart-check.sh with shellcheck; tests/security/sandbox
+# runs code_interpreter's local sandbox under bwrap (Debian's bubblewrap) and setpriv (util-linux).
+# Install the missing ones when we may (root, apt-get present: CI on Debian), so those tests run rather
+# than skip. Each entry is command:package.
+TEST_TOOLS   := docker-compose:docker-compose shellcheck:shellcheck bwrap:bubblewrap setpriv:util-linux
+MISSING_TOOLS := $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $(word 1,$(subst :, ,$(t))) 2>/dev/null),,$(word 2,$(subst :, ,$(t))))))
 # The suite runs on PYTEST_JOBS workers (pytest-xdist), a file at a time, the tests on the shared real
 # engine as one unit, the units that start real engines first (tests/conftest.py); PYTEST_JOBS=0 runs it
 # in this process. PYTEST_ARGS: anything else for pytest (default: list the 20 slowest tests).
@@ -71,7 +73,7 @@ ifneq ($(MISSING_TOOLS),)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get install -y -q $(MISSING_TOOLS) >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q $(MISSING_TOOLS) >/dev/null); \
-	else echo "$(MISSING_TOOLS) missing: install (e.g. apt-get install $(MISSING_TOOLS)) for tests/deploy/test_deploy.py"; fi
+	else echo "$(MISSING_TOOLS) missing: install them (e.g. apt-get install $(MISSING_TOOLS)) for tests/deploy and tests/security/sandbox"; fi
 endif
 	$(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 

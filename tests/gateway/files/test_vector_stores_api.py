@@ -181,7 +181,8 @@ def test_bad_bodies_are_4xx_naming_the_param(
 
 def test_file_content_and_an_unreadable_file(make_gateway: Any, tmp_path: Path) -> None:
     """The content page is the file's text as ingestion read it; a file the extractor cannot read
-    (a PNG named .txt) fails its ingestion with ``unsupported_file`` naming the type."""
+    (a PNG named .txt) is refused at upload with ``unsupported_file`` naming the type (the
+    ingestion-time refusal of a file stored without that check: tests/gateway/files/test_file_limits.py)."""
     live = _gateway(make_gateway, tmp_path)
     client = live.openai()
     store = client.vector_stores.create(name="s")
@@ -191,11 +192,10 @@ def test_file_content_and_an_unreadable_file(make_gateway: Any, tmp_path: Path) 
     page = client.vector_stores.files.content(done.id, vector_store_id=store.id)
     assert [c.type for c in page.data] == ["text"] and "reopened on Monday" in (page.data[0].text or "")
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
-    bad = client.vector_stores.files.upload_and_poll(
-        vector_store_id=store.id, file=("image.txt", io.BytesIO(png)), poll_interval_ms=50
-    )
-    assert bad.status == "failed" and bad.last_error is not None and bad.last_error.code == "unsupported_file"
-    assert "image/png" in bad.last_error.message
-    assert client.vector_stores.retrieve(store.id).file_counts.failed == 1
-    assert live.metric("respgate_file_ingestions_total", {"outcome": "unsupported_file"}) == 1
+    with pytest.raises(BadRequestError) as caught:
+        client.vector_stores.files.upload_and_poll(
+            vector_store_id=store.id, file=("image.txt", io.BytesIO(png)), poll_interval_ms=50
+        )
+    assert caught.value.code == "unsupported_file" and "image/png" in caught.value.message
+    assert client.vector_stores.retrieve(store.id).file_counts.total == 1
     assert live.metric("respgate_file_ingestions_total", {"outcome": "completed"}) == 1
