@@ -317,6 +317,42 @@ class Settings(BaseModel):
     embeddings_api_key: str | None = Field(default=None, repr=False)
     #: ``remote``: the model name to ask for
     embeddings_model: str | None = None
+    # -- code_interpreter and containers (gateway/containers/, security/sandbox/) -------------------------
+    #: where ``code_interpreter`` runs code: ``off`` (a request naming it gets a 400 naming this setting,
+    #: and the Containers API answers 404), ``local`` (bubblewrap namespaces on this host, one process
+    #: tree per container) or ``kubernetes`` (one pod per container, through the Kubernetes API)
+    code_interpreter: Literal["off", "local", "kubernetes"] = "off"
+    #: tenants it is on for (unset: every tenant, when ``code_interpreter`` is not ``off``); another
+    #: tenant's request naming it gets the same 400 as ``off``
+    code_interpreter_tenants: list[str] | None = None
+    #: folder the local sandbox keeps each container's files in (``/mnt/data`` inside); unset:
+    #: ``$RESPGATE_CACHE_DIR/containers``
+    containers_dir: str | None = None
+    #: containers one tenant may hold at once (more: 400 ``quota_exceeded``)
+    containers_per_tenant: int = Field(default=16, ge=1)
+    #: containers running on this replica at once, every tenant together (more: 503 ``overloaded``)
+    containers_max: int = Field(default=64, ge=1)
+    #: minutes a container lives after its last use when the request sets no ``expires_after``
+    #: (OpenAI's default: 20)
+    container_idle_minutes: int = Field(default=20, ge=1, le=24 * 60)
+    #: memory of one container, every process together (bytes)
+    container_memory_bytes: int = Field(default=1 << 30, ge=64 << 20)
+    #: processes of one container at once
+    container_processes: int = Field(default=64, ge=4)
+    #: CPU seconds of one container over its whole life
+    container_cpu_seconds: int = Field(default=600, ge=1)
+    #: bytes of one container's files together (``/mnt/data``)
+    container_disk_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    #: seconds one code run may take (wall time; then the call fails ``timeout`` and the state is lost)
+    container_run_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    #: bytes of one uploaded container file
+    container_file_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    #: ``kubernetes``: the namespace the gateway creates container pods in
+    code_interpreter_k8s_namespace: str = "respgate-sandbox"
+    #: ``kubernetes``: the image of a container pod (a python with numpy, pandas and matplotlib)
+    code_interpreter_k8s_image: str = "respgate-sandbox:latest"
+    #: ``kubernetes``: the pods' ``runtimeClassName`` (e.g. ``gvisor``); unset: the cluster's default
+    code_interpreter_k8s_runtime_class: str | None = None
     #: seconds an MCP server has to list its tools (then ``mcp_list_tools`` reports the error)
     mcp_list_timeout_s: float = Field(default=15.0, gt=0)
     #: seconds one MCP tool call may take (then its ``mcp_call`` reports the error)
