@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report_peers import peers_section
+from benchmarks.report_tools import tools_section
 from benchmarks.scaling import section as scaling_section
 
 
@@ -435,9 +436,13 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 
 
 def write_report(out: Path) -> Path:
-    # peer_overhead and http_prefix have no section of their own: they are in the "Peers" section
-    r = {name: _load(out, name) for name in [n for n, _ in SECTIONS] + ["peer_overhead", "http_prefix", "work_count"]}
-    machines = [x["machine"] for x in r.values() if x and "machine" in x]
+    # peer_overhead and http_prefix are in the "Peers" section; file_search_quality and sandbox in "Hosted tools"
+    extra = ["peer_overhead", "http_prefix", "work_count", "file_search_quality", "sandbox"]
+    r = {name: _load(out, name) for name in [n for n, _ in SECTIONS] + extra}
+    # the machine line is the main run's: the hosted tools' benchmarks run on their own (their pages say when)
+    machines = [
+        x["machine"] for n, x in r.items() if x and "machine" in x and n not in ("file_search_quality", "sandbox")
+    ]
     quick = any(x.get("quick") for x in r.values() if x)
     lines = [
         "# respgate benchmarks",
@@ -470,6 +475,7 @@ def write_report(out: Path) -> Path:
     for name, fn in SECTIONS:
         if r[name]:
             lines += fn(r[name])
+    lines += tools_section(r)
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
