@@ -151,7 +151,7 @@ def _zip_bomb() -> bytes:
     [
         (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "notes.txt", "image/png"),
         (_zip_bomb(), "notes.txt", "application/zip"),
-        (gzip.compress(b"hello " * 1000), "readme.md", "application/gzip"),
+        (gzip.compress(b"hello " * 1000, mtime=0), "readme.md", "application/gzip"),
         (b"\x7fELF\x02\x01\x01" + b"\0" * 100, "run.sh", "application/x-elf"),
         (b"MZ\x90\x00\x03\x00\x00\x00" + b"\0" * 100, "a.txt", "application/x-msdownload"),
         (b"%!PS-Adobe-3.0\n", "print.txt", "application/postscript"),
@@ -188,7 +188,7 @@ def test_text_under_a_name_that_says_nothing_is_read_as_text(name: str, ctype: s
     ("data", "name", "ctype", "type_name"),
     [
         (b"PK\x03\x04" + b"\0" * 100, "notes.txt", "text/plain", "application/zip"),
-        (gzip.compress(b"a" * 100_000), "notes.txt", None, "application/gzip"),
+        (gzip.compress(b"a" * 100_000, mtime=0), "notes.txt", None, "application/gzip"),
         (b"words", "photo", "image/png", "image/png"),
         (b"words", "app.exe", None, ".exe"),
         (b"PK\x03\x04" + b"\0" * 100, "paper.pdf", "application/pdf", "application/zip"),
