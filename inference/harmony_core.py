@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.item_types import CALLABLE_TOOLS, ToolType
+from inference.python_tool import PYTHON
 from inference.text_runs import segments
 from inference.tool_prose import freeform_description
 from inference.vocab import ensure_offline_vocab
@@ -252,5 +253,8 @@ class ToolCatalog:
 
 
 def recipient_for(name: str, namespace: str | None) -> str:
-    """Harmony recipient of a tool call: ``functions.<name>`` or ``<namespace>.<name>``."""
+    """Harmony recipient of a tool call: ``functions.<name>`` or ``<namespace>.<name>``; gpt-oss's
+    built-in python (namespace and name ``python``: ``inference.python_tool``) is ``python`` alone."""
+    if namespace == PYTHON and name == PYTHON:
+        return PYTHON
     return f"{namespace or FUNCTIONS}.{name}"

@@ -95,6 +95,7 @@ from inference.harmony_prelude import needs_probe, render_developer
 from inference.hosted_items import tool_view
 from inference.item_types import CALL_PAYLOAD, CALL_TYPES, OUTPUT_TYPES, ItemType
 from inference.prelude_cache import PreludeCache
+from inference.python_tool import PYTHON
 from inference.renderer import PerToolSet, Prelude, tools_digest
 from inference.tool_prose import TOOL_CHOICE_NAMED, TOOL_CHOICE_NONE, TOOL_CHOICE_REQUIRED, tool_choice_line
 
@@ -183,6 +184,8 @@ class HarmonyRenderer:
         system = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort))
         if BROWSER in prelude.builtin:  # gpt-oss's own browser, as it was trained on it (``web_search``)
             system = system.with_browser_tool()
+        if PYTHON in prelude.builtin:  # gpt-oss's own python, as it was trained on it (``code_interpreter``)
+            system = system.with_python_tool()
         messages = [Message.from_role_and_content(Role.SYSTEM, system)]
         catalog = ToolCatalog(prelude.tools)
         lines = [prelude.instructions] if prelude.instructions else []

@@ -46,6 +46,9 @@ class ItemType(StrEnum):
     WEB_SEARCH_CALL = "web_search_call"
     #: the gateway's search of the request's vector stores (``file_search``; ``gateway.tools.file_search``)
     FILE_SEARCH_CALL = "file_search_call"
+    #: the gateway's run of the model's python in a container (``code_interpreter``;
+    #: ``gateway.tools.code_interpreter``)
+    CODE_INTERPRETER_CALL = "code_interpreter_call"
 
 
 class ToolType(StrEnum):

@@ -1,12 +1,14 @@
 """Hosted tools the model calls through a namespace the gateway gives it — ``browser`` for
-``web_search`` (and, as they land, ``file_search`` and ``python`` for ``code_interpreter``) — as
+``web_search``, ``file_search`` and ``python`` for ``code_interpreter`` — as
 one table, so that the response's events (``gateway.turn.events``) and the tool loop
 (``gateway.turn.tool_loop``) treat them all alike instead of a branch per tool.
 
 Each such call is an output item of its own type (``web_search_call`` ...) that opens when the
 model starts the call (``in_progress``, its arguments not streamed), runs between two engine passes
 (its running event: ``searching``), and ends ``completed`` (with its event) or ``failed`` (the API
-has no event for that: ``output_item.done`` says it). What the model reads back is a
+has no event for that: ``output_item.done`` says it). A kind whose call is code (``python``) streams
+it as ``response.<item_type>_code.delta`` events and closes it with ``..._code.done`` before it runs
+(OpenAI's ``code_interpreter_call`` events). What the model reads back is a
 ``function_call_output`` in the tool's namespace, appended at the token tip. MCP calls are not in
 this table: their items, approvals and listings are their own (``gateway.tools.hosted``).
 """
@@ -19,9 +21,11 @@ from typing import Any, NamedTuple, Protocol
 
 from inference.browser_tool import BROWSER
 from inference.item_types import ItemType
+from inference.python_tool import PYTHON
 
 __all__ = [
     "CALL_KINDS",
+    "CODE_INTERPRETER",
     "FILE_SEARCH",
     "FILE_SEARCH_NAMESPACE",
     "WEB_SEARCH",
@@ -45,9 +49,14 @@ class CallKind:
     running: str
     #: the item's own fields while the call is written (the function the model chose, nothing run)
     pending: Callable[[str], dict[str, Any]]
+    #: the call is code: streamed (``response.<item_type>_code.delta``/``done``) and kept in ``code``
+    code: bool = False
 
     def event(self, phase: str) -> str:
         return f"response.{self.item_type.value}.{phase}"
+
+    def code_event(self, phase: str) -> str:
+        return f"response.{self.item_type.value}_code.{phase}"
 
 
 class CallResult(NamedTuple):
@@ -104,8 +113,18 @@ FILE_SEARCH = CallKind(
     pending=lambda function: {"queries": [], "results": None},
 )
 
+CODE_INTERPRETER = CallKind(
+    namespace=PYTHON,
+    item_type=ItemType.CODE_INTERPRETER_CALL,
+    id_prefix="ci",
+    running="interpreting",
+    # the container is the response's (``ResponseEvents`` adds its id); outputs once it ran
+    pending=lambda function: {"code": "", "outputs": None},
+    code=True,
+)
+
 #: every such kind, by the namespace the model calls
-CALL_KINDS: dict[str, CallKind] = {k.namespace: k for k in (WEB_SEARCH, FILE_SEARCH)}
+CALL_KINDS: dict[str, CallKind] = {k.namespace: k for k in (WEB_SEARCH, FILE_SEARCH, CODE_INTERPRETER)}
 _BY_ITEM: dict[str, CallKind] = {k.item_type.value: k for k in CALL_KINDS.values()}
 
 

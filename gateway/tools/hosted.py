@@ -45,6 +45,7 @@ from gateway.wire.tools import TOOL_NAME, McpTool
 from security.outbound import OutboundPolicy, mcp_client_factory
 
 if TYPE_CHECKING:
+    from gateway.tools.code_interpreter import CodeTool
     from gateway.tools.file_search import FileTool
     from gateway.tools.web import WebTool
 
@@ -87,11 +88,13 @@ class HostedTurn(msgspec.Struct, frozen=True):
     web: WebTool | None = None
     #: the request's ``file_search`` tool (``gateway.tools.file_search``)
     files: FileTool | None = None
+    #: the request's ``code_interpreter`` tool and its container (``gateway.tools.code_interpreter``)
+    code: CodeTool | None = None
 
     @property
     def active(self) -> bool:
         """The turn has tools the gateway runs (a tool loop between engine passes)."""
-        return bool(self.servers) or self.web is not None or self.files is not None
+        return bool(self.servers) or self.web is not None or self.files is not None or self.code is not None
 
     def decide(self, label: str, name: str) -> Decision:
         """Whether the model's call of ``name`` on server ``label`` runs now or asks first."""

@@ -41,6 +41,7 @@ from gateway.wire.kinds import CALL_TYPES, OUTPUT_TYPES
 from gateway.wire.request import CreateRequest
 from gateway.wire.tools import (
     WEB_SEARCH_TYPES,
+    CodeInterpreterTool,
     FileSearchTool,
     HostedTool,
     McpTool,
@@ -51,10 +52,25 @@ from gateway.wire.tools import (
 from gateway.wire.validation import json_type, to_api_error
 from inference.browser_tool import BROWSER
 from inference.item_types import ItemType, ToolType
+from inference.python_tool import PYTHON, RUN
 from inference.registry import ModelRegistry, ModelRoute
 from inference.renderer import Prelude
 
 HostedToolPolicy = Literal["strip", "reject"]
+#: why ``code_interpreter`` is refused when the gateway's setting is off (``code_interpreter_off``)
+CODE_OFF = "the gateway's setting code_interpreter is 'off'"
+#: ... when it is on for other tenants only
+CODE_NOT_TENANT = "this tenant is not in the gateway's setting code_interpreter_tenants"
+
+
+def code_interpreter_off(settings: Any, tenant: str | None) -> str | None:
+    """None when ``code_interpreter`` runs for ``tenant``, else why not (the 400's words)."""
+    if settings.code_interpreter == "off":
+        return CODE_OFF
+    allowed = settings.code_interpreter_tenants
+    if allowed is not None and tenant not in allowed:
+        return CODE_NOT_TENANT
+    return None
 
 
 def check_params(body: Mapping[str, Any], allowed: Iterable[str]) -> None:
@@ -118,7 +134,7 @@ class CheckedTools:
     """A tool list as the checks made it: the validated models (``CreateRequest.tools``), the tools as
     the turn uses and echoes them, and their names (for ``tool_choice`` and parsed calls)."""
 
-    __slots__ = ("models", "tools", "names", "mcp", "stripped", "web", "files")
+    __slots__ = ("models", "tools", "names", "mcp", "stripped", "web", "files", "code")
 
     def __init__(
         self,
@@ -127,6 +143,7 @@ class CheckedTools:
         stripped: tuple[str, ...] = (),
         web: tuple[int, WebSearchTool] | None = None,
         files: tuple[int, FileSearchTool] | None = None,
+        code: tuple[int, CodeInterpreterTool] | None = None,
     ) -> None:
         self.models = models
         self.tools = tools
@@ -134,6 +151,8 @@ class CheckedTools:
         self.web = web
         #: the ``file_search`` tool the gateway runs (with its index) over the tenant's vector stores
         self.files = files
+        #: the ``code_interpreter`` tool the gateway runs (with its index) in the tenant's containers
+        self.code = code
         #: the hosted tool types the gateway does not run, left out (``hosted_tools="strip"``): each
         #: request that sends them counts them (``respgate_hosted_tools_stripped_total``)
         self.stripped = stripped
@@ -159,11 +178,15 @@ class ToolChecks:
         max_bytes: int = 16 * 1024 * 1024,
         web_search: Callable[[str | None], bool] = lambda tenant: False,
         file_search: bool = False,
+        code_interpreter: Callable[[str | None], str | None] = lambda tenant: CODE_OFF,
     ) -> None:
         """``web_search(tenant)``: whether the gateway runs ``web_search`` for that tenant (a backend
-        is configured for it); when not, the tool is stripped like any hosted tool."""
+        is configured for it); when not, the tool is stripped like any hosted tool.
+        ``code_interpreter(tenant)``: None when the gateway runs ``code_interpreter`` for that
+        tenant, else the setting that keeps it off (a request naming it is then a 400 naming it)."""
         self.hosted = hosted
         self.web_search = web_search
+        self.code_interpreter = code_interpreter
         #: whether the gateway runs ``file_search`` (it has vector stores); when not, it is stripped
         self.file_search = file_search
         self.lru: BoundedLRU[tuple[str | None, bytes], CheckedTools] = BoundedLRU(
@@ -206,7 +229,10 @@ class ToolChecks:
         """``req``'s tools checked (raises ``ApiError``), and kept under ``key`` when it names them."""
         if not req.tools:
             return NO_TOOLS
-        checked = CheckedTools(req.tools, *_tools(req, self.hosted, self.web_search(tenant), self.file_search))
+        checked = CheckedTools(
+            req.tools,
+            *_tools(req, self.hosted, self.web_search(tenant), self.file_search, self.code_interpreter(tenant)),
+        )
         if key is not None and not checked.mcp:  # MCP credentials are kept for the turn only
             # the key, the models, the dicts: each about the JSON's size
             self.lru.put((tenant, key), checked, 4 * len(key) + 256)
@@ -316,6 +342,12 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
         if getattr(hosted, "files", None) is None:
             return "auto"  # stripped with the tool
         return {"type": "function", "name": "msearch", "namespace": FILE_SEARCH_NAMESPACE}
+    if isinstance(choice, dict) and choice.get("type") == "code_interpreter":
+        if getattr(hosted, "code", None) is None:
+            return "auto"
+        # the namespace's function for a chat template; harmony's python is built in (no function to
+        # force: its constraint leaves an unknown choice free, as for the browser)
+        return {"type": "function", "name": RUN, "namespace": PYTHON}
     if not isinstance(choice, dict) or choice.get("type") != "mcp":
         return choice
     label = choice.get("server_label")
@@ -345,25 +377,41 @@ def hosted_choice(choice: Any, hosted: Any) -> Any:
 
 
 def _tools(
-    req: CreateRequest, hosted: HostedToolPolicy, web: bool = False, files: bool = False
+    req: CreateRequest,
+    hosted: HostedToolPolicy,
+    web: bool = False,
+    files: bool = False,
+    code_off: str | None = CODE_OFF,
 ) -> tuple[
     tuple[dict[str, Any], ...],
     tuple[str, ...],
     tuple[int, WebSearchTool] | None,
     tuple[int, FileSearchTool] | None,
+    tuple[int, CodeInterpreterTool] | None,
 ]:
-    """The tools the turn uses, the hosted tool types it left out, and the ``web_search`` and
-    ``file_search`` tools the gateway runs (``web``: a backend serves this tenant; ``files``: the
-    gateway has vector stores). One of each: a second is a 400."""
+    """The tools the turn uses, the hosted tool types it left out, and the ``web_search``,
+    ``file_search`` and ``code_interpreter`` tools the gateway runs (``web``: a backend serves this
+    tenant; ``files``: the gateway has vector stores; ``code_off``: None when code_interpreter is on
+    for this tenant, else the setting that keeps it off: never stripped, a 400 naming the setting).
+    One of each: a second is a 400."""
     out: list[dict[str, Any]] = []
     stripped: list[str] = []
     run: dict[str, tuple[int, Any]] = {}
     for i, tool in enumerate(req.tools or []):
-        model: type[WebSearchTool] | type[FileSearchTool] | None = None
+        model: type[WebSearchTool] | type[FileSearchTool] | type[CodeInterpreterTool] | None = None
         if isinstance(tool, HostedTool) and web and tool.type in WEB_SEARCH_TYPES:
             model, kind = WebSearchTool, "web_search"
         elif isinstance(tool, HostedTool) and files and tool.type == "file_search":
             model, kind = FileSearchTool, "file_search"
+        elif isinstance(tool, HostedTool) and tool.type == "code_interpreter":
+            if code_off is not None:
+                raise ApiError(
+                    400,
+                    f"Tool type 'code_interpreter' (tools[{i}]) is not enabled for this request: {code_off}.",
+                    code="unsupported_value",
+                    param=f"tools[{i}]",
+                )
+            model, kind = CodeInterpreterTool, "code_interpreter"
         if model is not None:
             if kind in run:
                 raise bad_request(f"Only one {kind} tool may be given.", code="invalid_value", param=f"tools[{i}].type")
@@ -393,7 +441,7 @@ def _tools(
                 param=f"tools[{i}].async",
             )
         out.append(d)
-    return tuple(out), tuple(stripped), run.get("web_search"), run.get("file_search")
+    return tuple(out), tuple(stripped), run.get("web_search"), run.get("file_search"), run.get("code_interpreter")
 
 
 def _at_tool(err: ApiError, i: int) -> ApiError:

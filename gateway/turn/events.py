@@ -18,16 +18,18 @@ and WebSocket (transports only add framing and, on lanes, ``stream_id``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gateway.tools.approvals import Decision
 from gateway.tools.calls import CallKind, CallResult, kind_of_item
 from gateway.tools.citations import CitationWriter
+from gateway.tools.code_interpreter import container_marks
 from gateway.tools.hosted import HostedTurn
 from gateway.wire.items import new_id
 from gateway.wire.kinds import TERMINAL_EVENT, ItemType, ResponseStatus, call_kind
 from inference.parse import ItemDelta, ItemEnd, ItemStart, ParseEvent
+from inference.python_tool import PYTHON, code_of
 
 Event = dict[str, Any]
 
@@ -58,6 +60,8 @@ class ResponseEvents:
         hosted: HostedTurn | None = None,
         citations: Callable[[], CitationWriter] | None = None,
         calls: Sequence[CallKind] = (),
+        call_fields: Mapping[str, Mapping[str, Any]] | None = None,
+        container_files: Callable[[str], tuple[str, str, str] | None] | None = None,
     ) -> None:
         """``reasoning_mode``: ``raw`` streams reasoning_text, ``summary`` streams it as a summary
         part, ``hidden`` emits the reasoning item without text events. ``seal`` (when the client asked
@@ -65,7 +69,11 @@ class ResponseEvents:
         (when the response runs a tool whose results the model cites: ``web_search``,
         ``file_search``) makes each message's citation writer: the model's marks become
         annotations (``gateway.tools.citations``). ``calls``: the hosted tools the
-        model calls through a namespace in this response (``gateway.tools.calls``)."""
+        model calls through a namespace in this response (``gateway.tools.calls``), and
+        ``call_fields`` the fields their items carry from the start, by namespace (the container of
+        ``code_interpreter``). ``container_files(path)``: the file a ``code_interpreter`` run wrote
+        at ``path`` below ``/mnt/data`` as ``(container_id, file_id, filename)``; a message's
+        ``sandbox:/mnt/data/<path>`` marks become ``container_file_citation`` annotations."""
         self.response = response
         self.output: list[dict[str, Any]] = response["output"]
         self._seq = 0
@@ -89,6 +97,8 @@ class ResponseEvents:
         #: the function and the model's arguments of each such call by output index (the item has
         #: neither: its fields are built from them when it ran)
         self._call_args: dict[int, tuple[str, str]] = {}
+        self._call_fields = call_fields or {}
+        self._container_files = container_files
         self._citations = citations
         #: the open message's citation writer (only with ``citations``)
         self._cite: CitationWriter | None = None
@@ -190,6 +200,9 @@ class ResponseEvents:
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
         elif start.namespace is not None and start.namespace in self._calls:
             return self._open_call(start, idx, self._calls[start.namespace])
+        elif start.namespace is None and start.name == PYTHON and PYTHON in self._calls:
+            # gpt-oss's built-in python: recipient ``python``, no namespace (``inference.python_tool``)
+            return self._open_call(start, idx, self._calls[PYTHON])
         elif self._hosted is not None and start.namespace in self._hosted.servers:
             return self._open_hosted(start, idx)
         else:  # a tool call: its shape comes from the kinds map
@@ -275,8 +288,11 @@ class ResponseEvents:
             "type": kind.item_type.value,
             "status": "in_progress",
             **kind.pending(start.name or ""),
+            **self._call_fields.get(kind.namespace, {}),
         }
         self._delta_type, self._delta_index = None, None  # the arguments are not streamed (as OpenAI)
+        if kind.code and start.name == PYTHON:  # raw code (harmony's python): streamed as it is written
+            self._delta_type = kind.code_event("delta")
         self._open = item
         self._open_id, self._open_idx = item["id"], idx
         self.output.append(item)
@@ -468,6 +484,19 @@ class ResponseEvents:
             events += self._cited("", None, final=True)  # what the writer still held
             self._cite = None
             text = "".join(self._text)
+        if t == "message" and self._container_files is not None:
+            for ann in container_marks(text, self._container_files):
+                events.append(
+                    self._ev(
+                        "response.output_text.annotation.added",
+                        item_id=item["id"],
+                        output_index=idx,
+                        content_index=0,
+                        annotation_index=len(self._annotations),
+                        annotation=ann,
+                    )
+                )
+                self._annotations.append(ann)
         if t == "message":
             part = _text_part(text, self._logprobs)
             if self._annotations:
@@ -476,8 +505,16 @@ class ResponseEvents:
                 _MESSAGE_PART, item["id"], idx, text, part, {"logprobs": list(self._logprobs)}, {}
             )
             item["content"] = [part]
-        elif kind_of_item(t) is not None:
-            self._call_args[idx] = (self._call_args.get(idx, ("", ""))[0], text)
+        elif (hosted := kind_of_item(t)) is not None:
+            function = self._call_args.get(idx, ("", ""))[0]
+            self._call_args[idx] = (function, text)
+            if hosted.code:  # the code, whole: a namespace call's JSON streamed nothing, so one delta
+                code = code_of(function, text)
+                item["code"] = code or ""
+                at = {"item_id": item["id"], "output_index": idx}
+                if self._delta_type is None and code:
+                    events.append(self._ev(hosted.code_event("delta"), **at, delta=code))
+                events.append(self._ev(hosted.code_event("done"), **at, code=code or ""))
             if complete:  # runs between engine passes (``gateway.turn.tool_loop``); done after it ran
                 self._to_run.append(idx)
                 return events

@@ -23,6 +23,7 @@ not stall every other connection. Smaller requests (every agent continuation) pa
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -35,11 +36,12 @@ from cache.response_store import ResponseStore
 from gateway.base import log_context
 from gateway.base.metrics import Metrics, StageTimer
 from gateway.base.settings import Settings
+from gateway.containers.model import Containers
 from gateway.files.build import build_file_stores
 from gateway.tools.hosted import HostedTools
 from gateway.tools.web import WebSearch
 from gateway.turn import render as render_stage
-from gateway.turn.checks import check_params
+from gateway.turn.checks import check_params, code_interpreter_off
 from gateway.turn.classify import ClassifyStage
 from gateway.turn.compact_request import WindowCompaction
 from gateway.turn.compaction import Compactor
@@ -155,6 +157,7 @@ class Pipeline:
             hosted=self.hosted,
             web=self.web,
             files=self.vector_stores,
+            code_interpreter=functools.partial(code_interpreter_off, settings),
         )
         self.classify = ClassifyStage(classifier, metrics, flags)
         self.runner = TurnRunner(
@@ -170,6 +173,11 @@ class Pipeline:
             self.vector_stores,
         )
         self.window = WindowCompaction(self.resolver, self.classify, self.compactor, usage, metrics)
+
+    def use_containers(self, containers: Containers | None) -> None:
+        """The containers ``code_interpreter`` runs code in (``gateway.containers``: the registry the
+        Containers API shares); until set, a request naming the tool where it is on is a 503."""
+        self.resolver.containers = self.runner.containers = containers
 
     async def prepare(self, body: Any, ctx: TurnContext) -> PreparedTurn:
         """Everything before the response exists; raises ``ApiError``."""

@@ -42,11 +42,14 @@ from cache.item_log import ItemLog
 from cache.response_state import ResponseState
 from cache.response_store import ResponseStore, StoredItem, StoreUnavailable, call_key
 from gateway.base.metrics import Metrics
+from gateway.containers.model import Containers
 from gateway.files.vector_stores import VectorStores
+from gateway.tools.code_interpreter import calls_used, check_code_tool
 from gateway.tools.file_search import check_file_tool, file_search_namespace
 from gateway.tools.hosted import NO_HOSTED, HostedTools, HostedTurn, approvals_to_run
 from gateway.tools.web import WebSearch
 from gateway.turn.checks import (
+    CODE_OFF,
     CheckedItem,
     CheckedTools,
     HostedToolPolicy,
@@ -64,7 +67,7 @@ from gateway.turn.offload import INLINE, Cpu, PrepareOffload
 from gateway.turn.prefix import PrefixReuse, item_digest
 from gateway.turn.sealing import Sealer, SealError
 from gateway.turn.types import Item, Transport, TurnContext, TurnInput
-from gateway.wire.errors import bad_request, previous_response_not_found, store_unavailable
+from gateway.wire.errors import ApiError, bad_request, previous_response_not_found, store_unavailable
 from gateway.wire.items import (
     Compaction,
     CustomToolCall,
@@ -81,6 +84,7 @@ from gateway.wire.request import CreateRequest, parse_create
 from gateway.wire.tools import GATEWAY_RUN_TYPES, McpTool
 from inference.browser_tool import BROWSER
 from inference.hosted_items import call_of
+from inference.python_tool import PYTHON, python_namespace
 from inference.registry import ModelRegistry, ModelRoute
 
 #: a stage boundary for the per-stage timer (``Metrics.stage_timer``); a no-op by default
@@ -89,6 +93,10 @@ Lap = Callable[[str], None]
 
 def _no_lap(stage: str) -> None:
     return None
+
+
+def _code_off(tenant: str | None) -> str | None:
+    return CODE_OFF
 
 
 class Resolver:
@@ -108,10 +116,14 @@ class Resolver:
         hosted: HostedTools | None = None,
         web: WebSearch | None = None,
         files: VectorStores | None = None,
+        code_interpreter: Callable[[str | None], str | None] | None = None,
     ) -> None:
-        """``pending_write(id)`` waits for that response's store write, if one is in flight (a chained
-        request that arrives before its parent landed). ``offload`` sizes a request its caller did
-        not size (``resolve(cpu=None)``); without it everything runs inline."""
+        """``code_interpreter(tenant)``: None when the gateway runs ``code_interpreter`` for that
+        tenant, else why not (``gateway.turn.checks.code_interpreter_off``); its containers are
+        set apart (:attr:`containers`). ``pending_write(id)`` waits for that response's store
+        write, if one is in flight (a chained request that arrives before its parent landed).
+        ``offload`` sizes a request its caller did not size (``resolve(cpu=None)``); without it
+        everything runs inline."""
         self.offload = offload
         self.registry = registry
         self.store = store
@@ -124,6 +136,7 @@ class Resolver:
             hosted_tools,
             web_search=web.enabled if web is not None else lambda t: False,
             file_search=files is not None,
+            code_interpreter=code_interpreter if code_interpreter is not None else _code_off,
         )
         #: input items already checked, for requests that re-send the conversation (``ItemChecks``)
         self.item_checks = ItemChecks(item_checks_bytes)
@@ -135,6 +148,8 @@ class Resolver:
         self.web = web
         #: the vector stores ``file_search`` searches (``gateway.files.vector_stores``)
         self.files = files
+        #: the containers ``code_interpreter`` runs code in (``gateway.containers``; set by the pipeline)
+        self.containers: Containers | None = None
         #: the stripped-hosted-tools counter's children by type (``labels()`` is a Python call a turn)
         self._stripped: dict[str, Any] = {}
 
@@ -174,14 +189,34 @@ class Resolver:
         if checked.files is not None and self.files is not None:
             file_tool = await check_file_tool(self.files, *checked.files, ctx.tenant, req.include or ())
             hosted = msgspec.structs.replace(hosted, files=file_tool)
+        if checked.code is not None:
+            if self.containers is None:
+                raise ApiError(
+                    503,
+                    "code_interpreter is enabled but this gateway has no containers to run code in.",
+                    type="server_error",
+                    code="service_unavailable",
+                    param=f"tools[{checked.code[0]}]",
+                )
+            used = calls_used(new_items, parent.context if parent is not None else ())
+            code_tool = await check_code_tool(
+                self.containers, *checked.code, ctx.tenant, req.include or (), used=used, generate=gen
+            )
+            hosted = msgspec.structs.replace(hosted, code=code_tool)
         if hosted.active:  # the model sees the servers' tools and the browser, not the hosted tools themselves
             model_tools = tuple(t for t in tools if t["type"] not in GATEWAY_RUN_TYPES)
-            searches = (file_search_namespace(),) if hosted.files is not None else ()
+            searches: tuple[dict[str, Any], ...] = (file_search_namespace(),) if hosted.files is not None else ()
+            builtin: tuple[str, ...] = (BROWSER,) if hosted.web is not None else ()
+            if hosted.code is not None:  # gpt-oss's own python; other families a namespace of one function
+                if route.renderer.family == "harmony":
+                    builtin += (PYTHON,)
+                else:
+                    searches += (python_namespace(),)
             prelude = prelude_of(
                 req,
                 model_tools + hosted.namespaces + searches,
                 hosted_choice(req.tool_choice, hosted),
-                builtin=(BROWSER,) if hosted.web is not None else (),
+                builtin=builtin,
             )
             lap("hosted")
         else:

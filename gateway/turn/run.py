@@ -45,10 +45,12 @@ from cache.response_store import ResponseStore
 from cache.seq import TokenSeq
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.containers.model import Containers
 from gateway.files.vector_stores import VectorStores
 from gateway.tools.browser import Browser
 from gateway.tools.calls import CALL_KINDS, CallRunner
 from gateway.tools.citations import CitationWriter
+from gateway.tools.code_interpreter import CodeInterpreterRunner
 from gateway.tools.file_search import FileSearchRunner
 from gateway.tools.hosted import HostedTools
 from gateway.tools.web import WebRunner, WebSearch
@@ -105,6 +107,8 @@ class TurnRunner:
         self.web = web
         #: the vector stores ``file_search`` searches (``gateway.tools.file_search``)
         self.files = files
+        #: the containers ``code_interpreter`` runs code in (``gateway.containers``; set by the pipeline)
+        self.containers: Containers | None = None
         #: the MCP side (``gateway.tools.hosted``) and the classifiers tool outputs go through
         self.hosted = hosted
         self.classify = classify
@@ -122,6 +126,7 @@ class TurnRunner:
             if (reasoning and (reasoning.summary or reasoning.generate_summary))
             else ("raw" if self.settings.reasoning_text == "raw" else "hidden")
         )
+        code = next((r for r in runners if isinstance(r, CodeInterpreterRunner)), None)
         return ResponseEvents(
             turn.response,
             reasoning_mode=mode,
@@ -129,6 +134,8 @@ class TurnRunner:
             hosted=turn.input.hosted,
             citations=_citations(browser, runners),
             calls=[r.kind for r in runners],
+            call_fields={code.kind.namespace: code.pending()} if code is not None else None,
+            container_files=code.source if code is not None else None,
         )
 
     async def run(self, turn: PreparedTurn, on_usage: UsageHook | None = None) -> AsyncGenerator[Event, None]:
@@ -161,6 +168,18 @@ class TurnRunner:
             runners.append(
                 FileSearchRunner(self.files, files, turn.ctx.tenant, turn.clock, self.settings.tool_output_bytes)
             )
+        code = turn.input.hosted.code
+        coder: CodeInterpreterRunner | None = None
+        if code is not None and code.container_id is not None and self.containers is not None and turn.input.generate:
+            coder = CodeInterpreterRunner(
+                self.containers,
+                code,
+                turn.ctx.tenant,
+                turn.clock,
+                self.settings.tool_output_bytes,
+                self.settings.container_run_timeout_s,
+            )
+            runners.append(coder)
         events = self._events(turn, runners, browser)
         rendered = turn.rendered
         copied = 0
@@ -410,6 +429,8 @@ class TurnRunner:
             finally:  # the terminal is with the transport (or the consumer left): the rest off its path
                 self.finalizer.keep(turn, outcome, on_usage, stored)
         finally:
+            if coder is not None and coder.unused:  # made for this response, never run in: not kept
+                self._forget_container(turn.ctx.tenant, coder.container_id)
             if not settled:  # the clock's time since its last stage boundary is the cut's, not finalize's
                 clock.lap("cancelled")
             if agen is not None:
@@ -532,6 +553,22 @@ class TurnRunner:
         finally:
             if not settled:
                 self._cancel(turn, events, pending, usage, on_usage)
+
+    def _forget_container(self, tenant: str | None, container_id: str) -> None:
+        """Delete a container off the turn's path (the turn may be ending by cancellation)."""
+        containers = self.containers
+        if containers is None:
+            return
+
+        async def delete() -> None:
+            try:
+                await containers.delete(tenant, container_id)
+            except Exception:  # it expires on its own
+                log.warning("deleting unused container %s failed", container_id, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(delete(), name=f"container-{container_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _prefill_later(self, turn: PreparedTurn, ids: TokenSeq) -> None:
         """Warm the engine's prefix cache with the warm-up's context, off the critical path."""

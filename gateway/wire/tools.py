@@ -115,8 +115,8 @@ WEB_SEARCH_TYPES = frozenset(
 
 
 #: tool types the gateway runs itself: they are not among the model's tools (it sees MCP servers'
-#: tools, the browser and ``file_search.msearch`` instead)
-GATEWAY_RUN_TYPES = WEB_SEARCH_TYPES | {"mcp", "file_search"}
+#: tools, the browser, ``file_search.msearch`` and ``python`` instead)
+GATEWAY_RUN_TYPES = WEB_SEARCH_TYPES | {"mcp", "file_search", "code_interpreter"}
 
 
 class WebSearchFilters(_Lenient):
@@ -203,6 +203,40 @@ class FileSearchTool(_Lenient):
         return {
             name: d.get(name) for name in ("type", "vector_store_ids", "filters", "max_num_results", "ranking_options")
         }
+
+
+class CodeInterpreterNetwork(_Lenient):
+    """``container.network_policy``: the sandbox has no network, so only ``disabled`` is served."""
+
+    type: Literal["disabled"]
+
+
+class CodeInterpreterAuto(_Lenient):
+    """``container: {"type": "auto", ...}``: a container made for the response (reused along its
+    chain while it lives), with the tenant's Files API files copied into ``/mnt/data``."""
+
+    type: Literal["auto"]
+    file_ids: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=50)
+    memory_limit: Literal["1g", "4g", "16g", "64g"] | None = None
+    network_policy: CodeInterpreterNetwork | None = None
+
+
+class CodeInterpreterTool(_Lenient):
+    """The ``code_interpreter`` tool (``gateway.tools.code_interpreter`` runs it in the tenant's
+    containers): a container id of the tenant's, or ``auto``."""
+
+    type: Literal["code_interpreter"]
+    container: Annotated[str, Field(min_length=1, max_length=128)] | CodeInterpreterAuto
+
+    def echo(self) -> dict[str, Any]:
+        """The tool as sent: every field of the SDK's ``CodeInterpreter`` (``container`` an id or the
+        auto object), absent ones null."""
+        container: Any = self.container
+        if not isinstance(container, str):
+            d = container.model_dump(exclude_none=True)
+            container = {name: d.get(name) for name in ("type", "file_ids", "memory_limit", "network_policy")}
+        allowed = (self.model_extra or {}).get("allowed_callers")
+        return {"type": "code_interpreter", "container": container, "allowed_callers": allowed}
 
 
 HOSTED_TOOL_TYPES = frozenset(
