@@ -90,6 +90,12 @@ def create_app(
         launch=lambda turn, events, deliver, settle: HttpTurn.start(http_turns, turn, events, deliver, settle),
         closing=closing_events,
     )
+    containers = None
+    if settings.code_interpreter != "off":  # the sandbox is built now, a container on first use
+        from gateway.containers.registry import ContainerRegistry
+
+        containers = ContainerRegistry(settings, pipeline.files)
+        pipeline.use_containers(containers)
     gw = GatewayState(
         settings=settings,
         registry=registry,
@@ -103,6 +109,7 @@ def create_app(
         files=pipeline.files,
         vector_stores=pipeline.vector_stores,
         http_turns=http_turns,
+        containers=containers,
     )
     metrics.registry.register(ComponentCollector(usage, store, registry.engines(), gw.connections))
     metrics.registry.register(BackgroundCollector(background))
@@ -123,6 +130,11 @@ def create_app(
         flags.start()
         background.start_loops()
         sweeper = asyncio.get_running_loop().create_task(gw.files.sweep_loop(), name="respgate-files-sweeper")
+        expirer = (
+            asyncio.get_running_loop().create_task(containers.sweep_loop(), name="respgate-containers-expiry")
+            if containers is not None
+            else None
+        )
         await gw.vector_stores.start()
         gw.accepting = True
         try:
@@ -132,6 +144,11 @@ def create_app(
             await background.close()  # before the store and the billing queue close: it writes to both
             sweeper.cancel()  # before the file stores close (pipeline.close)
             await asyncio.gather(sweeper, return_exceptions=True)
+            if containers is not None:  # after the turns: every container ended, none left running
+                if expirer is not None:
+                    expirer.cancel()
+                    await asyncio.gather(expirer, return_exceptions=True)
+                await containers.aclose()
             if resumable is not None:  # after the drain: closing connections parked their lanes
                 await resumable.close()
             await pipeline.close()
@@ -157,6 +174,7 @@ def create_app(
         # level 6 (zlib's default), not Starlette's 9: within ~1% of its size on JSON, at a fraction of the CPU
         app.add_middleware(GzipAnswers, minimum_size=500, compresslevel=6)
 
+    from gateway.transport.containers_routes import router as containers_router
     from gateway.transport.conversations_routes import router as conversations_router
     from gateway.transport.files_routes import router as files_router
     from gateway.transport.http_routes import router as http_router
@@ -166,6 +184,7 @@ def create_app(
     app.include_router(http_router)
     app.include_router(conversations_router)
     app.include_router(files_router)
+    app.include_router(containers_router)
     app.include_router(vector_stores_router)
     app.include_router(ws_router)
 

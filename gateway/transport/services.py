@@ -18,6 +18,7 @@ from gateway.turn.pipeline import Pipeline
 from inference.registry import ModelRegistry
 
 if TYPE_CHECKING:  # each of these imports this module: named for the checker only
+    from gateway.containers.registry import ContainerRegistry
     from gateway.sessions.background import BackgroundTurns
     from gateway.sessions.resumable import ResumableStates
     from gateway.transport.inflight import HttpTurn
@@ -49,3 +50,6 @@ class GatewayState:
     http_turns: set[HttpTurn] = field(default_factory=set)
     #: closed connections' resumable lane states (``gateway.sessions.resumable``); None: off
     resumable: ResumableStates | None = None
+    #: this replica's containers (``/v1/containers`` and ``code_interpreter``; ``gateway.containers``);
+    #: None where ``code_interpreter`` is ``off``
+    containers: ContainerRegistry | None = None
