@@ -61,6 +61,10 @@ serve: $(STAMP)
 # than skip. Each entry is command:package.
 TEST_TOOLS   := docker-compose:docker-compose shellcheck:shellcheck bwrap:bubblewrap setpriv:util-linux
 MISSING_TOOLS := $(strip $(foreach t,$(TEST_TOOLS),$(if $(shell command -v $(word 1,$(subst :, ,$(t))) 2>/dev/null),,$(word 2,$(subst :, ,$(t))))))
+# The sandbox runs the host's /usr/bin/python3: its data-analysis modules (tests/security/sandbox draws a
+# pandas + matplotlib chart) come from Debian too. Each entry is module:package.
+SANDBOX_PY_MODULES := numpy:python3-numpy pandas:python3-pandas matplotlib:python3-matplotlib
+MISSING_TOOLS += $(strip $(foreach m,$(SANDBOX_PY_MODULES),$(if $(shell /usr/bin/python3 -c 'import $(word 1,$(subst :, ,$(m)))' 2>/dev/null && echo y),,$(word 2,$(subst :, ,$(m))))))
 # The suite runs on PYTEST_JOBS workers (pytest-xdist), a file at a time, the tests on the shared real
 # engine as one unit, the units that start real engines first (tests/conftest.py); PYTEST_JOBS=0 runs it
 # in this process. PYTEST_ARGS: anything else for pytest (default: list the 20 slowest tests).

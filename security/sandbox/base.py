@@ -6,7 +6,8 @@ code-interpreter convention) plus a persistent interpreter, so variables and fil
 a quota hit comes back as a :class:`RunResult` whose ``failure`` says which (the model sees that),
 with logs capped in bytes. Only a misuse of the handle (a closed container) raises.
 
-Backends: ``local`` (:mod:`security.sandbox.local`, bubblewrap namespaces on this host); a
+Backends: ``local`` (:mod:`security.sandbox.local`, bubblewrap namespaces on this host, a cgroup per
+container where one is writable: :mod:`security.sandbox.cgroup`); a
 Kubernetes one (a pod per container) is to come behind the same protocol.
 """
 
@@ -22,7 +23,7 @@ class Failure(enum.StrEnum):
     failure of the sandbox: it is ``failure=None`` with ``error`` set and ``exit_status=1``."""
 
     TIMEOUT = "timeout"  # wall time (parent) or CPU time (RLIMIT_CPU) ran out
-    MEMORY = "memory"  # the address-space limit: MemoryError, or killed allocating
+    MEMORY = "memory"  # the address-space limit (MemoryError), or the container's cgroup limit (OOM killer)
     OUTPUT_TOO_LARGE = "output_too_large"  # stdout/stderr past the cap (what fit is returned)
     DISK_FULL = "disk_full"  # per-file size (RLIMIT_FSIZE), the folder quota or /tmp's size
     KILLED = "killed"  # ended by a signal that was not ours (or by close() during the run)
@@ -68,9 +69,9 @@ class RunResult:
 class Limits:
     """Per-container bounds. Defaults suit data analysis on a shared host; tests shrink them."""
 
-    memory_bytes: int = 1 << 30  # RLIMIT_AS per process
+    memory_bytes: int = 1 << 30  # the container's processes together (cgroup), and RLIMIT_AS of each
     cpu_seconds_total: int = 600  # RLIMIT_CPU hard: the container's whole life
-    processes: int = 64  # RLIMIT_NPROC, counted in the container's own user namespace
+    processes: int = 64  # processes and threads together (cgroup pids.max), and RLIMIT_NPROC inside
     open_files: int = 256  # RLIMIT_NOFILE
     file_bytes: int = 256 << 20  # RLIMIT_FSIZE: the largest single file
     folder_bytes: int = 1 << 30  # the container folder as a whole (checked while the code runs)

@@ -9,25 +9,47 @@ tmpfs (``/tmp``: ``Limits.tmp_bytes``, ``/dev/shm``: ``Limits.shm_bytes``, ``/ru
 captured output); ``/mnt/data``, its container folder on the host, writable; nothing else — not
 the gateway's checkout, venv, ``/root``, keys or environment. Root is a read-only tmpfs. A small
 seccomp filter (:mod:`security.sandbox.seccomp`) denies ptrace, mounts, namespaces, bpf, io_uring
-and the like. Run as root, the gateway first drops to ``host_uid`` (nobody) with ``setpriv``, so
-even an escape lands as an unprivileged user. bwrap gets a parent-death signal (``setpriv
---pdeathsig``) and its sandbox ``--die-with-parent``: a gateway that dies leaves no container running.
+and the like. Run as root, the gateway first drops to the container's own uid (below; ``host_uid``,
+nobody, with ``uid_range=None``) with ``setpriv``, so even an escape lands as an unprivileged user.
+bwrap gets a parent-death signal (``setpriv --pdeathsig``) and its sandbox ``--die-with-parent``: a
+gateway that dies leaves no container running.
 
-Bounds: rlimits set by the server on itself before any code runs (address space, processes —
-counted per user namespace on Linux >= 5.14 —, open files, file size, CPU: a per-run soft limit
-under a whole-life hard one); wall time enforced here (the whole tree is killed: bwrap's process
+Bounds: a cgroup per container (:mod:`security.sandbox.cgroup`: v2 or v1, detected) bounds the whole
+tree — ``Limits.memory_bytes`` of memory (memory.max / memory.limit_in_bytes, no swap) and
+``Limits.processes`` processes and threads (pids.max) for all its processes together; every process is
+born inside it (a ``/bin/sh`` wrapper joins it, then execs setpriv/bwrap). The OOM killer ending a
+process is reported as ``Failure.MEMORY``; a fork at pids.max fails inside with ``BlockingIOError``.
+Where no cgroup is writable (an unprivileged gateway without a delegated cgroup), the container keeps
+only the per-process rlimits and ``available().details["cgroup"]`` says so. Those rlimits are set by
+the server on itself in any case before any code runs (address space, processes — counted per user
+namespace on Linux >= 5.14 —, open files, file size, CPU: a per-run soft limit under a whole-life
+hard one); wall time enforced here (the whole tree is killed: bwrap's process
 group, and with it the pid namespace); the folder's total size polled while code runs (killed past
 ``Limits.folder_bytes``); stdout/stderr capped inside and every reply frame size-checked here, so a
 container cannot make the gateway hold unbounded memory. Everything is asyncio: a runaway container
 never blocks the event loop. Files are listed, and read for the files API (:meth:`read_file`), on
-the host without following links. Left for later: cgroup memory/pids totals for the whole tree
-(needs a delegated cgroup v2), a runtime image with pandas/matplotlib instead of the host's Python.
+the host without following links.
+
+**Per-container uid.** Run as root, each container gets a host uid of its own from ``uid_range``
+(default 0x70000000 + 0..65535, a range no distribution allocates: systemd leaves it unused), held by
+an ``flock`` on ``<uid_lock_dir>/<uid>`` for the container's life (released by the kernel if the
+gateway dies, shared by every gateway process on the host), and its folder is owned by that uid, 0700.
+So even code that escaped the namespaces cannot signal, ptrace or read another container's processes or
+folder (different uids), nor the gateway's (root). Unprivileged, a gateway cannot change uid: all its
+containers run as the gateway's own uid (``details["uid"]`` says which).
+
+**Runtime.** The sandbox runs the host's ``/usr/bin/python3`` (``/usr`` read-only), so its packages are
+the host's: ``make test`` and ``deploy/Dockerfile`` install Debian's python3-numpy, python3-pandas and
+python3-matplotlib; ``details["python_modules"]`` lists which of them the sandbox python has. BLAS and
+OpenMP run one thread (``OPENBLAS_NUM_THREADS`` and the like): threads count against ``pids.max``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -36,9 +58,11 @@ import struct
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from security.sandbox import cgroup as cgroups
 from security.sandbox import seccomp
 from security.sandbox.base import Availability, Failure, FileEntry, Limits, RunResult
 from security.sandbox.folder import diff, folder_bytes, read_beneath, rmtree, scan
@@ -48,7 +72,19 @@ DATA = "/mnt/data"
 OUT_DIR = "/run/out"
 NOBODY = 65534
 _ETC = ("ld.so.cache", "localtime", "alternatives", "fonts", "mime.types", "matplotlibrc")
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "MPLBACKEND": "Agg"}
+_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "MPLBACKEND": "Agg",
+    # one BLAS/OpenMP thread: threads count against pids.max, and a shared host gets no CPU from more
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+UID_RANGE = (0x70000000, 1 << 16)  # per-container host uids (as root): start, count
+UID_LOCK_DIR = "/run/lock/respgate-sandbox-uids"
+MODULES = ("numpy", "pandas", "matplotlib")  # reported in available().details, not required
 MAX_FILES = 10_000  # the most entries a folder scan lists (the quota still counts every file)
 _POLL_S = 0.2  # how often the folder size is checked while code runs
 
@@ -64,13 +100,28 @@ class LocalSandbox:
         bwrap: str = "bwrap",
         python: str = "/usr/bin/python3",
         host_uid: int = NOBODY,
+        uid_range: tuple[int, int] | None = UID_RANGE,
+        uid_lock_dir: str | os.PathLike[str] = UID_LOCK_DIR,
+        cgroup: str = "auto",
     ) -> None:
+        """``host_uid``: the uid containers run as when ``uid_range`` is ``None`` (as root only).
+        ``cgroup``: ``"auto"`` (detect v2, then v1; rlimits only when neither is writable) or ``"off"``."""
         self.base_dir = Path(base_dir)
         self.limits = limits or Limits()
         self.bwrap = shutil.which(bwrap) or bwrap
         self.python = python
         self.drop_to: int | None = host_uid if os.geteuid() == 0 else None
+        self.uid_range = uid_range if os.geteuid() == 0 else None
+        self.uid_lock_dir = Path(uid_lock_dir)
         self.seccomp_filter = seccomp.build()
+        self.cgroup_setup: cgroups.CgroupSetup | None = None
+        self.cgroup_reason = "off (cgroup='off')"
+        if cgroup == "auto":
+            self.cgroup_setup, self.cgroup_reason = cgroups.detect()
+            if self.cgroup_setup is not None:
+                cgroups.sweep_stale(self.cgroup_setup)
+        elif cgroup != "off":
+            raise ValueError(f"cgroup must be 'auto' or 'off', not {cgroup!r}")
         self._availability: Availability | None = None
 
     # -- can it start here ------------------------------------------------------------------------
@@ -83,7 +134,13 @@ class LocalSandbox:
         return self._availability
 
     def _probe(self) -> Availability:
-        details = {"bwrap": self.bwrap, "python": self.python, "seccomp": "on" if self.seccomp_filter else "off"}
+        details = {
+            "bwrap": self.bwrap,
+            "python": self.python,
+            "seccomp": "on" if self.seccomp_filter else "off",
+            "cgroup": self._cgroup_detail(),
+            "uid": self._uid_detail(),
+        }
         if not os.path.isfile(self.bwrap) or not os.access(self.bwrap, os.X_OK):
             return Availability(False, "bwrap (bubblewrap) not found: apt-get install bubblewrap", details)
         if not os.access(self.python, os.X_OK):
@@ -91,17 +148,47 @@ class LocalSandbox:
         if not shutil.which("setpriv"):
             return Availability(False, "setpriv (util-linux) not found", details)
         with _SeccompFd(self.seccomp_filter) as fd:
-            argv = self._argv(str(self.base_dir), fd, [self.python, "-I", "-c", "print('sandbox-ok')"])
+            argv = self._argv(str(self.base_dir), fd, [self.python, "-I", "-c", _PROBE])
             argv = self._without_data_bind(argv)
             try:
                 done = subprocess.run(argv, capture_output=True, timeout=30, env=dict(_ENV), pass_fds=_fds(fd), cwd="/")
             except (OSError, subprocess.TimeoutExpired) as e:
                 return Availability(False, f"bwrap did not start: {e}", details)
-        if done.returncode != 0 or done.stdout.strip() != b"sandbox-ok":
+        words = done.stdout.decode("utf-8", "replace").split()
+        if done.returncode != 0 or words[:1] != ["sandbox-ok"]:
             err = done.stderr.decode("utf-8", "replace").strip()[-300:]
             hint = " (no user namespaces? e.g. inside a container without them)" if "namespace" in err else ""
             return Availability(False, f"bwrap failed{hint}: {err or done.returncode}", details)
+        details["python_modules"] = " ".join(words[1:]) or "none"
+        missing = [m for m in MODULES if m not in words[1:]]
+        if missing:
+            details["python_modules_missing"] = " ".join(missing) + f" (apt-get install {_debs(missing)})"
         return Availability(True, "", details)
+
+    def _cgroup_detail(self) -> str:
+        if self.cgroup_setup is None:
+            return (
+                f"none: {self.cgroup_reason}; memory and process limits are per process only "
+                "(RLIMIT_AS, RLIMIT_NPROC), not for a container's processes together"
+            )
+        try:  # a real one: create, limit and remove a probe cgroup
+            probe = cgroups.TreeCgroup(self.cgroup_setup, f"probe-{uuid.uuid4().hex}", 64 << 20, 8)
+        except OSError as e:
+            self.cgroup_setup = None
+            self.cgroup_reason = f"cannot create a container cgroup: {e}"
+            return self._cgroup_detail()
+        for d in probe.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        return self.cgroup_setup.describe()
+
+    def _uid_detail(self) -> str:
+        if self.uid_range is not None:
+            start, count = self.uid_range
+            return f"one per container: {start}..{start + count - 1} (locks in {self.uid_lock_dir})"
+        if self.drop_to is not None:
+            return f"{self.drop_to} for every container (uid_range=None)"
+        return f"{os.geteuid()} (the gateway's own: not root, so no uid change)"
 
     @staticmethod
     def _without_data_bind(argv: list[str]) -> list[str]:
@@ -122,13 +209,14 @@ class LocalSandbox:
 
     # -- the command line -------------------------------------------------------------------------
 
-    def _argv(self, folder: str, seccomp_fd: int | None, command: list[str]) -> list[str]:
+    def _argv(self, folder: str, seccomp_fd: int | None, command: list[str], *, uid: int | None = None) -> list[str]:
         lim = self.limits
         # setpriv: the tree dies with the gateway (the parent-death signal on bwrap itself, set after
         # the uid change that would clear it); as root, first drop to an unprivileged user
         argv: list[str] = ["setpriv", "--pdeathsig=KILL", "--no-new-privs"]
-        if self.drop_to is not None:
-            uid = str(self.drop_to)
+        run_as = uid if uid is not None else self.drop_to
+        if run_as is not None:
+            uid = run_as
             argv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
         argv += ["--"]
         argv += [
@@ -187,17 +275,65 @@ class LocalSandbox:
         os.chmod(self.base_dir, 0o711)
         home = self.base_dir / cid
         home.mkdir(mode=0o711)
-        data = home / "data"
-        data.mkdir(mode=0o700)
-        if self.drop_to is not None:
-            os.chown(data, self.drop_to, self.drop_to)
-        container = LocalContainer(self, cid, str(home), str(data))
+        container = LocalContainer(self, cid, str(home), str(home / "data"))
         try:
+            if self.uid_range is not None:
+                container._uid_lease = _UidLease.take(self.uid_lock_dir, *self.uid_range)
+            uid = container.uid
+            data = home / "data"
+            data.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(data, uid, uid)
+            if self.cgroup_setup is not None:
+                lim = self.limits
+                name = cgroups.container_name(cid)
+                container.cgroup = cgroups.TreeCgroup(self.cgroup_setup, name, lim.memory_bytes, lim.processes)
             await container.start()
         except BaseException:
             await container.close()
             raise
         return container
+
+
+def _debs(modules: list[str]) -> str:
+    return " ".join(f"python3-{m}" for m in modules)
+
+
+_PROBE = f"import importlib.util as u; print('sandbox-ok', *[m for m in {MODULES!r} if u.find_spec(m) is not None])"
+
+
+class _UidLease:
+    """A host uid of ``[start, start + count)`` held by an exclusive ``flock`` on ``<dir>/<uid>``: every
+    gateway process on the host that uses the same lock folder gets a different one; the kernel drops
+    the lock when the holder dies, so a crash leaves nothing to clean up."""
+
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid = uid
+        self._fd: int | None = fd
+
+    @classmethod
+    def take(cls, lock_dir: Path, start: int, count: int) -> _UidLease:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for uid in _uid_order(start, count):
+            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return cls(uid, fd)
+        raise RuntimeError(f"all {count} container uids from {start} are in use")
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the lock goes with it; the file stays (unlinking would race another taker)
+
+
+def _uid_order(start: int, count: int) -> Iterator[int]:
+    """Lowest free first: the lock files stay as many as containers ever ran at once. A uid is released
+    only once its container's processes are all gone (close), so reuse never shares a uid with a live one."""
+    yield from range(start, start + count)
 
 
 class _SeccompFd:
@@ -239,6 +375,13 @@ class LocalContainer:
         self._closed = False
         self._lost = False  # the last interpreter ended: its globals are gone
         self.python_version = ""
+        self.cgroup: cgroups.TreeCgroup | None = None  # the whole tree's memory and pids bounds
+        self._uid_lease: _UidLease | None = None
+
+    @property
+    def uid(self) -> int | None:
+        """The host uid the container's processes run as (``None``: the gateway's own)."""
+        return self._uid_lease.uid if self._uid_lease is not None else self._sandbox.drop_to
 
     @property
     def id(self) -> str:
@@ -260,8 +403,11 @@ class LocalContainer:
     async def start(self) -> None:
         sb = self._sandbox
         with _SeccompFd(sb.seccomp_filter) as fd:
+            argv = sb._argv(self._folder, fd, sb.server_command(), uid=self.uid)
+            if self.cgroup is not None:  # joined before exec: every process of the tree is born inside
+                argv = self.cgroup.join_argv(argv)
             self._proc = await asyncio.create_subprocess_exec(
-                *sb._argv(self._folder, fd, sb.server_command()),
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -274,8 +420,12 @@ class LocalContainer:
         try:
             hello = await asyncio.wait_for(self._read_frame(), 30)
         except (TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+            proc = self._proc
             await self._kill()
-            raise RuntimeError(f"sandbox did not start: {self._stderr_tail.decode('utf-8', 'replace')!r}") from e
+            why = self._stderr_tail.decode("utf-8", "replace")
+            if proc is not None and proc.returncode == cgroups.JOIN_FAILED:
+                why = f"could not join the container cgroup: {why}"
+            raise RuntimeError(f"sandbox did not start: {why!r}") from e
         self.python_version = str(hello.get("python", ""))
 
     async def _drain_stderr(self, proc: asyncio.subprocess.Process) -> None:
@@ -303,6 +453,8 @@ class LocalContainer:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if self.cgroup is not None:  # anything that left the process group (setsid) is still in here
+            self.cgroup.kill()
         await proc.wait()
         if self._stderr_task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -329,6 +481,8 @@ class LocalContainer:
             await self.start()
             self._lost = False
         before, _ = await asyncio.to_thread(scan, self._folder)
+        oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        pids_before = self.cgroup.pids_max_hits() if self.cgroup is not None else 0
         assert self._proc is not None and self._proc.stdin is not None
         body = json.dumps({"code": code, "cpu_s": max(1, int(timeout) + 1)}).encode()
         reply: dict[str, object] | None = None
@@ -362,16 +516,47 @@ class LocalContainer:
             failure, error = _exit_failure(rc)
         except (ValueError, UnicodeDecodeError) as e:
             failure, error = Failure.CRASHED, f"the interpreter broke the protocol: {e}"
+        oom_killed = self.cgroup.oom_kills() - oom_before if self.cgroup is not None else 0
         if reply is None:
             await self._kill()
             state_lost = True
+            if oom_killed > 0 and failure is not Failure.DISK_FULL:
+                failure, error = Failure.MEMORY, self._oom_message(oom_killed, interpreter=True)
         after, total = await asyncio.to_thread(scan, self._folder)
         files = diff(before, after)
         if reply is None:
             return RunResult(
                 "", "", None, failure, error, files, state_lost=state_lost, duration_s=time.monotonic() - started
             )
-        return self._result(reply, files, total, state_lost, time.monotonic() - started)
+        result = self._result(reply, files, total, state_lost, time.monotonic() - started)
+        if oom_killed > 0 and result.failure in (None, Failure.MEMORY):
+            # the interpreter lived; a process it started did not (or a MemoryError came with it)
+            result = dataclasses.replace(
+                result, failure=Failure.MEMORY, error=self._oom_message(oom_killed, interpreter=False)
+            )
+        elif (
+            self.cgroup is not None
+            and result.error is not None
+            and result.error.startswith("BlockingIOError")
+            and self.cgroup.pids_max_hits() > pids_before
+        ):
+            limit = self._sandbox.limits.processes
+            result = dataclasses.replace(
+                result, error=f"{result.error} (the container's limit of {limit} processes and threads)"
+            )
+        return result
+
+    def _oom_message(self, killed: int, *, interpreter: bool) -> str:
+        mib = self._sandbox.limits.memory_bytes / (1 << 20)
+        what = (
+            "the interpreter (its variables are lost)"
+            if interpreter
+            else f"{killed} process{'es' if killed > 1 else ''} the code started"
+        )
+        return (
+            f"MemoryError: out of memory: the container's processes together reached its limit of {mib:g} MiB "
+            f"and the kernel ended {what}"
+        )
 
     def _result(
         self, reply: dict[str, object], files: tuple[FileEntry, ...], total: int, state_lost: bool, took: float
@@ -415,8 +600,12 @@ class LocalContainer:
     async def close(self) -> None:
         self._closed = True
         await self._kill()
+        if self.cgroup is not None:
+            await self.cgroup.remove()
         if os.path.isdir(self._home):
             await asyncio.to_thread(rmtree, self._home)
+        if self._uid_lease is not None:  # only once nothing of the container runs as that uid
+            self._uid_lease.release()
 
 
 def _exit_failure(rc: int | None) -> tuple[Failure, str]:

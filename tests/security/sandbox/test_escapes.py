@@ -12,6 +12,7 @@ with the reason: these tests never pass silently. An environment that knowingly 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -99,6 +100,48 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _pss(pid: int) -> int:
+    """A process's proportional share of resident memory (pages shared after fork counted once overall)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class _Gauge:
+    """While a run is pending: a coroutine that keeps ticking (the event loop is not stalled) and, each
+    tick, the container's process tree seen from the host (its size and its total proportional resident memory)."""
+
+    def __init__(self, box: LocalContainer) -> None:
+        assert box.pid is not None
+        self.pid = box.pid
+        self.ticks = 0
+        self.most_processes = 0
+        self.most_rss = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            tree = _tree(self.pid)
+            self.most_processes = max(self.most_processes, len(tree))
+            self.most_rss = max(self.most_rss, sum(_pss(p) for p in tree))
+            self.ticks += 1
+            await asyncio.sleep(0.02)
+
+    async def __aenter__(self) -> _Gauge:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
 
 def _code(src: str) -> str:
@@ -428,6 +471,167 @@ async def test_fork_bomb_ends_failed_and_leaves_no_process(box: LocalContainer) 
 
 
 @needs_sandbox
+async def test_fork_bomb_across_many_processes_is_stopped_by_pids_max(box: LocalContainer) -> None:
+    """Every process forks again, ten generations (2**10 wanted): the container's processes together are
+    held at ``Limits.processes`` — counted from the host over the whole tree, bwrap's own included, which
+    the per-uid RLIMIT_NPROC inside cannot do — the refused forks fail inside with BlockingIOError, and
+    the call completes cleanly while the gateway's loop goes on."""
+    async with _Gauge(box) as gauge:
+        result = await asyncio.wait_for(
+            box.run(
+                _code("""
+                import os, time
+                root, (r, w) = os.getpid(), os.pipe()
+                for generation in range(10):
+                    try:
+                        os.fork()  # parent and child both go on forking
+                    except BlockingIOError:
+                        os.write(w, b"x")  # one byte per refused fork
+                time.sleep(1)  # hold the peak a while, for the host to see it
+                while True:
+                    try:
+                        os.wait()
+                    except ChildProcessError:
+                        break
+                if os.getpid() != root:
+                    os._exit(0)
+                os.close(w)
+                print(len(os.read(r, 1 << 16)))
+                """),
+                timeout=60,
+            ),
+            120,  # a hang guard only: the run bounds itself
+        )
+    assert result.ok, result
+    assert int(result.stdout) > 0  # forks were refused
+    assert 10 < gauge.most_processes <= LIMITS.processes, gauge.most_processes
+    assert box.cgroup is not None and box.cgroup.pids_max_hits() > 0  # and pids.max is what refused them
+    assert gauge.ticks >= 10  # the gateway's loop ran all along (the run took over a second)
+    after = await box.run("'alive'")
+    assert after.ok and after.stdout.strip() == "'alive'" and not after.state_lost, after
+
+
+@needs_sandbox
+async def test_memory_of_many_processes_is_bounded_for_the_whole_tree(box: LocalContainer) -> None:
+    """20 processes of 200 MB each: every one is under the per-process limit, together they are 8 times
+    the container's memory. The cgroup's limit holds the tree (the OOM killer ends some of them), the
+    call ends as a MEMORY failure with a model-visible message, and the gateway's loop goes on."""
+    async with _Gauge(box) as gauge:
+        result = await asyncio.wait_for(
+            box.run(
+                _code("""
+                import json, os, time
+                kids = []
+                for _ in range(20):
+                    pid = os.fork()
+                    if pid == 0:
+                        hog = b"x" * (200 << 20)
+                        time.sleep(1)
+                        os._exit(0)
+                    kids.append(pid)
+                statuses = [os.waitpid(k, 0)[1] for k in kids]
+                print(json.dumps({"killed": sum(os.WIFSIGNALED(s) for s in statuses), "n": len(statuses)}))
+                """),
+                timeout=60,
+            ),
+            120,  # a hang guard only: the run bounds itself
+        )
+    assert result.failure is Failure.MEMORY, result
+    assert result.error is not None and "out of memory" in result.error and "MiB" in result.error
+    assert gauge.most_rss <= LIMITS.memory_bytes + (64 << 20), gauge.most_rss  # 4 GB wanted
+    out = _json(result.stdout)
+    assert isinstance(out, dict) and out["n"] == 20 and out["killed"] > 0, out
+    assert box.cgroup is not None and (box.cgroup.memory_peak() or 0) <= LIMITS.memory_bytes
+    assert gauge.ticks >= 10  # the gateway's loop ran all along (the run took over a second)
+    again = await box.run("1 + 1")  # the interpreter itself was not the one killed: its state is kept
+    assert again.ok and again.stdout.strip() == "2" and not again.state_lost, again
+
+
+@needs_sandbox
+async def test_the_oom_killer_ending_the_interpreter_is_a_memory_failure(box: LocalContainer) -> None:
+    """Children hold memory, then the interpreter (made the OOM killer's first choice) asks for more:
+    the tree passes the container's limit though no process passes its own, the kernel ends the
+    interpreter, and the call says so (memory, state lost); the next call gets a fresh interpreter."""
+    result = await asyncio.wait_for(
+        box.run(
+            _code("""
+            import os, time
+            for _ in range(4):
+                if os.fork() == 0:
+                    hog = b"x" * (100 << 20)
+                    time.sleep(60)
+                    os._exit(0)
+            time.sleep(1)  # the children hold their 400 MB
+            open("/proc/self/oom_score_adj", "w").write("1000")  # raising it needs no privilege
+            big = b"y" * (400 << 20)  # under the per-process limit, over the container's with the children
+            """),
+            timeout=60,
+        ),
+        120,  # a hang guard only
+    )
+    assert result.failure is Failure.MEMORY and result.state_lost, result
+    assert result.error is not None and "out of memory" in result.error and "interpreter" in result.error
+    again = await box.run("'fresh'")
+    assert again.ok and again.stdout.strip() == "'fresh'", again
+
+
+@needs_sandbox
+async def test_every_process_is_born_in_the_containers_cgroup(sandbox: LocalSandbox) -> None:
+    """The wrapper joins the cgroup before bwrap starts: the whole tree is inside, and close removes it."""
+    container = await sandbox.create()
+    try:
+        started = await container.run("import subprocess; subprocess.Popen(['sleep', '600']).pid")
+        assert started.ok, started
+        assert container.pid is not None and container.cgroup is not None
+        tree = _tree(container.pid)
+        assert len(tree) >= 4  # bwrap, its init, the interpreter, sleep
+        assert tree <= set(container.cgroup.pids())
+        dirs = container.cgroup.dirs
+        assert all(d.is_dir() for d in dirs)
+        assert int(Path(container.cgroup.pids_dir, "pids.max").read_text()) == LIMITS.processes
+    finally:
+        await container.close()
+    assert not any(d.exists() for d in dirs)
+
+
+@needs_sandbox
+async def test_each_container_runs_as_its_own_host_uid(sandbox: LocalSandbox) -> None:
+    """Two containers, two host uids: a process of one (as if it had escaped its namespaces) cannot signal
+    the other's interpreter, nor list its folder."""
+    if os.geteuid() != 0:
+        pytest.skip("per-container uids need a root gateway (unprivileged, all run as the gateway's uid)")
+    a, b = await sandbox.create(), await sandbox.create()
+    try:
+        seen = await b.run("import os; os.getuid()")
+        assert seen.ok and seen.stdout.strip() == "1000", seen  # inside: the same uid in every container
+        assert a.uid is not None and b.uid is not None and a.uid != b.uid
+        assert b.pid is not None
+        b_uids = {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0] for p in _tree(b.pid) if _alive(p)}
+        assert b_uids == {str(b.uid)}
+        assert os.stat(b.folder).st_uid == b.uid
+        probe = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={a.uid}",
+                f"--regid={a.uid}",
+                "--clear-groups",
+                sys.executable or "python3",
+                "-I",
+                "-c",
+                f"import os\ntry:\n os.kill({b.pid}, 0); print('signalled')\nexcept PermissionError: print('EPERM')\n"
+                f"try:\n os.listdir({b.folder!r}); print('listed')\nexcept PermissionError: print('EPERM')",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert probe.stdout.split() == ["EPERM", "EPERM"], probe
+    finally:
+        await a.close()
+        await b.close()
+
+
+@needs_sandbox
 async def test_memory_hog_fails_with_memory(box: LocalContainer) -> None:
     result = await box.run("x = b'x' * (2 << 30)")
     assert result.failure is Failure.MEMORY, result
@@ -510,6 +714,47 @@ async def test_huge_output_of_a_child_process_is_capped(box: LocalContainer) -> 
 
 
 # -- what the tool needs ---------------------------------------------------------------------------
+
+
+_MODULES = _AVAILABILITY.details.get("python_modules", "").split()
+
+
+@pytest.mark.skipif(
+    not {"pandas", "matplotlib"} <= set(_MODULES),
+    reason=f"the sandbox python lacks pandas/matplotlib: {_AVAILABILITY.details.get('python_modules_missing')}",
+)
+@needs_sandbox
+async def test_pandas_reads_a_csv_and_matplotlib_draws_a_chart(box: LocalContainer) -> None:
+    """The data-analysis runtime: an uploaded CSV (written by the host, as the files API does) read with
+    pandas, a chart drawn with matplotlib into /mnt/data, listed as a file the run created."""
+    csv = Path(box.folder, "sales.csv")
+    csv.write_text("region,amount\nnorth,3\nsouth,5\nnorth,4\n")
+    csv.chmod(0o644)
+    result = await box.run(
+        _code("""
+        import pandas as pd
+        import matplotlib.pyplot as plt
+        df = pd.read_csv("/mnt/data/sales.csv")
+        totals = df.groupby("region")["amount"].sum()
+        totals.plot.bar()
+        plt.savefig("/mnt/data/chart.png")
+        print(totals.to_json())
+        """)
+    )
+    assert result.ok, result
+    assert _json(result.stdout) == {"north": 7, "south": 5}
+    assert [(f.path, f.change) for f in result.files] == [("chart.png", FileChange.CREATED)]
+    assert (await box.read_file("chart.png")).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_availability_names_the_bounds_and_the_modules() -> None:
+    """What the operator sees: the cgroup (or that there is none, and what that means) and the modules."""
+    if not _AVAILABILITY.ok:
+        pytest.skip(f"the local sandbox cannot start here: {_AVAILABILITY.reason}")
+    off = LocalSandbox(tempfile.gettempdir(), LIMITS, cgroup="off").available()
+    assert off.ok and off.details["cgroup"].startswith("none: ") and "per process only" in off.details["cgroup"]
+    assert _AVAILABILITY.details["cgroup"].startswith(("v1 ", "v2 ", "none: "))
+    assert set(_AVAILABILITY.details["python_modules"].split()) <= {"numpy", "pandas", "matplotlib", "none"}
 
 
 @needs_sandbox
@@ -605,3 +850,8 @@ async def test_a_gateway_that_dies_leaves_no_container_running(base_dir: Path) -
             break
         await asyncio.sleep(0.1)
     assert [p for p in tree if _alive(p)] == []
+    # its container's cgroup outlived it (empty); the next gateway's sandbox removes it
+    setup = LocalSandbox(base_dir / "containers", LIMITS).cgroup_setup
+    if setup is not None:
+        parents = {setup.memory_parent, setup.pids_parent}
+        assert [d for parent in parents for d in parent.glob(f"g{gateway.pid}-*")] == []
