@@ -242,8 +242,11 @@ class ContainerRegistry:
                 container,
             )
             try:
-                for source in sources:
-                    await self._copy_in(entry, source.id, source.filename)
+                for source in sources:  # two of one name: the later one is ``<file id>-<name>``
+                    name = clean_filename(source.filename)
+                    if entry.by_path(f"{DATA}/{name}") is not None:
+                        name = clean_filename(f"{source.id}-{name}")
+                    await self._copy_in(entry, source.id, name)
             except BaseException:
                 await container.close()
                 raise

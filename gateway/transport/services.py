@@ -12,13 +12,13 @@ from gateway.access.auth import KeyAuth
 from gateway.access.rate_limits import Access
 from gateway.base.metrics import Metrics
 from gateway.base.settings import Settings
+from gateway.containers.registry import ContainerRegistry
 from gateway.files.files import Files
 from gateway.files.vector_stores import VectorStores
 from gateway.turn.pipeline import Pipeline
 from inference.registry import ModelRegistry
 
 if TYPE_CHECKING:  # each of these imports this module: named for the checker only
-    from gateway.containers.registry import ContainerRegistry
     from gateway.sessions.background import BackgroundTurns
     from gateway.sessions.resumable import ResumableStates
     from gateway.transport.inflight import HttpTurn

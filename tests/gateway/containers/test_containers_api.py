@@ -87,8 +87,9 @@ def test_containers_and_their_files_through_the_sdk(make_gateway: Any, base_dir:
     client = live.openai()
     csv = b"city,rain\nOslo,12\nLima,0\n" * 200
     source = client.files.create(file=("rain.csv", io.BytesIO(csv)), purpose="user_data")
+    twin = client.files.create(file=("dir/rain.csv", b"a twin"), purpose="user_data")
     created = client.containers.create(
-        name="analysis", file_ids=[source.id], expires_after={"anchor": "last_active_at", "minutes": 5}
+        name="analysis", file_ids=[source.id, twin.id], expires_after={"anchor": "last_active_at", "minutes": 5}
     )
     assert _exact(created, ContainerCreateResponse), created
     assert created.id.startswith("cntr_") and created.name == "analysis" and created.status == "running"
@@ -98,7 +99,10 @@ def test_containers_and_their_files_through_the_sdk(make_gateway: Any, base_dir:
     retrieved = client.containers.retrieve(created.id)
     assert _exact(retrieved, ContainerRetrieveResponse) and retrieved.id == created.id
 
-    (copied,) = client.containers.files.list(created.id)
+    copied, twin_copy = client.containers.files.list(created.id, order="asc")
+    assert twin_copy.path == f"/mnt/data/{twin.id}-rain.csv"  # the same name twice: both kept
+    assert client.containers.files.content.retrieve(twin_copy.id, container_id=created.id).read() == b"a twin"
+    client.containers.files.delete(twin_copy.id, container_id=created.id)
     assert _exact(copied, FileListResponse), copied
     assert copied.id.startswith("cfile_") and copied.path == "/mnt/data/rain.csv"
     assert copied.source == "user" and copied.bytes == len(csv) and copied.container_id == created.id
@@ -365,3 +369,45 @@ def test_shutdown_ends_every_container(base_dir: Path) -> None:
     assert not folder.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": "x", "model": "m"}, "model"),
+        ({"name": "x", "expires_after": {"anchor": "created_at", "minutes": 5}}, "expires_after.anchor"),
+        ({"name": "x", "expires_after": {"anchor": "last_active_at", "minutes": 0}}, "expires_after.minutes"),
+        ({"name": "x", "memory_limit": "2g"}, "memory_limit"),
+        ({"name": "x", "file_ids": ["f"] * 101}, "file_ids"),
+        ({"name": "x", "skills": []}, "skills"),
+    ],
+)
+def test_bad_create_bodies_are_400s_naming_the_field(
+    make_gateway: Any, base_dir: Path, body: dict[str, Any], param: str
+) -> None:
+    live = _gateway(make_gateway, base_dir, sandbox=False)
+    r = httpx.post(f"{live.url}/v1/containers", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert _registry(live)._entries == {}
+
+
+def test_bad_file_requests_are_clear_4xx(make_gateway: Any, base_dir: Path) -> None:
+    live = _gateway(make_gateway, base_dir)
+    c = live.openai().containers.create(name="bodies")
+    url = f"{live.url}/v1/containers/{c.id}/files"
+    for kw, status, param in (
+        ({"json": {}}, 400, "file_id"),
+        ({"json": {"file_id": 7}}, 400, "file_id"),
+        ({"json": {"file_id": "file-x", "path": "/etc"}}, 400, "path"),
+        ({"json": {"file_id": "file-nope"}}, 404, "file_id"),
+        ({"content": b"x", "headers": {"content-type": "text/plain"}}, 415, None),
+        ({"files": {"other": ("a.txt", b"a")}}, 400, "other"),
+        ({"data": {"purpose": "x"}, "files": {"file": ("a.txt", b"a")}}, 400, "purpose"),
+    ):
+        r = httpx.post(url, **kw)
+        assert r.status_code == status and r.json()["error"]["param"] == param, (kw, r.text)
+    assert os.listdir(_folder(live, c.id)) == []
+    r = httpx.get(f"{url}?limit=0")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
