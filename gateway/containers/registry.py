@@ -250,6 +250,9 @@ class ContainerRegistry:
             except BaseException:
                 await container.close()
                 raise
+            if self._closed:  # shut down while it started: it must not outlive the gateway
+                await container.close()
+                raise sandbox_unavailable("the server is shutting down")
             self._entries[cid] = entry
             return entry.record
         finally:
