@@ -512,6 +512,32 @@ async def test_fork_bomb_across_many_processes_is_stopped_by_pids_max(box: Local
 
 
 @needs_sandbox
+async def test_a_fork_refused_at_pids_max_tells_the_model_why(box: LocalContainer) -> None:
+    result = await box.run(
+        _code("""
+        import os, time
+        kids = []
+        try:
+            while True:
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                kids.append(pid)
+        finally:
+            for k in kids:
+                os.kill(k, 9)
+                os.waitpid(k, 0)
+        """)
+    )
+    assert result.exit_status == 1 and result.failure is None, result  # the code's own exception
+    assert result.error is not None and result.error.startswith("BlockingIOError"), result.error
+    assert f"the container's limit of {LIMITS.processes} processes and threads" in result.error
+    after = await box.run("'alive'")
+    assert after.ok and not after.state_lost, after
+
+
+@needs_sandbox
 async def test_memory_of_many_processes_is_bounded_for_the_whole_tree(box: LocalContainer) -> None:
     """20 processes of 200 MB each: every one is under the per-process limit, together they are 8 times
     the container's memory. The cgroup's limit holds the tree (the OOM killer ends some of them), the
@@ -604,11 +630,7 @@ async def test_each_container_runs_as_its_own_host_uid(sandbox: LocalSandbox) ->
     try:
         seen = await b.run("import os; os.getuid()")
         assert seen.ok and seen.stdout.strip() == "1000", seen  # inside: the same uid in every container
-        assert a.uid is not None and b.uid is not None and a.uid != b.uid
-        assert b.pid is not None
-        b_uids = {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0] for p in _tree(b.pid) if _alive(p)}
-        assert b_uids == {str(b.uid)}
-        assert os.stat(b.folder).st_uid == b.uid
+        assert a.uid is not None and b.uid is not None and b.pid is not None
         probe = subprocess.run(
             [
                 "setpriv",
@@ -626,6 +648,10 @@ async def test_each_container_runs_as_its_own_host_uid(sandbox: LocalSandbox) ->
             timeout=30,
         )
         assert probe.stdout.split() == ["EPERM", "EPERM"], probe
+        assert a.uid != b.uid
+        b_uids = {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0] for p in _tree(b.pid) if _alive(p)}
+        assert b_uids == {str(b.uid)}
+        assert os.stat(b.folder).st_uid == b.uid
     finally:
         await a.close()
         await b.close()
