@@ -390,3 +390,95 @@ def test_other_families_see_a_function_shaped_namespace() -> None:
     text = "a sandbox:/mnt/data/out/x.csv. b (sandbox:/mnt/data/nope.txt)"
     marks = container_marks(text, lambda p: ("c", "f", "x.csv") if p == "out/x.csv" else None)
     assert [text[m["start_index"] : m["end_index"]] for m in marks] == ["sandbox:/mnt/data/out/x.csv"]
+
+
+def _code_events(start: Any, *deltas: str) -> tuple[Any, list[dict[str, Any]]]:
+    from gateway.tools.calls import CODE_INTERPRETER
+    from gateway.turn.events import ResponseEvents
+    from inference.parse import ItemDelta, ItemEnd
+
+    ev = ResponseEvents(
+        {"id": "resp_1", "status": "in_progress", "output": [], "usage": None},
+        calls=[CODE_INTERPRETER],
+        call_fields={"python": {"container_id": "cntr_1"}},
+    )
+    ev.created()  # a skeleton response: its own events are not the point here
+    out = ev.feed([start])
+    for d in deltas:
+        out += ev.feed([ItemDelta(d)])
+    out += ev.feed([ItemEnd()])
+    return ev, out
+
+
+def test_gpt_oss_analysis_channel_python_streams_its_code() -> None:
+    """What gpt-oss really writes: ``<|channel|>analysis to=python code<|message|>…<|call|>`` parses
+    to a ``function_call`` named ``python`` with no namespace; with the tool on it is the call."""
+    from inference.parse import ItemStart
+
+    ev, out = _code_events(ItemStart("function_call", "python", None, "analysis"), "print(", "1)")
+    for e in out:
+        assert sdk_check_event(e) == [], e
+    assert [e["delta"] for e in out if e["type"] == "response.code_interpreter_call_code.delta"] == ["print(", "1)"]
+    (done,) = [e for e in out if e["type"] == "response.code_interpreter_call_code.done"]
+    assert done["code"] == "print(1)" and ev.output[0]["code"] == "print(1)"
+    assert ev.output[0]["container_id"] == "cntr_1" and ev.take_calls() == [0]
+    assert ev.call_of(0) == ("python", "print(1)")
+
+
+def test_other_families_call_python_run_with_json_and_get_the_code_whole() -> None:
+    from inference.parse import ItemStart
+
+    ev, out = _code_events(ItemStart("function_call", "run", "python"), '{"code": "x = ', '2"}')
+    for e in out:
+        assert sdk_check_event(e) == [], e
+    deltas = [e["delta"] for e in out if e["type"] == "response.code_interpreter_call_code.delta"]
+    assert deltas == ["x = 2"]  # the JSON is not streamed as code: the code once, when complete
+    assert ev.output[0]["code"] == "x = 2" and ev.output[0]["type"] == "code_interpreter_call"
+
+
+def test_a_function_named_python_is_a_function_call_without_the_tool() -> None:
+    from gateway.turn.events import ResponseEvents
+    from inference.parse import ItemDelta, ItemEnd, ItemStart
+
+    ev = ResponseEvents({"id": "resp_1", "status": "in_progress", "output": [], "usage": None})
+    ev.created()
+    ev.feed([ItemStart("function_call", "python", None), ItemDelta("{}"), ItemEnd()])
+    assert ev.output[0]["type"] == "function_call" and ev.output[0]["name"] == "python"
+
+
+def test_a_chat_template_model_calls_python_run(make_gateway: Any) -> None:
+    """Another family (SmolLM2's chat template, Hermes ``<tool_call>`` blocks): the model sees the
+    ``python__run`` function, calls it with JSON, the code runs, and it reads the result back."""
+    from inference.chat_template_render import ChatTemplateRenderer
+    from inference.model_assets import prepare_model
+    from inference.registry import ModelRegistry, ModelRoute
+    from tests.gateway.turn.test_parallel_tool_calls import ChatMLEngine
+
+    renderer = ChatTemplateRenderer(prepare_model("smollm2"))
+    tok = renderer.tokenizer
+    stop = renderer.stop_token_ids[0]
+    call = '<tool_call>\n{"name": "python__run", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
+    engine = ChatMLEngine(
+        [
+            tok.encode(call, add_special_tokens=False) + [stop],
+            tok.encode("It is 42.", add_special_tokens=False) + [stop],
+        ]
+    )
+    registry = ModelRegistry([ModelRoute(name="ct", engine=engine, renderer=renderer, max_context=8192)])  # type: ignore[arg-type]
+    live: LiveGateway = make_gateway(
+        Settings(models=["ct"], code_interpreter="local"), engine=SimulatedEngine(), registry=registry
+    )
+    fake = FakeContainers()
+    live.gw.pipeline.use_containers(fake)
+    _, _, events = stream(live, model="ct", input="6*7?", tools=[AUTO])
+    for ev in events:
+        assert sdk_check_event(ev) == [], ev
+    final = events[-1]["response"]
+    assert final["status"] == "completed", final
+    (item,) = by_type(final, "code_interpreter_call")
+    assert item["code"] == "print(6 * 7)" and item["status"] == "completed"
+    (cid,) = fake.records
+    assert fake.runs == [(cid, "print(6 * 7)")]
+    first, second = (tok.decode(p) for p in engine.stats.prompts)
+    assert "python__run" in first and "sandbox:/mnt/data/" in first  # the namespace and its mark
+    assert "42" in second[len(first) :]
