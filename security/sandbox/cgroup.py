@@ -271,7 +271,7 @@ class TreeCgroup:
         dying one, is inside, so retry briefly without blocking the event loop. False if one stayed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        left = list(self.dirs)
+        left, stuck = list(self.dirs), []
         while left:
             self.kill()
             for d in list(left):
@@ -281,12 +281,13 @@ class TreeCgroup:
                 except FileNotFoundError:
                     left.remove(d)
                 except OSError as e:
-                    if e.errno != errno.EBUSY:
+                    if e.errno != errno.EBUSY:  # not a process still leaving: retrying will not help
                         left.remove(d)
+                        stuck.append(d)
             if not left or loop.time() > deadline:
                 break
-            await asyncio.sleep(0.02)
-        return not left
+            await asyncio.sleep(0.005)  # the kernel releases a dying process within ms
+        return not left and not stuck
 
 
 def join_argv(procs_files: list[str], argv: list[str]) -> list[str]:

@@ -172,7 +172,9 @@ class LocalSandbox:
                 "(RLIMIT_AS, RLIMIT_NPROC), not for a container's processes together"
             )
         try:  # a real one: create, limit and remove a probe cgroup
-            probe = cgroups.TreeCgroup(self.cgroup_setup, f"probe-{uuid.uuid4().hex}", 64 << 20, 8)
+            probe = cgroups.TreeCgroup(
+                self.cgroup_setup, cgroups.container_name(f"probe-{uuid.uuid4().hex}"), 64 << 20, 8
+            )
         except OSError as e:
             self.cgroup_setup = None
             self.cgroup_reason = f"cannot create a container cgroup: {e}"

@@ -121,3 +121,13 @@ def test_sweep_removes_only_a_dead_gateways_cgroups(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [cgroups.container_name("cntr_b"), f"g{os.getppid()}-cntr_c", "other"]
     )
+
+
+async def test_remove_reports_a_cgroup_it_could_not_remove(tmp_path: Path, creating_writes: None) -> None:
+    setup = cgroups.CgroupSetup(2, tmp_path, tmp_path)
+    gone = cgroups.TreeCgroup(setup, "g1-a", 1 << 30, 64)
+    for f in gone.memory_dir.iterdir():  # a real cgroup's files go with it; a plain folder's must go first
+        f.unlink()
+    assert await gone.remove() and not gone.memory_dir.exists()
+    stays = cgroups.TreeCgroup(setup, "g1-b", 1 << 30, 64)  # its files keep the plain folder non-empty
+    assert not await stays.remove(wait_s=0.1) and stays.memory_dir.exists()
