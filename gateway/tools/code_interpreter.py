@@ -27,9 +27,10 @@ reads back: stdout, stderr, the error, and the files the run created or changed,
 any tool output (``gateway.turn.tool_loop``).
 
 **The citation mark.** A ``sandbox:/mnt/data/<path>`` the model writes in its answer, naming a file
-a run of this response wrote, becomes a ``container_file_citation`` annotation whose
-``start_index``/``end_index`` span exactly that mark in the text (the text is left as written:
-typically ``[chart](sandbox:/mnt/data/chart.png)``). A path no run wrote gets no annotation.
+a run wrote (in this response, or earlier in the reused container), becomes a
+``container_file_citation`` annotation whose ``start_index``/``end_index`` span exactly that mark in
+the text (the text is left as written: typically ``[chart](sandbox:/mnt/data/chart.png)``). A path
+no run wrote gets no annotation.
 
 **The item.** ``code_interpreter_call`` with ``code``, ``container_id``, ``status`` (``in_progress``
 while the model writes, ``interpreting`` while it runs, then ``completed``; ``failed`` when the
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.base.metrics import StageTimer
-from gateway.containers.model import CodeRun, ContainerFile, Containers, ContainerStatus
+from gateway.containers.model import CodeRun, ContainerFile, Containers, ContainerStatus, FileSource
 from gateway.tools.calls import CODE_INTERPRETER, CallResult
 from gateway.wire.errors import ApiError
 from gateway.wire.tools import CodeInterpreterTool
@@ -251,13 +252,26 @@ class CodeInterpreterRunner:
         """The container was made for this response and no code ran in it."""
         return self.tool.created and self.runs == 0
 
+    async def prime(self) -> None:
+        """A reused container: the files earlier runs wrote in it, so that the answer may cite one
+        written in an earlier turn of the chain (one in-memory listing, before the first pass)."""
+        if self.tool.created:
+            return
+        try:
+            listed = await self.containers.files(self.tenant, self.container_id)
+        except Exception:  # gone since it was checked: the first run says so
+            return
+        for f in listed:
+            if f.source == FileSource.ASSISTANT:
+                self._files.setdefault(_relative(f.path), f)
+
     def pending(self) -> dict[str, Any]:
         """The item's fields the kind cannot know: the container."""
         return {"container_id": self.container_id}
 
     def source(self, path: str) -> tuple[str, str, str] | None:
         """``(container_id, file_id, filename)`` of the file at ``path`` (below ``/mnt/data``), if
-        a run of this response wrote it."""
+        a run wrote it (in this response, or before in a reused container)."""
         f = self._files.get(path)
         if f is None:
             return None

@@ -180,6 +180,7 @@ class TurnRunner:
                 self.settings.container_run_timeout_s,
             )
             runners.append(coder)
+            await coder.prime()
         events = self._events(turn, runners, browser)
         rendered = turn.rendered
         copied = 0

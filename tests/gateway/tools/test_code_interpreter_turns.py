@@ -482,3 +482,30 @@ def test_a_chat_template_model_calls_python_run(make_gateway: Any) -> None:
     first, second = (tok.decode(p) for p in engine.stats.prompts)
     assert "python__run" in first and "sandbox:/mnt/data/" in first  # the namespace and its mark
     assert "42" in second[len(first) :]
+
+
+def test_a_continuation_cites_a_file_an_earlier_turn_wrote(make_gateway: Any) -> None:
+    """The second turn runs no code: its answer names the chart the first turn's run wrote in the
+    reused container, and that is a citation too."""
+    from inference.simulated_prompt import PromptView
+    from inference.simulated_script import Turn
+
+    def script(view: PromptView) -> Turn:
+        last = view.last
+        if last is not None and last.role == "user":
+            return (
+                Turn(text="Again: sandbox:/mnt/data/chart.png")
+                if "again" in last.text
+                else Turn(tool_calls=(python(WRITE_CHART),))
+            )
+        return Turn(text="Drawn.")
+
+    live, fake = gateway(make_gateway, script)
+    first = create(live, input="draw", tools=[AUTO])
+    second = create(live, input="again", tools=[AUTO], previous_response_id=first["id"])
+    assert not by_type(second, "code_interpreter_call") and len(fake.runs) == 1
+    (cid,) = fake.records
+    part = second["output"][-1]["content"][0]
+    (ann,) = part["annotations"]
+    assert ann["container_id"] == cid and ann["file_id"] == next(iter(fake.written[cid]))
+    assert part["text"][ann["start_index"] : ann["end_index"]] == "sandbox:/mnt/data/chart.png"
