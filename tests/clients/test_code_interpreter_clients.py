@@ -223,3 +223,46 @@ def test_agents_code_interpreter_tool_runs_on_the_gateway(ci_gateway: Any) -> No
     assert isinstance(message, MessageOutputItem)
     _check_answer_and_fetch(live, calls[0], message.raw_item)
     assert result.final_output == ANSWER and live.engine.stats.requests == 2
+
+
+def test_a_run_the_real_sandbox_ends_is_a_failed_call_not_a_5xx(make_gateway: Any) -> None:
+    """An endless loop in the real sandbox: the run is ended at ``container_run_timeout_s``, the
+    call is ``failed``, the model reads why, and the response completes (the state is lost, the
+    container lives on: the next run in it works)."""
+    availability = LocalSandbox(tempfile.gettempdir()).available()
+    if not availability.ok:
+        if OPTIONAL:
+            pytest.skip(f"RESPGATE_SANDBOX_OPTIONAL=1 and the sandbox cannot start: {availability.reason}")
+        pytest.fail(f"the local sandbox cannot start here: {availability.reason}")
+    base = Path(tempfile.mkdtemp(prefix="respgate-ci-clients-"))
+    base.chmod(0o711)
+    try:
+        calls = [ToolCall("python", "while True:\n    pass", "python", custom=True)]
+        calls.append(ToolCall("python", "print('alive')", "python", custom=True))
+        live: LiveGateway = make_gateway(
+            Settings(
+                code_interpreter="local",
+                files_dir=str(base / "files"),
+                containers_dir=str(base / "containers"),
+                container_run_timeout_s=2,
+            ),
+            engine=SimulatedEngine(script=_calls(calls, "Done."), record_prompts=True),
+        )
+        r = live.openai(timeout=60).responses.create(
+            model=MODEL, input="loop", tools=[_tool_auto()], include=["code_interpreter_call.outputs"]
+        )
+        assert r.status == "completed"
+        looped, alive = [o for o in r.output if isinstance(o, ResponseCodeInterpreterToolCall)]
+        assert looped.status == "failed" and alive.status == "completed"
+        assert alive.outputs is not None and alive.outputs[0].type == "logs" and alive.outputs[0].logs == "alive\n"
+        from inference.harmony_core import harmony_encoding
+
+        prompts = live.engine.stats.prompts
+        seen = harmony_encoding().decode(list(prompts[1][len(prompts[0]) :]))
+        assert "Error: the run took longer than its time limit" in seen, seen
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _tool_auto() -> dict[str, Any]:
+    return {"type": "code_interpreter", "container": {"type": "auto"}}
