@@ -53,6 +53,23 @@ def test_sandbox_starts_here() -> None:
     assert _AVAILABILITY.details.get("seccomp") == "on"
 
 
+_CGROUP = _AVAILABILITY.details.get("cgroup", "none: the sandbox cannot start")
+needs_cgroup = pytest.mark.skipif(
+    _CGROUP.startswith("none"), reason=f"no container cgroup here (the whole-tree bounds are off): {_CGROUP}"
+)
+
+
+def test_container_cgroups_are_used_here() -> None:
+    """As root (CI), a cgroup per container must be there (v1 or v2): the whole-tree bound tests run, not skip.
+    An unprivileged run without a delegated cgroup is the documented fallback: skipped, saying so."""
+    if not _AVAILABILITY.ok:
+        pytest.skip(f"the local sandbox cannot start here: {_AVAILABILITY.reason}")
+    if os.geteuid() != 0 or OPTIONAL:
+        if _CGROUP.startswith("none"):
+            pytest.skip(f"unprivileged or RESPGATE_SANDBOX_OPTIONAL=1, and {_CGROUP}")
+    assert not _CGROUP.startswith("none"), _CGROUP
+
+
 @pytest.fixture
 def base_dir() -> Iterator[Path]:
     # not pytest's tmp_path: its parents are 0700 root, and the sandbox runs as nobody
@@ -470,6 +487,7 @@ async def test_fork_bomb_ends_failed_and_leaves_no_process(box: LocalContainer) 
     assert after.ok and after.stdout.strip() == "'alive'", after
 
 
+@needs_cgroup
 @needs_sandbox
 async def test_fork_bomb_across_many_processes_is_stopped_by_pids_max(box: LocalContainer) -> None:
     """Every process forks again, ten generations (2**10 wanted): the container's processes together are
@@ -511,6 +529,7 @@ async def test_fork_bomb_across_many_processes_is_stopped_by_pids_max(box: Local
     assert after.ok and after.stdout.strip() == "'alive'" and not after.state_lost, after
 
 
+@needs_cgroup
 @needs_sandbox
 async def test_a_fork_refused_at_pids_max_tells_the_model_why(box: LocalContainer) -> None:
     result = await box.run(
@@ -537,6 +556,7 @@ async def test_a_fork_refused_at_pids_max_tells_the_model_why(box: LocalContaine
     assert after.ok and not after.state_lost, after
 
 
+@needs_cgroup
 @needs_sandbox
 async def test_memory_of_many_processes_is_bounded_for_the_whole_tree(box: LocalContainer) -> None:
     """20 processes of 200 MB each: every one is under the per-process limit, together they are 8 times
@@ -573,6 +593,7 @@ async def test_memory_of_many_processes_is_bounded_for_the_whole_tree(box: Local
     assert again.ok and again.stdout.strip() == "2" and not again.state_lost, again
 
 
+@needs_cgroup
 @needs_sandbox
 async def test_the_oom_killer_ending_the_interpreter_is_a_memory_failure(box: LocalContainer) -> None:
     """Children hold memory, then the interpreter (made the OOM killer's first choice) asks for more:
@@ -601,6 +622,7 @@ async def test_the_oom_killer_ending_the_interpreter_is_a_memory_failure(box: Lo
     assert again.ok and again.stdout.strip() == "'fresh'", again
 
 
+@needs_cgroup
 @needs_sandbox
 async def test_every_process_is_born_in_the_containers_cgroup(sandbox: LocalSandbox) -> None:
     """The wrapper joins the cgroup before bwrap starts: the whole tree is inside, and close removes it."""
