@@ -971,3 +971,162 @@ def test_every_setting_a_compose_file_gives_the_gateway_is_one_it_reads(compose:
 
 def test_the_unknown_setting_check_can_fail():
     assert _unknown_settings({"RESPGATE_FILES_DIRS", "RESPGATE_FILES_DIR", "HF_TOKEN"}) == {"RESPGATE_FILES_DIRS"}
+
+
+# -- code_interpreter on Kubernetes: the sandbox namespace, its RBAC and NetworkPolicy -----------------
+#
+# overlays/code-interpreter gives the gateway's ServiceAccount exactly what security/sandbox/kubernetes.py
+# calls, in the sandbox namespace only, and denies the sandbox pods every connection. The checks below
+# read the rendered overlay; no overlay may hold a cluster-wide grant.
+
+CODE_INTERPRETER = K8S / "overlays" / "code-interpreter"
+#: what the kubernetes sandbox calls: pods create/get/list/delete, pods/exec (a WebSocket GET:
+#: authorized as `get` before Kubernetes 1.35, `create` since)
+SANDBOX_VERBS = {"pods": {"create", "get", "list", "delete"}, "pods/exec": {"create", "get"}}
+
+
+def _sandbox_rbac_problems(docs: list[dict[str, Any]]) -> list[str]:
+    by_key = {_key(d): d for d in docs}
+    config = by_key[("ConfigMap", "respgate-config")]["data"]
+    out: list[str] = []
+    if config.get("RESPGATE_CODE_INTERPRETER") != "kubernetes":
+        out.append("RESPGATE_CODE_INTERPRETER is not kubernetes")
+    ns = config.get("RESPGATE_CODE_INTERPRETER_K8S_NAMESPACE", "respgate-sandbox")
+    if ("Namespace", ns) not in by_key:
+        out.append(f"no Namespace {ns}")
+    elif (
+        by_key[("Namespace", ns)]["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce")
+        != "restricted"
+    ):
+        out.append(f"namespace {ns} does not enforce the restricted Pod Security Standard")
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            out.append(f"cluster-wide {d['kind']} {d['metadata']['name']}")
+    roles = [d for d in docs if d["kind"] == "Role"]
+    if len(roles) != 1:
+        return [*out, f"{len(roles)} Roles, not one"]
+    role = roles[0]
+    if role["metadata"].get("namespace") != ns:
+        out.append(f"the Role is in {role['metadata'].get('namespace')!r}, not the sandbox namespace {ns}")
+    granted: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        if rule.get("apiGroups") != [""] or rule.get("nonResourceURLs") or rule.get("resourceNames"):
+            out.append(f"rule {rule} reaches beyond the core pods")
+        for res in rule.get("resources", []):
+            granted.setdefault(res, set()).update(rule.get("verbs", []))
+    if granted != SANDBOX_VERBS:
+        out.append(f"the Role grants {granted}, not {SANDBOX_VERBS}")
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    sa = _pod_spec(docs).get("serviceAccountName")
+    if _pod_spec(docs).get("automountServiceAccountToken") is False:
+        out.append("the gateway's pod gets no service account token")
+    if sa is None or ("ServiceAccount", sa) not in by_key:
+        out.append(f"the gateway's ServiceAccount {sa!r} is not defined")
+    for b in bindings:
+        if b["metadata"].get("namespace") != ns or b["roleRef"] != {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }:
+            out.append(f"RoleBinding {b['metadata']['name']} binds something else, or elsewhere")
+        if [(s["kind"], s["name"]) for s in b["subjects"]] != [("ServiceAccount", sa)]:
+            out.append(f"RoleBinding {b['metadata']['name']} binds {b['subjects']}, not the gateway's ServiceAccount")
+    if len(bindings) != 1:
+        out.append(f"{len(bindings)} RoleBindings, not one")
+    return out
+
+
+def _sandbox_network_problems(docs: list[dict[str, Any]]) -> list[str]:
+    from security.sandbox.kubernetes import POD_LABELS
+
+    config = next(d for d in docs if _key(d) == ("ConfigMap", "respgate-config"))["data"]
+    ns = config.get("RESPGATE_CODE_INTERPRETER_K8S_NAMESPACE", "respgate-sandbox")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"].get("namespace") == ns]
+    for p in policies:
+        spec = p["spec"]
+        selects = spec["podSelector"].get("matchLabels", {}).items() <= POD_LABELS.items()
+        if (
+            selects
+            and not spec["podSelector"].get("matchExpressions")
+            and set(spec.get("policyTypes", [])) == {"Ingress", "Egress"}
+            and not spec.get("ingress")
+            and not spec.get("egress")
+        ):
+            return []
+    return [f"no NetworkPolicy in {ns} denies the sandbox pods ({POD_LABELS}) all ingress and egress"]
+
+
+def test_the_code_interpreter_overlay_grants_the_sandbox_rbac_only_in_its_namespace():
+    docs = build(CODE_INTERPRETER)
+    assert not _sandbox_rbac_problems(docs)
+    assert not _sandbox_network_problems(docs)
+
+
+def test_the_code_interpreter_overlay_turns_the_kubernetes_sandbox_on_in_the_gateway(monkeypatch):
+    import os
+
+    from gateway.base.settings import Settings
+
+    config = next(d for d in build(CODE_INTERPRETER) if _key(d) == ("ConfigMap", "respgate-config"))["data"]
+    for name in [k for k in os.environ if k.startswith("RESPGATE_")]:
+        monkeypatch.delenv(name)
+    for name, value in config.items():
+        if name.startswith("RESPGATE_CODE_INTERPRETER"):
+            monkeypatch.setenv(name, value)
+    settings = Settings.load(None)
+    assert settings.code_interpreter == "kubernetes"
+    assert settings.code_interpreter_k8s_namespace == "respgate-sandbox"
+
+
+@pytest.mark.parametrize("folder", [K8S / "base", *OVERLAYS], ids=lambda p: p.name)
+def test_no_overlay_grants_anything_cluster_wide(folder: Path):
+    docs = build(folder)
+    assert not [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    for d in docs:
+        for rule in d.get("rules", []) if d["kind"] == "Role" else []:
+            assert "*" not in rule.get("verbs", []) and "*" not in rule.get("resources", []), (folder.name, rule)
+
+
+def test_the_optional_gvisor_runtime_class_passes_the_schema():
+    (doc,) = [d for d in yaml.safe_load_all((CODE_INTERPRETER / "gvisor.yaml").read_text()) if d]
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert doc["kind"] == "RuntimeClass" and doc["handler"] == "runsc"
+    assert "gvisor.yaml" not in (CODE_INTERPRETER / "kustomization.yaml").read_text().split("resources:")[1]
+
+
+def test_the_sandbox_rbac_and_network_checks_can_fail():
+    def mutated(change: Any) -> list[dict[str, Any]]:
+        docs = copy.deepcopy(build(CODE_INTERPRETER))
+        change(docs)
+        return docs
+
+    def role(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        return next(d for d in docs if d["kind"] == "Role")
+
+    def cluster_role(docs: list[dict[str, Any]]) -> None:
+        r = role(docs)
+        r["kind"] = "ClusterRole"
+        r["metadata"].pop("namespace")
+
+    assert _sandbox_rbac_problems(mutated(cluster_role))
+    assert _sandbox_rbac_problems(mutated(lambda docs: role(docs)["rules"][0]["verbs"].append("*")))
+    assert _sandbox_rbac_problems(mutated(lambda docs: role(docs)["rules"][0]["resources"].append("secrets")))
+    assert _sandbox_rbac_problems(mutated(lambda docs: role(docs)["metadata"].update(namespace="default")))
+    assert _sandbox_rbac_problems(
+        mutated(lambda docs: next(d for d in docs if d["kind"] == "RoleBinding")["subjects"][0].update(name="other"))
+    )
+    assert _sandbox_rbac_problems(mutated(lambda docs: _pod_spec(docs).pop("serviceAccountName")))
+    np = "NetworkPolicy"
+    assert _sandbox_network_problems(
+        mutated(lambda docs: next(d for d in docs if d["kind"] == np)["spec"].update(egress=[{}]))
+    )
+    assert _sandbox_network_problems(
+        mutated(lambda docs: next(d for d in docs if d["kind"] == np)["spec"].update(policyTypes=["Ingress"]))
+    )
+    assert _sandbox_network_problems(
+        mutated(
+            lambda docs: next(d for d in docs if d["kind"] == np)["spec"]["podSelector"].update(
+                matchLabels={"app": "other"}
+            )
+        )
+    )
