@@ -251,7 +251,13 @@ def cluster(tmp_path: Path) -> Iterator[FakeCluster]:
     fake = FakeCluster(tmp_path / "pods")
     port = free_port()
     config = uvicorn.Config(
-        fake, host="127.0.0.1", port=port, log_level="warning", lifespan="on", ws="websockets-sansio"
+        fake,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        ws="websockets-sansio",
+        timeout_graceful_shutdown=1,  # a hanging answer (the no-answer tests) is cut at the end, not waited for
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="fake-kubernetes", daemon=True)
@@ -567,3 +573,10 @@ def test_build_sandbox_makes_the_kubernetes_one_from_the_settings(monkeypatch: p
     assert pod["metadata"]["namespace"] == "boxes" and pod["spec"]["runtimeClassName"] == "gvisor"
     assert pod["spec"]["containers"][0]["image"] == "py:1"
     assert pod["spec"]["containers"][0]["resources"]["limits"]["memory"] == "512Mi"
+
+
+async def test_an_exec_that_is_never_answered_is_a_timeout_and_the_pod_is_deleted(cluster: FakeCluster) -> None:
+    cluster.fail["EXEC"] = "hang"
+    with pytest.raises(KubernetesError, match="exec in pod cntr-hung: the Kubernetes API did not answer in 0.5 s"):
+        await _sandbox(cluster, request_timeout_s=0.5).create("cntr_hung")
+    assert [name for name, _ in cluster.deleted] == ["cntr-hung"] and not cluster.pods
