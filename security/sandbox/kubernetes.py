@@ -190,6 +190,86 @@ out.flush()
 """
 
 
+# writes a file under the folder from stdin (8-byte length, then the bytes), beside its name and
+# renamed into place, no link followed; exit 2: a folder on the way is missing, 3: a bad path or the
+# name is a folder, 5: the bytes ended early, 6: no room (the folder or the file size limit)
+WRITER = """
+import errno, os, stat, struct, sys
+top, rel = sys.argv[1], sys.argv[2]
+def take(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, min(n - len(buf), 1 << 16))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+head = take(8)
+if head is None:
+    sys.exit(5)
+left = struct.unpack(">Q", head)[0]
+parts = [p for p in rel.split("/") if p not in ("", ".")]
+if not parts or ".." in parts:
+    sys.exit(3)
+try:
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    for part in parts[:-1]:
+        nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+except OSError as e:
+    sys.exit(2 if e.errno == errno.ENOENT else 3)
+tmp = ".respgate-upload-%d" % os.getpid()
+out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+try:
+    while left > 0:
+        chunk = take(min(left, 1 << 16))
+        if chunk is None:
+            raise EOFError
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(out, view):]
+        left -= len(chunk)
+    os.close(out)
+    try:
+        if stat.S_ISDIR(os.lstat(parts[-1], dir_fd=fd).st_mode):
+            raise IsADirectoryError
+    except FileNotFoundError:
+        pass
+    os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+except BaseException as e:
+    os.unlink(tmp, dir_fd=fd)
+    if isinstance(e, EOFError):
+        sys.exit(5)
+    if isinstance(e, IsADirectoryError):
+        sys.exit(3)
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        sys.exit(6)
+    raise
+"""
+
+# removes a file (or a link) under the folder, its folders opened without following links;
+# exit 2: not found, 3: a bad path or a folder
+DELETER = """
+import errno, os, stat, sys
+top, rel = sys.argv[1], sys.argv[2]
+parts = [p for p in rel.split("/") if p not in ("", ".")]
+if not parts or ".." in parts:
+    sys.exit(3)
+try:
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    for part in parts[:-1]:
+        nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    if stat.S_ISDIR(os.lstat(parts[-1], dir_fd=fd).st_mode):
+        sys.exit(3)
+    os.unlink(parts[-1], dir_fd=fd)
+except OSError as e:
+    sys.exit(2 if e.errno == errno.ENOENT else 3)
+"""
+
+
 class KubernetesError(RuntimeError):
     """The Kubernetes API refused or did not answer: ``status`` is the HTTP status (None: no answer)."""
 
@@ -401,13 +481,15 @@ class KubernetesSandbox:
         return _ExecStream(ws)
 
     async def _run_once(
-        self, pod: str, command: list[str], max_bytes: int, timeout: float
+        self, pod: str, command: list[str], max_bytes: int, timeout: float, stdin: bytes | None = None
     ) -> tuple[bytes, int | None, str]:
-        """An exec without stdin: (stdout, at most ``max_bytes`` + 1; the exit status, None when
-        unknown; stderr's tail or the API's message)."""
-        stream = await self._exec(pod, command, stdin=False)
+        """An exec (``stdin`` written to it, in pieces, when given): (stdout, at most ``max_bytes`` + 1;
+        the exit status, None when unknown; stderr's tail or the API's message)."""
+        stream = await self._exec(pod, command, stdin=stdin is not None)
         try:
             async with asyncio.timeout(timeout):
+                for at in range(0, len(stdin or b""), 256 << 10):
+                    await stream.write((stdin or b"")[at : at + (256 << 10)])
                 out = await stream.read_all(max_bytes + 1)
                 rc = await stream.finished()
         except TimeoutError as e:
@@ -934,6 +1016,49 @@ class KubernetesContainer:
             raise KubernetesError(f"reading {path!r} in pod {self._pod} failed: {rc} {why}".rstrip())
         return out
 
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Put ``data`` at ``path`` (relative to ``/mnt/data``; its folders must exist), replacing a
+        file there, through an exec: for the Containers API's uploads, which a pod's folder cannot take
+        on this host. The file counts as there before the next run (not reported by it).
+        FileNotFoundError (a folder on the way is missing), ValueError (a bad path, a folder there, no
+        room), :class:`KubernetesError`."""
+        if len(data) > self._sandbox.limits.file_bytes:
+            raise ValueError(f"{len(data)} bytes, over the file size limit of {self._sandbox.limits.file_bytes}")
+        rel = _relpath(path)
+        async with self._lock:
+            pod = self._open_pod()
+            sb = self._sandbox
+            command = [sb.python, "-I", "-c", WRITER, DATA, rel]
+            payload = struct.pack(">Q", len(data)) + data
+            _, rc, why = await sb._run_once(pod, command, 4096, 60 + len(data) / (1 << 20), stdin=payload)
+            if rc == 2:
+                raise FileNotFoundError(path)
+            if rc in (3, 6):
+                raise ValueError(f"{path!r}: " + ("no room in the container" if rc == 6 else "not a file name"))
+            if rc != 0:
+                raise KubernetesError(f"writing {path!r} in pod {pod} failed: {rc} {why}".rstrip())
+            await self._list_files()  # the upload is not the next run's doing
+
+    async def delete_file(self, path: str) -> None:
+        """Remove the file (or link) at ``path``; FileNotFoundError, ValueError (a folder, a bad path)."""
+        rel = _relpath(path)
+        async with self._lock:
+            pod = self._open_pod()
+            sb = self._sandbox
+            _, rc, why = await sb._run_once(pod, [sb.python, "-I", "-c", DELETER, DATA, rel], 4096, 60)
+            if rc == 2:
+                raise FileNotFoundError(path)
+            if rc == 3:
+                raise ValueError(f"{path!r} is not a file")
+            if rc != 0:
+                raise KubernetesError(f"deleting {path!r} in pod {pod} failed: {rc} {why}".rstrip())
+            await self._list_files()
+
+    def _open_pod(self) -> str:
+        if self._closed or self._pod is None:
+            raise RuntimeError(f"container {self._id} is closed")
+        return self._pod
+
     async def close(self) -> None:
         """Delete the pod (grace 0); idempotent. A run in progress sees its stream end (``killed``)."""
         self._closed = True
@@ -947,6 +1072,13 @@ class KubernetesContainer:
             except BaseException:
                 self._pod = pod  # a later close tries again
                 raise
+
+
+def _relpath(path: str) -> str:
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ValueError(f"bad path {path!r}")
+    return "/".join(parts)
 
 
 def _with_error(result: RunResult, note: str) -> RunResult:

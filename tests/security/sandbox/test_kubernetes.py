@@ -276,7 +276,7 @@ def cluster(tmp_path: Path) -> Iterator[FakeCluster]:
 
 
 def _sandbox(cluster: FakeCluster, **kw: Any) -> KubernetesSandbox:
-    kw.setdefault("limits", Limits(output_bytes=4096, default_timeout_s=20, folder_bytes=1 << 20))
+    kw.setdefault("limits", Limits(output_bytes=4096, default_timeout_s=20, folder_bytes=1 << 20, file_bytes=1 << 20))
     kw.setdefault("start_timeout_s", 20)
     kw.setdefault("request_timeout_s", 10)
     return KubernetesSandbox(namespace=NS, image="sandbox:test", api_url=cluster.url, token=TOKEN, **kw)
@@ -438,7 +438,7 @@ async def test_files_created_are_listed_and_read_back_without_following_links(bo
 
 
 async def test_a_folder_past_its_quota_is_disk_full(box: Any) -> None:
-    result = await box.run("open('big', 'wb').write(b'x' * (2 << 20))")
+    result = await box.run("for n in range(3): open(f'big{n}', 'wb').write(b'x' * (600 << 10))")
     assert result.failure is Failure.DISK_FULL and "passed" in (result.error or "")
 
 
@@ -580,3 +580,30 @@ async def test_an_exec_that_is_never_answered_is_a_timeout_and_the_pod_is_delete
     with pytest.raises(KubernetesError, match="exec in pod cntr-hung: the Kubernetes API did not answer in 0.5 s"):
         await _sandbox(cluster, request_timeout_s=0.5).create("cntr_hung")
     assert [name for name, _ in cluster.deleted] == ["cntr-hung"] and not cluster.pods
+
+
+async def test_files_written_and_deleted_through_exec_replace_links_and_are_not_a_runs_doing(
+    box: Any, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    assert (await box.run(f"import os\nos.mkdir('in')\nos.symlink({str(outside)!r}, 'link')")).ok
+    data = bytes(range(256)) * 2000  # 512000 bytes: several stdin messages
+    await box.write_file("in/upload.bin", data)
+    await box.write_file("link", b"new")  # the link is replaced, its target untouched
+    assert outside.read_text() == "keep"
+    seen = await box.run("print(len(open('in/upload.bin','rb').read()), open('link').read())")
+    assert seen.stdout == "512000 new\n" and seen.files == ()  # uploads are not the run's files
+    assert await box.read_file("in/upload.bin") == data
+    with pytest.raises(FileNotFoundError):
+        await box.write_file("nowhere/x", b"1")
+    with pytest.raises(ValueError, match="not a file name"):
+        await box.write_file("in", b"1")
+    with pytest.raises(ValueError, match="over the file size limit"):
+        await box.write_file("big", b"x" * (box._sandbox.limits.file_bytes + 1))
+    await box.delete_file("in/upload.bin")
+    with pytest.raises(FileNotFoundError):
+        await box.delete_file("in/upload.bin")
+    with pytest.raises(ValueError, match="not a file"):
+        await box.delete_file("in")
+    assert (await box.run("import os\nprint(sorted(os.listdir('in')))")).stdout == "[]\n"
