@@ -51,6 +51,7 @@ import logging
 import os
 import secrets
 import stat
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -385,8 +386,13 @@ class ContainerRegistry:
             f = entry.files.get(file_id)
             if f is None or entry.container is None:
                 return False
+            relpath = f.path.removeprefix(DATA + "/")
+            folder = _host_folder(entry.container)
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                await asyncio.to_thread(_unlink_beneath, entry.container.folder, f.path.removeprefix(DATA + "/"))
+                if folder is None:
+                    await entry.container.delete_file(relpath)  # type: ignore[attr-defined]
+                else:
+                    await asyncio.to_thread(_unlink_beneath, folder, relpath)
             del entry.files[file_id]
             self._touch(entry)
             return True
@@ -409,6 +415,11 @@ class ContainerRegistry:
             await asyncio.sleep(interval_s)
             try:
                 await self.sweep()
+                # a backend that can lose containers behind our back (a pod evicted, past its
+                # deadline) clears what ended; the local one has nothing to clear
+                backend_sweep = getattr(self.sandbox, "sweep", None)
+                if backend_sweep is not None:
+                    await backend_sweep()
             except Exception:
                 log.exception("expiring containers failed; trying again in %g s", interval_s)
 
@@ -474,13 +485,17 @@ class ContainerRegistry:
 
     async def _writer(self, entry: _Entry) -> ContainerUpload:
         assert entry.container is not None
-        folder = entry.container.folder
-        used = await asyncio.to_thread(folder_bytes, folder)
+        folder = _host_folder(entry.container)
+        if folder is None:  # a pod: what the index knows of (the sandbox checks the rest after each run)
+            used = sum(f.bytes for f in entry.files.values())
+        else:
+            used = await asyncio.to_thread(folder_bytes, folder)
         s = self.settings
         left = s.container_disk_bytes - used
         if left <= 0:
             raise container_disk_full(s.container_disk_bytes)
-        return ContainerUpload(self, entry, _HostFile.create(folder), s.container_file_max_bytes, left)
+        sink: _HostFile | _RemoteFile = _RemoteFile(entry.container) if folder is None else _HostFile.create(folder)
+        return ContainerUpload(self, entry, sink, s.container_file_max_bytes, left)
 
     async def _copy_in(self, entry: _Entry, file_id: str, filename: str) -> ContainerFile:
         """A Files API file streamed into the folder (the caller holds the lock or owns the entry)."""
@@ -514,7 +529,9 @@ class ContainerUpload:
     write checked against ``container_file_max_bytes`` (413) and the room left in the folder (400),
     then :meth:`finish` with the file's name, or :meth:`abort`."""
 
-    def __init__(self, registry: ContainerRegistry, entry: _Entry, host: _HostFile, per_file: int, left: int) -> None:
+    def __init__(
+        self, registry: ContainerRegistry, entry: _Entry, host: _HostFile | _RemoteFile, per_file: int, left: int
+    ) -> None:
         self._registry = registry
         self._entry = entry
         self._host = host
@@ -534,7 +551,16 @@ class ContainerUpload:
     async def _commit(self, filename: str | None) -> ContainerFile:
         name = clean_filename(filename)
         try:
-            await asyncio.to_thread(self._host.commit, name)
+            if isinstance(self._host, _RemoteFile):
+                await self._host.commit(name)
+            else:
+                await asyncio.to_thread(self._host.commit, name)
+        except ValueError:  # the remote side: a folder of that name, or no room
+            raise bad_request(
+                f"'{name}' cannot be written in the container (a folder of that name, or no room).",
+                code="invalid_value",
+                param="file",
+            ) from None
         except OSError as exc:
             if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                 raise bad_request(
@@ -559,6 +585,37 @@ class ContainerUpload:
         self._done = True
         self._host.abort()
         self._entry.lock.release()
+
+
+def _host_folder(container: Any) -> str | None:
+    """The container's folder on this host, or None when it has none (a pod: files go through the
+    sandbox's ``write_file`` / ``delete_file`` / ``read_file``)."""
+    try:
+        return str(container.folder)
+    except NotImplementedError:
+        return None
+
+
+class _RemoteFile:
+    """An upload into a container whose folder is not on this host (``code_interpreter=kubernetes``):
+    spooled here (memory up to 1 MiB, then a temporary file; bounded by ``container_file_max_bytes``,
+    checked on each write), then handed to the sandbox's ``write_file``, which writes it beside its
+    name and renames it into place inside the pod."""
+
+    def __init__(self, container: Any) -> None:
+        self._container = container
+        self._buf = tempfile.SpooledTemporaryFile(max_size=1 << 20)
+
+    def write(self, data: bytes) -> None:
+        self._buf.write(data)
+
+    async def commit(self, name: str) -> None:
+        self._buf.seek(0)
+        data = await asyncio.to_thread(self._buf.read)
+        await self._container.write_file(name, data)
+
+    def abort(self) -> None:
+        self._buf.close()
 
 
 class _HostFile:

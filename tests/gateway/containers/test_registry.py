@@ -113,3 +113,71 @@ async def test_a_container_started_during_shutdown_is_closed(tmp_path: Path) -> 
         await create
     assert caught.value.status == 503
     assert [c.closed for c in sandbox.made] == [True]
+
+
+class RemoteContainer(FakeContainer):
+    """A container whose folder is not on this host (a pod): files only through the sandbox."""
+
+    def __init__(self, cid: str) -> None:
+        super().__init__(cid, "")
+        self.stored: dict[str, bytes] = {}
+
+    @property
+    def folder(self) -> str:
+        raise NotImplementedError("a pod's folder is not on this host")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        if path in ("a-folder",):
+            raise ValueError("a folder there")
+        self.stored[path] = data
+
+    async def delete_file(self, path: str) -> None:
+        if path not in self.stored:
+            raise FileNotFoundError(path)
+        del self.stored[path]
+
+    async def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
+        return self.stored[path][:max_bytes]
+
+
+class RemoteSandbox(FakeSandbox):
+    async def create(self, container_id: str | None = None) -> FakeContainer:
+        c = RemoteContainer(str(container_id))
+        self.made.append(c)
+        return c
+
+
+async def test_a_container_without_a_host_folder_takes_files_through_the_sandbox(tmp_path: Path) -> None:
+    """code_interpreter=kubernetes: uploads, reads and deletes go through the sandbox's file calls
+    (never a host path), and the room left is what the index holds."""
+    settings = Settings(code_interpreter="kubernetes", files_dir=str(tmp_path / "files"), container_disk_bytes=2 << 20)
+    sandbox = RemoteSandbox(tmp_path / "unused")
+    reg = ContainerRegistry(settings, Files.embedded(settings), sandbox)
+    record = await reg.create(None, name="pod")
+    pod = sandbox.made[0]
+    assert isinstance(pod, RemoteContainer)
+
+    upload = await reg.upload(None, record.id)
+    await upload.write(b"a,b\n1,2\n")
+    f = await upload.finish("../../data.csv")
+    assert f.path == "/mnt/data/data.csv" and pod.stored == {"data.csv": b"a,b\n1,2\n"}
+    assert await reg.read(None, record.id, f.id) == b"a,b\n1,2\n"
+
+    big = await reg.upload(None, record.id)
+    await big.write(b"x" * (1 << 20))
+    await big.finish("one.bin")
+    over = await reg.upload(None, record.id)
+    with pytest.raises(ApiError) as full:
+        await over.write(b"y" * (1 << 20))  # 1 MiB + 8 bytes held: no room for another MiB
+    await over.abort()
+    assert full.value.status == 400 and set(pod.stored) == {"data.csv", "one.bin"}
+
+    bad = await reg.upload(None, record.id)
+    await bad.write(b"z")
+    with pytest.raises(ApiError) as folder:
+        await bad.finish("a-folder")
+    assert folder.value.status == 400
+
+    assert await reg.delete_file(None, record.id, f.id)
+    assert "data.csv" not in pod.stored
+    await reg.aclose()
