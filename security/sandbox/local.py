@@ -64,8 +64,9 @@ from pathlib import Path
 
 from security.sandbox import cgroup as cgroups
 from security.sandbox import seccomp
-from security.sandbox.base import Availability, Failure, FileEntry, Limits, RunResult
+from security.sandbox.base import Availability, Failure, Limits, RunResult
 from security.sandbox.folder import diff, folder_bytes, read_beneath, rmtree, scan
+from security.sandbox.reply import result_of
 
 SERVER_SOURCE = (Path(__file__).parent / "repl_server.py").read_text()
 DATA = "/mnt/data"
@@ -530,7 +531,9 @@ class LocalContainer:
             return RunResult(
                 "", "", None, failure, error, files, state_lost=state_lost, duration_s=time.monotonic() - started
             )
-        result = self._result(reply, files, total, state_lost, time.monotonic() - started)
+        result = result_of(
+            reply, files, total, self._sandbox.limits, state_lost=state_lost, took=time.monotonic() - started
+        )
         if oom_killed > 0 and result.failure in (None, Failure.MEMORY):
             # the interpreter lived; a process it started did not (or a MemoryError came with it)
             result = dataclasses.replace(
@@ -558,40 +561,6 @@ class LocalContainer:
         return (
             f"MemoryError: out of memory: the container's processes together reached its limit of {mib:g} MiB "
             f"and the kernel ended {what}"
-        )
-
-    def _result(
-        self, reply: dict[str, object], files: tuple[FileEntry, ...], total: int, state_lost: bool, took: float
-    ) -> RunResult:
-        cap = self._sandbox.limits.output_bytes
-
-        def text(key: str) -> tuple[str, bool]:
-            value, size = reply.get(key), reply.get(f"{key}_size")
-            s = value if isinstance(value, str) else ""
-            s = s.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore")  # cap again: never trust the inside
-            return s, isinstance(size, int) and size > cap
-
-        stdout, out_cut = text("stdout")
-        stderr, err_cut = text("stderr")
-        status = reply.get("exit_status")
-        raw_failure = reply.get("failure")
-        failure = Failure(raw_failure) if raw_failure in {f.value for f in Failure} else None
-        err = reply.get("error")
-        error = err[:2000] if isinstance(err, str) else None
-        if total > self._sandbox.limits.folder_bytes:
-            failure = Failure.DISK_FULL
-            error = f"the container folder passed {self._sandbox.limits.folder_bytes} bytes"
-        return RunResult(
-            stdout,
-            stderr,
-            status if isinstance(status, int) and not isinstance(status, bool) else None,
-            failure,
-            error,
-            files,
-            stdout_truncated=out_cut,
-            stderr_truncated=err_cut,
-            state_lost=state_lost,
-            duration_s=took,
         )
 
     async def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
