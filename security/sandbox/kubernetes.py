@@ -157,21 +157,31 @@ for root, dirs, names in os.walk(top, followlinks=False):
 sys.stdout.write(json.dumps({"files": files, "total": total}))
 """
 
-# one regular file under the folder, opened component by component without following a link;
-# exit 2: not found, 3: not a regular file or a link, 4: bigger than the bound
-READER = """
-import errno, os, stat, sys
-top, rel, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
-parts = [p for p in rel.split("/") if p not in ("", ".")]
-if not parts or ".." in parts:
-    sys.exit(3)
-try:
+# the folder holding a path's last part, each folder on the way opened without following a link;
+# exit 3 for a path that is empty or climbs (``..``). Shared by the scripts below, each run alone in the pod.
+_WALK = """
+import errno, os, stat, struct, sys
+def parent(top, rel):
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        sys.exit(3)
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     for part in parts[:-1]:
         nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
         os.close(fd)
         fd = nxt
-    leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    return fd, parts[-1]
+"""
+
+# one regular file under the folder, opened component by component without following a link;
+# exit 2: not found, 3: not a regular file or a link, 4: bigger than the bound
+READER = (
+    _WALK
+    + """
+top, rel, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    fd, name = parent(top, rel)
+    leaf = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
 except OSError as e:
     sys.exit(2 if e.errno == errno.ENOENT else 3)
 st = os.fstat(leaf)
@@ -189,13 +199,15 @@ while left > 0:
     left -= len(chunk)
 out.flush()
 """
+)
 
 
 # writes a file under the folder from stdin (8-byte length, then the bytes), beside its name and
 # renamed into place, no link followed; exit 2: a folder on the way is missing, 3: a bad path or the
 # name is a folder, 5: the bytes ended early, 6: no room (the folder or the file size limit)
-WRITER = """
-import errno, os, stat, struct, sys
+WRITER = (
+    _WALK
+    + """
 top, rel = sys.argv[1], sys.argv[2]
 def take(n):
     buf = b""
@@ -209,15 +221,8 @@ head = take(8)
 if head is None:
     sys.exit(5)
 left = struct.unpack(">Q", head)[0]
-parts = [p for p in rel.split("/") if p not in ("", ".")]
-if not parts or ".." in parts:
-    sys.exit(3)
 try:
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    for part in parts[:-1]:
-        nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-        os.close(fd)
-        fd = nxt
+    fd, name = parent(top, rel)
 except OSError as e:
     sys.exit(2 if e.errno == errno.ENOENT else 3)
 tmp = ".respgate-upload-%d" % os.getpid()
@@ -233,11 +238,11 @@ try:
         left -= len(chunk)
     os.close(out)
     try:
-        if stat.S_ISDIR(os.lstat(parts[-1], dir_fd=fd).st_mode):
+        if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
             raise IsADirectoryError
     except FileNotFoundError:
         pass
-    os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+    os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
 except BaseException as e:
     os.unlink(tmp, dir_fd=fd)
     if isinstance(e, EOFError):
@@ -248,27 +253,23 @@ except BaseException as e:
         sys.exit(6)
     raise
 """
+)
 
 # removes a file (or a link) under the folder, its folders opened without following links;
 # exit 2: not found, 3: a bad path or a folder
-DELETER = """
-import errno, os, stat, sys
+DELETER = (
+    _WALK
+    + """
 top, rel = sys.argv[1], sys.argv[2]
-parts = [p for p in rel.split("/") if p not in ("", ".")]
-if not parts or ".." in parts:
-    sys.exit(3)
 try:
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    for part in parts[:-1]:
-        nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-        os.close(fd)
-        fd = nxt
-    if stat.S_ISDIR(os.lstat(parts[-1], dir_fd=fd).st_mode):
+    fd, name = parent(top, rel)
+    if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
         sys.exit(3)
-    os.unlink(parts[-1], dir_fd=fd)
+    os.unlink(name, dir_fd=fd)
 except OSError as e:
     sys.exit(2 if e.errno == errno.ENOENT else 3)
 """
+)
 
 
 class KubernetesError(RuntimeError):
